@@ -1,0 +1,42 @@
+//! Host copies: above 1 MiB the copy is split into chunks run on the rayon pool, because one core
+//! cannot saturate the memory bus (and page faults on fresh memory parallelise too).
+
+use rayon::prelude::*;
+
+/// Copies at or below this size run on the calling thread.
+pub const PARALLEL_COPY_THRESHOLD: usize = 1 << 20;
+/// Smallest chunk handed to a rayon worker.
+const MIN_CHUNK: usize = 256 * 1024;
+
+/// Copies `src` into `dst` (same length), in parallel when large.
+///
+/// # Panics
+/// If the lengths differ (a caller bug, never client-controlled).
+pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "parallel_copy: length mismatch");
+    if src.len() <= PARALLEL_COPY_THRESHOLD {
+        dst.copy_from_slice(src);
+        return;
+    }
+    // A few chunks per thread so a slow (faulting) chunk does not hold the whole copy back.
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = (src.len() / (threads * 4)).max(MIN_CHUNK).next_multiple_of(4096);
+    dst.par_chunks_mut(chunk)
+        .zip(src.par_chunks(chunk))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_every_byte_small_and_large() {
+        for len in [0usize, 1, 4096, PARALLEL_COPY_THRESHOLD + 1, 5 << 20] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let mut dst = vec![0u8; len];
+            parallel_copy(&mut dst, &src);
+            assert_eq!(dst, src, "len {len}");
+        }
+    }
+}

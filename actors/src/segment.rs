@@ -1,0 +1,145 @@
+//! Host memory: memfd-backed segments mapped shared, so the fd can be passed to other processes
+//! and every process sees the same physical pages.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use memfd::{FileSeal, HugetlbSize, MemfdOptions};
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::StoreError;
+
+const HUGE_PAGE: u64 = 2 * 1024 * 1024;
+
+/// One shared-memory segment: a sealed-size memfd and the store's own mapping of it.
+pub struct Segment {
+    id: u32,
+    file: File,
+    map: MmapRaw,
+    huge_pages: bool,
+}
+
+impl Segment {
+    /// Creates a segment of `size` bytes. With `huge_pages` it tries 2 MiB `MFD_HUGETLB` pages and
+    /// falls back to normal pages (with a warning) when the machine has none reserved.
+    /// `prefault` populates every page now, so the first put does not pay page faults.
+    pub fn create(id: u32, size: u64, huge_pages: bool, prefault: bool) -> Result<Self, StoreError> {
+        if huge_pages {
+            let rounded = size.div_ceil(HUGE_PAGE) * HUGE_PAGE;
+            match Self::create_with(id, rounded, Some(HugetlbSize::Huge2MB), prefault) {
+                Ok(seg) => return Ok(seg),
+                Err(e) => tracing::warn!(
+                    "huge pages requested but unavailable ({e}); using normal pages. \
+                     Reserve some with `echo N > /proc/sys/vm/nr_hugepages`."
+                ),
+            }
+        }
+        Self::create_with(id, size, None, prefault)
+    }
+
+    fn create_with(
+        id: u32,
+        size: u64,
+        hugetlb: Option<HugetlbSize>,
+        prefault: bool,
+    ) -> Result<Self, StoreError> {
+        let err = |what: &str, e: &dyn std::fmt::Display| {
+            StoreError::Segment(format!("{what} ({size} bytes): {e}"))
+        };
+        let memfd = MemfdOptions::new()
+            .close_on_exec(true)
+            .allow_sealing(true)
+            .hugetlb(hugetlb)
+            .create(format!("vovp-segment-{id}"))
+            .map_err(|e| err("memfd_create", &e))?;
+        memfd
+            .as_file()
+            .set_len(size)
+            .map_err(|e| err("ftruncate", &e))?;
+        // Clients get this fd: sealing the size means no client can shrink it under the
+        // store and make the daemon fault (SIGBUS) on its own mapping.
+        memfd
+            .add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealSeal])
+            .map_err(|e| err("sealing the memfd", &e))?;
+        let file = memfd.into_file();
+        let mut opts = MmapOptions::new();
+        opts.len(size as usize);
+        if prefault {
+            opts.populate();
+        }
+        let map = opts.map_raw(&file).map_err(|e| err("mmap", &e))?;
+        Ok(Segment {
+            id,
+            file,
+            map,
+            huge_pages: hugetlb.is_some(),
+        })
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    pub fn uses_huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    /// The memfd, to pass to clients with SCM_RIGHTS.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Pointer to `offset` inside the store's mapping, if `offset + len` fits.
+    pub fn ptr(&self, offset: u64, len: u64) -> Option<*mut u8> {
+        let end = offset.checked_add(len)?;
+        if end > self.len() {
+            return None;
+        }
+        // SAFETY: offset is within the mapping (checked above).
+        Some(unsafe { self.map.as_mut_ptr().add(offset as usize) })
+    }
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("id", &self.id)
+            .field("len", &self.len())
+            .field("huge_pages", &self.huge_pages)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_is_zeroed_writable_and_size_sealed() {
+        let seg = Segment::create(0, 1 << 20, false, false).unwrap();
+        let p = seg.ptr(4096, 8).unwrap();
+        unsafe {
+            assert_eq!(*p, 0);
+            *p = 7;
+            assert_eq!(*p, 7);
+        }
+        assert!(seg.ptr(1 << 20, 1).is_none());
+        // The size is sealed: a client holding the fd cannot shrink it.
+        let dup = seg.file.try_clone().unwrap();
+        assert!(dup.set_len(4096).is_err());
+    }
+
+    #[test]
+    fn huge_pages_fall_back_when_unavailable() {
+        let seg = Segment::create(0, 3 << 20, true, false).unwrap();
+        assert!(seg.len() >= 3 << 20);
+    }
+}

@@ -1,0 +1,162 @@
+//! Plain data shared by the actors, the engine API and the wire protocol.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use vovp_gpu::DeviceBlock;
+
+use crate::StoreError;
+
+/// Longest object name, in UTF-8 bytes.
+pub const MAX_NAME_LEN: usize = 256;
+/// Largest metadata blob stored with an object (tensor headers are far smaller).
+pub const MAX_METADATA_LEN: usize = 64 * 1024;
+/// Every object's data starts on this boundary (cache line; enough for any dtype and AVX-512).
+pub const ALIGNMENT: u64 = 64;
+
+/// Who holds references: one per client connection or embedded session.
+pub type HolderId = u64;
+/// A unique id per object incarnation (a name reused after delete gets a new id).
+pub type ObjectId = u64;
+
+/// An object's name: non-empty UTF-8, at most [`MAX_NAME_LEN`] bytes. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectName(Arc<str>);
+
+impl ObjectName {
+    pub fn new(name: &str) -> Result<Self, StoreError> {
+        if name.is_empty() {
+            return Err(StoreError::InvalidName("empty name".into()));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(StoreError::InvalidName(format!(
+                "{} bytes long; at most {MAX_NAME_LEN}",
+                name.len()
+            )));
+        }
+        Ok(ObjectName(Arc::from(name)))
+    }
+
+    /// The name under which a Plasma 20-byte `ObjectID` is stored: `plasma:` and 40 hex digits.
+    pub fn from_plasma_id(id: &[u8; 20]) -> Self {
+        let mut s = String::with_capacity(47);
+        s.push_str("plasma:");
+        for b in id {
+            s.push_str(&format!("{b:02x}"));
+        }
+        ObjectName(Arc::from(s.as_str()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ObjectName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for ObjectName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where an object's bytes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    Cpu,
+    Cuda(u32),
+}
+
+/// The exact place of an object's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// `offset` bytes into host segment `segment`.
+    Host { segment: u32, offset: u64 },
+    /// Inside a pooled device allocation shared through CUDA IPC.
+    Cuda(DeviceBlock),
+}
+
+impl Location {
+    pub fn device(&self) -> Device {
+        match self {
+            Location::Host { .. } => Device::Cpu,
+            Location::Cuda(b) => Device::Cuda(b.device),
+        }
+    }
+}
+
+/// Options given at create time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// Delete the object as soon as its last reference is released (after seal).
+    pub ephemeral: bool,
+    /// Host memory unless a CUDA device is named.
+    pub device: Option<Device>,
+}
+
+/// What a create or a get hands back: enough to address the bytes and to release the reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub id: ObjectId,
+    pub name: ObjectName,
+    pub size: u64,
+    pub metadata: Arc<[u8]>,
+    pub location: Location,
+}
+
+/// One row of `list`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub id: ObjectId,
+    pub name: ObjectName,
+    pub size: u64,
+    pub device: Device,
+    pub sealed: bool,
+    pub ephemeral: bool,
+    pub refcount: u32,
+    pub last_access: SystemTime,
+    pub metadata: Arc<[u8]>,
+}
+
+/// Counters of the whole store.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Host bytes the store may use.
+    pub capacity: u64,
+    /// Host bytes handed out by the allocator (object sizes rounded up to [`ALIGNMENT`]).
+    pub used_bytes: u64,
+    /// Objects with a name (sealed or not).
+    pub objects: u64,
+    pub sealed: u64,
+    pub unsealed: u64,
+    /// Deleted objects whose memory waits for their last holder.
+    pub pending_delete: u64,
+    /// Sum of all reference counts.
+    pub references: u64,
+    /// Holders (connections, sessions) that hold at least one reference.
+    pub holders: u64,
+    pub creates: u64,
+    pub evicted_objects: u64,
+    pub evicted_bytes: u64,
+}
+
+/// A change pushed to subscribers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    pub kind: NotificationKind,
+    pub name: ObjectName,
+    pub size: u64,
+    pub metadata: Arc<[u8]>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotificationKind {
+    Sealed = 1,
+    Deleted = 2,
+    Evicted = 3,
+}

@@ -1,0 +1,72 @@
+//! Engine configuration and the size syntax shared by the daemon's flags (`1G`, `512M`).
+
+use vovp_gpu::GpuConfig;
+
+use crate::Error;
+
+/// How an engine is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Host bytes for objects (Plasma's `-m`).
+    pub capacity: u64,
+    /// Back host memory with 2 MiB huge pages when the machine has them reserved.
+    pub huge_pages: bool,
+    /// Touch every page at start, so no put pays first-touch page faults.
+    pub prefault: bool,
+    /// Per-GPU capacities.
+    pub gpu: GpuConfig,
+}
+
+impl Config {
+    pub fn with_capacity(capacity: u64) -> Self {
+        Config {
+            capacity,
+            huge_pages: false,
+            prefault: false,
+            gpu: GpuConfig::default(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::with_capacity(1 << 30)
+    }
+}
+
+/// Parses `1000000`, `64K`, `512M`, `1G`, `2T` (binary multiples; `B`/`iB` suffixes allowed).
+pub fn parse_size(text: &str) -> Result<u64, Error> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("cannot read {text:?} as a size (e.g. 1000000, 512M, 1G)")))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| Error::Config(format!("size {text:?} is too large")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1000000000").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

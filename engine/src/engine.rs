@@ -1,0 +1,500 @@
+//! `Engine::spawn`: the store in-process. Spawns the allocator, eviction/refcount and GPU actors
+//! (on a private runtime thread, or on the caller's runtime for the daemon) and hands out
+//! cheap, thread-safe [`EngineHandle`]s.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kameo::actor::{ActorRef, Spawn};
+use kameo::mailbox;
+use tokio::sync::oneshot;
+use vovp_actors::allocator::AllocatorActor;
+use vovp_actors::copy::parallel_copy;
+use vovp_actors::segment::Segment;
+use vovp_actors::table_actor::{self as msg, ObjectTableActor};
+use vovp_actors::{
+    CreateOptions, Device, HolderId, Location, ObjectId, ObjectInfo, ObjectName, ObjectRef,
+    StoreStats,
+};
+use vovp_gpu::GpuActor;
+
+use crate::store::{AsyncStore, Store};
+use crate::view::{Mapped, ObjectSink};
+use crate::{Config, Error, ObjectBuffer, ObjectView};
+
+/// Puts up to this size travel inside one message (one actor round trip); larger ones are
+/// created, copied by the caller (in parallel) and sealed.
+pub const INLINE_PUT_LIMIT: usize = 64 * 1024;
+
+/// The actors of one engine, for code that talks to them directly (the daemon's connections).
+#[derive(Clone)]
+pub struct EngineActors {
+    pub table: ActorRef<ObjectTableActor>,
+    pub allocator: ActorRef<AllocatorActor>,
+    pub gpu: ActorRef<GpuActor>,
+}
+
+struct Core {
+    actors: EngineActors,
+    segments: Arc<[Arc<Segment>]>,
+    next_holder: AtomicU64,
+    config: Config,
+    /// Set by `Engine::spawn`: the private runtime thread and its stop signal.
+    runtime: Mutex<Option<(std::thread::JoinHandle<()>, oneshot::Sender<()>)>>,
+}
+
+impl Core {
+    fn mapped(&self, r: &ObjectRef) -> Result<Mapped, Error> {
+        match r.location {
+            Location::Host { segment, offset } => {
+                let seg = self
+                    .segments
+                    .get(segment as usize)
+                    .ok_or_else(|| Error::Internal(format!("no segment {segment}")))?;
+                let ptr = seg
+                    .ptr(offset, r.size)
+                    .ok_or_else(|| Error::Internal("object outside its segment".into()))?;
+                Ok(Mapped {
+                    ptr,
+                    owner: seg.clone(),
+                })
+            }
+            // Device memory has no host address; GPU views are built by the GPU client code.
+            Location::Cuda(_) => Ok(Mapped {
+                ptr: std::ptr::null_mut(),
+                owner: Arc::new(()),
+            }),
+        }
+    }
+}
+
+/// One holder of references: every handle clone shares it; dropping the last handle and the
+/// last view releases whatever it still held.
+struct Session {
+    core: Arc<Core>,
+    holder: HolderId,
+}
+
+impl ObjectSink for Session {
+    fn release(&self, id: ObjectId) {
+        // Unbounded mailbox: never blocks, fails only when the engine is gone (then all is freed).
+        let _ = self
+            .core
+            .actors
+            .table
+            .tell(msg::Release {
+                holder: self.holder,
+                ids: vec![id],
+            })
+            .try_send();
+    }
+
+    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+        futures_executor::block_on(self.core.actors.table.ask(msg::Seal {
+            holder: self.holder,
+            name: name.clone(),
+        }).send())?;
+        Ok(())
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self
+            .core
+            .actors
+            .table
+            .tell(msg::ReleaseHolder {
+                holder: self.holder,
+            })
+            .try_send();
+    }
+}
+
+/// The in-process store.
+pub struct Engine;
+
+impl Engine {
+    /// Starts an engine on its own runtime thread. Usable from any thread (blocking [`Store`])
+    /// and from any async runtime ([`AsyncStore`]).
+    pub fn spawn(config: Config) -> Result<EngineHandle, Error> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("vovp-engine".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::Internal(format!("tokio runtime: {e}"))));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let started = Engine::start(config).await;
+                    let ok = started.is_ok();
+                    let _ = ready_tx.send(started);
+                    if ok {
+                        let _ = stop_rx.await;
+                    }
+                });
+            })
+            .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
+        let handle = ready_rx
+            .recv()
+            .map_err(|_| Error::Internal("engine thread died while starting".into()))??;
+        *handle
+            .session
+            .core
+            .runtime
+            .lock()
+            .map_err(|_| Error::Internal("poisoned".into()))? = Some((thread, stop_tx));
+        Ok(handle)
+    }
+
+    /// Starts an engine's actors on the current tokio runtime (the daemon runs them on its
+    /// io_uring runtime, next to the connections, so no message crosses threads).
+    pub async fn start(config: Config) -> Result<EngineHandle, Error> {
+        if config.capacity < 4096 {
+            return Err(Error::Config(format!(
+                "capacity of {} bytes is too small (at least 4096)",
+                config.capacity
+            )));
+        }
+        let segment = Segment::create(0, config.capacity, config.huge_pages, config.prefault)?;
+        let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
+        let allocator = AllocatorActor::spawn(AllocatorActor::new(segments.clone()));
+        let gpu = GpuActor::spawn(GpuActor::new(config.gpu.clone()));
+        let table = ObjectTableActor::spawn_with_mailbox(
+            ObjectTableActor::new(allocator.clone(), gpu.clone(), segments.clone()),
+            mailbox::unbounded(),
+        );
+        let core = Arc::new(Core {
+            actors: EngineActors {
+                table,
+                allocator,
+                gpu,
+            },
+            segments,
+            next_holder: AtomicU64::new(1),
+            config,
+            runtime: Mutex::new(None),
+        });
+        Ok(EngineHandle::new_session(core))
+    }
+}
+
+/// A handle on a running engine: cheap to clone (clones share one reference holder),
+/// `Send + Sync`. Use [`Store`] from threads and [`AsyncStore`] from async code.
+#[derive(Clone)]
+pub struct EngineHandle {
+    session: Arc<Session>,
+}
+
+impl EngineHandle {
+    fn new_session(core: Arc<Core>) -> Self {
+        let holder = core.next_holder.fetch_add(1, Ordering::Relaxed);
+        EngineHandle {
+            session: Arc::new(Session { core, holder }),
+        }
+    }
+
+    /// A handle with its own reference holder (like a separate client connection).
+    pub fn session(&self) -> EngineHandle {
+        Self::new_session(self.session.core.clone())
+    }
+
+    /// A fresh holder id for a client managed elsewhere (the daemon's connections).
+    pub fn new_holder_id(&self) -> HolderId {
+        self.session.core.next_holder.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn holder(&self) -> HolderId {
+        self.session.holder
+    }
+
+    pub fn actors(&self) -> &EngineActors {
+        &self.session.core.actors
+    }
+
+    pub fn segments(&self) -> &Arc<[Arc<Segment>]> {
+        &self.session.core.segments
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.session.core.config
+    }
+
+    /// Checks the object table's invariants (for tests).
+    pub async fn check_invariants(&self) -> Result<(), Error> {
+        self.actors()
+            .table
+            .ask(msg::CheckInvariants)
+            .await
+            .map_err(|e| Error::Internal(format!("{e:?}")))
+    }
+
+    /// Stops the actors and the engine's thread. Views still alive keep their mapping; every
+    /// later call fails with [`Error::ShuttingDown`].
+    pub fn shutdown(&self) {
+        let core = &self.session.core;
+        let runtime = core.runtime.lock().ok().and_then(|mut r| r.take());
+        let stop = async {
+            let _ = core.actors.table.stop_gracefully().await;
+            core.actors.table.wait_for_shutdown().await;
+            let _ = core.actors.allocator.stop_gracefully().await;
+            let _ = core.actors.gpu.stop_gracefully().await;
+        };
+        futures_executor::block_on(stop);
+        if let Some((thread, stop_tx)) = runtime {
+            let _ = stop_tx.send(());
+            let _ = thread.join();
+        }
+    }
+
+    fn name(name: &str) -> Result<ObjectName, Error> {
+        Ok(ObjectName::new(name)?)
+    }
+
+    fn sink(&self) -> Arc<dyn ObjectSink> {
+        self.session.clone()
+    }
+
+    async fn create_inner(
+        &self,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<ObjectBuffer, Error> {
+        let core = &self.session.core;
+        let r = core
+            .actors
+            .table
+            .ask(msg::Create {
+                holder: self.session.holder,
+                name: Self::name(name)?,
+                size,
+                metadata: Arc::from(metadata),
+                options,
+            })
+            .await?;
+        let mapped = core.mapped(&r)?;
+        Ok(ObjectBuffer::from_mapped(r, mapped, self.sink()))
+    }
+
+    async fn seal_inner(&self, name: &str) -> Result<(), Error> {
+        self.session
+            .core
+            .actors
+            .table
+            .ask(msg::Seal {
+                holder: self.session.holder,
+                name: Self::name(name)?,
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+impl AsyncStore for EngineHandle {
+    async fn create(
+        &self,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<ObjectBuffer, Error> {
+        self.create_inner(name, size, metadata, options).await
+    }
+
+    async fn seal(&self, name: &str) -> Result<(), Error> {
+        self.seal_inner(name).await
+    }
+
+    async fn abort(&self, name: &str) -> Result<(), Error> {
+        self.session
+            .core
+            .actors
+            .table
+            .ask(msg::Abort {
+                holder: self.session.holder,
+                name: Self::name(name)?,
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn put(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<(), Error> {
+        let on_host = matches!(options.device, None | Some(Device::Cpu));
+        if !on_host {
+            return Err(Error::Gpu(
+                "put copies host bytes; create a device object and copy into it instead".into(),
+            ));
+        }
+        if data.len() <= INLINE_PUT_LIMIT {
+            self.session
+                .core
+                .actors
+                .table
+                .ask(msg::PutInline {
+                    holder: self.session.holder,
+                    name: Self::name(name)?,
+                    data: data.to_vec(),
+                    metadata: Arc::from(metadata),
+                    ephemeral: options.ephemeral,
+                    keep_reference: false,
+                })
+                .await?;
+            return Ok(());
+        }
+        let mut buf = self
+            .create_inner(name, data.len() as u64, metadata, options)
+            .await?;
+        parallel_copy(buf.as_mut_slice(), data);
+        self.seal_inner(name).await?;
+        drop(buf.into_view());
+        Ok(())
+    }
+
+    async fn get(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        let core = &self.session.core;
+        let names = names
+            .iter()
+            .map(|n| Self::name(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rx = core
+            .actors
+            .table
+            .ask(msg::Get {
+                holder: self.session.holder,
+                names,
+                wait: timeout,
+            })
+            .await?;
+        let results = rx.await.map_err(|_| Error::ShuttingDown)?;
+        // Wrap every reference in a view first, so an error below still releases them all.
+        let mut views = Vec::with_capacity(results.len());
+        let mut failure = None;
+        for r in results {
+            views.push(match r {
+                None => None,
+                Some(r) => match core.mapped(&r) {
+                    Ok(m) => Some(ObjectView::from_mapped(r, m, self.sink())),
+                    Err(e) => {
+                        self.session.release(r.id);
+                        failure = Some(e);
+                        None
+                    }
+                },
+            });
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(views),
+        }
+    }
+
+    async fn contains(&self, name: &str) -> Result<bool, Error> {
+        let name = Self::name(name)?;
+        Ok(self
+            .session
+            .core
+            .actors
+            .table
+            .ask(msg::Contains { name })
+            .await?)
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), Error> {
+        let name = Self::name(name)?;
+        self.session
+            .core
+            .actors
+            .table
+            .ask(msg::Delete { name })
+            .await?;
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
+        Ok(self.session.core.actors.table.ask(msg::List).await?)
+    }
+
+    async fn evict(&self, bytes: u64) -> Result<u64, Error> {
+        Ok(self
+            .session
+            .core
+            .actors
+            .table
+            .ask(msg::Evict { bytes })
+            .await?)
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        Ok(self.session.core.actors.table.ask(msg::Stats).await?)
+    }
+}
+
+impl Store for EngineHandle {
+    fn create(
+        &self,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<ObjectBuffer, Error> {
+        futures_executor::block_on(AsyncStore::create(self, name, size, metadata, options))
+    }
+    fn seal(&self, name: &str) -> Result<(), Error> {
+        futures_executor::block_on(AsyncStore::seal(self, name))
+    }
+    fn abort(&self, name: &str) -> Result<(), Error> {
+        futures_executor::block_on(AsyncStore::abort(self, name))
+    }
+    fn put(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<(), Error> {
+        futures_executor::block_on(AsyncStore::put(self, name, data, metadata, options))
+    }
+    fn get(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        futures_executor::block_on(AsyncStore::get(self, names, timeout))
+    }
+    fn contains(&self, name: &str) -> Result<bool, Error> {
+        futures_executor::block_on(AsyncStore::contains(self, name))
+    }
+    fn delete(&self, name: &str) -> Result<(), Error> {
+        futures_executor::block_on(AsyncStore::delete(self, name))
+    }
+    fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
+        futures_executor::block_on(AsyncStore::list(self))
+    }
+    fn evict(&self, bytes: u64) -> Result<u64, Error> {
+        futures_executor::block_on(AsyncStore::evict(self, bytes))
+    }
+    fn stats(&self) -> Result<StoreStats, Error> {
+        futures_executor::block_on(AsyncStore::stats(self))
+    }
+}

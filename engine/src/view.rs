@@ -1,0 +1,191 @@
+//! Zero-copy handles on objects: [`ObjectView`] (a sealed object, read-only) and
+//! [`ObjectBuffer`] (an unsealed object its creator writes). Both point straight into the
+//! shared mapping and give their reference back when dropped.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use vovp_actors::{Device, Location, ObjectId, ObjectName, ObjectRef};
+
+use crate::Error;
+
+/// Where views send their releases and seals: the embedded engine or a client connection.
+pub trait ObjectSink: Send + Sync + 'static {
+    /// Drops one reference to `id`. Must not block (it runs in `Drop`).
+    fn release(&self, id: ObjectId);
+    /// Seals `name` (blocking).
+    fn seal(&self, name: &ObjectName) -> Result<(), Error>;
+}
+
+/// The mapped bytes of one object, or none for device memory.
+pub(crate) struct Mapped {
+    pub ptr: *mut u8,
+    /// Keeps the mapping (a segment, a client's mmap, a CUDA IPC mapping) alive.
+    pub owner: Arc<dyn Any + Send + Sync>,
+}
+
+/// A reference to a sealed object: derefs to its bytes (host objects) and releases on drop.
+pub struct ObjectView {
+    obj: ObjectRef,
+    ptr: *const u8,
+    _owner: Arc<dyn Any + Send + Sync>,
+    sink: Arc<dyn ObjectSink>,
+}
+
+// SAFETY: the bytes are immutable after seal and the mapping lives as long as `_owner`.
+unsafe impl Send for ObjectView {}
+unsafe impl Sync for ObjectView {}
+
+impl ObjectView {
+    /// Builds a view from an object reference the caller holds. `ptr` must point at the
+    /// object's `size` bytes inside a mapping kept alive by `owner` (null for device objects).
+    ///
+    /// # Safety
+    /// `ptr..ptr+obj.size` must stay valid while `owner` lives and must not be written.
+    pub unsafe fn from_raw(
+        obj: ObjectRef,
+        ptr: *const u8,
+        owner: Arc<dyn Any + Send + Sync>,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Self {
+        ObjectView {
+            obj,
+            ptr,
+            _owner: owner,
+            sink,
+        }
+    }
+
+    pub fn id(&self) -> ObjectId {
+        self.obj.id
+    }
+    pub fn name(&self) -> &ObjectName {
+        &self.obj.name
+    }
+    pub fn size(&self) -> u64 {
+        self.obj.size
+    }
+    pub fn metadata(&self) -> &[u8] {
+        &self.obj.metadata
+    }
+    pub fn location(&self) -> Location {
+        self.obj.location
+    }
+    pub fn device(&self) -> Device {
+        self.obj.location.device()
+    }
+    /// Address of the data in this process (host objects; null for device objects).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// The bytes of a host object; empty for device objects (see [`ObjectView::location`]).
+    pub fn bytes(&self) -> &[u8] {
+        if self.ptr.is_null() || self.obj.size == 0 {
+            return &[];
+        }
+        // SAFETY: see `from_raw`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.obj.size as usize) }
+    }
+}
+
+impl std::ops::Deref for ObjectView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl Drop for ObjectView {
+    fn drop(&mut self) {
+        self.sink.release(self.obj.id);
+    }
+}
+
+impl fmt::Debug for ObjectView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectView")
+            .field("name", &self.obj.name)
+            .field("id", &self.obj.id)
+            .field("size", &self.obj.size)
+            .field("location", &self.obj.location)
+            .finish()
+    }
+}
+
+/// A newly created, unsealed object: write it, then [`ObjectBuffer::seal`]. Dropping it unsealed
+/// aborts the object.
+pub struct ObjectBuffer {
+    view: ObjectView,
+}
+
+impl ObjectBuffer {
+    /// # Safety
+    /// As [`ObjectView::from_raw`], and the caller is the object's creator (sole writer).
+    pub unsafe fn from_raw(
+        obj: ObjectRef,
+        ptr: *mut u8,
+        owner: Arc<dyn Any + Send + Sync>,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Self {
+        ObjectBuffer {
+            view: ObjectView::from_raw(obj, ptr, owner, sink),
+        }
+    }
+
+    pub(crate) fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
+        // SAFETY: `Mapped` comes from a segment range the allocator gave this object.
+        unsafe { Self::from_raw(obj, m.ptr, m.owner, sink) }
+    }
+
+    pub fn name(&self) -> &ObjectName {
+        self.view.name()
+    }
+    pub fn id(&self) -> ObjectId {
+        self.view.id()
+    }
+    pub fn size(&self) -> u64 {
+        self.view.size()
+    }
+    pub fn location(&self) -> Location {
+        self.view.location()
+    }
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.view.ptr as *mut u8
+    }
+
+    /// The writable bytes (host objects; empty for device objects).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.view.ptr.is_null() || self.view.obj.size == 0 {
+            return &mut [];
+        }
+        // SAFETY: the creator is the only writer of an unsealed object.
+        unsafe { std::slice::from_raw_parts_mut(self.view.ptr as *mut u8, self.view.obj.size as usize) }
+    }
+
+    /// Seals the object (immutable and visible to everyone from now on) and keeps the reference
+    /// as a read-only view.
+    pub fn seal(self) -> Result<ObjectView, Error> {
+        self.view.sink.seal(&self.view.obj.name)?;
+        Ok(self.view)
+    }
+
+    /// For callers that sealed by name through an async API: the reference, as a view.
+    pub fn into_view(self) -> ObjectView {
+        self.view
+    }
+}
+
+impl fmt::Debug for ObjectBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ObjectBuffer").field(&self.view).finish()
+    }
+}
+
+impl ObjectView {
+    pub(crate) fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
+        // SAFETY: `Mapped` comes from a segment range the allocator gave this object.
+        unsafe { Self::from_raw(obj, m.ptr, m.owner, sink) }
+    }
+}

@@ -1,0 +1,269 @@
+//! The object life cycle of the embedded engine: refcounts, deferred delete, ephemeral objects,
+//! LRU eviction, out-of-memory, abort, waiting gets, duplicate names.
+
+use std::time::Duration;
+
+use vovp::{Config, CreateOptions, DType, Engine, EngineHandle, Error, Store, TensorView};
+
+fn engine(capacity: u64) -> EngineHandle {
+    Engine::spawn(Config::with_capacity(capacity)).expect("engine starts")
+}
+
+fn put(e: &EngineHandle, name: &str, len: usize, fill: u8) {
+    e.put(name, &vec![fill; len], b"meta", CreateOptions::default())
+        .unwrap();
+}
+
+#[test]
+fn create_write_seal_get_release() {
+    let e = engine(1 << 20);
+    let mut buf = e.create("a", 100, b"md", CreateOptions::default()).unwrap();
+    buf.as_mut_slice().copy_from_slice(&[7u8; 100]);
+    // Not visible before seal.
+    assert!(!e.contains("a").unwrap());
+    assert!(e.get(&["a"], None).unwrap()[0].is_none());
+    let sealed = buf.seal().unwrap();
+    assert!(e.contains("a").unwrap());
+    let other = e.session();
+    let v = other.get_one("a", None).unwrap();
+    assert_eq!(&v[..], &[7u8; 100][..]);
+    assert_eq!(v.metadata(), b"md");
+    // Same physical memory, not a copy.
+    assert_eq!(v.as_ptr(), sealed.as_ptr());
+    assert_eq!(v.as_ptr() as usize % 64, 0);
+    let info = &e.list().unwrap()[0];
+    assert_eq!((info.refcount, info.sealed, info.size), (2, true, 100));
+    drop(v);
+    drop(sealed);
+    wait_for(|| e.stats().unwrap().references == 0);
+    assert_eq!(e.stats().unwrap().objects, 1);
+    e.shutdown();
+}
+
+fn wait_for(mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    panic!("condition not reached");
+}
+
+#[test]
+fn duplicate_create_is_refused() {
+    let e = engine(1 << 20);
+    put(&e, "x", 10, 1);
+    assert_eq!(
+        e.create("x", 5, b"", CreateOptions::default()).unwrap_err(),
+        Error::AlreadyExists("x".into())
+    );
+    let _unsealed = e.create("y", 5, b"", CreateOptions::default()).unwrap();
+    assert!(matches!(
+        e.put("y", b"abc", b"", CreateOptions::default()),
+        Err(Error::AlreadyExists(_))
+    ));
+}
+
+#[test]
+fn bad_names_and_metadata_are_typed_errors() {
+    let e = engine(1 << 20);
+    assert!(matches!(e.put("", b"a", b"", CreateOptions::default()), Err(Error::InvalidName(_))));
+    let long = "n".repeat(257);
+    assert!(matches!(e.get(&[long.as_str()], None), Err(Error::InvalidName(_))));
+    let big = vec![0u8; vovp::MAX_METADATA_LEN + 1];
+    assert!(matches!(
+        e.put("m", b"a", &big, CreateOptions::default()),
+        Err(Error::MetadataTooLarge { .. })
+    ));
+    assert!(matches!(e.delete("nope"), Err(Error::NotFound(_))));
+}
+
+#[test]
+fn abort_frees_and_only_unsealed_can_be_aborted() {
+    let e = engine(1 << 20);
+    let buf = e.create("a", 1000, b"", CreateOptions::default()).unwrap();
+    assert!(matches!(e.session().abort("a"), Err(Error::NotCreator(_))));
+    e.abort("a").unwrap();
+    drop(buf); // its release of an aborted object is harmless
+    wait_for(|| e.stats().unwrap().used_bytes == 0);
+    assert!(!e.contains("a").unwrap());
+    put(&e, "a", 10, 0);
+    assert!(matches!(e.abort("a"), Err(Error::AlreadySealed(_))));
+    // Dropping an unsealed buffer aborts it.
+    drop(e.create("b", 64, b"", CreateOptions::default()).unwrap());
+    wait_for(|| e.list().unwrap().len() == 1);
+}
+
+#[test]
+fn delete_is_deferred_while_referenced() {
+    let e = engine(1 << 20);
+    put(&e, "d", 4096, 3);
+    let v = e.get_one("d", None).unwrap();
+    e.delete("d").unwrap();
+    // The name is gone at once and can be reused...
+    assert!(!e.contains("d").unwrap());
+    put(&e, "d", 10, 9);
+    // ...while the old bytes stay intact for their holder.
+    assert!(v.iter().all(|&b| b == 3));
+    let s = e.stats().unwrap();
+    assert_eq!((s.objects, s.pending_delete), (1, 1));
+    let used_with_old = s.used_bytes;
+    drop(v);
+    wait_for(|| e.stats().unwrap().pending_delete == 0);
+    assert!(e.stats().unwrap().used_bytes < used_with_old);
+}
+
+#[test]
+fn ephemeral_objects_go_with_their_last_reference() {
+    let e = engine(1 << 20);
+    let opts = CreateOptions {
+        ephemeral: true,
+        ..Default::default()
+    };
+    let mut buf = e.create("eph", 100, b"", opts).unwrap();
+    buf.as_mut_slice().fill(1);
+    let mine = buf.seal().unwrap();
+    let theirs = e.session().get_one("eph", None).unwrap();
+    drop(mine);
+    wait_for(|| e.stats().unwrap().references == 1);
+    assert!(e.contains("eph").unwrap());
+    drop(theirs);
+    wait_for(|| !e.contains("eph").unwrap());
+    assert_eq!(e.stats().unwrap().used_bytes, 0);
+}
+
+#[test]
+fn lru_eviction_order_and_referenced_objects_survive() {
+    let e = engine(1 << 20);
+    let quarter = (1 << 18) - 64;
+    put(&e, "o1", quarter, 1);
+    put(&e, "o2", quarter, 2);
+    put(&e, "o3", quarter, 3);
+    put(&e, "o4", quarter, 4);
+    // Touch o1 so o2 is the least recently used; hold o3 so it cannot go.
+    drop(e.get_one("o1", None).unwrap());
+    let held = e.get_one("o3", None).unwrap();
+    wait_for(|| e.stats().unwrap().references == 1);
+    put(&e, "o5", quarter, 5);
+    assert!(!e.contains("o2").unwrap(), "LRU object evicted first");
+    assert!(e.contains("o1").unwrap() && e.contains("o4").unwrap());
+    put(&e, "o6", quarter, 6);
+    assert!(!e.contains("o4").unwrap());
+    assert!(e.contains("o3").unwrap() && held.iter().all(|&b| b == 3));
+    assert_eq!(e.stats().unwrap().evicted_objects, 2);
+}
+
+#[test]
+fn out_of_memory_when_everything_is_referenced() {
+    let e = engine(1 << 20);
+    let a = e.create("a", 600_000, b"", CreateOptions::default()).unwrap();
+    match e.create("b", 600_000, b"", CreateOptions::default()) {
+        Err(Error::OutOfMemory {
+            requested,
+            available,
+        }) => {
+            assert_eq!(requested, 600_000);
+            assert!(available < 600_000);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    assert!(matches!(
+        e.create("huge", 10 << 20, b"", CreateOptions::default()),
+        Err(Error::OutOfMemory { .. })
+    ));
+    drop(a);
+    // Once released (and so aborted) the room is back.
+    wait_for(|| e.create("b", 600_000, b"", CreateOptions::default()).is_ok());
+}
+
+#[test]
+fn get_waits_for_a_seal_from_another_thread() {
+    let e = engine(1 << 20);
+    let writer = e.session();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let mut b = writer.create("late", 3, b"", CreateOptions::default()).unwrap();
+        b.as_mut_slice().copy_from_slice(b"abc");
+        b.seal().unwrap()
+    });
+    let got = e.get(&["late", "never"], Some(Duration::from_millis(600))).unwrap();
+    // "late" arrived while waiting; "never" did not, so the get returned at its timeout.
+    assert_eq!(&got[0].as_ref().unwrap()[..], b"abc");
+    assert!(got[1].is_none());
+    let _ = t.join().unwrap();
+    let got = e.get(&["late", "never"], Some(Duration::from_millis(50))).unwrap();
+    assert_eq!(&got[0].as_ref().unwrap()[..], b"abc");
+    assert!(got[1].is_none());
+}
+
+#[test]
+fn get_returns_as_soon_as_all_are_sealed() {
+    let e = engine(1 << 20);
+    let writer = e.session();
+    let start = std::time::Instant::now();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        writer.put("w", b"xyz", b"", CreateOptions::default()).unwrap();
+    });
+    let v = e.get_one("w", Some(Duration::from_secs(30))).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(&v[..], b"xyz");
+    t.join().unwrap();
+    // And a timeout with nothing sealed comes back empty-handed.
+    assert!(matches!(
+        e.get_one("nothing", Some(Duration::from_millis(20))),
+        Err(Error::NotFound(_))
+    ));
+}
+
+#[test]
+fn large_put_copies_every_byte() {
+    let e = engine(64 << 20);
+    let data: Vec<u8> = (0..(24 << 20)).map(|i: usize| (i % 253) as u8).collect();
+    e.put("big", &data, b"", CreateOptions::default()).unwrap();
+    let v = e.get_one("big", None).unwrap();
+    assert!(v[..] == data[..]);
+}
+
+#[test]
+fn tensors_by_name() {
+    let e = engine(1 << 20);
+    let vals: Vec<f32> = (0..6).map(|i| i as f32).collect();
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    e.put_tensor("t", &TensorView::new(DType::F32, &[2, 3], &bytes).unwrap())
+        .unwrap();
+    let t = e.get_tensor("t", None).unwrap();
+    assert_eq!(t.shape(), &[2, 3]);
+    assert_eq!(t.as_slice::<f32>().unwrap(), &vals[..]);
+    assert!(t.as_slice::<i32>().is_err());
+    put(&e, "raw", 8, 0);
+    assert!(matches!(e.get_tensor("raw", None), Err(Error::Tensor(_))));
+}
+
+#[test]
+fn dropping_a_session_releases_everything_it_held() {
+    let e = engine(1 << 20);
+    put(&e, "s", 100, 1);
+    let s = e.session();
+    let v1 = s.get_one("s", None).unwrap();
+    let unsealed = s.create("u", 100, b"", CreateOptions::default()).unwrap();
+    // The handle goes first; its views keep the session (and their bytes) alive.
+    drop(s);
+    assert_eq!(v1[0], 1);
+    assert_eq!(e.stats().unwrap().references, 2);
+    drop(unsealed);
+    drop(v1);
+    wait_for(|| {
+        let st = e.stats().unwrap();
+        st.references == 0 && st.unsealed == 0
+    });
+}
+
+#[test]
+fn shutdown_makes_calls_fail_cleanly() {
+    let e = engine(1 << 20);
+    put(&e, "z", 10, 1);
+    e.shutdown();
+    assert_eq!(e.stats().unwrap_err(), Error::ShuttingDown);
+}

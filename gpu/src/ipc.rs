@@ -1,0 +1,255 @@
+//! Client-side helpers: what a process that talks to the store uses to reach GPU objects. Like the
+//! daemon side, the driver is loaded at run time and every failure is an error, never a panic.
+//!
+//! * [`open`] maps a [`DeviceBlock`] into this process through CUDA IPC. Each pool is opened once
+//!   and shared by every view into it (refcounted); it is closed when the last view drops.
+//! * [`copy_d2d`], [`copy_h2d`], [`copy_d2h`] copy on a store-owned stream and synchronise it
+//!   before returning, so the bytes are in place when the call returns.
+//!
+//! Everything runs in each device's primary context, the one PyTorch and CuPy use, so the
+//! pointers can be wrapped by those frameworks directly.
+//!
+//! Limits the caller must know:
+//! * a process cannot open an IPC handle it exported itself: the daemon reaches its own blocks
+//!   through [`crate::BlockPtr`] instead;
+//! * `DeviceBlock::device` is the daemon's ordinal: client and daemon must see the same devices in
+//!   the same order (same `CUDA_VISIBLE_DEVICES`).
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::sync::{LazyLock, Mutex};
+
+use cudarc::driver::sys;
+
+use crate::driver::{self, cu, PrimaryCtx};
+use crate::{DeviceBlock, GpuError};
+
+/// Identifies one exported pool. The handle is part of the key, not just (device, pool): after a
+/// daemon restart pool 0 is new memory with a new handle, and a stale mapping must not be reused.
+type Key = (u32, u32, [u8; 64]);
+
+struct Mapping {
+    base: sys::CUdeviceptr,
+    views: usize,
+}
+
+/// Open pool mappings. Opening, counting and closing all happen under this one lock, so a pool
+/// is never opened twice nor closed while a view is being handed out.
+static MAPPINGS: LazyLock<Mutex<HashMap<Key, Mapping>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn mappings() -> std::sync::MutexGuard<'static, HashMap<Key, Mapping>> {
+    // Poison only means a panic elsewhere while the lock was held; the map is updated in single
+    // steps and stays consistent.
+    MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A block of a store pool mapped into this process. Dropping the last view of a pool unmaps it.
+#[derive(Debug)]
+pub struct DeviceView {
+    key: Key,
+    base: sys::CUdeviceptr,
+    offset: u64,
+    size: u64,
+}
+
+impl DeviceView {
+    /// Device pointer of the block's first byte, valid in the device's primary context.
+    pub fn ptr(&self) -> u64 {
+        self.base + self.offset
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn device(&self) -> u32 {
+        self.key.0
+    }
+}
+
+impl Drop for DeviceView {
+    fn drop(&mut self) {
+        let mut map = mappings();
+        let last = match map.get_mut(&self.key) {
+            Some(m) => {
+                m.views -= 1;
+                m.views == 0
+            }
+            None => false,
+        };
+        if last {
+            map.remove(&self.key);
+            let closed = driver::context(self.key.0).and_then(|_| {
+                // SAFETY: base was returned by cuIpcOpenMemHandle and no view uses it any more.
+                cu("cuIpcCloseMemHandle", || unsafe {
+                    sys::cuIpcCloseMemHandle(self.base)
+                })
+            });
+            if let Err(e) = closed {
+                tracing::warn!("unmapping a GPU pool of cuda:{}: {e}", self.key.0);
+            }
+        }
+    }
+}
+
+/// Maps `block` into this process (opening its pool on first use) and returns a view of it.
+pub fn open(block: &DeviceBlock) -> Result<DeviceView, GpuError> {
+    let key = (block.device, block.pool, block.ipc_handle);
+    let mut map = mappings();
+    let base = match map.get_mut(&key) {
+        Some(m) => {
+            m.views += 1;
+            m.base
+        }
+        None => {
+            driver::context(block.device)?;
+            let handle = sys::CUipcMemHandle {
+                reserved: block.ipc_handle.map(|b| b as c_char),
+            };
+            let mut base: sys::CUdeviceptr = 0;
+            // LAZY_ENABLE_PEER_ACCESS: lets the mapping work even when the pool lives on a device
+            // other than the current one (mismatched ordinals, multi-GPU nodes).
+            let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+            // SAFETY: writes one device pointer; the handle is 64 opaque bytes the driver checks.
+            cu("cuIpcOpenMemHandle", || unsafe {
+                sys::cuIpcOpenMemHandle_v2(&mut base, handle, flags)
+            })?;
+            map.insert(key, Mapping { base, views: 1 });
+            base
+        }
+    };
+    Ok(DeviceView {
+        key,
+        base,
+        offset: block.offset,
+        size: block.size,
+    })
+}
+
+/// Number of pools this process has mapped (diagnostics and tests).
+pub fn open_pools() -> usize {
+    mappings().len()
+}
+
+/// A stream of one device's primary context.
+struct Stream(sys::CUstream);
+
+// SAFETY: CUDA streams are driver handles usable from any thread; we never dereference them.
+unsafe impl Send for Stream {}
+
+/// Idle streams by device. A copy takes one (or makes one) and puts it back, so concurrent copies
+/// from several threads each get their own stream and do not wait for each other.
+static STREAMS: LazyLock<Mutex<HashMap<u32, Vec<Stream>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Runs `work` on a pooled stream of `ctx`'s device, then waits for the stream.
+fn on_stream(
+    ctx: &PrimaryCtx,
+    work: impl FnOnce(sys::CUstream) -> Result<(), GpuError>,
+) -> Result<(), GpuError> {
+    let idle = STREAMS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&ctx.ordinal)
+        .and_then(Vec::pop);
+    let stream = match idle {
+        Some(s) => s,
+        None => {
+            let mut s: sys::CUstream = std::ptr::null_mut();
+            // A blocking (default-flag) stream: it is ordered after work already queued on the
+            // legacy default stream, which is where PyTorch's default stream puts it.
+            let flags = sys::CUstream_flags::CU_STREAM_DEFAULT as u32;
+            // SAFETY: writes one stream handle; the context is current.
+            cu("cuStreamCreate", || unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+            Stream(s)
+        }
+    };
+    let result = work(stream.0).and_then(|()| {
+        // SAFETY: the stream is live.
+        cu("cuStreamSynchronize", || unsafe {
+            sys::cuStreamSynchronize(stream.0)
+        })
+    });
+    match &result {
+        // Only a stream whose work completed goes back; after an error it may be unusable.
+        Ok(()) => STREAMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ctx.ordinal)
+            .or_default()
+            .push(stream),
+        Err(_) => {
+            // SAFETY: the stream is live and no longer used.
+            let _ = cu("cuStreamDestroy", || unsafe {
+                sys::cuStreamDestroy_v2(stream.0)
+            });
+        }
+    }
+    result
+}
+
+/// Device ordinal of the memory `ptr` points into, with its primary context made current.
+fn context_of(ptr: u64) -> Result<&'static PrimaryCtx, GpuError> {
+    driver::cuda_available()?;
+    let mut ordinal: i32 = -1;
+    // SAFETY: writes one int; any value of ptr is allowed (unknown pointers give an error).
+    cu("cuPointerGetAttribute(DEVICE_ORDINAL)", || unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast::<c_void>(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    })
+    .map_err(|e| GpuError::Driver(format!("{ptr:#x} is not CUDA device memory: {e}")))?;
+    let ordinal = u32::try_from(ordinal)
+        .map_err(|_| GpuError::Driver(format!("{ptr:#x} has no device ordinal")))?;
+    driver::context(ordinal)
+}
+
+/// Copies `bytes` from device memory `src` to device memory `dst` (any devices) and waits for the
+/// copy. Runs in the primary context of `dst`'s device.
+pub fn copy_d2d(dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let ctx = context_of(dst)?;
+    on_stream(ctx, |s| {
+        // SAFETY: the caller vouches that both ranges are live device memory of `bytes` bytes;
+        // the driver rejects unknown pointers.
+        cu("cuMemcpyDtoDAsync", || unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
+        })
+    })
+}
+
+/// Copies host bytes to device memory `dst` and waits for the copy.
+pub fn copy_h2d(dst: u64, src: &[u8]) -> Result<(), GpuError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let ctx = context_of(dst)?;
+    on_stream(ctx, |s| {
+        // SAFETY: src is a live slice; the stream is synchronised before it can go away.
+        cu("cuMemcpyHtoDAsync", || unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), s)
+        })
+    })
+}
+
+/// Copies device memory `src` into `dst` and waits for the copy.
+pub fn copy_d2h(dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let ctx = context_of(src)?;
+    let len = dst.len();
+    let ptr = dst.as_mut_ptr();
+    on_stream(ctx, |s| {
+        // SAFETY: dst is a live, exclusively borrowed slice; the stream is synchronised before
+        // the borrow ends.
+        cu("cuMemcpyDtoHAsync", || unsafe {
+            sys::cuMemcpyDtoHAsync_v2(ptr.cast(), src, len, s)
+        })
+    })
+}

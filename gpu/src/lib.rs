@@ -1,0 +1,218 @@
+//! The GPU actor: owns every piece of CUDA state the store has (pooled device allocations per
+//! GPU, sub-allocated; their CUDA IPC handles), with the driver loaded at run time so that the
+//! store builds and runs on machines with no GPU. Without a driver every request answers
+//! [`GpuError::GpuUnavailable`] with the reason; nothing panics.
+//!
+//! * daemon side: [`GpuActor`] and its messages ([`AllocateDevice`], [`FreeDevice`],
+//!   [`BlockPtr`], [`GpuUsage`]), [`parse_gpu_memory`] for `--gpu-memory`;
+//! * client side: [`ipc`] (map blocks, copy between host and device);
+//! * both: [`probe`] and [`cuda_available`].
+//!
+//! Device memory model: per device, one `cuMemAlloc` allocation (a *pool*; several only past
+//! 512 GiB) made at the first request for that device, exported once with `cuIpcGetMemHandle`,
+//! and cut into 256-byte-aligned blocks. A [`DeviceBlock`] is (pool handle, offset, size); a client
+//! maps each pool once and reaches every block by offset.
+
+mod driver;
+pub mod ipc;
+mod pool;
+
+use kameo::message::{Context, Message};
+use kameo::Actor;
+
+pub use driver::{cuda_available, probe, DeviceInfo, GpuInfo};
+pub use pool::{DeviceUsage, BLOCK_ALIGN, DEFAULT_FREE_FRACTION_PERCENT};
+
+/// Errors of the GPU actor.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum GpuError {
+    /// No usable CUDA driver or device; the reason says which.
+    #[error("GPU unavailable: {0}")]
+    GpuUnavailable(String),
+    /// The request does not fit in the device's pool now; evicting blocks may make room.
+    /// `available` is roughly the largest block that would fit (a lower bound within 12.5%).
+    #[error("out of GPU memory on cuda:{device}: requested {requested} bytes, {available} available")]
+    OutOfMemory { device: u32, requested: u64, available: u64 },
+    /// A driver call failed.
+    #[error("CUDA driver error: {0}")]
+    Driver(String),
+    /// A malformed `--gpu-memory` spec.
+    #[error("invalid --gpu-memory: {0}")]
+    InvalidConfig(String),
+}
+
+/// Per-device capacity the store may use.
+#[derive(Debug, Clone, Default)]
+pub struct GpuConfig {
+    /// (device ordinal, bytes) pairs, e.g. from `--gpu-memory 0:8G,1:8G`. A device not listed
+    /// gets [`DEFAULT_FREE_FRACTION_PERCENT`]% of its free memory at its first request.
+    pub capacities: Vec<(u32, u64)>,
+}
+
+/// A block inside a device pool: what a client needs to open it through CUDA IPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBlock {
+    pub device: u32,
+    /// Which pooled allocation of that device (clients cache one IPC mapping per pool).
+    pub pool: u32,
+    /// The pool's `CUipcMemHandle` (64 opaque bytes).
+    pub ipc_handle: [u8; 64],
+    /// Byte offset of the block in the pool; a multiple of [`BLOCK_ALIGN`].
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// Parses `--gpu-memory`: comma-separated `DEVICE:SIZE` entries such as `0:8G,1:512M`. Sizes are
+/// bytes with an optional binary suffix `K`, `M`, `G`, `T` (any case, `B`/`iB` allowed), the same
+/// syntax as the host `-m` size. A size of 0 keeps the store off that device.
+pub fn parse_gpu_memory(spec: &str) -> Result<Vec<(u32, u64)>, GpuError> {
+    let bad = |m: String| GpuError::InvalidConfig(m);
+    let mut out: Vec<(u32, u64)> = Vec::new();
+    for entry in spec.split(',') {
+        let entry = entry.trim();
+        let (dev, size) = entry.split_once(':').ok_or_else(|| {
+            bad(format!("{entry:?} is not DEVICE:SIZE (e.g. 0:8G)"))
+        })?;
+        let dev: u32 = dev
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{dev:?} in {entry:?} is not a device number")))?;
+        let size = parse_size(size).ok_or_else(|| {
+            bad(format!("{size:?} in {entry:?} is not a size (e.g. 8G, 512M, 1000000)"))
+        })?;
+        if out.iter().any(|(d, _)| *d == dev) {
+            return Err(bad(format!("device {dev} is given twice")));
+        }
+        out.push((dev, size));
+    }
+    Ok(out)
+}
+
+/// `1000000`, `64K`, `512M`, `1G`, `2T`, `64KiB`; `None` if malformed or over `u64`.
+fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last()? {
+        'k' | 'K' => (&t[..t.len() - 1], 10),
+        'm' | 'M' => (&t[..t.len() - 1], 20),
+        'g' | 'G' => (&t[..t.len() - 1], 30),
+        't' | 'T' => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let digits = digits.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+/// The GPU actor's state: the device pools, created per device at its first request.
+///
+/// Every handler makes blocking driver calls (microseconds, except the first request per device,
+/// which creates the context and the pool: up to a second). Spawn it with
+/// `GpuActor::spawn_in_thread` in a multi-threaded runtime to keep those off the async workers;
+/// plain `spawn` works too. No driver call happens before the first message, so constructing and
+/// spawning it is free on machines without a GPU.
+#[derive(Actor)]
+pub struct GpuActor {
+    pools: pool::Pools,
+}
+
+impl GpuActor {
+    pub fn new(config: GpuConfig) -> Self {
+        GpuActor {
+            pools: pool::Pools::new(config),
+        }
+    }
+}
+
+/// Allocate `size` bytes on `device`. `OutOfMemory` means "evict and retry"; `GpuUnavailable`
+/// means no driver, no such device, or a capacity of 0 for it.
+pub struct AllocateDevice {
+    pub device: u32,
+    pub size: u64,
+}
+
+impl Message<AllocateDevice> for GpuActor {
+    type Reply = Result<DeviceBlock, GpuError>;
+    async fn handle(
+        &mut self,
+        msg: AllocateDevice,
+        _ctx: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.pools.allocate(msg.device, msg.size)
+    }
+}
+
+/// Return a block to its pool. Freeing a block that is not live only logs a warning.
+pub struct FreeDevice(pub DeviceBlock);
+
+impl Message<FreeDevice> for GpuActor {
+    type Reply = ();
+    async fn handle(&mut self, msg: FreeDevice, _ctx: &mut Context<Self, Self::Reply>) {
+        self.pools.free(&msg.0)
+    }
+}
+
+/// The device pointer of a live block in the daemon's own address space (in the device's primary
+/// context), for in-process use: a process cannot open its own IPC handles, so the daemon, and
+/// tests playing daemon, reach blocks this way and copy with [`ipc::copy_h2d`] and friends.
+pub struct BlockPtr(pub DeviceBlock);
+
+impl Message<BlockPtr> for GpuActor {
+    type Reply = Result<u64, GpuError>;
+    async fn handle(&mut self, msg: BlockPtr, _ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.pools.pointer(&msg.0)
+    }
+}
+
+/// Capacity and use of each device that has pools, by device (for stats).
+pub struct GpuUsage;
+
+impl Message<GpuUsage> for GpuActor {
+    type Reply = Vec<DeviceUsage>;
+    async fn handle(&mut self, _msg: GpuUsage, _ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.pools.usage()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_memory_specs() {
+        assert_eq!(parse_gpu_memory("0:8G").unwrap(), vec![(0, 8 << 30)]);
+        assert_eq!(
+            parse_gpu_memory("0:8G,1:512M").unwrap(),
+            vec![(0, 8 << 30), (1, 512 << 20)]
+        );
+        assert_eq!(
+            parse_gpu_memory(" 2 : 1T , 3:64KiB,4:1000000,5:0,6:2gb,7:3k").unwrap(),
+            vec![
+                (2, 1 << 40),
+                (3, 64 << 10),
+                (4, 1_000_000),
+                (5, 0),
+                (6, 2 << 30),
+                (7, 3 << 10)
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_gpu_memory_specs() {
+        for spec in [
+            "", "8G", "0", "0:", ":8G", "x:8G", "-1:8G", "0:8X", "0:G", "0:-8G", "0:1.5G",
+            "0:8G,", "0:8G,0:4G", "0:99999999999T", "0:8G;1:8G", "4294967296:1G",
+        ] {
+            match parse_gpu_memory(spec) {
+                Err(GpuError::InvalidConfig(m)) => assert!(!m.is_empty(), "{spec:?}"),
+                other => panic!("{spec:?} gave {other:?}"),
+            }
+        }
+    }
+}
