@@ -107,7 +107,10 @@ fn init() -> Result<u32, GpuError> {
     cu("cuInit", || unsafe { sys::cuInit(0) }).map_err(unavailable)?;
     let mut n: c_int = 0;
     // SAFETY: writes one int.
-    cu("cuDeviceGetCount", || unsafe { sys::cuDeviceGetCount(&mut n) }).map_err(unavailable)?;
+    cu("cuDeviceGetCount", || unsafe {
+        sys::cuDeviceGetCount(&mut n)
+    })
+    .map_err(unavailable)?;
     if n <= 0 {
         let visible = std::env::var("CUDA_VISIBLE_DEVICES")
             .map(|v| format!(" (CUDA_VISIBLE_DEVICES={v:?})"))
@@ -124,7 +127,9 @@ pub(crate) fn driver_version() -> Result<i32, GpuError> {
     cuda_available()?;
     let mut v: c_int = 0;
     // SAFETY: writes one int.
-    cu("cuDriverGetVersion", || unsafe { sys::cuDriverGetVersion(&mut v) })?;
+    cu("cuDriverGetVersion", || unsafe {
+        sys::cuDriverGetVersion(&mut v)
+    })?;
     Ok(v)
 }
 
@@ -152,7 +157,9 @@ impl PrimaryCtx {
     /// calls: actors and clients run on thread pools, so "current" is never a given.
     pub(crate) fn make_current(&self) -> Result<(), GpuError> {
         // SAFETY: ctx is a live primary context (retained forever).
-        cu("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(self.ctx) })
+        cu("cuCtxSetCurrent", || unsafe {
+            sys::cuCtxSetCurrent(self.ctx)
+        })
     }
 }
 
@@ -178,15 +185,21 @@ pub(crate) fn context(ordinal: u32) -> Result<&'static PrimaryCtx, GpuError> {
             None => {
                 let mut dev: sys::CUdevice = 0;
                 // SAFETY: writes one device handle; ordinal was checked against the count.
-                cu("cuDeviceGet", || unsafe { sys::cuDeviceGet(&mut dev, ordinal as c_int) })
-                    .map_err(unavailable)?;
+                cu("cuDeviceGet", || unsafe {
+                    sys::cuDeviceGet(&mut dev, ordinal as c_int)
+                })
+                .map_err(unavailable)?;
                 let mut raw: sys::CUcontext = std::ptr::null_mut();
                 // SAFETY: dev came from cuDeviceGet.
                 cu("cuDevicePrimaryCtxRetain", || unsafe {
                     sys::cuDevicePrimaryCtxRetain(&mut raw, dev)
                 })
                 .map_err(unavailable)?;
-                let c: &'static PrimaryCtx = Box::leak(Box::new(PrimaryCtx { ordinal, dev, ctx: raw }));
+                let c: &'static PrimaryCtx = Box::leak(Box::new(PrimaryCtx {
+                    ordinal,
+                    dev,
+                    ctx: raw,
+                }));
                 map.insert(ordinal, c);
                 c
             }
@@ -212,7 +225,9 @@ pub(crate) fn mem_info(ctx: &PrimaryCtx) -> Result<(u64, u64), GpuError> {
     ctx.make_current()?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: writes two size_t.
-    cu("cuMemGetInfo", || unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+    cu("cuMemGetInfo", || unsafe {
+        sys::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
     Ok((free as u64, total as u64))
 }
 

@@ -30,6 +30,10 @@ type Key = (u32, u32, [u8; 64]);
 
 struct Mapping {
     base: sys::CUdeviceptr,
+    /// Size of the mapped pool, to refuse blocks that would reach past it: a stray access there
+    /// is a sticky error that poisons the whole CUDA context of the client (PyTorch included).
+    /// `u64::MAX` if the driver could not tell.
+    bytes: u64,
     views: usize,
 }
 
@@ -80,15 +84,7 @@ impl Drop for DeviceView {
         };
         if last {
             map.remove(&self.key);
-            let closed = driver::context(self.key.0).and_then(|_| {
-                // SAFETY: base was returned by cuIpcOpenMemHandle and no view uses it any more.
-                cu("cuIpcCloseMemHandle", || unsafe {
-                    sys::cuIpcCloseMemHandle(self.base)
-                })
-            });
-            if let Err(e) = closed {
-                tracing::warn!("unmapping a GPU pool of cuda:{}: {e}", self.key.0);
-            }
+            unmap(self.key.0, self.base);
         }
     }
 }
@@ -97,34 +93,82 @@ impl Drop for DeviceView {
 pub fn open(block: &DeviceBlock) -> Result<DeviceView, GpuError> {
     let key = (block.device, block.pool, block.ipc_handle);
     let mut map = mappings();
-    let base = match map.get_mut(&key) {
-        Some(m) => {
-            m.views += 1;
-            m.base
-        }
+    let (base, bytes, fresh) = match map.get(&key) {
+        Some(m) => (m.base, m.bytes, false),
         None => {
-            driver::context(block.device)?;
-            let handle = sys::CUipcMemHandle {
-                reserved: block.ipc_handle.map(|b| b as c_char),
-            };
-            let mut base: sys::CUdeviceptr = 0;
-            // LAZY_ENABLE_PEER_ACCESS: lets the mapping work even when the pool lives on a device
-            // other than the current one (mismatched ordinals, multi-GPU nodes).
-            let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-            // SAFETY: writes one device pointer; the handle is 64 opaque bytes the driver checks.
-            cu("cuIpcOpenMemHandle", || unsafe {
-                sys::cuIpcOpenMemHandle_v2(&mut base, handle, flags)
-            })?;
-            map.insert(key, Mapping { base, views: 1 });
-            base
+            let (base, bytes) = map_pool(block)?;
+            (base, bytes, true)
         }
     };
+    let fits = block
+        .offset
+        .checked_add(block.size)
+        .is_some_and(|end| end <= bytes);
+    if !fits {
+        if fresh {
+            unmap(block.device, base);
+        }
+        return Err(GpuError::Driver(format!(
+            "block at offset {} of {} bytes lies outside cuda:{} pool {} ({bytes} bytes)",
+            block.offset, block.size, block.device, block.pool
+        )));
+    }
+    map.entry(key)
+        .or_insert(Mapping {
+            base,
+            bytes,
+            views: 0,
+        })
+        .views += 1;
     Ok(DeviceView {
         key,
         base,
         offset: block.offset,
         size: block.size,
     })
+}
+
+/// Opens the pool `block` lies in: its base address here and its size.
+fn map_pool(block: &DeviceBlock) -> Result<(sys::CUdeviceptr, u64), GpuError> {
+    driver::context(block.device)?;
+    let handle = sys::CUipcMemHandle {
+        reserved: block.ipc_handle.map(|b| b as c_char),
+    };
+    let mut base: sys::CUdeviceptr = 0;
+    // LAZY_ENABLE_PEER_ACCESS: lets the mapping work even when the pool lives on a device other
+    // than the current one (mismatched ordinals, multi-GPU nodes).
+    let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+    // SAFETY: writes one device pointer; the handle is 64 opaque bytes the driver checks.
+    cu("cuIpcOpenMemHandle", || unsafe {
+        sys::cuIpcOpenMemHandle_v2(&mut base, handle, flags)
+    })?;
+    let mut start: sys::CUdeviceptr = 0;
+    let mut bytes: usize = 0;
+    // SAFETY: writes the allocation's start and size; base is a live mapping.
+    let range = cu("cuMemGetAddressRange", || unsafe {
+        sys::cuMemGetAddressRange_v2(&mut start, &mut bytes, base)
+    });
+    match range {
+        Ok(()) => Ok((base, bytes as u64)),
+        // The bounds check is a safety net, not a requirement: without the size, map anyway.
+        Err(e) => {
+            tracing::debug!("no size for cuda:{} pool {}: {e}", block.device, block.pool);
+            Ok((base, u64::MAX))
+        }
+    }
+}
+
+/// Closes a pool mapping; failures are only logged (nothing a caller could do).
+fn unmap(device: u32, base: sys::CUdeviceptr) {
+    let closed = driver::context(device).and_then(|_| {
+        // SAFETY: base came from cuIpcOpenMemHandle and no view uses it any more.
+        cu("cuIpcCloseMemHandle", || unsafe {
+            sys::cuIpcCloseMemHandle(base)
+        })
+    });
+    if let Err(e) = closed {
+        tracing::warn!("unmapping a GPU pool of cuda:{device}: {e}");
+    }
 }
 
 /// Number of pools this process has mapped (diagnostics and tests).
@@ -161,7 +205,9 @@ fn on_stream(
             // legacy default stream, which is where PyTorch's default stream puts it.
             let flags = sys::CUstream_flags::CU_STREAM_DEFAULT as u32;
             // SAFETY: writes one stream handle; the context is current.
-            cu("cuStreamCreate", || unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+            cu("cuStreamCreate", || unsafe {
+                sys::cuStreamCreate(&mut s, flags)
+            })?;
             Stream(s)
         }
     };
@@ -192,6 +238,16 @@ fn on_stream(
 /// Device ordinal of the memory `ptr` points into, with its primary context made current.
 fn context_of(ptr: u64) -> Result<&'static PrimaryCtx, GpuError> {
     driver::cuda_available()?;
+    // The query itself needs some current context (the driver may answer INVALID_CONTEXT on a
+    // thread without one); any device's will do, since addresses are unified.
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one context handle.
+    cu("cuCtxGetCurrent", || unsafe {
+        sys::cuCtxGetCurrent(&mut current)
+    })?;
+    if current.is_null() {
+        driver::context(0)?;
+    }
     let mut ordinal: i32 = -1;
     // SAFETY: writes one int; any value of ptr is allowed (unknown pointers give an error).
     cu("cuPointerGetAttribute(DEVICE_ORDINAL)", || unsafe {

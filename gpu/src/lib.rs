@@ -31,8 +31,14 @@ pub enum GpuError {
     GpuUnavailable(String),
     /// The request does not fit in the device's pool now; evicting blocks may make room.
     /// `available` is roughly the largest block that would fit (a lower bound within 12.5%).
-    #[error("out of GPU memory on cuda:{device}: requested {requested} bytes, {available} available")]
-    OutOfMemory { device: u32, requested: u64, available: u64 },
+    #[error(
+        "out of GPU memory on cuda:{device}: requested {requested} bytes, {available} available"
+    )]
+    OutOfMemory {
+        device: u32,
+        requested: u64,
+        available: u64,
+    },
     /// A driver call failed.
     #[error("CUDA driver error: {0}")]
     Driver(String),
@@ -70,15 +76,17 @@ pub fn parse_gpu_memory(spec: &str) -> Result<Vec<(u32, u64)>, GpuError> {
     let mut out: Vec<(u32, u64)> = Vec::new();
     for entry in spec.split(',') {
         let entry = entry.trim();
-        let (dev, size) = entry.split_once(':').ok_or_else(|| {
-            bad(format!("{entry:?} is not DEVICE:SIZE (e.g. 0:8G)"))
-        })?;
+        let (dev, size) = entry
+            .split_once(':')
+            .ok_or_else(|| bad(format!("{entry:?} is not DEVICE:SIZE (e.g. 0:8G)")))?;
         let dev: u32 = dev
             .trim()
             .parse()
             .map_err(|_| bad(format!("{dev:?} in {entry:?} is not a device number")))?;
         let size = parse_size(size).ok_or_else(|| {
-            bad(format!("{size:?} in {entry:?} is not a size (e.g. 8G, 512M, 1000000)"))
+            bad(format!(
+                "{size:?} in {entry:?} is not a size (e.g. 8G, 512M, 1000000)"
+            ))
         })?;
         if out.iter().any(|(d, _)| *d == dev) {
             return Err(bad(format!("device {dev} is given twice")));
@@ -164,7 +172,11 @@ pub struct BlockPtr(pub DeviceBlock);
 
 impl Message<BlockPtr> for GpuActor {
     type Reply = Result<u64, GpuError>;
-    async fn handle(&mut self, msg: BlockPtr, _ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(
+        &mut self,
+        msg: BlockPtr,
+        _ctx: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
         self.pools.pointer(&msg.0)
     }
 }
@@ -174,7 +186,11 @@ pub struct GpuUsage;
 
 impl Message<GpuUsage> for GpuActor {
     type Reply = Vec<DeviceUsage>;
-    async fn handle(&mut self, _msg: GpuUsage, _ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(
+        &mut self,
+        _msg: GpuUsage,
+        _ctx: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
         self.pools.usage()
     }
 }
@@ -191,7 +207,7 @@ mod tests {
             vec![(0, 8 << 30), (1, 512 << 20)]
         );
         assert_eq!(
-            parse_gpu_memory(" 2 : 1T , 3:64KiB,4:1000000,5:0,6:2gb,7:3k").unwrap(),
+            parse_gpu_memory(" 2 : 1T , 3:64KiB,4:1000000,5:0,6:2GB,7:3k").unwrap(),
             vec![
                 (2, 1 << 40),
                 (3, 64 << 10),
@@ -206,8 +222,22 @@ mod tests {
     #[test]
     fn bad_gpu_memory_specs() {
         for spec in [
-            "", "8G", "0", "0:", ":8G", "x:8G", "-1:8G", "0:8X", "0:G", "0:-8G", "0:1.5G",
-            "0:8G,", "0:8G,0:4G", "0:99999999999T", "0:8G;1:8G", "4294967296:1G",
+            "",
+            "8G",
+            "0",
+            "0:",
+            ":8G",
+            "x:8G",
+            "-1:8G",
+            "0:8X",
+            "0:G",
+            "0:-8G",
+            "0:1.5G",
+            "0:8G,",
+            "0:8G,0:4G",
+            "0:99999999999T",
+            "0:8G;1:8G",
+            "4294967296:1G",
         ] {
             match parse_gpu_memory(spec) {
                 Err(GpuError::InvalidConfig(m)) => assert!(!m.is_empty(), "{spec:?}"),

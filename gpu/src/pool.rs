@@ -110,15 +110,16 @@ impl Pool {
         ctx.make_current()?;
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: writes one device pointer; the primary context of the device is current.
-        cu("cuMemAlloc", || unsafe { sys::cuMemAlloc_v2(&mut base, bytes as usize) }).map_err(
-            |e| {
-                GpuError::Driver(format!(
-                    "cannot reserve the store's {bytes}-byte pool on cuda:{}: {e}; \
+        cu("cuMemAlloc", || unsafe {
+            sys::cuMemAlloc_v2(&mut base, bytes as usize)
+        })
+        .map_err(|e| {
+            GpuError::Driver(format!(
+                "cannot reserve the store's {bytes}-byte pool on cuda:{}: {e}; \
                      give a smaller size with --gpu-memory",
-                    ctx.ordinal
-                ))
-            },
-        )?;
+                ctx.ordinal
+            ))
+        })?;
         // From here on Drop frees `base`, whatever fails next.
         let mut pool = Pool {
             ctx,
@@ -128,7 +129,9 @@ impl Pool {
         };
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: base is a live cuMemAlloc allocation (the only kind IPC can export).
-        cu("cuIpcGetMemHandle", || unsafe { sys::cuIpcGetMemHandle(&mut h, base) })?;
+        cu("cuIpcGetMemHandle", || unsafe {
+            sys::cuIpcGetMemHandle(&mut h, base)
+        })?;
         pool.handle = h.reserved.map(|b| b as u8);
         Ok(pool)
     }
@@ -167,42 +170,45 @@ impl Pools {
         }
     }
 
-    /// Bytes to reserve on `ctx`'s device: the configured capacity, else a share of what is free
-    /// right now (so a store started next to a training job does not take memory it holds).
-    fn capacity(&self, ctx: &PrimaryCtx) -> Result<u64, GpuError> {
+    /// Bytes to reserve on `device`: the configured capacity, else a share of what is free right
+    /// now (so a store started next to a training job does not take memory the job holds).
+    /// Returns the device's context too, made current.
+    fn capacity(&self, device: u32) -> Result<(&'static PrimaryCtx, u64), GpuError> {
         let configured = self
             .config
             .capacities
             .iter()
-            .find(|(d, _)| *d == ctx.ordinal)
+            .find(|(d, _)| *d == device)
             .map(|(_, c)| *c);
+        // Checked before touching the device, so that `--gpu-memory N:0` keeps the store from
+        // even creating a context there.
+        if let Some(c) = configured.filter(|&c| c < BLOCK_ALIGN) {
+            return Err(GpuError::GpuUnavailable(format!(
+                "cuda:{device} is given {c} bytes by --gpu-memory"
+            )));
+        }
+        let ctx = driver::context(device)?;
         let bytes = match configured {
             Some(c) => c,
             None => {
                 let (free, _) = driver::mem_info(ctx)?;
-                let share = free / 100 * DEFAULT_FREE_FRACTION_PERCENT;
-                share / DEFAULT_ROUNDING * DEFAULT_ROUNDING
+                let share = free / 100 * DEFAULT_FREE_FRACTION_PERCENT / DEFAULT_ROUNDING
+                    * DEFAULT_ROUNDING;
+                if share < BLOCK_ALIGN {
+                    return Err(GpuError::GpuUnavailable(format!(
+                        "cuda:{device} has {free} bytes free, too little for the store's pool"
+                    )));
+                }
+                share
             }
         };
-        if bytes < BLOCK_ALIGN {
-            return Err(GpuError::GpuUnavailable(format!(
-                "cuda:{} has no memory for the store ({bytes} bytes{})",
-                ctx.ordinal,
-                if configured.is_some() {
-                    " set by --gpu-memory"
-                } else {
-                    " free on the device"
-                }
-            )));
-        }
-        Ok(bytes)
+        Ok((ctx, bytes))
     }
 
     /// The device's pools, created on first use.
     fn device(&mut self, device: u32) -> Result<&mut DevicePools, GpuError> {
         if !self.devices.contains_key(&device) {
-            let ctx = driver::context(device)?;
-            let mut left = self.capacity(ctx)?;
+            let (ctx, mut left) = self.capacity(device)?;
             let mut pools = Vec::new();
             // Not cached on failure: the next request retries, e.g. after another process freed
             // memory. Pools made before a failure are dropped (freed) with `pools`.

@@ -130,10 +130,11 @@ class ProtocolError(VovpError):
     """The two sides disagree about the wire format or the connection state.
 
     Raised for MALFORMED (12), UNSUPPORTED_VERSION (13), UNKNOWN_OPCODE (14), PROTOCOL_STATE (18),
-    unknown status codes, and replies the client cannot parse.
+    unknown status codes, and replies the client cannot parse. ``status`` is 0 when the client
+    itself detected the problem (e.g. a reply that does not match its request).
     """
 
-    status = 12
+    status = 0
 
 
 class TooLarge(VovpError, ValueError):

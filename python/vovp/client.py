@@ -1,0 +1,887 @@
+"""The vovp client: one connection to ``vovp-engine`` plus the mappings of its segments.
+
+Zero-copy and reference lifetime
+--------------------------------
+Every object this client hands out (put, get, create) is backed by one *owner*: a 1-D uint8
+numpy array made with ``np.frombuffer`` over the segment mapping. Returned arrays are views of
+the owner. numpy collapses ``.base`` chains, but it stops at the first array whose base is not
+an ndarray; the owner's base is a memoryview, so every array derived from a returned one (slices,
+reshapes, transposes, ``torch.from_numpy``, ``memoryview(arr)``) keeps the owner alive. A
+``weakref`` on the owner therefore fires only when the last user-visible view is gone, and its
+callback releases the store reference (RELEASE with NO_REPLY, so garbage collection never waits
+for the daemon). ``np.frombuffer`` itself cannot be the anchor of a plain memoryview: numpy takes
+its own memoryview of the buffer, so a weakref on ours would fire too early.
+
+The weakrefs live in the module-level ``_LEASES`` table, which also keeps their client alive:
+dropping the last reference to a ``Client`` while arrays from it are alive must not close the
+connection (which would release the references and let the daemon reuse the memory).
+
+Release callbacks can run on any thread, including one that is inside a request of this
+client. They therefore only *try* the lock; when it is busy the object id is queued and sent
+in front of the next request (and after the current one when possible).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import mmap
+import os
+import socket
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import protocol as P
+from . import tensor as T
+from .errors import (
+    ConnectionError,
+    GpuUnavailable,
+    ObjectNotFound,
+    ProtocolError,
+    VovpError,
+)
+
+DEFAULT_SOCKET = "/tmp/vovp.sock"
+
+# Objects up to this size go in one PUT frame; larger ones through CREATE + copy + SEAL. Above
+# ~1 MiB the extra round trips cost less than pushing the bytes through the socket twice.
+INLINE_LIMIT = 1 << 20
+# Copies larger than this are split across the copy pool.
+PARALLEL_COPY_MIN = 1 << 20
+
+__all__ = ["Client", "init_client", "DEFAULT_SOCKET"]
+
+
+# --- leases ----------------------------------------------------------------------------------
+
+
+class _Lease(weakref.ref):
+    """Weak reference to an owner array that releases one store reference when it dies."""
+
+    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size")
+
+    def __new__(cls, owner, client, oid, name, segment, offset, size):
+        self = weakref.ref.__new__(cls, owner, _lease_died)
+        self.key = id(owner)
+        self.client = client
+        self.oid = oid
+        self.name = name
+        self.segment = segment
+        self.offset = offset
+        self.size = size
+        return self
+
+    def __init__(self, owner, *args):
+        super().__init__(owner, _lease_died)
+
+
+# id(owner) -> _Lease. Module-level so that it is a GC root (see the module docstring).
+_LEASES: dict = {}
+
+
+def _lease_died(lease):
+    # Runs inside garbage collection, on whatever thread dropped the last view: never raise.
+    try:
+        if _LEASES.get(lease.key) is lease:
+            del _LEASES[lease.key]
+            lease.client._release_soon(lease.oid)
+    except BaseException:  # noqa: BLE001 (interpreter shutdown, broken connection...)
+        pass
+
+
+def _forget_lease(lease) -> bool:
+    """Remove a lease without releasing; True if it was still registered."""
+    if _LEASES.get(lease.key) is lease:
+        _LEASES.pop(lease.key, None)
+        return True
+    return False
+
+
+def _data_address(obj):
+    """Address of the first byte of an ndarray / torch tensor / buffer, or None."""
+    try:
+        if isinstance(obj, np.ndarray):
+            return obj.__array_interface__["data"][0]
+        if T.is_torch_tensor(obj):
+            return obj.data_ptr()
+        return np.frombuffer(obj, np.uint8).__array_interface__["data"][0]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def find_lease(obj):
+    """The live lease whose object ``obj`` (an array, tensor or memoryview) points into."""
+    # Fast path: arrays derived from an owner have it as their base (or are the owner).
+    candidates = []
+    if isinstance(obj, np.ndarray):
+        candidates = [obj, obj.base]
+    elif isinstance(obj, memoryview):
+        candidates = [obj.obj, getattr(obj.obj, "base", None)]
+    for c in candidates:
+        if c is not None:
+            lease = _LEASES.get(id(c))
+            if lease is not None and lease() is c:
+                return lease
+    # Slow path (torch tensors, arrays rebuilt from buffers): match the address range.
+    addr = _data_address(obj)
+    if addr is None:
+        return None
+    for lease in list(_LEASES.values()):
+        base = lease.client._seg_addr.get(lease.segment)
+        if base is None or lease() is None:
+            continue
+        start = base + lease.offset
+        if start <= addr < start + lease.size or (addr == start and lease.size == 0):
+            return lease
+    return None
+
+
+# --- parallel copy -----------------------------------------------------------------------------
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _copy_pool():
+    global _POOL
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                n = max(1, min(8, os.cpu_count() or 1))
+                _POOL = ThreadPoolExecutor(n, thread_name_prefix="vovp-copy")
+    return _POOL
+
+
+def _reset_pool_after_fork():
+    # The pool's threads do not exist in a forked child.
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_reset_pool_after_fork)
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` (same shape, dtypes equal up to byte order), in parallel when large.
+
+    numpy releases the GIL for plain copies, so a few threads each copying a slab get close to
+    memory bandwidth instead of the ~one-core speed of a single memcpy.
+    """
+    nbytes = dst.nbytes
+    workers = min(8, os.cpu_count() or 1)
+    if nbytes < PARALLEL_COPY_MIN * 2 or workers < 2:
+        np.copyto(dst, src, casting="equiv")
+        return
+    if src.flags.c_contiguous:
+        d, s = dst.reshape(-1), src.reshape(-1)
+    elif dst.ndim >= 1 and dst.shape[0] >= 2:
+        d, s = dst, src  # split along the first axis; each slab is a strided copy
+    else:
+        np.copyto(dst, src, casting="equiv")
+        return
+    n = d.shape[0]
+    parts = min(workers, max(1, nbytes // PARALLEL_COPY_MIN), n)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    pool = _copy_pool()
+    futs = [pool.submit(np.copyto, d[bounds[i]:bounds[i + 1]], s[bounds[i]:bounds[i + 1]],
+                        casting="equiv") for i in range(1, parts)]
+    # The calling thread copies the first slab itself instead of idling.
+    np.copyto(d[bounds[0]:bounds[1]], s[bounds[0]:bounds[1]], casting="equiv")
+    for f in futs:
+        f.result()
+
+
+# --- client ------------------------------------------------------------------------------------
+
+
+class Client:
+    """A connection to a vovp store. Thread-safe; use one per process (see ``init_client``).
+
+    Arrays returned by ``get_tensor``/``put_tensor`` are read-only views of the store's memory
+    (sealed objects are immutable) unless ``writable=True`` is passed; torch tensors are always
+    writable because torch has no read-only tensors - do not write to sealed objects.
+    Do not use arrays from a client after ``close()``: the daemon is then free to reuse the
+    memory.
+    """
+
+    def __init__(self, path: str = None, connect_timeout: float = 0.0):
+        path = os.fspath(path) if path is not None else os.environ.get(
+            "VOVP_SOCKET", DEFAULT_SOCKET)
+        self._path = path
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._pending = collections.deque()  # object ids whose RELEASE is waiting for the lock
+        self._closed = True  # until HELLO succeeded
+        self._next_id = itertools.count(1).__next__
+        self._rbuf = bytearray(1 << 16)
+        self._rmv = memoryview(self._rbuf)
+        self._rpos = self._rend = 0
+        self._segments = {}  # segment id -> mmap
+        self._seg_rw = {}  # segment id -> writable memoryview of the whole mapping
+        self._seg_ro = {}  # segment id -> read-only memoryview of the whole mapping
+        self._seg_addr = {}  # segment id -> address of the mapping (release() by address)
+        self._sock = self._connect(path, connect_timeout)
+        try:
+            self._hello()
+        except BaseException:
+            self._sock.close()
+            self._unmap()
+            raise
+        self._closed = False
+
+    # -- connection ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _connect(path, connect_timeout):
+        deadline = time.monotonic() + (connect_timeout or 0)
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+                return sock
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise ConnectionError(
+                        f"cannot connect to the vovp daemon at {path!r}: {e.strerror}") from e
+                time.sleep(0.02)
+            except OSError as e:
+                sock.close()
+                raise ConnectionError(f"cannot connect to {path!r}: {e}") from e
+
+    def _hello(self):
+        rid = self._next_id()
+        self._sock.sendall(P.frame(P.HELLO, rid, P.hello_payload(os.getpid())))
+        # The fds ride on the reply's bytes; collect them from every chunk until the frame is
+        # complete (in practice the first one).
+        data = bytearray()
+        fds = []
+        try:
+            while len(data) < 4 or len(data) < 4 + P.U32.unpack_from(data, 0)[0]:
+                chunk, cfds, flags, _ = socket.recv_fds(self._sock, 1 << 16, 1024)
+                fds.extend(cfds)
+                if flags & socket.MSG_CTRUNC:
+                    raise ProtocolError("segment fds were truncated (too many segments?)")
+                if not chunk:
+                    raise ConnectionError(
+                        "the daemon closed the connection during HELLO (is this uid allowed "
+                        "to use the store?)")
+                data += chunk
+            (length,) = P.U32.unpack_from(data, 0)
+            total = 4 + length
+            if len(data) > total:  # nothing else should be in flight, but keep it if it is
+                extra = bytes(data[total:])
+                self._rbuf[:len(extra)] = extra
+                self._rend = len(extra)
+                del data[total:]
+            pos = P.check_reply(data, P.HELLO, rid)
+            hello = P.decode_hello(data, pos)
+            if hello.protocol_version != P.VERSION:
+                raise ProtocolError(f"daemon speaks protocol {hello.protocol_version}")
+            if len(fds) != len(hello.segments):
+                raise ProtocolError(
+                    f"HELLO announced {len(hello.segments)} segments but carried {len(fds)} fds")
+            for (seg_id, size), fd in zip(hello.segments, fds):
+                if size:
+                    self._map_segment(seg_id, size, fd)
+        finally:
+            for fd in fds:
+                os.close(fd)  # the mmaps hold their own duplicate
+        self.capacity = hello.capacity
+        self.max_inline = hello.max_inline
+        self._inline_limit = min(hello.max_inline, INLINE_LIMIT)
+
+    def _map_segment(self, seg_id, size, fd):
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        rw = memoryview(mm)
+        self._segments[seg_id] = mm
+        self._seg_rw[seg_id] = rw
+        self._seg_ro[seg_id] = rw.toreadonly()
+        self._seg_addr[seg_id] = np.frombuffer(rw, np.uint8).__array_interface__["data"][0]
+
+    def _unmap(self):
+        # Best effort: a mapping with live arrays cannot be closed; it then stays mapped until
+        # the last array is garbage collected.
+        for d in (self._seg_ro, self._seg_rw):
+            for mv in d.values():
+                try:
+                    mv.release()
+                except BufferError:
+                    pass
+            d.clear()
+        for mm in self._segments.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        self._segments.clear()
+
+    @property
+    def path(self) -> str:
+        """Socket path of the daemon."""
+        return self._path
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close the connection: the daemon releases every reference it held."""
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() == self._pid:
+            try:
+                # Wakes a thread blocked in a waiting GET so that the lock below is free soon.
+                # Never done in a forked child: the socket is shared with the parent.
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            with self._lock:
+                self._sock.close()
+        else:
+            self._sock.close()
+        self._pending.clear()
+        for lease in list(_LEASES.values()):
+            if lease.client is self:
+                _forget_lease(lease)
+        self._unmap()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closed else f"capacity={self.capacity}"
+        return f"<vovp.Client {self._path!r} {state}>"
+
+    # -- framing ------------------------------------------------------------------------------
+
+    def _read_frame(self) -> memoryview:
+        """The next frame (length field included), as a view valid until the next read."""
+        start, end = self._rpos, self._rend
+        if start == end:
+            start = end = 0
+        sock = self._sock
+        while True:
+            have = end - start
+            if have >= 4:
+                total = 4 + P.U32.unpack_from(self._rbuf, start)[0]
+                if total < P.HEADER_SIZE or total > P.HEADER_SIZE + P.MAX_PAYLOAD:
+                    raise ProtocolError(f"reply frame length {total - 4} is invalid")
+                if have >= total:
+                    self._rpos, self._rend = start + total, end
+                    return self._rmv[start:start + total]
+                need = total
+            else:
+                need = 4
+            if start + need > len(self._rbuf):
+                # Move the partial frame to the front, growing the buffer if it cannot fit.
+                partial = bytes(self._rmv[start:end])
+                if need > len(self._rbuf):
+                    self._rbuf = bytearray(max(need, 2 * len(self._rbuf)))
+                    self._rmv = memoryview(self._rbuf)
+                self._rmv[:len(partial)] = partial
+                start, end = 0, len(partial)
+            n = sock.recv_into(self._rmv[end:])
+            if not n:
+                raise ConnectionError("the vovp daemon closed the connection")
+            end += n
+
+    def _release_frame(self, ids) -> bytes:
+        if len(ids) == 1:
+            return P.RELEASE1.pack(24, P.VERSION, P.RELEASE, P.FLAG_NO_REPLY, self._next_id(),
+                                   1, ids[0])
+        return P.frame(P.RELEASE, self._next_id(), P.release_payload(ids), P.FLAG_NO_REPLY)
+
+    def _drain_pending(self) -> bytes:
+        ids = []
+        pending = self._pending
+        while pending:
+            try:
+                ids.append(pending.popleft())
+            except IndexError:
+                break
+        return self._release_frame(ids) if ids else b""
+
+    def _check_usable(self):
+        if self._closed:
+            raise ConnectionError("the vovp client is closed")
+        if os.getpid() != self._pid:
+            raise ConnectionError(
+                "this vovp client was created in another process (fork); create a new one")
+
+    def _roundtrip(self, data, opcode, rid, parse=None):
+        """Send one request (bytes, or a list of buffers) and parse its reply under the lock."""
+        with self._lock:
+            self._check_usable()
+            try:
+                if self._pending:
+                    prefix = self._drain_pending()
+                    if isinstance(data, list):
+                        data.insert(0, prefix)
+                    else:
+                        data = prefix + data
+                if isinstance(data, list):
+                    self._sendv(data)
+                else:
+                    self._sock.sendall(data)
+                buf = self._read_frame()
+            except VovpError:
+                self._mark_broken()  # EOF or an unreadable frame: the stream cannot resync
+                raise
+            except OSError as e:
+                self._mark_broken()
+                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+            try:
+                pos = P.check_reply(buf, opcode, rid)
+            except VovpError as e:
+                # status 0: a reply to some other request (desynchronised); 13: the daemon
+                # closes the connection after an unsupported version.
+                if e.status in (0, 13):
+                    self._mark_broken()
+                raise
+            result = parse(buf, pos) if parse is not None else None
+            if self._pending:  # releases queued by GC while we held the lock
+                try:
+                    self._sock.sendall(self._drain_pending())
+                except OSError:
+                    self._mark_broken()
+            return result
+
+    def _sendv(self, bufs):
+        # One sendmsg for header + data avoids concatenating (copying) the payload.
+        sock = self._sock
+        total = sum(memoryview(b).nbytes for b in bufs)
+        sent = sock.sendmsg(bufs)
+        if sent == total:
+            return
+        # Partial send (large frame, full socket buffer): finish with sendall per buffer.
+        for b in bufs:
+            mv = memoryview(b).cast("B")
+            if sent >= mv.nbytes:
+                sent -= mv.nbytes
+                continue
+            sock.sendall(mv[sent:])
+            sent = 0
+
+    def _mark_broken(self):
+        self._closed = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def _simple(self, opcode, payload=b"", parse=None):
+        rid = self._next_id()
+        return self._roundtrip(P.HEADER.pack(12 + len(payload), P.VERSION, opcode, 0, rid)
+                               + payload, opcode, rid, parse)
+
+    def _name_op(self, opcode, name, parse=None):
+        nb = P.encode_name(name)
+        rid = self._next_id()
+        return self._roundtrip(
+            P.NAME_PREFIX.pack(14 + len(nb), P.VERSION, opcode, 0, rid, len(nb)) + nb,
+            opcode, rid, parse)
+
+    # -- releases -------------------------------------------------------------------------------
+
+    def _release_soon(self, oid):
+        """Release from a weakref callback: never blocks, never raises."""
+        if self._closed or os.getpid() != self._pid:
+            return  # the connection (or the parent's, after fork) owns nothing for us
+        if self._lock.acquire(blocking=False):
+            try:
+                self._pending.append(oid)
+                self._sock.sendall(self._drain_pending())
+            except Exception:  # noqa: BLE001
+                pass
+            finally:
+                self._lock.release()
+        else:
+            self._pending.append(oid)
+
+    def _release_now(self, oid):
+        with self._lock:
+            if self._closed or os.getpid() != self._pid:
+                return
+            self._pending.append(oid)
+            try:
+                self._sock.sendall(self._drain_pending())
+            except OSError as e:
+                self._mark_broken()
+                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+
+    def release(self, obj) -> bool:
+        """Release the store reference behind ``obj`` now instead of at garbage collection.
+
+        ``obj`` is an array / tensor / memoryview returned by this client (or any view of one),
+        or an object id. Returns False when there was nothing (left) to release, so a double
+        release is harmless. The array must not be used afterwards: the memory may be reused.
+        """
+        if isinstance(obj, int):
+            lease = next((l for l in list(_LEASES.values())
+                          if l.client is self and l.oid == obj), None)
+        else:
+            lease = find_lease(obj)
+            if lease is not None and lease.client is not self:
+                lease = None
+        if lease is None or not _forget_lease(lease):
+            return False
+        self._release_now(lease.oid)
+        return True
+
+    def flush(self) -> None:
+        """Send releases queued by garbage collection on other threads."""
+        if self._pending:
+            with self._lock:
+                self._check_usable()
+                if self._pending:
+                    self._sock.sendall(self._drain_pending())
+
+    # -- owners ---------------------------------------------------------------------------------
+
+    def _owner(self, ref, name, writable):
+        """uint8 array over ``ref``'s bytes, registered to release the reference when it dies.
+
+        Must be called for every reference the daemon granted, right after the reply; on
+        failure the reference is released at once.
+        """
+        if ref.kind != P.LOC_HOST:
+            self._release_now(ref.object_id)
+            raise GpuUnavailable(
+                f"{name!r} is a CUDA object; the pure-Python client maps host objects only", 10)
+        try:
+            seg = (self._seg_rw if writable else self._seg_ro)[ref.segment]
+            owner = np.frombuffer(seg, np.uint8, ref.data_size, ref.offset)
+        except Exception:
+            self._release_now(ref.object_id)
+            if ref.segment not in self._seg_rw:
+                raise ProtocolError(f"object {name!r} lies in unknown segment {ref.segment}")
+            raise ProtocolError(
+                f"object {name!r} ({ref.data_size} bytes at {ref.offset}) lies outside segment "
+                f"{ref.segment}") from None
+        lease = _Lease(owner, self, ref.object_id, name, ref.segment, ref.offset, ref.data_size)
+        _LEASES[lease.key] = lease
+        return owner
+
+    def _drop_owner(self, owner):
+        """Release ``owner``'s reference now (error paths)."""
+        lease = _LEASES.get(id(owner))
+        if lease is not None and lease() is owner and _forget_lease(lease):
+            try:
+                self._release_now(lease.oid)
+            except VovpError:
+                pass
+
+    # -- raw objects ----------------------------------------------------------------------------
+
+    def _create(self, nb, size, flags, metadata, name):
+        rid = self._next_id()
+        payload = P.create_payload(nb, size, flags, metadata)
+        frame = P.HEADER.pack(12 + len(payload), P.VERSION, P.CREATE, 0, rid) + payload
+        ref = self._roundtrip(frame, P.CREATE, rid, _parse_objref)
+        return self._owner(ref, name, writable=True)
+
+    def _put_inline(self, nb, flags, metadata, data, size, name, keep):
+        rid = self._next_id()
+        head = (P.PUT_PREFIX.pack(12 + 2 + len(nb) + 8 + len(metadata) + 8 + size,
+                                  P.VERSION, P.PUT, 0, rid, len(nb))
+                + nb + P.PUT_MID.pack(flags, len(metadata)) + metadata + P.U64.pack(size))
+        if size:
+            ref = self._roundtrip([head, data], P.PUT, rid, _parse_objref)
+        else:
+            ref = self._roundtrip(head, P.PUT, rid, _parse_objref)
+        if keep:
+            return self._owner(ref, name, writable=False)
+        return ref
+
+    def create(self, name, size: int, metadata=b"", ephemeral: bool = False) -> np.ndarray:
+        """Create an unsealed object and return a writable uint8 array over its bytes.
+
+        The returned array holds the creator's reference: keep it alive until ``seal(name)``
+        (dropping it before aborts the object); after the seal it keeps the object alive and
+        writable *for this client only* (other clients see the same physical memory).
+        """
+        nb = P.encode_name(name)
+        metadata = P.check_metadata(metadata)
+        flags = P.OBJ_EPHEMERAL if ephemeral else 0
+        return self._create(nb, int(size), flags, metadata, name)
+
+    def create_tensor(self, name, shape, dtype, ephemeral: bool = False) -> np.ndarray:
+        """Create an unsealed tensor object; fill the returned writable array, then ``seal``."""
+        dtype = np.dtype(dtype)
+        code = T.numpy_code(dtype)
+        store_dt = T.little_endian_dtype(dtype)
+        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+        meta = T.encode_header(code, shape)
+        size = store_dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        owner = self.create(name, size, meta, ephemeral)
+        return owner.view(store_dt).reshape(shape)
+
+    def seal(self, name) -> None:
+        """Seal an object created by this client: it becomes immutable and visible to GET."""
+        self._name_op(P.SEAL, name)
+
+    def abort(self, name) -> None:
+        """Abort an unsealed object created by this client; its memory is freed."""
+        self._name_op(P.ABORT, name)
+        # The creator's reference went with the object; do not release it again later.
+        for lease in list(_LEASES.values()):
+            if lease.client is self and lease.name == name:
+                _forget_lease(lease)
+
+    def put(self, name, data, metadata=b"", ephemeral: bool = False) -> int:
+        """Store ``data`` (any bytes-like object) as a sealed object; returns its object id.
+
+        The client keeps no reference: the object lives until deleted (or evicted when nobody
+        holds it). ``ephemeral=True`` objects vanish when their last reference is released,
+        so with ``put`` (which holds none) only a GET racing the put would see them.
+        """
+        nb = P.encode_name(name)
+        metadata = P.check_metadata(metadata)
+        mv = memoryview(data)
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+        mv = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+        size = mv.nbytes
+        flags = P.OBJ_EPHEMERAL if ephemeral else 0
+        if size <= self._inline_limit:
+            return self._put_inline(nb, flags, metadata, mv, size, name, keep=False).object_id
+        owner = self._create(nb, size, flags, metadata, name)
+        oid = _LEASES[id(owner)].oid
+        try:
+            copy_into(owner, np.frombuffer(mv, np.uint8))
+            self.seal(name)
+        except BaseException:
+            self._drop_owner(owner)  # releasing the creator's reference aborts the object
+            raise
+        self._drop_owner(owner)
+        return oid
+
+    def get_buffer(self, name, timeout=None, writable: bool = False,
+                   with_metadata: bool = False):
+        """A memoryview of a sealed object's bytes (read-only unless ``writable``).
+
+        ``timeout``: None = don't wait, seconds to wait for the object to appear/be sealed,
+        negative = forever. Raises ObjectNotFound when it is still missing.
+        With ``with_metadata=True`` returns ``(memoryview, metadata bytes)``.
+        """
+        ref = self._get1(name, timeout)
+        owner = self._owner(ref, name, writable)
+        mv = memoryview(owner)
+        return (mv, ref.metadata) if with_metadata else mv
+
+    def _get1(self, name, timeout):
+        nb = P.encode_name(name)
+        rid = self._next_id()
+        frame = P.GET1_PREFIX.pack(26 + len(nb), P.VERSION, P.GET, 0, rid,
+                                   P.timeout_ms(timeout), 1, len(nb)) + nb
+        ref = self._roundtrip(frame, P.GET, rid, _parse_get1)
+        if ref is None:
+            raise ObjectNotFound(f"no sealed object named {name!r}", 1)
+        return ref
+
+    def contains(self, name) -> bool:
+        """Whether a sealed object of that name exists."""
+        return self._name_op(P.CONTAINS, name, _parse_u8)
+
+    def __contains__(self, name) -> bool:
+        return self.contains(name)
+
+    def delete(self, name) -> None:
+        """Remove the name now; the memory is freed when the last holder releases it."""
+        self._name_op(P.DELETE, name)
+
+    def list(self) -> list:
+        """Every object: dicts with name, id, size, device, sealed, ephemeral, refcount,
+        last_access (unix seconds), metadata, and dtype/shape for tensor objects."""
+        entries = self._simple(P.LIST, b"", P.decode_list)
+        for e in entries:
+            meta = e["metadata"]
+            if T.is_tensor_header(meta):
+                try:
+                    tm = T.decode_header(meta)
+                    e["dtype"] = tm.dtype_name
+                    e["shape"] = tm.shape
+                except ProtocolError:
+                    pass
+        return entries
+
+    def stats(self) -> dict:
+        """Store counters (the STATS fields of PROTOCOL.md)."""
+        return self._simple(P.STATS, b"", P.decode_stats)
+
+    def evict(self, nbytes: int) -> int:
+        """Evict unreferenced sealed objects until ``nbytes`` are free; returns bytes freed."""
+        return self._simple(P.EVICT, P.U64.pack(int(nbytes)), _parse_u64)
+
+    # -- tensors --------------------------------------------------------------------------------
+
+    def put_tensor(self, name, t, ephemeral: bool = False, writable: bool = False):
+        """Store a numpy array or CPU torch tensor; return the store's copy, zero-copy.
+
+        The result (numpy array, or torch tensor for torch input) is a view of the store's
+        memory and holds one reference to the object until it and every view of it are
+        garbage collected (or ``release``d). Non-contiguous input is made C-contiguous and
+        big-endian input is converted to little-endian during the copy.
+        """
+        torch_in = not isinstance(t, np.ndarray) and T.is_torch_tensor(t)
+        if torch_in:
+            if t.device.type != "cpu":
+                raise GpuUnavailable(
+                    f"cannot put a {t.device} tensor: the pure-Python client stores host "
+                    "tensors only", 10)
+            src, code = T.torch_to_numpy(t)
+        else:
+            src = t if isinstance(t, np.ndarray) else np.asarray(t)
+            code = T.numpy_code(src.dtype)
+        shape = src.shape
+        nb = P.encode_name(name)
+        meta = T.encode_header(code, shape)
+        store_dt = T.little_endian_dtype(src.dtype)
+        size = src.nbytes
+        flags = P.OBJ_EPHEMERAL if ephemeral else 0
+        if size <= self._inline_limit:
+            if not (src.flags.c_contiguous and src.dtype is store_dt):
+                src = np.ascontiguousarray(src, dtype=store_dt)
+            owner = self._put_inline(nb, flags | P.OBJ_KEEP_REFERENCE, meta,
+                                     src.reshape(-1).view(np.uint8), size, name, keep=True)
+            if torch_in or writable:
+                # PUT leaves a read-only owner; reopen the same bytes writable. Cheap: no copy.
+                owner = self._rewrap_writable(owner)
+        else:
+            owner = self._create(nb, size, flags, meta, name)
+            try:
+                copy_into(owner.view(store_dt).reshape(shape), src)
+                self.seal(name)
+            except BaseException:
+                self._drop_owner(owner)
+                raise
+        arr = owner.view(T.storage_dtype(code)).reshape(shape)
+        if torch_in:
+            return T.numpy_to_torch(arr, code)
+        if not writable:
+            arr.flags.writeable = False
+        return arr
+
+    def _rewrap_writable(self, owner):
+        """Move ``owner``'s lease to a writable owner over the same bytes."""
+        lease = _LEASES[id(owner)]
+        _forget_lease(lease)
+        rw = np.frombuffer(self._seg_rw[lease.segment], np.uint8, lease.size, lease.offset)
+        new = _Lease(rw, self, lease.oid, lease.name, lease.segment, lease.offset, lease.size)
+        _LEASES[new.key] = new
+        return rw
+
+    def get_tensor(self, name, timeout=None, framework=None, writable: bool = False):
+        """The tensor stored under ``name``, zero-copy.
+
+        ``timeout``: None = don't wait, seconds to wait, negative = forever; raises
+        ObjectNotFound when missing. ``framework``: None/"numpy" for a numpy array (read-only
+        unless ``writable``), "torch" for a torch tensor (via torch.from_numpy, no copy).
+        An object without a tensor header comes back as a 1-D uint8 array.
+        """
+        if framework not in (None, "numpy", "np", "torch"):
+            raise ValueError(f"framework must be None, 'numpy' or 'torch', not {framework!r}")
+        torch_out = framework == "torch"
+        ref = self._get1(name, timeout)
+        owner = self._owner(ref, name, writable or torch_out)
+        meta = ref.metadata
+        if meta[:4] != T.MAGIC:
+            arr = owner
+            code = T.UINT8
+        else:
+            try:
+                tm = T.decode_header(meta)
+                if tm.device_type != T.DEVICE_CPU:
+                    raise ProtocolError(f"{name!r} is a host object with a CUDA tensor header")
+                if tm.nbytes != ref.data_size:
+                    raise ProtocolError(
+                        f"{name!r}: tensor header describes {tm.nbytes} bytes, object has "
+                        f"{ref.data_size}")
+                code = tm.dtype_code
+                arr = owner.view(T.storage_dtype(code, tm.byte_order)).reshape(tm.shape)
+            except BaseException:
+                self._drop_owner(owner)
+                raise
+        if torch_out:
+            return T.numpy_to_torch(arr, code)
+        return arr
+
+    def subscribe(self):
+        """A new connection that yields notifications: (kind, name, size, metadata) tuples,
+        kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
+        return Subscription(self._path)
+
+
+# --- reply parsers (module-level so the hot path creates no closures) ---------------------------
+
+
+def _parse_objref(buf, pos):
+    return P.decode_objref(buf, pos)[0]
+
+
+def _parse_get1(buf, pos):
+    n = P.U32.unpack_from(buf, pos)[0]
+    if n != 1:
+        raise ProtocolError(f"GET of one name returned {n} entries")
+    if not buf[pos + 4]:
+        return None
+    return P.decode_objref(buf, pos + 5)[0]
+
+
+def _parse_u8(buf, pos):
+    return bool(buf[pos])
+
+
+def _parse_u64(buf, pos):
+    return P.U64.unpack_from(buf, pos)[0]
+
+
+class Subscription:
+    """Notification stream (SUBSCRIBE): iterate to receive events as they happen."""
+
+    KINDS = {P.NOTIFY_SEALED: "sealed", P.NOTIFY_DELETED: "deleted", P.NOTIFY_EVICTED: "evicted"}
+
+    def __init__(self, path):
+        self._client = Client(path)
+        c = self._client
+        rid = c._next_id()
+        c._roundtrip(P.frame(P.SUBSCRIBE, rid), P.SUBSCRIBE, rid)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        c = self._client
+        try:
+            with c._lock:
+                buf = c._read_frame()
+                op = buf[5]
+                if op != P.NOTIFY:
+                    raise ProtocolError(f"unexpected opcode {op:#x} on a subscription")
+                kind, name, size, meta = P.decode_notify(buf, P.HEADER_SIZE)
+        except (ConnectionError, OSError):
+            raise StopIteration from None
+        return self.KINDS.get(kind, kind), name, size, meta
+
+    def close(self):
+        self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def init_client(path: str = None, connect_timeout: float = 0.0) -> Client:
+    """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock)."""
+    return Client(path, connect_timeout)

@@ -1,0 +1,248 @@
+"""Tensor metadata header (PROTOCOL.md "Tensor metadata", version 1) and dtype mapping.
+
+    offset size  field
+    0      4     magic "VTNS"
+    4      1     version = 1
+    5      1     dtype code
+    6      1     device_type (DLPack: 1 CPU, 2 CUDA)
+    7      1     byte_order: 0 little-endian, 1 big-endian
+    8      4     u32 device_id
+    12     4     u32 ndim
+    16     8*ndim i64 shape
+
+Byte order: the client always *stores* little-endian data (big-endian input is byte-swapped
+during the copy into the store, and the header says 0), but it honours a header that says
+big-endian (written by another client) by returning an array with a big-endian dtype.
+
+bfloat16: numpy has no bfloat16. With torch, bfloat16 tensors round-trip as torch.bfloat16.
+For numpy results, a bfloat16 object is returned with ``ml_dtypes.bfloat16`` when that package
+is importable, otherwise as a ``uint16`` array of the raw bits (same memory, zero-copy; use
+``torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)`` or ml_dtypes to reinterpret it).
+A numpy array whose dtype is named "bfloat16" (ml_dtypes) is stored as bfloat16.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from .errors import ProtocolError
+
+MAGIC = b"VTNS"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBII")  # magic, version, dtype, device_type, byte_order, dev, ndim
+HEADER_SIZE = HEADER.size  # 16
+MAX_NDIM = 64
+
+DEVICE_CPU = 1
+DEVICE_CUDA = 2
+LITTLE = 0
+BIG = 1
+
+BOOL, INT8, INT16, INT32, INT64 = 1, 2, 3, 4, 5
+UINT8, UINT16, UINT32, UINT64 = 6, 7, 8, 9
+FLOAT16, BFLOAT16, FLOAT32, FLOAT64, COMPLEX64, COMPLEX128 = 10, 11, 12, 13, 14, 15
+
+DTYPE_NAMES = {
+    BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64",
+    UINT8: "uint8", UINT16: "uint16", UINT32: "uint32", UINT64: "uint64",
+    FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
+    COMPLEX64: "complex64", COMPLEX128: "complex128",
+}
+ITEMSIZE = {
+    BOOL: 1, INT8: 1, INT16: 2, INT32: 4, INT64: 8, UINT8: 1, UINT16: 2, UINT32: 4, UINT64: 8,
+    FLOAT16: 2, BFLOAT16: 2, FLOAT32: 4, FLOAT64: 8, COMPLEX64: 8, COMPLEX128: 16,
+}
+
+# numpy dtype (native byte order) -> code. Keyed on dtype objects, which hash by value.
+_NP_TO_CODE = {np.dtype(name): code for code, name in DTYPE_NAMES.items() if code != BFLOAT16}
+# (code, byte_order) -> numpy dtype of the stored data.
+_CODE_TO_NP: dict = {}
+for _code, _name in DTYPE_NAMES.items():
+    if _code == BFLOAT16:
+        continue
+    _dt = np.dtype(_name)
+    _CODE_TO_NP[(_code, LITTLE)] = _dt.newbyteorder("<")
+    _CODE_TO_NP[(_code, BIG)] = _dt.newbyteorder(">")
+
+# Shape structs by ndim: tensors of the same rank are common, pack them in one call.
+_SHAPE_STRUCTS = [struct.Struct(f"<{n}q") for n in range(9)]
+
+
+def _shape_struct(ndim: int) -> struct.Struct:
+    if ndim < len(_SHAPE_STRUCTS):
+        return _SHAPE_STRUCTS[ndim]
+    return struct.Struct(f"<{ndim}q")
+
+
+def _bfloat16_numpy():
+    """ml_dtypes' bfloat16 numpy dtype, or None."""
+    global _BF16_NP
+    if _BF16_NP is _UNSET:
+        try:
+            import ml_dtypes  # noqa: PLC0415 (optional)
+            _BF16_NP = np.dtype(ml_dtypes.bfloat16)
+        except Exception:  # not installed, or broken
+            _BF16_NP = None
+    return _BF16_NP
+
+
+_UNSET = object()
+_BF16_NP = _UNSET
+
+
+class TensorMeta(NamedTuple):
+    """Decoded tensor header."""
+
+    dtype_code: int
+    shape: tuple
+    byte_order: int = LITTLE
+    device_type: int = DEVICE_CPU
+    device_id: int = 0
+
+    @property
+    def dtype_name(self) -> str:
+        return DTYPE_NAMES[self.dtype_code]
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.dtype_code]
+
+    @property
+    def nbytes(self) -> int:
+        n = self.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def encode_header(code: int, shape, byte_order: int = LITTLE, device_type: int = DEVICE_CPU,
+                  device_id: int = 0) -> bytes:
+    shape = tuple(shape)
+    ndim = len(shape)
+    if ndim > MAX_NDIM:
+        raise ValueError(f"tensors have at most {MAX_NDIM} dimensions, got {ndim}")
+    return (HEADER.pack(MAGIC, VERSION, code, device_type, byte_order, device_id, ndim)
+            + _shape_struct(ndim).pack(*shape))
+
+
+def is_tensor_header(meta) -> bool:
+    return len(meta) >= HEADER_SIZE and meta[:4] == MAGIC
+
+
+def decode_header(meta) -> TensorMeta:
+    """Parse a tensor header; ProtocolError when it is not one this client understands."""
+    if len(meta) < HEADER_SIZE or meta[:4] != MAGIC:
+        raise ProtocolError("metadata is not a vovp tensor header")
+    _, version, code, device_type, order, device_id, ndim = HEADER.unpack_from(meta, 0)
+    if version != VERSION:
+        raise ProtocolError(f"tensor header version {version} is not supported")
+    if code not in DTYPE_NAMES:
+        raise ProtocolError(f"unknown tensor dtype code {code}")
+    if order not in (LITTLE, BIG):
+        raise ProtocolError(f"unknown byte order {order} in tensor header")
+    if ndim > MAX_NDIM or len(meta) < HEADER_SIZE + 8 * ndim:
+        raise ProtocolError(f"tensor header of {len(meta)} bytes is too short for {ndim} dims")
+    shape = _shape_struct(ndim).unpack_from(meta, HEADER_SIZE)
+    if any(d < 0 for d in shape):
+        raise ProtocolError(f"negative dimension in tensor shape {shape}")
+    return TensorMeta(code, shape, order, device_type, device_id)
+
+
+# --- numpy ---------------------------------------------------------------------------------
+
+
+def numpy_code(dtype: np.dtype) -> int:
+    """Protocol dtype code of a numpy dtype (any byte order)."""
+    code = _NP_TO_CODE.get(dtype if dtype.isnative else dtype.newbyteorder("="))
+    if code is None:
+        if dtype.name == "bfloat16":  # ml_dtypes
+            return BFLOAT16
+        raise TypeError(f"vovp cannot store numpy dtype {dtype!r}; supported: "
+                        + ", ".join(DTYPE_NAMES.values()))
+    return code
+
+
+def storage_dtype(code: int, byte_order: int = LITTLE) -> np.dtype:
+    """numpy dtype to view stored data with (bfloat16: ml_dtypes' or uint16 raw bits)."""
+    dt = _CODE_TO_NP.get((code, byte_order))
+    if dt is not None:
+        return dt
+    if code == BFLOAT16:
+        bf = _bfloat16_numpy()
+        if bf is not None and byte_order == LITTLE:
+            return bf
+        return np.dtype("<u2" if byte_order == LITTLE else ">u2")
+    raise ProtocolError(f"unknown tensor dtype code {code}")
+
+
+def little_endian_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the store keeps for numpy input of ``dtype`` (data converted on copy)."""
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and not np.little_endian):
+        return dtype.newbyteorder("<")
+    return dtype
+
+
+# --- torch (imported lazily: torch is optional) ---------------------------------------------
+
+_TORCH_TABLES = None
+
+
+def torch_tables():
+    """(torch dtype -> code, code -> torch dtype); built on first use."""
+    global _TORCH_TABLES
+    if _TORCH_TABLES is None:
+        import torch  # noqa: PLC0415
+
+        names = {
+            BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64",
+            UINT8: "uint8", UINT16: "uint16", UINT32: "uint32", UINT64: "uint64",
+            FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
+            COMPLEX64: "complex64", COMPLEX128: "complex128",
+        }
+        code_to = {}
+        for code, name in names.items():
+            dt = getattr(torch, name, None)  # uint16/32/64 only exist in torch >= 2.3
+            if dt is not None:
+                code_to[code] = dt
+        _TORCH_TABLES = ({dt: code for code, dt in code_to.items()}, code_to)
+    return _TORCH_TABLES
+
+
+def is_torch_tensor(obj) -> bool:
+    # Checked by module name so that torch is never imported just to answer "no".
+    t = type(obj)
+    return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and \
+        hasattr(obj, "dtype")
+
+
+def torch_to_numpy(t):
+    """(numpy view sharing ``t``'s memory, dtype code) for a CPU tensor.
+
+    bfloat16 has no numpy dtype: it is viewed as int16 (same bits); the returned code keeps
+    saying bfloat16.
+    """
+    import torch  # noqa: PLC0415
+
+    to_code, _ = torch_tables()
+    code = to_code.get(t.dtype)
+    if code is None:
+        raise TypeError(f"vovp cannot store torch dtype {t.dtype}")
+    t = t.detach()
+    if code == BFLOAT16:
+        t = t.view(torch.int16)
+    return t.numpy(), code
+
+
+def numpy_to_torch(arr, code: int):
+    """A torch tensor sharing ``arr``'s memory, with the dtype that ``code`` names."""
+    import torch  # noqa: PLC0415
+
+    _, code_to = torch_tables()
+    if code == BFLOAT16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    if code not in code_to:
+        raise TypeError(f"this torch has no {DTYPE_NAMES[code]} dtype")
+    return torch.from_numpy(arr)

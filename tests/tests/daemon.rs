@@ -1,0 +1,348 @@
+//! The real daemon with clients in other processes.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use vovp::{CreateOptions, Error, NotificationKind, Store};
+use vovp_tests::{read_line, wait_until, Daemon};
+
+const T: Duration = Duration::from_secs(20);
+
+#[test]
+fn put_in_one_process_get_in_another_sees_the_same_memory() {
+    let d = Daemon::start("64M");
+    // Another process puts; this one gets the bytes.
+    let out = d.cli(&["put", "greeting", "--data", "hello from another process"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c = d.client();
+    assert_eq!(&c.get_one("greeting", None).unwrap()[..], b"hello from another process");
+
+    // This process creates an object and keeps a pointer into its own mapping; the other process
+    // reads through its mapping. Writing after the other process's first read and reading again
+    // shows both map the same physical pages (nothing was copied on get).
+    let mut buf = c.create("shared", 4096, b"", CreateOptions::default()).unwrap();
+    buf.as_mut_slice().fill(b'A');
+    let ptr = buf.as_mut_ptr();
+    let _view = buf.seal().unwrap();
+    let first = d.cli(&["get", "shared"]);
+    assert_eq!(first.stdout, vec![b'A'; 4096]);
+    // SAFETY: deliberately writing a sealed object we hold, to observe the sharing.
+    unsafe { std::ptr::write_bytes(ptr, b'B', 4096) };
+    let second = d.cli(&["get", "shared"]);
+    assert_eq!(second.stdout, vec![b'B'; 4096]);
+
+    // Large objects go through create + parallel copy + seal.
+    let big: Vec<u8> = (0..(8 << 20)).map(|i: u32| (i % 241) as u8).collect();
+    c.put("big", &big, b"m", CreateOptions::default()).unwrap();
+    let got = d.cli(&["get", "big"]);
+    assert!(got.stdout == big);
+}
+
+#[test]
+fn killed_clients_release_everything() {
+    let d = Daemon::start("64M");
+    let c = d.client();
+    c.put("held", &[1u8; 10_000], b"", CreateOptions::default()).unwrap();
+    let mut holder = d.cli_spawn(&["hold", "held"]);
+    assert_eq!(read_line(&mut holder), "holding");
+    let mut creator = d.cli_spawn(&["create-hold", "half-written", "1000000"]);
+    assert_eq!(read_line(&mut creator), "created");
+    let s = c.stats().unwrap();
+    assert_eq!((s.references, s.unsealed), (2, 1));
+    holder.kill().unwrap();
+    creator.kill().unwrap();
+    let _ = (holder.wait(), creator.wait());
+    wait_until(T, || {
+        let s = c.stats().unwrap();
+        s.references == 0 && s.unsealed == 0
+    });
+    assert!(!c.contains("half-written").unwrap());
+    c.delete("held").unwrap();
+    let s = c.stats().unwrap();
+    assert_eq!((s.used_bytes, s.objects), (0, 0), "{s:?}");
+}
+
+#[test]
+fn thirty_two_processes_hammering_leave_consistent_stats() {
+    let d = Daemon::start("256M");
+    let children: Vec<_> = (0..32)
+        .map(|i| d.cli_spawn(&["hammer", "--seconds", "3", "--seed", &(i + 1).to_string(), "--names", "24"]))
+        .collect();
+    let mut total = 0u64;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "hammer failed: {}", String::from_utf8_lossy(&out.stderr));
+        total += String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap();
+    }
+    assert!(total > 1000, "only {total} operations");
+    let c = d.client();
+    wait_until(T, || {
+        let s = c.stats().unwrap();
+        s.references == 0 && s.unsealed == 0 && s.pending_delete == 0
+    });
+    for info in c.list().unwrap() {
+        assert!(info.sealed);
+        c.delete(info.name.as_str()).unwrap();
+    }
+    let s = c.stats().unwrap();
+    assert_eq!((s.objects, s.used_bytes, s.references), (0, 0, 0), "{s:?}");
+}
+
+/// Raw protocol access for the malformed-input tests.
+struct Raw(UnixStream);
+
+impl Raw {
+    fn connect(d: &Daemon) -> Raw {
+        let s = UnixStream::connect(&d.socket).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        Raw(s)
+    }
+    fn frame(version: u8, opcode: u8, id: u64, payload: &[u8]) -> Vec<u8> {
+        let mut f = ((12 + payload.len()) as u32).to_le_bytes().to_vec();
+        f.extend([version, opcode, 0, 0]);
+        f.extend(id.to_le_bytes());
+        f.extend(payload);
+        f
+    }
+    fn send(&mut self, bytes: &[u8]) {
+        self.0.write_all(bytes).unwrap();
+    }
+    /// Reads one reply: (opcode, request id, status).
+    fn reply(&mut self) -> Option<(u8, u64, u8)> {
+        let mut h = [0u8; 16];
+        self.0.read_exact(&mut h).ok()?;
+        let len = u32::from_le_bytes(h[..4].try_into().unwrap()) as usize - 12;
+        let mut p = vec![0u8; len];
+        self.0.read_exact(&mut p).ok()?;
+        Some((h[5], u64::from_le_bytes(h[8..16].try_into().unwrap()), p[0]))
+    }
+    fn hello(&mut self) {
+        self.send(&Self::frame(1, 0x01, 1, &7u32.to_le_bytes()));
+        assert_eq!(self.reply(), Some((0x81, 1, 0)));
+    }
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.0.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+fn name_payload(name: &[u8]) -> Vec<u8> {
+    let mut p = (name.len() as u16).to_le_bytes().to_vec();
+    p.extend(name);
+    p
+}
+
+#[test]
+fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
+    let d = Daemon::start("16M");
+    let good = d.client();
+    good.put("survivor", b"still here", b"", CreateOptions::default()).unwrap();
+
+    // Anything before HELLO.
+    let mut r = Raw::connect(&d);
+    r.send(&Raw::frame(1, 0x0C, 5, &[]));
+    assert_eq!(r.reply(), Some((0x8C, 5, 18)));
+    r.hello();
+    // Unknown opcode, truncated payload, trailing bytes, name too long, bad UTF-8: an error
+    // reply each, and the connection stays usable.
+    r.send(&Raw::frame(1, 0x55, 6, &[1, 2, 3]));
+    assert_eq!(r.reply(), Some((0xD5, 6, 14)));
+    r.send(&Raw::frame(1, 0x03, 7, &[200, 0, b'x']));
+    assert_eq!(r.reply(), Some((0x83, 7, 12)));
+    r.send(&Raw::frame(1, 0x0C, 8, &[0]));
+    assert_eq!(r.reply(), Some((0x8C, 8, 12)));
+    let mut create = name_payload(&[b'n'; 300]);
+    create.extend(10u64.to_le_bytes());
+    create.extend(0u32.to_le_bytes());
+    create.push(1);
+    create.extend(0u32.to_le_bytes());
+    create.extend(0u32.to_le_bytes());
+    r.send(&Raw::frame(1, 0x02, 9, &create));
+    assert_eq!(r.reply(), Some((0x82, 9, 7)));
+    r.send(&Raw::frame(1, 0x08, 10, &name_payload(&[0xff, 0xfe])));
+    assert_eq!(r.reply(), Some((0x88, 10, 12)));
+    // A GET whose count claims four billion names.
+    let mut get = 0i64.to_le_bytes().to_vec();
+    get.extend(u32::MAX.to_le_bytes());
+    r.send(&Raw::frame(1, 0x06, 11, &get));
+    assert_eq!(r.reply(), Some((0x86, 11, 12)));
+    // Release of something never held.
+    let mut rel = 1u32.to_le_bytes().to_vec();
+    rel.extend(12345u64.to_le_bytes());
+    r.send(&Raw::frame(1, 0x07, 12, &rel));
+    assert_eq!(r.reply(), Some((0x87, 12, 9)));
+    r.send(&Raw::frame(1, 0x08, 13, &name_payload(b"survivor")));
+    assert_eq!(r.reply(), Some((0x88, 13, 0)));
+
+    // Wrong version and absurd length: an error, then the connection is closed.
+    let mut v = Raw::connect(&d);
+    v.send(&Raw::frame(9, 0x01, 1, &[0; 4]));
+    assert_eq!(v.reply().map(|x| x.2), Some(13));
+    assert!(v.closed());
+    let mut l = Raw::connect(&d);
+    let mut absurd = u32::MAX.to_le_bytes().to_vec();
+    absurd.extend([1, 1, 0, 0]);
+    absurd.extend(1u64.to_le_bytes());
+    l.send(&absurd);
+    assert_eq!(l.reply().map(|x| x.2), Some(15));
+    assert!(l.closed());
+    // A client vanishing mid-frame, and one vanishing mid-put.
+    let mut m = Raw::connect(&d);
+    m.hello();
+    let mut partial = Raw::frame(1, 0x05, 2, &[0u8; 1000]);
+    partial.truncate(100);
+    m.send(&partial);
+    drop(m);
+    let mut oversized_put = name_payload(b"too-big");
+    oversized_put.extend(0u32.to_le_bytes());
+    oversized_put.extend(0u32.to_le_bytes());
+    oversized_put.extend(((2u64 << 20) as u64).to_le_bytes());
+    oversized_put.extend(vec![0u8; 2 << 20]);
+    let mut p = Raw::connect(&d);
+    p.hello();
+    p.send(&Raw::frame(1, 0x05, 3, &oversized_put));
+    assert_eq!(p.reply(), Some((0x85, 3, 15)));
+
+    // Everyone else is still served, and nothing leaked.
+    assert_eq!(&good.get_one("survivor", None).unwrap()[..], b"still here");
+    wait_until(T, || good.stats().unwrap().references == 0);
+    assert_eq!(good.stats().unwrap().objects, 1);
+}
+
+#[test]
+fn errors_travel_as_typed_errors() {
+    let d = Daemon::start("1M");
+    let c = d.client();
+    assert!(matches!(c.get_one("missing", None), Err(Error::NotFound(_))));
+    assert!(matches!(c.delete("missing"), Err(Error::NotFound(_))));
+    let held = c.create("a", 700_000, b"", CreateOptions::default()).unwrap();
+    match c.create("b", 700_000, b"", CreateOptions::default()) {
+        Err(Error::OutOfMemory { requested, available }) => {
+            assert_eq!(requested, 700_000);
+            assert!(available < 700_000);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    drop(held);
+    c.put("x", b"1", b"", CreateOptions::default()).unwrap();
+    assert!(matches!(c.put("x", b"2", b"", CreateOptions::default()), Err(Error::AlreadyExists(_))));
+    assert!(matches!(c.get_one(&"n".repeat(300), None), Err(Error::InvalidName(_))));
+}
+
+#[test]
+fn get_waits_for_a_seal_from_another_process() {
+    let d = Daemon::start("16M");
+    let c = d.client();
+    let mut creator = d.cli_spawn(&["create-hold", "later", "64", "--seconds", "1"]);
+    assert_eq!(read_line(&mut creator), "created");
+    // Unsealed: not visible; the creator then exits without sealing, which aborts it.
+    assert!(c.get(&["later"], Some(Duration::from_millis(100))).unwrap()[0].is_none());
+    creator.wait().unwrap();
+    wait_until(T, || c.stats().unwrap().unsealed == 0);
+    let socket = d.socket.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let other = vovp_transport::Client::connect(&socket).unwrap();
+        other.put("later", b"sealed now", b"", CreateOptions::default()).unwrap();
+    });
+    let v = c.get_one("later", Some(Duration::from_secs(20))).unwrap();
+    assert_eq!(&v[..], b"sealed now");
+    t.join().unwrap();
+}
+
+#[test]
+fn subscribers_see_seals_and_deletes() {
+    let d = Daemon::start("16M");
+    let c = d.client();
+    let mut sub = c.subscribe().unwrap();
+    let out = d.cli(&["put", "news", "--data", "x"]);
+    assert!(out.status.success());
+    let n = sub.next(Some(T)).unwrap();
+    assert_eq!((n.kind, n.name.as_str(), n.size), (NotificationKind::Sealed, "news", 1));
+    c.delete("news").unwrap();
+    assert_eq!(sub.next(Some(T)).unwrap().kind, NotificationKind::Deleted);
+}
+
+#[test]
+fn async_client_round_trip() {
+    let d = Daemon::start("16M");
+    let rt = std::thread::spawn({
+        let socket = d.socket.clone();
+        move || {
+            let runtime = vovp_tests::runtime();
+            runtime.block_on(async move {
+                use vovp::AsyncStore;
+                let c = vovp_transport::AsyncClient::connect(&socket).await.unwrap();
+                c.put("async", b"from async", b"", CreateOptions::default()).await.unwrap();
+                let v = AsyncStore::get(&c, &["async"], None).await.unwrap();
+                assert_eq!(&v[0].as_ref().unwrap()[..], b"from async");
+                let big = vec![7u8; 3 << 20];
+                c.put("async-big", &big, b"", CreateOptions::default()).await.unwrap();
+                drop(v);
+                c.flush().await.unwrap();
+                AsyncStore::stats(&c).await.unwrap()
+            })
+        }
+    });
+    let stats = rt.join().unwrap();
+    assert_eq!((stats.objects, stats.references), (2, 0));
+    assert_eq!(&d.cli(&["get", "async"]).stdout, b"from async");
+}
+
+#[test]
+fn socket_lifecycle_live_stale_and_clean_shutdown() {
+    let d = Daemon::start("8M");
+    // A second daemon on the same live socket refuses to start.
+    let second = std::process::Command::new(vovp_tests::bin("vovp-engine"))
+        .args(["-m", "8M", "-s"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("already serves"));
+    let mode = std::fs::metadata(&d.socket).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777).unwrap();
+    assert_eq!(mode, 0o600);
+    // SIGTERM: clean exit, socket file removed.
+    let socket = d.socket.clone();
+    let status = d.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists());
+}
+
+#[test]
+fn stale_socket_is_replaced() {
+    let mut d = Daemon::start("8M");
+    d.child.kill().unwrap(); // SIGKILL leaves the socket file behind
+    d.child.wait().unwrap();
+    assert!(d.socket.exists());
+    let d2 = Daemon::start_with_socket("8M", &d.socket);
+    assert!(d2.client().stats().is_ok());
+}
+
+#[test]
+fn peers_outside_the_allowed_uids_are_refused() {
+    if !std::path::Path::new("/usr/bin/setpriv").exists() || unsafe { libc::getuid() } != 0 {
+        eprintln!("skipping: needs root and setpriv to run a client under another uid");
+        return;
+    }
+    let as_nobody = |d: &Daemon| {
+        std::process::Command::new("/usr/bin/setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(vovp_tests::bin("vovp"))
+            .arg("-s")
+            .arg(&d.socket)
+            .arg("stats")
+            .output()
+            .unwrap()
+    };
+    // World-connectable socket, but uid 65534 is not allowed: refused by SO_PEERCRED.
+    let d = Daemon::start_with("8M", &["--socket-mode", "666"]);
+    let out = as_nobody(&d);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("closed the connection"), "{}", String::from_utf8_lossy(&out.stderr));
+    // Allowed explicitly: served.
+    let d = Daemon::start_with("8M", &["--socket-mode", "666", "--allow-uid", "65534"]);
+    let out = as_nobody(&d);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

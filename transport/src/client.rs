@@ -1,0 +1,742 @@
+//! The Rust client: [`Client`] (blocking) and [`AsyncClient`] (tokio) speak PROTOCOL.md to a
+//! `vovp-engine` and implement the same [`Store`]/[`AsyncStore`] traits as the embedded engine,
+//! so a framework switches between them in one line. Got objects are zero-copy views into the
+//! segments mapped at connect time; dropping a view releases its reference.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use memmap2::{MmapOptions, MmapRaw};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vovp::{
+    parallel_copy, AsyncStore, CreateOptions, Device, Error, Location, ObjectBuffer, ObjectInfo,
+    ObjectName, ObjectRef, ObjectSink, ObjectView, Store, StoreStats,
+};
+
+use crate::protocol::*;
+
+/// One shared-memory segment mapped into this process.
+struct MappedSegment {
+    map: MmapRaw,
+}
+
+// SAFETY: the mapping is shared memory addressed through raw pointers only.
+unsafe impl Send for MappedSegment {}
+unsafe impl Sync for MappedSegment {}
+
+/// A request as the client encodes it (fields borrowed from the caller).
+enum Call<'a> {
+    Create { name: &'a str, size: u64, options: CreateOptions, metadata: &'a [u8] },
+    Seal(&'a str),
+    Abort(&'a str),
+    Put { name: &'a str, flags: u32, metadata: &'a [u8], data: &'a [u8] },
+    Get { names: &'a [&'a str], timeout: Option<Duration> },
+    Release(&'a [u64]),
+    Contains(&'a str),
+    Delete(&'a str),
+    List,
+    Evict(u64),
+    Stats,
+}
+
+impl Call<'_> {
+    fn opcode(&self) -> u8 {
+        match self {
+            Call::Create { .. } => op::CREATE,
+            Call::Seal(_) => op::SEAL,
+            Call::Abort(_) => op::ABORT,
+            Call::Put { .. } => op::PUT,
+            Call::Get { .. } => op::GET,
+            Call::Release(_) => op::RELEASE,
+            Call::Contains(_) => op::CONTAINS,
+            Call::Delete(_) => op::DELETE,
+            Call::List => op::LIST,
+            Call::Evict(_) => op::EVICT,
+            Call::Stats => op::STATS,
+        }
+    }
+
+    fn encode(&self, buf: &mut Vec<u8>, flags: u16, request_id: u64) -> Result<(), Error> {
+        let mut w = FrameWriter::begin(buf, self.opcode(), flags, request_id);
+        let name = |n: &str| -> Result<(), Error> { ObjectName::new(n).map(|_| ()).map_err(Error::from) };
+        match self {
+            Call::Create { name: n, size, options, metadata } => {
+                name(n)?;
+                let (t, id) = device_code(options.device.unwrap_or(Device::Cpu));
+                let flags = if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
+                w.str(n).u64(*size).u32(flags).u8(t).u32(id).bytes(metadata);
+            }
+            Call::Seal(n) | Call::Abort(n) | Call::Contains(n) | Call::Delete(n) => {
+                name(n)?;
+                w.str(n);
+            }
+            Call::Put { name: n, flags, metadata, data } => {
+                name(n)?;
+                w.str(n).u32(*flags).bytes(metadata).u64(data.len() as u64).raw(data);
+            }
+            Call::Get { names, timeout } => {
+                for n in names.iter() {
+                    name(n)?;
+                }
+                let ms = match timeout {
+                    None => 0,
+                    Some(d) if d.as_millis() >= i64::MAX as u128 => -1,
+                    Some(d) => d.as_millis().max(1) as i64,
+                };
+                w.i64(ms).u32(names.len() as u32);
+                for n in names.iter() {
+                    w.str(n);
+                }
+            }
+            Call::Release(ids) => {
+                w.u32(ids.len() as u32);
+                for id in ids.iter() {
+                    w.u64(*id);
+                }
+            }
+            Call::List | Call::Stats => {}
+            Call::Evict(bytes) => {
+                w.u64(*bytes);
+            }
+        }
+        w.finish();
+        Ok(())
+    }
+}
+
+/// Decodes a reply payload to `Call` `opcode`; an error status becomes `Err`.
+fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, Error> {
+    let mut r = Reader::new(payload);
+    let st = r.u8()?;
+    if st != status::OK {
+        let message = r.str()?.to_owned();
+        let oom = if st == status::OUT_OF_MEMORY { Some((r.u64()?, r.u64()?)) } else { None };
+        return Err(error_from_reply(st, message, oom));
+    }
+    let resp = match opcode {
+        op::CREATE | op::PUT => Response::Object(r.object(names[0])?),
+        op::GET => {
+            let n = r.count(1)?;
+            if n != names.len() {
+                return Err(Error::Protocol(format!("asked {} names, got {n}", names.len())));
+            }
+            let mut v = Vec::with_capacity(n);
+            for name in names {
+                v.push(match r.u8()? {
+                    0 => None,
+                    _ => Some(r.object(name)?),
+                });
+            }
+            Response::Objects(v)
+        }
+        op::CONTAINS => Response::Bool(r.u8()? != 0),
+        op::EVICT => Response::Count(r.u64()?),
+        op::LIST => {
+            let n = r.count(1)?;
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                let name = ObjectName::new(r.str()?)?;
+                let id = r.u64()?;
+                let size = r.u64()?;
+                let t = r.u8()?;
+                let device = device_from_code(t, r.u32()?)?;
+                let sealed = r.u8()? != 0;
+                let ephemeral = r.u8()? != 0;
+                let refcount = r.u32()?;
+                let last_access = UNIX_EPOCH + Duration::from_millis(r.u64()?);
+                let metadata = r.bytes()?.into();
+                v.push(ObjectInfo { id, name, size, device, sealed, ephemeral, refcount, last_access, metadata });
+            }
+            Response::List(v)
+        }
+        op::STATS => {
+            let mut f = [0u64; 12];
+            for x in f.iter_mut() {
+                *x = r.u64()?;
+            }
+            Response::Stats {
+                stats: StoreStats {
+                    capacity: f[0],
+                    used_bytes: f[1],
+                    objects: f[2],
+                    sealed: f[3],
+                    unsealed: f[4],
+                    pending_delete: f[5],
+                    references: f[6],
+                    holders: f[7],
+                    creates: f[8],
+                    evicted_objects: f[9],
+                    evicted_bytes: f[10],
+                },
+                connections: f[11],
+            }
+        }
+        _ => Response::Empty,
+    };
+    r.finish()?;
+    Ok(resp)
+}
+
+/// What both clients share: the mapped segments and the releases waiting to be sent.
+struct Mappings {
+    segments: Vec<Arc<MappedSegment>>,
+    max_inline: u32,
+    capacity: u64,
+}
+
+impl Mappings {
+    fn locate(&self, r: &ObjectRef) -> Result<(*mut u8, Arc<dyn std::any::Any + Send + Sync>), Error> {
+        match r.location {
+            Location::Host { segment, offset } => {
+                let seg = self
+                    .segments
+                    .get(segment as usize)
+                    .ok_or_else(|| Error::Protocol(format!("unknown segment {segment}")))?;
+                let end = offset.checked_add(r.size).filter(|&e| e <= seg.map.len() as u64);
+                if end.is_none() {
+                    return Err(Error::Protocol("object outside its segment".into()));
+                }
+                // SAFETY: in bounds (checked above).
+                let ptr = unsafe { seg.map.as_mut_ptr().add(offset as usize) };
+                Ok((ptr, seg.clone()))
+            }
+            Location::Cuda(_) => Ok((std::ptr::null_mut(), Arc::new(()))),
+        }
+    }
+}
+
+/// Connects and performs the HELLO handshake (receiving and mapping the segment fds).
+fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
+    let mut stream = UnixStream::connect(path)
+        .map_err(|e| Error::Connection(format!("cannot connect to {}: {e}", path.display())))?;
+    let mut buf = Vec::new();
+    let mut w = FrameWriter::begin(&mut buf, op::HELLO, 0, 0);
+    w.u32(std::process::id());
+    w.finish();
+    // A daemon that refuses our uid closes at once: say so, whichever way the close shows up.
+    let refused = |e: std::io::Error| {
+        Error::Connection(format!(
+            "the daemon closed the connection during the handshake ({e}); is this uid allowed \
+             (vovp-engine --allow-uid)?"
+        ))
+    };
+    stream.write_all(&buf).map_err(refused)?;
+    let mut fds = Vec::new();
+    let mut reply = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    let frame_len = loop {
+        let n = crate::fdpass::recv_with_fds(&stream, &mut reply[got..], &mut fds).map_err(refused)?;
+        if n == 0 {
+            return Err(refused(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += n;
+        if let Some(h) = Header::parse(&reply[..got])? {
+            if got >= h.frame_len() {
+                break h.frame_len();
+            }
+        }
+    };
+    let mut r = Reader::new(&reply[HEADER_LEN..frame_len]);
+    let st = r.u8()?;
+    if st != status::OK {
+        let message = r.str()?.to_owned();
+        return Err(error_from_reply(st, message, None));
+    }
+    let _version = r.u16()?;
+    let capacity = r.u64()?;
+    let max_inline = r.u32()?;
+    let n = r.count(12)?;
+    if n != fds.len() {
+        return Err(Error::Protocol(format!("HELLO announced {n} segments but {} fds came", fds.len())));
+    }
+    let mut segments = Vec::with_capacity(n);
+    for fd in fds {
+        let id = r.u32()?;
+        let size = r.u64()?;
+        if id as usize != segments.len() {
+            return Err(Error::Protocol("segments out of order".into()));
+        }
+        let file = File::from(fd);
+        let map = MmapOptions::new()
+            .len(size as usize)
+            .map_raw(&file)
+            .map_err(|e| Error::Memory(format!("mapping segment {id}: {e}")))?;
+        segments.push(Arc::new(MappedSegment { map }));
+    }
+    Ok((stream, Mappings { segments, max_inline, capacity }))
+}
+
+fn conn_err(e: std::io::Error) -> Error {
+    Error::Connection(e.to_string())
+}
+
+struct Conn {
+    stream: UnixStream,
+    next_id: u64,
+    out: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+struct ClientInner {
+    conn: Mutex<Conn>,
+    maps: Mappings,
+    /// Releases from views dropped while another thread was mid-request: sent before the next one.
+    deferred_releases: Mutex<Vec<u64>>,
+    path: PathBuf,
+}
+
+impl ClientInner {
+    fn take_deferred(&self) -> Vec<u64> {
+        self.deferred_releases
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+
+    fn append_releases(conn: &mut Conn, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        conn.next_id += 1;
+        let id = conn.next_id;
+        let _ = Call::Release(ids).encode(&mut conn.out, FLAG_NO_REPLY, id);
+    }
+
+    fn call(&self, call: Call<'_>, names: &[&str]) -> Result<Response, Error> {
+        let deferred = self.take_deferred();
+        let mut guard = self.conn.lock().map_err(|_| Error::Internal("client lock poisoned".into()))?;
+        let conn = &mut *guard;
+        conn.out.clear();
+        Self::append_releases(conn, &deferred);
+        conn.next_id += 1;
+        let id = conn.next_id;
+        call.encode(&mut conn.out, 0, id)?;
+        conn.stream.write_all(&conn.out).map_err(conn_err)?;
+        let mut header = [0u8; HEADER_LEN];
+        conn.stream.read_exact(&mut header).map_err(conn_err)?;
+        let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
+        conn.payload.resize(h.payload_len, 0);
+        conn.stream.read_exact(&mut conn.payload).map_err(conn_err)?;
+        if h.request_id != id {
+            let why = decode_reply(h.opcode & !REPLY_BIT, &conn.payload, names).err();
+            return Err(Error::Protocol(format!(
+                "reply to request {} while waiting for {id}{}",
+                h.request_id,
+                why.map(|e| format!(": {e}")).unwrap_or_default()
+            )));
+        }
+        decode_reply(call.opcode(), &conn.payload, names)
+    }
+}
+
+impl ObjectSink for ClientInner {
+    fn release(&self, id: u64) {
+        // Never block in Drop: send now if the connection is free, else queue for the next call.
+        match self.conn.try_lock() {
+            Ok(mut conn) => {
+                conn.out.clear();
+                let mut ids = self.take_deferred();
+                ids.push(id);
+                Self::append_releases(&mut conn, &ids);
+                let c = &mut *conn;
+                let _ = c.stream.write_all(&c.out);
+            }
+            Err(_) => {
+                if let Ok(mut v) = self.deferred_releases.lock() {
+                    v.push(id);
+                }
+            }
+        }
+    }
+
+    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+        self.call(Call::Seal(name.as_str()), &[]).map(|_| ())
+    }
+}
+
+/// A blocking connection to a `vovp-engine`. Cheap to clone; thread-safe (one request at a time).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl Client {
+    pub fn connect(path: impl AsRef<Path>) -> Result<Client, Error> {
+        let (stream, maps) = handshake(path.as_ref())?;
+        Ok(Client {
+            inner: Arc::new(ClientInner {
+                conn: Mutex::new(Conn { stream, next_id: 0, out: Vec::new(), payload: Vec::new() }),
+                maps,
+                deferred_releases: Mutex::new(Vec::new()),
+                path: path.as_ref().to_owned(),
+            }),
+        })
+    }
+
+    /// Host bytes the daemon manages.
+    pub fn capacity(&self) -> u64 {
+        self.inner.maps.capacity
+    }
+
+    pub fn socket_path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Number of connections the daemon serves (from STATS).
+    pub fn connections(&self) -> Result<u64, Error> {
+        match self.inner.call(Call::Stats, &[])? {
+            Response::Stats { connections, .. } => Ok(connections),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn sink(&self) -> Arc<dyn ObjectSink> {
+        self.inner.clone()
+    }
+
+    fn object(&self, resp: Response) -> Result<ObjectRef, Error> {
+        match resp {
+            Response::Object(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Puts and keeps a reference: the view is the store's copy (zero-copy afterwards).
+    pub fn put_and_view(&self, name: &str, data: &[u8], metadata: &[u8], options: CreateOptions) -> Result<ObjectView, Error> {
+        if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
+            let flags = PUT_KEEP_REFERENCE | if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
+            let r = self.object(self.inner.call(Call::Put { name, flags, metadata, data }, &[name])?)?;
+            let (ptr, owner) = self.inner.maps.locate(&r)?;
+            // SAFETY: sealed object inside our mapping; `owner` keeps the mapping.
+            return Ok(unsafe { ObjectView::from_raw(r, ptr, owner, self.sink()) });
+        }
+        let mut buf = Store::create(self, name, data.len() as u64, metadata, options)?;
+        parallel_copy(buf.as_mut_slice(), data);
+        buf.seal()
+    }
+}
+
+fn unexpected(r: Response) -> Error {
+    Error::Protocol(format!("unexpected reply {r:?}"))
+}
+
+impl Store for Client {
+    fn create(&self, name: &str, size: u64, metadata: &[u8], options: CreateOptions) -> Result<ObjectBuffer, Error> {
+        let r = self.object(self.inner.call(Call::Create { name, size, options, metadata }, &[name])?)?;
+        let (ptr, owner) = self.inner.maps.locate(&r)?;
+        // SAFETY: a fresh unsealed object of ours inside the mapping.
+        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, self.sink()) })
+    }
+
+    fn seal(&self, name: &str) -> Result<(), Error> {
+        self.inner.call(Call::Seal(name), &[]).map(|_| ())
+    }
+
+    fn abort(&self, name: &str) -> Result<(), Error> {
+        self.inner.call(Call::Abort(name), &[]).map(|_| ())
+    }
+
+    fn put(&self, name: &str, data: &[u8], metadata: &[u8], options: CreateOptions) -> Result<(), Error> {
+        if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
+            let flags = if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
+            self.inner.call(Call::Put { name, flags, metadata, data }, &[name])?;
+            return Ok(());
+        }
+        self.put_and_view(name, data, metadata, options).map(drop)
+    }
+
+    fn get(&self, names: &[&str], timeout: Option<Duration>) -> Result<Vec<Option<ObjectView>>, Error> {
+        let objects = match self.inner.call(Call::Get { names, timeout }, names)? {
+            Response::Objects(v) => v,
+            other => return Err(unexpected(other)),
+        };
+        let mut views = Vec::with_capacity(objects.len());
+        let mut failure = None;
+        for o in objects {
+            views.push(match o {
+                None => None,
+                Some(r) => match self.inner.maps.locate(&r) {
+                    // SAFETY: sealed object inside our mapping.
+                    Ok((ptr, owner)) => Some(unsafe { ObjectView::from_raw(r, ptr, owner, self.sink()) }),
+                    Err(e) => {
+                        self.inner.release(r.id);
+                        failure = Some(e);
+                        None
+                    }
+                },
+            });
+        }
+        failure.map_or(Ok(views), Err)
+    }
+
+    fn contains(&self, name: &str) -> Result<bool, Error> {
+        match self.inner.call(Call::Contains(name), &[])? {
+            Response::Bool(b) => Ok(b),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn delete(&self, name: &str) -> Result<(), Error> {
+        self.inner.call(Call::Delete(name), &[]).map(|_| ())
+    }
+
+    fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
+        match self.inner.call(Call::List, &[])? {
+            Response::List(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn evict(&self, bytes: u64) -> Result<u64, Error> {
+        match self.inner.call(Call::Evict(bytes), &[])? {
+            Response::Count(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn stats(&self) -> Result<StoreStats, Error> {
+        match self.inner.call(Call::Stats, &[])? {
+            Response::Stats { stats, .. } => Ok(stats),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// The async client: the same protocol on a tokio `UnixStream`. Blocking-free: releases from
+/// dropped views are queued and sent ahead of the next request (or by [`AsyncClient::flush`]).
+#[derive(Clone)]
+pub struct AsyncClient {
+    inner: Arc<AsyncInner>,
+}
+
+struct AsyncInner {
+    conn: tokio::sync::Mutex<(tokio::net::UnixStream, u64)>,
+    maps: Mappings,
+    deferred_releases: Mutex<Vec<u64>>,
+    /// Seals from `ObjectBuffer::seal` (a blocking call) go through a blocking side connection.
+    blocking: Client,
+}
+
+impl ObjectSink for AsyncInner {
+    fn release(&self, id: u64) {
+        if let Ok(mut v) = self.deferred_releases.lock() {
+            v.push(id);
+        }
+    }
+
+    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+        Store::seal(&self.blocking, name.as_str())
+    }
+}
+
+impl AsyncClient {
+    pub async fn connect(path: impl AsRef<Path>) -> Result<AsyncClient, Error> {
+        let path = path.as_ref().to_owned();
+        let (std_stream, maps, blocking) = tokio::task::spawn_blocking(move || {
+            let (s, m) = handshake(&path)?;
+            let blocking = Client::connect(&path)?;
+            Ok::<_, Error>((s, m, blocking))
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+        std_stream.set_nonblocking(true).map_err(conn_err)?;
+        let stream = tokio::net::UnixStream::from_std(std_stream).map_err(conn_err)?;
+        Ok(AsyncClient {
+            inner: Arc::new(AsyncInner {
+                conn: tokio::sync::Mutex::new((stream, 0)),
+                maps,
+                deferred_releases: Mutex::new(Vec::new()),
+                blocking,
+            }),
+        })
+    }
+
+    /// Sends queued releases now.
+    pub async fn flush(&self) -> Result<(), Error> {
+        self.call(Call::Stats, &[]).await.map(|_| ())
+    }
+
+    async fn call(&self, call: Call<'_>, names: &[&str]) -> Result<Response, Error> {
+        let deferred = self
+            .inner
+            .deferred_releases
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        let mut guard = self.inner.conn.lock().await;
+        let (stream, next_id) = &mut *guard;
+        let mut out = Vec::new();
+        if !deferred.is_empty() {
+            *next_id += 1;
+            Call::Release(&deferred).encode(&mut out, FLAG_NO_REPLY, *next_id)?;
+        }
+        *next_id += 1;
+        let id = *next_id;
+        call.encode(&mut out, 0, id)?;
+        stream.write_all(&out).await.map_err(conn_err)?;
+        let mut header = [0u8; HEADER_LEN];
+        stream.read_exact(&mut header).await.map_err(conn_err)?;
+        let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
+        let mut payload = vec![0u8; h.payload_len];
+        stream.read_exact(&mut payload).await.map_err(conn_err)?;
+        if h.request_id != id {
+            return Err(Error::Protocol(format!("reply to request {} while waiting for {id}", h.request_id)));
+        }
+        decode_reply(call.opcode(), &payload, names)
+    }
+
+    fn sink(&self) -> Arc<dyn ObjectSink> {
+        self.inner.clone()
+    }
+
+    fn view(&self, r: ObjectRef) -> Result<ObjectView, Error> {
+        let (ptr, owner) = self.inner.maps.locate(&r)?;
+        // SAFETY: sealed object inside our mapping.
+        Ok(unsafe { ObjectView::from_raw(r, ptr, owner, self.sink()) })
+    }
+}
+
+impl AsyncStore for AsyncClient {
+    async fn create(&self, name: &str, size: u64, metadata: &[u8], options: CreateOptions) -> Result<ObjectBuffer, Error> {
+        let r = match self.call(Call::Create { name, size, options, metadata }, &[name]).await? {
+            Response::Object(r) => r,
+            other => return Err(unexpected(other)),
+        };
+        let (ptr, owner) = self.inner.maps.locate(&r)?;
+        // SAFETY: a fresh unsealed object of ours inside the mapping.
+        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, self.sink()) })
+    }
+
+    async fn seal(&self, name: &str) -> Result<(), Error> {
+        self.call(Call::Seal(name), &[]).await.map(|_| ())
+    }
+
+    async fn abort(&self, name: &str) -> Result<(), Error> {
+        self.call(Call::Abort(name), &[]).await.map(|_| ())
+    }
+
+    async fn put(&self, name: &str, data: &[u8], metadata: &[u8], options: CreateOptions) -> Result<(), Error> {
+        if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
+            let flags = if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
+            self.call(Call::Put { name, flags, metadata, data }, &[name]).await?;
+            return Ok(());
+        }
+        let mut buf = AsyncStore::create(self, name, data.len() as u64, metadata, options).await?;
+        parallel_copy(buf.as_mut_slice(), data);
+        AsyncStore::seal(self, name).await?;
+        drop(buf.into_view());
+        Ok(())
+    }
+
+    async fn get(&self, names: &[&str], timeout: Option<Duration>) -> Result<Vec<Option<ObjectView>>, Error> {
+        let objects = match self.call(Call::Get { names, timeout }, names).await? {
+            Response::Objects(v) => v,
+            other => return Err(unexpected(other)),
+        };
+        // Views first, so every reference is released even if one fails to map.
+        let mut views = Vec::with_capacity(objects.len());
+        let mut failure = None;
+        for o in objects {
+            views.push(match o.map(|r| self.view(r)).transpose() {
+                Ok(v) => v,
+                Err(e) => {
+                    failure = Some(e);
+                    None
+                }
+            });
+        }
+        failure.map_or(Ok(views), Err)
+    }
+
+    async fn contains(&self, name: &str) -> Result<bool, Error> {
+        match self.call(Call::Contains(name), &[]).await? {
+            Response::Bool(b) => Ok(b),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), Error> {
+        self.call(Call::Delete(name), &[]).await.map(|_| ())
+    }
+
+    async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
+        match self.call(Call::List, &[]).await? {
+            Response::List(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn evict(&self, bytes: u64) -> Result<u64, Error> {
+        match self.call(Call::Evict(bytes), &[]).await? {
+            Response::Count(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        match self.call(Call::Stats, &[]).await? {
+            Response::Stats { stats, .. } => Ok(stats),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// Milliseconds since the epoch (for display).
+pub fn unix_millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A stream of seal/delete/evict notifications on a dedicated connection.
+pub struct Subscription {
+    stream: UnixStream,
+}
+
+impl Client {
+    /// Opens a notification stream (its own connection, as Plasma's subscribe did).
+    pub fn subscribe(&self) -> Result<Subscription, Error> {
+        let (mut stream, _maps) = handshake(&self.inner.path)?;
+        let mut out = Vec::new();
+        FrameWriter::begin(&mut out, op::SUBSCRIBE, 0, 1).finish();
+        stream.write_all(&out).map_err(conn_err)?;
+        let mut sub = Subscription { stream };
+        let (h, payload) = sub.read_frame()?;
+        decode_reply(h.opcode & !REPLY_BIT, &payload, &[])?;
+        Ok(sub)
+    }
+}
+
+impl Subscription {
+    fn read_frame(&mut self) -> Result<(Header, Vec<u8>), Error> {
+        let mut header = [0u8; HEADER_LEN];
+        self.stream.read_exact(&mut header).map_err(conn_err)?;
+        let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
+        let mut payload = vec![0u8; h.payload_len];
+        self.stream.read_exact(&mut payload).map_err(conn_err)?;
+        Ok((h, payload))
+    }
+
+    /// Waits for the next notification (`timeout` None = forever).
+    pub fn next(&mut self, timeout: Option<Duration>) -> Result<vovp::Notification, Error> {
+        self.stream.set_read_timeout(timeout).map_err(conn_err)?;
+        let (h, payload) = self.read_frame()?;
+        if h.opcode != op::NOTIFY {
+            return Err(Error::Protocol(format!("expected NOTIFY, got opcode {:#x}", h.opcode)));
+        }
+        let mut r = Reader::new(&payload);
+        let kind = match r.u8()? {
+            1 => vovp::NotificationKind::Sealed,
+            2 => vovp::NotificationKind::Deleted,
+            3 => vovp::NotificationKind::Evicted,
+            k => return Err(Error::Protocol(format!("notification kind {k}"))),
+        };
+        let name = ObjectName::new(r.str()?)?;
+        let size = r.u64()?;
+        let metadata = r.bytes()?.into();
+        r.finish()?;
+        Ok(vovp::Notification { kind, name, size, metadata })
+    }
+}
