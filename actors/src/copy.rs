@@ -20,7 +20,9 @@ pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     }
     // A few chunks per thread so a slow (faulting) chunk does not hold the whole copy back.
     let threads = rayon::current_num_threads().max(1);
-    let chunk = (src.len() / (threads * 4)).max(MIN_CHUNK).next_multiple_of(4096);
+    let chunk = (src.len() / (threads * 4))
+        .max(MIN_CHUNK)
+        .next_multiple_of(4096);
     dst.par_chunks_mut(chunk)
         .zip(src.par_chunks(chunk))
         .for_each(|(d, s)| d.copy_from_slice(s));

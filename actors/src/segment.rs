@@ -23,7 +23,12 @@ impl Segment {
     /// Creates a segment of `size` bytes. With `huge_pages` it tries 2 MiB `MFD_HUGETLB` pages and
     /// falls back to normal pages (with a warning) when the machine has none reserved.
     /// `prefault` populates every page now, so the first put does not pay page faults.
-    pub fn create(id: u32, size: u64, huge_pages: bool, prefault: bool) -> Result<Self, StoreError> {
+    pub fn create(
+        id: u32,
+        size: u64,
+        huge_pages: bool,
+        prefault: bool,
+    ) -> Result<Self, StoreError> {
         if huge_pages {
             let rounded = size.div_ceil(HUGE_PAGE) * HUGE_PAGE;
             match Self::create_with(id, rounded, Some(HugetlbSize::Huge2MB), prefault) {

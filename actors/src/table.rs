@@ -228,7 +228,12 @@ impl ObjectTable {
         });
         let r = e.object_ref();
         self.by_name.insert(name, key);
-        *self.holders.entry(creator).or_default().entry(key).or_insert(0) += 1;
+        *self
+            .holders
+            .entry(creator)
+            .or_default()
+            .entry(key)
+            .or_insert(0) += 1;
         self.creates += 1;
         Ok(r)
     }
@@ -321,7 +326,12 @@ impl ObjectTable {
         if let Some(t) = was_evictable {
             self.unlink_lru(pool, t, reserved);
         }
-        *self.holders.entry(holder).or_default().entry(key).or_insert(0) += 1;
+        *self
+            .holders
+            .entry(holder)
+            .or_default()
+            .entry(key)
+            .or_insert(0) += 1;
         r
     }
 
@@ -592,7 +602,10 @@ impl ObjectTable {
         for (k, e) in &self.objects {
             let c = counted.get(&k).copied().unwrap_or(0);
             if c != e.refcount {
-                return Err(format!("{:?}: refcount {} but holders hold {c}", e.name, e.refcount));
+                return Err(format!(
+                    "{:?}: refcount {} but holders hold {c}",
+                    e.name, e.refcount
+                ));
             }
             let should_be_evictable = e.sealed && e.named && e.refcount == 0;
             if should_be_evictable != e.lru_tick.is_some() {
@@ -605,7 +618,10 @@ impl ObjectTable {
         for (pool, l) in &self.lru {
             let sum: u64 = l.values().map(|&k| self.objects[k].block.reserved()).sum();
             if sum != self.evictable_bytes(*pool) {
-                return Err(format!("{pool:?}: evictable bytes {} != {sum}", self.evictable_bytes(*pool)));
+                return Err(format!(
+                    "{pool:?}: evictable bytes {} != {sum}",
+                    self.evictable_bytes(*pool)
+                ));
             }
         }
         Ok(())

@@ -75,9 +75,9 @@ impl ObjectTableActor {
                     .map(Block::Host),
                 Device::Cuda(n) => match self.gpu.ask(AllocateDevice { device: n, size }).await {
                     Ok(b) => Some(Block::Cuda(b)),
-                    Err(kameo::error::SendError::HandlerError(GpuError::OutOfMemory { .. })) => {
-                        None
-                    }
+                    Err(kameo::error::SendError::HandlerError(GpuError::OutOfMemory {
+                        ..
+                    })) => None,
                     Err(kameo::error::SendError::HandlerError(e)) => return Err(e.into()),
                     Err(_) => return Err(StoreError::ShuttingDown),
                 },
@@ -163,7 +163,7 @@ impl ObjectTableActor {
         self.table.record_events = !self.subscribers.is_empty();
     }
 
-    fn host_slice(&self, r: &ObjectRef) -> Option<&mut [u8]> {
+    fn host_slice(&mut self, r: &ObjectRef) -> Option<&mut [u8]> {
         let Location::Host { segment, offset } = r.location else {
             return None;
         };
@@ -270,9 +270,14 @@ impl Message<PutInline> for ObjectTableActor {
         self.table.check_name_free(&m.name)?;
         let size = m.data.len() as u64;
         let block = self.allocate(size, Device::Cpu).await?;
-        let r = self
-            .table
-            .insert(m.name.clone(), size, m.metadata, block, m.ephemeral, m.holder)?;
+        let r = self.table.insert(
+            m.name.clone(),
+            size,
+            m.metadata,
+            block,
+            m.ephemeral,
+            m.holder,
+        )?;
         match self.host_slice(&r) {
             Some(dst) => crate::copy::parallel_copy(dst, &m.data),
             None => {
@@ -454,11 +459,7 @@ impl Message<ReleaseHolder> for ObjectTableActor {
     async fn handle(&mut self, m: ReleaseHolder, _: &mut Context<Self, Self::Reply>) {
         let freed = self.table.release_holder(m.holder);
         if !freed.is_empty() {
-            tracing::debug!(
-                "holder {} gone: {} objects freed",
-                m.holder,
-                freed.len()
-            );
+            tracing::debug!("holder {} gone: {} objects freed", m.holder, freed.len());
         }
         self.free(freed).await;
         self.publish();
@@ -489,7 +490,11 @@ pub struct CheckInvariants;
 impl Message<CheckInvariants> for ObjectTableActor {
     type Reply = Result<(), String>;
 
-    async fn handle(&mut self, _: CheckInvariants, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(
+        &mut self,
+        _: CheckInvariants,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
         self.table.check_invariants()
     }
 }

@@ -48,10 +48,11 @@ pub fn parse_size(text: &str) -> Result<u64, Error> {
         Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
         _ => (t, 1),
     };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| Error::Config(format!("cannot read {text:?} as a size (e.g. 1000000, 512M, 1G)")))?;
+    let n: u64 = digits.trim().parse().map_err(|_| {
+        Error::Config(format!(
+            "cannot read {text:?} as a size (e.g. 1000000, 512M, 1G)"
+        ))
+    })?;
     n.checked_mul(mult)
         .ok_or_else(|| Error::Config(format!("size {text:?} is too large")))
 }

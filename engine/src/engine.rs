@@ -45,7 +45,7 @@ struct Core {
 }
 
 impl Core {
-    fn mapped(&self, r: &ObjectRef) -> Result<Mapped, Error> {
+    async fn mapped(&self, r: &ObjectRef) -> Result<Mapped, Error> {
         match r.location {
             Location::Host { segment, offset } => {
                 let seg = self
@@ -57,14 +57,20 @@ impl Core {
                     .ok_or_else(|| Error::Internal("object outside its segment".into()))?;
                 Ok(Mapped {
                     ptr,
+                    device_ptr: 0,
                     owner: seg.clone(),
                 })
             }
-            // Device memory has no host address; GPU views are built by the GPU client code.
-            Location::Cuda(_) => Ok(Mapped {
-                ptr: std::ptr::null_mut(),
-                owner: Arc::new(()),
-            }),
+            // In the process that owns the pool the device pointer is direct (a process cannot
+            // open its own IPC handle); the GPU actor knows it.
+            Location::Cuda(block) => {
+                let device_ptr = self.actors.gpu.ask(vovp_gpu::BlockPtr(block)).await?;
+                Ok(Mapped {
+                    ptr: std::ptr::null_mut(),
+                    device_ptr,
+                    owner: Arc::new(()),
+                })
+            }
         }
     }
 }
@@ -91,10 +97,16 @@ impl ObjectSink for Session {
     }
 
     fn seal(&self, name: &ObjectName) -> Result<(), Error> {
-        futures_executor::block_on(self.core.actors.table.ask(msg::Seal {
-            holder: self.holder,
-            name: name.clone(),
-        }).send())?;
+        futures_executor::block_on(
+            self.core
+                .actors
+                .table
+                .ask(msg::Seal {
+                    holder: self.holder,
+                    name: name.clone(),
+                })
+                .send(),
+        )?;
         Ok(())
     }
 }
@@ -168,7 +180,7 @@ impl Engine {
         let segment = Segment::create(0, config.capacity, config.huge_pages, config.prefault)?;
         let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
         let allocator = AllocatorActor::spawn(AllocatorActor::new(segments.clone()));
-        let gpu = GpuActor::spawn(GpuActor::new(config.gpu.clone()));
+        let gpu = spawn_gpu_actor(config.gpu.clone())?;
         let table = ObjectTableActor::spawn_with_mailbox(
             ObjectTableActor::new(allocator.clone(), gpu.clone(), segments.clone()),
             mailbox::unbounded(),
@@ -186,6 +198,31 @@ impl Engine {
         });
         Ok(EngineHandle::new_session(core))
     }
+}
+
+/// The GPU actor gets a thread of its own: its driver calls block (the first request on a device
+/// creates a context and a pool, up to about a second), and must not stall the engine's thread.
+fn spawn_gpu_actor(config: vovp_gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Error> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("vovp-gpu".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(_) => return,
+            };
+            rt.block_on(async move {
+                let gpu = GpuActor::spawn(GpuActor::new(config));
+                let _ = tx.send(gpu.clone());
+                gpu.wait_for_shutdown().await;
+            });
+        })
+        .map_err(|e| Error::Internal(format!("cannot start the GPU thread: {e}")))?;
+    rx.recv()
+        .map_err(|_| Error::Internal("the GPU thread died while starting".into()))
 }
 
 /// A handle on a running engine: cheap to clone (clones share one reference holder),
@@ -210,7 +247,10 @@ impl EngineHandle {
 
     /// A fresh holder id for a client managed elsewhere (the daemon's connections).
     pub fn new_holder_id(&self) -> HolderId {
-        self.session.core.next_holder.fetch_add(1, Ordering::Relaxed)
+        self.session
+            .core
+            .next_holder
+            .fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn holder(&self) -> HolderId {
@@ -283,7 +323,7 @@ impl EngineHandle {
                 options,
             })
             .await?;
-        let mapped = core.mapped(&r)?;
+        let mapped = core.mapped(&r).await?;
         Ok(ObjectBuffer::from_mapped(r, mapped, self.sink()))
     }
 
@@ -393,7 +433,7 @@ impl AsyncStore for EngineHandle {
         for r in results {
             views.push(match r {
                 None => None,
-                Some(r) => match core.mapped(&r) {
+                Some(r) => match core.mapped(&r).await {
                     Ok(m) => Some(ObjectView::from_mapped(r, m, self.sink())),
                     Err(e) => {
                         self.session.release(r.id);

@@ -60,6 +60,35 @@ pub trait Store: Send + Sync {
         )
     }
 
+    /// Stores a CUDA tensor: a device object on `cuda:device` filled by a device-to-device copy
+    /// from `src` (a device address in this process), synchronised before the seal.
+    fn put_cuda_tensor(
+        &self,
+        name: &str,
+        dtype: crate::DType,
+        shape: &[i64],
+        device: u32,
+        src: u64,
+    ) -> Result<(), Error> {
+        let meta = crate::TensorMeta {
+            dtype,
+            shape: shape.to_vec(),
+            device: vovp_actors::Device::Cuda(device),
+            little_endian: cfg!(target_endian = "little"),
+        };
+        let size = meta.nbytes();
+        let options = CreateOptions {
+            ephemeral: false,
+            device: Some(meta.device),
+        };
+        let buf = self.create(name, size, &meta.encode(), options)?;
+        let dst = buf.cuda_ptr().ok_or_else(|| {
+            Error::Internal("a CUDA object came back without a device address".into())
+        })?;
+        vovp_gpu::ipc::copy_d2d(dst, src, size as usize)?;
+        buf.seal().map(drop)
+    }
+
     /// A tensor by name alone: zero-copy, released on drop.
     fn get_tensor(&self, name: &str, timeout: Option<Duration>) -> Result<Tensor, Error> {
         Tensor::from_view(self.get_one(name, timeout)?)

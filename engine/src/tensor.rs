@@ -140,7 +140,10 @@ impl TensorMeta {
             return Err(bad("missing magic"));
         }
         if b[4] != VERSION {
-            return Err(bad(&format!("header version {} (this build reads 1)", b[4])));
+            return Err(bad(&format!(
+                "header version {} (this build reads 1)",
+                b[4]
+            )));
         }
         let dtype = DType::from_code(b[5])?;
         let dev_id = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
@@ -249,8 +252,14 @@ impl Tensor {
     pub fn shape(&self) -> &[i64] {
         &self.meta.shape
     }
+    /// The bytes of a host tensor (empty for a CUDA tensor: see [`Tensor::cuda_ptr`]).
     pub fn bytes(&self) -> &[u8] {
         self.object.bytes()
+    }
+
+    /// The device address of a CUDA tensor in this process.
+    pub fn cuda_ptr(&self) -> Option<u64> {
+        self.object.cuda_ptr()
     }
 
     /// The elements as `T`, in place (the store aligns data to 64 bytes).
@@ -266,12 +275,14 @@ impl Tensor {
         if b.is_empty() {
             return Ok(&[]);
         }
-        if (b.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+        if !(b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
             return Err(Error::Tensor("data is not aligned for its dtype".into()));
         }
         // SAFETY: dtype matches T, the length is a whole number of elements (checked at
         // construction) and the pointer is aligned (checked above).
-        Ok(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / std::mem::size_of::<T>()) })
+        Ok(unsafe {
+            std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / std::mem::size_of::<T>())
+        })
     }
 }
 

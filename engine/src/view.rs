@@ -18,17 +18,23 @@ pub trait ObjectSink: Send + Sync + 'static {
     fn seal(&self, name: &ObjectName) -> Result<(), Error>;
 }
 
-/// The mapped bytes of one object, or none for device memory.
+/// Where one object is in this process: host bytes in a mapping, or a device address.
 pub(crate) struct Mapped {
     pub ptr: *mut u8,
+    pub device_ptr: u64,
     /// Keeps the mapping (a segment, a client's mmap, a CUDA IPC mapping) alive.
     pub owner: Arc<dyn Any + Send + Sync>,
 }
+
+// SAFETY: a plain address into a shared mapping kept alive by `owner`.
+unsafe impl Send for Mapped {}
 
 /// A reference to a sealed object: derefs to its bytes (host objects) and releases on drop.
 pub struct ObjectView {
     obj: ObjectRef,
     ptr: *const u8,
+    /// Device address of a CUDA object in this process (its IPC mapping), else 0.
+    device_ptr: u64,
     _owner: Arc<dyn Any + Send + Sync>,
     sink: Arc<dyn ObjectSink>,
 }
@@ -52,9 +58,32 @@ impl ObjectView {
         ObjectView {
             obj,
             ptr,
+            device_ptr: 0,
             _owner: owner,
             sink,
         }
+    }
+
+    /// A view of a CUDA object: `device_ptr` is its address in this process's CUDA context,
+    /// valid while `owner` (the IPC mapping) lives.
+    pub fn from_device(
+        obj: ObjectRef,
+        device_ptr: u64,
+        owner: Arc<dyn Any + Send + Sync>,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Self {
+        ObjectView {
+            obj,
+            ptr: std::ptr::null(),
+            device_ptr,
+            _owner: owner,
+            sink,
+        }
+    }
+
+    /// The device address of a CUDA object (`None` for host objects).
+    pub fn cuda_ptr(&self) -> Option<u64> {
+        (self.device_ptr != 0).then_some(self.device_ptr)
     }
 
     pub fn id(&self) -> ObjectId {
@@ -135,8 +164,26 @@ impl ObjectBuffer {
     }
 
     pub(crate) fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
-        // SAFETY: `Mapped` comes from a segment range the allocator gave this object.
-        unsafe { Self::from_raw(obj, m.ptr, m.owner, sink) }
+        ObjectBuffer {
+            view: ObjectView::from_mapped(obj, m, sink),
+        }
+    }
+
+    /// A buffer over a CUDA object (see [`ObjectView::from_device`]).
+    pub fn from_device(
+        obj: ObjectRef,
+        device_ptr: u64,
+        owner: Arc<dyn Any + Send + Sync>,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Self {
+        ObjectBuffer {
+            view: ObjectView::from_device(obj, device_ptr, owner, sink),
+        }
+    }
+
+    /// The device address of a CUDA object (`None` for host objects).
+    pub fn cuda_ptr(&self) -> Option<u64> {
+        self.view.cuda_ptr()
     }
 
     pub fn name(&self) -> &ObjectName {
@@ -161,7 +208,9 @@ impl ObjectBuffer {
             return &mut [];
         }
         // SAFETY: the creator is the only writer of an unsealed object.
-        unsafe { std::slice::from_raw_parts_mut(self.view.ptr as *mut u8, self.view.obj.size as usize) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.view.ptr as *mut u8, self.view.obj.size as usize)
+        }
     }
 
     /// Seals the object (immutable and visible to everyone from now on) and keeps the reference
@@ -185,6 +234,9 @@ impl fmt::Debug for ObjectBuffer {
 
 impl ObjectView {
     pub(crate) fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
+        if m.device_ptr != 0 {
+            return Self::from_device(obj, m.device_ptr, m.owner, sink);
+        }
         // SAFETY: `Mapped` comes from a segment range the allocator gave this object.
         unsafe { Self::from_raw(obj, m.ptr, m.owner, sink) }
     }

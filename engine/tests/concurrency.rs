@@ -56,11 +56,14 @@ fn eight_threads_mixed_operations_leave_a_consistent_empty_store() {
                                 held.swap_remove(i);
                             }
                         }
-                        _ => match h.put(&name, &vec![t as u8; size], b"", CreateOptions::default())
-                        {
-                            Ok(()) | Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
-                            Err(e) => panic!("put: {e}"),
-                        },
+                        _ => {
+                            match h.put(&name, &vec![t as u8; size], b"", CreateOptions::default())
+                            {
+                                Ok(())
+                                | Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
+                                Err(e) => panic!("put: {e}"),
+                            }
+                        }
                     }
                     ops += 1;
                 }
@@ -83,10 +86,16 @@ fn eight_threads_mixed_operations_leave_a_consistent_empty_store() {
     }
     futures_executor_block_on_check(&engine);
     let s = engine.stats().unwrap();
-    assert_eq!((s.objects, s.references, s.used_bytes, s.pending_delete), (0, 0, 0, 0), "{s:?}");
+    assert_eq!(
+        (s.objects, s.references, s.used_bytes, s.pending_delete),
+        (0, 0, 0, 0),
+        "{s:?}"
+    );
 }
 
 fn futures_executor_block_on_check(engine: &vovp::EngineHandle) {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     rt.block_on(engine.check_invariants()).unwrap();
 }

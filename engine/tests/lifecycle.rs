@@ -68,9 +68,15 @@ fn duplicate_create_is_refused() {
 #[test]
 fn bad_names_and_metadata_are_typed_errors() {
     let e = engine(1 << 20);
-    assert!(matches!(e.put("", b"a", b"", CreateOptions::default()), Err(Error::InvalidName(_))));
+    assert!(matches!(
+        e.put("", b"a", b"", CreateOptions::default()),
+        Err(Error::InvalidName(_))
+    ));
     let long = "n".repeat(257);
-    assert!(matches!(e.get(&[long.as_str()], None), Err(Error::InvalidName(_))));
+    assert!(matches!(
+        e.get(&[long.as_str()], None),
+        Err(Error::InvalidName(_))
+    ));
     let big = vec![0u8; vovp::MAX_METADATA_LEN + 1];
     assert!(matches!(
         e.put("m", b"a", &big, CreateOptions::default()),
@@ -157,7 +163,9 @@ fn lru_eviction_order_and_referenced_objects_survive() {
 #[test]
 fn out_of_memory_when_everything_is_referenced() {
     let e = engine(1 << 20);
-    let a = e.create("a", 600_000, b"", CreateOptions::default()).unwrap();
+    let a = e
+        .create("a", 600_000, b"", CreateOptions::default())
+        .unwrap();
     match e.create("b", 600_000, b"", CreateOptions::default()) {
         Err(Error::OutOfMemory {
             requested,
@@ -174,7 +182,10 @@ fn out_of_memory_when_everything_is_referenced() {
     ));
     drop(a);
     // Once released (and so aborted) the room is back.
-    wait_for(|| e.create("b", 600_000, b"", CreateOptions::default()).is_ok());
+    wait_for(|| {
+        e.create("b", 600_000, b"", CreateOptions::default())
+            .is_ok()
+    });
 }
 
 #[test]
@@ -183,16 +194,22 @@ fn get_waits_for_a_seal_from_another_thread() {
     let writer = e.session();
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
-        let mut b = writer.create("late", 3, b"", CreateOptions::default()).unwrap();
+        let mut b = writer
+            .create("late", 3, b"", CreateOptions::default())
+            .unwrap();
         b.as_mut_slice().copy_from_slice(b"abc");
         b.seal().unwrap()
     });
-    let got = e.get(&["late", "never"], Some(Duration::from_millis(600))).unwrap();
+    let got = e
+        .get(&["late", "never"], Some(Duration::from_millis(600)))
+        .unwrap();
     // "late" arrived while waiting; "never" did not, so the get returned at its timeout.
     assert_eq!(&got[0].as_ref().unwrap()[..], b"abc");
     assert!(got[1].is_none());
     let _ = t.join().unwrap();
-    let got = e.get(&["late", "never"], Some(Duration::from_millis(50))).unwrap();
+    let got = e
+        .get(&["late", "never"], Some(Duration::from_millis(50)))
+        .unwrap();
     assert_eq!(&got[0].as_ref().unwrap()[..], b"abc");
     assert!(got[1].is_none());
 }
@@ -204,7 +221,9 @@ fn get_returns_as_soon_as_all_are_sealed() {
     let start = std::time::Instant::now();
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(50));
-        writer.put("w", b"xyz", b"", CreateOptions::default()).unwrap();
+        writer
+            .put("w", b"xyz", b"", CreateOptions::default())
+            .unwrap();
     });
     let v = e.get_one("w", Some(Duration::from_secs(30))).unwrap();
     assert!(start.elapsed() < Duration::from_secs(10));
@@ -266,4 +285,27 @@ fn shutdown_makes_calls_fail_cleanly() {
     put(&e, "z", 10, 1);
     e.shutdown();
     assert_eq!(e.stats().unwrap_err(), Error::ShuttingDown);
+}
+
+#[test]
+fn cuda_objects_without_a_gpu_fail_cleanly_and_host_objects_still_work() {
+    if vovp_gpu::cuda_available().is_ok() {
+        eprintln!("skipping: this machine has a CUDA driver (see gpu/check.sh)");
+        return;
+    }
+    let e = engine(1 << 20);
+    let cuda = CreateOptions {
+        device: Some(vovp::Device::Cuda(0)),
+        ..Default::default()
+    };
+    match e.create("g", 1024, b"", cuda) {
+        Err(Error::GpuUnavailable(reason)) => assert!(!reason.is_empty()),
+        other => panic!("expected GpuUnavailable, got {other:?}"),
+    }
+    assert!(matches!(
+        e.put_cuda_tensor("gt", DType::F32, &[4], 0, 0),
+        Err(Error::GpuUnavailable(_))
+    ));
+    put(&e, "host", 10, 1);
+    assert_eq!(e.stats().unwrap().used_bytes, 64);
 }

@@ -27,6 +27,7 @@ import collections
 import itertools
 import mmap
 import os
+import queue
 import socket
 import threading
 import time
@@ -50,6 +51,12 @@ DEFAULT_SOCKET = "/tmp/vovp.sock"
 # Objects up to this size go in one PUT frame; larger ones through CREATE + copy + SEAL. Above
 # ~1 MiB the extra round trips cost less than pushing the bytes through the socket twice.
 INLINE_LIMIT = 1 << 20
+# Garbage-collected references are released within this many seconds (see _release_soon).
+RELEASE_DELAY = 0.002
+# ... or at once when this many are queued.
+MAX_PENDING_RELEASES = 1024
+# Inline puts up to this size are sent as one concatenated bytes object.
+SMALL_CONCAT = 16 << 10
 # Copies larger than this are split across the copy pool.
 PARALLEL_COPY_MIN = 1 << 20
 
@@ -208,13 +215,17 @@ class Client:
     memory.
     """
 
-    def __init__(self, path: str = None, connect_timeout: float = 0.0):
+    def __init__(self, path: str = None, connect_timeout: float = 0.0,
+                 release_delay: float = RELEASE_DELAY):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._pending = collections.deque()  # object ids whose RELEASE is waiting for the lock
+        self._pending = collections.deque()  # object ids whose RELEASE has not been sent yet
+        self._release_delay = release_delay
+        self._flush_scheduled = False
+        self._flush_q = None
         self._closed = True  # until HELLO succeeded
         self._next_id = itertools.count(1).__next__
         self._rbuf = bytearray(1 << 16)
@@ -232,6 +243,12 @@ class Client:
             self._unmap()
             raise
         self._closed = False
+        if release_delay > 0:
+            # Started here, not on first use: starting a thread from a GC callback could block.
+            self._flush_q = queue.SimpleQueue()
+            threading.Thread(target=_flusher, args=(weakref.ref(self), self._flush_q),
+                             name="vovp-release", daemon=True).start()
+            weakref.finalize(self, self._flush_q.put, None)  # lets the thread exit
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -346,6 +363,8 @@ class Client:
         else:
             self._sock.close()
         self._pending.clear()
+        if self._flush_q is not None:
+            self._flush_q.put(None)
         for lease in list(_LEASES.values()):
             if lease.client is self:
                 _forget_lease(lease)
@@ -448,7 +467,8 @@ class Client:
                     self._mark_broken()
                 raise
             result = parse(buf, pos) if parse is not None else None
-            if self._pending:  # releases queued by GC while we held the lock
+            if self._pending and self._release_delay <= 0:
+                # Immediate mode: send what GC queued while we held the lock.
                 try:
                     self._sock.sendall(self._drain_pending())
                 except OSError:
@@ -493,19 +513,36 @@ class Client:
     # -- releases -------------------------------------------------------------------------------
 
     def _release_soon(self, oid):
-        """Release from a weakref callback: never blocks, never raises."""
-        if self._closed or os.getpid() != self._pid:
-            return  # the connection (or the parent's, after fork) owns nothing for us
-        if self._lock.acquire(blocking=False):
-            try:
-                self._pending.append(oid)
-                self._sock.sendall(self._drain_pending())
-            except Exception:  # noqa: BLE001
-                pass
-            finally:
-                self._lock.release()
-        else:
+        """Release from a weakref callback: never blocks, never raises.
+
+        By default the RELEASE is deferred: it rides in front of the next request (same
+        sendall), or the flusher thread sends it ``release_delay`` seconds later if the client
+        stays idle. On a small machine this halves the cost of a get whose result is dropped
+        at once, as waking the daemon for each release costs as much as the request itself.
+        With ``release_delay=0`` it is sent at once when the lock is free.
+        """
+        try:
+            if self._closed or os.getpid() != self._pid:
+                return  # the connection (or the parent's, after fork) owns nothing for us
             self._pending.append(oid)
+            if self._release_delay > 0 and len(self._pending) < MAX_PENDING_RELEASES:
+                self._schedule_flush()
+                return
+            if self._lock.acquire(blocking=False):
+                try:
+                    if self._pending:
+                        self._sock.sendall(self._drain_pending())
+                finally:
+                    self._lock.release()
+            else:
+                self._schedule_flush()  # the request in flight may already be past its flush
+        except BaseException:  # noqa: BLE001
+            pass
+
+    def _schedule_flush(self):
+        if not self._flush_scheduled and self._flush_q is not None:
+            self._flush_scheduled = True
+            self._flush_q.put(True)  # SimpleQueue.put is safe in weakref callbacks
 
     def _release_now(self, oid):
         with self._lock:
@@ -538,7 +575,9 @@ class Client:
         return True
 
     def flush(self) -> None:
-        """Send releases queued by garbage collection on other threads."""
+        """Send the releases that garbage collection queued (normally sent within
+        ``release_delay`` seconds, or with the next request)."""
+        self._flush_scheduled = False
         if self._pending:
             with self._lock:
                 self._check_usable()
@@ -594,10 +633,10 @@ class Client:
         head = (P.PUT_PREFIX.pack(12 + 2 + len(nb) + 8 + len(metadata) + 8 + size,
                                   P.VERSION, P.PUT, 0, rid, len(nb))
                 + nb + P.PUT_MID.pack(flags, len(metadata)) + metadata + P.U64.pack(size))
-        if size:
+        if size > SMALL_CONCAT:
             ref = self._roundtrip([head, data], P.PUT, rid, _parse_objref)
-        else:
-            ref = self._roundtrip(head, P.PUT, rid, _parse_objref)
+        else:  # copying a few KiB is cheaper than sendmsg's gather setup
+            ref = self._roundtrip(b"".join((head, data)), P.PUT, rid, _parse_objref)
         if keep:
             return self._owner(ref, name, writable=False)
         return ref
@@ -819,6 +858,27 @@ class Client:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
         return Subscription(self._path)
+
+
+def _flusher(client_ref, q):
+    """Thread body: sends deferred releases of an idle client (see Client._release_soon)."""
+    while True:
+        if q.get() is None:
+            return
+        client = client_ref()
+        if client is None or client._closed:
+            return
+        delay = client._release_delay
+        del client  # do not keep the client alive while sleeping
+        time.sleep(delay)
+        client = client_ref()
+        if client is None or client._closed:
+            return
+        try:
+            client.flush()
+        except Exception:  # noqa: BLE001 (closed or broken meanwhile)
+            pass
+        del client
 
 
 # --- reply parsers (module-level so the hot path creates no closures) ---------------------------

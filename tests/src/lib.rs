@@ -8,11 +8,16 @@ use std::time::{Duration, Instant};
 /// The workspace's binaries (built by `cargo build --workspace --bins` before the tests; the
 /// test command in the README does that). Set `VOVP_BIN_DIR` to use others.
 pub fn bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("VOVP_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        // target/<profile>/deps/<test binary> -> target/<profile>
-        let exe = std::env::current_exe().expect("current exe");
-        exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
-    });
+    let dir = std::env::var_os("VOVP_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            // target/<profile>/deps/<test binary> -> target/<profile>
+            let exe = std::env::current_exe().expect("current exe");
+            exe.parent()
+                .and_then(Path::parent)
+                .expect("target dir")
+                .to_path_buf()
+        });
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -35,11 +40,8 @@ impl Daemon {
     }
 
     pub fn start_with(memory: &str, extra: &[&str]) -> Daemon {
-        let dir = std::env::temp_dir().join(format!(
-            "vovp-test-{}-{}",
-            std::process::id(),
-            unique()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let socket = dir.join("vovp.sock");
         Self::spawn(memory, socket, dir, extra)
@@ -47,7 +49,8 @@ impl Daemon {
 
     /// A daemon on an existing socket path (e.g. a stale one left by a killed daemon).
     pub fn start_with_socket(memory: &str, socket: &Path) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
+        let dir =
+            std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         Self::spawn(memory, socket.to_path_buf(), dir, &[])
     }
@@ -101,8 +104,7 @@ impl Daemon {
     pub fn terminate(mut self) -> std::process::ExitStatus {
         // SAFETY: plain kill(2) on our child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().expect("wait");
-        status
+        self.child.wait().expect("wait")
     }
 }
 
@@ -124,7 +126,10 @@ fn unique() -> u64 {
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
-        assert!(start.elapsed() < limit, "condition not reached within {limit:?}");
+        assert!(
+            start.elapsed() < limit,
+            "condition not reached within {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -134,7 +139,9 @@ pub fn read_line(child: &mut Child) -> String {
     use std::io::BufRead;
     let stdout = child.stdout.as_mut().expect("piped stdout");
     let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line).expect("read line");
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read line");
     line.trim().to_string()
 }
 

@@ -14,14 +14,23 @@ fn put_in_one_process_get_in_another_sees_the_same_memory() {
     let d = Daemon::start("64M");
     // Another process puts; this one gets the bytes.
     let out = d.cli(&["put", "greeting", "--data", "hello from another process"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let c = d.client();
-    assert_eq!(&c.get_one("greeting", None).unwrap()[..], b"hello from another process");
+    assert_eq!(
+        &c.get_one("greeting", None).unwrap()[..],
+        b"hello from another process"
+    );
 
     // This process creates an object and keeps a pointer into its own mapping; the other process
     // reads through its mapping. Writing after the other process's first read and reading again
     // shows both map the same physical pages (nothing was copied on get).
-    let mut buf = c.create("shared", 4096, b"", CreateOptions::default()).unwrap();
+    let mut buf = c
+        .create("shared", 4096, b"", CreateOptions::default())
+        .unwrap();
     buf.as_mut_slice().fill(b'A');
     let ptr = buf.as_mut_ptr();
     let _view = buf.seal().unwrap();
@@ -43,7 +52,8 @@ fn put_in_one_process_get_in_another_sees_the_same_memory() {
 fn killed_clients_release_everything() {
     let d = Daemon::start("64M");
     let c = d.client();
-    c.put("held", &[1u8; 10_000], b"", CreateOptions::default()).unwrap();
+    c.put("held", &[1u8; 10_000], b"", CreateOptions::default())
+        .unwrap();
     let mut holder = d.cli_spawn(&["hold", "held"]);
     assert_eq!(read_line(&mut holder), "holding");
     let mut creator = d.cli_spawn(&["create-hold", "half-written", "1000000"]);
@@ -67,13 +77,30 @@ fn killed_clients_release_everything() {
 fn thirty_two_processes_hammering_leave_consistent_stats() {
     let d = Daemon::start("256M");
     let children: Vec<_> = (0..32)
-        .map(|i| d.cli_spawn(&["hammer", "--seconds", "3", "--seed", &(i + 1).to_string(), "--names", "24"]))
+        .map(|i| {
+            d.cli_spawn(&[
+                "hammer",
+                "--seconds",
+                "3",
+                "--seed",
+                &(i + 1).to_string(),
+                "--names",
+                "24",
+            ])
+        })
         .collect();
     let mut total = 0u64;
     for child in children {
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "hammer failed: {}", String::from_utf8_lossy(&out.stderr));
-        total += String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().unwrap();
+        assert!(
+            out.status.success(),
+            "hammer failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        total += String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap();
     }
     assert!(total > 1000, "only {total} operations");
     let c = d.client();
@@ -137,7 +164,8 @@ fn name_payload(name: &[u8]) -> Vec<u8> {
 fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
     let d = Daemon::start("16M");
     let good = d.client();
-    good.put("survivor", b"still here", b"", CreateOptions::default()).unwrap();
+    good.put("survivor", b"still here", b"", CreateOptions::default())
+        .unwrap();
 
     // Anything before HELLO.
     let mut r = Raw::connect(&d);
@@ -197,7 +225,7 @@ fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
     let mut oversized_put = name_payload(b"too-big");
     oversized_put.extend(0u32.to_le_bytes());
     oversized_put.extend(0u32.to_le_bytes());
-    oversized_put.extend(((2u64 << 20) as u64).to_le_bytes());
+    oversized_put.extend((2u64 << 20).to_le_bytes());
     oversized_put.extend(vec![0u8; 2 << 20]);
     let mut p = Raw::connect(&d);
     p.hello();
@@ -214,11 +242,19 @@ fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
 fn errors_travel_as_typed_errors() {
     let d = Daemon::start("1M");
     let c = d.client();
-    assert!(matches!(c.get_one("missing", None), Err(Error::NotFound(_))));
+    assert!(matches!(
+        c.get_one("missing", None),
+        Err(Error::NotFound(_))
+    ));
     assert!(matches!(c.delete("missing"), Err(Error::NotFound(_))));
-    let held = c.create("a", 700_000, b"", CreateOptions::default()).unwrap();
+    let held = c
+        .create("a", 700_000, b"", CreateOptions::default())
+        .unwrap();
     match c.create("b", 700_000, b"", CreateOptions::default()) {
-        Err(Error::OutOfMemory { requested, available }) => {
+        Err(Error::OutOfMemory {
+            requested,
+            available,
+        }) => {
             assert_eq!(requested, 700_000);
             assert!(available < 700_000);
         }
@@ -226,8 +262,14 @@ fn errors_travel_as_typed_errors() {
     }
     drop(held);
     c.put("x", b"1", b"", CreateOptions::default()).unwrap();
-    assert!(matches!(c.put("x", b"2", b"", CreateOptions::default()), Err(Error::AlreadyExists(_))));
-    assert!(matches!(c.get_one(&"n".repeat(300), None), Err(Error::InvalidName(_))));
+    assert!(matches!(
+        c.put("x", b"2", b"", CreateOptions::default()),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        c.get_one(&"n".repeat(300), None),
+        Err(Error::InvalidName(_))
+    ));
 }
 
 #[test]
@@ -244,7 +286,9 @@ fn get_waits_for_a_seal_from_another_process() {
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
         let other = vovp_transport::Client::connect(&socket).unwrap();
-        other.put("later", b"sealed now", b"", CreateOptions::default()).unwrap();
+        other
+            .put("later", b"sealed now", b"", CreateOptions::default())
+            .unwrap();
     });
     let v = c.get_one("later", Some(Duration::from_secs(20))).unwrap();
     assert_eq!(&v[..], b"sealed now");
@@ -259,7 +303,10 @@ fn subscribers_see_seals_and_deletes() {
     let out = d.cli(&["put", "news", "--data", "x"]);
     assert!(out.status.success());
     let n = sub.next(Some(T)).unwrap();
-    assert_eq!((n.kind, n.name.as_str(), n.size), (NotificationKind::Sealed, "news", 1));
+    assert_eq!(
+        (n.kind, n.name.as_str(), n.size),
+        (NotificationKind::Sealed, "news", 1)
+    );
     c.delete("news").unwrap();
     assert_eq!(sub.next(Some(T)).unwrap().kind, NotificationKind::Deleted);
 }
@@ -274,11 +321,15 @@ fn async_client_round_trip() {
             runtime.block_on(async move {
                 use vovp::AsyncStore;
                 let c = vovp_transport::AsyncClient::connect(&socket).await.unwrap();
-                c.put("async", b"from async", b"", CreateOptions::default()).await.unwrap();
+                c.put("async", b"from async", b"", CreateOptions::default())
+                    .await
+                    .unwrap();
                 let v = AsyncStore::get(&c, &["async"], None).await.unwrap();
                 assert_eq!(&v[0].as_ref().unwrap()[..], b"from async");
                 let big = vec![7u8; 3 << 20];
-                c.put("async-big", &big, b"", CreateOptions::default()).await.unwrap();
+                c.put("async-big", &big, b"", CreateOptions::default())
+                    .await
+                    .unwrap();
                 drop(v);
                 c.flush().await.unwrap();
                 AsyncStore::stats(&c).await.unwrap()
@@ -301,7 +352,9 @@ fn socket_lifecycle_live_stale_and_clean_shutdown() {
         .unwrap();
     assert!(!second.status.success());
     assert!(String::from_utf8_lossy(&second.stderr).contains("already serves"));
-    let mode = std::fs::metadata(&d.socket).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777).unwrap();
+    let mode = std::fs::metadata(&d.socket)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .unwrap();
     assert_eq!(mode, 0o600);
     // SIGTERM: clean exit, socket file removed.
     let socket = d.socket.clone();
@@ -340,9 +393,35 @@ fn peers_outside_the_allowed_uids_are_refused() {
     let d = Daemon::start_with("8M", &["--socket-mode", "666"]);
     let out = as_nobody(&d);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("closed the connection"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("closed the connection"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Allowed explicitly: served.
     let d = Daemon::start_with("8M", &["--socket-mode", "666", "--allow-uid", "65534"]);
     let out = as_nobody(&d);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn cuda_put_without_a_gpu_is_a_clear_error_and_the_daemon_keeps_serving() {
+    let d = Daemon::start("8M");
+    let c = d.client();
+    let cuda = CreateOptions {
+        device: Some(vovp::Device::Cuda(0)),
+        ..Default::default()
+    };
+    match c.create("gpu-tensor", 4096, b"", cuda) {
+        Err(Error::GpuUnavailable(reason)) => assert!(!reason.is_empty()),
+        Ok(_) => eprintln!("this machine has a GPU: see gpu/check.sh for the GPU checks"),
+        Err(other) => panic!("expected GpuUnavailable, got {other:?}"),
+    }
+    c.put("host-tensor", b"fine", b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(&c.get_one("host-tensor", None).unwrap()[..], b"fine");
 }

@@ -30,11 +30,24 @@ unsafe impl Sync for MappedSegment {}
 
 /// A request as the client encodes it (fields borrowed from the caller).
 enum Call<'a> {
-    Create { name: &'a str, size: u64, options: CreateOptions, metadata: &'a [u8] },
+    Create {
+        name: &'a str,
+        size: u64,
+        options: CreateOptions,
+        metadata: &'a [u8],
+    },
     Seal(&'a str),
     Abort(&'a str),
-    Put { name: &'a str, flags: u32, metadata: &'a [u8], data: &'a [u8] },
-    Get { names: &'a [&'a str], timeout: Option<Duration> },
+    Put {
+        name: &'a str,
+        flags: u32,
+        metadata: &'a [u8],
+        data: &'a [u8],
+    },
+    Get {
+        names: &'a [&'a str],
+        timeout: Option<Duration>,
+    },
     Release(&'a [u64]),
     Contains(&'a str),
     Delete(&'a str),
@@ -62,21 +75,40 @@ impl Call<'_> {
 
     fn encode(&self, buf: &mut Vec<u8>, flags: u16, request_id: u64) -> Result<(), Error> {
         let mut w = FrameWriter::begin(buf, self.opcode(), flags, request_id);
-        let name = |n: &str| -> Result<(), Error> { ObjectName::new(n).map(|_| ()).map_err(Error::from) };
+        let name =
+            |n: &str| -> Result<(), Error> { ObjectName::new(n).map(|_| ()).map_err(Error::from) };
         match self {
-            Call::Create { name: n, size, options, metadata } => {
+            Call::Create {
+                name: n,
+                size,
+                options,
+                metadata,
+            } => {
                 name(n)?;
                 let (t, id) = device_code(options.device.unwrap_or(Device::Cpu));
-                let flags = if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
+                let flags = if options.ephemeral {
+                    CREATE_EPHEMERAL
+                } else {
+                    0
+                };
                 w.str(n).u64(*size).u32(flags).u8(t).u32(id).bytes(metadata);
             }
             Call::Seal(n) | Call::Abort(n) | Call::Contains(n) | Call::Delete(n) => {
                 name(n)?;
                 w.str(n);
             }
-            Call::Put { name: n, flags, metadata, data } => {
+            Call::Put {
+                name: n,
+                flags,
+                metadata,
+                data,
+            } => {
                 name(n)?;
-                w.str(n).u32(*flags).bytes(metadata).u64(data.len() as u64).raw(data);
+                w.str(n)
+                    .u32(*flags)
+                    .bytes(metadata)
+                    .u64(data.len() as u64)
+                    .raw(data);
             }
             Call::Get { names, timeout } => {
                 for n in names.iter() {
@@ -114,7 +146,11 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
     let st = r.u8()?;
     if st != status::OK {
         let message = r.str()?.to_owned();
-        let oom = if st == status::OUT_OF_MEMORY { Some((r.u64()?, r.u64()?)) } else { None };
+        let oom = if st == status::OUT_OF_MEMORY {
+            Some((r.u64()?, r.u64()?))
+        } else {
+            None
+        };
         return Err(error_from_reply(st, message, oom));
     }
     let resp = match opcode {
@@ -122,7 +158,10 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
         op::GET => {
             let n = r.count(1)?;
             if n != names.len() {
-                return Err(Error::Protocol(format!("asked {} names, got {n}", names.len())));
+                return Err(Error::Protocol(format!(
+                    "asked {} names, got {n}",
+                    names.len()
+                )));
             }
             let mut v = Vec::with_capacity(n);
             for name in names {
@@ -149,7 +188,17 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
                 let refcount = r.u32()?;
                 let last_access = UNIX_EPOCH + Duration::from_millis(r.u64()?);
                 let metadata = r.bytes()?.into();
-                v.push(ObjectInfo { id, name, size, device, sealed, ephemeral, refcount, last_access, metadata });
+                v.push(ObjectInfo {
+                    id,
+                    name,
+                    size,
+                    device,
+                    sealed,
+                    ephemeral,
+                    refcount,
+                    last_access,
+                    metadata,
+                });
             }
             Response::List(v)
         }
@@ -188,24 +237,51 @@ struct Mappings {
     capacity: u64,
 }
 
+/// Where an object is in this process: (host address or null, device address or 0, owner).
+type Located = (*mut u8, u64, Arc<dyn std::any::Any + Send + Sync>);
+
 impl Mappings {
-    fn locate(&self, r: &ObjectRef) -> Result<(*mut u8, Arc<dyn std::any::Any + Send + Sync>), Error> {
+    fn locate(&self, r: &ObjectRef) -> Result<Located, Error> {
         match r.location {
             Location::Host { segment, offset } => {
                 let seg = self
                     .segments
                     .get(segment as usize)
                     .ok_or_else(|| Error::Protocol(format!("unknown segment {segment}")))?;
-                let end = offset.checked_add(r.size).filter(|&e| e <= seg.map.len() as u64);
+                let end = offset
+                    .checked_add(r.size)
+                    .filter(|&e| e <= seg.map.len() as u64);
                 if end.is_none() {
                     return Err(Error::Protocol("object outside its segment".into()));
                 }
                 // SAFETY: in bounds (checked above).
                 let ptr = unsafe { seg.map.as_mut_ptr().add(offset as usize) };
-                Ok((ptr, seg.clone()))
+                Ok((ptr, 0, seg.clone()))
             }
-            Location::Cuda(_) => Ok((std::ptr::null_mut(), Arc::new(()))),
+            // Opened through CUDA IPC once per pool (cached by vovp-gpu), closed with the last view.
+            Location::Cuda(block) => {
+                let view = vovp_gpu::ipc::open(&block)?;
+                Ok((std::ptr::null_mut(), view.ptr(), Arc::new(view)))
+            }
         }
+    }
+
+    fn view(&self, r: ObjectRef, sink: Arc<dyn ObjectSink>) -> Result<ObjectView, Error> {
+        let (ptr, device_ptr, owner) = self.locate(&r)?;
+        if device_ptr != 0 {
+            return Ok(ObjectView::from_device(r, device_ptr, owner, sink));
+        }
+        // SAFETY: a sealed object inside our mapping; `owner` keeps the mapping.
+        Ok(unsafe { ObjectView::from_raw(r, ptr, owner, sink) })
+    }
+
+    fn buffer(&self, r: ObjectRef, sink: Arc<dyn ObjectSink>) -> Result<ObjectBuffer, Error> {
+        let (ptr, device_ptr, owner) = self.locate(&r)?;
+        if device_ptr != 0 {
+            return Ok(ObjectBuffer::from_device(r, device_ptr, owner, sink));
+        }
+        // SAFETY: a fresh unsealed object of ours inside the mapping.
+        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, sink) })
     }
 }
 
@@ -229,7 +305,8 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
     let mut reply = vec![0u8; 64 * 1024];
     let mut got = 0;
     let frame_len = loop {
-        let n = crate::fdpass::recv_with_fds(&stream, &mut reply[got..], &mut fds).map_err(refused)?;
+        let n =
+            crate::fdpass::recv_with_fds(&stream, &mut reply[got..], &mut fds).map_err(refused)?;
         if n == 0 {
             return Err(refused(std::io::ErrorKind::UnexpectedEof.into()));
         }
@@ -251,7 +328,10 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
     let max_inline = r.u32()?;
     let n = r.count(12)?;
     if n != fds.len() {
-        return Err(Error::Protocol(format!("HELLO announced {n} segments but {} fds came", fds.len())));
+        return Err(Error::Protocol(format!(
+            "HELLO announced {n} segments but {} fds came",
+            fds.len()
+        )));
     }
     let mut segments = Vec::with_capacity(n);
     for fd in fds {
@@ -267,7 +347,14 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
             .map_err(|e| Error::Memory(format!("mapping segment {id}: {e}")))?;
         segments.push(Arc::new(MappedSegment { map }));
     }
-    Ok((stream, Mappings { segments, max_inline, capacity }))
+    Ok((
+        stream,
+        Mappings {
+            segments,
+            max_inline,
+            capacity,
+        },
+    ))
 }
 
 fn conn_err(e: std::io::Error) -> Error {
@@ -308,7 +395,10 @@ impl ClientInner {
 
     fn call(&self, call: Call<'_>, names: &[&str]) -> Result<Response, Error> {
         let deferred = self.take_deferred();
-        let mut guard = self.conn.lock().map_err(|_| Error::Internal("client lock poisoned".into()))?;
+        let mut guard = self
+            .conn
+            .lock()
+            .map_err(|_| Error::Internal("client lock poisoned".into()))?;
         let conn = &mut *guard;
         conn.out.clear();
         Self::append_releases(conn, &deferred);
@@ -320,7 +410,9 @@ impl ClientInner {
         conn.stream.read_exact(&mut header).map_err(conn_err)?;
         let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
         conn.payload.resize(h.payload_len, 0);
-        conn.stream.read_exact(&mut conn.payload).map_err(conn_err)?;
+        conn.stream
+            .read_exact(&mut conn.payload)
+            .map_err(conn_err)?;
         if h.request_id != id {
             let why = decode_reply(h.opcode & !REPLY_BIT, &conn.payload, names).err();
             return Err(Error::Protocol(format!(
@@ -369,7 +461,12 @@ impl Client {
         let (stream, maps) = handshake(path.as_ref())?;
         Ok(Client {
             inner: Arc::new(ClientInner {
-                conn: Mutex::new(Conn { stream, next_id: 0, out: Vec::new(), payload: Vec::new() }),
+                conn: Mutex::new(Conn {
+                    stream,
+                    next_id: 0,
+                    out: Vec::new(),
+                    payload: Vec::new(),
+                }),
                 maps,
                 deferred_releases: Mutex::new(Vec::new()),
                 path: path.as_ref().to_owned(),
@@ -406,13 +503,35 @@ impl Client {
     }
 
     /// Puts and keeps a reference: the view is the store's copy (zero-copy afterwards).
-    pub fn put_and_view(&self, name: &str, data: &[u8], metadata: &[u8], options: CreateOptions) -> Result<ObjectView, Error> {
+    pub fn put_and_view(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<ObjectView, Error> {
         if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
-            let flags = PUT_KEEP_REFERENCE | if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
-            let r = self.object(self.inner.call(Call::Put { name, flags, metadata, data }, &[name])?)?;
-            let (ptr, owner) = self.inner.maps.locate(&r)?;
-            // SAFETY: sealed object inside our mapping; `owner` keeps the mapping.
-            return Ok(unsafe { ObjectView::from_raw(r, ptr, owner, self.sink()) });
+            let flags = PUT_KEEP_REFERENCE
+                | if options.ephemeral {
+                    CREATE_EPHEMERAL
+                } else {
+                    0
+                };
+            let r = self.object(self.inner.call(
+                Call::Put {
+                    name,
+                    flags,
+                    metadata,
+                    data,
+                },
+                &[name],
+            )?)?;
+            let id = r.id;
+            return self
+                .inner
+                .maps
+                .view(r, self.sink())
+                .inspect_err(|_| self.inner.release(id));
         }
         let mut buf = Store::create(self, name, data.len() as u64, metadata, options)?;
         parallel_copy(buf.as_mut_slice(), data);
@@ -425,11 +544,27 @@ fn unexpected(r: Response) -> Error {
 }
 
 impl Store for Client {
-    fn create(&self, name: &str, size: u64, metadata: &[u8], options: CreateOptions) -> Result<ObjectBuffer, Error> {
-        let r = self.object(self.inner.call(Call::Create { name, size, options, metadata }, &[name])?)?;
-        let (ptr, owner) = self.inner.maps.locate(&r)?;
-        // SAFETY: a fresh unsealed object of ours inside the mapping.
-        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, self.sink()) })
+    fn create(
+        &self,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<ObjectBuffer, Error> {
+        let r = self.object(self.inner.call(
+            Call::Create {
+                name,
+                size,
+                options,
+                metadata,
+            },
+            &[name],
+        )?)?;
+        let id = r.id;
+        self.inner
+            .maps
+            .buffer(r, self.sink())
+            .inspect_err(|_| self.inner.release(id))
     }
 
     fn seal(&self, name: &str) -> Result<(), Error> {
@@ -440,16 +575,38 @@ impl Store for Client {
         self.inner.call(Call::Abort(name), &[]).map(|_| ())
     }
 
-    fn put(&self, name: &str, data: &[u8], metadata: &[u8], options: CreateOptions) -> Result<(), Error> {
+    fn put(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<(), Error> {
         if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
-            let flags = if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
-            self.inner.call(Call::Put { name, flags, metadata, data }, &[name])?;
+            let flags = if options.ephemeral {
+                CREATE_EPHEMERAL
+            } else {
+                0
+            };
+            self.inner.call(
+                Call::Put {
+                    name,
+                    flags,
+                    metadata,
+                    data,
+                },
+                &[name],
+            )?;
             return Ok(());
         }
         self.put_and_view(name, data, metadata, options).map(drop)
     }
 
-    fn get(&self, names: &[&str], timeout: Option<Duration>) -> Result<Vec<Option<ObjectView>>, Error> {
+    fn get(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
         let objects = match self.inner.call(Call::Get { names, timeout }, names)? {
             Response::Objects(v) => v,
             other => return Err(unexpected(other)),
@@ -459,15 +616,17 @@ impl Store for Client {
         for o in objects {
             views.push(match o {
                 None => None,
-                Some(r) => match self.inner.maps.locate(&r) {
-                    // SAFETY: sealed object inside our mapping.
-                    Ok((ptr, owner)) => Some(unsafe { ObjectView::from_raw(r, ptr, owner, self.sink()) }),
-                    Err(e) => {
-                        self.inner.release(r.id);
-                        failure = Some(e);
-                        None
+                Some(r) => {
+                    let id = r.id;
+                    match self.inner.maps.view(r, self.sink()) {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            self.inner.release(id);
+                            failure = Some(e);
+                            None
+                        }
                     }
-                },
+                }
             });
         }
         failure.map_or(Ok(views), Err)
@@ -584,7 +743,10 @@ impl AsyncClient {
         let mut payload = vec![0u8; h.payload_len];
         stream.read_exact(&mut payload).await.map_err(conn_err)?;
         if h.request_id != id {
-            return Err(Error::Protocol(format!("reply to request {} while waiting for {id}", h.request_id)));
+            return Err(Error::Protocol(format!(
+                "reply to request {} while waiting for {id}",
+                h.request_id
+            )));
         }
         decode_reply(call.opcode(), &payload, names)
     }
@@ -594,21 +756,42 @@ impl AsyncClient {
     }
 
     fn view(&self, r: ObjectRef) -> Result<ObjectView, Error> {
-        let (ptr, owner) = self.inner.maps.locate(&r)?;
-        // SAFETY: sealed object inside our mapping.
-        Ok(unsafe { ObjectView::from_raw(r, ptr, owner, self.sink()) })
+        let id = r.id;
+        self.inner
+            .maps
+            .view(r, self.sink())
+            .inspect_err(|_| self.inner.release(id))
     }
 }
 
 impl AsyncStore for AsyncClient {
-    async fn create(&self, name: &str, size: u64, metadata: &[u8], options: CreateOptions) -> Result<ObjectBuffer, Error> {
-        let r = match self.call(Call::Create { name, size, options, metadata }, &[name]).await? {
+    async fn create(
+        &self,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<ObjectBuffer, Error> {
+        let r = match self
+            .call(
+                Call::Create {
+                    name,
+                    size,
+                    options,
+                    metadata,
+                },
+                &[name],
+            )
+            .await?
+        {
             Response::Object(r) => r,
             other => return Err(unexpected(other)),
         };
-        let (ptr, owner) = self.inner.maps.locate(&r)?;
-        // SAFETY: a fresh unsealed object of ours inside the mapping.
-        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, self.sink()) })
+        let id = r.id;
+        self.inner
+            .maps
+            .buffer(r, self.sink())
+            .inspect_err(|_| self.inner.release(id))
     }
 
     async fn seal(&self, name: &str) -> Result<(), Error> {
@@ -619,10 +802,29 @@ impl AsyncStore for AsyncClient {
         self.call(Call::Abort(name), &[]).await.map(|_| ())
     }
 
-    async fn put(&self, name: &str, data: &[u8], metadata: &[u8], options: CreateOptions) -> Result<(), Error> {
+    async fn put(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<(), Error> {
         if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
-            let flags = if options.ephemeral { CREATE_EPHEMERAL } else { 0 };
-            self.call(Call::Put { name, flags, metadata, data }, &[name]).await?;
+            let flags = if options.ephemeral {
+                CREATE_EPHEMERAL
+            } else {
+                0
+            };
+            self.call(
+                Call::Put {
+                    name,
+                    flags,
+                    metadata,
+                    data,
+                },
+                &[name],
+            )
+            .await?;
             return Ok(());
         }
         let mut buf = AsyncStore::create(self, name, data.len() as u64, metadata, options).await?;
@@ -632,7 +834,11 @@ impl AsyncStore for AsyncClient {
         Ok(())
     }
 
-    async fn get(&self, names: &[&str], timeout: Option<Duration>) -> Result<Vec<Option<ObjectView>>, Error> {
+    async fn get(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
         let objects = match self.call(Call::Get { names, timeout }, names).await? {
             Response::Objects(v) => v,
             other => return Err(unexpected(other)),
@@ -687,7 +893,9 @@ impl AsyncStore for AsyncClient {
 
 /// Milliseconds since the epoch (for display).
 pub fn unix_millis(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// A stream of seal/delete/evict notifications on a dedicated connection.
@@ -724,7 +932,10 @@ impl Subscription {
         self.stream.set_read_timeout(timeout).map_err(conn_err)?;
         let (h, payload) = self.read_frame()?;
         if h.opcode != op::NOTIFY {
-            return Err(Error::Protocol(format!("expected NOTIFY, got opcode {:#x}", h.opcode)));
+            return Err(Error::Protocol(format!(
+                "expected NOTIFY, got opcode {:#x}",
+                h.opcode
+            )));
         }
         let mut r = Reader::new(&payload);
         let kind = match r.u8()? {
@@ -737,6 +948,11 @@ impl Subscription {
         let size = r.u64()?;
         let metadata = r.bytes()?.into();
         r.finish()?;
-        Ok(vovp::Notification { kind, name, size, metadata })
+        Ok(vovp::Notification {
+            kind,
+            name,
+            size,
+            metadata,
+        })
     }
 }

@@ -16,19 +16,31 @@ pub const MAX_FDS: usize = 64;
 
 /// Sends `bytes` with `fds` attached to them. Returns how many bytes went out (the fds ride with
 /// the first byte; the caller writes any remainder normally).
-pub fn send_with_fds(socket: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<usize> {
+pub fn send_with_fds(
+    socket: impl AsFd,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<usize> {
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(std::io::Error::other("too many fds for one message"));
     }
     loop {
-        match rustix::net::sendmsg(&socket, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL) {
+        match rustix::net::sendmsg(
+            &socket,
+            &[IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
             Ok(n) => return Ok(n),
             Err(rustix::io::Errno::INTR) => continue,
             Err(rustix::io::Errno::AGAIN) => {
                 // Non-blocking socket with a full buffer: wait until writable.
-                let mut pfd = [rustix::event::PollFd::new(&socket, rustix::event::PollFlags::OUT)];
+                let mut pfd = [rustix::event::PollFd::new(
+                    &socket,
+                    rustix::event::PollFlags::OUT,
+                )];
                 rustix::event::poll(&mut pfd, None)?;
             }
             Err(e) => return Err(e.into()),
@@ -37,7 +49,11 @@ pub fn send_with_fds(socket: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) ->
 }
 
 /// Receives into `buf`, collecting any fds that arrive. Returns the bytes read.
-pub fn recv_with_fds(socket: impl AsFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
+pub fn recv_with_fds(
+    socket: impl AsFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> std::io::Result<usize> {
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let n = loop {

@@ -191,7 +191,10 @@ impl<'a> FrameWriter<'a> {
         self
     }
     pub fn object(&mut self, r: &ObjectRef) -> &mut Self {
-        self.u64(r.id).u64(r.size).location(&r.location).bytes(&r.metadata)
+        self.u64(r.id)
+            .u64(r.size)
+            .location(&r.location)
+            .bytes(&r.metadata)
     }
     pub fn finish(self) {
         let len = (self.buf.len() - self.start - 4) as u32;
@@ -223,16 +226,24 @@ impl<'a> Reader<'a> {
         Ok(self.take(1, "a u8")?[0])
     }
     pub fn u16(&mut self) -> Result<u16, TransportError> {
-        Ok(u16::from_le_bytes(self.take(2, "a u16")?.try_into().expect("2")))
+        Ok(u16::from_le_bytes(
+            self.take(2, "a u16")?.try_into().expect("2"),
+        ))
     }
     pub fn u32(&mut self) -> Result<u32, TransportError> {
-        Ok(u32::from_le_bytes(self.take(4, "a u32")?.try_into().expect("4")))
+        Ok(u32::from_le_bytes(
+            self.take(4, "a u32")?.try_into().expect("4"),
+        ))
     }
     pub fn u64(&mut self) -> Result<u64, TransportError> {
-        Ok(u64::from_le_bytes(self.take(8, "a u64")?.try_into().expect("8")))
+        Ok(u64::from_le_bytes(
+            self.take(8, "a u64")?.try_into().expect("8"),
+        ))
     }
     pub fn i64(&mut self) -> Result<i64, TransportError> {
-        Ok(i64::from_le_bytes(self.take(8, "an i64")?.try_into().expect("8")))
+        Ok(i64::from_le_bytes(
+            self.take(8, "an i64")?.try_into().expect("8"),
+        ))
     }
     pub fn str(&mut self) -> Result<&'a str, TransportError> {
         let n = self.u16()? as usize;
@@ -251,7 +262,9 @@ impl<'a> Reader<'a> {
     pub fn count(&mut self, min_item: usize) -> Result<usize, TransportError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_item) > self.b.len() {
-            return Err(TransportError::Malformed(format!("count {n} exceeds the payload")));
+            return Err(TransportError::Malformed(format!(
+                "count {n} exceeds the payload"
+            )));
         }
         Ok(n)
     }
@@ -329,17 +342,45 @@ pub fn device_from_code(t: u8, id: u32) -> Result<Device, TransportError> {
 /// A decoded request (daemon side).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    Hello { pid: u32 },
-    Create { name: String, size: u64, flags: u32, device: Device, metadata: Vec<u8> },
-    Seal { name: String },
-    Abort { name: String },
-    Put { name: String, flags: u32, metadata: Vec<u8>, data: Vec<u8> },
-    Get { timeout_ms: i64, names: Vec<String> },
-    Release { ids: Vec<u64> },
-    Contains { name: String },
-    Delete { name: String },
+    Hello {
+        pid: u32,
+    },
+    Create {
+        name: String,
+        size: u64,
+        flags: u32,
+        device: Device,
+        metadata: Vec<u8>,
+    },
+    Seal {
+        name: String,
+    },
+    Abort {
+        name: String,
+    },
+    Put {
+        name: String,
+        flags: u32,
+        metadata: Vec<u8>,
+        data: Vec<u8>,
+    },
+    Get {
+        timeout_ms: i64,
+        names: Vec<String>,
+    },
+    Release {
+        ids: Vec<u64>,
+    },
+    Contains {
+        name: String,
+    },
+    Delete {
+        name: String,
+    },
     List,
-    Evict { bytes: u64 },
+    Evict {
+        bytes: u64,
+    },
     Stats,
     Subscribe,
 }
@@ -362,8 +403,12 @@ impl Request {
                     },
                     metadata: r.bytes()?.to_vec(),
                 },
-                op::SEAL => Request::Seal { name: r.str()?.to_owned() },
-                op::ABORT => Request::Abort { name: r.str()?.to_owned() },
+                op::SEAL => Request::Seal {
+                    name: r.str()?.to_owned(),
+                },
+                op::ABORT => Request::Abort {
+                    name: r.str()?.to_owned(),
+                },
                 op::PUT => {
                     let name = r.str()?.to_owned();
                     let flags = r.u32()?;
@@ -376,7 +421,12 @@ impl Request {
                             data.len()
                         )));
                     }
-                    Request::Put { name, flags, metadata, data: data.to_vec() }
+                    Request::Put {
+                        name,
+                        flags,
+                        metadata,
+                        data: data.to_vec(),
+                    }
                 }
                 op::GET => {
                     let timeout_ms = r.i64()?;
@@ -391,8 +441,12 @@ impl Request {
                     let ids = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
                     Request::Release { ids }
                 }
-                op::CONTAINS => Request::Contains { name: r.str()?.to_owned() },
-                op::DELETE => Request::Delete { name: r.str()?.to_owned() },
+                op::CONTAINS => Request::Contains {
+                    name: r.str()?.to_owned(),
+                },
+                op::DELETE => Request::Delete {
+                    name: r.str()?.to_owned(),
+                },
                 op::LIST => Request::List,
                 op::EVICT => Request::Evict { bytes: r.u64()? },
                 op::STATS => Request::Stats,
@@ -401,9 +455,10 @@ impl Request {
             })
         })();
         match req {
-            Err(TransportError::Setup(_)) => {
-                Err((status::UNKNOWN_OPCODE, format!("unknown opcode {opcode:#04x}")))
-            }
+            Err(TransportError::Setup(_)) => Err((
+                status::UNKNOWN_OPCODE,
+                format!("unknown opcode {opcode:#04x}"),
+            )),
             Err(e) => Err(malformed(e)),
             Ok(req) => {
                 r.finish().map_err(malformed)?;
@@ -417,22 +472,37 @@ impl Request {
 #[derive(Debug, kameo::Reply)]
 pub enum Response {
     Empty,
-    Hello { capacity: u64, max_inline: u32, segments: Vec<(u32, u64)> },
+    Hello {
+        capacity: u64,
+        max_inline: u32,
+        segments: Vec<(u32, u64)>,
+    },
     Object(ObjectRef),
     Objects(Vec<Option<ObjectRef>>),
     Bool(bool),
     Count(u64),
     List(Vec<ObjectInfo>),
-    Stats { stats: StoreStats, connections: u64 },
+    Stats {
+        stats: StoreStats,
+        connections: u64,
+    },
     Subscribed(tokio::sync::mpsc::Receiver<vovp::Notification>),
-    Failure { status: u8, message: String, oom: Option<(u64, u64)> },
+    Failure {
+        status: u8,
+        message: String,
+        oom: Option<(u64, u64)>,
+    },
     /// Nothing is written back (RELEASE with NO_REPLY).
     NoReply,
 }
 
 impl Response {
     pub fn error(status: u8, message: impl Into<String>) -> Self {
-        Response::Failure { status, message: message.into(), oom: None }
+        Response::Failure {
+            status,
+            message: message.into(),
+            oom: None,
+        }
     }
 
     /// Appends the reply frame for request `opcode`/`request_id`.
@@ -442,7 +512,11 @@ impl Response {
         }
         let mut w = FrameWriter::begin(buf, opcode | REPLY_BIT, 0, request_id);
         match self {
-            Response::Failure { status, message, oom } => {
+            Response::Failure {
+                status,
+                message,
+                oom,
+            } => {
                 w.u8(*status).str(message);
                 if let Some((requested, available)) = oom {
                     w.u64(*requested).u64(*available);
@@ -451,7 +525,11 @@ impl Response {
             other => {
                 w.u8(status::OK);
                 match other {
-                    Response::Hello { capacity, max_inline, segments } => {
+                    Response::Hello {
+                        capacity,
+                        max_inline,
+                        segments,
+                    } => {
                         w.u16(VERSION as u16).u64(*capacity).u32(*max_inline);
                         w.u32(segments.len() as u32);
                         for (id, size) in segments {
@@ -490,11 +568,17 @@ impl Response {
                                 .map(|d| d.as_millis() as u64)
                                 .unwrap_or(0);
                             w.str(i.name.as_str()).u64(i.id).u64(i.size).u8(t).u32(id);
-                            w.u8(i.sealed as u8).u8(i.ephemeral as u8).u32(i.refcount).u64(ms);
+                            w.u8(i.sealed as u8)
+                                .u8(i.ephemeral as u8)
+                                .u32(i.refcount)
+                                .u64(ms);
                             w.bytes(&i.metadata);
                         }
                     }
-                    Response::Stats { stats: s, connections } => {
+                    Response::Stats {
+                        stats: s,
+                        connections,
+                    } => {
                         for v in [
                             s.capacity,
                             s.used_bytes,
@@ -527,7 +611,10 @@ pub fn error_response(e: &vovp::Error) -> Response {
     let code = match e {
         E::NotFound(_) => status::NOT_FOUND,
         E::AlreadyExists(_) => status::ALREADY_EXISTS,
-        E::OutOfMemory { requested, available } => {
+        E::OutOfMemory {
+            requested,
+            available,
+        } => {
             return Response::Failure {
                 status: status::OUT_OF_MEMORY,
                 message: e.to_string(),
@@ -559,13 +646,19 @@ pub fn error_from_reply(status: u8, message: String, oom: Option<(u64, u64)>) ->
         status::ALREADY_EXISTS => E::AlreadyExists(message),
         status::OUT_OF_MEMORY => {
             let (requested, available) = oom.unwrap_or((0, 0));
-            E::OutOfMemory { requested, available }
+            E::OutOfMemory {
+                requested,
+                available,
+            }
         }
         status::NOT_SEALED => E::NotSealed(message),
         status::ALREADY_SEALED => E::AlreadySealed(message),
         status::NOT_CREATOR => E::NotCreator(message),
         status::INVALID_NAME => E::InvalidName(message),
-        status::METADATA_TOO_LARGE => E::MetadataTooLarge { len: 0, max: vovp::MAX_METADATA_LEN },
+        status::METADATA_TOO_LARGE => E::MetadataTooLarge {
+            len: 0,
+            max: vovp::MAX_METADATA_LEN,
+        },
         status::NOT_HELD => E::NotHeld(0),
         status::GPU_UNAVAILABLE => E::GpuUnavailable(message),
         status::GPU_ERROR => E::Gpu(message),
@@ -589,10 +682,16 @@ mod tests {
         assert!(Header::parse(&buf[..10]).unwrap().is_none());
         let mut bad = buf.clone();
         bad[4] = 9;
-        assert!(matches!(Header::parse(&bad), Err(TransportError::UnsupportedVersion(9))));
+        assert!(matches!(
+            Header::parse(&bad),
+            Err(TransportError::UnsupportedVersion(9))
+        ));
         let mut huge = buf.clone();
         huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(Header::parse(&huge), Err(TransportError::FrameTooLarge(_))));
+        assert!(matches!(
+            Header::parse(&huge),
+            Err(TransportError::FrameTooLarge(_))
+        ));
         let mut tiny = buf;
         tiny[..4].copy_from_slice(&3u32.to_le_bytes());
         assert!(Header::parse(&tiny).is_err());
@@ -600,12 +699,24 @@ mod tests {
 
     #[test]
     fn truncated_and_forged_payloads_are_malformed() {
-        assert_eq!(Request::decode(op::SEAL, &[5, 0, b'a']).unwrap_err().0, status::MALFORMED);
+        assert_eq!(
+            Request::decode(op::SEAL, &[5, 0, b'a']).unwrap_err().0,
+            status::MALFORMED
+        );
         // A count of 4 billion names in 8 bytes.
         let mut p = 0i64.to_le_bytes().to_vec();
         p.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(Request::decode(op::GET, &p).unwrap_err().0, status::MALFORMED);
-        assert_eq!(Request::decode(0x77, &[]).unwrap_err().0, status::UNKNOWN_OPCODE);
-        assert_eq!(Request::decode(op::STATS, &[1]).unwrap_err().0, status::MALFORMED);
+        assert_eq!(
+            Request::decode(op::GET, &p).unwrap_err().0,
+            status::MALFORMED
+        );
+        assert_eq!(
+            Request::decode(0x77, &[]).unwrap_err().0,
+            status::UNKNOWN_OPCODE
+        );
+        assert_eq!(
+            Request::decode(op::STATS, &[1]).unwrap_err().0,
+            status::MALFORMED
+        );
     }
 }

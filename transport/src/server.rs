@@ -83,8 +83,7 @@ fn bind_socket(path: &Path, mode: u32) -> Result<StdUnixListener, TransportError
     let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
     let bound = StdUnixListener::bind(path);
     rustix::process::umask(old);
-    let listener =
-        bound.map_err(|e| setup(format!("cannot bind {}: {e}", path.display())))?;
+    let listener = bound.map_err(|e| setup(format!("cannot bind {}: {e}", path.display())))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| setup(format!("chmod {}: {e}", path.display())))?;
     listener.set_nonblocking(true)?;
@@ -150,7 +149,8 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
 /// SO_PEERCRED: only allowed uids may talk to the store.
 fn peer_allowed(stream: &StdUnixStream, allowed: &[u32]) -> Result<(), String> {
     let cred = rustix::net::sockopt::socket_peercred(stream).map_err(|e| e.to_string())?;
-    check_uid(cred.uid.as_raw(), allowed).map_err(|e| format!("pid {}: {e}", cred.pid.as_raw_nonzero()))
+    check_uid(cred.uid.as_raw(), allowed)
+        .map_err(|e| format!("pid {}: {e}", cred.pid.as_raw_nonzero()))
 }
 
 /// The permission rule itself (unit-tested).
@@ -158,7 +158,9 @@ pub fn check_uid(uid: u32, allowed: &[u32]) -> Result<(), String> {
     if allowed.contains(&uid) {
         Ok(())
     } else {
-        Err(format!("uid {uid} is not allowed (allowed: {allowed:?}; see --allow-uid)"))
+        Err(format!(
+            "uid {uid} is not allowed (allowed: {allowed:?}; see --allow-uid)"
+        ))
     }
 }
 
@@ -306,12 +308,18 @@ async fn notify_loop(
 ) -> Result<(), TransportError> {
     while let Some(n) = rx.recv().await {
         let mut w = FrameWriter::begin(&mut out, op::NOTIFY, 0, 0);
-        w.u8(n.kind as u8).str(n.name.as_str()).u64(n.size).bytes(&n.metadata);
+        w.u8(n.kind as u8)
+            .str(n.name.as_str())
+            .u64(n.size)
+            .bytes(&n.metadata);
         w.finish();
         // Batch whatever else is already queued into the same write.
         while let Ok(n) = rx.try_recv() {
             let mut w = FrameWriter::begin(&mut out, op::NOTIFY, 0, 0);
-            w.u8(n.kind as u8).str(n.name.as_str()).u64(n.size).bytes(&n.metadata);
+            w.u8(n.kind as u8)
+                .str(n.name.as_str())
+                .u64(n.size)
+                .bytes(&n.metadata);
             w.finish();
         }
         let (res, back) = flush(stream, out).await;
@@ -350,7 +358,11 @@ fn name(s: &str) -> Result<ObjectName, vovp::Error> {
 }
 
 impl ConnectionActor {
-    async fn dispatch(&mut self, request: Request, no_reply: bool) -> Result<Response, vovp::Error> {
+    async fn dispatch(
+        &mut self,
+        request: Request,
+        no_reply: bool,
+    ) -> Result<Response, vovp::Error> {
         let actors = self.engine.actors().clone();
         let holder = self.holder;
         if !self.greeted && !matches!(request, Request::Hello { .. }) {
@@ -359,17 +371,31 @@ impl ConnectionActor {
         Ok(match request {
             Request::Hello { pid } => {
                 if self.greeted {
-                    return Ok(Response::error(status::PROTOCOL_STATE, "HELLO was already sent"));
+                    return Ok(Response::error(
+                        status::PROTOCOL_STATE,
+                        "HELLO was already sent",
+                    ));
                 }
                 self.greeted = true;
                 tracing::debug!("client pid {pid} connected as holder {holder}");
                 Response::Hello {
                     capacity: self.engine.config().capacity,
                     max_inline: MAX_INLINE,
-                    segments: self.engine.segments().iter().map(|s| (s.id(), s.len())).collect(),
+                    segments: self
+                        .engine
+                        .segments()
+                        .iter()
+                        .map(|s| (s.id(), s.len()))
+                        .collect(),
                 }
             }
-            Request::Create { name: n, size, flags, device, metadata } => {
+            Request::Create {
+                name: n,
+                size,
+                flags,
+                device,
+                metadata,
+            } => {
                 let r = actors
                     .table
                     .ask(table::Create {
@@ -386,14 +412,31 @@ impl ConnectionActor {
                 Response::Object(r)
             }
             Request::Seal { name: n } => {
-                actors.table.ask(table::Seal { holder, name: name(&n)? }).await?;
+                actors
+                    .table
+                    .ask(table::Seal {
+                        holder,
+                        name: name(&n)?,
+                    })
+                    .await?;
                 Response::Empty
             }
             Request::Abort { name: n } => {
-                actors.table.ask(table::Abort { holder, name: name(&n)? }).await?;
+                actors
+                    .table
+                    .ask(table::Abort {
+                        holder,
+                        name: name(&n)?,
+                    })
+                    .await?;
                 Response::Empty
             }
-            Request::Put { name: n, flags, metadata, data } => {
+            Request::Put {
+                name: n,
+                flags,
+                metadata,
+                data,
+            } => {
                 if data.len() > MAX_INLINE as usize {
                     return Err(vovp::Error::TooLarge(format!(
                         "inline PUT of {} bytes; the limit is {MAX_INLINE}: use CREATE and SEAL",
@@ -414,13 +457,23 @@ impl ConnectionActor {
                 Response::Object(r)
             }
             Request::Get { timeout_ms, names } => {
-                let names = names.iter().map(|n| name(n)).collect::<Result<Vec<_>, _>>()?;
+                let names = names
+                    .iter()
+                    .map(|n| name(n))
+                    .collect::<Result<Vec<_>, _>>()?;
                 let wait = match timeout_ms {
                     t if t < 0 => Some(Duration::MAX),
                     0 => None,
                     t => Some(Duration::from_millis(t as u64)),
                 };
-                let rx = actors.table.ask(table::Get { holder, names, wait }).await?;
+                let rx = actors
+                    .table
+                    .ask(table::Get {
+                        holder,
+                        names,
+                        wait,
+                    })
+                    .await?;
                 Response::Objects(rx.await.map_err(|_| vovp::Error::ShuttingDown)?)
             }
             Request::Release { ids } => {
@@ -431,15 +484,20 @@ impl ConnectionActor {
                     (None, false) => Response::Empty,
                 }
             }
-            Request::Contains { name: n } => {
-                Response::Bool(actors.table.ask(table::Contains { name: name(&n)? }).await?)
-            }
+            Request::Contains { name: n } => Response::Bool(
+                actors
+                    .table
+                    .ask(table::Contains { name: name(&n)? })
+                    .await?,
+            ),
             Request::Delete { name: n } => {
                 actors.table.ask(table::Delete { name: name(&n)? }).await?;
                 Response::Empty
             }
             Request::List => Response::List(actors.table.ask(table::List).await?),
-            Request::Evict { bytes } => Response::Count(AsyncStore::evict(&self.engine, bytes).await?),
+            Request::Evict { bytes } => {
+                Response::Count(AsyncStore::evict(&self.engine, bytes).await?)
+            }
             Request::Stats => Response::Stats {
                 stats: actors.table.ask(table::Stats).await?,
                 connections: self.shared.connections.load(Ordering::Relaxed),
@@ -470,7 +528,9 @@ impl Message<Disconnect> for ConnectionActor {
             .engine
             .actors()
             .table
-            .tell(table::ReleaseHolder { holder: self.holder })
+            .tell(table::ReleaseHolder {
+                holder: self.holder,
+            })
             .await;
     }
 }
@@ -491,6 +551,9 @@ mod tests {
     fn only_allowed_uids_pass() {
         assert!(check_uid(1000, &[1000]).is_ok());
         let err = check_uid(1001, &[1000, 0]).unwrap_err();
-        assert!(err.contains("uid 1001") && err.contains("--allow-uid"), "{err}");
+        assert!(
+            err.contains("uid 1001") && err.contains("--allow-uid"),
+            "{err}"
+        );
     }
 }

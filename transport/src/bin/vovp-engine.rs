@@ -8,7 +8,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(name = "vovp-engine", version, about = "vovp shared-memory tensor store daemon")]
+#[command(
+    name = "vovp-engine",
+    version,
+    about = "vovp shared-memory tensor store daemon"
+)]
 struct Args {
     /// Shared memory for objects, in bytes (1000000000, 512M, 1G).
     #[arg(short = 'm', long = "memory", value_parser = parse_size)]

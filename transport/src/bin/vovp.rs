@@ -103,7 +103,11 @@ fn run(args: Args) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| Error::Internal(e.to_string());
     match args.command {
-        Command::Put { name, data, ephemeral } => {
+        Command::Put {
+            name,
+            data,
+            ephemeral,
+        } => {
             let bytes = match data {
                 Some(d) => d.into_bytes(),
                 None => {
@@ -112,14 +116,22 @@ fn run(args: Args) -> Result<(), Error> {
                     v
                 }
             };
-            let options = CreateOptions { ephemeral, ..Default::default() };
+            let options = CreateOptions {
+                ephemeral,
+                ..Default::default()
+            };
             client.put(&name, &bytes, b"", options)?;
         }
         Command::Get { name, timeout_ms } => {
             let v = client.get_one(&name, timeout(timeout_ms))?;
             out.write_all(&v).map_err(io)?;
         }
-        Command::PutTensor { name, dtype, shape, values } => {
+        Command::PutTensor {
+            name,
+            dtype,
+            shape,
+            values,
+        } => {
             let dtype = DType::from_name(&dtype)?;
             let data = encode_values(dtype, &values)?;
             client.put_tensor(&name, &TensorView::new(dtype, &shape, &data)?)?;
@@ -146,14 +158,22 @@ fn run(args: Args) -> Result<(), Error> {
             out.flush().map_err(io)?;
             std::thread::sleep(Duration::from_secs(seconds));
         }
-        Command::CreateHold { name, size, seconds } => {
+        Command::CreateHold {
+            name,
+            size,
+            seconds,
+        } => {
             let mut b = client.create(&name, size, b"", CreateOptions::default())?;
             b.as_mut_slice().fill(0xAB);
             writeln!(out, "created").map_err(io)?;
             out.flush().map_err(io)?;
             std::thread::sleep(Duration::from_secs(seconds));
         }
-        Command::Hammer { seconds, seed, names } => {
+        Command::Hammer {
+            seconds,
+            seed,
+            names,
+        } => {
             let ops = hammer(&client, seconds, seed, names)?;
             writeln!(out, "{ops}").map_err(io)?;
         }
@@ -197,7 +217,10 @@ fn encode_values(dtype: DType, values: &[f64]) -> Result<Vec<u8>, Error> {
             DType::F32 => b.extend((v as f32).to_le_bytes()),
             DType::F64 => b.extend(v.to_le_bytes()),
             other => {
-                return Err(Error::Tensor(format!("the CLI cannot write {} values", other.name())))
+                return Err(Error::Tensor(format!(
+                    "the CLI cannot write {} values",
+                    other.name()
+                )))
             }
         }
     }
@@ -219,7 +242,10 @@ fn decode_values(dtype: DType, b: &[u8]) -> Vec<String> {
             DType::U64 => u64::from_le_bytes(c.try_into().unwrap_or_default()).to_string(),
             DType::F32 => f32::from_le_bytes(c.try_into().unwrap_or_default()).to_string(),
             DType::F64 => f64::from_le_bytes(c.try_into().unwrap_or_default()).to_string(),
-            _ => format!("\"0x{}\"", c.iter().map(|x| format!("{x:02x}")).collect::<String>()),
+            _ => format!(
+                "\"0x{}\"",
+                c.iter().map(|x| format!("{x:02x}")).collect::<String>()
+            ),
         })
         .collect()
 }
@@ -272,7 +298,12 @@ fn hammer(client: &Client, seconds: u64, seed: u64, names: u64) -> Result<u64, E
                     held.swap_remove(i);
                 }
             }
-            _ => match client.put(&name, &vec![fill; size as usize], b"", CreateOptions::default()) {
+            _ => match client.put(
+                &name,
+                &vec![fill; size as usize],
+                b"",
+                CreateOptions::default(),
+            ) {
                 Ok(()) | Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
                 Err(e) => return Err(e),
             },

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Prepares the Python side of the benchmarks: a venv at target/bench/venv with the reference store
+# (Apache Arrow Plasma, which only ships in pyarrow <= 11), numpy, matplotlib for the plot, and the
+# vovp Python client from python/.
+#
+# Idempotent: a stamp file records what was installed; when it matches, nothing is done (this
+# keeps `vovp-bench --quick` fast in CI after the first run). Prints, as its last two lines,
+#   VENV_PYTHON=<path of the venv's python>
+#   PLASMA_STORE=<path of plasma-store-server>
+# which the harness reads.
+#
+# Environment: PYTHON (default python3) picks the interpreter; VOVP_BENCH_VENV moves the venv.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VOVP_BENCH_VENV:-$ROOT/target/bench/venv}"
+PYTHON="${PYTHON:-python3}"
+
+# pyarrow 11.0.0 is the last release with Plasma; it has wheels for CPython 3.7-3.11. numpy 2
+# breaks pyarrow 11's compiled extension, hence the pin.
+PACKAGES=("pyarrow==11.0.0" "numpy<2" "matplotlib")
+STAMP_TEXT="v1 ${PACKAGES[*]} $("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
+STAMP="$VENV/.vovp-bench-complete"
+
+plasma_path() {
+    "$VENV/bin/python" - <<'EOF'
+import os, pyarrow
+p = os.path.join(os.path.dirname(pyarrow.__file__), "plasma-store-server")
+if not os.access(p, os.X_OK):
+    raise SystemExit(f"plasma-store-server not found at {p}")
+print(p)
+EOF
+}
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_TEXT" && -x "$VENV/bin/python" ]]; then
+    echo "setup: venv $VENV is complete, nothing to do" >&2
+else
+    start=$(date +%s)
+    echo "setup: creating $VENV (${PACKAGES[*]}, vovp from python/)" >&2
+    mkdir -p "$(dirname "$VENV")"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet "${PACKAGES[@]}" >&2
+    # The vovp client is pure Python. Editable, so the venv always runs the working tree's client
+    # (the harness also puts python/ first on PYTHONPATH, which covers a client that is not
+    # installable at all).
+    if ! "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT/python" >&2; then
+        echo "setup: warning: could not pip install python/; the harness puts it on PYTHONPATH" >&2
+    fi
+    plasma_path >/dev/null
+    echo "$STAMP_TEXT" >"$STAMP"
+    echo "setup: done in $(($(date +%s) - start)) s" >&2
+fi
+
+echo "VENV_PYTHON=$VENV/bin/python"
+echo "PLASMA_STORE=$(plasma_path)"

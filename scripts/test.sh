@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite: Rust (unit, engine, cross-process daemon tests) then Python (pytest
+# against the real daemon). Creates the Python venv (.venv) on first use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The cross-process tests run the daemon and CLI binaries: build them first.
+cargo build --workspace --bins
+cargo test --workspace
+
+VENV="${VOVP_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import numpy, pytest" 2>/dev/null; then
+    "$VENV/bin/pip" install --quiet --upgrade pip
+    "$VENV/bin/pip" install --quiet numpy pytest
+fi
+"$VENV/bin/pip" install --quiet --no-deps --force-reinstall ./python
+VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
+    "$VENV/bin/python" -m pytest python/tests -q
