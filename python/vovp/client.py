@@ -69,7 +69,7 @@ __all__ = ["Client", "init_client", "DEFAULT_SOCKET"]
 class _Lease(weakref.ref):
     """Weak reference to an owner array that releases one store reference when it dies."""
 
-    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size")
+    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size", "token")
 
     def __new__(cls, owner, client, oid, name, segment, offset, size):
         self = weakref.ref.__new__(cls, owner, _lease_died)
@@ -80,6 +80,9 @@ class _Lease(weakref.ref):
         self.segment = segment
         self.offset = offset
         self.size = size
+        # Whoever pops this token releases the reference (or gives it up): list.pop is atomic,
+        # so an explicit release() racing the GC callback on another thread releases once.
+        self.token = [True]
         return self
 
     def __init__(self, owner, *args):
@@ -90,22 +93,33 @@ class _Lease(weakref.ref):
 _LEASES: dict = {}
 
 
+# Objects found by address that were released explicitly (id -> weakref), so that releasing
+# the same torch tensor twice does not release a second reference of the same store object.
+_RELEASED_BY_ADDRESS: dict = {}
+
+
 def _lease_died(lease):
     # Runs inside garbage collection, on whatever thread dropped the last view: never raise.
     try:
         if _LEASES.get(lease.key) is lease:
             del _LEASES[lease.key]
+        if _claim(lease):
             lease.client._release_soon(lease.oid)
     except BaseException:  # noqa: BLE001 (interpreter shutdown, broken connection...)
         pass
 
 
-def _forget_lease(lease) -> bool:
-    """Remove a lease without releasing; True if it was still registered."""
-    if _LEASES.get(lease.key) is lease:
-        _LEASES.pop(lease.key, None)
+def _claim(lease) -> bool:
+    """Take the right to release ``lease``'s reference; False if someone already did.
+
+    A claimed lease stays registered until its owner dies, so that ``release()`` of an array
+    whose reference is gone recognises it instead of matching another lease by address.
+    """
+    try:
+        lease.token.pop()
         return True
-    return False
+    except IndexError:
+        return False
 
 
 def _data_address(obj):
@@ -121,7 +135,12 @@ def _data_address(obj):
 
 
 def find_lease(obj):
-    """The live lease whose object ``obj`` (an array, tensor or memoryview) points into."""
+    """The lease whose object ``obj`` (an array, tensor or memoryview) points into, or None."""
+    return _find_lease(obj)[0]
+
+
+def _find_lease(obj):
+    """(lease, found by address) for ``obj``; (None, False) when it is not store memory."""
     # Fast path: arrays derived from an owner have it as their base (or are the owner).
     candidates = []
     if isinstance(obj, np.ndarray):
@@ -132,19 +151,19 @@ def find_lease(obj):
         if c is not None:
             lease = _LEASES.get(id(c))
             if lease is not None and lease() is c:
-                return lease
+                return lease, False
     # Slow path (torch tensors, arrays rebuilt from buffers): match the address range.
     addr = _data_address(obj)
     if addr is None:
-        return None
+        return None, False
     for lease in list(_LEASES.values()):
         base = lease.client._seg_addr.get(lease.segment)
-        if base is None or lease() is None:
+        if base is None or not lease.token or lease() is None:
             continue
         start = base + lease.offset
         if start <= addr < start + lease.size or (addr == start and lease.size == 0):
-            return lease
-    return None
+            return lease, True
+    return None, False
 
 
 # --- parallel copy -----------------------------------------------------------------------------
@@ -235,6 +254,7 @@ class Client:
         self._seg_rw = {}  # segment id -> writable memoryview of the whole mapping
         self._seg_ro = {}  # segment id -> read-only memoryview of the whole mapping
         self._seg_addr = {}  # segment id -> address of the mapping (release() by address)
+        self._unsealed = {}  # name -> object id of objects this client created, not sealed yet
         self._sock = self._connect(path, connect_timeout)
         try:
             self._hello()
@@ -367,7 +387,7 @@ class Client:
             self._flush_q.put(None)
         for lease in list(_LEASES.values()):
             if lease.client is self:
-                _forget_lease(lease)
+                _claim(lease)  # the connection's end released them all
         self._unmap()
 
     def __enter__(self):
@@ -562,15 +582,28 @@ class Client:
         or an object id. Returns False when there was nothing (left) to release, so a double
         release is harmless. The array must not be used afterwards: the memory may be reused.
         """
+        by_address = None
         if isinstance(obj, int):
-            lease = next((l for l in list(_LEASES.values())
-                          if l.client is self and l.oid == obj), None)
+            lease = next((lease for lease in list(_LEASES.values())
+                          if lease.client is self and lease.oid == obj and lease.token), None)
         else:
-            lease = find_lease(obj)
+            done = _RELEASED_BY_ADDRESS.get(id(obj))
+            if done is not None and done() is obj:
+                return False
+            lease, found_by_address = _find_lease(obj)
             if lease is not None and lease.client is not self:
                 lease = None
-        if lease is None or not _forget_lease(lease):
+            if found_by_address:
+                by_address = obj  # e.g. a torch tensor: remember it, as it has no owner link
+        if lease is None or not _claim(lease):
             return False
+        if by_address is not None:
+            key = id(by_address)
+            try:
+                _RELEASED_BY_ADDRESS[key] = weakref.ref(
+                    by_address, lambda _, key=key: _RELEASED_BY_ADDRESS.pop(key, None))
+            except TypeError:  # not weak-referenceable
+                pass
         self._release_now(lease.oid)
         return True
 
@@ -613,7 +646,7 @@ class Client:
     def _drop_owner(self, owner):
         """Release ``owner``'s reference now (error paths)."""
         lease = _LEASES.get(id(owner))
-        if lease is not None and lease() is owner and _forget_lease(lease):
+        if lease is not None and lease() is owner and _claim(lease):
             try:
                 self._release_now(lease.oid)
             except VovpError:
@@ -626,7 +659,9 @@ class Client:
         payload = P.create_payload(nb, size, flags, metadata)
         frame = P.HEADER.pack(12 + len(payload), P.VERSION, P.CREATE, 0, rid) + payload
         ref = self._roundtrip(frame, P.CREATE, rid, _parse_objref)
-        return self._owner(ref, name, writable=True)
+        owner = self._owner(ref, name, writable=True)
+        self._unsealed[name] = ref.object_id
+        return owner
 
     def _put_inline(self, nb, flags, metadata, data, size, name, keep):
         rid = self._next_id()
@@ -667,14 +702,16 @@ class Client:
     def seal(self, name) -> None:
         """Seal an object created by this client: it becomes immutable and visible to GET."""
         self._name_op(P.SEAL, name)
+        self._unsealed.pop(name, None)
 
     def abort(self, name) -> None:
         """Abort an unsealed object created by this client; its memory is freed."""
         self._name_op(P.ABORT, name)
         # The creator's reference went with the object; do not release it again later.
+        oid = self._unsealed.pop(name, None)
         for lease in list(_LEASES.values()):
-            if lease.client is self and lease.name == name:
-                _forget_lease(lease)
+            if lease.client is self and lease.oid == oid:
+                _claim(lease)
 
     def put(self, name, data, metadata=b"", ephemeral: bool = False) -> int:
         """Store ``data`` (any bytes-like object) as a sealed object; returns its object id.
@@ -813,7 +850,7 @@ class Client:
     def _rewrap_writable(self, owner):
         """Move ``owner``'s lease to a writable owner over the same bytes."""
         lease = _LEASES[id(owner)]
-        _forget_lease(lease)
+        _claim(lease)  # the new lease below takes over the reference
         rw = np.frombuffer(self._seg_rw[lease.segment], np.uint8, lease.size, lease.offset)
         new = _Lease(rw, self, lease.oid, lease.name, lease.segment, lease.offset, lease.size)
         _LEASES[new.key] = new

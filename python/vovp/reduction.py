@@ -196,8 +196,8 @@ def _supported(dtype) -> bool:
 def _share(src, arr, torch_dtype):
     """Reduce value for ``src`` (ndarray or tensor; ``arr`` its numpy view) sent by name."""
     lease = find_lease(src)
-    if lease is not None and lease.client._pid == os.getpid() and not lease.client.closed \
-            and lease.client.contains(lease.name):
+    if lease is not None and lease.token and lease.client._pid == os.getpid() \
+            and not lease.client.closed and lease.client.contains(lease.name):
         # Already in the store (received or got earlier): send the view's coordinates.
         client = lease.client
         base = client._seg_addr[lease.segment] + lease.offset

@@ -275,6 +275,56 @@ impl Mappings {
         Ok(unsafe { ObjectView::from_raw(r, ptr, owner, sink) })
     }
 
+    /// PUT flags when `len` bytes go inline (host objects up to `max_inline`: one round trip),
+    /// or `None` when the object must be created, written and sealed.
+    fn inline_flags(
+        &self,
+        len: usize,
+        options: &CreateOptions,
+        keep_reference: bool,
+    ) -> Option<u32> {
+        if len > self.max_inline as usize || options.device.is_some_and(|d| d != Device::Cpu) {
+            return None;
+        }
+        let mut flags = if keep_reference {
+            PUT_KEEP_REFERENCE
+        } else {
+            0
+        };
+        if options.ephemeral {
+            flags |= CREATE_EPHEMERAL;
+        }
+        Some(flags)
+    }
+
+    /// Views for a GET's results. On a failure every reference is still released (the views
+    /// already made drop; the failed one is released explicitly).
+    fn views(
+        &self,
+        objects: Vec<Option<ObjectRef>>,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        let mut views = Vec::with_capacity(objects.len());
+        let mut failure = None;
+        for o in objects {
+            views.push(match o {
+                None => None,
+                Some(r) => {
+                    let id = r.id;
+                    match self.view(r, sink.clone()) {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            sink.release(id);
+                            failure = Some(e);
+                            None
+                        }
+                    }
+                }
+            });
+        }
+        failure.map_or(Ok(views), Err)
+    }
+
     fn buffer(&self, r: ObjectRef, sink: Arc<dyn ObjectSink>) -> Result<ObjectBuffer, Error> {
         let (ptr, device_ptr, owner) = self.locate(&r)?;
         if device_ptr != 0 {
@@ -485,21 +535,15 @@ impl Client {
 
     /// Number of connections the daemon serves (from STATS).
     pub fn connections(&self) -> Result<u64, Error> {
-        match self.inner.call(Call::Stats, &[])? {
-            Response::Stats { connections, .. } => Ok(connections),
-            other => Err(unexpected(other)),
-        }
+        Ok(self
+            .inner
+            .call(Call::Stats, &[])?
+            .stats_and_connections()?
+            .1)
     }
 
     fn sink(&self) -> Arc<dyn ObjectSink> {
         self.inner.clone()
-    }
-
-    fn object(&self, resp: Response) -> Result<ObjectRef, Error> {
-        match resp {
-            Response::Object(r) => Ok(r),
-            other => Err(unexpected(other)),
-        }
     }
 
     /// Puts and keeps a reference: the view is the store's copy (zero-copy afterwards).
@@ -510,22 +554,19 @@ impl Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectView, Error> {
-        if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
-            let flags = PUT_KEEP_REFERENCE
-                | if options.ephemeral {
-                    CREATE_EPHEMERAL
-                } else {
-                    0
-                };
-            let r = self.object(self.inner.call(
-                Call::Put {
-                    name,
-                    flags,
-                    metadata,
-                    data,
-                },
-                &[name],
-            )?)?;
+        if let Some(flags) = self.inner.maps.inline_flags(data.len(), &options, true) {
+            let r = self
+                .inner
+                .call(
+                    Call::Put {
+                        name,
+                        flags,
+                        metadata,
+                        data,
+                    },
+                    &[name],
+                )?
+                .object()?;
             let id = r.id;
             return self
                 .inner
@@ -543,6 +584,49 @@ fn unexpected(r: Response) -> Error {
     Error::Protocol(format!("unexpected reply {r:?}"))
 }
 
+/// The reply body each call expects; anything else is a protocol error.
+impl Response {
+    fn object(self) -> Result<ObjectRef, Error> {
+        match self {
+            Response::Object(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+    fn objects(self) -> Result<Vec<Option<ObjectRef>>, Error> {
+        match self {
+            Response::Objects(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+    fn boolean(self) -> Result<bool, Error> {
+        match self {
+            Response::Bool(b) => Ok(b),
+            other => Err(unexpected(other)),
+        }
+    }
+    fn count(self) -> Result<u64, Error> {
+        match self {
+            Response::Count(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+    fn list(self) -> Result<Vec<ObjectInfo>, Error> {
+        match self {
+            Response::List(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+    fn stats(self) -> Result<StoreStats, Error> {
+        self.stats_and_connections().map(|(s, _)| s)
+    }
+    fn stats_and_connections(self) -> Result<(StoreStats, u64), Error> {
+        match self {
+            Response::Stats { stats, connections } => Ok((stats, connections)),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
 impl Store for Client {
     fn create(
         &self,
@@ -551,15 +635,18 @@ impl Store for Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectBuffer, Error> {
-        let r = self.object(self.inner.call(
-            Call::Create {
-                name,
-                size,
-                options,
-                metadata,
-            },
-            &[name],
-        )?)?;
+        let r = self
+            .inner
+            .call(
+                Call::Create {
+                    name,
+                    size,
+                    options,
+                    metadata,
+                },
+                &[name],
+            )?
+            .object()?;
         let id = r.id;
         self.inner
             .maps
@@ -582,12 +669,7 @@ impl Store for Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
-        if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
-            let flags = if options.ephemeral {
-                CREATE_EPHEMERAL
-            } else {
-                0
-            };
+        if let Some(flags) = self.inner.maps.inline_flags(data.len(), &options, false) {
             self.inner.call(
                 Call::Put {
                     name,
@@ -607,36 +689,15 @@ impl Store for Client {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let objects = match self.inner.call(Call::Get { names, timeout }, names)? {
-            Response::Objects(v) => v,
-            other => return Err(unexpected(other)),
-        };
-        let mut views = Vec::with_capacity(objects.len());
-        let mut failure = None;
-        for o in objects {
-            views.push(match o {
-                None => None,
-                Some(r) => {
-                    let id = r.id;
-                    match self.inner.maps.view(r, self.sink()) {
-                        Ok(v) => Some(v),
-                        Err(e) => {
-                            self.inner.release(id);
-                            failure = Some(e);
-                            None
-                        }
-                    }
-                }
-            });
-        }
-        failure.map_or(Ok(views), Err)
+        let objects = self
+            .inner
+            .call(Call::Get { names, timeout }, names)?
+            .objects()?;
+        self.inner.maps.views(objects, self.sink())
     }
 
     fn contains(&self, name: &str) -> Result<bool, Error> {
-        match self.inner.call(Call::Contains(name), &[])? {
-            Response::Bool(b) => Ok(b),
-            other => Err(unexpected(other)),
-        }
+        self.inner.call(Call::Contains(name), &[])?.boolean()
     }
 
     fn delete(&self, name: &str) -> Result<(), Error> {
@@ -644,24 +705,15 @@ impl Store for Client {
     }
 
     fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        match self.inner.call(Call::List, &[])? {
-            Response::List(v) => Ok(v),
-            other => Err(unexpected(other)),
-        }
+        self.inner.call(Call::List, &[])?.list()
     }
 
     fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        match self.inner.call(Call::Evict(bytes), &[])? {
-            Response::Count(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
+        self.inner.call(Call::Evict(bytes), &[])?.count()
     }
 
     fn stats(&self) -> Result<StoreStats, Error> {
-        match self.inner.call(Call::Stats, &[])? {
-            Response::Stats { stats, .. } => Ok(stats),
-            other => Err(unexpected(other)),
-        }
+        self.inner.call(Call::Stats, &[])?.stats()
     }
 }
 
@@ -754,14 +806,6 @@ impl AsyncClient {
     fn sink(&self) -> Arc<dyn ObjectSink> {
         self.inner.clone()
     }
-
-    fn view(&self, r: ObjectRef) -> Result<ObjectView, Error> {
-        let id = r.id;
-        self.inner
-            .maps
-            .view(r, self.sink())
-            .inspect_err(|_| self.inner.release(id))
-    }
 }
 
 impl AsyncStore for AsyncClient {
@@ -809,12 +853,7 @@ impl AsyncStore for AsyncClient {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
-        if data.len() <= self.inner.maps.max_inline as usize && options.device.is_none() {
-            let flags = if options.ephemeral {
-                CREATE_EPHEMERAL
-            } else {
-                0
-            };
+        if let Some(flags) = self.inner.maps.inline_flags(data.len(), &options, false) {
             self.call(
                 Call::Put {
                     name,
@@ -839,30 +878,15 @@ impl AsyncStore for AsyncClient {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let objects = match self.call(Call::Get { names, timeout }, names).await? {
-            Response::Objects(v) => v,
-            other => return Err(unexpected(other)),
-        };
-        // Views first, so every reference is released even if one fails to map.
-        let mut views = Vec::with_capacity(objects.len());
-        let mut failure = None;
-        for o in objects {
-            views.push(match o.map(|r| self.view(r)).transpose() {
-                Ok(v) => v,
-                Err(e) => {
-                    failure = Some(e);
-                    None
-                }
-            });
-        }
-        failure.map_or(Ok(views), Err)
+        let objects = self
+            .call(Call::Get { names, timeout }, names)
+            .await?
+            .objects()?;
+        self.inner.maps.views(objects, self.sink())
     }
 
     async fn contains(&self, name: &str) -> Result<bool, Error> {
-        match self.call(Call::Contains(name), &[]).await? {
-            Response::Bool(b) => Ok(b),
-            other => Err(unexpected(other)),
-        }
+        self.call(Call::Contains(name), &[]).await?.boolean()
     }
 
     async fn delete(&self, name: &str) -> Result<(), Error> {
@@ -870,24 +894,15 @@ impl AsyncStore for AsyncClient {
     }
 
     async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        match self.call(Call::List, &[]).await? {
-            Response::List(v) => Ok(v),
-            other => Err(unexpected(other)),
-        }
+        self.call(Call::List, &[]).await?.list()
     }
 
     async fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        match self.call(Call::Evict(bytes), &[]).await? {
-            Response::Count(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
+        self.call(Call::Evict(bytes), &[]).await?.count()
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {
-        match self.call(Call::Stats, &[]).await? {
-            Response::Stats { stats, .. } => Ok(stats),
-            other => Err(unexpected(other)),
-        }
+        self.call(Call::Stats, &[]).await?.stats()
     }
 }
 

@@ -1,0 +1,589 @@
+"""Client against the real daemon: round trips, sharing, lifetimes, errors."""
+
+import gc
+import os
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vovp
+from vovp import protocol as P
+from vovp import tensor as T
+from _helpers import wait_for
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+SHAPES = [(), (0,), (7,), (2, 3), (0, 3), (3, 0, 2), (2, 3, 4)]
+
+
+def sample(dtype, shape):
+    n = int(np.prod(shape, dtype=np.int64))
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        a = np.arange(n) % 3 == 0
+    elif dt.kind == "c":
+        a = np.arange(n) + 1j * np.arange(n)[::-1]
+    elif dt.kind == "f":
+        a = np.arange(n) / 4 - 1
+    elif dt.kind == "u":
+        a = np.arange(n) * 37 % 251
+    else:
+        a = np.arange(n) * 37 % 251 - 120
+    return a.astype(dt).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_every_dtype_and_shape(client, daemon, dtype):
+    other = daemon.client()
+    for i, shape in enumerate(SHAPES):
+        a = sample(dtype, shape)
+        name = f"{dtype}-{i}"
+        r = client.put_tensor(name, a)
+        assert r.dtype == a.dtype and r.shape == a.shape
+        np.testing.assert_array_equal(r, a)
+        assert not r.flags.writeable
+        g = other.get_tensor(name)
+        assert g.dtype == a.dtype and g.shape == shape
+        np.testing.assert_array_equal(g, a)
+        assert not g.flags.writeable
+        # Same bytes of the same object: the two clients see one allocation.
+        meta = {e["name"]: e for e in other.list()}[name]
+        assert meta["dtype"] == dtype and meta["shape"] == shape
+        assert meta["size"] == a.nbytes
+    other.close()
+
+
+def test_issue_example(client, daemon):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ret_a = client.put_tensor("test111", a)
+    np.testing.assert_array_equal(ret_a, a)
+    ret_a2 = vovp.init_client(daemon.socket).get_tensor("test111")
+    np.testing.assert_array_equal(ret_a2, a)
+
+
+def test_put_returns_store_memory(client):
+    a = np.arange(10, dtype=np.int64)
+    r = client.put_tensor("x", a)
+    # The result is a view of the mapping, not of the input.
+    assert not np.shares_memory(r, a)
+    from vovp.client import find_lease
+    lease = find_lease(r)
+    assert lease is not None and lease.name == "x" and lease.size == a.nbytes
+    assert r.__array_interface__["data"][0] == \
+        client._seg_addr[lease.segment] + lease.offset
+    assert lease.offset % 64 == 0
+
+
+@pytest.mark.parametrize("nbytes", [1 << 20, (1 << 20) + 8, 24 << 20])
+def test_large_put_goes_through_create(client, nbytes):
+    a = np.random.default_rng(1).integers(0, 1 << 62, nbytes // 8, dtype=np.int64)
+    before = client.stats()["creates"]
+    r = client.put_tensor("big", a)
+    np.testing.assert_array_equal(r, a)
+    g = client.get_tensor("big")
+    np.testing.assert_array_equal(g, a)
+    assert client.stats()["creates"] == before + 1
+
+
+def test_non_contiguous_input(client):
+    base = np.arange(4 * 300 * 500, dtype=np.float32).reshape(4, 300, 500)
+    for name, a in [("t", base.transpose(2, 0, 1)), ("s", base[:, ::3, 1::2]),
+                    ("small", base[0, :5, ::7].T)]:
+        r = client.put_tensor(name, a)
+        assert r.flags.c_contiguous
+        np.testing.assert_array_equal(r, a)
+        np.testing.assert_array_equal(client.get_tensor(name), a)
+
+
+@pytest.mark.parametrize("n", [10, 600_000])
+def test_big_endian_input_is_stored_little_endian(client, n):
+    a = np.arange(n, dtype=">f8") * 1.5
+    r = client.put_tensor("be", a)
+    assert r.dtype == np.dtype("<f8")
+    np.testing.assert_array_equal(r, a)
+    e = {e["name"]: e for e in client.list()}["be"]
+    assert T.decode_header(e["metadata"]).byte_order == T.LITTLE
+
+
+def test_big_endian_header_is_honoured(client):
+    data = np.arange(5, dtype=">i4")
+    client.put("raw-be", data.tobytes(), metadata=T.encode_header(T.INT32, (5,), T.BIG))
+    g = client.get_tensor("raw-be")
+    assert g.dtype == np.dtype(">i4")
+    np.testing.assert_array_equal(g, np.arange(5))
+
+
+def test_bfloat16_without_torch_is_raw_bits(client):
+    bits = np.array([0x3F80, 0x4000, 0xC040], dtype="<u2")  # 1.0, 2.0, -3.0
+    client.put("bf", bits.tobytes(), metadata=T.encode_header(T.BFLOAT16, (3,)))
+    g = client.get_tensor("bf")
+    if T._bfloat16_numpy() is None:
+        assert g.dtype == np.dtype("<u2")
+        np.testing.assert_array_equal(g, bits)
+    else:
+        np.testing.assert_array_equal(g.astype(np.float32), [1.0, 2.0, -3.0])
+
+
+def test_array_likes_and_writable(client):
+    r = client.put_tensor("lst", [[1, 2], [3, 4]], writable=True)
+    assert r.flags.writeable and r.dtype == np.int64
+    g = client.get_tensor("lst", writable=True)
+    g[0, 0] = 9  # writable views alias the same memory
+    assert r[0, 0] == 9
+
+
+def test_raw_put_get_buffer(client):
+    oid = client.put("raw", b"hello world", metadata=b"meta")
+    assert isinstance(oid, int)
+    mv, meta = client.get_buffer("raw", with_metadata=True)
+    assert bytes(mv) == b"hello world" and meta == b"meta"
+    assert mv.readonly
+    # Not a tensor: get_tensor gives the bytes.
+    np.testing.assert_array_equal(client.get_tensor("raw"), np.frombuffer(b"hello world",
+                                                                           np.uint8))
+    big = os.urandom(3 << 20)
+    client.put("rawbig", big)
+    assert bytes(client.get_buffer("rawbig")) == big
+    client.put("empty", b"")
+    assert bytes(client.get_buffer("empty")) == b""
+
+
+def test_put_holds_no_reference(client):
+    client.put("p", b"x" * 100)
+    assert client.stats()["references"] == 0
+
+
+def test_create_seal_abort(client, daemon):
+    buf = client.create("c", 16, metadata=b"m")
+    assert buf.flags.writeable and buf.dtype == np.uint8 and buf.shape == (16,)
+    buf[:] = np.arange(16, dtype=np.uint8)
+    assert not client.contains("c")
+    with pytest.raises(vovp.ObjectNotFound):
+        client.get_buffer("c")  # unsealed: invisible to a non-waiting GET
+    with pytest.raises(vovp.NotSealed):
+        client.delete("c")
+    other = daemon.client()
+    with pytest.raises(vovp.NotCreator):
+        other.seal("c")
+    client.seal("c")
+    with pytest.raises(vovp.AlreadySealed):
+        client.seal("c")
+    assert client.contains("c") and "c" in client
+    assert bytes(other.get_buffer("c")) == bytes(range(16))
+
+    b2 = client.create("d", 8)
+    client.abort("d")
+    del b2
+    gc.collect()
+    assert not client.contains("d")
+    st = client.stats()
+    assert st["unsealed"] == 0 and st["objects"] == 1
+    other.close()
+
+
+def test_dropping_unsealed_buffer_aborts(client):
+    buf = client.create("gone", 64)
+    del buf
+    gc.collect()
+    client.flush()
+    assert wait_for(lambda: client.stats()["objects"] == 0)
+    client.create("gone", 64)  # the name is free again
+
+
+def test_create_tensor(client, daemon):
+    t = client.create_tensor("ct", (3, 4), np.float64)
+    t[...] = np.arange(12).reshape(3, 4)
+    client.seal("ct")
+    g = daemon.client().get_tensor("ct")
+    np.testing.assert_array_equal(g, np.arange(12).reshape(3, 4))
+
+
+def test_get_waits_for_seal(client, daemon):
+    creator = daemon.client()
+    buf = creator.create_tensor("later", (4,), np.int32)
+
+    def finish():
+        time.sleep(0.3)
+        buf[:] = [1, 2, 3, 4]
+        creator.seal("later")
+
+    th = threading.Thread(target=finish)
+    th.start()
+    t0 = time.monotonic()
+    g = client.get_tensor("later", timeout=10)
+    assert time.monotonic() - t0 >= 0.2
+    np.testing.assert_array_equal(g, [1, 2, 3, 4])
+    th.join()
+    with pytest.raises(vovp.ObjectNotFound):
+        client.get_tensor("never", timeout=0.2)
+    creator.close()
+
+
+def test_missing_name(client):
+    with pytest.raises(vovp.ObjectNotFound) as ei:
+        client.get_tensor("missing")
+    assert ei.value.status == 1
+    with pytest.raises(KeyError):
+        client.get_buffer("missing")
+    assert not client.contains("missing")
+    with pytest.raises(vovp.ObjectNotFound):
+        client.delete("missing")
+
+
+def test_duplicate_name(client):
+    client.put_tensor("dup", np.zeros(3))
+    with pytest.raises(vovp.ObjectExists):
+        client.put_tensor("dup", np.zeros(3))
+    with pytest.raises(vovp.ObjectExists):
+        client.create("dup", 10)
+
+
+def test_invalid_name_client_side(client):
+    with pytest.raises(vovp.InvalidName):
+        client.put_tensor("n" * 300, np.zeros(1))
+    with pytest.raises(vovp.InvalidName):
+        client.get_tensor("")
+    # The connection is still fine.
+    client.put_tensor("ok", np.zeros(1))
+
+
+def test_invalid_name_daemon_side(daemon):
+    """The daemon itself rejects a 300-byte name (bypassing the client's own check)."""
+    c = daemon.client()
+    nb = b"n" * 300
+    rid = 77
+    frame = P.frame(P.CONTAINS, rid, P.enc_str(nb))
+    with pytest.raises(vovp.InvalidName) as ei:
+        c._roundtrip(frame, P.CONTAINS, rid)
+    assert ei.value.status == 7
+    frame = P.frame(P.CONTAINS, 78, P.enc_str(b""))
+    with pytest.raises(vovp.InvalidName):
+        c._roundtrip(frame, P.CONTAINS, 78)
+    assert not c.contains("still-usable")
+    c.close()
+
+
+@pytest.mark.xfail(reason="daemon answers MALFORMED (12), not INVALID_NAME (7) as PROTOCOL.md "
+                          "says, for a name that is not UTF-8", strict=False)
+def test_non_utf8_name_daemon_side(daemon):
+    c = daemon.client()
+    frame = P.frame(P.CONTAINS, 78, P.enc_str(b"\xff\xfe"))
+    try:
+        with pytest.raises(vovp.InvalidName):
+            c._roundtrip(frame, P.CONTAINS, 78)
+    finally:
+        assert not c.contains("still-usable")
+        c.close()
+
+
+def test_malformed_and_unknown_opcode_keep_connection(client):
+    frame = P.frame(P.CONTAINS, 5, b"\x05")  # truncated str
+    with pytest.raises(vovp.ProtocolError) as ei:
+        client._roundtrip(frame, P.CONTAINS, 5)
+    assert ei.value.status == 12
+    frame = P.frame(0x3F, 6, b"")
+    with pytest.raises(vovp.ProtocolError) as ei:
+        client._roundtrip(frame, 0x3F, 6)
+    assert ei.value.status == 14
+    frame = P.frame(P.CONTAINS, 7, P.enc_str(b"a") + b"trailing")
+    with pytest.raises(vovp.ProtocolError):
+        client._roundtrip(frame, P.CONTAINS, 7)
+    assert client.stats()["objects"] == 0
+
+
+def test_metadata_too_large(client):
+    with pytest.raises(vovp.MetadataTooLarge):
+        client.put("m", b"", metadata=b"x" * 70000)
+
+
+def test_out_of_memory(start_daemon):
+    d = start_daemon(memory=4 << 20)
+    c = d.client()
+    with pytest.raises(vovp.OutOfMemory) as ei:
+        c.put_tensor("huge", np.zeros(8 << 20, dtype=np.uint8))
+    e = ei.value
+    assert e.status == 3 and isinstance(e, MemoryError)
+    assert e.requested >= 8 << 20 and e.available <= 4 << 20
+    # Referenced objects are not evicted; unreferenced ones are.
+    held = c.put_tensor("held", np.ones(3 << 20, dtype=np.uint8))
+    with pytest.raises(vovp.OutOfMemory):
+        c.put_tensor("second", np.ones(3 << 20, dtype=np.uint8))
+    del held
+    gc.collect()
+    r = c.put_tensor("second", np.ones(3 << 20, dtype=np.uint8))
+    assert r.sum() == 3 << 20
+    assert not c.contains("held")
+    assert c.stats()["evicted_objects"] == 1
+    c.close()
+
+
+def test_release_on_garbage_collection(client):
+    a = client.put_tensor("gc", np.arange(100, dtype=np.float64))
+    assert client.stats()["references"] == 1
+    s = a[10:20]
+    t = s.reshape(2, 5).T
+    mv = memoryview(a)
+    del a, s
+    gc.collect()
+    assert client.stats()["references"] == 1  # t and mv still alive
+    np.testing.assert_array_equal(t.T.ravel(), np.arange(10, 20))
+    del t
+    gc.collect()
+    assert client.stats()["references"] == 1  # mv still alive
+    del mv
+    gc.collect()
+    assert client.stats()["references"] == 0
+
+
+def test_release_from_other_thread_while_busy(client, daemon):
+    """Finalizers on other threads while requests are in flight: nothing leaks or hangs."""
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(200):
+                a = client.put_tensor(f"w{k}-{i}", np.full(8, i))
+                b = client.get_tensor(f"w{k}-{i}")
+                assert b[0] == i
+                del a, b
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    gc.collect()
+    assert wait_for(lambda: client.stats()["references"] == 0)
+    assert client.stats()["objects"] == 800
+
+
+def test_deferred_release_reaches_idle_daemon(client, daemon):
+    """With the client idle afterwards, the flusher thread sends the queued release."""
+    watcher = daemon.client()
+    a = client.put_tensor("idle", np.zeros(4))
+    del a
+    gc.collect()
+    assert wait_for(lambda: watcher.stats()["references"] == 0, timeout=2)
+    watcher.close()
+
+
+def test_immediate_release_mode(daemon):
+    c = daemon.client(release_delay=0)
+    watcher = daemon.client()
+    a = c.put_tensor("imm", np.zeros(4))
+    del a
+    gc.collect()
+    assert watcher.stats()["references"] == 0
+    c.close()
+    watcher.close()
+
+
+def test_explicit_release(client):
+    a = client.put_tensor("r", np.arange(4))
+    b = client.get_tensor("r")
+    assert client.stats()["references"] == 2
+    assert client.release(a[1:]) is True
+    assert client.release(a) is False  # double release is harmless
+    assert client.stats()["references"] == 1
+    oid = {e["name"]: e for e in client.list()}["r"]["id"]
+    assert client.release(oid) is True
+    assert client.release(oid) is False
+    assert client.stats()["references"] == 0
+    del a, b
+    gc.collect()
+    assert client.stats()["references"] == 0
+    assert client.release(np.zeros(3)) is False
+
+
+def test_ephemeral(client, daemon):
+    a = client.put_tensor("eph", np.arange(5), ephemeral=True)
+    other = daemon.client()
+    b = other.get_tensor("eph")
+    assert {e["name"]: e for e in client.list()}["eph"]["ephemeral"]
+    del a
+    gc.collect()
+    assert client.contains("eph")  # b still holds it
+    del b
+    gc.collect()
+    other.flush()
+    assert wait_for(lambda: client.stats()["objects"] == 0)
+    assert client.stats()["used_bytes"] == 0
+    other.close()
+
+
+def test_delete_while_held(client):
+    a = client.put_tensor("del", np.arange(1000))
+    client.delete("del")
+    assert not client.contains("del")
+    st = client.stats()
+    assert st["pending_delete"] == 1
+    np.testing.assert_array_equal(a, np.arange(1000))  # memory stays valid while held
+    client.put_tensor("del", np.zeros(2))  # the name can be reused at once
+    del a
+    gc.collect()
+    assert wait_for(lambda: client.stats()["pending_delete"] == 0)
+
+
+def test_list_stats_evict(client):
+    client.put_tensor("l1", np.zeros((2, 2), dtype=np.float16))
+    client.put("l2", b"abc")
+    held = client.put_tensor("l3", np.zeros(10))
+    entries = {e["name"]: e for e in client.list()}
+    assert set(entries) == {"l1", "l2", "l3"}
+    e = entries["l1"]
+    assert e["dtype"] == "float16" and e["shape"] == (2, 2) and e["size"] == 8
+    assert e["device"] == "cpu" and e["sealed"] and not e["ephemeral"]
+    assert e["refcount"] == 0 and abs(e["last_access"] - time.time()) < 3600 * 24 * 365
+    assert "dtype" not in entries["l2"]
+    assert entries["l3"]["refcount"] == 1
+    st = client.stats()
+    assert set(st) == set(P.STATS_FIELDS)
+    assert st["objects"] == 3 and st["sealed"] == 3 and st["connections"] >= 1
+    freed = client.evict(1 << 30)
+    assert freed >= 64  # l1 and l2 are unreferenced; l3 is held
+    assert client.contains("l3") and not client.contains("l1")
+    del held
+
+
+def test_close_and_context_manager(daemon):
+    with vovp.init_client(daemon.socket) as c:
+        c.put("a", b"1")
+    assert c.closed
+    with pytest.raises(vovp.ConnectionError) as ei:
+        c.put("b", b"2")
+    assert isinstance(ei.value, ConnectionError)
+    c.close()  # idempotent
+
+
+def test_close_releases_references(daemon):
+    c = daemon.client()
+    a = c.put_tensor("cl", np.zeros(8))
+    watcher = daemon.client()
+    assert watcher.stats()["references"] == 1
+    c.close()
+    assert wait_for(lambda: watcher.stats()["references"] == 0)
+    del a
+    watcher.close()
+
+
+def test_connect_failure(tmp_path):
+    with pytest.raises(vovp.ConnectionError):
+        vovp.init_client(str(tmp_path / "no.sock"))
+
+
+def test_daemon_death_is_connection_error(start_daemon):
+    d = start_daemon()
+    c = d.client()
+    d.proc.kill()
+    d.proc.wait()
+    with pytest.raises(vovp.ConnectionError):
+        c.stats()
+    assert c.closed
+
+
+def test_client_outlives_its_last_reference(daemon):
+    """Dropping the client object while an array lives must not release the array's ref."""
+    a = vovp.init_client(daemon.socket).put_tensor("orphan", np.arange(3))
+    gc.collect()
+    watcher = daemon.client()
+    assert watcher.stats()["references"] == 1
+    np.testing.assert_array_equal(a, [0, 1, 2])
+    del a
+    gc.collect()
+    assert wait_for(lambda: watcher.stats()["references"] == 0)
+    assert wait_for(lambda: watcher.stats()["connections"] == 1)
+    watcher.close()
+
+
+def test_subscribe(client, daemon):
+    sub = client.subscribe()
+    client.put("n1", b"x", metadata=b"m")
+    client.delete("n1")
+    events = [next(sub), next(sub)]
+    assert events[0] == ("sealed", "n1", 1, b"m")
+    assert events[1][:2] == ("deleted", "n1")
+    sub.close()
+
+
+# --- cross-process ---------------------------------------------------------------------------
+
+READER = textwrap.dedent("""
+    import sys, vovp
+    c = vovp.init_client(sys.argv[1])
+    x = c.get_tensor("shared", timeout=10)
+    print(x.flags.writeable, x[:4].tolist(), flush=True)
+    sys.stdin.readline()
+    print(x[:4].tolist(), flush=True)
+""")
+
+
+def test_other_process_sees_the_same_memory(client, daemon, subprocess_env):
+    """A writes through its creator view after sealing; B's read-only view sees the change:
+    both map the same physical pages."""
+    x = client.create_tensor("shared", (1024,), np.uint32)
+    x[:] = 1
+    client.seal("shared")
+    p = subprocess.Popen([sys.executable, "-c", READER, daemon.socket], env=subprocess_env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().split(None, 1) == ["False", "[1, 1, 1, 1]\n"]
+        x[:] = 2
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == "[2, 2, 2, 2]\n"
+    finally:
+        p.wait(10)
+    assert p.returncode == 0
+
+
+WRITER = textwrap.dedent("""
+    import sys, numpy as np, vovp
+    c = vovp.init_client(sys.argv[1])
+    c.put_tensor("survivor", np.arange(1 << 20, dtype=np.int32))
+    c.put_tensor("small-survivor", np.arange(3, dtype=np.int8))
+""")
+
+
+def test_object_survives_putting_process(client, daemon, subprocess_env):
+    subprocess.run([sys.executable, "-c", WRITER, daemon.socket], env=subprocess_env,
+                   check=True, timeout=60)
+    np.testing.assert_array_equal(client.get_tensor("survivor"), np.arange(1 << 20))
+    np.testing.assert_array_equal(client.get_tensor("small-survivor"), [0, 1, 2])
+
+
+def test_fork_child_reconnects(client, daemon):
+    a = client.put_tensor("forked", np.arange(4))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            try:
+                client.stats()
+            except vovp.ConnectionError:
+                c2 = vovp.default_client(daemon.socket)
+                g = c2.get_tensor("forked")
+                if g.tolist() == [0, 1, 2, 3] and a.tolist() == [0, 1, 2, 3]:
+                    code = 0
+            del a
+            gc.collect()
+            os.write(w, bytes([code]))
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"\x00"
+    os.waitpid(pid, 0)
+    os.close(r)
+    # The child's exit did not disturb the parent's connection or reference.
+    assert client.stats()["references"] == 1
+    np.testing.assert_array_equal(a, [0, 1, 2, 3])
