@@ -10,7 +10,7 @@ use kameo::actor::ActorRef;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 use tokio::sync::{mpsc, oneshot};
-use vovp_gpu::{AllocateDevice, FreeDevice, GpuActor, GpuError};
+use vovp_gpu::{AllocateDevice, FreeDevice, GpuActor, GpuError, GpuUsage};
 
 use crate::allocator::{Allocate, AllocatorActor, Free, HostUsage, Usage};
 use crate::segment::Segment;
@@ -53,18 +53,36 @@ impl ObjectTableActor {
             .map_err(|_| StoreError::ShuttingDown)
     }
 
-    /// Memory for `size` bytes on `device`, evicting LRU objects of that pool as needed.
-    async fn allocate(&mut self, size: u64, device: Device) -> Result<Block, StoreError> {
-        let pool = Pool::from(device);
-        if pool == Pool::Host {
-            let usage = self.host_usage().await?;
-            if size > usage.capacity {
-                return Err(StoreError::OutOfMemory {
-                    requested: size,
-                    available: usage.capacity - usage.used + self.table.evictable_bytes(pool),
-                });
+    /// (capacity, used) of a pool; `None` for a GPU whose pool does not exist yet.
+    async fn pool_usage(&self, pool: Pool) -> Result<Option<(u64, u64)>, StoreError> {
+        match pool {
+            Pool::Host => {
+                let u = self.host_usage().await?;
+                Ok(Some((u.capacity, u.used)))
+            }
+            Pool::Cuda(n) => {
+                let usage = self
+                    .gpu
+                    .ask(GpuUsage)
+                    .await
+                    .map_err(|_| StoreError::ShuttingDown)?;
+                Ok(usage
+                    .into_iter()
+                    .find(|u| u.device == n)
+                    .map(|u| (u.capacity, u.used)))
             }
         }
+    }
+
+    /// Memory for `size` bytes on `device`, evicting LRU objects of that pool as needed. A
+    /// request that cannot fit even after evicting everything evictable fails before evicting
+    /// anything, so a hopeless create never empties the cache.
+    async fn allocate(&mut self, size: u64, device: Device) -> Result<Block, StoreError> {
+        let pool = Pool::from(device);
+        let needed = match pool {
+            Pool::Host => crate::allocator::reserved_bytes(size),
+            Pool::Cuda(_) => size,
+        };
         loop {
             let got = match device {
                 Device::Cpu => self
@@ -85,24 +103,16 @@ impl ObjectTableActor {
             if let Some(block) = got {
                 return Ok(block);
             }
-            let needed = match pool {
-                Pool::Host => crate::allocator::reserved_bytes(size),
-                Pool::Cuda(_) => size,
-            };
-            let freed = self.table.evict(pool, needed);
-            if freed.is_empty() {
-                let available = match pool {
-                    Pool::Host => {
-                        let u = self.host_usage().await?;
-                        u.capacity - u.used
-                    }
-                    Pool::Cuda(_) => 0,
-                };
+            let evictable = self.table.evictable_bytes(pool);
+            let (capacity, used) = self.pool_usage(pool).await?.unwrap_or((0, 0));
+            let available = capacity.saturating_sub(used) + evictable;
+            if evictable == 0 || needed > available {
                 return Err(StoreError::OutOfMemory {
                     requested: size,
                     available,
                 });
             }
+            let freed = self.table.evict(pool, needed);
             tracing::debug!(
                 "evicted {} objects to make room for {size} bytes",
                 freed.len()

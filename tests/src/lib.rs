@@ -100,6 +100,25 @@ impl Daemon {
             .expect("spawn vovp")
     }
 
+    /// Starts the `vovp` CLI with piped stdin and stdout, for a conversation line by line.
+    pub fn cli_interactive(&self, args: &[&str]) -> Interactive {
+        let mut child = Command::new(bin("vovp"))
+            .arg("-s")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn vovp");
+        let stdout = child.stdout.take().expect("piped stdout");
+        Interactive {
+            stdin: child.stdin.take(),
+            stdout: std::io::BufReader::new(stdout),
+            child,
+        }
+    }
+
     /// Sends SIGTERM and waits for a clean exit.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         // SAFETY: plain kill(2) on our child's pid.
@@ -145,6 +164,51 @@ pub fn read_line(child: &mut Child) -> String {
     line.trim().to_string()
 }
 
+/// A CLI process spoken to line by line (see [`Daemon::cli_interactive`]); killed on drop.
+pub struct Interactive {
+    pub child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Interactive {
+    /// The next line of its stdout, trimmed ("" at the end of its output).
+    pub fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read line");
+        line.trim().to_string()
+    }
+
+    /// Writes `line` to its stdin and returns the line it answers.
+    pub fn ask(&mut self, line: &str) -> String {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        writeln!(stdin, "{line}").expect("write to the CLI");
+        stdin.flush().expect("flush");
+        self.line()
+    }
+
+    /// Closes its stdin and waits for it to exit; returns its stderr too.
+    pub fn finish(mut self) -> (std::process::ExitStatus, String) {
+        use std::io::Read;
+        drop(self.stdin.take());
+        let status = self.child.wait().expect("wait");
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        (status, err)
+    }
+}
+
+impl Drop for Interactive {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub type Runtime = tokio::runtime::Runtime;
 
 /// A small tokio runtime for the async client tests.
@@ -153,4 +217,180 @@ pub fn runtime() -> Runtime {
         .enable_all()
         .build()
         .expect("tokio runtime")
+}
+
+/// `VOVP_GPU_TESTS=1`: run the GPU tests (on a machine with an NVIDIA GPU, or with the fake driver
+/// of `scripts/gpu-fake-test.sh`). Otherwise prints a skip note for `test` and returns false.
+pub fn gpu_tests_enabled(test: &str) -> bool {
+    let on = std::env::var("VOVP_GPU_TESTS").is_ok_and(|v| v == "1");
+    if !on {
+        println!("{test}: skipped (set VOVP_GPU_TESTS=1 on a machine with an NVIDIA GPU; see gpu/README.md)");
+    }
+    on
+}
+
+/// Raw CUDA driver calls for the test process, playing a framework (PyTorch, CuPy) that writes
+/// and reads store memory through the device pointers the client hands out.
+///
+/// Why raw calls rather than `vovp_gpu::ipc`: that is what a foreign framework does with the
+/// pointer, which is the point of the test, and it keeps this crate's dependencies to the public
+/// API. The library is the same `libcuda.so` the client has loaded (the dynamic loader returns the
+/// loaded instance), so pointers from the client are valid here; every call runs in device 0's
+/// primary context (the one the client uses) and is synchronous.
+pub mod cuda {
+    use std::ffi::{c_char, c_int, c_void, CString};
+    use std::sync::OnceLock;
+
+    type Ctx = *mut c_void;
+
+    struct Driver {
+        init: unsafe extern "C" fn(u32) -> c_int,
+        device_get: unsafe extern "C" fn(*mut c_int, c_int) -> c_int,
+        device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int,
+        primary_ctx_retain: unsafe extern "C" fn(*mut Ctx, c_int) -> c_int,
+        ctx_set_current: unsafe extern "C" fn(Ctx) -> c_int,
+        ctx_synchronize: unsafe extern "C" fn() -> c_int,
+        memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> c_int,
+        memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> c_int,
+        /// Device 0's primary context (a `CUcontext`, as an address so the struct is `Sync`).
+        ctx: usize,
+    }
+
+    static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
+
+    fn load() -> Result<Driver, String> {
+        let mut handle = std::ptr::null_mut();
+        for name in ["libcuda.so", "libcuda.so.1"] {
+            let c = CString::new(name).map_err(|e| e.to_string())?;
+            // SAFETY: dlopen of a NUL-terminated name; the handle is never closed.
+            handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if !handle.is_null() {
+                break;
+            }
+        }
+        if handle.is_null() {
+            return Err("libcuda.so not found".into());
+        }
+        let sym = |name: &str| -> Result<*mut c_void, String> {
+            let c = CString::new(name).map_err(|e| e.to_string())?;
+            // SAFETY: dlsym on a live handle.
+            let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+            if p.is_null() {
+                Err(format!("libcuda.so has no {name}"))
+            } else {
+                Ok(p)
+            }
+        };
+        // SAFETY (all transmutes): the driver API's documented C signatures.
+        unsafe {
+            let d = Driver {
+                init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u32) -> c_int>(sym(
+                    "cuInit",
+                )?),
+                device_get: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut c_int, c_int) -> c_int,
+                >(sym("cuDeviceGet")?),
+                device_get_name: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int,
+                >(sym("cuDeviceGetName")?),
+                primary_ctx_retain: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut Ctx, c_int) -> c_int,
+                >(sym("cuDevicePrimaryCtxRetain")?),
+                ctx_set_current: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(Ctx) -> c_int,
+                >(sym("cuCtxSetCurrent")?),
+                ctx_synchronize: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(
+                    sym("cuCtxSynchronize")?,
+                ),
+                memcpy_htod: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(u64, *const c_void, usize) -> c_int,
+                >(sym("cuMemcpyHtoD_v2")?),
+                memcpy_dtoh: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut c_void, u64, usize) -> c_int,
+                >(sym("cuMemcpyDtoH_v2")?),
+                ctx: 0,
+            };
+            check("cuInit", (d.init)(0))?;
+            let mut dev: c_int = 0;
+            let mut ctx: Ctx = std::ptr::null_mut();
+            check("cuDeviceGet", (d.device_get)(&mut dev, 0))?;
+            // Retained for the life of the process, like the client's own retain.
+            check(
+                "cuDevicePrimaryCtxRetain",
+                (d.primary_ctx_retain)(&mut ctx, dev),
+            )?;
+            Ok(Driver {
+                ctx: ctx as usize,
+                ..d
+            })
+        }
+    }
+
+    fn check(what: &str, rc: c_int) -> Result<(), String> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(format!("{what} failed with CUresult {rc}"))
+        }
+    }
+
+    /// The driver with device 0's primary context current on the calling thread.
+    fn driver() -> Result<&'static Driver, String> {
+        let d = DRIVER.get_or_init(load).as_ref().map_err(Clone::clone)?;
+        // SAFETY: a retained primary context (never released).
+        check("cuCtxSetCurrent", unsafe {
+            (d.ctx_set_current)(d.ctx as Ctx)
+        })?;
+        Ok(d)
+    }
+
+    /// The name of device 0 ("NVIDIA H200", or "Fake GPU 0" under the fake driver).
+    pub fn device_name() -> Result<String, String> {
+        let d = driver()?;
+        let mut buf = [0u8; 256];
+        // SAFETY: the driver writes at most buf.len() bytes.
+        check("cuDeviceGetName", unsafe {
+            (d.device_get_name)(buf.as_mut_ptr().cast(), buf.len() as c_int, 0)
+        })?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+    }
+
+    /// True under the fake driver of `gpu/fake-cuda/` (host memory posing as device memory).
+    pub fn is_fake() -> bool {
+        device_name().is_ok_and(|n| n.starts_with("Fake GPU"))
+    }
+
+    /// Writes `src` to device address `dst` and waits until the bytes are in device memory.
+    pub fn h2d(dst: u64, src: &[u8]) -> Result<(), String> {
+        let d = driver()?;
+        // SAFETY: the caller vouches that dst..dst+len is live device memory; the driver checks
+        // the pointer and the context.
+        unsafe {
+            check(
+                "cuMemcpyHtoD",
+                (d.memcpy_htod)(dst, src.as_ptr().cast(), src.len()),
+            )?;
+            check("cuCtxSynchronize", (d.ctx_synchronize)())
+        }
+    }
+
+    /// Reads device address `src` into `dst`.
+    pub fn d2h(dst: &mut [u8], src: u64) -> Result<(), String> {
+        let d = driver()?;
+        // SAFETY: as for h2d; dst is exclusively borrowed for the synchronous copy.
+        unsafe {
+            check(
+                "cuMemcpyDtoH",
+                (d.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len()),
+            )?;
+            check("cuCtxSynchronize", (d.ctx_synchronize)())
+        }
+    }
 }
