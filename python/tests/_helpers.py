@@ -45,13 +45,19 @@ def args_worker(arr, outq):
 
 
 def result_worker(n, outq):
-    """Send a large array back and return at once (the process then exits)."""
+    """Send a large array back and return at once (the process then exits).
+
+    A spawned child starts without vovp's reducers: it registers them itself, finding the
+    socket through $VOVP_SOCKET, which the parent's init_reduction exported.
+    """
+    import vovp
+
+    vovp.init_reduction()
     outq.put(np.full(n, 7, dtype=np.int32))
 
 
 def torch_queue_worker(inq, outq):
-    import torch
-
+    """Receive torch tensors until None; report (sum, dtype, shape, store-backed) for each."""
     while True:
         t = inq.get()
         if t is None:

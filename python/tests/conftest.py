@@ -121,3 +121,33 @@ def subprocess_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(PYTHON_DIR) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.fixture
+def reduction_to(monkeypatch):
+    """init_reduction(path), undone at teardown (the pickler registry is process-global)."""
+    import gc
+
+    import numpy as np
+    from multiprocessing.reduction import ForkingPickler
+
+    # Restore only the entries init_reduction touches: multiprocessing registers its own
+    # reducers (e.g. for Connection) lazily, and dropping those would break later tests.
+    reg = ForkingPickler._extra_reducers
+    keys = [np.ndarray]
+    try:
+        import torch
+        keys.append(torch.Tensor)
+    except ImportError:
+        pass
+    saved = {k: reg[k] for k in keys if k in reg}
+    monkeypatch.setenv("VOVP_HANDOFF_TIMEOUT", "10")
+
+    def init(path, **kw):
+        vovp.init_reduction(path, **kw)
+
+    yield init
+    for k in keys:
+        reg.pop(k, None)
+    reg.update(saved)
+    gc.collect()

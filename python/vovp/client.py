@@ -17,8 +17,13 @@ dropping the last reference to a ``Client`` while arrays from it are alive must 
 connection (which would release the references and let the daemon reuse the memory).
 
 Release callbacks can run on any thread, including one that is inside a request of this
-client. They therefore only *try* the lock; when it is busy the object id is queued and sent
-in front of the next request (and after the current one when possible).
+client, so they never wait for the lock: they queue the object id. The queue is sent in front of
+the next request (same sendall), or by a small flusher thread after ``release_delay`` (2 ms) if
+the client stays idle. ``release_delay=0`` sends at once when the lock is free instead.
+
+Fork: a child must not talk on its parent's socket. A client used in another process than the
+one that created it raises ConnectionError, and its release callbacks do nothing (the parent's
+connection owns those references); ``vovp.default_client()`` opens a new connection per process.
 """
 
 from __future__ import annotations
@@ -93,6 +98,16 @@ class _Lease(weakref.ref):
 _LEASES: dict = {}
 
 
+# (id(client), segment id) -> (start, end) address range of every live mapping.
+_MAPPED: dict = {}
+
+
+
+def _forget_mappings(client_id, seg_ids):
+    for seg_id in seg_ids:
+        _MAPPED.pop((client_id, seg_id), None)
+
+
 # Objects found by address that were released explicitly (id -> weakref), so that releasing
 # the same torch tensor twice does not release a second reference of the same store object.
 _RELEASED_BY_ADDRESS: dict = {}
@@ -156,6 +171,9 @@ def _find_lease(obj):
     addr = _data_address(obj)
     if addr is None:
         return None, False
+    # Most arrays are not store memory at all: rule that out before scanning every lease.
+    if not any(start <= addr < end for start, end in list(_MAPPED.values())):
+        return None, False
     for lease in list(_LEASES.values()):
         base = lease.client._seg_addr.get(lease.segment)
         if base is None or not lease.token or lease() is None:
@@ -183,9 +201,11 @@ def _copy_pool():
 
 
 def _reset_pool_after_fork():
-    # The pool's threads do not exist in a forked child.
-    global _POOL
+    # The pool's threads do not exist in a forked child, and the lock may have been held by
+    # one of the parent's other threads.
+    global _POOL, _POOL_LOCK
     _POOL = None
+    _POOL_LOCK = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_pool_after_fork)
@@ -263,6 +283,7 @@ class Client:
             self._unmap()
             raise
         self._closed = False
+        weakref.finalize(self, _forget_mappings, id(self), list(self._segments))
         if release_delay > 0:
             # Started here, not on first use: starting a thread from a GC callback could block.
             self._flush_q = queue.SimpleQueue()
@@ -338,11 +359,15 @@ class Client:
         self._segments[seg_id] = mm
         self._seg_rw[seg_id] = rw
         self._seg_ro[seg_id] = rw.toreadonly()
-        self._seg_addr[seg_id] = np.frombuffer(rw, np.uint8).__array_interface__["data"][0]
+        start = np.frombuffer(rw, np.uint8).__array_interface__["data"][0]
+        self._seg_addr[seg_id] = start
+        _MAPPED[(id(self), seg_id)] = (start, start + size)
 
     def _unmap(self):
         # Best effort: a mapping with live arrays cannot be closed; it then stays mapped until
         # the last array is garbage collected.
+        for seg_id in self._segments:
+            _MAPPED.pop((id(self), seg_id), None)
         for d in (self._seg_ro, self._seg_rw):
             for mv in d.values():
                 try:
@@ -405,9 +430,18 @@ class Client:
     def _read_frame(self) -> memoryview:
         """The next frame (length field included), as a view valid until the next read."""
         start, end = self._rpos, self._rend
-        if start == end:
-            start = end = 0
         sock = self._sock
+        if start == end:
+            # Fast path: nothing buffered and the whole reply arrives in one recv.
+            end = sock.recv_into(self._rmv)
+            if end >= 4:
+                total = 4 + P.U32.unpack_from(self._rbuf, 0)[0]
+                if end == total and total >= P.HEADER_SIZE:
+                    self._rpos = self._rend = 0
+                    return self._rmv[:total]
+            elif not end:
+                raise ConnectionError("the vovp daemon closed the connection")
+            start = 0
         while True:
             have = end - start
             if have >= 4:
@@ -458,18 +492,21 @@ class Client:
 
     def _roundtrip(self, data, opcode, rid, parse=None):
         """Send one request (bytes, or a list of buffers) and parse its reply under the lock."""
-        with self._lock:
+        if os.getpid() != self._pid:
+            # Checked before taking the lock: after fork it may be held by a thread that does
+            # not exist in this process.
             self._check_usable()
+        with self._lock:
+            if self._closed:
+                self._check_usable()
             try:
-                if self._pending:
-                    prefix = self._drain_pending()
-                    if isinstance(data, list):
-                        data.insert(0, prefix)
-                    else:
-                        data = prefix + data
-                if isinstance(data, list):
+                if type(data) is list:
+                    if self._pending:
+                        data.insert(0, self._drain_pending())
                     self._sendv(data)
                 else:
+                    if self._pending:
+                        data = self._drain_pending() + data
                     self._sock.sendall(data)
                 buf = self._read_frame()
             except VovpError:
@@ -612,6 +649,8 @@ class Client:
         ``release_delay`` seconds, or with the next request)."""
         self._flush_scheduled = False
         if self._pending:
+            if os.getpid() != self._pid:
+                return
             with self._lock:
                 self._check_usable()
                 if self._pending:
@@ -647,6 +686,8 @@ class Client:
         """Release ``owner``'s reference now (error paths)."""
         lease = _LEASES.get(id(owner))
         if lease is not None and lease() is owner and _claim(lease):
+            if self._unsealed.get(lease.name) == lease.oid:
+                del self._unsealed[lease.name]
             try:
                 self._release_now(lease.oid)
             except VovpError:
@@ -663,17 +704,25 @@ class Client:
         self._unsealed[name] = ref.object_id
         return owner
 
-    def _put_inline(self, nb, flags, metadata, data, size, name, keep):
+    def _put_inline(self, nb, flags, metadata, data, size, name, keep, writable=False):
         rid = self._next_id()
-        head = (P.PUT_PREFIX.pack(12 + 2 + len(nb) + 8 + len(metadata) + 8 + size,
-                                  P.VERSION, P.PUT, 0, rid, len(nb))
-                + nb + P.PUT_MID.pack(flags, len(metadata)) + metadata + P.U64.pack(size))
+        # Everything after the name depends only on (flags, metadata, size): cached.
+        tail_key = (flags, metadata, size)
+        tail = _PUT_TAILS.get(tail_key)
+        if tail is None:
+            tail = P.PUT_MID.pack(flags, len(metadata)) + metadata + P.U64.pack(size)
+            if len(_PUT_TAILS) >= 4096:
+                _PUT_TAILS.clear()
+            _PUT_TAILS[tail_key] = tail
+        prefix = P.PUT_PREFIX.pack(14 + len(nb) + len(tail) + size, P.VERSION, P.PUT, 0, rid,
+                                   len(nb))
         if size > SMALL_CONCAT:
-            ref = self._roundtrip([head, data], P.PUT, rid, _parse_objref)
+            ref = self._roundtrip([prefix, nb, tail, data], P.PUT, rid, _parse_objref)
         else:  # copying a few KiB is cheaper than sendmsg's gather setup
-            ref = self._roundtrip(b"".join((head, data)), P.PUT, rid, _parse_objref)
+            ref = self._roundtrip(b"".join((prefix, nb, tail, data)), P.PUT, rid,
+                                  _parse_objref)
         if keep:
-            return self._owner(ref, name, writable=False)
+            return self._owner(ref, name, writable)
         return ref
 
     def create(self, name, size: int, metadata=b"", ephemeral: bool = False) -> np.ndarray:
@@ -758,7 +807,8 @@ class Client:
         nb = P.encode_name(name)
         rid = self._next_id()
         frame = P.GET1_PREFIX.pack(26 + len(nb), P.VERSION, P.GET, 0, rid,
-                                   P.timeout_ms(timeout), 1, len(nb)) + nb
+                                   0 if timeout is None else P.timeout_ms(timeout), 1,
+                                   len(nb)) + nb
         ref = self._roundtrip(frame, P.GET, rid, _parse_get1)
         if ref is None:
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
@@ -805,56 +855,49 @@ class Client:
 
         The result (numpy array, or torch tensor for torch input) is a view of the store's
         memory and holds one reference to the object until it and every view of it are
-        garbage collected (or ``release``d). Non-contiguous input is made C-contiguous and
+        garbage collected (or ``release``d). It is read-only unless ``writable`` (torch
+        tensors are always writable). Non-contiguous input is made C-contiguous and
         big-endian input is converted to little-endian during the copy.
         """
-        torch_in = not isinstance(t, np.ndarray) and T.is_torch_tensor(t)
-        if torch_in:
+        if type(t) is np.ndarray:
+            src = t
+            torch_in = False
+            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
+        elif T.is_torch_tensor(t):
             if t.device.type != "cpu":
                 raise GpuUnavailable(
                     f"cannot put a {t.device} tensor: the pure-Python client stores host "
                     "tensors only", 10)
             src, code = T.torch_to_numpy(t)
+            torch_in = writable = True
+            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape, code)
         else:
-            src = t if isinstance(t, np.ndarray) else np.asarray(t)
-            code = T.numpy_code(src.dtype)
-        shape = src.shape
+            src = np.asarray(t)
+            torch_in = False
+            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
         nb = P.encode_name(name)
-        meta = T.encode_header(code, shape)
-        store_dt = T.little_endian_dtype(src.dtype)
         size = src.nbytes
         flags = P.OBJ_EPHEMERAL if ephemeral else 0
         if size <= self._inline_limit:
-            if not (src.flags.c_contiguous and src.dtype is store_dt):
+            if src.dtype is not store_dt or not src.flags.c_contiguous:
                 src = np.ascontiguousarray(src, dtype=store_dt)
             owner = self._put_inline(nb, flags | P.OBJ_KEEP_REFERENCE, meta,
-                                     src.reshape(-1).view(np.uint8), size, name, keep=True)
-            if torch_in or writable:
-                # PUT leaves a read-only owner; reopen the same bytes writable. Cheap: no copy.
-                owner = self._rewrap_writable(owner)
+                                     src.reshape(-1).view(np.uint8), size, name, True,
+                                     writable)
         else:
             owner = self._create(nb, size, flags, meta, name)
             try:
-                copy_into(owner.view(store_dt).reshape(shape), src)
+                copy_into(owner.view(store_dt).reshape(src.shape), src)
                 self.seal(name)
             except BaseException:
                 self._drop_owner(owner)
                 raise
-        arr = owner.view(T.storage_dtype(code)).reshape(shape)
+        arr = owner.view(view_dt).reshape(src.shape)
         if torch_in:
             return T.numpy_to_torch(arr, code)
         if not writable:
             arr.flags.writeable = False
         return arr
-
-    def _rewrap_writable(self, owner):
-        """Move ``owner``'s lease to a writable owner over the same bytes."""
-        lease = _LEASES[id(owner)]
-        _claim(lease)  # the new lease below takes over the reference
-        rw = np.frombuffer(self._seg_rw[lease.segment], np.uint8, lease.size, lease.offset)
-        new = _Lease(rw, self, lease.oid, lease.name, lease.segment, lease.offset, lease.size)
-        _LEASES[new.key] = new
-        return rw
 
     def get_tensor(self, name, timeout=None, framework=None, writable: bool = False):
         """The tensor stored under ``name``, zero-copy.
@@ -863,6 +906,8 @@ class Client:
         ObjectNotFound when missing. ``framework``: None/"numpy" for a numpy array (read-only
         unless ``writable``), "torch" for a torch tensor (via torch.from_numpy, no copy).
         An object without a tensor header comes back as a 1-D uint8 array.
+        A waiting GET occupies this client's connection: other threads' requests on the same
+        client queue behind it (use a separate client for long waits).
         """
         if framework not in (None, "numpy", "np", "torch"):
             raise ValueError(f"framework must be None, 'numpy' or 'torch', not {framework!r}")
@@ -875,15 +920,14 @@ class Client:
             code = T.UINT8
         else:
             try:
-                tm = T.decode_header(meta)
-                if tm.device_type != T.DEVICE_CPU:
+                code, view_dt, shape, nbytes, device_type = T.get_plan(meta)
+                if device_type != T.DEVICE_CPU:
                     raise ProtocolError(f"{name!r} is a host object with a CUDA tensor header")
-                if tm.nbytes != ref.data_size:
+                if nbytes != ref.data_size:
                     raise ProtocolError(
-                        f"{name!r}: tensor header describes {tm.nbytes} bytes, object has "
+                        f"{name!r}: tensor header describes {nbytes} bytes, object has "
                         f"{ref.data_size}")
-                code = tm.dtype_code
-                arr = owner.view(T.storage_dtype(code, tm.byte_order)).reshape(tm.shape)
+                arr = owner.view(view_dt).reshape(shape)
             except BaseException:
                 self._drop_owner(owner)
                 raise
@@ -916,6 +960,9 @@ def _flusher(client_ref, q):
         except Exception:  # noqa: BLE001 (closed or broken meanwhile)
             pass
         del client
+
+
+_PUT_TAILS: dict = {}
 
 
 # --- reply parsers (module-level so the hot path creates no closures) ---------------------------

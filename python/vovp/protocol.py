@@ -126,6 +126,9 @@ class ObjRef(NamedTuple):
     ipc_handle: bytes = b""  # cuda only
 
 
+_tuple_new = tuple.__new__
+
+
 class Hello(NamedTuple):
     protocol_version: int
     capacity: int
@@ -142,11 +145,15 @@ def encode_name(name) -> bytes:
     Checked here rather than left to the daemon so that an oversized name cannot overflow the
     u16 length field and desynchronise the stream.
     """
-    if isinstance(name, str):
+    if type(name) is str:
         try:
-            b = name.encode("utf-8")
+            b = name.encode()
         except UnicodeEncodeError as e:  # lone surrogates
             raise InvalidName(f"name is not valid UTF-8: {e}", 7) from None
+        if 0 < len(b) <= MAX_NAME:
+            return b
+    elif isinstance(name, str):
+        return encode_name(str(name))
     elif isinstance(name, (bytes, bytearray, memoryview)):
         b = bytes(name)
         try:
@@ -281,11 +288,13 @@ def decode_objref(buf, pos: int):
     try:
         oid, size, kind, seg, off, mlen = OBJREF_HOST.unpack_from(buf, pos)
         if kind == LOC_HOST:
-            pos += OBJREF_HOST.size
+            pos += 33  # OBJREF_HOST.size
             end = pos + mlen
             if end > len(buf):
                 raise ProtocolError("truncated metadata in reply")
-            return ObjRef(oid, size, kind, seg, off, bytes(buf[pos:end])), end
+            # tuple.__new__ skips the namedtuple's Python-level __new__ (hot path).
+            return _tuple_new(ObjRef, (oid, size, kind, seg, off, bytes(buf[pos:end]), 0,
+                                       b"")), end
         oid, size, kind = OBJREF_HEAD.unpack_from(buf, pos)
         pos += OBJREF_HEAD.size
         if kind == LOC_CUDA:

@@ -70,12 +70,15 @@ _clients_lock = threading.Lock()
 
 # id(source) -> (weakref to source, stored copy, name, oid, path): the sender's reference.
 _sent: dict = {}
+# id(source) -> lock serialising its first put (see _stored_copy).
+_put_locks: dict = {}
+_put_locks_lock = threading.Lock()
 # send sequence number -> stored array/tensor: the in-flight holds.
 _holds: dict = {}
 _holds_cv = threading.Condition()
 _seq = itertools.count(1)
 # Ack listener of this process: (socket, abstract address) once started.
-_ack = {"sock": None, "addr": None, "pid": None, "exit_hook": False}
+_ack = {"sock": None, "addr": None, "pid": None, "exit_hook": None}
 _ack_lock = threading.Lock()
 # Socket used by receivers to send acks.
 _ack_out = {"sock": None, "pid": None}
@@ -83,11 +86,18 @@ _ack_out = {"sock": None, "pid": None}
 
 def _after_fork_in_child():
     # Nothing of the parent's sending state is ours: its holds are acknowledged to the parent's
-    # listener, its references belong to the parent's connection.
+    # listener, its references belong to the parent's connection. Locks are new: one of the
+    # parent's other threads may have held them at the fork.
+    global _clients_lock, _put_locks_lock, _holds_cv, _ack_lock
+    _clients_lock = threading.Lock()
+    _put_locks_lock = threading.Lock()
+    _holds_cv = threading.Condition()
+    _ack_lock = threading.Lock()
+    _put_locks.clear()
     _clients.clear()
     _sent.clear()
     _holds.clear()
-    _ack.update(sock=None, addr=None, pid=None, exit_hook=False)
+    _ack.update(sock=None, addr=None, pid=None)
     _ack_out.update(sock=None, pid=None)
 
 
@@ -146,6 +156,9 @@ def init_reduction(client_or_path=None, threshold: int = DEFAULT_THRESHOLD) -> N
         if prev is not _reduce_tensor:
             _config["torch_fallback"] = prev
         fp.register(torch.Tensor, _reduce_tensor)
+    _register_exit_hook()
+    # A forked multiprocessing child starts with an empty finalizer registry.
+    mp_util.register_after_fork(_AFTER_FORK, lambda _: _register_exit_hook())
     _config["installed"] = True
 
 
@@ -205,17 +218,7 @@ def _share(src, arr, torch_dtype):
         holder, name, oid, path = src, lease.name, lease.oid, client.path
         view = arr
     else:
-        entry = _sent.get(id(src))
-        if entry is None or entry[0]() is not src:
-            client = _sender_client()
-            name = f"vovp-mp-{uuid.uuid4().hex}"
-            stored = client.put_tensor(name, src, ephemeral=True)
-            oid = find_lease(stored).oid
-            key = id(src)
-            ref = weakref.ref(src, lambda wr, key=key: _source_died(key, wr))
-            entry = (ref, stored, name, oid, client.path)
-            _sent[key] = entry
-        _, holder, name, oid, path = entry
+        _, holder, name, oid, path = _stored_copy(src)
         view = T.torch_to_numpy(holder)[0] if torch_dtype is not None else holder
         offset = 0
     seq = next(_seq)
@@ -224,6 +227,37 @@ def _share(src, arr, torch_dtype):
         _holds[seq] = holder
     return _rebuild, (path, name, oid, offset, view.dtype, view.shape, view.strides,
                       torch_dtype, addr, seq)
+
+
+def _stored_copy(src):
+    """The ``_sent`` entry for ``src``, putting it into the store on its first send.
+
+    Each multiprocessing.Queue pickles in its own feeder thread, so the same array sent to
+    several queues is reduced concurrently: a per-source lock makes it one put.
+    """
+    key = id(src)
+    entry = _sent.get(key)
+    if entry is not None and entry[0]() is src:
+        return entry
+    with _put_locks_lock:
+        lock = _put_locks.setdefault(key, threading.Lock())
+    try:
+        with lock:
+            entry = _sent.get(key)
+            if entry is not None and entry[0]() is src:
+                return entry
+            client = _sender_client()
+            name = f"vovp-mp-{uuid.uuid4().hex}"
+            stored = client.put_tensor(name, src, ephemeral=True)
+            oid = find_lease(stored).oid
+            ref = weakref.ref(src, lambda wr, key=key: _source_died(key, wr))
+            entry = (ref, stored, name, oid, client.path)
+            _sent[key] = entry
+            return entry
+    finally:
+        with _put_locks_lock:
+            if _put_locks.get(key) is lock:
+                del _put_locks[key]
 
 
 def _source_died(key, wr):
@@ -248,13 +282,29 @@ def _ack_address():
             sock.bind(addr)
             threading.Thread(target=_ack_loop, args=(sock,), name="vovp-ack",
                              daemon=True).start()
-            if not _ack["exit_hook"]:
-                # Runs after the queue feeder threads are joined (exitpriority -5), in the
-                # main process via atexit and in multiprocessing children at their exit.
-                mp_util.Finalize(None, _drain_holds, exitpriority=-10)
-                _ack["exit_hook"] = True
+            _register_exit_hook()  # normally done by init_reduction already
             _ack.update(sock=sock, addr=addr, pid=os.getpid())
     return _ack["addr"]
+
+
+def _register_exit_hook():
+    """Run _drain_holds at exit: after the queue feeder threads are joined (exitpriority -5),
+    in the main process via atexit and in multiprocessing children when their target returns.
+
+    Registered from init_reduction rather than on first send: the first send usually happens
+    in a queue feeder thread, possibly while the exit finalizers already run, too late to be
+    picked up by them.
+    """
+    if _ack["exit_hook"] != os.getpid():
+        mp_util.Finalize(None, _drain_holds, exitpriority=-10)
+        _ack["exit_hook"] = os.getpid()
+
+
+class _AfterFork:
+    """Anchor for multiprocessing's after-fork hook (it holds its objects weakly)."""
+
+
+_AFTER_FORK = _AfterFork()
 
 
 def _ack_loop(sock):
@@ -263,14 +313,13 @@ def _ack_loop(sock):
             data = sock.recv(4096)
         except OSError:
             return
-        dropped = []
         with _holds_cv:
-            for (seq,) in _U64.iter_unpack(data[:len(data) // 8 * 8]):
-                h = _holds.pop(seq, None)
-                if h is not None:
-                    dropped.append(h)
+            dropped = [_holds.pop(seq, None)
+                       for (seq,) in _U64.iter_unpack(data[:len(data) // 8 * 8])]
             _holds_cv.notify_all()
-        del dropped  # released here, outside the condition's lock
+        # Released here, outside the condition's lock (dropping them may run release
+        # callbacks); and no local may keep the last one alive while this thread blocks.
+        dropped.clear()
 
 
 def _send_ack(addr, seq):

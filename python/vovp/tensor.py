@@ -185,6 +185,42 @@ def little_endian_dtype(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
+# --- per-(dtype, shape) plans, cached: small puts and gets of the same kind of tensor are the
+# hot path, and building/parsing headers would otherwise dominate the client's own cost.
+
+_PUT_PLANS: dict = {}
+_GET_PLANS: dict = {}
+_PLAN_CACHE_MAX = 4096
+
+
+def put_plan(dtype: np.dtype, shape: tuple, code: int = None):
+    """(code, dtype to store the data as, dtype of the returned view, header) for input data
+    of numpy ``dtype``; ``code`` overrides the dtype code (torch bfloat16 viewed as int16)."""
+    key = (dtype, shape, code)
+    plan = _PUT_PLANS.get(key)
+    if plan is None:
+        if code is None:
+            code = numpy_code(dtype)
+        plan = (code, little_endian_dtype(dtype), storage_dtype(code), encode_header(code, shape))
+        if len(_PUT_PLANS) >= _PLAN_CACHE_MAX:
+            _PUT_PLANS.clear()
+        _PUT_PLANS[key] = plan
+    return plan
+
+
+def get_plan(meta: bytes):
+    """(code, view dtype, shape, nbytes, device_type) for a tensor header; ProtocolError if bad."""
+    plan = _GET_PLANS.get(meta)
+    if plan is None:
+        m = decode_header(meta)
+        plan = (m.dtype_code, storage_dtype(m.dtype_code, m.byte_order), m.shape, m.nbytes,
+                m.device_type)
+        if len(_GET_PLANS) >= _PLAN_CACHE_MAX:
+            _GET_PLANS.clear()
+        _GET_PLANS[meta] = plan
+    return plan
+
+
 # --- torch (imported lazily: torch is optional) ---------------------------------------------
 
 _TORCH_TABLES = None
@@ -230,7 +266,9 @@ def torch_to_numpy(t):
     code = to_code.get(t.dtype)
     if code is None:
         raise TypeError(f"vovp cannot store torch dtype {t.dtype}")
-    t = t.detach()
+    # numpy() refuses tensors with a pending conjugate/negation bit; resolving is a no-op
+    # for ordinary tensors.
+    t = t.detach().resolve_conj().resolve_neg()
     if code == BFLOAT16:
         t = t.view(torch.int16)
     return t.numpy(), code

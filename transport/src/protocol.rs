@@ -67,6 +67,8 @@ pub enum TransportError {
     UnsupportedVersion(u8),
     #[error("socket: {0}")]
     Io(#[from] std::io::Error),
+    #[error("invalid object name: {0}")]
+    InvalidName(String),
     #[error("{0}")]
     Setup(String),
 }
@@ -250,6 +252,12 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(self.take(n, "a string")?)
             .map_err(|_| TransportError::Malformed("string is not UTF-8".into()))
     }
+    /// An object name: a `str` whose bytes must be UTF-8 (else INVALID_NAME, not MALFORMED).
+    pub fn name(&mut self) -> Result<&'a str, TransportError> {
+        let n = self.u16()? as usize;
+        std::str::from_utf8(self.take(n, "a name")?)
+            .map_err(|_| TransportError::InvalidName("name is not UTF-8".into()))
+    }
     pub fn bytes(&mut self) -> Result<&'a [u8], TransportError> {
         let n = self.u32()? as usize;
         self.take(n, "a byte string")
@@ -394,7 +402,7 @@ impl Request {
             Ok(match opcode {
                 op::HELLO => Request::Hello { pid: r.u32()? },
                 op::CREATE => Request::Create {
-                    name: r.str()?.to_owned(),
+                    name: r.name()?.to_owned(),
                     size: r.u64()?,
                     flags: r.u32()?,
                     device: {
@@ -404,13 +412,13 @@ impl Request {
                     metadata: r.bytes()?.to_vec(),
                 },
                 op::SEAL => Request::Seal {
-                    name: r.str()?.to_owned(),
+                    name: r.name()?.to_owned(),
                 },
                 op::ABORT => Request::Abort {
-                    name: r.str()?.to_owned(),
+                    name: r.name()?.to_owned(),
                 },
                 op::PUT => {
-                    let name = r.str()?.to_owned();
+                    let name = r.name()?.to_owned();
                     let flags = r.u32()?;
                     let metadata = r.bytes()?.to_vec();
                     let size = r.u64()?;
@@ -432,7 +440,7 @@ impl Request {
                     let timeout_ms = r.i64()?;
                     let n = r.count(2)?;
                     let names = (0..n)
-                        .map(|_| r.str().map(str::to_owned))
+                        .map(|_| r.name().map(str::to_owned))
                         .collect::<Result<_, _>>()?;
                     Request::Get { timeout_ms, names }
                 }
@@ -442,10 +450,10 @@ impl Request {
                     Request::Release { ids }
                 }
                 op::CONTAINS => Request::Contains {
-                    name: r.str()?.to_owned(),
+                    name: r.name()?.to_owned(),
                 },
                 op::DELETE => Request::Delete {
-                    name: r.str()?.to_owned(),
+                    name: r.name()?.to_owned(),
                 },
                 op::LIST => Request::List,
                 op::EVICT => Request::Evict { bytes: r.u64()? },
@@ -459,6 +467,7 @@ impl Request {
                 status::UNKNOWN_OPCODE,
                 format!("unknown opcode {opcode:#04x}"),
             )),
+            Err(TransportError::InvalidName(why)) => Err((status::INVALID_NAME, why)),
             Err(e) => Err(malformed(e)),
             Ok(req) => {
                 r.finish().map_err(malformed)?;
