@@ -39,24 +39,25 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-# Repetitions per mode. Small ops: objects per phase and repetitions; large objects: puts per
-# size (each followed by GET_REPS timed gets); hand-off and multiprocessing: iterations per size.
+# Repetitions per mode. Small ops: objects per phase and repetitions; large objects: (size, puts)
+# (the sizes also set the get-latency sizes, with `get_reps` rounds of one get per size and
+# store); hand-off and multiprocessing: (size, iterations).
 MODES = {
     "quick": dict(
         small_ops=1500, small_reps=3,
         large=[(KiB, 20), (MiB, 20), (16 * MiB, 10), (256 * MiB, 5)],
-        get_reps=20,
+        get_reps=200,
         handoff=[(64, 20), (MiB, 20), (64 * MiB, 6)],
         mp=[(MiB, 10), (16 * MiB, 10), (256 * MiB, 3)],
         evict_object=4 * MiB, evict_reps=1,
     ),
     "full": dict(
-        small_ops=5000, small_reps=7,
-        large=[(KiB, 50), (MiB, 50), (16 * MiB, 30), (256 * MiB, 9), (GiB, 5)],
-        get_reps=50,
-        handoff=[(64, 60), (MiB, 60), (64 * MiB, 15)],
-        mp=[(MiB, 30), (16 * MiB, 20), (256 * MiB, 7)],
-        evict_object=4 * MiB, evict_reps=3,
+        small_ops=5000, small_reps=13,
+        large=[(KiB, 50), (MiB, 50), (16 * MiB, 30), (256 * MiB, 15), (GiB, 9)],
+        get_reps=1000,
+        handoff=[(64, 100), (MiB, 100), (64 * MiB, 25)],
+        mp=[(MiB, 40), (16 * MiB, 30), (256 * MiB, 11)],
+        evict_object=4 * MiB, evict_reps=5,
     ),
 }
 
@@ -330,18 +331,17 @@ def bench_small(stores, workers, cfg, out):
 
 
 def bench_large(stores, cfg, out, checks):
-    get_reps = cfg["get_reps"]
     for size, reps in cfg["large"]:
+        if size < MiB:
+            continue  # below 1 MiB a put is a round trip, not a copy (see the small objects)
         src = pattern(size, seed=7)
         put_s = {"vovp": [], "base": []}
-        get_s = {"vovp": [], "base": []}
         ok = {"vovp": True, "plasma": True}
         # One untimed put per store first: the first use of fresh store memory pays page faults
         # once, which is not what a long-running store's puts see.
         for rep in range(-1, reps):
             for kind in order(rep):
                 st = stores[kind]
-                side = "vovp" if kind == "vovp" else "base"
                 k = st.key(f"large-{size}-{rep}")
                 gc.collect()
                 t0 = now()
@@ -350,28 +350,50 @@ def bench_large(stores, cfg, out, checks):
                 v = st.get_view(k)
                 ok[kind] &= same_bytes(v, src)
                 del v
-                lat = []
-                for _ in range(get_reps):
-                    g0 = now()
-                    st.get_touch(k)
-                    lat.append(now() - g0)
                 st.delete(k)
                 if rep >= 0:
-                    put_s[side].append(size / ((t1 - t0) / 1e9) / 1e9)
-                    get_s[side].extend(x / 1e3 for x in lat)
+                    put_s["vovp" if kind == "vovp" else "base"].append(
+                        size / ((t1 - t0) / 1e9) / 1e9)
         del src
         label = size_label(size)
-        if size >= MiB:
-            out.append(dict(key=f"py.put.{size}", group="Python: large objects",
-                            name=f"put {label} (create+copy+seal)", unit="GB/s",
-                            higher_is_better=True, base_label="Plasma", size=size, **put_s))
-        out.append(dict(key=f"py.get.{size}", group="Python: large objects",
-                        name=f"get+release latency {label}", unit="µs",
-                        higher_is_better=False, base_label="Plasma", size=size, **get_s))
+        out.append(dict(key=f"py.put.{size}", group="Python: large objects",
+                        name=f"put {label} (create+copy+seal)", unit="GB/s",
+                        higher_is_better=True, base_label="Plasma", size=size, **put_s))
         for kind in ("vovp", "plasma"):
             checks.append(dict(name=f"{kind}: {label} objects read back intact", ok=ok[kind],
                                store=kind))
-        log(f"large objects: {label} done")
+        log(f"large objects: put {label} done")
+
+
+def bench_get_latency(stores, cfg, out, checks):
+    """get+release latency per size, with one object of every size stored at once and the
+    sizes and stores interleaved get by get: any drift of the machine then hits every size
+    and both stores alike (measured size after size, drift looked like a size dependence)."""
+    sizes = [s for s, _ in cfg["large"]]
+    lat = {(kind, s): [] for kind in stores for s in sizes}
+    keys = {}
+    for kind, st in stores.items():
+        for s in sizes:
+            keys[kind, s] = st.key(f"getlat-{s}")
+            st.put(keys[kind, s], pattern(s, seed=s % 251))
+    for rep in range(-1, cfg["get_reps"]):
+        for kind in order(rep):
+            get = stores[kind].get_touch
+            for s in sizes:
+                k = keys[kind, s]
+                t0 = now()
+                get(k)
+                if rep >= 0:
+                    lat[kind, s].append((now() - t0) / 1e3)
+    for kind, st in stores.items():
+        for s in sizes:
+            st.delete(keys[kind, s])
+    for s in sizes:
+        out.append(dict(key=f"py.get.{s}", group="Python: large objects",
+                        name=f"get+release latency {size_label(s)}", unit="µs",
+                        higher_is_better=False, base_label="Plasma", size=s,
+                        vovp=lat["vovp", s], base=lat["plasma", s]))
+    log("get latency done")
 
 
 # --- (3) cross-process hand-off -------------------------------------------------------------------
@@ -423,6 +445,10 @@ def bench_handoff(stores, workers, cfg, out):
 # --- (4) multiprocessing tensor hand-off ------------------------------------------------------------
 
 
+def first_byte(arr):
+    return int(arr.reshape(-1)[:1].view(np.uint8)[0])
+
+
 def mp_receiver(conn):
     """Child of the multiprocessing workload: receives arrays, stamps the time of the first
     byte read, answers with it."""
@@ -434,14 +460,14 @@ def mp_receiver(conn):
             return
         if msg[0] == "vovp":
             _, arr, expect = msg
-            first = int(arr[0])
+            first = first_byte(arr)
             t1 = now()
             del arr
         else:
             _, name, shape, dtype, expect = msg
             shm = shared_memory.SharedMemory(name=name)
             arr = np.ndarray(shape, dtype, buffer=shm.buf)
-            first = int(arr[0])
+            first = first_byte(arr)
             t1 = now()
             del arr
             shm.close()
@@ -451,13 +477,13 @@ def mp_receiver(conn):
 
 def send_shm(conn, arr):
     """The torch-style baseline: copy into a fresh SharedMemory block, send its name."""
-    from multiprocessing import resource_tracker, shared_memory
+    from multiprocessing import shared_memory
 
     shm = shared_memory.SharedMemory(create=True, size=arr.nbytes)
     np.ndarray(arr.shape, arr.dtype, buffer=shm.buf)[...] = arr
-    conn.send(("shm", shm.name, arr.shape, arr.dtype.str, int(arr[0])))
-    # The receiver unlinks it; stop this process's tracker from unlinking it again at exit.
-    resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+    conn.send(("shm", shm.name, arr.shape, arr.dtype.str, first_byte(arr)))
+    # The receiver unlinks it, which also drops it from the resource tracker this process
+    # shares with its child.
     shm.close()
 
 
@@ -482,7 +508,7 @@ def bench_mp(paths, cfg, out, checks):
                     gc.collect()
                     t0 = now()
                     if kind == "vovp":
-                        conn.send(("vovp", arr, float(arr[0])))
+                        conn.send(("vovp", arr, first_byte(arr)))
                     else:
                         send_shm(conn, arr)
                     if not conn.poll(60):
@@ -555,7 +581,7 @@ def main():
     ap.add_argument("--plasma", required=True, help="plasma-store-server socket")
     ap.add_argument("--capacity", type=int, required=True, help="memory limit of both stores")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="small,large,handoff,mp,evict",
+    ap.add_argument("--only", default="small,large,get,handoff,mp,evict",
                     help="comma-separated workloads to run")
     args = ap.parse_args()
     cfg = MODES[args.mode]
@@ -576,6 +602,7 @@ def main():
         for name, run in (
             ("small", lambda: bench_small(stores, workers, cfg, results)),
             ("large", lambda: bench_large(stores, cfg, results, checks)),
+            ("get", lambda: bench_get_latency(stores, cfg, results, checks)),
             ("handoff", lambda: bench_handoff(stores, workers, cfg, results)),
             ("evict", lambda: bench_eviction(stores, args.capacity, cfg, results, checks)),
             # Last: init_reduction changes how every ndarray is pickled in this process.

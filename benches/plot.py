@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Plots put throughput against object size from vovp-bench's results.json.
+
+    plot.py target/bench/results.json target/bench/throughput.png
+
+Lines: vovp and Plasma driven from Python (the same driver), the Rust client and the embedded
+engine, and the parallel memcpy bandwidth into a warm shared mapping (the machine's limit).
+"""
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on CI machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+MIB = 1 << 20
+
+
+def series(rows, prefix, field):
+    """(sizes, values) of the GB/s rows under `prefix`, for objects of 1 MiB and more (below
+    that a put is a round trip, not a copy)."""
+    pts = sorted((r["size"], r[field]) for r in rows
+                 if r["key"].startswith(prefix) and r.get("unit") == "GB/s"
+                 and (r.get("size") or 0) >= MIB and r.get(field) is not None)
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def size_label(n):
+    return f"{n >> 30} GiB" if n >= 1 << 30 else f"{n >> 20} MiB"
+
+
+def main():
+    src, dst = sys.argv[1], sys.argv[2]
+    with open(src) as f:
+        res = json.load(f)
+    rows = res["rows"]
+    limits = [dict(l, vovp_median=l["median"]) for l in res["limits"]]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    lines = [
+        (rows, "py.put.", "vovp_median", "vovp (Python client)", "C0", "o", "-"),
+        (rows, "py.put.", "base_median", "Plasma (Python client)", "C3", "s", "-"),
+        (rows, "rust.client.put.", "vovp_median", "vovp (Rust client)", "C0", "^", "--"),
+        (rows, "rust.engine.put.", "vovp_median", "vovp (embedded Engine)", "C2", "v", "--"),
+        (limits, "limit.memcpy.", "vovp_median", "vovp::parallel_copy (no store)", "0.5", "",
+         ":"),
+        (limits, "limit.memcpy_split.", "vovp_median", "memcpy, one part per CPU (no store)",
+         "k", "", ":"),
+    ]
+    sizes = set()
+    for data, prefix, field, label, color, marker, style in lines:
+        x, y = series(data, prefix, field)
+        if x:
+            sizes.update(x)
+            ax.plot(x, y, marker=marker or None, linestyle=style, color=color, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(sizes), [size_label(s) for s in sorted(sizes)])
+    ax.minorticks_off()
+    ax.set_xlabel("object size")
+    ax.set_ylabel("put throughput (GB/s, median)")
+    machine = res.get("run", {}).get("machine", {}).get("summary", "")
+    mode = res.get("run", {}).get("mode", "")
+    ax.set_title(f"put throughput vs size ({mode} run)\n{machine}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(dst)
+
+
+if __name__ == "__main__":
+    main()

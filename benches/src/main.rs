@@ -1,0 +1,542 @@
+//! `vovp-bench`: runs the benchmark suite and reports vovp against Plasma and the machine.
+//!
+//!     cargo build --release --workspace --bins
+//!     cargo run --release -p vovp-bench -- --quick     # CI: a few minutes
+//!     cargo run --release -p vovp-bench -- --full      # for BENCHMARKS.md
+//!
+//! Exit status: 0 when every workload ran and every functional check passed (performance
+//! targets are reported as PASS/FAIL but never fail the run), 1 when a store failed or a check
+//! did, 2 when the run could not start (missing binaries, setup failure, bad arguments).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+use vovp_bench::procs::{self, Daemon};
+use vovp_bench::report::{Check, Report, Row};
+use vovp_bench::rust_level::{self, RustConfig, Stores};
+use vovp_bench::GIB;
+
+const USAGE: &str = "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--cpus LIST]
+
+  --quick        short run (CI): no 1 GiB objects, fewer repetitions
+  --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
+  --skip-python  only the Rust-level workloads (no Plasma, no Python driver)
+  --skip-rust    only the Python-level workloads
+  --cpus LIST    run everything (harness, daemons, driver) on these CPUs, e.g. `--cpus 0`:
+                 a diagnosis aid, the placement of clients and daemons decides small-op latency
+
+Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
+target/bench/results.md and target/bench/throughput.png.";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Quick,
+    Full,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Quick => "quick",
+            Mode::Full => "full",
+        }
+    }
+
+    /// Memory limit of both daemons (and of the embedded engine). Full mode needs room for a
+    /// 1 GiB object next to leftovers; quick mode's largest object is 256 MiB.
+    fn capacity(self) -> u64 {
+        match self {
+            Mode::Quick => GIB,
+            Mode::Full => 2 * GIB,
+        }
+    }
+
+    /// The whole run is killed after this (a hung store must not hang CI).
+    fn deadline(self) -> Duration {
+        match self {
+            Mode::Quick => Duration::from_secs(8 * 60),
+            Mode::Full => Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+struct Args {
+    mode: Mode,
+    python: bool,
+    rust: bool,
+    cpus: Option<Vec<usize>>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut mode = None;
+    let (mut python, mut rust) = (true, true);
+    let mut cpus = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--cpus" => {
+                let list = it.next().ok_or("--cpus needs a list like 0 or 0,1")?;
+                let parsed: Result<Vec<usize>, _> =
+                    list.split(',').map(|c| c.trim().parse::<usize>()).collect();
+                cpus = Some(parsed.map_err(|_| format!("--cpus {list:?}: say e.g. 0 or 0,1"))?);
+            }
+            "--quick" => mode = Some(Mode::Quick),
+            "--full" => mode = Some(Mode::Full),
+            "--skip-python" => python = false,
+            "--skip-rust" => rust = false,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let mode = mode.ok_or("say --quick or --full")?;
+    Ok(Args {
+        mode,
+        python,
+        rust,
+        cpus,
+    })
+}
+
+/// Paths of this checkout.
+struct Paths {
+    root: PathBuf,
+    release: PathBuf,
+    out: PathBuf,
+}
+
+impl Paths {
+    fn new() -> Paths {
+        // benches/ is one level below the workspace root.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("benches/ has a parent")
+            .to_owned();
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .map(|t| if t.is_absolute() { t } else { root.join(t) })
+            .unwrap_or_else(|| root.join("target"));
+        Paths {
+            release: target.join("release"),
+            out: root.join("target").join("bench"),
+            root,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("vovp-bench: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(cpus) = &args.cpus {
+        // Before any thread or child exists: all of them inherit the mask.
+        if let Err(e) = set_process_cpus(cpus) {
+            eprintln!("vovp-bench: --cpus: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let started = Instant::now();
+    let paths = Paths::new();
+    let engine_bin = paths.release.join("vovp-engine");
+    if !engine_bin.is_file() {
+        eprintln!(
+            "vovp-bench: {} not found. The harness builds nothing itself; build the daemon \
+             first:\n\n    cargo build --release --workspace --bins\n",
+            engine_bin.display()
+        );
+        return ExitCode::from(2);
+    }
+    warn_if_stale(&engine_bin, &paths.root);
+    if let Err(e) = std::fs::create_dir_all(&paths.out) {
+        eprintln!("vovp-bench: {}: {e}", paths.out.display());
+        return ExitCode::from(2);
+    }
+
+    // A hung store must not hang the run: kill the children and fail after the deadline.
+    let deadline = args.mode.deadline();
+    std::thread::spawn(move || {
+        std::thread::sleep(deadline);
+        eprintln!(
+            "vovp-bench: the run passed its {} s deadline; killing it",
+            deadline.as_secs()
+        );
+        procs::kill_all();
+        std::process::exit(1);
+    });
+
+    let mut setup_secs = 0.0;
+    let python = if args.python {
+        let t = Instant::now();
+        match run_setup(&paths.root) {
+            Ok(p) => {
+                setup_secs = t.elapsed().as_secs_f64();
+                Some(p)
+            }
+            Err(e) => {
+                eprintln!("vovp-bench: setup failed: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
+
+    let mut report = Report::default();
+    let capacity = args.mode.capacity();
+    // Socket paths must stay short (108 bytes), so not under target/.
+    let run_dir = std::env::temp_dir().join(format!("vovp-bench-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&run_dir);
+    let vovp_daemon = match Daemon::start(
+        "vovp-engine",
+        &engine_bin,
+        &[
+            "-m".into(),
+            capacity.to_string(),
+            "-s".into(),
+            run_dir.join("vovp.sock").display().to_string(),
+            "--log-level".into(),
+            "warn".into(),
+        ],
+        &run_dir.join("vovp.sock"),
+        &paths.out.join("vovp-engine.log"),
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("vovp-bench: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    eprintln!(
+        "vovp-bench: {} mode, both stores get {} bytes ({} GiB)",
+        args.mode.name(),
+        capacity,
+        capacity / GIB
+    );
+
+    let mut daemons = vec![vovp_daemon];
+    if args.rust {
+        let t = Instant::now();
+        if let Err(e) = rust_workloads(args.mode, &daemons[0].socket, capacity, &mut report) {
+            report.errors.push(format!("Rust-level workloads: {e}"));
+        }
+        eprintln!(
+            "vovp-bench: Rust-level workloads took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
+    let mut driver_info = Value::Null;
+    if let Some(py) = &python {
+        match Daemon::start(
+            "plasma-store-server",
+            &py.plasma,
+            &[
+                "-m".into(),
+                capacity.to_string(),
+                "-s".into(),
+                run_dir.join("plasma.sock").display().to_string(),
+            ],
+            &run_dir.join("plasma.sock"),
+            &paths.out.join("plasma-store.log"),
+        ) {
+            Ok(d) => {
+                daemons.push(d);
+                let t = Instant::now();
+                match run_driver(
+                    &paths,
+                    py,
+                    args.mode,
+                    &daemons[0].socket,
+                    &daemons[1].socket,
+                    capacity,
+                    &mut report,
+                ) {
+                    Ok(info) => driver_info = info,
+                    Err(e) => report.errors.push(format!("Python driver: {e}")),
+                }
+                eprintln!(
+                    "vovp-bench: Python-level workloads took {:.0} s",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            Err(e) => report.errors.push(e),
+        }
+    }
+
+    for d in daemons.iter_mut() {
+        if let Some(status) = d.exited() {
+            report.errors.push(format!(
+                "{} died during the run ({status}); its log:\n{}",
+                d.name,
+                procs::read_tail(&d.log)
+            ));
+        }
+    }
+    drop(daemons);
+    let _ = std::fs::remove_dir_all(&run_dir);
+
+    report.evaluate_targets();
+    let markdown = report.markdown();
+    let machine = machine_info();
+    let total = started.elapsed().as_secs_f64();
+    let mut command = format!(
+        "cargo run --release -p vovp-bench -- --{}",
+        args.mode.name()
+    );
+    if let Some(cpus) = &args.cpus {
+        let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
+        command.push_str(&format!(" --cpus {}", list.join(",")));
+    }
+    let run = json!({
+        "mode": args.mode.name(),
+        "command": command,
+        "capacity_bytes": capacity,
+        "cpus": args.cpus,
+        "machine": machine,
+        "setup_seconds": setup_secs,
+        "total_seconds": total,
+        "driver": driver_info,
+        "finished_unix": SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs()).unwrap_or(0),
+    });
+    let results = paths.out.join("results.json");
+    let json_text = serde_json::to_string_pretty(&report.to_json(run)).unwrap_or_default();
+    if let Err(e) = std::fs::write(&results, json_text) {
+        report.errors.push(format!("{}: {e}", results.display()));
+    }
+    let header = format!(
+        "## vovp-bench results ({} mode)\n\nMachine: {}. Both stores: {} GiB memory limit. \
+         Command: `{command}`.\nMedians; ratio = vovp / baseline (↑: higher is better, ↓: \
+         lower is better).\n\n",
+        args.mode.name(),
+        machine["summary"].as_str().unwrap_or("?"),
+        capacity / GIB,
+    );
+    let _ = std::fs::write(paths.out.join("results.md"), format!("{header}{markdown}"));
+    println!("{header}{markdown}");
+
+    if let Some(py) = &python {
+        plot(&paths, py, &results);
+    }
+    eprintln!(
+        "vovp-bench: done in {total:.0} s (setup {setup_secs:.0} s); results in {}",
+        results.display()
+    );
+    if report.failed() {
+        eprintln!("vovp-bench: FAILED: a store failed or a check did (see above)");
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+/// What `benches/setup.sh` reports.
+struct PythonEnv {
+    python: PathBuf,
+    plasma: PathBuf,
+}
+
+fn run_setup(root: &Path) -> Result<PythonEnv, String> {
+    let out = Command::new("bash")
+        .arg(root.join("benches/setup.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run benches/setup.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("benches/setup.sh exited with {}", out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(PathBuf::from)
+            .ok_or_else(|| format!("benches/setup.sh did not print {k}"))
+    };
+    Ok(PythonEnv {
+        python: field("VENV_PYTHON=")?,
+        plasma: field("PLASMA_STORE=")?,
+    })
+}
+
+fn rust_workloads(
+    mode: Mode,
+    socket: &Path,
+    capacity: u64,
+    report: &mut Report,
+) -> Result<(), String> {
+    let cfg = match mode {
+        Mode::Quick => RustConfig::quick(),
+        Mode::Full => RustConfig::full(),
+    };
+    let client = vovp_transport::Client::connect(socket).map_err(|e| e.to_string())?;
+    let engine = vovp::Engine::spawn(vovp::Config::with_capacity(capacity))
+        .map_err(|e| format!("Engine::spawn: {e}"))?;
+    let stores = Stores {
+        client: &client,
+        engine: &engine,
+    };
+    let result = rust_level::small_ops(&cfg, &stores, report)
+        .and_then(|()| rust_level::large_objects(&cfg, &stores, report));
+    engine.shutdown();
+    result
+}
+
+fn run_driver(
+    paths: &Paths,
+    py: &PythonEnv,
+    mode: Mode,
+    vovp_sock: &Path,
+    plasma_sock: &Path,
+    capacity: u64,
+    report: &mut Report,
+) -> Result<Value, String> {
+    let out = paths.out.join("driver.json");
+    let _ = std::fs::remove_file(&out);
+    // The working tree's client first, whatever the venv has installed.
+    let mut pythonpath = paths.root.join("python").into_os_string();
+    if let Some(old) = std::env::var_os("PYTHONPATH") {
+        pythonpath.push(":");
+        pythonpath.push(old);
+    }
+    let mut cmd = Command::new(&py.python);
+    cmd.arg(paths.root.join("benches/driver.py"))
+        .args(["--mode", mode.name(), "--capacity", &capacity.to_string()])
+        .arg("--vovp")
+        .arg(vovp_sock)
+        .arg("--plasma")
+        .arg(plasma_sock)
+        .arg("--out")
+        .arg(&out)
+        .env("PYTHONPATH", pythonpath)
+        .stdin(Stdio::null());
+    let limit = match mode {
+        Mode::Quick => Duration::from_secs(5 * 60),
+        Mode::Full => Duration::from_secs(20 * 60),
+    };
+    let status = procs::run_with_timeout(&mut cmd, limit)?;
+    let text = std::fs::read_to_string(&out)
+        .map_err(|e| format!("no {} ({e}); driver exited with {status}", out.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("driver.json: {e}"))?;
+    for r in v["results"].as_array().into_iter().flatten() {
+        report.rows.push(Row::from_json(r)?);
+    }
+    for c in v["checks"].as_array().into_iter().flatten() {
+        report.checks.push(Check {
+            name: format!("Python: {}", c["name"].as_str().unwrap_or("?")),
+            ok: c["ok"].as_bool().unwrap_or(false),
+            detail: c["detail"].as_str().unwrap_or("").into(),
+        });
+    }
+    if let Some(e) = v["error"].as_str() {
+        return Err(e.to_string());
+    }
+    if !status.success() {
+        return Err(format!("driver exited with {status}"));
+    }
+    Ok(v["info"].clone())
+}
+
+fn plot(paths: &Paths, py: &PythonEnv, results: &Path) {
+    let png = paths.out.join("throughput.png");
+    let status = Command::new(&py.python)
+        .arg(paths.root.join("benches/plot.py"))
+        .arg(results)
+        .arg(&png)
+        .status();
+    match status {
+        Ok(s) if s.success() => eprintln!("vovp-bench: plot in {}", png.display()),
+        Ok(s) => eprintln!("vovp-bench: warning: plot.py exited with {s}"),
+        Err(e) => eprintln!("vovp-bench: warning: cannot run plot.py: {e}"),
+    }
+}
+
+/// Warns when the daemon binary is older than a source file it is built from: the numbers would
+/// describe old code.
+fn warn_if_stale(bin: &Path, root: &Path) {
+    let Ok(built) = bin.metadata().and_then(|m| m.modified()) else {
+        return;
+    };
+    let mut newest: Option<(SystemTime, PathBuf)> = None;
+    let mut stack: Vec<PathBuf> = ["engine/src", "actors/src", "transport/src", "gpu/src"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                if newest.as_ref().is_none_or(|(t, _)| m > *t) {
+                    newest = Some((m, p));
+                }
+            }
+        }
+    }
+    if let Some((t, p)) = newest {
+        if t > built {
+            eprintln!(
+                "vovp-bench: warning: {} is newer than {}; rebuild with \
+                 `cargo build --release --workspace --bins` to measure the current code",
+                p.display(),
+                bin.display()
+            );
+        }
+    }
+}
+
+fn set_process_cpus(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; this sets the calling (main) thread's mask, which every
+    // thread and process started later inherits.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// `nproc`, the CPU model and the memory, for the report.
+fn machine_info() -> Value {
+    // Online CPUs of the machine (not of this process's mask, which --cpus may narrow).
+    // SAFETY: plain sysconf query.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(0);
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let mem_gib = mem_kib as f64 / (1u64 << 20) as f64;
+    json!({
+        "nproc": cpus,
+        "cpu": model,
+        "memory_bytes": mem_kib * 1024,
+        "kernel": kernel,
+        "summary": format!("{cpus} CPUs ({model}), {mem_gib:.0} GiB RAM, Linux {kernel}"),
+    })
+}

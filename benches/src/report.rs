@@ -1,0 +1,442 @@
+//! Samples to results: medians, ratios, the PASS/FAIL lines of the performance targets, the
+//! markdown tables and `results.json`.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::{size_label, GIB, MIB};
+
+/// One workload measured on vovp and on its baseline (Plasma, SharedMemory pickling, or one of
+/// the machine's limits). Samples are raw; medians are taken here.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Stable identifier (`py.small.put.64.1`, `rust.client.put.268435456`, ...).
+    pub key: String,
+    pub group: String,
+    pub name: String,
+    pub unit: String,
+    pub higher_is_better: bool,
+    pub size: Option<u64>,
+    pub vovp: Vec<f64>,
+    pub base_label: String,
+    pub base: Vec<f64>,
+}
+
+impl Row {
+    pub fn vovp_median(&self) -> Option<f64> {
+        median(&self.vovp)
+    }
+
+    pub fn base_median(&self) -> Option<f64> {
+        median(&self.base)
+    }
+
+    /// vovp / baseline, of the medians (for "higher is better" units above 1 favours vovp, for
+    /// latencies below 1 does).
+    pub fn ratio(&self) -> Option<f64> {
+        Some(self.vovp_median()? / self.base_median()?)
+    }
+
+    /// A row of the driver's JSON.
+    pub fn from_json(v: &Value) -> Result<Row, String> {
+        let s = |k: &str| {
+            v[k].as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("driver result without {k}: {v}"))
+        };
+        let samples = |k: &str| -> Vec<f64> {
+            v[k].as_array()
+                .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                .unwrap_or_default()
+        };
+        Ok(Row {
+            key: s("key")?,
+            group: s("group")?,
+            name: s("name")?,
+            unit: s("unit")?,
+            higher_is_better: v["higher_is_better"].as_bool().unwrap_or(true),
+            size: v["size"].as_u64(),
+            vovp: samples("vovp"),
+            base_label: s("base_label")?,
+            base: samples("base"),
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "key": self.key, "group": self.group, "name": self.name, "unit": self.unit,
+            "higher_is_better": self.higher_is_better, "size": self.size,
+            "vovp_median": self.vovp_median(), "base_label": self.base_label,
+            "base_median": self.base_median(), "ratio": self.ratio(),
+            "vovp": self.vovp, "base": self.base,
+        })
+    }
+}
+
+/// A machine limit measured in the same run (no store involved).
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub key: String,
+    pub name: String,
+    pub unit: String,
+    pub size: Option<u64>,
+    pub samples: Vec<f64>,
+}
+
+impl Limit {
+    pub fn median(&self) -> Option<f64> {
+        median(&self.samples)
+    }
+}
+
+/// A functional check: failing one fails the run (exit code 1).
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// A performance target of the issue: reported as PASS/FAIL, never fails the run.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub name: String,
+    /// `None` when the run did not measure it (quick mode, a workload that failed).
+    pub pass: Option<bool>,
+    pub detail: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub limits: Vec<Limit>,
+    pub checks: Vec<Check>,
+    pub targets: Vec<Target>,
+    /// Failures that stopped a part of the run (a store died, the driver failed).
+    pub errors: Vec<String>,
+}
+
+pub fn median(xs: &[f64]) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// Readable number: thousands separators for large values, 3 significant digits for small ones.
+pub fn fmt_value(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    if v >= 1000.0 {
+        let s = format!("{:.0}", v);
+        let mut out = String::new();
+        for (i, c) in s.chars().enumerate() {
+            if i > 0 && (s.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map(fmt_value).unwrap_or_else(|| "-".into())
+}
+
+impl Report {
+    pub fn row(&self, key: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.key == key)
+    }
+
+    pub fn limit(&self, key: &str) -> Option<&Limit> {
+        self.limits.iter().find(|l| l.key == key)
+    }
+
+    pub fn failed(&self) -> bool {
+        !self.errors.is_empty() || self.checks.iter().any(|c| !c.ok)
+    }
+
+    /// Evaluates the issue's performance targets on this run's medians.
+    pub fn evaluate_targets(&mut self) {
+        let mut t = Vec::new();
+        for (op, what) in [("put", "put"), ("get", "get+release")] {
+            for clients in [1, 2] {
+                let key = format!("py.small.{op}.64.{clients}");
+                t.push(ratio_target(
+                    self.row(&key),
+                    &format!(
+                        "Python 64 B {what}, {clients} client process(es): ≥ 2× Plasma's op/s"
+                    ),
+                    |r| r >= 2.0,
+                ));
+            }
+        }
+        for (op, what) in [("put", "put"), ("get", "get+release")] {
+            let key = format!("rust.client.{op}.64");
+            t.push(ratio_target(
+                self.row(&key),
+                &format!("Rust client 64 B {what}: within 2× of a bare Unix-socket round trip"),
+                |r| r <= 2.0,
+            ));
+        }
+        for size in [256 * MIB, GIB] {
+            let label = size_label(size);
+            let row = self.row(&format!("py.put.{size}"));
+            t.push(ratio_target(
+                row,
+                &format!("Python put {label}: ≥ 1.5× Plasma's GB/s"),
+                |r| r >= 1.5,
+            ));
+            // The better of the two parallel copies measured is the machine's limit.
+            let memcpy = ["limit.memcpy", "limit.memcpy_split"]
+                .iter()
+                .filter_map(|k| self.limit(&format!("{k}.{size}"))?.median())
+                .reduce(f64::max);
+            let name = format!("Python put {label}: ≥ 80% of the parallel memcpy bandwidth");
+            t.push(match (row.and_then(Row::vovp_median), memcpy) {
+                (Some(put), Some(mc)) => Target {
+                    name,
+                    pass: Some(put >= 0.8 * mc),
+                    detail: format!(
+                        "{} GB/s = {:.0}% of the best parallel memcpy, {} GB/s",
+                        fmt_value(put),
+                        100.0 * put / mc,
+                        fmt_value(mc)
+                    ),
+                },
+                _ => not_measured(name),
+            });
+        }
+        // Get latency: flat over sizes (largest median within 1.5× of the smallest) and below
+        // Plasma's at every size.
+        let mut gets: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.key.starts_with("py.get."))
+            .collect();
+        gets.sort_by_key(|r| r.size);
+        let medians: Vec<(u64, f64)> = gets
+            .iter()
+            .filter_map(|r| Some((r.size?, r.vovp_median()?)))
+            .collect();
+        let flat_name = "Python get latency flat from 1 KiB to the largest size (max ≤ 1.5× min)";
+        t.push(if medians.len() >= 2 {
+            let min = medians.iter().map(|m| m.1).fold(f64::INFINITY, f64::min);
+            let max = medians.iter().map(|m| m.1).fold(0.0, f64::max);
+            Target {
+                name: flat_name.into(),
+                pass: Some(max <= 1.5 * min),
+                detail: medians
+                    .iter()
+                    .map(|(s, m)| format!("{}: {} µs", size_label(*s), fmt_value(*m)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        } else {
+            not_measured(flat_name.into())
+        });
+        let below_name = "Python get latency below Plasma's at every size";
+        let ratios: Vec<(u64, f64)> = gets
+            .iter()
+            .filter_map(|r| Some((r.size?, r.ratio()?)))
+            .collect();
+        t.push(if ratios.is_empty() {
+            not_measured(below_name.into())
+        } else {
+            Target {
+                name: below_name.into(),
+                pass: Some(ratios.iter().all(|r| r.1 < 1.0)),
+                detail: ratios
+                    .iter()
+                    .map(|(s, r)| format!("{}: {:.2}×", size_label(*s), r))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        });
+        self.targets = t;
+    }
+
+    /// The tables (one per group), the machine limits, the targets and the checks, in markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let mut groups: Vec<&str> = Vec::new();
+        for r in &self.rows {
+            if !groups.contains(&r.group.as_str()) {
+                groups.push(&r.group);
+            }
+        }
+        for g in groups {
+            let _ = writeln!(out, "### {g}\n");
+            let _ = writeln!(
+                out,
+                "| workload | unit | vovp | baseline | baseline value | vovp / baseline |"
+            );
+            let _ = writeln!(out, "|---|---|--:|---|--:|--:|");
+            for r in self.rows.iter().filter(|r| r.group == g) {
+                let arrow = if r.higher_is_better { "↑" } else { "↓" };
+                let ratio = r
+                    .ratio()
+                    .map(|x| format!("{x:.2}×"))
+                    .unwrap_or_else(|| "-".into());
+                let _ = writeln!(
+                    out,
+                    "| {} | {} {arrow} | {} | {} | {} | {ratio} |",
+                    r.name,
+                    r.unit,
+                    opt(r.vovp_median()),
+                    r.base_label,
+                    opt(r.base_median()),
+                );
+            }
+            out.push('\n');
+        }
+        if !self.limits.is_empty() {
+            let _ = writeln!(out, "### Machine limits (same run)\n");
+            let _ = writeln!(out, "| limit | unit | median |");
+            let _ = writeln!(out, "|---|---|--:|");
+            for l in &self.limits {
+                let _ = writeln!(out, "| {} | {} | {} |", l.name, l.unit, opt(l.median()));
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(out, "### Targets\n");
+        for t in &self.targets {
+            let verdict = match t.pass {
+                Some(true) => "PASS",
+                Some(false) => "FAIL",
+                None => "NOT MEASURED",
+            };
+            let _ = writeln!(out, "- **{verdict}** {} ({})", t.name, t.detail);
+        }
+        let failed: Vec<&Check> = self.checks.iter().filter(|c| !c.ok).collect();
+        let _ = writeln!(
+            out,
+            "\n### Checks\n\n{} of {} functional checks passed.",
+            self.checks.len() - failed.len(),
+            self.checks.len()
+        );
+        for c in failed {
+            let _ = writeln!(out, "- FAILED: {} {}", c.name, c.detail);
+        }
+        for e in &self.errors {
+            let _ = writeln!(out, "- ERROR: {e}");
+        }
+        out
+    }
+
+    pub fn to_json(&self, extra: Value) -> Value {
+        json!({
+            "rows": self.rows.iter().map(Row::to_json).collect::<Vec<_>>(),
+            "limits": self.limits.iter().map(|l| json!({
+                "key": l.key, "name": l.name, "unit": l.unit, "size": l.size,
+                "median": l.median(), "samples": l.samples,
+            })).collect::<Vec<_>>(),
+            "targets": self.targets.iter().map(|t| json!({
+                "name": t.name, "pass": t.pass, "detail": t.detail,
+            })).collect::<Vec<_>>(),
+            "checks": self.checks.iter().map(|c| json!({
+                "name": c.name, "ok": c.ok, "detail": c.detail,
+            })).collect::<Vec<_>>(),
+            "errors": self.errors,
+            "run": extra,
+        })
+    }
+}
+
+fn not_measured(name: String) -> Target {
+    Target {
+        name,
+        pass: None,
+        detail: "not measured in this run".into(),
+    }
+}
+
+fn ratio_target(row: Option<&Row>, name: &str, ok: impl Fn(f64) -> bool) -> Target {
+    match row.and_then(|r| Some((r, r.ratio()?))) {
+        Some((r, ratio)) => Target {
+            name: name.into(),
+            pass: Some(ok(ratio)),
+            detail: format!(
+                "vovp {} vs {} {} {}: {ratio:.2}×",
+                fmt_value(r.vovp_median().unwrap_or(f64::NAN)),
+                r.base_label,
+                fmt_value(r.base_median().unwrap_or(f64::NAN)),
+                r.unit
+            ),
+        },
+        None => not_measured(name.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str, vovp: &[f64], base: &[f64], size: Option<u64>) -> Row {
+        Row {
+            key: key.into(),
+            group: "g".into(),
+            name: key.into(),
+            unit: "op/s".into(),
+            higher_is_better: true,
+            size,
+            vovp: vovp.to_vec(),
+            base_label: "Plasma".into(),
+            base: base.to_vec(),
+        }
+    }
+
+    #[test]
+    fn medians_and_ratios() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+        let r = row("x", &[4.0, 4.0, 100.0], &[2.0], None);
+        assert_eq!(r.ratio(), Some(2.0));
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_value(1234567.4), "1,234,567");
+        assert_eq!(fmt_value(123.4), "123");
+        assert_eq!(fmt_value(12.34), "12.3");
+        assert_eq!(fmt_value(1.234), "1.23");
+    }
+
+    #[test]
+    fn targets_pass_fail_and_not_measured() {
+        let mut rep = Report {
+            rows: vec![
+                row("py.small.put.64.1", &[30.0], &[10.0], None),
+                row("py.small.get.64.1", &[15.0], &[10.0], None),
+                row("py.get.1024", &[10.0], &[20.0], Some(1024)),
+                row("py.get.1073741824", &[12.0], &[20.0], Some(GIB)),
+            ],
+            ..Default::default()
+        };
+        rep.evaluate_targets();
+        let find = |p: &str| rep.targets.iter().find(|t| t.name.starts_with(p)).unwrap();
+        assert_eq!(find("Python 64 B put, 1").pass, Some(true));
+        assert_eq!(find("Python 64 B get+release, 1").pass, Some(false));
+        assert_eq!(find("Python 64 B put, 2").pass, None);
+        assert_eq!(find("Python get latency flat").pass, Some(true));
+        assert_eq!(find("Python get latency below").pass, Some(true));
+        assert!(rep.markdown().contains("**FAIL**"));
+    }
+}
