@@ -3,9 +3,10 @@
 #
 # The fake libcuda.so is a stand-in for the NVIDIA driver: "device memory" is shared host memory,
 # copies are memcpy, CUDA IPC is emulated through /proc/<pid>/fd. Passing here shows that the
-# store's GPU code paths work end to end (daemon pools and IPC handles, the Rust client's IPC
-# mappings, the CLI, references, eviction) -- it is NOT proof on real hardware, and the GB/s it
-# prints measure host memcpy, nothing else. On a machine with an NVIDIA GPU run `bash gpu/check.sh`.
+# store's GPU code paths work end to end (daemon pools and IPC handles, the Rust and Python
+# clients' IPC mappings, the CLI, references, eviction) -- it is NOT proof on real hardware, and
+# the GB/s it prints measure host memcpy, nothing else. On a machine with an NVIDIA GPU run
+# `bash gpu/check.sh`.
 #
 #   scripts/gpu-fake-test.sh        # needs gcc; about 20 s after the build
 set -euo pipefail
@@ -54,6 +55,21 @@ for mode in FAKE_CUDA_INIT_ERROR=100 FAKE_CUDA_DEVICES=0; do
     run "no usable device ($mode)" "$mode" timeout 60 cargo test -p vovp-gpu -p vovp-tests \
         --test gpu -- --nocapture --test-threads=1
 done
+
+# The pure-Python client's CUDA paths (python/tests/test_cuda.py: ctypes driver, IPC mappings,
+# Python <-> Python across processes, Python <-> the Rust CLI) against the fake device. The venv
+# is made the way scripts/test.sh makes it; the tests import vovp from the source tree.
+VENV="${VOVP_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import numpy, pytest" 2>/dev/null; then
+    "$VENV/bin/pip" install --quiet --upgrade pip
+    "$VENV/bin/pip" install --quiet numpy pytest
+fi
+run "Python client CUDA tests (python/tests/test_cuda.py), fake GPU" VOVP_GPU_TESTS=1 \
+    VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
+    timeout 300 "$VENV/bin/python" -m pytest python/tests/test_cuda.py -q
 
 echo "== results (FAKE driver: the GB/s are host memcpy figures, meaningless for GPUs)"
 grep -oE "(parent:|child:|[0-9]+ MiB device put).*GB/s.*" "$LOG" || true

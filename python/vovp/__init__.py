@@ -9,6 +9,7 @@ See README.md for lifetimes, dtypes and multiprocessing support (``init_reductio
 """
 
 from .client import DEFAULT_SOCKET, Client, Subscription, init_client
+from .cuda import CudaTensor
 from .errors import (
     AlreadySealed,
     ConnectionError,
@@ -34,6 +35,7 @@ from .tensor import TensorMeta, decode_header, encode_header
 __version__ = "0.1.0"
 
 __all__ = [
+    "CudaTensor",
     "Client",
     "Subscription",
     "init_client",

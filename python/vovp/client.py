@@ -24,6 +24,13 @@ the client stays idle. ``release_delay=0`` sends at once when the lock is free i
 Fork: a child must not talk on its parent's socket. A client used in another process than the
 one that created it raises ConnectionError, and its release callbacks do nothing (the parent's
 connection owns those references); ``vovp.default_client()`` opens a new connection per process.
+
+CUDA objects use the same machinery with a different owner: a ``cuda.DeviceBuffer`` (one view
+of the CUDA IPC mapping of the object's pool, see cuda.py) instead of a numpy array. Its lease
+has ``cuda=True`` and ``segment=None`` (so host address lookups never match it) and ``offset`` is
+the device address. What the user gets (a ``CudaTensor``, or a torch tensor that torch made
+from an object holding the buffer) keeps the buffer alive; when it dies the reference is
+released like a host one and the pool mapping loses a view (closed with its last view).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import cuda as C
 from . import protocol as P
 from . import tensor as T
 from .errors import (
@@ -54,8 +62,9 @@ from .errors import (
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
 # Objects up to this size go in one PUT frame; larger ones through CREATE + copy + SEAL. Above
-# ~1 MiB the extra round trips cost less than pushing the bytes through the socket twice.
-INLINE_LIMIT = 1 << 20
+# ~256 KiB the extra round trips cost less than pushing the bytes through the socket twice
+# (vovp-bench: 1 MiB inline ~305 us, through the mapping 150-195 us).
+INLINE_LIMIT = 256 << 10
 # Garbage-collected references are released within this many seconds (see _release_soon).
 RELEASE_DELAY = 0.002
 # ... or at once when this many are queued.
@@ -71,26 +80,47 @@ __all__ = ["Client", "init_client", "DEFAULT_SOCKET"]
 # --- leases ----------------------------------------------------------------------------------
 
 
+
+# How long a request polls for its reply before sleeping in recv. The daemon answers a small
+# request within microseconds, but waking a sleeping reader on another CPU costs tens of
+# microseconds on virtual machines (45-65 us measured here; vovp-bench "machine limits").
+# sched_yield between polls lets the daemon run when both share a CPU. Same policy as the Rust
+# client (transport/src/client.rs, REPLY_SPIN).
+_REPLY_SPIN_S = 50e-6
+
+
+def _recv_soon(sock, buf) -> int:
+    deadline = time.perf_counter() + _REPLY_SPIN_S
+    while True:
+        try:
+            return sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            if time.perf_counter() > deadline:
+                return sock.recv_into(buf)
+            os.sched_yield()
+
 class _Lease(weakref.ref):
     """Weak reference to an owner array that releases one store reference when it dies."""
 
-    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size", "token")
+    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size", "token", "cuda")
 
-    def __new__(cls, owner, client, oid, name, segment, offset, size):
+    def __new__(cls, owner, client, oid, name, segment, offset, size, cuda=False):
         self = weakref.ref.__new__(cls, owner, _lease_died)
         self.key = id(owner)
         self.client = client
         self.oid = oid
         self.name = name
+        # Host: segment id and offset in it. CUDA: segment None, offset = device address.
         self.segment = segment
         self.offset = offset
         self.size = size
+        self.cuda = cuda
         # Whoever pops this token releases the reference (or gives it up): list.pop is atomic,
         # so an explicit release() racing the GC callback on another thread releases once.
         self.token = [True]
         return self
 
-    def __init__(self, owner, *args):
+    def __init__(self, owner, *args, **kwargs):
         super().__init__(owner, _lease_died)
 
 
@@ -154,8 +184,46 @@ def find_lease(obj):
     return _find_lease(obj)[0]
 
 
+def _cuda_address(obj):
+    """Device address of a CUDA torch tensor or ``__cuda_array_interface__`` object, or None."""
+    if isinstance(obj, (np.ndarray, memoryview, bytes, bytearray)):
+        return None
+    try:
+        if T.is_torch_tensor(obj):
+            return obj.data_ptr() if obj.is_cuda else None
+        iface = C.cuda_interface(obj)
+        if iface is not None:
+            return int(iface["data"][0])
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def _release_owner(owner) -> bool:
+    """Release the reference behind a CUDA owner now (``CudaTensor.release``)."""
+    lease = _LEASES.get(id(owner))
+    if lease is None or lease() is not owner or not _claim(lease):
+        return False
+    lease.client._release_now(lease.oid)
+    return True
+
+
 def _find_lease(obj):
     """(lease, found by address) for ``obj``; (None, False) when it is not store memory."""
+    if isinstance(obj, C.CudaTensor):
+        owner = obj._owner
+        lease = _LEASES.get(id(owner))
+        return (lease, False) if lease is not None and lease() is owner else (None, False)
+    addr = _cuda_address(obj)
+    if addr is not None:
+        # Device memory: only CUDA leases can match (their offset is the device address).
+        for lease in list(_LEASES.values()):
+            if not lease.cuda or not lease.token or lease() is None:
+                continue
+            start = lease.offset
+            if start <= addr < start + lease.size or (addr == start and lease.size == 0):
+                return lease, True
+        return None, False
     # Fast path: arrays derived from an owner have it as their base (or are the owner).
     candidates = []
     if isinstance(obj, np.ndarray):
@@ -433,7 +501,7 @@ class Client:
         sock = self._sock
         if start == end:
             # Fast path: nothing buffered and the whole reply arrives in one recv.
-            end = sock.recv_into(self._rmv)
+            end = _recv_soon(sock, self._rmv)
             if end >= 4:
                 total = 4 + P.U32.unpack_from(self._rbuf, 0)[0]
                 if end == total and total >= P.HEADER_SIZE:
@@ -667,7 +735,8 @@ class Client:
         if ref.kind != P.LOC_HOST:
             self._release_now(ref.object_id)
             raise GpuUnavailable(
-                f"{name!r} is a CUDA object; the pure-Python client maps host objects only", 10)
+                f"{name!r} is a CUDA object: it has no host memory to map (get it with "
+                "get_tensor, which returns a CUDA tensor)", 10)
         try:
             seg = (self._seg_rw if writable else self._seg_ro)[ref.segment]
             owner = np.frombuffer(seg, np.uint8, ref.data_size, ref.offset)
@@ -681,6 +750,31 @@ class Client:
         lease = _Lease(owner, self, ref.object_id, name, ref.segment, ref.offset, ref.data_size)
         _LEASES[lease.key] = lease
         return owner
+
+    def _cuda_owner(self, ref, name):
+        """``cuda.DeviceBuffer`` over a CUDA ``ref``, registered like ``_owner``'s arrays.
+
+        Maps the object's pool through CUDA IPC (once per pool). On failure (no driver here:
+        GpuUnavailable; a handle the driver refuses: GpuError) the reference is released at once.
+        """
+        try:
+            owner = C.open_block(ref.segment, ref.pool, ref.ipc_handle, ref.offset,
+                                 ref.data_size)
+        except BaseException:
+            self._release_quietly(ref.object_id)
+            raise
+        lease = _Lease(owner, self, ref.object_id, name, None, owner.ptr, ref.data_size,
+                       cuda=True)
+        _LEASES[lease.key] = lease
+        return owner
+
+    def _release_quietly(self, oid):
+        # Error paths: the error being raised matters more than a failed release (the
+        # connection's end releases it anyway).
+        try:
+            self._release_now(oid)
+        except VovpError:
+            pass
 
     def _drop_owner(self, owner):
         """Release ``owner``'s reference now (error paths)."""
@@ -701,6 +795,19 @@ class Client:
         frame = P.HEADER.pack(12 + len(payload), P.VERSION, P.CREATE, 0, rid) + payload
         ref = self._roundtrip(frame, P.CREATE, rid, _parse_objref)
         owner = self._owner(ref, name, writable=True)
+        self._unsealed[name] = ref.object_id
+        return owner
+
+    def _create_cuda(self, nb, size, flags, metadata, name, device):
+        """CREATE on cuda:``device``; the DeviceBuffer holding the creator's reference."""
+        rid = self._next_id()
+        payload = P.create_payload(nb, size, flags, metadata, P.DEVICE_CUDA, device)
+        frame = P.HEADER.pack(12 + len(payload), P.VERSION, P.CREATE, 0, rid) + payload
+        ref = self._roundtrip(frame, P.CREATE, rid, _parse_objref)
+        if ref.kind != P.LOC_CUDA:
+            self._release_quietly(ref.object_id)  # aborts it
+            raise ProtocolError(f"a CUDA create of {name!r} returned a host object")
+        owner = self._cuda_owner(ref, name)
         self._unsealed[name] = ref.object_id
         return owner
 
@@ -851,27 +958,36 @@ class Client:
     # -- tensors --------------------------------------------------------------------------------
 
     def put_tensor(self, name, t, ephemeral: bool = False, writable: bool = False):
-        """Store a numpy array or CPU torch tensor; return the store's copy, zero-copy.
+        """Store a numpy array or torch tensor (CPU or CUDA); return the store's copy, zero-copy.
 
         The result (numpy array, or torch tensor for torch input) is a view of the store's
         memory and holds one reference to the object until it and every view of it are
         garbage collected (or ``release``d). It is read-only unless ``writable`` (torch
         tensors are always writable). Non-contiguous input is made C-contiguous and
         big-endian input is converted to little-endian during the copy.
+
+        A CUDA torch tensor becomes a CUDA object on its device (device-to-device copy) and
+        the result is a torch tensor on that device aliasing the store's device memory; any
+        other object with ``__cuda_array_interface__`` goes through ``put_cuda``. Without a
+        usable CUDA driver in this process they raise GpuUnavailable (with the reason).
         """
         if type(t) is np.ndarray:
             src = t
             torch_in = False
             code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
         elif T.is_torch_tensor(t):
+            if t.device.type == "cuda":
+                return self._put_torch_cuda(name, t, ephemeral)
             if t.device.type != "cpu":
                 raise GpuUnavailable(
-                    f"cannot put a {t.device} tensor: the pure-Python client stores host "
-                    "tensors only", 10)
+                    f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only",
+                    10)
             src, code = T.torch_to_numpy(t)
             torch_in = writable = True
             code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape, code)
         else:
+            if C.cuda_interface(t) is not None:
+                return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
             src = np.asarray(t)
             torch_in = False
             code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
@@ -908,11 +1024,25 @@ class Client:
         An object without a tensor header comes back as a 1-D uint8 array.
         A waiting GET occupies this client's connection: other threads' requests on the same
         client queue behind it (use a separate client for long waits).
+
+        CUDA objects come back aliasing the store's device memory (mapped through CUDA IPC):
+        with framework None as a torch CUDA tensor when torch is installed and sees CUDA,
+        otherwise as a ``vovp.cuda.CudaTensor`` (``__cuda_array_interface__``, ``.to_numpy()``);
+        "torch" or "cuda" (CudaTensor) force one. "numpy" is refused for them (TypeError):
+        there is no host memory to view; ``.to_numpy()`` copies. Without a CUDA driver in
+        this process a CUDA object raises GpuUnavailable.
         """
-        if framework not in (None, "numpy", "np", "torch"):
-            raise ValueError(f"framework must be None, 'numpy' or 'torch', not {framework!r}")
+        if framework not in (None, "numpy", "np", "torch", "cuda"):
+            raise ValueError(
+                f"framework must be None, 'numpy', 'torch' or 'cuda', not {framework!r}")
         torch_out = framework == "torch"
         ref = self._get1(name, timeout)
+        if ref.kind != P.LOC_HOST:
+            return self._get_cuda(ref, name, framework, writable)
+        if framework == "cuda":
+            self._release_quietly(ref.object_id)
+            raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA objects "
+                            "(copy it to a device with to_device)")
         owner = self._owner(ref, name, writable or torch_out)
         meta = ref.metadata
         if meta[:4] != T.MAGIC:
@@ -935,10 +1065,236 @@ class Client:
             return T.numpy_to_torch(arr, code)
         return arr
 
+    # -- CUDA tensors ---------------------------------------------------------------------------
+
+    def put_cuda(self, name, ptr, nbytes=None, dtype=None, shape=None, device=None,
+                 ephemeral: bool = False, writable: bool = False, framework: str = "cuda",
+                 stream=None):
+        """Store device memory as a CUDA tensor object; return the store's copy, zero-copy.
+
+        ``ptr``: a device address (int) with ``nbytes``/``dtype`` (default uint8)/``shape``
+        (default 1-D), or any object with ``__cuda_array_interface__`` (C-contiguous; its
+        shape, dtype and stream are used). ``device``: the ordinal to store on; by default the
+        device ``ptr`` lives on (asked from the driver). ``stream``: a CUDA stream handle to
+        wait for before copying (the interface's own ``stream`` is honoured too).
+
+        Creates the object on the device, copies device-to-device into the store's memory,
+        waits for the copy, seals. Returns a ``CudaTensor`` (read-only unless ``writable``),
+        or a torch tensor with ``framework="torch"``; it holds one reference like every
+        result. Raises GpuUnavailable when this process has no usable CUDA driver (or the
+        daemon has none), before anything is created.
+        """
+        C.driver()  # the reason, before anything reaches the daemon
+        fw = self._cuda_framework(framework, name)
+        byte_order = T.LITTLE
+        iface = None if isinstance(ptr, int) else C.cuda_interface(ptr)
+        if iface is not None:
+            if iface.get("mask") is not None:
+                raise ValueError("masked CUDA arrays are not supported")
+            src = int(iface["data"][0])
+            np_dt = np.dtype(iface["typestr"])
+            ishape = tuple(int(d) for d in iface["shape"])
+            strides = iface.get("strides")
+            if strides is not None and tuple(strides) != _c_strides(ishape, np_dt.itemsize):
+                raise ValueError("put_cuda needs a C-contiguous CUDA array; make it contiguous "
+                                 "first")
+            if dtype is not None and np.dtype(dtype) != np_dt:
+                raise ValueError(f"dtype {dtype!r} does not match the array's {np_dt}")
+            if shape is not None and tuple(shape) != ishape:
+                raise ValueError(f"shape {shape!r} does not match the array's {ishape}")
+            code = T.numpy_code(np_dt)
+            byte_order = T.BIG if np_dt.byteorder == ">" else T.LITTLE
+            shape = ishape
+            size = np_dt.itemsize * int(np.prod(shape, dtype=np.int64))
+            if nbytes is not None and int(nbytes) != size:
+                raise ValueError(f"nbytes={nbytes} but the array has {size} bytes")
+            nbytes = size
+            if stream is None:
+                stream = iface.get("stream")
+        else:
+            try:
+                src = int(ptr)
+            except TypeError:
+                raise TypeError("put_cuda takes a device address (int) or an object with "
+                                f"__cuda_array_interface__, not {type(ptr).__name__}") from None
+            code = _dtype_code(dtype if dtype is not None else np.uint8)
+            itemsize = T.ITEMSIZE[code]
+            if shape is None:
+                if nbytes is None:
+                    raise ValueError("put_cuda of a raw pointer needs nbytes or shape")
+                if int(nbytes) % itemsize:
+                    raise ValueError(f"nbytes={nbytes} is not a multiple of the {itemsize}-byte "
+                                     "item size")
+                shape = (int(nbytes) // itemsize,)
+            shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+            size = itemsize * int(np.prod(shape, dtype=np.int64))
+            if nbytes is not None and int(nbytes) != size:
+                raise ValueError(f"nbytes={nbytes} does not match shape {shape} of "
+                                 f"{T.DTYPE_NAMES[code]} ({size} bytes)")
+            nbytes = size
+        if device is None:
+            device = C.device_of(src) if nbytes else 0
+        device = int(device)
+        pre_copy = None if stream is None else (lambda: C.sync_stream(stream))
+        owner = self._put_device(name, src, nbytes, code, shape, byte_order, device, ephemeral,
+                                 pre_copy)
+        return self._cuda_result(owner, code, shape, byte_order, fw, writable, name)
+
+    def _put_torch_cuda(self, name, t, ephemeral):
+        """put_tensor of a CUDA torch tensor (see put_tensor)."""
+        C.driver()
+        import torch  # noqa: PLC0415 (t is a torch tensor: torch is imported)
+
+        to_code, _ = T.torch_tables()
+        code = to_code.get(t.dtype)
+        if code is None:
+            raise TypeError(f"vovp cannot store torch dtype {t.dtype}")
+        # detach: no autograd history in the store; resolve_*: materialise lazy conj/neg bits;
+        # contiguous: the store keeps C-contiguous data. All may queue kernels on torch's
+        # current stream, which is synchronised before the copy.
+        t = t.detach().resolve_conj().resolve_neg().contiguous()
+        device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        shape = tuple(t.shape)
+        nbytes = t.numel() * t.element_size()
+
+        def pre_copy():
+            # The data may still be being computed on torch's stream; ours does not wait for it.
+            torch.cuda.current_stream(t.device).synchronize()
+
+        owner = self._put_device(name, t.data_ptr(), nbytes, code, shape, T.LITTLE, device,
+                                 ephemeral, pre_copy)
+        return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
+
+    def _put_device(self, name, src, nbytes, code, shape, byte_order, device, ephemeral,
+                    pre_copy=None):
+        """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
+        DeviceBuffer holding the (now sealed) creator's reference."""
+        nb = P.encode_name(name)
+        meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device)
+        flags = P.OBJ_EPHEMERAL if ephemeral else 0
+        owner = self._create_cuda(nb, nbytes, flags, meta, name, device)
+        try:
+            if pre_copy is not None:
+                pre_copy()
+            C.copy_d2d(owner.ptr, src, nbytes, device)
+            self.seal(name)
+        except BaseException:
+            self._drop_owner(owner)  # releasing the creator's reference aborts the object
+            raise
+        return owner
+
+    def to_device(self, name, new_name, device: int = 0, ephemeral: bool = False,
+                  framework=None, writable: bool = False, timeout=None):
+        """Store a copy of object ``name`` on cuda:``device`` under ``new_name``.
+
+        A host object is copied host-to-device straight from the store's mapping; a CUDA
+        object device-to-device (e.g. to another GPU). The tensor header, if any, is kept
+        with its device fields updated. Returns the new object like ``get_tensor`` would
+        (``framework``: None, "torch" or "cuda"); the source's reference is released before
+        returning. GpuUnavailable without a usable CUDA driver.
+        """
+        C.driver()
+        fw = self._cuda_framework(framework, new_name)
+        device = int(device)
+        nb = P.encode_name(new_name)
+        ref = self._get1(name, timeout)
+        # Both release the reference themselves if they fail.
+        if ref.kind == P.LOC_HOST:
+            src_owner = self._owner(ref, name, False)
+        else:
+            src_owner = self._cuda_owner(ref, name)
+        try:
+            meta = ref.metadata
+            code, shape, order = T.UINT8, (ref.data_size,), T.LITTLE
+            if T.is_tensor_header(meta):
+                m = T.decode_header(meta)
+                if m.nbytes != ref.data_size:
+                    raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
+                                        f"object has {ref.data_size}")
+                code, shape, order = m.dtype_code, m.shape, m.byte_order
+                meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device)
+            flags = P.OBJ_EPHEMERAL if ephemeral else 0
+            dst = self._create_cuda(nb, ref.data_size, flags, meta, new_name, device)
+            try:
+                if ref.kind == P.LOC_HOST:
+                    C.copy_h2d(dst.ptr, src_owner, device)
+                else:
+                    C.copy_d2d(dst.ptr, src_owner.ptr, ref.data_size, device)
+                self.seal(new_name)
+            except BaseException:
+                self._drop_owner(dst)
+                raise
+        finally:
+            self._drop_owner(src_owner)  # the source's reference is not needed any more
+        return self._cuda_result(dst, code, shape, order, fw, writable, new_name)
+
+    def _get_cuda(self, ref, name, framework, writable):
+        """get_tensor of a CUDA object: validate, map, wrap (reference released on failure)."""
+        try:
+            fw = self._cuda_framework(framework, name)
+            meta = ref.metadata
+            code, shape, order = T.UINT8, (ref.data_size,), T.LITTLE
+            if meta[:4] == T.MAGIC:
+                m = T.decode_header(meta)
+                if m.device_type != T.DEVICE_CUDA:
+                    raise ProtocolError(f"{name!r} is a CUDA object with a host tensor header")
+                if m.nbytes != ref.data_size:
+                    raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
+                                        f"object has {ref.data_size}")
+                code, shape, order = m.dtype_code, m.shape, m.byte_order
+        except BaseException:
+            self._release_quietly(ref.object_id)
+            raise
+        owner = self._cuda_owner(ref, name)
+        return self._cuda_result(owner, code, shape, order, fw, writable, name)
+
+    @staticmethod
+    def _cuda_framework(framework, name):
+        """'torch' or 'cuda' for a CUDA result; None picks torch when it is usable."""
+        if framework is None:
+            return "torch" if C.torch_cuda_usable() else "cuda"
+        if framework in ("torch", "cuda"):
+            return framework
+        if framework in ("numpy", "np"):
+            raise TypeError(f"{name!r} is a CUDA object: numpy cannot view device memory; use "
+                            "framework='cuda' and .to_numpy() for a host copy")
+        raise ValueError(f"framework must be None, 'torch' or 'cuda', not {framework!r}")
+
+    @staticmethod
+    def _cuda_result(owner, code, shape, byte_order, framework, writable, name):
+        if framework == "torch":
+            return C.to_torch(owner, code, shape, byte_order)
+        return C.CudaTensor(owner, code, shape, byte_order, readonly=not writable, name=name)
+
     def subscribe(self):
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
         return Subscription(self._path)
+
+
+def _c_strides(shape, itemsize):
+    """Byte strides of a C-contiguous array (for checking ``__cuda_array_interface__``)."""
+    strides = []
+    step = itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+def _dtype_code(dtype) -> int:
+    """Protocol dtype code of a numpy dtype, a dtype name ("bfloat16" too) or a torch dtype."""
+    if type(dtype).__module__ == "torch":  # torch.float32 and friends
+        to_code, _ = T.torch_tables()
+        code = to_code.get(dtype)
+        if code is None:
+            raise TypeError(f"vovp cannot store torch dtype {dtype}")
+        return code
+    if isinstance(dtype, str):
+        for code, n in T.DTYPE_NAMES.items():
+            if n == dtype:
+                return code
+    return T.numpy_code(np.dtype(dtype))
 
 
 def _flusher(client_ref, q):

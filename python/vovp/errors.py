@@ -121,7 +121,7 @@ class GpuUnavailable(VovpError):
 
 
 class GpuError(VovpError):
-    """A CUDA driver call failed in the daemon (status 11)."""
+    """A CUDA driver call failed, in the daemon (status 11) or in this client."""
 
     status = 11
 

@@ -221,12 +221,24 @@ async fn connection_loop(
             }
             let payload = &inbuf[consumed + HEADER_LEN..consumed + header.frame_len()];
             consumed += header.frame_len();
+            let no_reply = header.flags & FLAG_NO_REPLY != 0;
             let response = match Request::decode(header.opcode, payload) {
+                // One-way releases are told, not asked: nothing waits for them, and the
+                // mailboxes' FIFO order still puts them before the next request's work.
+                Ok(request @ Request::Release { .. }) if no_reply => {
+                    // Waits only when the mailbox is full: backpressure on release floods.
+                    if conn
+                        .tell(Incoming { request, no_reply })
+                        .send()
+                        .await
+                        .is_err()
+                    {
+                        return Err(TransportError::Setup("store stopping".into()));
+                    }
+                    Response::NoReply
+                }
                 Ok(request) => conn
-                    .ask(Incoming {
-                        request,
-                        no_reply: header.flags & FLAG_NO_REPLY != 0,
-                    })
+                    .ask(Incoming { request, no_reply })
                     .await
                     .unwrap_or_else(|_| Response::error(status::SHUTTING_DOWN, "store stopping")),
                 Err((code, message)) => Response::error(code, message),
@@ -250,14 +262,18 @@ async fn connection_loop(
             }
         }
         inbuf.drain(..consumed);
-        if !out.is_empty() {
-            let (res, back) = flush(stream, out).await;
-            out = back;
-            res?;
-        }
         rbuf.clear();
-        let (res, back) = stream.read(rbuf).await;
+        // The replies and the next read go to the kernel together (one io_uring_enter):
+        // waiting for the write before submitting the read costs a context switch per request.
+        let (write_res, (res, back)) = if out.is_empty() {
+            (Ok(()), stream.read(rbuf).await)
+        } else {
+            let (written, read) = tokio::join!(flush(stream, out), stream.read(rbuf));
+            out = written.1;
+            (written.0, read)
+        };
         rbuf = back;
+        write_res?;
         match res {
             Ok(0) => return Ok(()),
             Ok(_) => inbuf.extend_from_slice(&rbuf),
@@ -476,12 +492,15 @@ impl ConnectionActor {
                     .await?;
                 Response::Objects(rx.await.map_err(|_| vovp::Error::ShuttingDown)?)
             }
+            Request::Release { ids } if no_reply => {
+                // Unbounded mailbox: never blocks; errors of one-way releases are not reported.
+                let _ = actors.table.tell(table::Release { holder, ids }).try_send();
+                Response::NoReply
+            }
             Request::Release { ids } => {
-                let err = actors.table.ask(table::Release { holder, ids }).await?;
-                match (err, no_reply) {
-                    (_, true) => Response::NoReply,
-                    (Some(e), false) => return Err(e.into()),
-                    (None, false) => Response::Empty,
+                match actors.table.ask(table::Release { holder, ids }).await? {
+                    Some(e) => return Err(e.into()),
+                    None => Response::Empty,
                 }
             }
             Request::Contains { name: n } => Response::Bool(

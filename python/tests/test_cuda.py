@@ -1,0 +1,668 @@
+"""CUDA objects from the pure-Python client (vovp/cuda.py).
+
+Two halves:
+
+* Everywhere (the normal CI run, no GPU): CUDA puts raise ``GpuUnavailable`` with a reason and
+  create nothing; a CUDA object reaching a client without a driver raises ``GpuUnavailable``
+  and its reference is released; the client keeps working for host objects. A missing driver
+  is simulated in-process (``cuda._reset_for_tests`` with a library name that does not exist),
+  so these also run, and mean the same, under the fake driver or on a GPU machine.
+* With ``VOVP_GPU_TESTS=1`` (``scripts/gpu-fake-test.sh``, which loads the FAKE libcuda of
+  gpu/fake-cuda through LD_LIBRARY_PATH, or a real NVIDIA machine): a daemon with
+  ``--gpu-memory 0:256M``; device memory put by one Python process is read by name by another
+  one (same allocation: writes through one mapping are seen through the other), references go
+  back to 0, and the Rust CLI (`vovp put-cuda` / `get-cuda`) interoperates both ways. Source
+  buffers are made with ``cuda.mem_alloc`` + a host-to-device copy, as a framework would.
+
+torch-specific tests additionally need torch with CUDA (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vovp
+from vovp import cuda as C
+from vovp import protocol as P
+from vovp import tensor as T
+
+from _helpers import wait_for
+from conftest import REPO
+
+GPU_TESTS = os.environ.get("VOVP_GPU_TESTS") == "1"
+CLI = Path(os.environ.get("VOVP_CLI_BIN", REPO / "target" / "debug" / "vovp"))
+
+needs_gpu = pytest.mark.skipif(
+    not GPU_TESTS, reason="set VOVP_GPU_TESTS=1 (scripts/gpu-fake-test.sh, or a GPU machine)")
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_driver():
+    """This process behaves as if no CUDA driver were installed, for the test's duration."""
+    gc.collect()
+    saved = C.LIBRARY_NAMES
+    C._reset_for_tests(("libcuda-that-does-not-exist-vovp-test.so",))
+    yield
+    C._reset_for_tests(saved)
+
+
+def refcount(client, name):
+    for e in client.list():
+        if e["name"] == name:
+            return e["refcount"]
+    return None
+
+
+def device_buffer(data) -> int:
+    """A cuMemAlloc'ed buffer holding ``data``'s bytes (at least 1 byte: 0 is refused)."""
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    ptr = C.mem_alloc(max(raw.nbytes, 1))
+    C.copy_h2d(ptr, raw, 0)
+    return ptr
+
+
+def pattern(n, seed=0):
+    return ((np.arange(n, dtype=np.uint32) * 2654435761 >> 24).astype(np.uint8) ^ seed)
+
+
+def using_fake_driver() -> bool:
+    with open("/proc/self/maps") as f:
+        return "fake-cuda" in f.read()
+
+
+def cli(daemon, *args) -> str:
+    if not CLI.exists():
+        pytest.fail(f"{CLI} is missing: run `cargo build --workspace --bins` first")
+    out = subprocess.run([str(CLI), "-s", daemon.socket, *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+# --- without a driver --------------------------------------------------------------------------
+
+
+class _FakeCudaInterface:
+    """Looks like a device array; never dereferenced (the put fails before any copy)."""
+
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0x1000, False),
+                                "version": 3, "strides": None, "stream": None}
+
+
+def test_put_cuda_without_driver_raises_with_reason(client, no_driver):
+    with pytest.raises(vovp.GpuUnavailable) as e:
+        client.put_cuda("g", 0x1000, 16)
+    assert e.value.status == 10
+    assert e.value.message.strip()
+    assert "libcuda" in e.value.message
+    with pytest.raises(vovp.GpuUnavailable):
+        client.put_tensor("g2", _FakeCudaInterface())
+    with pytest.raises(vovp.GpuUnavailable):
+        client.put_cuda("g3", _FakeCudaInterface())
+    # Nothing reached the daemon, and host objects still work on the same client.
+    assert client.list() == []
+    a = client.put_tensor("host", np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(client.get_tensor("host"), a)
+    assert not C.available()
+    assert C.unavailable_reason() == e.value.message
+
+
+def test_to_device_without_driver(client, no_driver):
+    client.put_tensor("h", np.ones(4))
+    with pytest.raises(vovp.GpuUnavailable):
+        client.to_device("h", "h-gpu")
+    assert not client.contains("h-gpu")
+    assert refcount(client, "h") == 0
+
+
+class ScriptedDaemon:
+    """A stand-in daemon on a Unix socket: answers HELLO (one memfd segment holding bytes
+    0..7), and GET of "gpu" with a CUDA objref, of "host" with a host uint8 tensor; records
+    RELEASEd object ids. Lets the normal (GPU-less) CI see a CUDA object reach the client."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="vovp-", dir="/tmp")
+        self.socket = os.path.join(self.dir, "s.sock")
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.socket)
+        self.srv.listen(1)
+        self.fd = os.memfd_create("vovp-test")
+        os.ftruncate(self.fd, 4096)
+        os.pwrite(self.fd, bytes(range(8)), 0)
+        self.released = []
+        self.next_oid = 100
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def reply(op, rid, body=b""):
+        payload = b"\x00" + body
+        return struct.pack("<IBBHQ", 12 + len(payload), 1, op | 0x80, 0, rid) + payload
+
+    def _objref(self, name):
+        self.next_oid += 1
+        if name == "gpu":
+            meta = T.encode_header(T.FLOAT32, (4,), device_type=T.DEVICE_CUDA)
+            return (struct.pack("<QQB", self.next_oid, 16, P.LOC_CUDA)
+                    + struct.pack("<IIQ64s", 0, 0, 256, b"\x07" * 64)
+                    + struct.pack("<I", len(meta)) + meta)
+        meta = T.encode_header(T.UINT8, (8,))
+        return (struct.pack("<QQB", self.next_oid, 8, P.LOC_HOST) + struct.pack("<IQ", 0, 0)
+                + struct.pack("<I", len(meta)) + meta)
+
+    def _serve(self):
+        conn, _ = self.srv.accept()
+        buf = b""
+        try:
+            while True:
+                while len(buf) < 4 or len(buf) < 4 + struct.unpack_from("<I", buf)[0]:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                n = 4 + struct.unpack_from("<I", buf)[0]
+                frame, buf = buf[:n], buf[n:]
+                _, _, op, _, rid = struct.unpack_from("<IBBHQ", frame)
+                body = frame[16:]
+                if op == P.HELLO:
+                    hello = struct.pack("<HQII", 1, 4096, 1 << 20, 1) + struct.pack("<IQ", 0, 4096)
+                    socket.send_fds(conn, [self.reply(op, rid, hello)], [self.fd])
+                elif op == P.GET:
+                    (nlen,) = struct.unpack_from("<H", body, 12)
+                    name = body[14:14 + nlen].decode()
+                    conn.sendall(self.reply(op, rid, struct.pack("<IB", 1, 1)
+                                            + self._objref(name)))
+                elif op == P.RELEASE:
+                    (count,) = struct.unpack_from("<I", body, 0)
+                    self.released += struct.unpack_from(f"<{count}Q", body, 4)
+                else:
+                    msg = b"not scripted"
+                    err = struct.pack("<IBBHQB", 12 + 3 + len(msg), 1, op | 0x80, 0, rid, 14)
+                    conn.sendall(err + struct.pack("<H", len(msg)) + msg)
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+    def stop(self):
+        self.srv.close()
+        os.close(self.fd)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def scripted():
+    d = ScriptedDaemon()
+    yield d
+    d.stop()
+
+
+def test_get_cuda_object_without_driver(scripted, no_driver):
+    c = vovp.Client(scripted.socket)
+    with pytest.raises(vovp.GpuUnavailable) as e:
+        c.get_tensor("gpu")
+    assert "libcuda" in e.value.message
+    first = scripted.next_oid
+    # The reference the GET granted went back at once (not left for the connection's end).
+    assert wait_for(lambda: first in scripted.released)
+    # numpy cannot view device memory: refused before mapping anything, reference released.
+    with pytest.raises(TypeError):
+        c.get_tensor("gpu", framework="numpy")
+    second = scripted.next_oid
+    assert wait_for(lambda: second in scripted.released)
+    # get_buffer of a CUDA object: no host memory to map.
+    with pytest.raises(vovp.GpuUnavailable):
+        c.get_buffer("gpu")
+    # The connection is still fine for host objects.
+    a = c.get_tensor("host")
+    np.testing.assert_array_equal(a, np.arange(8, dtype=np.uint8))
+    with pytest.raises(TypeError):
+        c.get_tensor("host", framework="cuda")
+    c.close()
+
+
+def test_cuda_tensor_interface_shape():
+    # No driver needed: CudaTensor is plain data around an owner.
+    owner = C.DeviceBuffer(0x7000, 24, 0, None)
+    t = C.CudaTensor(owner, T.FLOAT32, (2, 3), name="x")
+    iface = t.__cuda_array_interface__
+    assert iface == {"shape": (2, 3), "typestr": "<f4", "data": (0x7000, True), "version": 3,
+                     "strides": None, "stream": None}
+    assert (t.device, t.dtype, t.shape, t.ptr, t.nbytes) == (0, np.float32, (2, 3), 0x7000, 24)
+    w = C.CudaTensor(owner, T.BFLOAT16, (12,), readonly=False)
+    assert w.__cuda_array_interface__["data"] == (0x7000, False)
+    assert w.__cuda_array_interface__["typestr"] == "<u2"  # raw bits: no bfloat16 typestr
+    assert w.dtype_name == "bfloat16"
+
+
+# --- with a (fake or real) driver --------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu_daemon(start_daemon):
+    if not C.available():
+        pytest.fail(f"VOVP_GPU_TESTS=1 but this process cannot use CUDA: "
+                    f"{C.unavailable_reason()}", pytrace=False)
+    return start_daemon(64 << 20, ["--gpu-memory", "0:256M"])
+
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+SHAPES = [(), (0,), (7,), (2, 3), (3, 0, 2), (4, 5, 6)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_put_get_round_trip(gpu_daemon, dtype):
+    c, other = gpu_daemon.client(), gpu_daemon.client()
+    for i, shape in enumerate(SHAPES):
+        n = int(np.prod(shape, dtype=np.int64))
+        np_dt = np.dtype("uint16") if dtype == "bfloat16" else np.dtype(dtype)
+        host = (np.arange(n) % 100).astype(np_dt).reshape(shape)
+        src = device_buffer(host)
+        name = f"{dtype}-{i}"
+        put = c.put_cuda(name, src, host.nbytes, dtype, shape)
+        C.mem_free(src)  # the store has its own copy
+        assert isinstance(put, C.CudaTensor)
+        assert put.shape == shape and put.dtype_name == dtype and put.nbytes == host.nbytes
+        got = other.get_tensor(name, framework="cuda")
+        assert got.ptr == put.ptr  # one process: one mapping of the pool, same address
+        assert got.__cuda_array_interface__["data"][1] is True  # sealed: read-only
+        back = got.to_numpy()
+        assert back.shape == shape
+        np.testing.assert_array_equal(back.view(np.uint16) if dtype == "bfloat16" and
+                                      back.dtype != np.uint16 else back, host)
+        entry = next(e for e in c.list() if e["name"] == name)
+        assert (entry["device"], entry["device_id"], entry["dtype"], entry["shape"]) == \
+            ("cuda", 0, dtype, shape)
+    del put, got
+    gc.collect()
+    assert wait_for(lambda: all(e["refcount"] == 0 for e in c.list()))
+    c.close()
+    other.close()
+
+
+@needs_gpu
+def test_writable_and_release(gpu_daemon):
+    c = gpu_daemon.client()
+    src = device_buffer(np.arange(16, dtype=np.int32))
+    c.put_cuda("w", src, 64, np.int32)
+    C.mem_free(src)
+    t = c.get_tensor("w", framework="cuda", writable=True)
+    assert t.__cuda_array_interface__["data"] == (t.ptr, False)
+    assert refcount(c, "w") == 1
+    from vovp.client import find_lease
+    assert find_lease(t) is not None
+    assert t.release() is True
+    assert t.release() is False and c.release(t) is False  # double release is a no-op
+    assert refcount(c, "w") == 0
+    c.close()
+
+
+@needs_gpu
+def test_pool_mapped_once_and_closed_with_last_view(gpu_daemon):
+    c = gpu_daemon.client()
+    gc.collect()
+    assert C.open_pools() == 0
+    bufs = []
+    for i in range(3):
+        src = device_buffer(np.full(1000, i, dtype=np.uint8))
+        bufs.append(c.put_cuda(f"p{i}", src, 1000))
+        C.mem_free(src)
+    assert C.open_pools() == 1  # three objects, one pool, one IPC mapping
+    ptrs = {b.ptr for b in bufs}
+    assert len(ptrs) == 3
+    view = bufs[1].__cuda_array_interface__  # a dict holds no reference: only bufs count
+    old_ptr = bufs[0].ptr
+    del bufs
+    gc.collect()
+    assert wait_for(lambda: C.open_pools() == 0)
+    assert wait_for(lambda: all(e["refcount"] == 0 for e in c.list()))
+    if using_fake_driver():
+        # The driver really unmapped it (cuIpcCloseMemHandle): the old address is gone. Only
+        # probed with the fake, which checks pointers; a real GPU is not poked at freed memory.
+        with pytest.raises(vovp.GpuError):
+            C.copy_d2h(np.empty(1, np.uint8), old_ptr, 0)
+    # Mapping it again works (fresh cuIpcOpenMemHandle) and reads the same bytes.
+    again = c.get_tensor("p2", framework="cuda")
+    assert (again.to_numpy() == 2).all() and C.open_pools() == 1
+    assert view["shape"] == (1000,)
+    c.close()
+
+
+CHILD = r"""
+import gc, hashlib, sys
+import vovp
+from vovp import cuda as C
+
+client = vovp.Client(sys.argv[1])
+t = None
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "get":
+        t = client.get_tensor(args[0], framework="cuda")
+        out = f"{t.dtype_name} {t.nbytes} {hashlib.sha256(t.to_numpy().tobytes()).hexdigest()}"
+    elif cmd == "read":
+        out = hashlib.sha256(t.to_numpy().tobytes()).hexdigest()
+    elif cmd == "drop":
+        del t
+        t = None
+        gc.collect()
+        client.flush()
+        out = f"dropped pools={C.open_pools()}"
+    elif cmd == "put":  # put NAME NBYTES FILL: a device buffer put through put_cuda
+        n, fill = int(args[1]), int(args[2])
+        src = C.mem_alloc(n)
+        C.copy_h2d(src, bytes([fill]) * n, 0)
+        t = client.put_cuda(args[0], src, n)
+        C.mem_free(src)
+        out = "put"
+    else:
+        break
+    print(out, flush=True)
+"""
+
+
+class Child:
+    """A second Python process driven line by line (see CHILD)."""
+
+    def __init__(self, daemon, env):
+        self.p = subprocess.Popen([sys.executable, "-c", CHILD, daemon.socket],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=env)
+        self.buf = b""
+
+    def ask(self, line, timeout=30.0) -> str:
+        self.p.stdin.write((line + "\n").encode())
+        self.p.stdin.flush()
+        fd = self.p.stdout.fileno()
+        while b"\n" not in self.buf:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            chunk = os.read(fd, 65536) if ready else b""
+            if not chunk:
+                self.p.kill()
+                raise AssertionError(f"child gave no answer to {line!r}: "
+                                     f"{self.p.stderr.read().decode(errors='replace')}")
+            self.buf += chunk
+        out, self.buf = self.buf.split(b"\n", 1)
+        return out.decode()
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+            self.p.wait(10)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+
+
+@needs_gpu
+def test_cross_process_same_allocation(gpu_daemon, subprocess_env):
+    n = 1 << 20
+    c = gpu_daemon.client()
+    first = pattern(n, 1)
+    src = device_buffer(first)
+    mine = c.put_cuda("shared", src, n)
+    C.mem_free(src)
+    child = Child(gpu_daemon, subprocess_env)
+    try:
+        # Another process gets it by name and reads (device-to-host) the same bytes.
+        assert child.ask("get shared") == f"uint8 {n} {hashlib.sha256(first).hexdigest()}"
+        assert refcount(c, "shared") == 2
+        # Same allocation, not a copy: write through this process's mapping of the store
+        # memory (sealed objects are read-only by convention; this is the test's probe) ...
+        second = pattern(n, 2)
+        C.copy_h2d(mine.ptr, second, 0)
+        # ... and the other process sees the new bytes through its own mapping.
+        assert child.ask("read") == hashlib.sha256(second).hexdigest()
+        # References go back to 0 when both drop their views; the child unmapped its pool.
+        assert child.ask("drop") == "dropped pools=0"
+        assert wait_for(lambda: refcount(c, "shared") == 1)
+        del mine
+        gc.collect()
+        assert wait_for(lambda: refcount(c, "shared") == 0)
+        assert wait_for(lambda: C.open_pools() == 0)
+        # The other direction: the child puts, this process gets.
+        assert child.ask(f"put fromchild {n} 9") == "put"
+        got = c.get_tensor("fromchild", framework="cuda")
+        assert (got.to_numpy() == 9).all()
+    finally:
+        child.close()
+    # The child exited holding its put result: the daemon released that reference.
+    del got
+    gc.collect()
+    assert wait_for(lambda: refcount(c, "fromchild") == 0)
+    c.close()
+
+
+@needs_gpu
+def test_rust_cli_put_python_get(gpu_daemon):
+    n = 300_000
+    cli(gpu_daemon, "put-cuda", "from-rust", "--bytes", str(n), "--fill", "7")
+    c = gpu_daemon.client()
+    t = c.get_tensor("from-rust", framework="cuda")
+    assert (t.dtype_name, t.shape, t.device) == ("uint8", (n,), 0)
+    host = t.to_numpy()
+    assert host.shape == (n,) and (host == 7).all()
+    if not C.torch_cuda_usable():
+        assert isinstance(c.get_tensor("from-rust"), C.CudaTensor)  # framework=None
+    del t
+    gc.collect()
+    assert wait_for(lambda: refcount(c, "from-rust") == 0)
+    c.close()
+
+
+@needs_gpu
+def test_python_put_rust_get(gpu_daemon):
+    n = 123_457
+    data = pattern(n, 3)
+    c = gpu_daemon.client()
+    src = device_buffer(data)
+    c.put_cuda("from-python", src, n)
+    C.mem_free(src)
+    out = cli(gpu_daemon, "get-cuda", "from-python")
+    assert out == f"len={n} first={data[0]} last={data[-1]} sum={int(data.sum(dtype=np.uint64))}"
+    c.close()
+
+
+@needs_gpu
+def test_to_device_copies_host_tensor(gpu_daemon):
+    c = gpu_daemon.client()
+    a = np.arange(12, dtype=np.float64).reshape(3, 4) * 1.5
+    c.put_tensor("h", a)
+    t = c.to_device("h", "h-cuda", 0, framework="cuda")
+    assert (t.dtype_name, t.shape, t.device) == ("float64", (3, 4), 0)
+    np.testing.assert_array_equal(t.to_numpy(), a)
+    entries = {e["name"]: e for e in c.list()}
+    assert entries["h-cuda"]["device"] == "cuda" and entries["h-cuda"]["shape"] == (3, 4)
+    assert entries["h"]["refcount"] == 0  # the source's reference was released
+    # CUDA -> CUDA works too (device-to-device).
+    t2 = c.to_device("h-cuda", "h-cuda-2", 0, framework="cuda")
+    np.testing.assert_array_equal(t2.to_numpy(), a)
+    del t, t2
+    gc.collect()
+    assert wait_for(lambda: all(e["refcount"] == 0 for e in c.list()))
+    c.close()
+
+
+@needs_gpu
+def test_put_from_cuda_array_interface(gpu_daemon):
+    c = gpu_daemon.client()
+    src = device_buffer(np.arange(10, dtype=np.int16))
+    c.put_cuda("iface-src", src, 20, np.int16)
+    C.mem_free(src)
+    t = c.get_tensor("iface-src", framework="cuda")
+    # Anything with __cuda_array_interface__ (a CudaTensor here) goes through put_cuda.
+    copy = c.put_tensor("iface-copy", t)
+    assert isinstance(copy, C.CudaTensor) and copy.ptr != t.ptr
+    assert copy.dtype == np.int16 and copy.shape == (10,)
+    np.testing.assert_array_equal(copy.to_numpy(), np.arange(10, dtype=np.int16))
+
+    class Strided:
+        __cuda_array_interface__ = {"shape": (5,), "typestr": "<i2", "data": (t.ptr, False),
+                                    "version": 3, "strides": (4,), "stream": None}
+
+    with pytest.raises(ValueError):
+        c.put_cuda("strided", Strided())
+    assert not c.contains("strided")
+    c.close()
+
+
+@needs_gpu
+def test_failed_copy_aborts_and_bad_device(gpu_daemon):
+    c = gpu_daemon.client()
+    with pytest.raises(vovp.GpuError):
+        # 0x10 is no device memory: the copy fails after CREATE; the object must be aborted.
+        c.put_cuda("bad", 0x10, 64, device=0)
+    assert not c.contains("bad")
+    assert [e for e in c.list() if e["name"] == "bad"] == []
+    with pytest.raises(vovp.GpuError):
+        c.put_cuda("bad2", 0x10, 64)  # device unknown: asked from the driver, which refuses
+    with pytest.raises(vovp.GpuUnavailable) as e:
+        c.put_cuda("bad3", 0x10, 64, device=7)
+    assert "cuda:7" in e.value.message
+    # Still usable.
+    src = device_buffer(np.ones(8, dtype=np.uint8))
+    c.put_cuda("good", src, 8)
+    C.mem_free(src)
+    assert c.contains("good")
+    c.close()
+
+
+@needs_gpu
+def test_ephemeral_cuda_object_goes_with_last_reference(gpu_daemon):
+    c = gpu_daemon.client()
+    src = device_buffer(np.ones(100, dtype=np.uint8))
+    t = c.put_cuda("eph", src, 100, ephemeral=True)
+    C.mem_free(src)
+    assert c.contains("eph")
+    del t
+    gc.collect()
+    assert wait_for(lambda: not c.contains("eph"))
+    c.close()
+
+
+@needs_gpu
+def test_get_cuda_object_in_client_without_driver(gpu_daemon, no_driver):
+    # The daemon has the (fake or real) driver; this process pretends it has none.
+    cli(gpu_daemon, "put-cuda", "dev", "--bytes", "1000", "--fill", "3")
+    c = gpu_daemon.client()
+    with pytest.raises(vovp.GpuUnavailable) as e:
+        c.get_tensor("dev")
+    assert e.value.message.strip()
+    assert wait_for(lambda: refcount(c, "dev") == 0)  # the GET's reference was released
+    a = c.put_tensor("host-ok", np.arange(3))
+    np.testing.assert_array_equal(c.get_tensor("host-ok"), a)
+    c.close()
+
+
+NO_DEVICE_CHILD = r"""
+import vovp
+from vovp import cuda as C
+try:
+    C.mem_alloc(16)
+except vovp.GpuUnavailable as e:
+    print("unavailable:", e.message)
+else:
+    print("available")
+"""
+
+
+@needs_gpu
+@pytest.mark.parametrize("env,expect", [({"FAKE_CUDA_INIT_ERROR": "100"}, "cuInit"),
+                                        ({"FAKE_CUDA_DEVICES": "0"}, "no device")])
+def test_driver_without_usable_device(subprocess_env, env, expect):
+    if not using_fake_driver():
+        pytest.skip("needs the fake driver (its FAKE_CUDA_* switches)")
+    out = subprocess.run([sys.executable, "-c", NO_DEVICE_CHILD], capture_output=True,
+                         text=True, timeout=60, env={**subprocess_env, **env})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("unavailable:") and expect in out.stdout, out.stdout
+
+
+# --- torch -------------------------------------------------------------------------------------
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    return torch
+
+
+@needs_gpu
+def test_torch_put_get_zero_copy(gpu_daemon):
+    torch = _torch_cuda()
+    c, other = gpu_daemon.client(), gpu_daemon.client()
+    x = (torch.arange(1000, dtype=torch.float32, device="cuda:0") * 2).reshape(10, 100)
+    r = c.put_tensor("t", x)
+    assert isinstance(r, torch.Tensor) and r.is_cuda and r.device == x.device
+    assert r.data_ptr() != x.data_ptr() and torch.equal(r, x)
+    g = other.get_tensor("t")  # framework=None: torch, as torch sees CUDA
+    assert isinstance(g, torch.Tensor) and g.is_cuda and torch.equal(g, x)
+    assert g.data_ptr() == r.data_ptr()  # one process: one mapping of the pool
+    g[0, 0] = -1.0  # same memory (never do this to a sealed object outside a test)
+    torch.cuda.synchronize()
+    assert r[0, 0].item() == -1.0
+    assert refcount(c, "t") == 2
+    view = g[1:3]  # views keep the reference (torch holds the source object)
+    del r, g
+    gc.collect()
+    assert wait_for(lambda: refcount(c, "t") == 1)
+    del view
+    gc.collect()
+    assert wait_for(lambda: refcount(c, "t") == 0)
+    c.close()
+    other.close()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int64", "bool", "complex64"])
+def test_torch_dtypes_and_non_contiguous(gpu_daemon, dtype):
+    torch = _torch_cuda()
+    c = gpu_daemon.client()
+    dt = getattr(torch, dtype)
+    base = torch.arange(24, device="cuda:0").reshape(4, 6)
+    x = (base % 2 == 0) if dtype == "bool" else base.to(dt)
+    x = x.t()  # non-contiguous: stored C-contiguous
+    r = c.put_tensor("nc", x)
+    assert r.dtype == dt and r.shape == x.shape and r.is_contiguous() and torch.equal(r, x)
+    g = c.get_tensor("nc", framework="torch")
+    assert torch.equal(g, x)
+    ct = c.get_tensor("nc", framework="cuda")
+    assert ct.dtype_name == dtype and ct.shape == tuple(x.shape)
+    c.close()
+
+
+@needs_gpu
+def test_torch_tensor_from_cuda_tensor_interface(gpu_daemon):
+    torch = _torch_cuda()
+    c = gpu_daemon.client()
+    c.put_tensor("i", torch.ones(5, device="cuda:0"))
+    ct = c.get_tensor("i", framework="cuda", writable=True)  # torch refuses read-only arrays
+    t = torch.as_tensor(ct, device="cuda:0")
+    assert t.data_ptr() == ct.ptr and torch.equal(t, torch.ones(5, device="cuda:0"))
+    del ct
+    gc.collect()
+    assert refcount(c, "i") == 1  # torch keeps the CudaTensor (and its reference) alive
+    del t
+    gc.collect()
+    assert wait_for(lambda: refcount(c, "i") == 0)
+    c.close()
