@@ -97,7 +97,7 @@ impl ObjectSink for Session {
     }
 
     fn seal(&self, name: &ObjectName) -> Result<(), Error> {
-        futures_executor::block_on(
+        block_on(
             self.core
                 .actors
                 .table
@@ -122,6 +122,25 @@ impl Drop for Session {
             })
             .try_send();
     }
+}
+
+/// How long a blocking call polls its reply before parking the thread.
+const REPLY_SPIN: Duration = Duration::from_micros(50);
+
+/// Runs `f` to completion on this thread. The engine answers a small request within a few
+/// microseconds, but waking a parked thread on another CPU costs tens of microseconds on
+/// virtual machines; polling (yielding the CPU in between) for a short while skips that wake-up.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let start = std::time::Instant::now();
+    while start.elapsed() < REPLY_SPIN {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+    futures_executor::block_on(f)
 }
 
 /// The in-process store.
@@ -289,7 +308,7 @@ impl EngineHandle {
             let _ = core.actors.allocator.stop_gracefully().await;
             let _ = core.actors.gpu.stop_gracefully().await;
         };
-        futures_executor::block_on(stop);
+        block_on(stop);
         if let Some((thread, stop_tx)) = runtime {
             let _ = stop_tx.send(());
             let _ = thread.join();
@@ -498,13 +517,13 @@ impl Store for EngineHandle {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectBuffer, Error> {
-        futures_executor::block_on(AsyncStore::create(self, name, size, metadata, options))
+        block_on(AsyncStore::create(self, name, size, metadata, options))
     }
     fn seal(&self, name: &str) -> Result<(), Error> {
-        futures_executor::block_on(AsyncStore::seal(self, name))
+        block_on(AsyncStore::seal(self, name))
     }
     fn abort(&self, name: &str) -> Result<(), Error> {
-        futures_executor::block_on(AsyncStore::abort(self, name))
+        block_on(AsyncStore::abort(self, name))
     }
     fn put(
         &self,
@@ -513,28 +532,28 @@ impl Store for EngineHandle {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
-        futures_executor::block_on(AsyncStore::put(self, name, data, metadata, options))
+        block_on(AsyncStore::put(self, name, data, metadata, options))
     }
     fn get(
         &self,
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        futures_executor::block_on(AsyncStore::get(self, names, timeout))
+        block_on(AsyncStore::get(self, names, timeout))
     }
     fn contains(&self, name: &str) -> Result<bool, Error> {
-        futures_executor::block_on(AsyncStore::contains(self, name))
+        block_on(AsyncStore::contains(self, name))
     }
     fn delete(&self, name: &str) -> Result<(), Error> {
-        futures_executor::block_on(AsyncStore::delete(self, name))
+        block_on(AsyncStore::delete(self, name))
     }
     fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        futures_executor::block_on(AsyncStore::list(self))
+        block_on(AsyncStore::list(self))
     }
     fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        futures_executor::block_on(AsyncStore::evict(self, bytes))
+        block_on(AsyncStore::evict(self, bytes))
     }
     fn stats(&self) -> Result<StoreStats, Error> {
-        futures_executor::block_on(AsyncStore::stats(self))
+        block_on(AsyncStore::stats(self))
     }
 }
