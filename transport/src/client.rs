@@ -140,19 +140,25 @@ impl Call<'_> {
     }
 }
 
+/// Reads a reply's status; an error status (with its message and details) becomes `Err`.
+fn read_status(r: &mut Reader<'_>) -> Result<(), Error> {
+    let st = r.u8()?;
+    if st == status::OK {
+        return Ok(());
+    }
+    let message = r.str()?.to_owned();
+    let oom = if st == status::OUT_OF_MEMORY {
+        Some((r.u64()?, r.u64()?))
+    } else {
+        None
+    };
+    Err(error_from_reply(st, message, oom))
+}
+
 /// Decodes a reply payload to `Call` `opcode`; an error status becomes `Err`.
 fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, Error> {
     let mut r = Reader::new(payload);
-    let st = r.u8()?;
-    if st != status::OK {
-        let message = r.str()?.to_owned();
-        let oom = if st == status::OUT_OF_MEMORY {
-            Some((r.u64()?, r.u64()?))
-        } else {
-            None
-        };
-        return Err(error_from_reply(st, message, oom));
-    }
+    read_status(&mut r)?;
     let resp = match opcode {
         op::CREATE | op::PUT => Response::Object(r.object(names[0])?),
         op::GET => {
@@ -370,11 +376,7 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
         }
     };
     let mut r = Reader::new(&reply[HEADER_LEN..frame_len]);
-    let st = r.u8()?;
-    if st != status::OK {
-        let message = r.str()?.to_owned();
-        return Err(error_from_reply(st, message, None));
-    }
+    read_status(&mut r)?;
     let _version = r.u16()?;
     let capacity = r.u64()?;
     let max_inline = r.u32()?;
