@@ -425,3 +425,26 @@ fn cuda_put_without_a_gpu_is_a_clear_error_and_the_daemon_keeps_serving() {
         .unwrap();
     assert_eq!(&c.get_one("host-tensor", None).unwrap()[..], b"fine");
 }
+
+#[test]
+fn a_client_killed_while_waiting_in_a_get_releases_at_once() {
+    let d = Daemon::start("16M");
+    let c = d.client();
+    c.put("held", &[3u8; 1000], b"", CreateOptions::default())
+        .unwrap();
+    // Holds "held", then blocks in a GET (one-hour timeout) for a name nobody will seal.
+    let mut waiter = d.cli_spawn(&["hold", "held", "--wait-for", "never-sealed"]);
+    assert_eq!(read_line(&mut waiter), "holding");
+    std::thread::sleep(Duration::from_millis(200)); // let the GET reach the daemon
+    assert_eq!(c.stats().unwrap().references, 1);
+    waiter.kill().unwrap();
+    let _ = waiter.wait();
+    // Well before the GET's timeout: the daemon noticed the dead peer and released.
+    wait_until(Duration::from_secs(5), || {
+        c.stats().unwrap().references == 0
+    });
+    // And the store still serves, including a later seal of the awaited name.
+    c.put("never-sealed", b"x", b"", CreateOptions::default())
+        .unwrap();
+    assert!(c.contains("never-sealed").unwrap());
+}

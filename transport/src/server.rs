@@ -176,13 +176,14 @@ async fn serve_connection(
     stream.set_nonblocking(false)?;
     let raw = stream.try_clone()?;
     let stream = tokio_uring::net::UnixStream::from_std(stream);
+    let holder = engine.new_holder_id();
     let conn = ConnectionActor::spawn(ConnectionActor {
-        holder: engine.new_holder_id(),
-        engine,
+        holder,
+        engine: engine.clone(),
         shared,
         greeted: false,
     });
-    let result = connection_loop(&stream, &raw, &conn).await;
+    let result = connection_loop(&stream, &raw, &conn, (holder, &engine)).await;
     // Whatever the reason the connection ended, everything it held goes back.
     let _ = conn.ask(Disconnect).await;
     let _ = conn.stop_gracefully().await;
@@ -194,6 +195,7 @@ async fn connection_loop(
     stream: &tokio_uring::net::UnixStream,
     raw: &StdUnixStream,
     conn: &kameo::actor::ActorRef<ConnectionActor>,
+    holder: (HolderId, &EngineHandle),
 ) -> Result<(), TransportError> {
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut rbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
@@ -237,10 +239,7 @@ async fn connection_loop(
                     }
                     Response::NoReply
                 }
-                Ok(request) => conn
-                    .ask(Incoming { request, no_reply })
-                    .await
-                    .unwrap_or_else(|_| Response::error(status::SHUTTING_DOWN, "store stopping")),
+                Ok(request) => answer(conn, Incoming { request, no_reply }, raw, holder).await,
                 Err((code, message)) => Response::error(code, message),
             };
             match response {
@@ -279,6 +278,51 @@ async fn connection_loop(
             Ok(_) => inbuf.extend_from_slice(&rbuf),
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// How often a long request (a GET waiting for a seal) checks that its client is still there.
+const LIVENESS_CHECK: Duration = Duration::from_millis(100);
+
+/// Asks the connection actor and waits for its response. While a request waits (a GET with a
+/// timeout), the loop does not read the socket, so it would not notice the client dying: every
+/// `LIVENESS_CHECK` it peeks at the socket, and on end-of-file releases everything the holder
+/// held at once (which also cancels the waiting GET) instead of when the wait ends.
+async fn answer(
+    conn: &kameo::actor::ActorRef<ConnectionActor>,
+    incoming: Incoming,
+    raw: &StdUnixStream,
+    (holder, engine): (HolderId, &EngineHandle),
+) -> Response {
+    let ask = conn.ask(incoming).send();
+    tokio::pin!(ask);
+    let mut released = false;
+    loop {
+        tokio::select! {
+            r = &mut ask => {
+                return r.unwrap_or_else(|_| Response::error(status::SHUTTING_DOWN, "store stopping"));
+            }
+            _ = tokio::time::sleep(LIVENESS_CHECK), if !released => {
+                if peer_closed(raw) {
+                    released = true;
+                    let _ = engine.actors().table.tell(table::ReleaseHolder { holder }).try_send();
+                }
+            }
+        }
+    }
+}
+
+/// True when the peer has closed its end (a peek reads end-of-file) or the socket failed.
+fn peer_closed(raw: &StdUnixStream) -> bool {
+    let mut b = [0u8; 1];
+    match rustix::net::recv(
+        raw,
+        &mut b,
+        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+    ) {
+        Ok((0, _)) => true,
+        Ok(_) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => false,
+        Err(_) => true,
     }
 }
 

@@ -56,6 +56,9 @@ enum Command {
         names: Vec<String>,
         #[arg(long, default_value_t = 3600)]
         seconds: u64,
+        /// After "holding", wait (GET with a long timeout) for this name instead of sleeping.
+        #[arg(long)]
+        wait_for: Option<String>,
     },
     /// Create NAME unsealed, write PATTERN into it, print "created" and sleep (never sealing).
     CreateHold {
@@ -195,7 +198,11 @@ fn run(args: Args) -> Result<(), Error> {
             )
             .map_err(io)?;
         }
-        Command::Hold { names, seconds } => {
+        Command::Hold {
+            names,
+            seconds,
+            wait_for,
+        } => {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             let views = client.get(&names, None)?;
             if views.iter().any(Option::is_none) {
@@ -203,7 +210,10 @@ fn run(args: Args) -> Result<(), Error> {
             }
             writeln!(out, "holding").map_err(io)?;
             out.flush().map_err(io)?;
-            std::thread::sleep(Duration::from_secs(seconds));
+            match wait_for {
+                Some(name) => drop(client.get(&[&name], Some(Duration::from_secs(seconds)))?),
+                None => std::thread::sleep(Duration::from_secs(seconds)),
+            }
         }
         Command::CreateHold {
             name,
