@@ -294,13 +294,20 @@ async fn answer(
     raw: &StdUnixStream,
     (holder, engine): (HolderId, &EngineHandle),
 ) -> Response {
+    let stopping = |_| Response::error(status::SHUTTING_DOWN, "store stopping");
+    // Only a GET with a timeout can wait; every other request is answered at once and needs no
+    // timer on the hot path.
+    let may_wait = matches!(&incoming.request, Request::Get { timeout_ms, .. } if *timeout_ms != 0);
+    if !may_wait {
+        return conn.ask(incoming).await.unwrap_or_else(stopping);
+    }
     let ask = conn.ask(incoming).send();
     tokio::pin!(ask);
     let mut released = false;
     loop {
         tokio::select! {
             r = &mut ask => {
-                return r.unwrap_or_else(|_| Response::error(status::SHUTTING_DOWN, "store stopping"));
+                return r.unwrap_or_else(stopping);
             }
             _ = tokio::time::sleep(LIVENESS_CHECK), if !released => {
                 if peer_closed(raw) {
