@@ -14,7 +14,9 @@ use crate::segment::Segment;
 use crate::types::ALIGNMENT;
 
 /// Most live allocations per segment (the allocator preallocates this many nodes, ~24 B each).
-const MAX_ALLOCS_PER_SEGMENT: u32 = 1 << 20;
+/// This is the store's object limit (PROTOCOL.md): past it a create fails with
+/// `TooManyObjects` unless evicting an unreferenced object frees a slot.
+pub const MAX_ALLOCS_PER_SEGMENT: u32 = 1 << 20;
 
 /// A run of host memory handed to one object.
 #[derive(Clone, Copy)]
@@ -36,35 +38,64 @@ impl std::fmt::Debug for HostBlock {
     }
 }
 
+/// Why an allocation failed: the caller evicts for either, but reports them differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocFailure {
+    /// No free run is large enough (or the size cannot be represented at all).
+    NoSpace,
+    /// Every allocation slot is taken, however much memory is free.
+    TooManyAllocations { limit: u64 },
+}
+
 /// Free-space bookkeeping for one segment, in [`ALIGNMENT`]-byte units.
 pub struct SegmentAllocator {
     inner: Allocator,
     capacity: u64,
     used: u64,
     live: u64,
+    max_allocs: u64,
 }
 
 impl SegmentAllocator {
     /// Manages `capacity` bytes (rounded down to whole units; at most 2^32 units = 256 GiB).
     pub fn new(capacity: u64) -> Self {
+        Self::with_max_allocations(capacity, MAX_ALLOCS_PER_SEGMENT)
+    }
+
+    /// As [`SegmentAllocator::new`], holding at most `max_allocs` allocations at once.
+    pub fn with_max_allocations(capacity: u64, max_allocs: u32) -> Self {
         let units = (capacity / ALIGNMENT).min(u32::MAX as u64 - 1) as u32;
-        let max_allocs = units.clamp(1, MAX_ALLOCS_PER_SEGMENT);
+        let max_allocs = max_allocs.min(units).clamp(1, MAX_ALLOCS_PER_SEGMENT);
         SegmentAllocator {
-            inner: Allocator::with_max_allocs(units, max_allocs),
+            // The inner allocator spends a node on every free run too (at most one more than
+            // the live allocations), so it gets twice the nodes: the object limit is then ours
+            // to enforce (`TooManyAllocations`), never its silent "no space".
+            inner: Allocator::with_max_allocs(
+                units,
+                max_allocs.saturating_mul(2).saturating_add(1),
+            ),
             capacity: units as u64 * ALIGNMENT,
             used: 0,
             live: 0,
+            max_allocs: max_allocs as u64,
         }
     }
 
-    /// Reserves room for `size` bytes; `None` when no free run is large enough.
-    pub fn allocate(&mut self, size: u64) -> Option<(u64, u64, Allocation)> {
-        let units = u32::try_from(reserved_units(size)).ok()?;
-        let allocation = self.inner.allocate(units)?;
+    /// Reserves room for `size` bytes.
+    pub fn allocate(&mut self, size: u64) -> Result<(u64, u64, Allocation), AllocFailure> {
+        let units = reserved_units(size)
+            .and_then(|u| u32::try_from(u).ok())
+            .ok_or(AllocFailure::NoSpace)?;
+        if self.live >= self.max_allocs {
+            return Err(AllocFailure::TooManyAllocations {
+                limit: self.max_allocs,
+            });
+        }
+        let allocation = self.inner.allocate(units).ok_or(AllocFailure::NoSpace)?;
         let reserved = units as u64 * ALIGNMENT;
         self.used += reserved;
         self.live += 1;
-        Some((allocation.offset as u64 * ALIGNMENT, reserved, allocation))
+        Ok((allocation.offset as u64 * ALIGNMENT, reserved, allocation))
     }
 
     pub fn free(&mut self, allocation: Allocation, reserved: u64) {
@@ -92,22 +123,23 @@ impl SegmentAllocator {
 }
 
 /// Units reserved for `size` bytes: rounded up to the allocator's bin size (3 mantissa bits,
-/// so at most 12.5 % over). The offset allocator only searches bins at or above the rounded-up
+/// so at most 12.5 % over); `None` when that overflows (sizes near 2^64, which no segment can
+/// hold anyway: callers treat it as "does not fit", never as a small number). The offset allocator only searches bins at or above the rounded-up
 /// request, so a freed block of an unrounded size could not be reused by a request of the very
 /// same size; rounding makes equal sizes reuse each other's blocks exactly, which keeps eviction
 /// from freeing more objects than the new one needs.
-pub fn reserved_units(size: u64) -> u64 {
+pub fn reserved_units(size: u64) -> Option<u64> {
     let units = size.div_ceil(ALIGNMENT).max(1);
     if units < 8 {
-        return units;
+        return Some(units);
     }
     let step = 1u64 << (63 - units.leading_zeros() - 3);
-    units.div_ceil(step) * step
+    units.div_ceil(step).checked_mul(step)
 }
 
-/// Bytes reserved for an object of `size` bytes.
-pub fn reserved_bytes(size: u64) -> u64 {
-    reserved_units(size) * ALIGNMENT
+/// Bytes reserved for an allocation of `size` bytes (`None` on overflow).
+pub fn reserved_bytes(size: u64) -> Option<u64> {
+    reserved_units(size)?.checked_mul(ALIGNMENT)
 }
 
 /// Usage of host memory.
@@ -126,10 +158,10 @@ pub struct AllocatorActor {
 }
 
 impl AllocatorActor {
-    pub fn new(segments: Arc<[Arc<Segment>]>) -> Self {
+    pub fn new(segments: Arc<[Arc<Segment>]>, max_objects: u32) -> Self {
         let allocators = segments
             .iter()
-            .map(|s| SegmentAllocator::new(s.len()))
+            .map(|s| SegmentAllocator::with_max_allocations(s.len(), max_objects))
             .collect();
         AllocatorActor {
             segments,
@@ -148,27 +180,34 @@ impl AllocatorActor {
     }
 }
 
-/// Reserve `size` bytes in any segment. Replies `None` when nothing fits (the table actor then
+/// Reserve `size` bytes in any segment. Replies why when nothing fits (the table actor then
 /// evicts and retries).
 pub struct Allocate {
     pub size: u64,
 }
 
 impl Message<Allocate> for AllocatorActor {
-    type Reply = Option<HostBlock>;
+    type Reply = Result<HostBlock, AllocFailure>;
 
     async fn handle(&mut self, msg: Allocate, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let mut failure = AllocFailure::NoSpace;
         for (seg, alloc) in self.segments.iter().zip(self.allocators.iter_mut()) {
-            if let Some((offset, reserved, allocation)) = alloc.allocate(msg.size) {
-                return Some(HostBlock {
-                    segment: seg.id(),
-                    offset,
-                    reserved,
-                    allocation,
-                });
+            match alloc.allocate(msg.size) {
+                Ok((offset, reserved, allocation)) => {
+                    return Ok(HostBlock {
+                        segment: seg.id(),
+                        offset,
+                        reserved,
+                        allocation,
+                    })
+                }
+                // Running out of slots is the more specific reason: eviction must free an
+                // object, not bytes.
+                Err(f @ AllocFailure::TooManyAllocations { .. }) => failure = f,
+                Err(AllocFailure::NoSpace) => {}
             }
         }
-        None
+        Err(failure)
     }
 }
 
@@ -205,15 +244,42 @@ mod tests {
 
     #[test]
     fn reservation_rounds_to_bins() {
-        assert_eq!(reserved_bytes(0), 64);
-        assert_eq!(reserved_bytes(65), 128);
-        assert_eq!(reserved_units(9 * 64), 9);
-        assert_eq!(reserved_units(17 * 64), 18);
-        assert_eq!(reserved_bytes((1 << 18) - 64), 1 << 18);
+        assert_eq!(reserved_bytes(0), Some(64));
+        assert_eq!(reserved_bytes(65), Some(128));
+        assert_eq!(reserved_units(9 * 64), Some(9));
+        assert_eq!(reserved_units(17 * 64), Some(18));
+        assert_eq!(reserved_bytes((1 << 18) - 64), Some(1 << 18));
         for size in [1u64, 1000, 123_456_789, 1 << 30] {
-            let r = reserved_bytes(size);
+            let r = reserved_bytes(size).unwrap();
             assert!(r >= size && r <= size + size / 8 + 64, "{size} -> {r}");
         }
+    }
+
+    /// Regression (daemon spun forever on CREATE of 2^64-1): sizes whose reservation does not
+    /// fit in a u64 are "no space", never a wrapped-around small number.
+    #[test]
+    fn sizes_near_u64_max_never_wrap() {
+        for size in [u64::MAX, u64::MAX - 63, 0xF000_0000_0000_0001, 1 << 63] {
+            let r = reserved_bytes(size);
+            assert!(r.is_none_or(|r| r >= size), "{size:#x} -> {r:?}");
+        }
+        assert_eq!(reserved_bytes(u64::MAX), None);
+        let mut a = SegmentAllocator::new(1 << 20);
+        assert_eq!(a.allocate(u64::MAX).err(), Some(AllocFailure::NoSpace));
+        assert_eq!(a.allocate(1 << 40).err(), Some(AllocFailure::NoSpace));
+    }
+
+    #[test]
+    fn slot_exhaustion_is_its_own_failure() {
+        // 64 units: at most 64 allocations, whatever their size.
+        let mut a = SegmentAllocator::new(64 * ALIGNMENT);
+        let live: Vec<_> = (0..64).map(|_| a.allocate(1).unwrap()).collect();
+        assert_eq!(
+            a.allocate(1).err(),
+            Some(AllocFailure::TooManyAllocations { limit: 64 })
+        );
+        a.free(live[0].2, live[0].1);
+        assert!(a.allocate(1).is_ok());
     }
 
     #[test]
@@ -221,7 +287,7 @@ mod tests {
         let mut a = SegmentAllocator::new(1 << 20);
         let size = (1 << 18) - 64;
         let blocks: Vec<_> = (0..4).map(|_| a.allocate(size).unwrap()).collect();
-        assert!(a.allocate(size).is_none());
+        assert!(a.allocate(size).is_err());
         a.free(blocks[1].2, blocks[1].1);
         assert_eq!(a.allocate(size).unwrap().0, blocks[1].0);
     }
@@ -239,10 +305,10 @@ mod tests {
     fn fills_exactly_and_refuses_beyond() {
         let mut a = SegmentAllocator::new(1 << 20);
         let (_, _, big) = a.allocate(1 << 20).unwrap();
-        assert!(a.allocate(1).is_none());
+        assert!(a.allocate(1).is_err());
         a.free(big, 1 << 20);
         assert_eq!(a.used(), 0);
-        assert!(a.allocate(1 << 20).is_some());
+        assert!(a.allocate(1 << 20).is_ok());
     }
 
     proptest! {
@@ -257,7 +323,7 @@ mod tests {
                     let idx = (size as usize) % live.len();
                     let (_, reserved, alloc) = live.swap_remove(idx);
                     a.free(alloc, reserved);
-                } else if let Some((off, reserved, alloc)) = a.allocate(size) {
+                } else if let Ok((off, reserved, alloc)) = a.allocate(size) {
                     prop_assert_eq!(off % ALIGNMENT, 0);
                     prop_assert!(reserved >= size);
                     prop_assert!(off + reserved <= capacity);
@@ -275,7 +341,7 @@ mod tests {
             prop_assert_eq!(a.used(), 0);
             prop_assert_eq!(a.live_allocations(), 0);
             // Coalesced back into one run.
-            prop_assert!(a.allocate(capacity).is_some());
+            prop_assert!(a.allocate(capacity).is_ok());
         }
     }
 }

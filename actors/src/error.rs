@@ -14,6 +14,11 @@ pub enum StoreError {
          (every other byte is held by a referenced or unsealed object)"
     )]
     OutOfMemory { requested: u64, available: u64 },
+    #[error(
+        "too many objects: the store holds at most {limit} objects and none of them can be \
+         evicted (delete or release some)"
+    )]
+    TooManyObjects { limit: u64 },
     #[error("object {0:?} is not sealed yet; seal or abort it first")]
     NotSealed(String),
     #[error("object {0:?} is already sealed and immutable")]

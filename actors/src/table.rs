@@ -504,6 +504,11 @@ impl ObjectTable {
         freed
     }
 
+    /// Objects that eviction could free in `pool` now.
+    pub fn evictable_objects(&self, pool: Pool) -> usize {
+        self.lru.get(&pool).map_or(0, BTreeMap::len)
+    }
+
     /// Bytes that eviction could free in `pool` now.
     pub fn evictable_bytes(&self, pool: Pool) -> u64 {
         self.evictable.get(&pool).copied().unwrap_or(0)
@@ -542,26 +547,56 @@ impl ObjectTable {
     }
 
     pub fn list(&self) -> Vec<ObjectInfo> {
-        let mut v: Vec<ObjectInfo> = self
-            .by_name
-            .values()
-            .map(|&k| {
-                let e = &self.objects[k];
-                ObjectInfo {
-                    id: e.id,
-                    name: e.name.clone(),
-                    size: e.size,
-                    device: e.block.location().device(),
-                    sealed: e.sealed,
-                    ephemeral: e.ephemeral,
-                    refcount: e.refcount,
-                    last_access: e.last_access,
-                    metadata: e.metadata.clone(),
-                }
-            })
-            .collect();
+        let mut v: Vec<ObjectInfo> = self.by_name.values().map(|&k| self.info(k)).collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
+    }
+
+    fn info(&self, key: usize) -> ObjectInfo {
+        let e = &self.objects[key];
+        ObjectInfo {
+            id: e.id,
+            name: e.name.clone(),
+            size: e.size,
+            device: e.block.location().device(),
+            sealed: e.sealed,
+            ephemeral: e.ephemeral,
+            refcount: e.refcount,
+            last_access: e.last_access,
+            metadata: e.metadata.clone(),
+        }
+    }
+
+    /// One page of named objects in table order, from cursor `start`: at most `limit` entries
+    /// and (after the first) at most `max_bytes` of `entry_bytes`. Returns the page and the
+    /// cursor of the next one (`None` after the last). The cost is that of the page, not of the
+    /// table, and objects created or removed between pages may or may not be seen (no
+    /// snapshot), but every object present throughout is listed exactly once.
+    pub fn list_page(
+        &self,
+        start: u64,
+        limit: usize,
+        max_bytes: usize,
+        entry_bytes: impl Fn(&ObjectInfo) -> usize,
+    ) -> (Vec<ObjectInfo>, Option<u64>) {
+        let mut page = Vec::new();
+        let mut bytes = 0usize;
+        let end = self.objects.capacity();
+        let mut key = usize::try_from(start).unwrap_or(usize::MAX);
+        while key < end {
+            if page.len() >= limit || bytes >= max_bytes {
+                return (page, Some(key as u64));
+            }
+            if let Some(e) = self.objects.get(key) {
+                if e.named {
+                    let info = self.info(key);
+                    bytes = bytes.saturating_add(entry_bytes(&info));
+                    page.push(info);
+                }
+            }
+            key += 1;
+        }
+        (page, None)
     }
 
     /// Counters (capacity and used bytes are the allocator's and are filled by the caller).

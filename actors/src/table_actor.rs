@@ -12,7 +12,7 @@ use kameo::Actor;
 use tokio::sync::{mpsc, oneshot};
 use vovp_gpu::{AllocateDevice, FreeDevice, GpuActor, GpuError, GpuUsage};
 
-use crate::allocator::{Allocate, AllocatorActor, Free, HostUsage, Usage};
+use crate::allocator::{AllocFailure, Allocate, AllocatorActor, Free, HostUsage, Usage};
 use crate::segment::Segment;
 use crate::table::{Block, CompletedGet, Freed, GetResults, ObjectTable, Pool, WaiterId};
 use crate::types::*;
@@ -74,51 +74,113 @@ impl ObjectTableActor {
         }
     }
 
-    /// Memory for `size` bytes on `device`, evicting LRU objects of that pool as needed. A
-    /// request that cannot fit even after evicting everything evictable fails before evicting
-    /// anything, so a hopeless create never empties the cache.
-    async fn allocate(&mut self, size: u64, device: Device) -> Result<Block, StoreError> {
+    /// Memory for an object of `size` data bytes and `metadata_len` metadata bytes on `device`,
+    /// evicting LRU objects of that pool as needed. A request that cannot fit even after
+    /// evicting everything evictable fails before evicting anything, so a hopeless create never
+    /// empties the cache.
+    ///
+    /// The metadata is counted in the object's own pool (the block covers data, padded to
+    /// [`ALIGNMENT`], then room for the metadata), so `-m` bounds what the metadata the table
+    /// keeps on the heap can cost as well.
+    ///
+    /// Termination: every pass either returns or evicts at least one object from the pool's
+    /// LRU, and nothing else can touch the table in between (an actor handles one message at a
+    /// time), so there are at most as many passes as evictable objects plus one.
+    async fn allocate(
+        &mut self,
+        size: u64,
+        metadata_len: usize,
+        device: Device,
+    ) -> Result<Block, StoreError> {
         let pool = Pool::from(device);
+        let bytes = match pool {
+            Pool::Host => size.checked_next_multiple_of(ALIGNMENT),
+            Pool::Cuda(_) => Some(size),
+        }
+        .and_then(|b| b.checked_add(metadata_len as u64));
+        // What eviction must free: the allocator's reservation for `bytes`. `None` only for
+        // sizes near 2^64, which nothing can hold.
         let needed = match pool {
-            Pool::Host => crate::allocator::reserved_bytes(size),
-            Pool::Cuda(_) => size,
+            Pool::Host => bytes.and_then(crate::allocator::reserved_bytes),
+            Pool::Cuda(_) => bytes,
+        };
+        let oom = |available| StoreError::OutOfMemory {
+            requested: size,
+            available,
         };
         loop {
-            let got = match device {
-                Device::Cpu => self
-                    .allocator
-                    .ask(Allocate { size })
-                    .await
-                    .map_err(|_| StoreError::ShuttingDown)?
-                    .map(Block::Host),
-                Device::Cuda(n) => match self.gpu.ask(AllocateDevice { device: n, size }).await {
-                    Ok(b) => Some(Block::Cuda(b)),
-                    Err(kameo::error::SendError::HandlerError(GpuError::OutOfMemory {
-                        ..
-                    })) => None,
-                    Err(kameo::error::SendError::HandlerError(e)) => return Err(e.into()),
-                    Err(_) => return Err(StoreError::ShuttingDown),
-                },
+            let failure = match (bytes, needed) {
+                (Some(bytes), Some(_)) => self.try_allocate(bytes, device).await?,
+                _ => Err(AllocFailure::NoSpace),
             };
-            if let Some(block) = got {
-                return Ok(block);
-            }
-            let evictable = self.table.evictable_bytes(pool);
+            let failure = match failure {
+                Ok(block) => return Ok(block),
+                Err(f) => f,
+            };
+            // Usage is asked only on failure: the hot path is one message to the allocator.
             let (capacity, used) = self.pool_usage(pool).await?.unwrap_or((0, 0));
-            let available = capacity.saturating_sub(used) + evictable;
-            if evictable == 0 || needed > available {
-                return Err(StoreError::OutOfMemory {
-                    requested: size,
-                    available,
-                });
+            let evictable = self.table.evictable_bytes(pool);
+            let available = capacity.saturating_sub(used).saturating_add(evictable);
+            let Some(needed) = needed else {
+                return Err(oom(available));
+            };
+
+            let target = match failure {
+                AllocFailure::TooManyAllocations { limit } => {
+                    if self.table.evictable_objects(pool) == 0 {
+                        return Err(StoreError::TooManyObjects { limit });
+                    }
+                    // Any one evicted object frees a slot; retry decides whether bytes fit too.
+                    1
+                }
+                AllocFailure::NoSpace => {
+                    if evictable == 0 || needed > available {
+                        return Err(oom(available));
+                    }
+                    needed
+                }
+            };
+            let freed = self.table.evict(pool, target);
+            if freed.is_empty() {
+                // Unreachable while the LRU and its byte count agree; never loop on it.
+                return Err(oom(available));
             }
-            let freed = self.table.evict(pool, needed);
             tracing::debug!(
                 "evicted {} objects to make room for {size} bytes",
                 freed.len()
             );
             // Frees reach the allocator before the retry: one sender, one FIFO mailbox.
             self.free(freed).await;
+        }
+    }
+
+    /// One allocation attempt: the block, or why it failed (`Err` of the outer result: the
+    /// store cannot answer at all).
+    async fn try_allocate(
+        &mut self,
+        bytes: u64,
+        device: Device,
+    ) -> Result<Result<Block, AllocFailure>, StoreError> {
+        use kameo::error::SendError::HandlerError;
+        match device {
+            Device::Cpu => match self.allocator.ask(Allocate { size: bytes }).await {
+                Ok(b) => Ok(Ok(Block::Host(b))),
+                Err(HandlerError(f)) => Ok(Err(f)),
+                Err(_) => Err(StoreError::ShuttingDown),
+            },
+            Device::Cuda(n) => match self
+                .gpu
+                .ask(AllocateDevice {
+                    device: n,
+                    size: bytes,
+                })
+                .await
+            {
+                Ok(b) => Ok(Ok(Block::Cuda(b))),
+                Err(HandlerError(GpuError::OutOfMemory { .. })) => Ok(Err(AllocFailure::NoSpace)),
+                Err(HandlerError(e)) => Err(e.into()),
+                Err(_) => Err(StoreError::ShuttingDown),
+            },
         }
     }
 
@@ -211,7 +273,11 @@ impl Message<Create> for ObjectTableActor {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name)?;
         let block = self
-            .allocate(m.size, m.options.device.unwrap_or(Device::Cpu))
+            .allocate(
+                m.size,
+                m.metadata.len(),
+                m.options.device.unwrap_or(Device::Cpu),
+            )
             .await?;
         let r = self.table.insert(
             m.name,
@@ -279,7 +345,7 @@ impl Message<PutInline> for ObjectTableActor {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name)?;
         let size = m.data.len() as u64;
-        let block = self.allocate(size, Device::Cpu).await?;
+        let block = self.allocate(size, m.metadata.len(), Device::Cpu).await?;
         let r = self.table.insert(
             m.name.clone(),
             size,
@@ -423,6 +489,25 @@ impl Message<List> for ObjectTableActor {
 
     async fn handle(&mut self, _: List, _: &mut Context<Self, Self::Reply>) -> Vec<ObjectInfo> {
         self.table.list()
+    }
+}
+
+/// One page of the object list (see [`ObjectTable::list_page`]); the reply's cursor is `None`
+/// after the last page.
+pub struct ListPage {
+    pub start: u64,
+    pub limit: usize,
+    pub max_bytes: usize,
+    /// Encoded size of one entry, so the page can be bounded in wire bytes.
+    pub entry_bytes: fn(&ObjectInfo) -> usize,
+}
+
+impl Message<ListPage> for ObjectTableActor {
+    type Reply = (Vec<ObjectInfo>, Option<u64>);
+
+    async fn handle(&mut self, m: ListPage, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.table
+            .list_page(m.start, m.limit, m.max_bytes, m.entry_bytes)
     }
 }
 

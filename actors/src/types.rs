@@ -12,6 +12,8 @@ use crate::StoreError;
 pub const MAX_NAME_LEN: usize = 256;
 /// Largest metadata blob stored with an object (tensor headers are far smaller).
 pub const MAX_METADATA_LEN: usize = 64 * 1024;
+/// Most objects the store holds at once (named or waiting for their last holder).
+pub const MAX_OBJECTS: u64 = crate::allocator::MAX_ALLOCS_PER_SEGMENT as u64;
 /// Every object's data starts on this boundary (cache line; enough for any dtype and AVX-512).
 pub const ALIGNMENT: u64 = 64;
 

@@ -15,6 +15,8 @@ pub struct Config {
     pub prefault: bool,
     /// Per-GPU capacities.
     pub gpu: GpuConfig,
+    /// Most host objects held at once (at most, and by default, [`crate::MAX_OBJECTS`]).
+    pub max_objects: u32,
 }
 
 impl Config {
@@ -24,6 +26,7 @@ impl Config {
             huge_pages: false,
             prefault: false,
             gpu: GpuConfig::default(),
+            max_objects: crate::MAX_OBJECTS as u32,
         }
     }
 }

@@ -198,7 +198,8 @@ impl Engine {
         }
         let segment = Segment::create(0, config.capacity, config.huge_pages, config.prefault)?;
         let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
-        let allocator = AllocatorActor::spawn(AllocatorActor::new(segments.clone()));
+        let allocator =
+            AllocatorActor::spawn(AllocatorActor::new(segments.clone(), config.max_objects));
         let gpu = spawn_gpu_actor(config.gpu.clone())?;
         let table = ObjectTableActor::spawn_with_mailbox(
             ObjectTableActor::new(allocator.clone(), gpu.clone(), segments.clone()),

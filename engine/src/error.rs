@@ -16,6 +16,11 @@ pub enum Error {
          (the rest is held by referenced or unsealed objects)"
     )]
     OutOfMemory { requested: u64, available: u64 },
+    #[error(
+        "too many objects: the store holds at most {limit} objects and none of them can be \
+         evicted (delete or release some)"
+    )]
+    TooManyObjects { limit: u64 },
     #[error("object {0:?} is not sealed yet; seal or abort it first")]
     NotSealed(String),
     #[error("object {0:?} is already sealed and immutable")]
@@ -62,6 +67,7 @@ impl From<StoreError> for Error {
                 requested,
                 available,
             },
+            StoreError::TooManyObjects { limit } => Error::TooManyObjects { limit },
             StoreError::NotSealed(n) => Error::NotSealed(n),
             StoreError::AlreadySealed(n) => Error::AlreadySealed(n),
             StoreError::NotCreator(n) => Error::NotCreator(n),

@@ -22,5 +22,6 @@ pub use vovp_actors::copy::parallel_copy;
 pub use vovp_actors::{
     CreateOptions, Device, HolderId, Location, Notification, NotificationKind, ObjectId,
     ObjectInfo, ObjectName, ObjectRef, StoreStats, ALIGNMENT, MAX_METADATA_LEN, MAX_NAME_LEN,
+    MAX_OBJECTS,
 };
 pub use vovp_gpu::{DeviceBlock, GpuConfig};

@@ -307,5 +307,100 @@ fn cuda_objects_without_a_gpu_fail_cleanly_and_host_objects_still_work() {
         Err(Error::GpuUnavailable(_))
     ));
     put(&e, "host", 10, 1);
-    assert_eq!(e.stats().unwrap().used_bytes, 64);
+    // 10 data bytes padded to 64, then the 4 metadata bytes: two 64-byte units.
+    assert_eq!(e.stats().unwrap().used_bytes, 128);
+}
+
+/// Regression (D1): a create of a size near 2^64 used to wrap the reservation to 0 and spin the
+/// table actor forever in evict-and-retry whenever an unreferenced sealed object existed.
+#[test]
+fn creates_of_absurd_sizes_fail_at_once_and_evict_nothing() {
+    let e = engine(1 << 20);
+    put(&e, "cached", 100, 3);
+    for size in [
+        u64::MAX,
+        u64::MAX - 63,
+        0xF000_0000_0000_0001,
+        1 << 63,
+        1 << 40,
+    ] {
+        let start = std::time::Instant::now();
+        match e.create("huge", size, b"", CreateOptions::default()) {
+            Err(Error::OutOfMemory { requested, .. }) => assert_eq!(requested, size),
+            other => panic!("create of {size:#x}: expected OutOfMemory, got {other:?}"),
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    }
+    // Nothing was evicted for a hopeless request, and the store still serves.
+    assert!(e.contains("cached").unwrap());
+    assert_eq!(e.stats().unwrap().evicted_objects, 0);
+    put(&e, "after", 10, 1);
+}
+
+/// Regression (D4): metadata is counted against the capacity, so many objects with large
+/// metadata fill the store (and then evict) instead of growing the daemon's heap unbounded.
+#[test]
+fn metadata_counts_against_capacity() {
+    let e = engine(1 << 20);
+    let meta = vec![7u8; vovp::MAX_METADATA_LEN];
+    let mut stored = 0;
+    for i in 0..64 {
+        match e.put(&format!("m{i}"), b"", &meta, CreateOptions::default()) {
+            Ok(_) => stored += 1,
+            Err(other) => panic!("put {i}: {other:?}"),
+        }
+    }
+    let s = e.stats().unwrap();
+    // 1 MiB holds at most 16 objects of 64 KiB metadata: the older ones were evicted.
+    assert!(stored == 64 && s.objects <= 16, "{s:?}");
+    assert!(
+        s.used_bytes <= s.capacity && s.evicted_objects >= 48,
+        "{s:?}"
+    );
+    // Held objects cannot be evicted: then it is OutOfMemory, not unbounded growth.
+    let held: Vec<_> = e
+        .get(
+            &e.list()
+                .unwrap()
+                .iter()
+                .map(|i| i.name.as_str())
+                .collect::<Vec<_>>(),
+            None,
+        )
+        .unwrap();
+    assert!(matches!(
+        e.put("one-more", b"", &meta, CreateOptions::default()),
+        Err(Error::OutOfMemory { .. })
+    ));
+    drop(held);
+}
+
+/// Regression (D11): at the object limit the error says so (it used to be an OutOfMemory
+/// claiming gigabytes could be freed); unreferenced objects are evicted to make a slot.
+#[test]
+fn the_object_limit_is_its_own_error() {
+    let mut config = vovp::Config::with_capacity(1 << 20);
+    config.max_objects = 8;
+    let e = vovp::Engine::spawn(config).unwrap();
+    for i in 0..8 {
+        put(&e, &format!("o{i}"), 8, 1);
+    }
+    // Full of slots but not of bytes: the least recently used object makes room.
+    put(&e, "o8", 8, 1);
+    assert!(!e.contains("o0").unwrap() && e.contains("o8").unwrap());
+    let names: Vec<String> = e
+        .list()
+        .unwrap()
+        .iter()
+        .map(|i| i.name.to_string())
+        .collect();
+    let held = e
+        .get(&names.iter().map(String::as_str).collect::<Vec<_>>(), None)
+        .unwrap();
+    match e.put("o9", b"x", b"", CreateOptions::default()) {
+        Err(Error::TooManyObjects { limit }) => assert_eq!(limit, 8),
+        other => panic!("expected TooManyObjects, got {other:?}"),
+    }
+    drop(held);
+    put(&e, "o9", 8, 1);
 }

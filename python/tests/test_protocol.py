@@ -123,15 +123,16 @@ def test_decode_stats_and_list():
     assert list(st) == list(P.STATS_FIELDS) and list(st.values()) == vals
     entry = (struct.pack("<H", 1) + b"a" + struct.pack("<QQBIBBIQ", 9, 10, 1, 0, 1, 0, 2, 5000)
              + struct.pack("<I", 1) + b"m")
-    buf = _reply(P.LIST, 4, b"\x00" + struct.pack("<I", 1) + entry)
-    (e,) = P.decode_list(buf, P.check_reply(buf, P.LIST, 4))
+    buf = _reply(P.LIST, 4, b"\x00" + struct.pack("<I", 1) + entry + struct.pack("<Q", 77))
+    (e,), next_start = P.decode_list(buf, P.check_reply(buf, P.LIST, 4))
+    assert next_start == 77
     assert e["name"] == "a" and e["id"] == 9 and e["size"] == 10 and e["sealed"]
     assert not e["ephemeral"] and e["refcount"] == 2 and e["last_access"] == 5.0
     assert e["metadata"] == b"m" and e["device"] == "cpu"
 
 
 def test_error_replies_map_every_status():
-    for status in range(1, 19):
+    for status in range(1, 21):
         body = bytes([status]) + struct.pack("<H", 3) + b"msg"
         if status == 3:
             body += struct.pack("<QQ", 1000, 10)

@@ -16,6 +16,7 @@ from .errors import (
     GpuError,
     GpuUnavailable,
     InternalError,
+    InvalidArgument,
     InvalidName,
     MetadataTooLarge,
     NotCreator,
@@ -27,6 +28,7 @@ from .errors import (
     ProtocolError,
     ShuttingDown,
     TooLarge,
+    TooManyObjects,
     VovpError,
 )
 from .reduction import default_client, init_reduction
@@ -58,6 +60,8 @@ __all__ = [
     "GpuUnavailable",
     "GpuError",
     "ProtocolError",
+    "TooManyObjects",
+    "InvalidArgument",
     "TooLarge",
     "ShuttingDown",
     "InternalError",

@@ -53,6 +53,7 @@ from . import protocol as P
 from . import tensor as T
 from .errors import (
     ConnectionError,
+    InvalidArgument,
     GpuUnavailable,
     ObjectNotFound,
     ProtocolError,
@@ -842,7 +843,10 @@ class Client:
         nb = P.encode_name(name)
         metadata = P.check_metadata(metadata)
         flags = P.OBJ_EPHEMERAL if ephemeral else 0
-        return self._create(nb, int(size), flags, metadata, name)
+        size = int(size)
+        if not 0 <= size < 2**64:
+            raise InvalidArgument(f"size must be between 0 and 2**64 - 1 bytes, got {size}")
+        return self._create(nb, size, flags, metadata, name)
 
     def create_tensor(self, name, shape, dtype, ephemeral: bool = False) -> np.ndarray:
         """Create an unsealed tensor object; fill the returned writable array, then ``seal``."""
@@ -935,7 +939,11 @@ class Client:
     def list(self) -> list:
         """Every object: dicts with name, id, size, device, sealed, ephemeral, refcount,
         last_access (unix seconds), metadata, and dtype/shape for tensor objects."""
-        entries = self._simple(P.LIST, b"", P.decode_list)
+        entries = []
+        start = 0
+        while start != P.LIST_END:  # the daemon pages LIST so no reply outgrows a frame
+            page, start = self._simple(P.LIST, P.list_payload(start), P.decode_list)
+            entries.extend(page)
         for e in entries:
             meta = e["metadata"]
             if T.is_tensor_header(meta):

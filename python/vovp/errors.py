@@ -27,6 +27,8 @@ __all__ = [
     "ShuttingDown",
     "InternalError",
     "ConnectionError",
+    "TooManyObjects",
+    "InvalidArgument",
     "STATUS_ERRORS",
     "error_from_status",
 ]
@@ -143,6 +145,18 @@ class TooLarge(VovpError, ValueError):
     status = 15
 
 
+class TooManyObjects(VovpError, MemoryError):
+    """The store holds its maximum number of objects (2^20) and none can be evicted (status 19)."""
+
+    status = 19
+
+
+class InvalidArgument(VovpError, ValueError):
+    """An argument no request could carry (e.g. a negative size); raised by this client."""
+
+    status = 0
+
+
 class ConnectionError(VovpError, builtins.ConnectionError):  # noqa: A001 (deliberate shadowing)
     """The connection to the daemon failed or was closed.
 
@@ -184,6 +198,8 @@ STATUS_ERRORS: dict[int, type[VovpError]] = {
     16: ShuttingDown,
     17: InternalError,
     18: ProtocolError,
+    19: TooManyObjects,
+    20: ConnectionError,
 }
 
 STATUS_NAMES = {
@@ -205,6 +221,8 @@ STATUS_NAMES = {
     16: "SHUTTING_DOWN",
     17: "INTERNAL",
     18: "PROTOCOL_STATE",
+    19: "TOO_MANY_OBJECTS",
+    20: "TOO_MANY_CONNECTIONS",
 }
 
 

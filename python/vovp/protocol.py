@@ -336,8 +336,17 @@ def decode_get(buf, pos: int) -> list:
     return out
 
 
-def decode_list(buf, pos: int) -> list:
-    """LIST reply body: a list of dicts (metadata left raw under ``"metadata"``)."""
+LIST_END = 2**64 - 1  # ``next`` cursor of the last LIST page
+
+
+def list_payload(start: int) -> bytes:
+    """LIST request: one page from cursor ``start`` (limit 0: the daemon's page size)."""
+    return U64.pack(start) + U32.pack(0)
+
+
+def decode_list(buf, pos: int) -> tuple:
+    """LIST reply body: (a list of dicts, metadata left raw under ``"metadata"``; the cursor of
+    the next page, ``LIST_END`` after the last)."""
     (n,) = U32.unpack_from(buf, pos)
     pos += 4
     out = []
@@ -362,9 +371,10 @@ def decode_list(buf, pos: int) -> list:
                 "last_access": last / 1000.0,  # unix seconds, like time.time()
                 "metadata": meta,
             })
+        (next_start,) = U64.unpack_from(buf, pos)
     except (struct.error, IndexError):
         raise ProtocolError("truncated LIST reply") from None
-    return out
+    return out, next_start
 
 
 def decode_stats(buf, pos: int) -> dict:

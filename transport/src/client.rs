@@ -51,7 +51,8 @@ enum Call<'a> {
     Release(&'a [u64]),
     Contains(&'a str),
     Delete(&'a str),
-    List,
+    /// One LIST page from this cursor.
+    List(u64),
     Evict(u64),
     Stats,
 }
@@ -67,7 +68,7 @@ impl Call<'_> {
             Call::Release(_) => op::RELEASE,
             Call::Contains(_) => op::CONTAINS,
             Call::Delete(_) => op::DELETE,
-            Call::List => op::LIST,
+            Call::List(_) => op::LIST,
             Call::Evict(_) => op::EVICT,
             Call::Stats => op::STATS,
         }
@@ -130,7 +131,11 @@ impl Call<'_> {
                     w.u64(*id);
                 }
             }
-            Call::List | Call::Stats => {}
+            Call::List(start) => {
+                // limit 0: the daemon's page size.
+                w.u64(*start).u32(0);
+            }
+            Call::Stats => {}
             Call::Evict(bytes) => {
                 w.u64(*bytes);
             }
@@ -206,7 +211,8 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
                     metadata,
                 });
             }
-            Response::List(v)
+            let next = r.u64()?;
+            Response::List { entries: v, next }
         }
         op::STATS => {
             let mut f = [0u64; 12];
@@ -440,7 +446,16 @@ fn spin_until_readable(stream: &UnixStream) {
 }
 
 fn conn_err(e: std::io::Error) -> Error {
-    Error::Connection(e.to_string())
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        // What a dead daemon looks like from here ("failed to fill whole buffer" says nothing).
+        K::UnexpectedEof | K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted => {
+            Error::Connection(format!(
+                "the daemon closed the connection (stopped, restarted or killed?): {e}"
+            ))
+        }
+        _ => Error::Connection(e.to_string()),
+    }
 }
 
 struct Conn {
@@ -643,9 +658,9 @@ impl Response {
             other => Err(unexpected(other)),
         }
     }
-    fn list(self) -> Result<Vec<ObjectInfo>, Error> {
+    fn list(self) -> Result<(Vec<ObjectInfo>, u64), Error> {
         match self {
-            Response::List(v) => Ok(v),
+            Response::List { entries, next } => Ok((entries, next)),
             other => Err(unexpected(other)),
         }
     }
@@ -738,7 +753,14 @@ impl Store for Client {
     }
 
     fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        self.inner.call(Call::List, &[])?.list()
+        let mut all = Vec::new();
+        let mut start = 0;
+        while start != LIST_END {
+            let (page, next) = self.inner.call(Call::List(start), &[])?.list()?;
+            all.extend(page);
+            start = next;
+        }
+        Ok(all)
     }
 
     fn evict(&self, bytes: u64) -> Result<u64, Error> {
@@ -927,7 +949,14 @@ impl AsyncStore for AsyncClient {
     }
 
     async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        self.call(Call::List, &[]).await?.list()
+        let mut all = Vec::new();
+        let mut start = 0;
+        while start != LIST_END {
+            let (page, next) = self.call(Call::List(start), &[]).await?.list()?;
+            all.extend(page);
+            start = next;
+        }
+        Ok(all)
     }
 
     async fn evict(&self, bytes: u64) -> Result<u64, Error> {

@@ -14,8 +14,10 @@ use rustix::net::{
 /// Most fds one message carries (one per host segment).
 pub const MAX_FDS: usize = 64;
 
-/// Sends `bytes` with `fds` attached to them. Returns how many bytes went out (the fds ride with
-/// the first byte; the caller writes any remainder normally).
+/// Sends `bytes` with `fds` attached to them, without ever blocking: a full socket buffer is
+/// `ErrorKind::WouldBlock` (the daemon then waits for writability on its event loop; a blocking
+/// send there would freeze every client behind one that does not read). Returns how many bytes
+/// went out (the fds ride with the first byte; the caller writes any remainder normally).
 pub fn send_with_fds(
     socket: impl AsFd,
     bytes: &[u8],
@@ -31,18 +33,10 @@ pub fn send_with_fds(
             &socket,
             &[IoSlice::new(bytes)],
             &mut control,
-            SendFlags::NOSIGNAL,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
         ) {
             Ok(n) => return Ok(n),
             Err(rustix::io::Errno::INTR) => continue,
-            Err(rustix::io::Errno::AGAIN) => {
-                // Non-blocking socket with a full buffer: wait until writable.
-                let mut pfd = [rustix::event::PollFd::new(
-                    &socket,
-                    rustix::event::PollFlags::OUT,
-                )];
-                rustix::event::poll(&mut pfd, None)?;
-            }
             Err(e) => return Err(e.into()),
         }
     }

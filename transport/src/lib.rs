@@ -8,4 +8,4 @@ pub mod server;
 
 pub use client::{AsyncClient, Client, Subscription};
 pub use protocol::TransportError;
-pub use server::{run, ServerConfig};
+pub use server::{run, ConnectionLimits, ServerConfig};

@@ -12,6 +12,18 @@ pub const MAX_PAYLOAD: usize = 64 << 20;
 /// Largest PUT payload (bigger objects: CREATE, write the mapping, SEAL).
 pub const MAX_INLINE: u32 = 1 << 20;
 pub const FLAG_NO_REPLY: u16 = 1;
+/// Most names one GET may ask for. A waiting GET keeps every name, a result slot and a waiter
+/// entry per name (~250 bytes each), so this bounds what one request can pin in the daemon
+/// (~4 MiB) whatever the frame size.
+pub const MAX_GET_NAMES: usize = 16 * 1024;
+/// Entries of one LIST page when the request does not say (and the most it may ask for).
+pub const LIST_PAGE_ENTRIES: u32 = 4096;
+pub const MAX_LIST_PAGE_ENTRIES: u32 = 64 * 1024;
+/// A LIST page stops growing past this many bytes, so every reply stays far below the frame
+/// limit whatever the names and metadata.
+pub const LIST_PAGE_BYTES: usize = 8 << 20;
+/// `next` of the last LIST page.
+pub const LIST_END: u64 = u64::MAX;
 pub const REPLY_BIT: u8 = 0x80;
 pub const CREATE_EPHEMERAL: u32 = 1;
 pub const PUT_KEEP_REFERENCE: u32 = 2;
@@ -54,6 +66,8 @@ pub mod status {
     pub const SHUTTING_DOWN: u8 = 16;
     pub const INTERNAL: u8 = 17;
     pub const PROTOCOL_STATE: u8 = 18;
+    pub const TOO_MANY_OBJECTS: u8 = 19;
+    pub const TOO_MANY_CONNECTIONS: u8 = 20;
 }
 
 /// Errors of this crate: the wire and the socket.
@@ -63,6 +77,8 @@ pub enum TransportError {
     Malformed(String),
     #[error("frame of {0} bytes is over the limit")]
     FrameTooLarge(u64),
+    #[error("GET of {0} names; at most {MAX_GET_NAMES} per request")]
+    TooManyNames(usize),
     #[error("unsupported protocol version {0} (this build speaks {VERSION})")]
     UnsupportedVersion(u8),
     #[error("socket: {0}")]
@@ -385,7 +401,11 @@ pub enum Request {
     Delete {
         name: String,
     },
-    List,
+    /// One page of the object list, from cursor `start` (0: the beginning).
+    List {
+        start: u64,
+        limit: u32,
+    },
     Evict {
         bytes: u64,
     },
@@ -439,6 +459,9 @@ impl Request {
                 op::GET => {
                     let timeout_ms = r.i64()?;
                     let n = r.count(2)?;
+                    if n > MAX_GET_NAMES {
+                        return Err(TransportError::TooManyNames(n));
+                    }
                     let names = (0..n)
                         .map(|_| r.name().map(str::to_owned))
                         .collect::<Result<_, _>>()?;
@@ -455,7 +478,19 @@ impl Request {
                 op::DELETE => Request::Delete {
                     name: r.name()?.to_owned(),
                 },
-                op::LIST => Request::List,
+                // An empty payload (protocol 1's first form) is the first page.
+                op::LIST if payload.is_empty() => Request::List {
+                    start: 0,
+                    limit: LIST_PAGE_ENTRIES,
+                },
+                op::LIST => {
+                    let start = r.u64()?;
+                    let limit = match r.u32()? {
+                        0 => LIST_PAGE_ENTRIES,
+                        n => n.min(MAX_LIST_PAGE_ENTRIES),
+                    };
+                    Request::List { start, limit }
+                }
                 op::EVICT => Request::Evict { bytes: r.u64()? },
                 op::STATS => Request::Stats,
                 op::SUBSCRIBE => Request::Subscribe,
@@ -468,6 +503,7 @@ impl Request {
                 format!("unknown opcode {opcode:#04x}"),
             )),
             Err(TransportError::InvalidName(why)) => Err((status::INVALID_NAME, why)),
+            Err(e @ TransportError::TooManyNames(_)) => Err((status::TOO_LARGE, e.to_string())),
             Err(e) => Err(malformed(e)),
             Ok(req) => {
                 r.finish().map_err(malformed)?;
@@ -490,7 +526,11 @@ pub enum Response {
     Objects(Vec<Option<ObjectRef>>),
     Bool(bool),
     Count(u64),
-    List(Vec<ObjectInfo>),
+    /// One LIST page and the cursor of the next ([`LIST_END`] after the last).
+    List {
+        entries: Vec<ObjectInfo>,
+        next: u64,
+    },
     Stats {
         stats: StoreStats,
         connections: u64,
@@ -567,9 +607,9 @@ impl Response {
                     Response::Count(n) => {
                         w.u64(*n);
                     }
-                    Response::List(v) => {
-                        w.u32(v.len() as u32);
-                        for i in v {
+                    Response::List { entries, next } => {
+                        w.u32(entries.len() as u32);
+                        for i in entries {
                             let (t, id) = device_code(i.device);
                             let ms = i
                                 .last_access
@@ -583,6 +623,7 @@ impl Response {
                                 .u64(ms);
                             w.bytes(&i.metadata);
                         }
+                        w.u64(*next);
                     }
                     Response::Stats {
                         stats: s,
@@ -614,6 +655,11 @@ impl Response {
     }
 }
 
+/// Bytes one LIST entry takes on the wire (see `Response::List`'s encoding).
+pub fn list_entry_bytes(i: &ObjectInfo) -> usize {
+    2 + i.name.as_str().len() + 8 + 8 + 1 + 4 + 1 + 1 + 4 + 8 + 4 + i.metadata.len()
+}
+
 /// Maps a store error to its status code and message.
 pub fn error_response(e: &vovp::Error) -> Response {
     use vovp::Error as E;
@@ -630,6 +676,7 @@ pub fn error_response(e: &vovp::Error) -> Response {
                 oom: Some((*requested, *available)),
             }
         }
+        E::TooManyObjects { .. } => status::TOO_MANY_OBJECTS,
         E::NotSealed(_) => status::NOT_SEALED,
         E::AlreadySealed(_) => status::ALREADY_SEALED,
         E::NotCreator(_) => status::NOT_CREATOR,
@@ -660,6 +707,9 @@ pub fn error_from_reply(status: u8, message: String, oom: Option<(u64, u64)>) ->
                 available,
             }
         }
+        status::TOO_MANY_OBJECTS => E::TooManyObjects {
+            limit: vovp::MAX_OBJECTS,
+        },
         status::NOT_SEALED => E::NotSealed(message),
         status::ALREADY_SEALED => E::AlreadySealed(message),
         status::NOT_CREATOR => E::NotCreator(message),
@@ -674,6 +724,7 @@ pub fn error_from_reply(status: u8, message: String, oom: Option<(u64, u64)>) ->
         status::SHUTTING_DOWN => E::ShuttingDown,
         status::TOO_LARGE => E::TooLarge(message),
         status::INTERNAL => E::Internal(message),
+        status::TOO_MANY_CONNECTIONS => E::Connection(message),
         _ => E::Protocol(format!("status {status}: {message}")),
     }
 }
@@ -726,6 +777,48 @@ mod tests {
         assert_eq!(
             Request::decode(op::STATS, &[1]).unwrap_err().0,
             status::MALFORMED
+        );
+    }
+
+    /// Regression (D3): a GET of millions of 1-byte names is refused before anything is built.
+    #[test]
+    fn get_names_are_bounded() {
+        let n = MAX_GET_NAMES + 1;
+        let mut p = 0i64.to_le_bytes().to_vec();
+        p.extend_from_slice(&(n as u32).to_le_bytes());
+        for _ in 0..n {
+            p.extend_from_slice(&[1, 0, b'x']);
+        }
+        let (code, message) = Request::decode(op::GET, &p).unwrap_err();
+        assert_eq!(code, status::TOO_LARGE, "{message}");
+        assert!(message.contains("16384"), "{message}");
+        p.truncate(12);
+        p[8..12].copy_from_slice(&(MAX_GET_NAMES as u32).to_le_bytes());
+        for _ in 0..MAX_GET_NAMES {
+            p.extend_from_slice(&[1, 0, b'x']);
+        }
+        assert!(
+            matches!(Request::decode(op::GET, &p), Ok(Request::Get { names, .. }) if names.len() == MAX_GET_NAMES)
+        );
+    }
+
+    #[test]
+    fn list_requests_page() {
+        assert_eq!(
+            Request::decode(op::LIST, &[]).unwrap(),
+            Request::List {
+                start: 0,
+                limit: LIST_PAGE_ENTRIES
+            }
+        );
+        let mut p = 77u64.to_le_bytes().to_vec();
+        p.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            Request::decode(op::LIST, &p).unwrap(),
+            Request::List {
+                start: 77,
+                limit: MAX_LIST_PAGE_ENTRIES
+            }
         );
     }
 }

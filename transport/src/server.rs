@@ -3,7 +3,7 @@
 //! and kameo spawns its actors with `tokio::spawn`, so the engine's actors, the connection
 //! actors and the socket tasks share that runtime and no message crosses a thread.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
@@ -14,7 +14,6 @@ use std::time::Duration;
 use kameo::actor::Spawn;
 use kameo::message::{Context, Message};
 use kameo::Actor;
-use tokio_uring::buf::BoundedBuf;
 use vovp::{AsyncStore, CreateOptions, EngineHandle, HolderId, ObjectName};
 use vovp_actors::table_actor as table;
 
@@ -29,6 +28,7 @@ pub struct ServerConfig {
     pub socket_mode: u32,
     /// Peer uids allowed to connect (checked with SO_PEERCRED).
     pub allowed_uids: Vec<u32>,
+    pub limits: ConnectionLimits,
 }
 
 impl ServerConfig {
@@ -38,8 +38,61 @@ impl ServerConfig {
             engine,
             socket_mode: 0o600,
             allowed_uids: vec![rustix::process::getuid().as_raw()],
+            limits: ConnectionLimits::default(),
         }
     }
+}
+
+/// What one connection may cost the daemon, so that a few bad or stuck clients can neither
+/// starve the others nor grow the daemon without bound (PROTOCOL.md, "Limits"). There is no
+/// idle timeout for a greeted client: holding objects for hours without a word is legitimate.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// A client must send HELLO within this long after connecting.
+    pub handshake_timeout: Duration,
+    /// A frame, once its first byte arrived, must arrive whole within this long.
+    pub frame_timeout: Duration,
+    /// Replies the peer leaves unread this long (its socket buffer full) end the connection.
+    pub write_timeout: Duration,
+    /// Connections served at once; `None`: derived from the fd limit at start. Beyond it a new
+    /// connection gets a TOO_MANY_CONNECTIONS reply and is closed.
+    pub max_connections: Option<usize>,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            handshake_timeout: Duration::from_secs(10),
+            frame_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_connections: None,
+        }
+    }
+}
+
+/// fds kept back from connections (segments, the listener, logs, CUDA, dup'd sockets).
+const FD_RESERVE: u64 = 64;
+/// Each connection costs two fds (the io_uring stream and a clone for SCM_RIGHTS and polls).
+const FDS_PER_CONNECTION: u64 = 2;
+const MAX_CONNECTIONS_CAP: u64 = 16 * 1024;
+
+/// Raises the soft fd limit to the hard one (many clients are normal for a store) and returns
+/// how many connections fit in it.
+fn raise_fd_limit() -> usize {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let mut soft = limit.current.unwrap_or(u64::MAX);
+    if limit.current != limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => soft = limit.maximum.unwrap_or(u64::MAX),
+            Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+        }
+    }
+    (soft.saturating_sub(FD_RESERVE) / FDS_PER_CONNECTION).clamp(1, MAX_CONNECTIONS_CAP) as usize
 }
 
 /// Counters shared by all connections.
@@ -109,14 +162,21 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
         config.engine.capacity
     );
     let allowed = Arc::new(config.allowed_uids.clone());
+    let fd_room = raise_fd_limit();
+    let max_connections = config.limits.max_connections.unwrap_or(fd_room);
+    tracing::info!("serving at most {max_connections} connections at once");
+    let limits = Arc::new(config.limits.clone());
+    let mut accept_errors = AcceptBackoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let stream = match accepted {
-                    Ok((s, _)) => s,
+                    Ok((s, _)) => { accept_errors.reset(); s }
                     Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        // EMFILE and friends: the connection stays in the backlog; back off
+                        // (up to 1 s) instead of spinning, log rarely, and keep serving the
+                        // connected clients. Accepting resumes by itself once fds free up.
+                        tokio::time::sleep(accept_errors.failed(&e)).await;
                         continue;
                     }
                 };
@@ -128,11 +188,16 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
                     Ok(()) => {}
                     Err(why) => { tracing::warn!("refused a connection: {why}"); continue; }
                 }
+                if shared.connections.load(Ordering::Relaxed) as usize >= max_connections {
+                    refuse_busy(stream, max_connections);
+                    continue;
+                }
                 let engine = engine.clone();
                 let shared = shared.clone();
+                let limits = limits.clone();
+                shared.connections.fetch_add(1, Ordering::Relaxed);
                 tokio_uring::spawn(async move {
-                    shared.connections.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = serve_connection(stream, engine, shared.clone()).await {
+                    if let Err(e) = serve_connection(stream, engine, shared.clone(), &limits).await {
                         tracing::debug!("connection ended: {e}");
                     }
                     shared.connections.fetch_sub(1, Ordering::Relaxed);
@@ -144,6 +209,56 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
     }
     tracing::info!("shutting down");
     Ok(())
+}
+
+/// Backoff and rate-limited logging for a failing `accept`.
+#[derive(Default)]
+struct AcceptBackoff {
+    failures: u32,
+    last_log: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self, e: &std::io::Error) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        self.unlogged += 1;
+        if self
+            .last_log
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+        {
+            tracing::warn!(
+                "accept failed {} times: {e} (retrying with backoff; connected clients are \
+                 still served)",
+                self.unlogged
+            );
+            self.last_log = Some(std::time::Instant::now());
+            self.unlogged = 0;
+        }
+        Duration::from_millis(10u64 << self.failures.min(7)).min(Duration::from_secs(1))
+    }
+
+    fn reset(&mut self) {
+        if self.failures > 0 {
+            tracing::info!("accepting connections again");
+        }
+        self.failures = 0;
+    }
+}
+
+/// Tells a connection over the limit why it is closed (one small reply into an empty socket
+/// buffer: never blocks) and closes it.
+fn refuse_busy(stream: StdUnixStream, max: usize) {
+    use std::io::Write;
+    let mut frame = Vec::new();
+    Response::error(
+        status::TOO_MANY_CONNECTIONS,
+        format!("the store serves at most {max} connections at once; try again later"),
+    )
+    .encode(op::HELLO, 0, &mut frame);
+    let _ = stream.set_nonblocking(true);
+    let _ = (&stream).write(&frame);
+    tracing::warn!("refused a connection: {max} connections already");
 }
 
 /// SO_PEERCRED: only allowed uids may talk to the store.
@@ -166,14 +281,19 @@ pub fn check_uid(uid: u32, allowed: &[u32]) -> Result<(), String> {
 
 const READ_CHUNK: usize = 256 * 1024;
 
+/// Input buffers above this size are given back once the big frame that grew them is done, so
+/// idle connections that once sent a large frame do not pin it.
+const KEPT_BUFFER: usize = 2 * READ_CHUNK;
+
 async fn serve_connection(
     stream: StdUnixStream,
     engine: EngineHandle,
     shared: Arc<Shared>,
+    limits: &ConnectionLimits,
 ) -> Result<(), TransportError> {
-    // Blocking mode: io_uring does not care, and the one raw sendmsg (HELLO) then never
-    // sees EAGAIN.
-    stream.set_nonblocking(false)?;
+    // Non-blocking: io_uring does not care, and the raw sendmsg of HELLO's fds must never
+    // block the event loop (it waits for writability there instead).
+    stream.set_nonblocking(true)?;
     let raw = stream.try_clone()?;
     let stream = tokio_uring::net::UnixStream::from_std(stream);
     let holder = engine.new_holder_id();
@@ -183,20 +303,66 @@ async fn serve_connection(
         shared,
         greeted: false,
     });
-    let result = connection_loop(&stream, &raw, &conn, (holder, &engine)).await;
+    let io = ConnIo {
+        stream: &stream,
+        raw: &raw,
+        limits,
+    };
+    let result = connection_loop(&io, &conn, (holder, &engine)).await;
     // Whatever the reason the connection ended, everything it held goes back.
     let _ = conn.ask(Disconnect).await;
     let _ = conn.stop_gracefully().await;
-    debug_assert!(raw.as_raw_fd() >= 0);
     result
 }
 
+/// The socket of one connection, as io_uring stream and as plain fd, and its limits.
+struct ConnIo<'a> {
+    stream: &'a tokio_uring::net::UnixStream,
+    raw: &'a StdUnixStream,
+    limits: &'a ConnectionLimits,
+}
+
+impl ConnIo<'_> {
+    /// Writes `out` whole within the write timeout; gives the buffer back cleared.
+    async fn flush(&self, out: Vec<u8>) -> (Result<(), TransportError>, Vec<u8>) {
+        if out.is_empty() {
+            return (Ok(()), out);
+        }
+        match tokio::time::timeout(self.limits.write_timeout, self.stream.write_all(out)).await {
+            Ok((res, mut back)) => {
+                back.clear();
+                (res.map_err(TransportError::from), back)
+            }
+            Err(_) => (Err(self.stalled()), Vec::new()),
+        }
+    }
+
+    fn stalled(&self) -> TransportError {
+        TransportError::Setup(format!(
+            "the client left its replies unread for {:?}; disconnected",
+            self.limits.write_timeout
+        ))
+    }
+
+    /// Best effort: an error reply before closing (never waits long for a peer that does not
+    /// read).
+    async fn last_words(&self, status: u8, message: String) {
+        let mut out = Vec::new();
+        Response::error(status, message).encode(0, 0, &mut out);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(out)).await;
+    }
+}
+
 async fn connection_loop(
-    stream: &tokio_uring::net::UnixStream,
-    raw: &StdUnixStream,
+    io: &ConnIo<'_>,
     conn: &kameo::actor::ActorRef<ConnectionActor>,
     holder: (HolderId, &EngineHandle),
 ) -> Result<(), TransportError> {
+    let stream = io.stream;
+    let connected = tokio::time::Instant::now();
+    let mut greeted = false;
+    // When the first byte of the frame now incomplete in `inbuf` arrived.
+    let mut partial_since: Option<tokio::time::Instant> = None;
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut rbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
@@ -213,8 +379,8 @@ async fn connection_loop(
                         TransportError::FrameTooLarge(_) => status::TOO_LARGE,
                         _ => status::MALFORMED,
                     };
-                    Response::error(code, e.to_string()).encode(0, 0, &mut out);
-                    let _ = stream.write_all(out).await;
+                    let _ = io.flush(out).await;
+                    io.last_words(code, e.to_string()).await;
                     return Err(e);
                 }
             };
@@ -225,6 +391,14 @@ async fn connection_loop(
             consumed += header.frame_len();
             let no_reply = header.flags & FLAG_NO_REPLY != 0;
             let response = match Request::decode(header.opcode, payload) {
+                // A silenced error is a lost error: NO_REPLY is for RELEASE only, and refused
+                // (with a reply) anywhere else.
+                Ok(ref request) if no_reply && !matches!(request, Request::Release { .. }) => {
+                    Response::error(
+                        status::MALFORMED,
+                        "the NO_REPLY flag is only allowed on RELEASE",
+                    )
+                }
                 // One-way releases are told, not asked: nothing waits for them, and the
                 // mailboxes' FIFO order still puts them before the next request's work.
                 Ok(request @ Request::Release { .. }) if no_reply => {
@@ -239,44 +413,111 @@ async fn connection_loop(
                     }
                     Response::NoReply
                 }
-                Ok(request) => answer(conn, Incoming { request, no_reply }, raw, holder).await,
+                Ok(request) => answer(conn, Incoming { request, no_reply }, io, holder).await,
                 Err((code, message)) => Response::error(code, message),
             };
             match response {
                 Response::Hello { .. } => {
-                    let (res, back) = flush(stream, out).await;
+                    let (res, back) = io.flush(out).await;
                     out = back;
                     res?;
                     let mut reply = Vec::new();
                     response.encode(header.opcode, header.request_id, &mut reply);
-                    send_hello(stream, raw, conn, reply).await?;
+                    send_hello(io, conn, reply).await?;
+                    greeted = true;
                 }
                 Response::Subscribed(rx) => {
                     response_empty(header, &mut out);
-                    let (res, back) = flush(stream, out).await;
+                    let (res, back) = io.flush(out).await;
                     res?;
-                    return notify_loop(stream, rx, back).await;
+                    return notify_loop(io, rx, back).await;
                 }
                 other => other.encode(header.opcode, header.request_id, &mut out),
             }
         }
         inbuf.drain(..consumed);
+        if inbuf.capacity() > KEPT_BUFFER && inbuf.len() < READ_CHUNK {
+            inbuf.shrink_to(READ_CHUNK);
+        }
+        if out.capacity() > KEPT_BUFFER {
+            out.shrink_to(4096);
+        }
+        partial_since = match (inbuf.is_empty(), consumed > 0) {
+            (true, _) => None,
+            // What is left is the start of a new frame.
+            (false, true) => Some(tokio::time::Instant::now()),
+            (false, false) => partial_since.or_else(|| Some(tokio::time::Instant::now())),
+        };
+        let deadline = [
+            (!greeted).then(|| (connected + io.limits.handshake_timeout, Deadline::Handshake)),
+            partial_since.map(|t| (t + io.limits.frame_timeout, Deadline::Frame)),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|d| d.0);
         rbuf.clear();
         // The replies and the next read go to the kernel together (one io_uring_enter):
         // waiting for the write before submitting the read costs a context switch per request.
-        let (write_res, (res, back)) = if out.is_empty() {
-            (Ok(()), stream.read(rbuf).await)
-        } else {
-            let (written, read) = tokio::join!(flush(stream, out), stream.read(rbuf));
-            out = written.1;
-            (written.0, read)
+        let read = async {
+            match deadline {
+                None => Ok(stream.read(rbuf).await),
+                Some((at, why)) => tokio::time::timeout_at(at, stream.read(rbuf))
+                    .await
+                    .map_err(|_| LoopStop::Deadline(why)),
+            }
         };
+        let write = async {
+            let (res, back) = io.flush(out).await;
+            res.map(|()| back).map_err(LoopStop::Write)
+        };
+        // A write that fails or stalls ends the connection even while the read still waits
+        // (try_join drops the read), and a read deadline ends it even while the write waits.
+        let (back, (res, back_r)) = match tokio::try_join!(write, read) {
+            Ok(both) => both,
+            Err(LoopStop::Write(e)) => return Err(e),
+            Err(LoopStop::Deadline(why)) => {
+                let message = why.message(io.limits);
+                io.last_words(status::PROTOCOL_STATE, message.clone()).await;
+                return Err(TransportError::Setup(message));
+            }
+        };
+        out = back;
+        let back = back_r;
         rbuf = back;
-        write_res?;
         match res {
-            Ok(0) => return Ok(()),
+            // The peer shut down its sending side. Only a closed connection is a dead peer: a
+            // half-closed one may still read replies and still holds its references.
+            Ok(0) => return wait_for_hangup(io.raw).await,
             Ok(_) => inbuf.extend_from_slice(&rbuf),
             Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Why one turn of the connection loop ends the connection.
+enum LoopStop {
+    Write(TransportError),
+    Deadline(Deadline),
+}
+
+/// Which read deadline fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Deadline {
+    Handshake,
+    Frame,
+}
+
+impl Deadline {
+    fn message(self, limits: &ConnectionLimits) -> String {
+        match self {
+            Deadline::Handshake => format!(
+                "no HELLO within {:?} of connecting; closing",
+                limits.handshake_timeout
+            ),
+            Deadline::Frame => format!(
+                "a frame stayed incomplete for {:?}; closing",
+                limits.frame_timeout
+            ),
         }
     }
 }
@@ -286,12 +527,12 @@ const LIVENESS_CHECK: Duration = Duration::from_millis(100);
 
 /// Asks the connection actor and waits for its response. While a request waits (a GET with a
 /// timeout), the loop does not read the socket, so it would not notice the client dying: every
-/// `LIVENESS_CHECK` it peeks at the socket, and on end-of-file releases everything the holder
-/// held at once (which also cancels the waiting GET) instead of when the wait ends.
+/// `LIVENESS_CHECK` it looks at the socket, and once the peer has closed it releases everything
+/// the holder held at once (which also cancels the waiting GET) instead of when the wait ends.
 async fn answer(
     conn: &kameo::actor::ActorRef<ConnectionActor>,
     incoming: Incoming,
-    raw: &StdUnixStream,
+    io: &ConnIo<'_>,
     (holder, engine): (HolderId, &EngineHandle),
 ) -> Response {
     let stopping = |_| Response::error(status::SHUTTING_DOWN, "store stopping");
@@ -310,7 +551,7 @@ async fn answer(
                 return r.unwrap_or_else(stopping);
             }
             _ = tokio::time::sleep(LIVENESS_CHECK), if !released => {
-                if peer_closed(raw) {
+                if peer_hung_up(io.raw) {
                     released = true;
                     let _ = engine.actors().table.tell(table::ReleaseHolder { holder }).try_send();
                 }
@@ -319,39 +560,40 @@ async fn answer(
     }
 }
 
-/// True when the peer has closed its end (a peek reads end-of-file) or the socket failed.
-fn peer_closed(raw: &StdUnixStream) -> bool {
-    let mut b = [0u8; 1];
-    match rustix::net::recv(
-        raw,
-        &mut b,
-        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
-    ) {
-        Ok((0, _)) => true,
-        Ok(_) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => false,
+/// True when the peer has closed the connection: both directions (POLLHUP) or with an error.
+/// A peer that only shut down its writing side (`shutdown(SHUT_WR)`: POLLRDHUP without
+/// POLLHUP) is alive and still reads its replies.
+fn peer_hung_up(raw: &StdUnixStream) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(raw, PollFlags::empty())];
+    match poll(&mut fds, Some(&rustix::event::Timespec::default())) {
+        Ok(_) => fds[0]
+            .revents()
+            .intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL),
+        Err(rustix::io::Errno::INTR) => false,
         Err(_) => true,
     }
+}
+
+/// After the peer shut down its writing side: keep its references until it closes the
+/// connection entirely (it may still be using the objects it got).
+async fn wait_for_hangup(raw: &StdUnixStream) -> Result<(), TransportError> {
+    while !peer_hung_up(raw) {
+        tokio::time::sleep(LIVENESS_CHECK).await;
+    }
+    Ok(())
 }
 
 fn response_empty(header: Header, out: &mut Vec<u8>) {
     Response::Empty.encode(header.opcode, header.request_id, out);
 }
 
-async fn flush(
-    stream: &tokio_uring::net::UnixStream,
-    out: Vec<u8>,
-) -> (Result<(), TransportError>, Vec<u8>) {
-    if out.is_empty() {
-        return (Ok(()), out);
-    }
-    let (res, mut back) = stream.write_all(out).await;
-    back.clear();
-    (res.map_err(TransportError::from), back)
-}
-
+/// Sends HELLO's reply with the segment fds attached (SCM_RIGHTS through a raw `sendmsg`,
+/// which tokio-uring lacks). The socket is non-blocking: while its buffer is full (a client that
+/// pipelined requests before HELLO and reads nothing), this waits for writability on the event
+/// loop, up to the write timeout, instead of blocking the daemon's one thread.
 async fn send_hello(
-    stream: &tokio_uring::net::UnixStream,
-    raw: &StdUnixStream,
+    io: &ConnIo<'_>,
     conn: &kameo::actor::ActorRef<ConnectionActor>,
     reply: Vec<u8>,
 ) -> Result<(), TransportError> {
@@ -360,40 +602,78 @@ async fn send_hello(
         .await
         .map_err(|_| TransportError::Setup("store stopping".into()))?;
     let fds: Vec<_> = segments.iter().map(|s| s.fd()).collect();
-    let sent = crate::fdpass::send_with_fds(raw.as_fd(), &reply, &fds)?;
+    let sent = match crate::fdpass::send_with_fds(io.raw.as_fd(), &reply, &fds) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            // SAFETY: the AsyncFd owns its own dup of the socket, open for its whole life.
+            let waiter = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    io.raw.try_clone()?,
+                    tokio::io::Interest::WRITABLE,
+                )
+            }
+            .map_err(|e| TransportError::Io(e.into()))?;
+            let send = async {
+                loop {
+                    let mut ready = waiter.writable().await?;
+                    match ready.try_io(|fd| crate::fdpass::send_with_fds(fd.as_fd(), &reply, &fds))
+                    {
+                        Ok(res) => return res,
+                        Err(_would_block) => continue,
+                    }
+                }
+            };
+            tokio::time::timeout(io.limits.write_timeout, send)
+                .await
+                .map_err(|_| io.stalled())??
+        }
+        Err(e) => return Err(e.into()),
+    };
     if sent < reply.len() {
-        let (res, _) = stream.write_all(reply.slice(sent..)).await;
+        let rest = reply[sent..].to_vec();
+        let (res, _) = io.flush(rest).await;
         res?;
     }
     Ok(())
 }
 
+/// Streams notifications to a subscriber until it closes its connection. The socket is read
+/// meanwhile (subscribers send nothing; any bytes are ignored) so that a closed subscriber is
+/// noticed at once, not at the next notification.
 async fn notify_loop(
-    stream: &tokio_uring::net::UnixStream,
+    io: &ConnIo<'_>,
     mut rx: tokio::sync::mpsc::Receiver<vovp::Notification>,
     mut out: Vec<u8>,
 ) -> Result<(), TransportError> {
-    while let Some(n) = rx.recv().await {
-        let mut w = FrameWriter::begin(&mut out, op::NOTIFY, 0, 0);
+    let encode = |out: &mut Vec<u8>, n: vovp::Notification| {
+        let mut w = FrameWriter::begin(out, op::NOTIFY, 0, 0);
         w.u8(n.kind as u8)
             .str(n.name.as_str())
             .u64(n.size)
             .bytes(&n.metadata);
         w.finish();
-        // Batch whatever else is already queued into the same write.
-        while let Ok(n) = rx.try_recv() {
-            let mut w = FrameWriter::begin(&mut out, op::NOTIFY, 0, 0);
-            w.u8(n.kind as u8)
-                .str(n.name.as_str())
-                .u64(n.size)
-                .bytes(&n.metadata);
-            w.finish();
+    };
+    let watch = |buf: Vec<u8>| io.stream.read(buf);
+    let mut closed = Box::pin(watch(Vec::with_capacity(64)));
+    loop {
+        tokio::select! {
+            n = rx.recv() => {
+                let Some(n) = n else { return Ok(()) };
+                encode(&mut out, n);
+                // Batch whatever else is already queued into the same write.
+                while let Ok(n) = rx.try_recv() {
+                    encode(&mut out, n);
+                }
+                let (res, back) = io.flush(out).await;
+                out = back;
+                res?;
+            }
+            (res, buf) = &mut closed => match res {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(_) => closed = Box::pin(watch(buf)),
+            },
         }
-        let (res, back) = flush(stream, out).await;
-        out = back;
-        res?;
     }
-    Ok(())
 }
 
 /// The per-connection actor: turns this client's requests into messages to the engine's
@@ -564,7 +844,21 @@ impl ConnectionActor {
                 actors.table.ask(table::Delete { name: name(&n)? }).await?;
                 Response::Empty
             }
-            Request::List => Response::List(actors.table.ask(table::List).await?),
+            Request::List { start, limit } => {
+                let (entries, next) = actors
+                    .table
+                    .ask(table::ListPage {
+                        start,
+                        limit: limit as usize,
+                        max_bytes: LIST_PAGE_BYTES,
+                        entry_bytes: list_entry_bytes,
+                    })
+                    .await?;
+                Response::List {
+                    entries,
+                    next: next.unwrap_or(LIST_END),
+                }
+            }
             Request::Evict { bytes } => {
                 Response::Count(AsyncStore::evict(&self.engine, bytes).await?)
             }

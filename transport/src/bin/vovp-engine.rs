@@ -35,6 +35,17 @@ struct Args {
     /// Mode of the socket file, in octal.
     #[arg(long, default_value = "600", value_parser = parse_mode)]
     socket_mode: u32,
+    /// Most connections served at once (default: what the open-file limit allows, raised to
+    /// its hard limit at start). Beyond it new clients get a clear "too many connections".
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Seconds a new client has to send HELLO, and a started frame to arrive whole.
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    handshake_timeout: std::time::Duration,
+    /// Seconds a client may leave its replies unread (socket buffer full) before it is
+    /// disconnected.
+    #[arg(long, default_value = "30", value_parser = parse_seconds)]
+    write_timeout: std::time::Duration,
     /// error, warn, info, debug or trace.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -42,6 +53,14 @@ struct Args {
 
 fn parse_size(s: &str) -> Result<u64, String> {
     vovp::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| format!("{s:?} is not a positive number of seconds"))
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -74,6 +93,10 @@ fn main() -> ExitCode {
     let mut config = vovp_transport::ServerConfig::new(&args.socket, engine);
     config.socket_mode = args.socket_mode;
     config.allowed_uids.extend(args.allow_uid);
+    config.limits.max_connections = args.max_connections;
+    config.limits.handshake_timeout = args.handshake_timeout;
+    config.limits.frame_timeout = args.handshake_timeout;
+    config.limits.write_timeout = args.write_timeout;
     match vovp_transport::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
