@@ -5,26 +5,54 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The workspace's binaries (built by `cargo build --workspace --bins` before the tests; the
-/// test command in the README does that). Set `VOVP_BIN_DIR` to use others.
+/// The workspace's binaries, built on first use when missing (so `cargo test --workspace` works
+/// on a fresh clone with nothing built). Set `VOVP_BIN_DIR` to use others.
 pub fn bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("VOVP_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            // target/<profile>/deps/<test binary> -> target/<profile>
-            let exe = std::env::current_exe().expect("current exe");
-            exe.parent()
-                .and_then(Path::parent)
-                .expect("target dir")
-                .to_path_buf()
-        });
+    if let Some(dir) = std::env::var_os("VOVP_BIN_DIR") {
+        let path = PathBuf::from(dir).join(name);
+        assert!(
+            path.exists(),
+            "{} is missing (VOVP_BIN_DIR)",
+            path.display()
+        );
+        return path;
+    }
+    // target/<profile>/deps/<test binary> -> target/<profile>
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
     let path = dir.join(name);
+    if !path.exists() {
+        build_binaries(&dir);
+    }
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (the README's test command does)",
+        "{} is missing after building it",
         path.display()
     );
     path
+}
+
+/// Builds the daemon and the CLI into the profile directory the tests run from, once per test
+/// process (cargo's own lock serialises concurrent test binaries doing the same).
+fn build_binaries(profile_dir: &Path) {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "vovp-transport", "--bins"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        if let Some(target) = profile_dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        let status = cmd.status().expect("run cargo build for the test binaries");
+        assert!(status.success(), "building vovp-engine and vovp failed");
+    });
 }
 
 /// A daemon on a private socket, killed on drop.
@@ -139,6 +167,81 @@ fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Raw protocol access for the malformed-input and hostile-client tests: frames built by hand,
+/// replies read as (opcode, request id, status).
+pub struct Raw(pub std::os::unix::net::UnixStream);
+
+impl Raw {
+    pub fn connect(d: &Daemon) -> Raw {
+        let s = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        Raw(s)
+    }
+    pub fn frame(version: u8, opcode: u8, id: u64, payload: &[u8]) -> Vec<u8> {
+        Self::frame_with_flags(version, opcode, 0, id, payload)
+    }
+    pub fn frame_with_flags(
+        version: u8,
+        opcode: u8,
+        flags: u16,
+        id: u64,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut f = ((12 + payload.len()) as u32).to_le_bytes().to_vec();
+        f.extend([version, opcode]);
+        f.extend(flags.to_le_bytes());
+        f.extend(id.to_le_bytes());
+        f.extend(payload);
+        f
+    }
+    pub fn send(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.0.write_all(bytes).expect("send");
+    }
+    /// Reads one reply: (opcode, request id, status).
+    pub fn reply(&mut self) -> Option<(u8, u64, u8)> {
+        self.reply_payload().map(|(op, id, p)| (op, id, p[0]))
+    }
+    /// Reads one reply whole: (opcode, request id, payload).
+    pub fn reply_payload(&mut self) -> Option<(u8, u64, Vec<u8>)> {
+        use std::io::Read;
+        let mut h = [0u8; 16];
+        self.0.read_exact(&mut h).ok()?;
+        let len = u32::from_le_bytes(h[..4].try_into().ok()?) as usize - 12;
+        let mut p = vec![0u8; len];
+        self.0.read_exact(&mut p).ok()?;
+        Some((h[5], u64::from_le_bytes(h[8..16].try_into().ok()?), p))
+    }
+    pub fn hello(&mut self) {
+        self.send(&Self::frame(1, 0x01, 1, &7u32.to_le_bytes()));
+        assert_eq!(self.reply(), Some((0x81, 1, 0)));
+    }
+    /// True when the daemon has closed the connection (end of file or an error on read).
+    pub fn closed(&mut self) -> bool {
+        use std::io::Read;
+        let mut b = [0u8; 1];
+        matches!(self.0.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+/// A `str` field: u16 length, then the bytes.
+pub fn name_payload(name: &[u8]) -> Vec<u8> {
+    let mut p = (name.len() as u16).to_le_bytes().to_vec();
+    p.extend(name);
+    p
+}
+
+/// Resident memory of a process, in bytes (from /proc).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Polls `f` until it holds; panics after `limit`.

@@ -1,11 +1,9 @@
 //! The real daemon with clients in other processes.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use vovp::{CreateOptions, Error, NotificationKind, Store};
-use vovp_tests::{read_line, wait_until, Daemon};
+use vovp_tests::{name_payload, read_line, wait_until, Daemon, Raw};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -114,50 +112,6 @@ fn thirty_two_processes_hammering_leave_consistent_stats() {
     }
     let s = c.stats().unwrap();
     assert_eq!((s.objects, s.used_bytes, s.references), (0, 0, 0), "{s:?}");
-}
-
-/// Raw protocol access for the malformed-input tests.
-struct Raw(UnixStream);
-
-impl Raw {
-    fn connect(d: &Daemon) -> Raw {
-        let s = UnixStream::connect(&d.socket).unwrap();
-        s.set_read_timeout(Some(T)).unwrap();
-        Raw(s)
-    }
-    fn frame(version: u8, opcode: u8, id: u64, payload: &[u8]) -> Vec<u8> {
-        let mut f = ((12 + payload.len()) as u32).to_le_bytes().to_vec();
-        f.extend([version, opcode, 0, 0]);
-        f.extend(id.to_le_bytes());
-        f.extend(payload);
-        f
-    }
-    fn send(&mut self, bytes: &[u8]) {
-        self.0.write_all(bytes).unwrap();
-    }
-    /// Reads one reply: (opcode, request id, status).
-    fn reply(&mut self) -> Option<(u8, u64, u8)> {
-        let mut h = [0u8; 16];
-        self.0.read_exact(&mut h).ok()?;
-        let len = u32::from_le_bytes(h[..4].try_into().unwrap()) as usize - 12;
-        let mut p = vec![0u8; len];
-        self.0.read_exact(&mut p).ok()?;
-        Some((h[5], u64::from_le_bytes(h[8..16].try_into().unwrap()), p[0]))
-    }
-    fn hello(&mut self) {
-        self.send(&Self::frame(1, 0x01, 1, &7u32.to_le_bytes()));
-        assert_eq!(self.reply(), Some((0x81, 1, 0)));
-    }
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.0.read(&mut b), Ok(0) | Err(_))
-    }
-}
-
-fn name_payload(name: &[u8]) -> Vec<u8> {
-    let mut p = (name.len() as u16).to_le_bytes().to_vec();
-    p.extend(name);
-    p
 }
 
 #[test]

@@ -1,0 +1,291 @@
+//! Hostile and unlucky clients against the real daemon: each test is the regression test of one
+//! defect found by probing (issue "one request can wedge the whole store", D1–D13). Each asserts
+//! both the bad client's fate and that everyone else is still served.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use vovp::{CreateOptions, Error, Store};
+use vovp_tests::{name_payload, rss_bytes, wait_until, Daemon, Raw};
+
+const T: Duration = Duration::from_secs(20);
+
+fn create_payload(name: &[u8], size: u64) -> Vec<u8> {
+    let mut p = name_payload(name);
+    p.extend(size.to_le_bytes());
+    p.extend(0u32.to_le_bytes()); // flags
+    p.push(1); // CPU
+    p.extend(0u32.to_le_bytes());
+    p.extend(0u32.to_le_bytes()); // no metadata
+    p
+}
+
+fn get_payload(timeout_ms: i64, names: &[&[u8]]) -> Vec<u8> {
+    let mut p = timeout_ms.to_le_bytes().to_vec();
+    p.extend((names.len() as u32).to_le_bytes());
+    for n in names {
+        p.extend(name_payload(n));
+    }
+    p
+}
+
+/// The store answers a plain request within `limit` (it is not wedged).
+fn responsive(c: &vovp_transport::Client, limit: Duration) -> bool {
+    let start = Instant::now();
+    c.contains("anything").is_ok() && start.elapsed() < limit
+}
+
+/// D1: CREATE of a size near 2^64 while an unreferenced sealed object exists used to spin the
+/// daemon at 100 % forever.
+#[test]
+fn create_of_a_size_near_u64_max_is_out_of_memory_and_the_store_keeps_serving() {
+    let d = Daemon::start("16M");
+    let good = d.client();
+    good.put("cached", b"evictable", b"", CreateOptions::default())
+        .unwrap();
+    let mut r = Raw::connect(&d);
+    r.hello();
+    for (i, size) in [u64::MAX, 0xF000_0000_0000_0001, 1 << 63]
+        .into_iter()
+        .enumerate()
+    {
+        let id = 10 + i as u64;
+        r.send(&Raw::frame(1, 0x02, id, &create_payload(b"huge", size)));
+        assert_eq!(r.reply(), Some((0x82, id, 3)), "size {size:#x}");
+    }
+    assert!(responsive(&good, Duration::from_secs(2)));
+    assert!(good.contains("cached").unwrap(), "nothing evicted for it");
+    // The Rust client says the same.
+    assert!(matches!(
+        good.create("h", u64::MAX, b"", CreateOptions::default()),
+        Err(Error::OutOfMemory { .. })
+    ));
+}
+
+/// D2: a client that pipelines thousands of requests before HELLO and never reads used to
+/// freeze every client (the HELLO reply was a blocking write on the daemon's one thread), and
+/// SIGTERM waited for it.
+#[test]
+fn a_client_that_never_reads_cannot_freeze_the_daemon() {
+    let d = Daemon::start_with("16M", &["--write-timeout", "2"]);
+    let good = d.client();
+    let mut flood = Vec::new();
+    for i in 0..20_000u64 {
+        flood.extend(Raw::frame(1, 0x0C, i + 2, &[]));
+    }
+    flood.extend(Raw::frame(1, 0x01, 1, &7u32.to_le_bytes()));
+    let mut bad = UnixStream::connect(&d.socket).unwrap();
+    bad.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Our own send buffer fills too; whatever got through is enough to fill the daemon's side.
+    let _ = bad.write_all(&flood);
+    for _ in 0..20 {
+        assert!(responsive(&good, Duration::from_secs(2)), "store wedged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The stuck client is disconnected after the write timeout; the store keeps serving.
+    wait_until(T, || good.connections().unwrap() == 1);
+    let start = Instant::now();
+    let status = d.terminate();
+    assert!(status.success() && start.elapsed() < Duration::from_secs(5));
+    drop(bad);
+}
+
+/// D3: one GET frame of millions of 1-byte names pinned hundreds of MB while it waited.
+#[test]
+fn get_names_are_bounded_per_request() {
+    let d = Daemon::start("16M");
+    let mut r = Raw::connect(&d);
+    r.hello();
+    let names: Vec<Vec<u8>> = (0..16_385).map(|i| format!("{i:x}").into_bytes()).collect();
+    let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+    r.send(&Raw::frame(1, 0x06, 5, &get_payload(60_000, &refs)));
+    let (op, id, payload) = r.reply_payload().unwrap();
+    assert_eq!((op, id, payload[0]), (0x86, 5, 15));
+    assert!(String::from_utf8_lossy(&payload).contains("at most 16384"));
+    // The largest allowed GET still works (and times out with nothing found).
+    r.send(&Raw::frame(1, 0x06, 6, &get_payload(50, &refs[..16_384])));
+    let (op, id, payload) = r.reply_payload().unwrap();
+    assert_eq!((op, id, payload[0]), (0x86, 6, 0));
+    assert_eq!(
+        u32::from_le_bytes(payload[1..5].try_into().unwrap()),
+        16_384
+    );
+    let rss = rss_bytes(d.child.id());
+    assert!(rss < 200 << 20, "daemon RSS {rss} after a maximal GET");
+}
+
+/// D5: LIST replies grew without bound (refused by clients over 64 MiB); now paged.
+#[test]
+fn list_is_paged_and_every_object_is_listed_once() {
+    let d = Daemon::start("64M");
+    let c = d.client();
+    let n = 5000;
+    for i in 0..n {
+        c.put(&format!("obj-{i:05}"), b"x", b"", CreateOptions::default())
+            .unwrap();
+    }
+    let mut names: Vec<String> = c
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|i| i.name.to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), n);
+    // On the wire: the first page stops at the page size and gives a cursor to go on.
+    let mut r = Raw::connect(&d);
+    r.hello();
+    let (_, _, p) = {
+        r.send(&Raw::frame(1, 0x0A, 2, &[]));
+        r.reply_payload().unwrap()
+    };
+    assert_eq!(p[0], 0);
+    assert_eq!(u32::from_le_bytes(p[1..5].try_into().unwrap()), 4096);
+    let next = u64::from_le_bytes(p[p.len() - 8..].try_into().unwrap());
+    assert_ne!(next, u64::MAX);
+}
+
+/// D7: a client that half-closes (shutdown(SHUT_WR)) while its GET waits is alive: it gets its
+/// real reply and keeps its references until it closes the connection entirely.
+#[test]
+fn a_half_closed_client_keeps_its_references_and_gets_its_reply() {
+    let d = Daemon::start("16M");
+    let good = d.client();
+    good.put("held", b"bytes", b"", CreateOptions::default())
+        .unwrap();
+    let mut r = Raw::connect(&d);
+    r.hello();
+    r.send(&Raw::frame(1, 0x06, 2, &get_payload(0, &[b"held"])));
+    assert_eq!(r.reply(), Some((0x86, 2, 0)));
+    r.send(&Raw::frame(1, 0x06, 3, &get_payload(700, &[b"never"])));
+    r.0.shutdown(std::net::Shutdown::Write).unwrap();
+    let (op, id, p) = r.reply_payload().unwrap();
+    assert_eq!((op, id, p[0]), (0x86, 3, 0), "not SHUTTING_DOWN: {p:?}");
+    assert_eq!(&p[1..6], &[1, 0, 0, 0, 0], "one name, not found");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        good.stats().unwrap().references,
+        1,
+        "still held while half-open"
+    );
+    drop(r);
+    wait_until(T, || good.stats().unwrap().references == 0);
+}
+
+/// D8: a connection that never sends HELLO is closed after the handshake timeout, with a reason.
+#[test]
+fn a_silent_connection_is_closed_after_the_handshake_timeout() {
+    let d = Daemon::start_with("16M", &["--handshake-timeout", "1"]);
+    let good = d.client();
+    let mut silent = Raw::connect(&d);
+    let start = Instant::now();
+    let (_, _, p) = silent.reply_payload().expect("a reason before the close");
+    assert_eq!(p[0], 18, "PROTOCOL_STATE");
+    assert!(String::from_utf8_lossy(&p).contains("no HELLO"));
+    assert!(silent.closed());
+    assert!(start.elapsed() >= Duration::from_millis(900));
+    // Half a frame is not enough either, even after HELLO.
+    let mut half = Raw::connect(&d);
+    half.hello();
+    half.send(&Raw::frame(1, 0x0C, 9, &[])[..10]);
+    let (_, _, p) = half.reply_payload().expect("a reason");
+    assert!(String::from_utf8_lossy(&p).contains("incomplete"));
+    assert!(half.closed());
+    assert!(responsive(&good, Duration::from_secs(2)));
+}
+
+/// D8 / connection floods: past the connection limit a client gets a clear refusal, connected
+/// clients keep being served, and new clients get in again once others leave.
+#[test]
+fn connections_beyond_the_limit_are_refused_clearly_and_recover() {
+    let d = Daemon::start_with("16M", &["--max-connections", "4"]);
+    let good = d.client();
+    let mut others: Vec<_> = (0..3).map(|_| d.client()).collect();
+    match vovp_transport::Client::connect(&d.socket) {
+        Err(Error::Connection(msg)) => assert!(msg.contains("at most 4 connections"), "{msg}"),
+        Err(other) => panic!("expected a connection refusal, got {other:?}"),
+        Ok(_) => panic!("a fifth connection was accepted"),
+    }
+    assert!(responsive(&good, Duration::from_secs(2)));
+    others.pop();
+    wait_until(T, || vovp_transport::Client::connect(&d.socket).is_ok());
+}
+
+/// D9: a subscriber that closes its connection is dropped at once, not at the next
+/// notification.
+#[test]
+fn closed_subscribers_are_dropped_at_once() {
+    let d = Daemon::start("16M");
+    let good = d.client();
+    let sub = good.subscribe().unwrap();
+    wait_until(T, || good.connections().unwrap() == 2);
+    drop(sub);
+    wait_until(Duration::from_secs(3), || good.connections().unwrap() == 1);
+}
+
+/// D10: input buffers grown by one large frame are given back: idle connections that once
+/// sent 64 MiB no longer pin it.
+#[test]
+fn idle_connections_do_not_pin_the_buffers_of_their_largest_frame() {
+    let d = Daemon::start("16M");
+    let base = rss_bytes(d.child.id());
+    let mut idle = Vec::new();
+    for i in 0..6u64 {
+        let mut r = Raw::connect(&d);
+        r.hello();
+        // A PUT just under the frame limit: refused (over max_inline) after it was read whole.
+        let mut put = name_payload(b"big");
+        put.extend(0u32.to_le_bytes());
+        put.extend(0u32.to_le_bytes());
+        let data = (64u64 << 20) - 64;
+        put.extend(data.to_le_bytes());
+        put.resize(put.len() + data as usize, 0);
+        r.send(&Raw::frame(1, 0x05, i, &put));
+        assert_eq!(r.reply(), Some((0x85, i, 15)));
+        idle.push(r);
+    }
+    let rss = rss_bytes(d.child.id());
+    assert!(
+        rss < base + (128 << 20),
+        "daemon RSS {rss} (was {base}) with 6 idle connections"
+    );
+    assert!(responsive(&d.client(), Duration::from_secs(2)));
+}
+
+/// D12: NO_REPLY on anything but RELEASE used to silence errors (a failing CREATE never got an
+/// answer); now it is refused with a reply.
+#[test]
+fn no_reply_is_refused_outside_release() {
+    let d = Daemon::start("16M");
+    let mut r = Raw::connect(&d);
+    r.hello();
+    r.send(&Raw::frame_with_flags(
+        1,
+        0x02,
+        1,
+        4,
+        &create_payload(b"x", 10),
+    ));
+    let (op, id, p) = r.reply_payload().unwrap();
+    assert_eq!((op, id, p[0]), (0x82, 4, 12));
+    assert!(String::from_utf8_lossy(&p).contains("NO_REPLY"));
+    assert!(!d.client().contains("x").unwrap());
+    assert!(d.client().list().unwrap().is_empty(), "nothing was created");
+}
+
+/// D13: a Rust client whose daemon died says so, instead of "failed to fill whole buffer".
+#[test]
+fn a_dead_daemon_is_a_connection_error() {
+    let mut d = Daemon::start("16M");
+    let c = d.client();
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    match c.contains("x") {
+        Err(Error::Connection(msg)) => {
+            assert!(msg.contains("closed the connection"), "{msg}")
+        }
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+}
