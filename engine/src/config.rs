@@ -15,6 +15,10 @@ pub struct Config {
     pub prefault: bool,
     /// Per-GPU capacities.
     pub gpu: GpuConfig,
+    /// Start even when `capacity` is more than the machine (or its memory cgroup) can back now.
+    /// Off by default: such a store would fail later with SIGBUS in whichever client first
+    /// touches a page that cannot be backed.
+    pub overcommit: bool,
     /// Most host objects held at once (at most, and by default, [`crate::MAX_OBJECTS`]).
     pub max_objects: u32,
 }
@@ -26,6 +30,7 @@ impl Config {
             huge_pages: false,
             prefault: false,
             gpu: GpuConfig::default(),
+            overcommit: false,
             max_objects: crate::MAX_OBJECTS as u32,
         }
     }

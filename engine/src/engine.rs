@@ -196,6 +196,23 @@ impl Engine {
                 config.capacity
             )));
         }
+        if let Some(room) = crate::memory_room::available_memory() {
+            if config.capacity > room {
+                let why = format!(
+                    "a capacity of {} bytes is more than this machine can back now ({room} \
+                     bytes available, counting swap and the memory cgroup's limit); objects \
+                     past that would fail with SIGBUS when first touched",
+                    config.capacity
+                );
+                if !config.overcommit {
+                    return Err(Error::Config(format!(
+                        "{why}. Use less memory, or allow it explicitly (--overcommit, \
+                         Config::overcommit)"
+                    )));
+                }
+                tracing::warn!("{why}: starting anyway (--overcommit)");
+            }
+        }
         let segment = Segment::create(0, config.capacity, config.huge_pages, config.prefault)?;
         let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
         let allocator =

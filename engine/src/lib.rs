@@ -8,6 +8,7 @@
 mod config;
 mod engine;
 mod error;
+pub mod memory_room;
 mod store;
 pub mod tensor;
 mod view;

@@ -289,3 +289,28 @@ fn a_dead_daemon_is_a_connection_error() {
         other => panic!("expected a connection error, got {other:?}"),
     }
 }
+
+/// Reliability: `-m` larger than the machine can back is refused at start (it would fail later
+/// with SIGBUS in whichever client touched the first unbackable page); `--overcommit` starts it
+/// anyway with a warning.
+#[test]
+fn a_store_larger_than_the_machine_is_refused_at_start() {
+    let dir = std::env::temp_dir().join(format!("vovp-oc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("s.sock");
+    let out = std::process::Command::new(vovp_tests::bin("vovp-engine"))
+        .args(["-m", "64T", "-s"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("more than this machine can back") && err.contains("--overcommit"),
+        "{err}"
+    );
+    assert!(!socket.exists(), "refused before binding");
+    let d = Daemon::start_with("2T", &["--overcommit"]);
+    assert!(responsive(&d.client(), Duration::from_secs(2)));
+    let _ = std::fs::remove_dir_all(&dir);
+}

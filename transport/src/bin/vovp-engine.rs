@@ -26,6 +26,10 @@ struct Args {
     /// Touch all memory at start so puts never pay first-touch page faults.
     #[arg(long)]
     prefault: bool,
+    /// Start even if -m is more than the machine can back now (pages past that fail with SIGBUS
+    /// when first touched).
+    #[arg(long)]
+    overcommit: bool,
     /// Per-GPU capacity, e.g. `0:8G,1:8G`.
     #[arg(long)]
     gpu_memory: Option<String>,
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
     let mut engine = vovp::Config::with_capacity(args.memory);
     engine.huge_pages = args.huge_pages;
     engine.prefault = args.prefault;
+    engine.overcommit = args.overcommit;
     if let Some(spec) = &args.gpu_memory {
         match vovp_gpu::parse_gpu_memory(spec) {
             Ok(c) => engine.gpu.capacities = c,
