@@ -7,7 +7,8 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -467,10 +468,52 @@ struct Conn {
 
 struct ClientInner {
     conn: Mutex<Conn>,
-    maps: Mappings,
+    /// The mappings of the current connection; replaced (with `generation` + 1) on reconnect.
+    maps: RwLock<Arc<Mappings>>,
+    /// Which connection to the daemon this is (0 = the first). Views remember theirs, so the
+    /// release of a reference that died with an old daemon is never sent to the new one, where
+    /// the same object id may name another object.
+    generation: AtomicU64,
+    /// Re-establish the connection (once per call) when the daemon went away.
+    reconnect: bool,
     /// Releases from views dropped while another thread was mid-request: sent before the next one.
     deferred_releases: Mutex<Vec<u64>>,
     path: PathBuf,
+}
+
+/// How a [`Client`] connects.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientOptions {
+    /// When the daemon has gone away (stopped, killed, restarted), connect again on the next
+    /// call and retry it once on the new connection. Objects that died with the old daemon are
+    /// simply not found there; views taken before keep their (old, intact) memory until
+    /// dropped, and their releases are not sent to the new daemon. Off by default: a dead
+    /// daemon is then an `Error::Connection` on every call.
+    pub reconnect: bool,
+}
+
+/// A view's way back to its client: releases go out only while the connection it came from
+/// is still the current one.
+struct ViewSink {
+    inner: Arc<ClientInner>,
+    generation: u64,
+}
+
+impl ObjectSink for ViewSink {
+    fn release(&self, id: u64) {
+        if self.inner.generation.load(Ordering::Acquire) == self.generation {
+            self.inner.release(id);
+        }
+    }
+
+    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+            return Err(Error::NotFound(format!(
+                "{name} (created on a connection to a daemon that has since gone away)"
+            )));
+        }
+        self.inner.seal(name)
+    }
 }
 
 impl ClientInner {
@@ -491,12 +534,56 @@ impl ClientInner {
     }
 
     fn call(&self, call: Call<'_>, names: &[&str]) -> Result<Response, Error> {
-        let deferred = self.take_deferred();
+        self.call_in_session(call, names).map(|(r, _)| r)
+    }
+
+    fn session(&self) -> Arc<Mappings> {
+        match self.maps.read() {
+            Ok(m) => m.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Sends `call` and reads its reply, with the mappings and generation of the connection
+    /// that answered (a reply's locations only make sense in those mappings).
+    fn call_in_session(
+        &self,
+        call: Call<'_>,
+        names: &[&str],
+    ) -> Result<(Response, (Arc<Mappings>, u64)), Error> {
         let mut guard = self
             .conn
             .lock()
             .map_err(|_| Error::Internal("client lock poisoned".into()))?;
-        let conn = &mut *guard;
+        let session = (self.session(), self.generation.load(Ordering::Acquire));
+        match self.exchange(&mut guard, &call, names) {
+            Err(Error::Connection(why)) if self.reconnect => {
+                tracing::info!("vovp: connection lost ({why}); reconnecting");
+                let (stream, maps) = handshake(&self.path)?;
+                guard.stream = stream;
+                guard.next_id = 0;
+                // References held on the old connection died with it.
+                self.take_deferred();
+                let maps = Arc::new(maps);
+                match self.maps.write() {
+                    Ok(mut m) => *m = maps.clone(),
+                    Err(poisoned) => *poisoned.into_inner() = maps.clone(),
+                }
+                let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                let response = self.exchange(&mut guard, &call, names)?;
+                Ok((response, (maps, generation)))
+            }
+            other => other.map(|r| (r, session)),
+        }
+    }
+
+    fn exchange(
+        &self,
+        conn: &mut Conn,
+        call: &Call<'_>,
+        names: &[&str],
+    ) -> Result<Response, Error> {
+        let deferred = self.take_deferred();
         conn.out.clear();
         Self::append_releases(conn, &deferred);
         conn.next_id += 1;
@@ -556,6 +643,10 @@ pub struct Client {
 
 impl Client {
     pub fn connect(path: impl AsRef<Path>) -> Result<Client, Error> {
+        Self::connect_with(path, ClientOptions::default())
+    }
+
+    pub fn connect_with(path: impl AsRef<Path>, options: ClientOptions) -> Result<Client, Error> {
         let (stream, maps) = handshake(path.as_ref())?;
         Ok(Client {
             inner: Arc::new(ClientInner {
@@ -565,7 +656,9 @@ impl Client {
                     out: Vec::new(),
                     payload: Vec::new(),
                 }),
-                maps,
+                maps: RwLock::new(Arc::new(maps)),
+                generation: AtomicU64::new(0),
+                reconnect: options.reconnect,
                 deferred_releases: Mutex::new(Vec::new()),
                 path: path.as_ref().to_owned(),
             }),
@@ -574,7 +667,7 @@ impl Client {
 
     /// Host bytes the daemon manages.
     pub fn capacity(&self) -> u64 {
-        self.inner.maps.capacity
+        self.inner.session().capacity
     }
 
     pub fn socket_path(&self) -> &Path {
@@ -590,8 +683,12 @@ impl Client {
             .1)
     }
 
-    fn sink(&self) -> Arc<dyn ObjectSink> {
-        self.inner.clone()
+    /// Where the views of connection `generation` send their releases.
+    fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
+        Arc::new(ViewSink {
+            inner: self.inner.clone(),
+            generation,
+        })
     }
 
     /// Puts and keeps a reference: the view is the store's copy (zero-copy afterwards).
@@ -602,25 +699,24 @@ impl Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectView, Error> {
-        if let Some(flags) = self.inner.maps.inline_flags(data.len(), &options, true) {
-            let r = self
-                .inner
-                .call(
-                    Call::Put {
-                        name,
-                        flags,
-                        metadata,
-                        data,
-                    },
-                    &[name],
-                )?
-                .object()?;
+        if let Some(flags) = self
+            .inner
+            .session()
+            .inline_flags(data.len(), &options, true)
+        {
+            let (reply, (maps, generation)) = self.inner.call_in_session(
+                Call::Put {
+                    name,
+                    flags,
+                    metadata,
+                    data,
+                },
+                &[name],
+            )?;
+            let r = reply.object()?;
             let id = r.id;
-            return self
-                .inner
-                .maps
-                .view(r, self.sink())
-                .inspect_err(|_| self.inner.release(id));
+            let sink = self.sink(generation);
+            return maps.view(r, sink.clone()).inspect_err(|_| sink.release(id));
         }
         let mut buf = Store::create(self, name, data.len() as u64, metadata, options)?;
         parallel_copy(buf.as_mut_slice(), data);
@@ -683,23 +779,20 @@ impl Store for Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectBuffer, Error> {
-        let r = self
-            .inner
-            .call(
-                Call::Create {
-                    name,
-                    size,
-                    options,
-                    metadata,
-                },
-                &[name],
-            )?
-            .object()?;
+        let (reply, (maps, generation)) = self.inner.call_in_session(
+            Call::Create {
+                name,
+                size,
+                options,
+                metadata,
+            },
+            &[name],
+        )?;
+        let r = reply.object()?;
         let id = r.id;
-        self.inner
-            .maps
-            .buffer(r, self.sink())
-            .inspect_err(|_| self.inner.release(id))
+        let sink = self.sink(generation);
+        maps.buffer(r, sink.clone())
+            .inspect_err(|_| sink.release(id))
     }
 
     fn seal(&self, name: &str) -> Result<(), Error> {
@@ -717,7 +810,11 @@ impl Store for Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
-        if let Some(flags) = self.inner.maps.inline_flags(data.len(), &options, false) {
+        if let Some(flags) = self
+            .inner
+            .session()
+            .inline_flags(data.len(), &options, false)
+        {
             self.inner.call(
                 Call::Put {
                     name,
@@ -737,11 +834,10 @@ impl Store for Client {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let objects = self
+        let (reply, (maps, generation)) = self
             .inner
-            .call(Call::Get { names, timeout }, names)?
-            .objects()?;
-        self.inner.maps.views(objects, self.sink())
+            .call_in_session(Call::Get { names, timeout }, names)?;
+        maps.views(reply.objects()?, self.sink(generation))
     }
 
     fn contains(&self, name: &str) -> Result<bool, Error> {
@@ -781,40 +877,92 @@ pub struct AsyncClient {
 
 struct AsyncInner {
     conn: tokio::sync::Mutex<(tokio::net::UnixStream, u64)>,
-    maps: Mappings,
+    /// As in the blocking client: the current connection's mappings and its generation.
+    maps: RwLock<Arc<Mappings>>,
+    generation: AtomicU64,
+    reconnect: bool,
+    path: PathBuf,
     deferred_releases: Mutex<Vec<u64>>,
     /// Seals from `ObjectBuffer::seal` (a blocking call) go through a blocking side connection.
     blocking: Client,
 }
 
-impl ObjectSink for AsyncInner {
+impl AsyncInner {
+    fn session(&self) -> Arc<Mappings> {
+        match self.maps.read() {
+            Ok(m) => m.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn take_deferred(&self) -> Vec<u64> {
+        self.deferred_releases
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+}
+
+/// A view's way back to its async client (releases queue for the next request), only while
+/// the connection it came from is the current one.
+struct AsyncViewSink {
+    inner: Arc<AsyncInner>,
+    generation: u64,
+}
+
+impl ObjectSink for AsyncViewSink {
     fn release(&self, id: u64) {
-        if let Ok(mut v) = self.deferred_releases.lock() {
+        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+            return;
+        }
+        if let Ok(mut v) = self.inner.deferred_releases.lock() {
             v.push(id);
         }
     }
 
     fn seal(&self, name: &ObjectName) -> Result<(), Error> {
-        Store::seal(&self.blocking, name.as_str())
+        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+            return Err(Error::NotFound(format!(
+                "{name} (created on a connection to a daemon that has since gone away)"
+            )));
+        }
+        Store::seal(&self.inner.blocking, name.as_str())
     }
+}
+
+/// Connects and handshakes off the async runtime (the handshake is blocking socket I/O).
+async fn async_handshake(path: &Path) -> Result<(tokio::net::UnixStream, Mappings), Error> {
+    let path = path.to_owned();
+    let (std_stream, maps) = tokio::task::spawn_blocking(move || handshake(&path))
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+    std_stream.set_nonblocking(true).map_err(conn_err)?;
+    let stream = tokio::net::UnixStream::from_std(std_stream).map_err(conn_err)?;
+    Ok((stream, maps))
 }
 
 impl AsyncClient {
     pub async fn connect(path: impl AsRef<Path>) -> Result<AsyncClient, Error> {
+        Self::connect_with(path, ClientOptions::default()).await
+    }
+
+    pub async fn connect_with(
+        path: impl AsRef<Path>,
+        options: ClientOptions,
+    ) -> Result<AsyncClient, Error> {
         let path = path.as_ref().to_owned();
-        let (std_stream, maps, blocking) = tokio::task::spawn_blocking(move || {
-            let (s, m) = handshake(&path)?;
-            let blocking = Client::connect(&path)?;
-            Ok::<_, Error>((s, m, blocking))
-        })
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))??;
-        std_stream.set_nonblocking(true).map_err(conn_err)?;
-        let stream = tokio::net::UnixStream::from_std(std_stream).map_err(conn_err)?;
+        let (stream, maps) = async_handshake(&path).await?;
+        let side = path.clone();
+        let blocking = tokio::task::spawn_blocking(move || Client::connect_with(&side, options))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))??;
         Ok(AsyncClient {
             inner: Arc::new(AsyncInner {
                 conn: tokio::sync::Mutex::new((stream, 0)),
-                maps,
+                maps: RwLock::new(Arc::new(maps)),
+                generation: AtomicU64::new(0),
+                reconnect: options.reconnect,
+                path,
                 deferred_releases: Mutex::new(Vec::new()),
                 blocking,
             }),
@@ -827,14 +975,48 @@ impl AsyncClient {
     }
 
     async fn call(&self, call: Call<'_>, names: &[&str]) -> Result<Response, Error> {
-        let deferred = self
-            .inner
-            .deferred_releases
-            .lock()
-            .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default();
+        self.call_in_session(call, names).await.map(|(r, _)| r)
+    }
+
+    /// As the blocking client's: the reply, with the mappings and generation that answered;
+    /// one reconnect and retry when the daemon went away and the client opted in.
+    async fn call_in_session(
+        &self,
+        call: Call<'_>,
+        names: &[&str],
+    ) -> Result<(Response, (Arc<Mappings>, u64)), Error> {
         let mut guard = self.inner.conn.lock().await;
-        let (stream, next_id) = &mut *guard;
+        let session = (
+            self.inner.session(),
+            self.inner.generation.load(Ordering::Acquire),
+        );
+        match Self::exchange(&self.inner, &mut guard, &call, names).await {
+            Err(Error::Connection(why)) if self.inner.reconnect => {
+                tracing::info!("vovp: connection lost ({why}); reconnecting");
+                let (stream, maps) = async_handshake(&self.inner.path).await?;
+                *guard = (stream, 0);
+                self.inner.take_deferred();
+                let maps = Arc::new(maps);
+                match self.inner.maps.write() {
+                    Ok(mut m) => *m = maps.clone(),
+                    Err(poisoned) => *poisoned.into_inner() = maps.clone(),
+                }
+                let generation = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                let response = Self::exchange(&self.inner, &mut guard, &call, names).await?;
+                Ok((response, (maps, generation)))
+            }
+            other => other.map(|r| (r, session)),
+        }
+    }
+
+    async fn exchange(
+        inner: &AsyncInner,
+        guard: &mut (tokio::net::UnixStream, u64),
+        call: &Call<'_>,
+        names: &[&str],
+    ) -> Result<Response, Error> {
+        let deferred = inner.take_deferred();
+        let (stream, next_id) = guard;
         let mut out = Vec::new();
         if !deferred.is_empty() {
             *next_id += 1;
@@ -858,8 +1040,11 @@ impl AsyncClient {
         decode_reply(call.opcode(), &payload, names)
     }
 
-    fn sink(&self) -> Arc<dyn ObjectSink> {
-        self.inner.clone()
+    fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
+        Arc::new(AsyncViewSink {
+            inner: self.inner.clone(),
+            generation,
+        })
     }
 }
 
@@ -871,8 +1056,8 @@ impl AsyncStore for AsyncClient {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectBuffer, Error> {
-        let r = match self
-            .call(
+        let (reply, (maps, generation)) = self
+            .call_in_session(
                 Call::Create {
                     name,
                     size,
@@ -881,16 +1066,12 @@ impl AsyncStore for AsyncClient {
                 },
                 &[name],
             )
-            .await?
-        {
-            Response::Object(r) => r,
-            other => return Err(unexpected(other)),
-        };
+            .await?;
+        let r = reply.object()?;
         let id = r.id;
-        self.inner
-            .maps
-            .buffer(r, self.sink())
-            .inspect_err(|_| self.inner.release(id))
+        let sink = self.sink(generation);
+        maps.buffer(r, sink.clone())
+            .inspect_err(|_| sink.release(id))
     }
 
     async fn seal(&self, name: &str) -> Result<(), Error> {
@@ -908,7 +1089,11 @@ impl AsyncStore for AsyncClient {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
-        if let Some(flags) = self.inner.maps.inline_flags(data.len(), &options, false) {
+        if let Some(flags) = self
+            .inner
+            .session()
+            .inline_flags(data.len(), &options, false)
+        {
             self.call(
                 Call::Put {
                     name,
@@ -933,11 +1118,10 @@ impl AsyncStore for AsyncClient {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let objects = self
-            .call(Call::Get { names, timeout }, names)
-            .await?
-            .objects()?;
-        self.inner.maps.views(objects, self.sink())
+        let (reply, (maps, generation)) = self
+            .call_in_session(Call::Get { names, timeout }, names)
+            .await?;
+        maps.views(reply.objects()?, self.sink(generation))
     }
 
     async fn contains(&self, name: &str) -> Result<bool, Error> {

@@ -6,6 +6,6 @@ pub mod fdpass;
 pub mod protocol;
 pub mod server;
 
-pub use client::{AsyncClient, Client, Subscription};
+pub use client::{AsyncClient, Client, ClientOptions, Subscription};
 pub use protocol::TransportError;
 pub use server::{run, ConnectionLimits, ServerConfig};
