@@ -314,3 +314,95 @@ fn a_store_larger_than_the_machine_is_refused_at_start() {
     assert!(responsive(&d.client(), Duration::from_secs(2)));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Reliability (fd exhaustion): a flood of connections that runs the daemon out of file
+/// descriptors (accept fails with EMFILE) does not stop it serving the connected clients, fills
+/// no log with one line per failed accept, and it recovers by itself once fds free up.
+#[test]
+fn running_out_of_fds_is_survived_and_recovered_from() {
+    use std::os::unix::process::CommandExt;
+    let dir = std::env::temp_dir().join(format!("vovp-fd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("s.sock");
+    let log = std::fs::File::create(dir.join("log")).unwrap();
+    let mut cmd = std::process::Command::new(vovp_tests::bin("vovp-engine"));
+    cmd.args(["-m", "16M", "--max-connections", "1000", "-s"])
+        .arg(&socket)
+        .stderr(log);
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 96,
+                rlim_max: 96,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    wait_until(T, || UnixStream::connect(&socket).is_ok());
+    let good = vovp_transport::Client::connect(&socket).unwrap();
+    // Far more connections than fds: the kernel queues them, the daemon hits EMFILE.
+    let flood: Vec<_> = (0..200)
+        .filter_map(|_| UnixStream::connect(&socket).ok())
+        .collect();
+    assert!(flood.len() > 60, "only {} connections queued", flood.len());
+    for _ in 0..20 {
+        assert!(
+            responsive(&good, Duration::from_secs(2)),
+            "connected client starved"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(flood);
+    // Recovers by itself: a new client gets in and is served.
+    wait_until(T, || {
+        vovp_transport::Client::connect(&socket).is_ok_and(|c| c.contains("x").is_ok())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(dir.join("log")).unwrap();
+    let failures = text.matches("accept failed").count();
+    assert!(
+        (1..=3).contains(&failures),
+        "{failures} accept-failure lines:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Reliability: a subscriber that never reads costs a bounded queue (4096 notifications, then
+/// it is dropped as too slow) and is disconnected once its replies stay unread past the write
+/// timeout; publishers are never slowed down by it.
+#[test]
+fn a_subscriber_that_never_reads_is_bounded_and_dropped() {
+    let d = Daemon::start_with("64M", &["--write-timeout", "1"]);
+    let good = d.client();
+    let mut sub = Raw::connect(&d);
+    sub.hello();
+    sub.send(&Raw::frame(1, 0x0D, 2, &[]));
+    assert_eq!(sub.reply(), Some((0x8D, 2, 0)));
+    // From here on the subscriber reads nothing.
+    let start = Instant::now();
+    // 16000 notifications: more than the queue (4096) plus what the socket buffers hold.
+    for i in 0..8_000 {
+        let name = format!("n{i}");
+        good.put(&name, b"x", b"", CreateOptions::default())
+            .unwrap();
+        good.delete(&name).unwrap();
+    }
+    let elapsed = start.elapsed();
+    wait_until(T, || good.connections().unwrap() == 1);
+    assert!(responsive(&good, Duration::from_secs(2)));
+    let rss = rss_bytes(d.child.id());
+    assert!(
+        rss < 200 << 20,
+        "daemon RSS {rss} after 16000 unread notifications"
+    );
+    assert!(
+        elapsed < Duration::from_secs(60),
+        "publishing took {elapsed:?}"
+    );
+}
