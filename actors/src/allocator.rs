@@ -4,6 +4,7 @@
 //! and free, bounded fragmentation, bookkeeping outside the managed memory) hands out runs of
 //! 64-byte units, so every object is 64-byte aligned by construction.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kameo::message::{Context, Message};
@@ -11,7 +12,7 @@ use kameo::Actor;
 use offset_allocator::{Allocation, Allocator};
 
 use crate::segment::Segment;
-use crate::types::ALIGNMENT;
+use crate::types::{HolderId, ALIGNMENT};
 
 /// Most live allocations per segment (the allocator preallocates this many nodes, ~24 B each).
 /// This is the store's object limit (PROTOCOL.md): past it a create fails with
@@ -148,66 +149,329 @@ pub struct HostUsage {
     pub capacity: u64,
     pub used: u64,
     pub live_allocations: u64,
+    /// Upper bound of the pages the segments may hold (allocated plus freed but not yet given
+    /// back to the kernel); kept at or below `capacity`.
+    pub resident: u64,
+    /// Live segments (the store's own plus client arenas).
+    pub segments: u64,
 }
 
-/// The allocator actor.
+/// Who may write into a new object: the store itself (segment 0: embedded creates, inline puts,
+/// which the store copies in) or one client, whose objects go into its own arenas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    Store,
+    Client(HolderId),
+}
+
+/// Live allocations an arena holds at most (its node pool is preallocated: keep arenas light).
+const ARENA_MAX_ALLOCS: u32 = 4096;
+
+struct SegmentState {
+    segment: Arc<Segment>,
+    alloc: SegmentAllocator,
+    /// The client that writes this segment (`None`: segment 0, the store's own).
+    owner: Option<HolderId>,
+    /// The owner has disconnected: nothing new goes here; the segment goes with its last object.
+    orphaned: bool,
+    /// Freed ranges whose pages were not given back yet (start -> end), kept so a later object
+    /// at the same place finds its pages already faulted in, and counted as resident.
+    dirty: BTreeMap<u64, u64>,
+    dirty_bytes: u64,
+}
+
+impl SegmentState {
+    fn new(segment: Segment, alloc: SegmentAllocator, owner: Option<HolderId>) -> Self {
+        SegmentState {
+            segment: Arc::new(segment),
+            alloc,
+            owner,
+            orphaned: false,
+            dirty: BTreeMap::new(),
+            dirty_bytes: 0,
+        }
+    }
+
+    /// Records `start..end` as freed but still resident (merging with neighbours).
+    fn add_dirty(&mut self, mut start: u64, mut end: u64) {
+        self.take_dirty(start, end); // never count a byte twice
+        if let Some((&s, &e)) = self.dirty.range(..start).next_back() {
+            if e == start {
+                self.dirty.remove(&s);
+                self.dirty_bytes -= e - s;
+                start = s;
+            }
+        }
+        if let Some(&e) = self.dirty.get(&end) {
+            self.dirty.remove(&end);
+            self.dirty_bytes -= e - end;
+            end = e;
+        }
+        self.dirty.insert(start, end);
+        self.dirty_bytes += end - start;
+    }
+
+    /// Removes `start..end` from the dirty ranges (a new object took it); returns the bytes
+    /// that were dirty, i.e. already resident.
+    fn take_dirty(&mut self, start: u64, end: u64) -> u64 {
+        let overlapping: Vec<(u64, u64)> = self
+            .dirty
+            .range(..end)
+            .rev()
+            .take_while(|(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        let mut taken = 0;
+        for (s, e) in overlapping {
+            self.dirty.remove(&s);
+            self.dirty_bytes -= e - s;
+            taken += e.min(end) - s.max(start);
+            if s < start {
+                self.dirty.insert(s, start);
+                self.dirty_bytes += start - s;
+            }
+            if e > end {
+                self.dirty.insert(end, e);
+                self.dirty_bytes += e - end;
+            }
+        }
+        taken
+    }
+
+    /// Gives every dirty page back to the kernel; returns the bytes no longer counted.
+    fn punch_all(&mut self) -> u64 {
+        for (&s, &e) in &self.dirty {
+            self.segment.punch(s, e - s);
+        }
+        self.dirty.clear();
+        std::mem::take(&mut self.dirty_bytes)
+    }
+
+    fn resident(&self) -> u64 {
+        self.alloc.used() + self.dirty_bytes
+    }
+}
+
+/// The allocator actor: segment 0 (the store's own, `capacity` bytes) plus one or more arenas
+/// per client that creates objects, all under one budget of `capacity` bytes — of objects
+/// (eviction's measure) and of resident pages (freed pages are given back before the budget is
+/// passed).
 #[derive(Actor)]
 pub struct AllocatorActor {
-    segments: Arc<[Arc<Segment>]>,
-    allocators: Vec<SegmentAllocator>,
+    /// By segment id (an id is never reused while any client may still map it: ids only grow).
+    segments: BTreeMap<u32, SegmentState>,
+    next_id: u32,
+    capacity: u64,
+    used: u64,
+    live: u64,
+    max_objects: u64,
+    /// Virtual size of a client arena (bigger objects get an arena of their own size).
+    arena_size: u64,
+    /// Client arenas at all; off: every object lives in segment 0 (`--prefault` keeps that,
+    /// since arenas are not prefaulted and would double the resident memory).
+    arenas: bool,
+    huge_pages: bool,
 }
 
 impl AllocatorActor {
-    pub fn new(segments: Arc<[Arc<Segment>]>, max_objects: u32) -> Self {
-        let allocators = segments
-            .iter()
-            .map(|s| SegmentAllocator::with_max_allocations(s.len(), max_objects))
-            .collect();
+    /// Manages `segment0` (the store's own segment, whose size is the capacity); with `arenas`
+    /// each client's objects go into arenas of its own.
+    pub fn new(segment0: Arc<Segment>, max_objects: u32, arenas: bool) -> Self {
+        let capacity = segment0.len();
+        let huge_pages = segment0.uses_huge_pages();
+        let mut segments = BTreeMap::new();
+        segments.insert(
+            0,
+            SegmentState {
+                alloc: SegmentAllocator::with_max_allocations(capacity, max_objects),
+                segment: segment0,
+                owner: None,
+                orphaned: false,
+                dirty: BTreeMap::new(),
+                dirty_bytes: 0,
+            },
+        );
         AllocatorActor {
             segments,
-            allocators,
+            next_id: 1,
+            capacity,
+            used: 0,
+            live: 0,
+            max_objects: max_objects as u64,
+            arena_size: (capacity / 4).clamp(16 << 20, 1 << 30).min(capacity),
+            arenas,
+            huge_pages,
         }
     }
 
     fn usage(&self) -> HostUsage {
-        let mut u = HostUsage::default();
-        for a in &self.allocators {
-            u.capacity += a.capacity();
-            u.used += a.used();
-            u.live_allocations += a.live_allocations();
+        HostUsage {
+            capacity: self.capacity,
+            used: self.used,
+            live_allocations: self.live,
+            resident: self.segments.values().map(SegmentState::resident).sum(),
+            segments: self.segments.len() as u64,
         }
-        u
+    }
+
+    fn allocate(&mut self, size: u64, writer: Writer) -> Result<HostBlock, AllocFailure> {
+        let reserved = reserved_bytes(size).ok_or(AllocFailure::NoSpace)?;
+        if self.used.saturating_add(reserved) > self.capacity {
+            return Err(AllocFailure::NoSpace);
+        }
+        if self.live >= self.max_objects {
+            return Err(AllocFailure::TooManyAllocations {
+                limit: self.max_objects,
+            });
+        }
+        let owner = match writer {
+            Writer::Client(h) if self.arenas => Some(h),
+            _ => None,
+        };
+        let candidates: Vec<u32> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.owner == owner && !s.orphaned)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut placed = None;
+        for id in candidates {
+            let seg = self.segments.get_mut(&id).expect("listed");
+            if let Ok(a) = seg.alloc.allocate(size) {
+                placed = Some((id, a));
+                break;
+            }
+        }
+        let (id, (offset, reserved, allocation)) = match (placed, owner) {
+            (Some(p), _) => p,
+            (None, None) => return Err(AllocFailure::NoSpace),
+            (None, Some(h)) => {
+                let id = self.new_arena(h, reserved)?;
+                let seg = self.segments.get_mut(&id).expect("just made");
+                (id, seg.alloc.allocate(size)?)
+            }
+        };
+        let seg = self.segments.get_mut(&id).expect("placed");
+        let already_resident = seg.take_dirty(offset, offset + reserved);
+        self.used += reserved;
+        self.live += 1;
+        self.stay_within_budget(reserved - already_resident, id);
+        Ok(HostBlock {
+            segment: id,
+            offset,
+            reserved,
+            allocation,
+        })
+    }
+
+    /// A new arena for `owner` that can hold `reserved` bytes.
+    fn new_arena(&mut self, owner: HolderId, reserved: u64) -> Result<u32, AllocFailure> {
+        let size = reserved.max(self.arena_size).next_multiple_of(2 << 20);
+        let id = self.next_id;
+        let segment = Segment::create_arena(id, size, self.huge_pages).map_err(|e| {
+            tracing::warn!("cannot create an arena of {size} bytes: {e}");
+            AllocFailure::NoSpace
+        })?;
+        self.next_id = self.next_id.checked_add(1).ok_or(AllocFailure::NoSpace)?;
+        let max = (size / ALIGNMENT).min(ARENA_MAX_ALLOCS as u64) as u32;
+        let alloc = SegmentAllocator::with_max_allocations(size, max);
+        self.segments
+            .insert(id, SegmentState::new(segment, alloc, Some(owner)));
+        tracing::debug!("arena {id} ({size} bytes) for holder {owner}");
+        Ok(id)
+    }
+
+    /// Keeps resident pages within the capacity: when `added` new bytes would pass it, freed
+    /// pages are given back, those of orphaned arenas first, then any other segment's, and last
+    /// those of the segment just used (whose freed pages its owner is likeliest to reuse).
+    fn stay_within_budget(&mut self, added: u64, just_used: u32) {
+        let resident: u64 = self.segments.values().map(SegmentState::resident).sum();
+        let mut over = (resident).saturating_sub(self.capacity);
+        if over == 0 || added == 0 {
+            return;
+        }
+        let mut order: Vec<(bool, bool, u32)> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.dirty_bytes > 0)
+            .map(|(&id, s)| (!s.orphaned, id == just_used, id))
+            .collect();
+        order.sort();
+        for (_, _, id) in order {
+            if over == 0 {
+                break;
+            }
+            if let Some(seg) = self.segments.get_mut(&id) {
+                over = over.saturating_sub(seg.punch_all());
+            }
+        }
+    }
+
+    fn free(&mut self, block: HostBlock) {
+        let Some(seg) = self.segments.get_mut(&block.segment) else {
+            return;
+        };
+        seg.alloc.free(block.allocation, block.reserved);
+        self.used -= block.reserved;
+        self.live -= 1;
+        if seg.orphaned {
+            // Nobody will reuse these pages: give them back now.
+            seg.segment.punch(block.offset, block.reserved);
+        } else {
+            seg.add_dirty(block.offset, block.offset + block.reserved);
+        }
+        self.drop_if_done(block.segment);
+    }
+
+    /// Drops a client segment with no object left once it cannot be reused: its owner is gone,
+    /// or it is an arena of one big object's size.
+    fn drop_if_done(&mut self, id: u32) {
+        let standard = self.arena_size.next_multiple_of(2 << 20);
+        let Some(seg) = self.segments.get(&id) else {
+            return;
+        };
+        if id == 0 || seg.alloc.live_allocations() > 0 {
+            return;
+        }
+        if seg.orphaned || seg.segment.len() > standard {
+            if let Some(mut seg) = self.segments.remove(&id) {
+                // Clients that still map it (holding no object in it) keep only address space.
+                seg.segment.punch(0, seg.segment.len());
+                seg.dirty.clear();
+                tracing::debug!("segment {id} dropped");
+            }
+        }
+    }
+
+    fn owner_gone(&mut self, holder: HolderId) {
+        let ids: Vec<u32> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.owner == Some(holder))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            if let Some(seg) = self.segments.get_mut(&id) {
+                seg.orphaned = true;
+                seg.punch_all();
+            }
+            self.drop_if_done(id);
+        }
     }
 }
 
-/// Reserve `size` bytes in any segment. Replies why when nothing fits (the table actor then
-/// evicts and retries).
+/// Reserve `size` bytes for an object `writer` will fill. Replies why when nothing fits (the
+/// table actor then evicts and retries).
 pub struct Allocate {
     pub size: u64,
+    pub writer: Writer,
 }
 
 impl Message<Allocate> for AllocatorActor {
     type Reply = Result<HostBlock, AllocFailure>;
 
     async fn handle(&mut self, msg: Allocate, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let mut failure = AllocFailure::NoSpace;
-        for (seg, alloc) in self.segments.iter().zip(self.allocators.iter_mut()) {
-            match alloc.allocate(msg.size) {
-                Ok((offset, reserved, allocation)) => {
-                    return Ok(HostBlock {
-                        segment: seg.id(),
-                        offset,
-                        reserved,
-                        allocation,
-                    })
-                }
-                // Running out of slots is the more specific reason: eviction must free an
-                // object, not bytes.
-                Err(f @ AllocFailure::TooManyAllocations { .. }) => failure = f,
-                Err(AllocFailure::NoSpace) => {}
-            }
-        }
-        Err(failure)
+        self.allocate(msg.size, msg.writer)
     }
 }
 
@@ -219,10 +483,57 @@ impl Message<Free> for AllocatorActor {
 
     async fn handle(&mut self, msg: Free, _: &mut Context<Self, Self::Reply>) {
         for block in msg.0 {
-            if let Some(alloc) = self.allocators.get_mut(block.segment as usize) {
-                alloc.free(block.allocation, block.reserved);
-            }
+            self.free(block);
         }
+    }
+}
+
+/// A client went away: its arenas take nothing new and go with their last object.
+pub struct OwnerGone(pub HolderId);
+
+impl Message<OwnerGone> for AllocatorActor {
+    type Reply = ();
+
+    async fn handle(&mut self, msg: OwnerGone, _: &mut Context<Self, Self::Reply>) {
+        self.owner_gone(msg.0);
+    }
+}
+
+/// A segment for a client to map: its read-write fd for the client that writes it, the
+/// read-only fd for everyone else. `None` for a segment that does not exist (any more).
+pub struct SegmentFor {
+    pub id: u32,
+    pub holder: HolderId,
+}
+
+/// What [`SegmentFor`] answers: the segment and whether the asker may write it.
+#[derive(kameo::Reply)]
+pub struct SegmentGrant {
+    pub segment: Arc<Segment>,
+    pub writable: bool,
+}
+
+impl Message<SegmentFor> for AllocatorActor {
+    type Reply = Option<SegmentGrant>;
+
+    async fn handle(&mut self, m: SegmentFor, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let seg = self.segments.get(&m.id)?;
+        Some(SegmentGrant {
+            segment: seg.segment.clone(),
+            writable: seg.owner == Some(m.holder) && !seg.orphaned,
+        })
+    }
+}
+
+/// The segment with id `0` or any other live one, for the store's own access (views of
+/// embedded gets).
+pub struct SegmentById(pub u32);
+
+impl Message<SegmentById> for AllocatorActor {
+    type Reply = Option<Arc<Segment>>;
+
+    async fn handle(&mut self, m: SegmentById, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.segments.get(&m.0).map(|s| s.segment.clone())
     }
 }
 

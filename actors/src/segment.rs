@@ -11,10 +11,14 @@ use crate::StoreError;
 
 const HUGE_PAGE: u64 = 2 * 1024 * 1024;
 
-/// One shared-memory segment: a sealed-size memfd and the store's own mapping of it.
+/// One shared-memory segment: a sealed-size memfd, a read-only reopening of it for readers,
+/// and the store's own mapping of it.
 pub struct Segment {
     id: u32,
     file: File,
+    /// The same memfd opened O_RDONLY: what clients that may only read get. It cannot be
+    /// mapped writable, written, or used to punch holes.
+    read_only: File,
     map: MmapRaw,
     huge_pages: bool,
 }
@@ -42,6 +46,12 @@ impl Segment {
         Self::create_with(id, size, None, prefault)
     }
 
+    /// A segment for one client's objects (an arena): like [`Segment::create`], never prefaulted
+    /// (its pages are touched by the client that writes them).
+    pub fn create_arena(id: u32, size: u64, huge_pages: bool) -> Result<Self, StoreError> {
+        Self::create(id, size, huge_pages, false)
+    }
+
     fn create_with(
         id: u32,
         size: u64,
@@ -67,6 +77,18 @@ impl Segment {
             .add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealSeal])
             .map_err(|e| err("sealing the memfd", &e))?;
         let file = memfd.into_file();
+        // Owner-only permissions: a client of another uid (--allow-uid) cannot reopen its
+        // read-only fd read-write through /proc/self/fd.
+        rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(0o600))
+            .map_err(|e| err("fchmod", &e))?;
+        let read_only = File::from(
+            rustix::fs::open(
+                format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| err("reopening the memfd read-only", &e))?,
+        );
         let mut opts = MmapOptions::new();
         opts.len(size as usize);
         if prefault {
@@ -76,6 +98,7 @@ impl Segment {
         Ok(Segment {
             id,
             file,
+            read_only,
             map,
             huge_pages: hugetlb.is_some(),
         })
@@ -97,9 +120,29 @@ impl Segment {
         self.huge_pages
     }
 
-    /// The memfd, to pass to clients with SCM_RIGHTS.
+    /// The memfd, read-write: only for the client whose objects the segment holds.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
+    }
+
+    /// The memfd, read-only: for every other client.
+    pub fn read_only_fd(&self) -> BorrowedFd<'_> {
+        self.read_only.as_fd()
+    }
+
+    /// Gives the pages of `offset..offset + len` back to the kernel (the range must hold no
+    /// live object). Only whole pages inside the range are released.
+    pub fn punch(&self, offset: u64, len: u64) {
+        let page = if self.huge_pages { HUGE_PAGE } else { 4096 };
+        let start = offset.next_multiple_of(page);
+        let end = offset.saturating_add(len) / page * page;
+        if end <= start {
+            return;
+        }
+        let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+        if let Err(e) = rustix::fs::fallocate(&self.file, flags, start, end - start) {
+            tracing::debug!("punching segment {}: {e}", self.id);
+        }
     }
 
     /// Pointer to `offset` inside the store's mapping, if `offset + len` fits.
@@ -140,6 +183,26 @@ mod tests {
         // The size is sealed: a client holding the fd cannot shrink it.
         let dup = seg.file.try_clone().unwrap();
         assert!(dup.set_len(4096).is_err());
+    }
+
+    #[test]
+    fn the_read_only_fd_cannot_write_map_writable_or_punch() {
+        use std::os::fd::AsRawFd;
+        let seg = Segment::create(0, 1 << 20, false, false).unwrap();
+        let ro = seg.read_only_fd();
+        let writable = MmapOptions::new().len(1 << 20).map_raw(ro.as_raw_fd());
+        assert!(
+            writable.is_err(),
+            "a writable shared mapping of the read-only fd"
+        );
+        let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+        assert!(rustix::fs::fallocate(ro, flags, 0, 4096).is_err());
+        assert!(rustix::io::write(ro, b"x").is_err());
+        // Punching through the store's own fd releases the pages: they read as zero again.
+        let p = seg.ptr(8192, 1).unwrap();
+        unsafe { *p = 9 };
+        seg.punch(8192, 4096);
+        assert_eq!(unsafe { *p }, 0);
     }
 
     #[test]

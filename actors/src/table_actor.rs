@@ -12,7 +12,9 @@ use kameo::Actor;
 use tokio::sync::{mpsc, oneshot};
 use vovp_gpu::{AllocateDevice, FreeDevice, GpuActor, GpuError, GpuUsage};
 
-use crate::allocator::{AllocFailure, Allocate, AllocatorActor, Free, HostUsage, Usage};
+use crate::allocator::{
+    AllocFailure, Allocate, AllocatorActor, Free, HostUsage, OwnerGone, Usage, Writer,
+};
 use crate::segment::Segment;
 use crate::table::{Block, CompletedGet, Freed, GetResults, ObjectTable, Pool, WaiterId};
 use crate::types::*;
@@ -91,6 +93,7 @@ impl ObjectTableActor {
         size: u64,
         metadata_len: usize,
         device: Device,
+        writer: Writer,
     ) -> Result<Block, StoreError> {
         let pool = Pool::from(device);
         let bytes = match pool {
@@ -110,7 +113,7 @@ impl ObjectTableActor {
         };
         loop {
             let failure = match (bytes, needed) {
-                (Some(bytes), Some(_)) => self.try_allocate(bytes, device).await?,
+                (Some(bytes), Some(_)) => self.try_allocate(bytes, device, writer).await?,
                 _ => Err(AllocFailure::NoSpace),
             };
             let failure = match failure {
@@ -160,10 +163,18 @@ impl ObjectTableActor {
         &mut self,
         bytes: u64,
         device: Device,
+        writer: Writer,
     ) -> Result<Result<Block, AllocFailure>, StoreError> {
         use kameo::error::SendError::HandlerError;
         match device {
-            Device::Cpu => match self.allocator.ask(Allocate { size: bytes }).await {
+            Device::Cpu => match self
+                .allocator
+                .ask(Allocate {
+                    size: bytes,
+                    writer,
+                })
+                .await
+            {
                 Ok(b) => Ok(Ok(Block::Host(b))),
                 Err(HandlerError(f)) => Ok(Err(f)),
                 Err(_) => Err(StoreError::ShuttingDown),
@@ -260,6 +271,9 @@ fn check_metadata(metadata: &[u8]) -> Result<(), StoreError> {
 /// Create an unsealed object; the creator holds one reference and writes the bytes.
 pub struct Create {
     pub holder: HolderId,
+    /// A client that writes the bytes through its own mapping (its objects go into its own
+    /// arena, which only it can write), or the store (embedded engine: segment 0).
+    pub writer: Writer,
     pub name: ObjectName,
     pub size: u64,
     pub metadata: Arc<[u8]>,
@@ -277,6 +291,7 @@ impl Message<Create> for ObjectTableActor {
                 m.size,
                 m.metadata.len(),
                 m.options.device.unwrap_or(Device::Cpu),
+                m.writer,
             )
             .await?;
         let r = self.table.insert(
@@ -345,7 +360,10 @@ impl Message<PutInline> for ObjectTableActor {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name)?;
         let size = m.data.len() as u64;
-        let block = self.allocate(size, m.metadata.len(), Device::Cpu).await?;
+        // The store copies inline payloads in itself: segment 0, which no client can write.
+        let block = self
+            .allocate(size, m.metadata.len(), Device::Cpu, Writer::Store)
+            .await?;
         let r = self.table.insert(
             m.name.clone(),
             size,
@@ -557,6 +575,7 @@ impl Message<ReleaseHolder> for ObjectTableActor {
             tracing::debug!("holder {} gone: {} objects freed", m.holder, freed.len());
         }
         self.free(freed).await;
+        let _ = self.allocator.tell(OwnerGone(m.holder)).await;
         self.publish();
     }
 }

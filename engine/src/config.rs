@@ -19,6 +19,9 @@ pub struct Config {
     /// Off by default: such a store would fail later with SIGBUS in whichever client first
     /// touches a page that cannot be backed.
     pub overcommit: bool,
+    /// Put each client's objects into arenas of its own that only it can write (other clients
+    /// map them read-only). Off: one segment every client maps read-write, as Plasma did.
+    pub client_arenas: bool,
     /// Most host objects held at once (at most, and by default, [`crate::MAX_OBJECTS`]).
     pub max_objects: u32,
 }
@@ -31,6 +34,7 @@ impl Config {
             prefault: false,
             gpu: GpuConfig::default(),
             overcommit: false,
+            client_arenas: true,
             max_objects: crate::MAX_OBJECTS as u32,
         }
     }

@@ -215,8 +215,12 @@ impl Engine {
         }
         let segment = Segment::create(0, config.capacity, config.huge_pages, config.prefault)?;
         let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
-        let allocator =
-            AllocatorActor::spawn(AllocatorActor::new(segments.clone(), config.max_objects));
+        // Arenas are not prefaulted: with --prefault every object stays in segment 0.
+        let allocator = AllocatorActor::spawn(AllocatorActor::new(
+            segments[0].clone(),
+            config.max_objects,
+            config.client_arenas && !config.prefault,
+        ));
         let gpu = spawn_gpu_actor(config.gpu.clone())?;
         let table = ObjectTableActor::spawn_with_mailbox(
             ObjectTableActor::new(allocator.clone(), gpu.clone(), segments.clone()),
@@ -353,6 +357,7 @@ impl EngineHandle {
             .actors
             .table
             .ask(msg::Create {
+                writer: vovp_actors::allocator::Writer::Store,
                 holder: self.session.holder,
                 name: Self::name(name)?,
                 size,

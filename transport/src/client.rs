@@ -20,9 +20,34 @@ use vovp::{
 
 use crate::protocol::*;
 
-/// One shared-memory segment mapped into this process.
+/// One shared-memory segment mapped into this process: read-only unless it is one of this
+/// client's own arenas (the daemon decides, by the fd it hands over).
 struct MappedSegment {
     map: MmapRaw,
+    writable: bool,
+}
+
+impl MappedSegment {
+    fn map(fd: std::os::fd::OwnedFd, size: u64, writable: bool) -> Result<Self, Error> {
+        let file = File::from(fd);
+        let mut opts = MmapOptions::new();
+        opts.len(usize::try_from(size).map_err(|_| Error::Protocol("segment size".into()))?);
+        let map = if writable {
+            opts.map_raw(&file)
+        } else {
+            opts.map_raw_read_only(&file)
+        }
+        .map_err(|e| Error::Memory(format!("mapping a segment of {size} bytes: {e}")))?;
+        Ok(MappedSegment { map, writable })
+    }
+}
+
+/// A mapped segment as the client keeps it: the store's segment and the client's own arenas
+/// for the connection's life; other clients' arenas only while a view into them lives (the
+/// views hold the mapping), so an arena the daemon dropped is unmapped here too.
+enum SegmentSlot {
+    Kept(Arc<MappedSegment>),
+    WhileViewed(std::sync::Weak<MappedSegment>),
 }
 
 // SAFETY: the mapping is shared memory addressed through raw pointers only.
@@ -245,7 +270,7 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
 
 /// What both clients share: the mapped segments and the releases waiting to be sent.
 struct Mappings {
-    segments: Vec<Arc<MappedSegment>>,
+    segments: Mutex<std::collections::HashMap<u32, SegmentSlot>>,
     max_inline: u32,
     capacity: u64,
 }
@@ -258,8 +283,7 @@ impl Mappings {
         match r.location {
             Location::Host { segment, offset } => {
                 let seg = self
-                    .segments
-                    .get(segment as usize)
+                    .segment(segment)
                     .ok_or_else(|| Error::Protocol(format!("unknown segment {segment}")))?;
                 let end = offset
                     .checked_add(r.size)
@@ -277,6 +301,45 @@ impl Mappings {
                 Ok((std::ptr::null_mut(), view.ptr(), Arc::new(view)))
             }
         }
+    }
+
+    /// The mapping of segment `id`, if this client has it mapped.
+    fn segment(&self, id: u32) -> Option<Arc<MappedSegment>> {
+        let map = self.segments.lock().ok()?;
+        match map.get(&id)? {
+            SegmentSlot::Kept(s) => Some(s.clone()),
+            SegmentSlot::WhileViewed(w) => w.upgrade(),
+        }
+    }
+
+    fn insert_segment(&self, id: u32, seg: Arc<MappedSegment>) {
+        let slot = if id == 0 || seg.writable {
+            SegmentSlot::Kept(seg)
+        } else {
+            SegmentSlot::WhileViewed(Arc::downgrade(&seg))
+        };
+        if let Ok(mut map) = self.segments.lock() {
+            // Forget mappings whose views are all gone.
+            map.retain(|_, s| match s {
+                SegmentSlot::Kept(_) => true,
+                SegmentSlot::WhileViewed(w) => w.strong_count() > 0,
+            });
+            map.insert(id, slot);
+        }
+    }
+
+    /// Host segments among `refs` that are not mapped here.
+    fn missing_segments<'r>(&self, refs: impl IntoIterator<Item = &'r ObjectRef>) -> Vec<u32> {
+        let mut missing: Vec<u32> = refs
+            .into_iter()
+            .filter_map(|r| match r.location {
+                Location::Host { segment, .. } if self.segment(segment).is_none() => Some(segment),
+                _ => None,
+            })
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        missing
     }
 
     fn view(&self, r: ObjectRef, sink: Arc<dyn ObjectSink>) -> Result<ObjectView, Error> {
@@ -341,12 +404,78 @@ impl Mappings {
     }
 
     fn buffer(&self, r: ObjectRef, sink: Arc<dyn ObjectSink>) -> Result<ObjectBuffer, Error> {
+        if let Location::Host { segment, .. } = r.location {
+            if !self.segment(segment).is_some_and(|s| s.writable) {
+                return Err(Error::Protocol(format!(
+                    "{} was placed in segment {segment}, which this client may not write",
+                    r.name
+                )));
+            }
+        }
         let (ptr, device_ptr, owner) = self.locate(&r)?;
         if device_ptr != 0 {
             return Ok(ObjectBuffer::from_device(r, device_ptr, owner, sink));
         }
         // SAFETY: a fresh unsealed object of ours inside the mapping.
         Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, sink) })
+    }
+}
+
+/// The frame of a SEGMENT request for segment `id`.
+fn segment_request(out: &mut Vec<u8>, request_id: u64, id: u32) {
+    let mut w = FrameWriter::begin(out, op::SEGMENT, 0, request_id);
+    w.u32(id);
+    w.finish();
+}
+
+/// Decodes a whole SEGMENT reply frame and maps the fd that came with it.
+fn map_segment_reply(
+    frame: &[u8],
+    request_id: u64,
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> Result<MappedSegment, Error> {
+    let h = Header::parse(frame)?.ok_or_else(|| Error::Protocol("short header".into()))?;
+    if h.request_id != request_id {
+        return Err(Error::Protocol(format!(
+            "reply to request {} while waiting for {request_id}",
+            h.request_id
+        )));
+    }
+    let mut r = Reader::new(&frame[HEADER_LEN..h.frame_len()]);
+    read_status(&mut r)?;
+    let size = r.u64()?;
+    let writable = r.u8()? != 0;
+    r.finish()?;
+    let mut fds = fds.into_iter();
+    match (fds.next(), fds.next()) {
+        (Some(fd), None) => MappedSegment::map(fd, size, writable),
+        _ => Err(Error::Protocol(
+            "a SEGMENT reply must carry exactly one fd".into(),
+        )),
+    }
+}
+
+/// Reads one whole reply frame that may carry fds, from a socket in blocking mode.
+fn read_frame_with_fds(stream: &UnixStream) -> Result<(Vec<u8>, Vec<std::os::fd::OwnedFd>), Error> {
+    let mut frame = vec![0u8; 4096];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    loop {
+        if let Some(h) = Header::parse(&frame[..got])? {
+            if got >= h.frame_len() {
+                frame.truncate(h.frame_len());
+                return Ok((frame, fds));
+            }
+            if frame.len() < h.frame_len() {
+                frame.resize(h.frame_len(), 0);
+            }
+        }
+        let n =
+            crate::fdpass::recv_with_fds(stream, &mut frame[got..], &mut fds).map_err(conn_err)?;
+        if n == 0 {
+            return Err(conn_err(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += n;
     }
 }
 
@@ -394,24 +523,20 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
             fds.len()
         )));
     }
-    let mut segments = Vec::with_capacity(n);
+    let mut segments = std::collections::HashMap::with_capacity(n);
     for fd in fds {
         let id = r.u32()?;
         let size = r.u64()?;
-        if id as usize != segments.len() {
-            return Err(Error::Protocol("segments out of order".into()));
-        }
-        let file = File::from(fd);
-        let map = MmapOptions::new()
-            .len(size as usize)
-            .map_raw(&file)
-            .map_err(|e| Error::Memory(format!("mapping segment {id}: {e}")))?;
-        segments.push(Arc::new(MappedSegment { map }));
+        // The store's own segment: this client may only read it.
+        segments.insert(
+            id,
+            SegmentSlot::Kept(Arc::new(MappedSegment::map(fd, size, false)?)),
+        );
     }
     Ok((
         stream,
         Mappings {
-            segments,
+            segments: Mutex::new(segments),
             max_inline,
             capacity,
         },
@@ -577,6 +702,42 @@ impl ClientInner {
         }
     }
 
+    /// Maps the segments of `refs` that are not mapped yet, asking the daemon for their fds
+    /// (read-write only for this client's own arenas). The returned mappings keep them alive
+    /// until the caller's views hold them. `generation`: the connection the refs came from.
+    fn pin_segments<'r>(
+        &self,
+        maps: &Mappings,
+        generation: u64,
+        refs: impl IntoIterator<Item = &'r ObjectRef>,
+    ) -> Result<Vec<Arc<MappedSegment>>, Error> {
+        let mut pins = Vec::new();
+        for id in maps.missing_segments(refs) {
+            let mut conn = self
+                .conn
+                .lock()
+                .map_err(|_| Error::Internal("client lock poisoned".into()))?;
+            if self.generation.load(Ordering::Acquire) != generation {
+                return Err(Error::Connection(
+                    "the daemon went away while mapping an object".into(),
+                ));
+            }
+            let deferred = self.take_deferred();
+            conn.out.clear();
+            Self::append_releases(&mut conn, &deferred);
+            conn.next_id += 1;
+            let rid = conn.next_id;
+            segment_request(&mut conn.out, rid, id);
+            let c = &mut *conn;
+            c.stream.write_all(&c.out).map_err(conn_err)?;
+            let (frame, fds) = read_frame_with_fds(&c.stream)?;
+            let seg = Arc::new(map_segment_reply(&frame, rid, fds)?);
+            maps.insert_segment(id, seg.clone());
+            pins.push(seg);
+        }
+        Ok(pins)
+    }
+
     fn exchange(
         &self,
         conn: &mut Conn,
@@ -716,6 +877,10 @@ impl Client {
             let r = reply.object()?;
             let id = r.id;
             let sink = self.sink(generation);
+            let _pins = self
+                .inner
+                .pin_segments(&maps, generation, [&r])
+                .inspect_err(|_| sink.release(id))?;
             return maps.view(r, sink.clone()).inspect_err(|_| sink.release(id));
         }
         let mut buf = Store::create(self, name, data.len() as u64, metadata, options)?;
@@ -791,6 +956,10 @@ impl Store for Client {
         let r = reply.object()?;
         let id = r.id;
         let sink = self.sink(generation);
+        let _pins = self
+            .inner
+            .pin_segments(&maps, generation, [&r])
+            .inspect_err(|_| sink.release(id))?;
         maps.buffer(r, sink.clone())
             .inspect_err(|_| sink.release(id))
     }
@@ -837,7 +1006,19 @@ impl Store for Client {
         let (reply, (maps, generation)) = self
             .inner
             .call_in_session(Call::Get { names, timeout }, names)?;
-        maps.views(reply.objects()?, self.sink(generation))
+        let objects = reply.objects()?;
+        let sink = self.sink(generation);
+        let _pins = match self
+            .inner
+            .pin_segments(&maps, generation, objects.iter().flatten())
+        {
+            Ok(p) => p,
+            Err(e) => {
+                objects.iter().flatten().for_each(|r| sink.release(r.id));
+                return Err(e);
+            }
+        };
+        maps.views(objects, sink)
     }
 
     fn contains(&self, name: &str) -> Result<bool, Error> {
@@ -1009,6 +1190,64 @@ impl AsyncClient {
         }
     }
 
+    /// As the blocking client's `pin_segments`, on the async connection (the arena of an
+    /// object this connection created is only writable from this connection).
+    async fn pin_segments<'r>(
+        &self,
+        maps: &Mappings,
+        generation: u64,
+        refs: impl IntoIterator<Item = &'r ObjectRef>,
+    ) -> Result<Vec<Arc<MappedSegment>>, Error> {
+        let mut pins = Vec::new();
+        for id in maps.missing_segments(refs) {
+            let mut guard = self.inner.conn.lock().await;
+            if self.inner.generation.load(Ordering::Acquire) != generation {
+                return Err(Error::Connection(
+                    "the daemon went away while mapping an object".into(),
+                ));
+            }
+            let deferred = self.inner.take_deferred();
+            let (stream, next_id) = &mut *guard;
+            let mut out = Vec::new();
+            if !deferred.is_empty() {
+                *next_id += 1;
+                Call::Release(&deferred).encode(&mut out, FLAG_NO_REPLY, *next_id)?;
+            }
+            *next_id += 1;
+            let rid = *next_id;
+            segment_request(&mut out, rid, id);
+            stream.write_all(&out).await.map_err(conn_err)?;
+            let stream: &tokio::net::UnixStream = stream;
+            let mut frame = vec![0u8; 4096];
+            let mut got = 0;
+            let mut fds = Vec::new();
+            loop {
+                if let Some(h) = Header::parse(&frame[..got])? {
+                    if got >= h.frame_len() {
+                        frame.truncate(h.frame_len());
+                        break;
+                    }
+                    if frame.len() < h.frame_len() {
+                        frame.resize(h.frame_len(), 0);
+                    }
+                }
+                stream.readable().await.map_err(conn_err)?;
+                match stream.try_io(tokio::io::Interest::READABLE, || {
+                    crate::fdpass::recv_with_fds(stream, &mut frame[got..], &mut fds)
+                }) {
+                    Ok(0) => return Err(conn_err(std::io::ErrorKind::UnexpectedEof.into())),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(conn_err(e)),
+                }
+            }
+            let seg = Arc::new(map_segment_reply(&frame, rid, fds)?);
+            maps.insert_segment(id, seg.clone());
+            pins.push(seg);
+        }
+        Ok(pins)
+    }
+
     async fn exchange(
         inner: &AsyncInner,
         guard: &mut (tokio::net::UnixStream, u64),
@@ -1070,6 +1309,10 @@ impl AsyncStore for AsyncClient {
         let r = reply.object()?;
         let id = r.id;
         let sink = self.sink(generation);
+        let _pins = self
+            .pin_segments(&maps, generation, [&r])
+            .await
+            .inspect_err(|_| sink.release(id))?;
         maps.buffer(r, sink.clone())
             .inspect_err(|_| sink.release(id))
     }
@@ -1121,7 +1364,19 @@ impl AsyncStore for AsyncClient {
         let (reply, (maps, generation)) = self
             .call_in_session(Call::Get { names, timeout }, names)
             .await?;
-        maps.views(reply.objects()?, self.sink(generation))
+        let objects = reply.objects()?;
+        let sink = self.sink(generation);
+        let _pins = match self
+            .pin_segments(&maps, generation, objects.iter().flatten())
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                objects.iter().flatten().for_each(|r| sink.release(r.id));
+                return Err(e);
+            }
+        };
+        maps.views(objects, sink)
     }
 
     async fn contains(&self, name: &str) -> Result<bool, Error> {

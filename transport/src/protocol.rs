@@ -43,6 +43,7 @@ pub mod op {
     pub const STATS: u8 = 0x0C;
     pub const SUBSCRIBE: u8 = 0x0D;
     pub const NOTIFY: u8 = 0x0E;
+    pub const SEGMENT: u8 = 0x0F;
 }
 
 /// Reply status codes.
@@ -411,6 +412,10 @@ pub enum Request {
     },
     Stats,
     Subscribe,
+    /// The fd of a segment this client does not have mapped yet.
+    Segment {
+        id: u32,
+    },
 }
 
 impl Request {
@@ -494,6 +499,7 @@ impl Request {
                 op::EVICT => Request::Evict { bytes: r.u64()? },
                 op::STATS => Request::Stats,
                 op::SUBSCRIBE => Request::Subscribe,
+                op::SEGMENT => Request::Segment { id: r.u32()? },
                 _ => return Err(TransportError::Setup(String::new())),
             })
         })();
@@ -536,6 +542,17 @@ pub enum Response {
         connections: u64,
     },
     Subscribed(tokio::sync::mpsc::Receiver<vovp::Notification>),
+    /// A segment to map: its size, and whether this client may write it (its fd, read-write or
+    /// read-only to match, rides on the reply as SCM_RIGHTS).
+    Segment {
+        segment: std::sync::Arc<vovp_actors::segment::Segment>,
+        writable: bool,
+    },
+    /// The client side's view of a SEGMENT reply (the fd is received separately).
+    SegmentInfo {
+        size: u64,
+        writable: bool,
+    },
     Failure {
         status: u8,
         message: String,
@@ -645,6 +662,12 @@ impl Response {
                         ] {
                             w.u64(v);
                         }
+                    }
+                    Response::Segment { segment, writable } => {
+                        w.u64(segment.len()).u8(*writable as u8);
+                    }
+                    Response::SegmentInfo { size, writable } => {
+                        w.u64(*size).u8(*writable as u8);
                     }
                     Response::Empty | Response::Subscribed(_) => {}
                     Response::Failure { .. } | Response::NoReply => unreachable!("handled above"),

@@ -426,6 +426,26 @@ async fn connection_loop(
                     send_hello(io, conn, reply).await?;
                     greeted = true;
                 }
+                Response::Segment { .. } => {
+                    let (res, back) = io.flush(out).await;
+                    out = back;
+                    res?;
+                    let fd_of = |r: &Response| match r {
+                        Response::Segment { segment, writable } => {
+                            Some(segment.clone()).map(|s| (s, *writable))
+                        }
+                        _ => None,
+                    };
+                    let (segment, writable) = fd_of(&response).expect("a segment reply");
+                    let mut reply = Vec::new();
+                    response.encode(header.opcode, header.request_id, &mut reply);
+                    let fd = if writable {
+                        segment.fd()
+                    } else {
+                        segment.read_only_fd()
+                    };
+                    send_with_fd(io, reply, &[fd]).await?;
+                }
                 Response::Subscribed(rx) => {
                     response_empty(header, &mut out);
                     let (res, back) = io.flush(out).await;
@@ -588,10 +608,8 @@ fn response_empty(header: Header, out: &mut Vec<u8>) {
     Response::Empty.encode(header.opcode, header.request_id, out);
 }
 
-/// Sends HELLO's reply with the segment fds attached (SCM_RIGHTS through a raw `sendmsg`,
-/// which tokio-uring lacks). The socket is non-blocking: while its buffer is full (a client that
-/// pipelined requests before HELLO and reads nothing), this waits for writability on the event
-/// loop, up to the write timeout, instead of blocking the daemon's one thread.
+/// Sends HELLO's reply with segment 0's read-only fd attached: every client may read the
+/// store's own segment; none may write it (the store copies inline puts in itself).
 async fn send_hello(
     io: &ConnIo<'_>,
     conn: &kameo::actor::ActorRef<ConnectionActor>,
@@ -601,8 +619,20 @@ async fn send_hello(
         .ask(SegmentFds)
         .await
         .map_err(|_| TransportError::Setup("store stopping".into()))?;
-    let fds: Vec<_> = segments.iter().map(|s| s.fd()).collect();
-    let sent = match crate::fdpass::send_with_fds(io.raw.as_fd(), &reply, &fds) {
+    let fds: Vec<_> = segments.iter().map(|s| s.read_only_fd()).collect();
+    send_with_fd(io, reply, &fds).await
+}
+
+/// Sends a reply with fds attached (SCM_RIGHTS through a raw `sendmsg`, which tokio-uring
+/// lacks). The socket is non-blocking: while its buffer is full (a client that pipelined
+/// requests and reads nothing), this waits for writability on the event loop, up to the write
+/// timeout, instead of blocking the daemon's one thread.
+async fn send_with_fd(
+    io: &ConnIo<'_>,
+    reply: Vec<u8>,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<(), TransportError> {
+    let sent = match crate::fdpass::send_with_fds(io.raw.as_fd(), &reply, fds) {
         Ok(n) => n,
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             // SAFETY: the AsyncFd owns its own dup of the socket, open for its whole life.
@@ -616,8 +646,7 @@ async fn send_hello(
             let send = async {
                 loop {
                     let mut ready = waiter.writable().await?;
-                    match ready.try_io(|fd| crate::fdpass::send_with_fds(fd.as_fd(), &reply, &fds))
-                    {
+                    match ready.try_io(|fd| crate::fdpass::send_with_fds(fd.as_fd(), &reply, fds)) {
                         Ok(res) => return res,
                         Err(_would_block) => continue,
                     }
@@ -728,10 +757,12 @@ impl ConnectionActor {
                 Response::Hello {
                     capacity: self.engine.config().capacity,
                     max_inline: MAX_INLINE,
+                    // Only the store's own segment: arenas are mapped on demand (SEGMENT).
                     segments: self
                         .engine
                         .segments()
                         .iter()
+                        .take(1)
                         .map(|s| (s.id(), s.len()))
                         .collect(),
                 }
@@ -746,6 +777,7 @@ impl ConnectionActor {
                 let r = actors
                     .table
                     .ask(table::Create {
+                        writer: vovp_actors::allocator::Writer::Client(holder),
                         holder,
                         name: name(&n)?,
                         size,
@@ -867,6 +899,24 @@ impl ConnectionActor {
                 connections: self.shared.connections.load(Ordering::Relaxed),
             },
             Request::Subscribe => Response::Subscribed(actors.table.ask(table::Subscribe).await?),
+            Request::Segment { id } => {
+                match actors
+                    .allocator
+                    .ask(vovp_actors::allocator::SegmentFor { id, holder })
+                    .await
+                    .map_err(|_| vovp::Error::ShuttingDown)?
+                {
+                    Some(g) => Response::Segment {
+                        segment: g.segment,
+                        writable: g.writable,
+                    },
+                    None => {
+                        return Err(vovp::Error::NotFound(format!(
+                            "segment {id} (its objects are gone)"
+                        )))
+                    }
+                }
+            }
         })
     }
 }
@@ -903,7 +953,7 @@ impl Message<SegmentFds> for ConnectionActor {
     type Reply = Vec<Arc<vovp_actors::segment::Segment>>;
 
     async fn handle(&mut self, _: SegmentFds, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        self.engine.segments().to_vec()
+        self.engine.segments().iter().take(1).cloned().collect()
     }
 }
 
