@@ -24,8 +24,12 @@ pub const MAX_ALLOCS_PER_SEGMENT: u32 = 1 << 20;
 pub struct HostBlock {
     pub segment: u32,
     pub offset: u64,
-    /// Bytes reserved (the object's size rounded up to [`ALIGNMENT`], at least one unit).
+    /// Bytes reserved (the object's size rounded up to the allocator's bin, at least one unit).
     pub reserved: u64,
+    /// Bytes counted against the store's capacity: the size rounded up to [`ALIGNMENT`]. The
+    /// rest of the reservation is never touched, so never resident: counting it would make an
+    /// object as large as the store (Plasma's test does this) not fit.
+    pub charged: u64,
     allocation: Allocation,
 }
 
@@ -35,6 +39,7 @@ impl std::fmt::Debug for HostBlock {
             .field("segment", &self.segment)
             .field("offset", &self.offset)
             .field("reserved", &self.reserved)
+            .field("charged", &self.charged)
             .finish()
     }
 }
@@ -178,17 +183,20 @@ struct SegmentState {
     /// at the same place finds its pages already faulted in, and counted as resident.
     dirty: BTreeMap<u64, u64>,
     dirty_bytes: u64,
+    /// Bytes of the live objects here that can be touched (their `charged` bytes).
+    charged: u64,
 }
 
 impl SegmentState {
-    fn new(segment: Segment, alloc: SegmentAllocator, owner: Option<HolderId>) -> Self {
+    fn new(segment: Arc<Segment>, alloc: SegmentAllocator, owner: Option<HolderId>) -> Self {
         SegmentState {
-            segment: Arc::new(segment),
+            segment,
             alloc,
             owner,
             orphaned: false,
             dirty: BTreeMap::new(),
             dirty_bytes: 0,
+            charged: 0,
         }
     }
 
@@ -248,7 +256,7 @@ impl SegmentState {
     }
 
     fn resident(&self) -> u64 {
-        self.alloc.used() + self.dirty_bytes
+        self.charged + self.dirty_bytes
     }
 }
 
@@ -274,23 +282,14 @@ pub struct AllocatorActor {
 }
 
 impl AllocatorActor {
-    /// Manages `segment0` (the store's own segment, whose size is the capacity); with `arenas`
-    /// each client's objects go into arenas of its own.
-    pub fn new(segment0: Arc<Segment>, max_objects: u32, arenas: bool) -> Self {
-        let capacity = segment0.len();
+    /// Manages `capacity` bytes of objects: `segment0` (the store's own segment, at least
+    /// `reserved_bytes(capacity)` long, so an object as large as the store fits) and, with
+    /// `arenas`, arenas of each client's own.
+    pub fn new(segment0: Arc<Segment>, capacity: u64, max_objects: u32, arenas: bool) -> Self {
         let huge_pages = segment0.uses_huge_pages();
         let mut segments = BTreeMap::new();
-        segments.insert(
-            0,
-            SegmentState {
-                alloc: SegmentAllocator::with_max_allocations(capacity, max_objects),
-                segment: segment0,
-                owner: None,
-                orphaned: false,
-                dirty: BTreeMap::new(),
-                dirty_bytes: 0,
-            },
-        );
+        let alloc = SegmentAllocator::with_max_allocations(segment0.len(), max_objects);
+        segments.insert(0, SegmentState::new(segment0, alloc, None));
         AllocatorActor {
             segments,
             next_id: 1,
@@ -316,7 +315,8 @@ impl AllocatorActor {
 
     fn allocate(&mut self, size: u64, writer: Writer) -> Result<HostBlock, AllocFailure> {
         let reserved = reserved_bytes(size).ok_or(AllocFailure::NoSpace)?;
-        if self.used.saturating_add(reserved) > self.capacity {
+        let charged = size.next_multiple_of(ALIGNMENT).max(ALIGNMENT);
+        if self.used.saturating_add(charged) > self.capacity {
             return Err(AllocFailure::NoSpace);
         }
         if self.live >= self.max_objects {
@@ -352,14 +352,16 @@ impl AllocatorActor {
             }
         };
         let seg = self.segments.get_mut(&id).expect("placed");
-        let already_resident = seg.take_dirty(offset, offset + reserved);
-        self.used += reserved;
+        let already_resident = seg.take_dirty(offset, offset + charged);
+        seg.charged += charged;
+        self.used += charged;
         self.live += 1;
-        self.stay_within_budget(reserved - already_resident, id);
+        self.stay_within_budget(charged - already_resident, id);
         Ok(HostBlock {
             segment: id,
             offset,
             reserved,
+            charged,
             allocation,
         })
     }
@@ -376,7 +378,7 @@ impl AllocatorActor {
         let max = (size / ALIGNMENT).min(ARENA_MAX_ALLOCS as u64) as u32;
         let alloc = SegmentAllocator::with_max_allocations(size, max);
         self.segments
-            .insert(id, SegmentState::new(segment, alloc, Some(owner)));
+            .insert(id, SegmentState::new(Arc::new(segment), alloc, Some(owner)));
         tracing::debug!("arena {id} ({size} bytes) for holder {owner}");
         Ok(id)
     }
@@ -412,13 +414,14 @@ impl AllocatorActor {
             return;
         };
         seg.alloc.free(block.allocation, block.reserved);
-        self.used -= block.reserved;
+        seg.charged -= block.charged;
+        self.used -= block.charged;
         self.live -= 1;
         if seg.orphaned {
             // Nobody will reuse these pages: give them back now.
-            seg.segment.punch(block.offset, block.reserved);
+            seg.segment.punch(block.offset, block.charged);
         } else {
-            seg.add_dirty(block.offset, block.offset + block.reserved);
+            seg.add_dirty(block.offset, block.offset + block.charged);
         }
         self.drop_if_done(block.segment);
     }
@@ -622,7 +625,94 @@ mod tests {
         assert!(a.allocate(1 << 20).is_ok());
     }
 
+    fn actor(capacity: u64) -> AllocatorActor {
+        let seg = Arc::new(Segment::create(0, capacity, false, false).unwrap());
+        AllocatorActor::new(seg, capacity, 1 << 20, true)
+    }
+
+    #[test]
+    fn each_client_writes_its_own_arenas_and_the_store_segment_0() {
+        let mut a = actor(64 << 20);
+        let s = a.allocate(1000, Writer::Store).unwrap();
+        let c1 = a.allocate(1000, Writer::Client(1)).unwrap();
+        let c2 = a.allocate(1000, Writer::Client(2)).unwrap();
+        let c1b = a.allocate(1000, Writer::Client(1)).unwrap();
+        assert_eq!(s.segment, 0);
+        assert!(c1.segment != 0 && c2.segment != 0 && c1.segment != c2.segment);
+        assert_eq!(c1b.segment, c1.segment, "one arena serves many objects");
+        // A big object gets an arena of its own size, dropped with it.
+        let big = a.allocate(40 << 20, Writer::Client(1)).unwrap();
+        assert!(big.segment != c1.segment);
+        let segments = a.usage().segments;
+        a.free(big);
+        assert_eq!(a.usage().segments, segments - 1);
+        // A client gone: its arenas go with their last object.
+        a.owner_gone(1);
+        a.free(c1);
+        assert!(a.segments.contains_key(&c1b.segment));
+        a.free(c1b);
+        assert!(!a.segments.contains_key(&c1b.segment));
+        for b in [s, c2] {
+            a.free(b);
+        }
+        assert_eq!(a.usage().used, 0);
+    }
+
+    #[test]
+    fn freed_pages_are_reused_warm_and_given_back_before_the_budget_is_passed() {
+        let cap = 64 << 20;
+        let mut a = actor(cap);
+        let blocks: Vec<_> = (0..12)
+            .map(|_| a.allocate(4 << 20, Writer::Client(1)).unwrap())
+            .collect();
+        for b in blocks {
+            a.free(b);
+        }
+        // 48 MiB freed but kept (the owner's next objects find them faulted in).
+        assert_eq!(a.usage().resident, 48 << 20);
+        let again = a.allocate(4 << 20, Writer::Client(1)).unwrap();
+        assert_eq!(a.usage().resident, 48 << 20, "reused, not newly resident");
+        a.free(again);
+        // Another client needs 40 MiB: the first client's freed pages are given back.
+        let other: Vec<_> = (0..10)
+            .map(|_| a.allocate(4 << 20, Writer::Client(2)).unwrap())
+            .collect();
+        let u = a.usage();
+        assert!(u.resident <= cap, "{u:?}");
+        assert_eq!(u.used, 40 << 20);
+        for b in other {
+            a.free(b);
+        }
+    }
+
     proptest! {
+        /// The dirty-range bookkeeping never double counts and never overlaps.
+        #[test]
+        fn dirty_ranges_stay_disjoint(ops in proptest::collection::vec((0u64..64, 1u64..16, any::<bool>()), 1..200)) {
+            let seg = Segment::create(0, 1 << 20, false, false).unwrap();
+            let mut st = SegmentState::new(Arc::new(seg), SegmentAllocator::new(1 << 20), None);
+            let mut model = [false; 80];
+            for (start, len, add) in ops {
+                let end = start + len;
+                if add {
+                    st.add_dirty(start, end);
+                    model[start as usize..end as usize].iter_mut().for_each(|b| *b = true);
+                } else {
+                    let was = model[start as usize..end as usize].iter().filter(|b| **b).count() as u64;
+                    prop_assert_eq!(st.take_dirty(start, end), was);
+                    model[start as usize..end as usize].iter_mut().for_each(|b| *b = false);
+                }
+                let counted = model.iter().filter(|b| **b).count() as u64;
+                prop_assert_eq!(st.dirty_bytes, counted);
+                let mut last = 0;
+                for (&s, &e) in &st.dirty {
+                    prop_assert!(s >= last && e > s);
+                    last = e;
+                }
+            }
+        }
+
+
         /// Random alloc/free sequences never overlap, stay aligned, and give everything back.
         #[test]
         fn allocations_never_overlap(ops in proptest::collection::vec((0u64..200_000, any::<bool>()), 1..300)) {

@@ -45,9 +45,10 @@ impl Block {
         }
     }
 
+    /// Bytes the object counts against its pool's capacity (what evicting it frees).
     pub fn reserved(&self) -> u64 {
         match self {
-            Block::Host(h) => h.reserved,
+            Block::Host(h) => h.charged,
             Block::Cuda(d) => d.size,
         }
     }

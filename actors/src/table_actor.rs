@@ -31,6 +31,8 @@ pub struct ObjectTableActor {
     gpu: ActorRef<GpuActor>,
     segments: Arc<[Arc<Segment>]>,
     subscribers: Vec<mpsc::Sender<Notification>>,
+    /// The host blocks charged for CUDA objects' metadata, by (device, pool, offset).
+    cuda_metadata: std::collections::HashMap<(u32, u32, u64), crate::allocator::HostBlock>,
 }
 
 impl ObjectTableActor {
@@ -45,6 +47,7 @@ impl ObjectTableActor {
             gpu,
             segments,
             subscribers: Vec::new(),
+            cuda_metadata: std::collections::HashMap::new(),
         }
     }
 
@@ -81,9 +84,9 @@ impl ObjectTableActor {
     /// evicting everything evictable fails before evicting anything, so a hopeless create never
     /// empties the cache.
     ///
-    /// The metadata is counted in the object's own pool (the block covers data, padded to
-    /// [`ALIGNMENT`], then room for the metadata), so `-m` bounds what the metadata the table
-    /// keeps on the heap can cost as well.
+    /// A host object's metadata is counted in its block (data padded to [`ALIGNMENT`], then
+    /// room for the metadata), so `-m` bounds what the metadata the table keeps on the heap
+    /// can cost as well (CUDA objects: see `Create`).
     ///
     /// Termination: every pass either returns or evicts at least one object from the pool's
     /// LRU, and nothing else can touch the table in between (an actor handles one message at a
@@ -101,10 +104,10 @@ impl ObjectTableActor {
             Pool::Cuda(_) => Some(size),
         }
         .and_then(|b| b.checked_add(metadata_len as u64));
-        // What eviction must free: the allocator's reservation for `bytes`. `None` only for
-        // sizes near 2^64, which nothing can hold.
+        // What eviction must free: the bytes the object is charged (`None` only for sizes near
+        // 2^64, which nothing can hold).
         let needed = match pool {
-            Pool::Host => bytes.and_then(crate::allocator::reserved_bytes),
+            Pool::Host => bytes.and_then(|b| b.checked_next_multiple_of(ALIGNMENT)),
             Pool::Cuda(_) => bytes,
         };
         let oom = |available| StoreError::OutOfMemory {
@@ -205,6 +208,9 @@ impl ObjectTableActor {
             match block {
                 Block::Host(h) => host.push(h),
                 Block::Cuda(d) => {
+                    if let Some(meta) = self.cuda_metadata.remove(&(d.device, d.pool, d.offset)) {
+                        host.push(meta);
+                    }
                     let _ = self.gpu.tell(FreeDevice(d)).await;
                 }
             }
@@ -286,14 +292,41 @@ impl Message<Create> for ObjectTableActor {
     async fn handle(&mut self, m: Create, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name)?;
-        let block = self
-            .allocate(
-                m.size,
-                m.metadata.len(),
-                m.options.device.unwrap_or(Device::Cpu),
-                m.writer,
-            )
-            .await?;
+        let device = m.options.device.unwrap_or(Device::Cpu);
+        // A CUDA object's metadata lives on the daemon's heap: it is charged to host memory (a
+        // block of segment 0 that is never touched), so `-m` bounds it and `--gpu-memory`
+        // stays whole for tensor data.
+        let cuda_metadata = match device {
+            Device::Cuda(_) if !m.metadata.is_empty() => {
+                match self
+                    .allocate(m.metadata.len() as u64, 0, Device::Cpu, Writer::Store)
+                    .await?
+                {
+                    Block::Host(h) => Some(h),
+                    Block::Cuda(_) => None,
+                }
+            }
+            _ => None,
+        };
+        let block = match device {
+            Device::Cpu => {
+                self.allocate(m.size, m.metadata.len(), device, m.writer)
+                    .await
+            }
+            Device::Cuda(_) => self.allocate(m.size, 0, device, m.writer).await,
+        };
+        let block = match block {
+            Ok(b) => b,
+            Err(e) => {
+                if let Some(h) = cuda_metadata {
+                    let _ = self.allocator.tell(Free(vec![h])).await;
+                }
+                return Err(e);
+            }
+        };
+        if let (Block::Cuda(d), Some(h)) = (block, cuda_metadata) {
+            self.cuda_metadata.insert((d.device, d.pool, d.offset), h);
+        }
         let r = self.table.insert(
             m.name,
             m.size,

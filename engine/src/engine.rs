@@ -213,11 +213,22 @@ impl Engine {
                 tracing::warn!("{why}: starting anyway (--overcommit)");
             }
         }
-        let segment = Segment::create(0, config.capacity, config.huge_pages, config.prefault)?;
+        // Sparse past what is used: sized so that one object of the whole capacity fits even
+        // after the allocator rounds it up to its bin.
+        // (--prefault touches every page of it: then exactly the capacity.)
+        let segment0_len = if config.prefault {
+            config.capacity
+        } else {
+            vovp_actors::allocator::reserved_bytes(config.capacity).ok_or_else(|| {
+                Error::Config(format!("capacity {} is too large", config.capacity))
+            })?
+        };
+        let segment = Segment::create(0, segment0_len, config.huge_pages, config.prefault)?;
         let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
         // Arenas are not prefaulted: with --prefault every object stays in segment 0.
         let allocator = AllocatorActor::spawn(AllocatorActor::new(
             segments[0].clone(),
+            config.capacity,
             config.max_objects,
             config.client_arenas && !config.prefault,
         ));

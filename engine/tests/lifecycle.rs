@@ -404,3 +404,21 @@ fn the_object_limit_is_its_own_error() {
     drop(held);
     put(&e, "o9", 8, 1);
 }
+
+/// One object as large as the whole store fits in an empty store (the allocator's rounding up
+/// to its bins is not charged against the capacity).
+#[test]
+fn an_object_as_large_as_the_store_fits() {
+    let cap = 100_000_000u64;
+    let e = engine(cap);
+    let mut b = e.create("all", cap, b"", CreateOptions::default()).unwrap();
+    b.as_mut_slice()[cap as usize - 1] = 1;
+    let held = b.seal().unwrap();
+    assert_eq!(e.stats().unwrap().used_bytes, cap.next_multiple_of(64));
+    // Held, so not evictable: nothing else fits.
+    assert!(matches!(
+        e.create("more", 64, b"", CreateOptions::default()),
+        Err(Error::OutOfMemory { .. })
+    ));
+    drop(held);
+}

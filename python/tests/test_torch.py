@@ -61,7 +61,16 @@ def test_zero_copy_views(client):
     r = client.put_tensor("z", torch.arange(10, dtype=torch.float32))
     g = client.get_tensor("z", framework="torch")
     n = client.get_tensor("z")
-    assert g.data_ptr() == r.data_ptr() == n.__array_interface__["data"][0]
+    # Torch tensors are writable, so they view the store through this process's private
+    # (copy-on-write) mapping of the same pages; the read-only numpy view uses the shared one.
+    # Same pages, same offset, no copy.
+    assert g.data_ptr() == r.data_ptr()
+    seg = next(k for k in client._seg_addr if not isinstance(k, tuple))
+    assert (g.data_ptr() - client._seg_addr[(seg, "private")]
+            == n.__array_interface__["data"][0] - client._seg_addr[seg])
+    # Writing through the torch tensor stays in this process: the store keeps its bytes.
+    g[0] = 42.0
+    assert n[0] == 0.0 and client.get_tensor("z")[0] == 0.0
 
 
 def test_numpy_put_torch_get(client):

@@ -134,8 +134,8 @@ _MAPPED: dict = {}
 
 
 
-def _forget_mappings(client_id, seg_ids):
-    for seg_id in seg_ids:
+def _forget_mappings(client_id, seg_addr):
+    for seg_id in list(seg_addr):
         _MAPPED.pop((client_id, seg_id), None)
 
 
@@ -339,10 +339,14 @@ class Client:
         self._rbuf = bytearray(1 << 16)
         self._rmv = memoryview(self._rbuf)
         self._rpos = self._rend = 0
-        self._segments = {}  # segment id -> mmap
-        self._seg_rw = {}  # segment id -> writable memoryview of the whole mapping
-        self._seg_ro = {}  # segment id -> read-only memoryview of the whole mapping
-        self._seg_addr = {}  # segment id -> address of the mapping (release() by address)
+        # Segments are mapped read-only, except this client's own arenas (where the daemon puts
+        # the objects it creates, and which only it can write). ``writable=True`` views of other
+        # segments come from a private copy-on-write mapping: writes stay in this process.
+        self._segments = {}  # mapping key -> mmap
+        self._seg_rw = {}  # segment id -> writable memoryview (shared: own arena; else private)
+        self._seg_ro = {}  # segment id -> read-only memoryview of the shared mapping
+        self._seg_addr = {}  # mapping key -> address of the mapping (release() by address)
+        self._own_segments = set()  # arenas this client writes
         self._unsealed = {}  # name -> object id of objects this client created, not sealed yet
         self._sock = self._connect(path, connect_timeout)
         try:
@@ -352,7 +356,7 @@ class Client:
             self._unmap()
             raise
         self._closed = False
-        weakref.finalize(self, _forget_mappings, id(self), list(self._segments))
+        weakref.finalize(self, _forget_mappings, id(self), self._seg_addr)
         if release_delay > 0:
             # Started here, not on first use: starting a thread from a GC callback could block.
             self._flush_q = queue.SimpleQueue()
@@ -414,7 +418,7 @@ class Client:
                     f"HELLO announced {len(hello.segments)} segments but carried {len(fds)} fds")
             for (seg_id, size), fd in zip(hello.segments, fds):
                 if size:
-                    self._map_segment(seg_id, size, fd)
+                    self._map_segment(seg_id, size, fd, writable=False)
         finally:
             for fd in fds:
                 os.close(fd)  # the mmaps hold their own duplicate
@@ -422,15 +426,65 @@ class Client:
         self.max_inline = hello.max_inline
         self._inline_limit = min(hello.max_inline, INLINE_LIMIT)
 
-    def _map_segment(self, seg_id, size, fd):
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        rw = memoryview(mm)
-        self._segments[seg_id] = mm
-        self._seg_rw[seg_id] = rw
-        self._seg_ro[seg_id] = rw.toreadonly()
-        start = np.frombuffer(rw, np.uint8).__array_interface__["data"][0]
-        self._seg_addr[seg_id] = start
-        _MAPPED[(id(self), seg_id)] = (start, start + size)
+    def _map_segment(self, seg_id, size, fd, writable):
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        shared = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+        view = memoryview(shared)
+        self._register(seg_id, shared, view, size)
+        self._seg_ro[seg_id] = view.toreadonly() if writable else view
+        if writable:
+            self._own_segments.add(seg_id)
+            self._seg_rw[seg_id] = view
+        else:
+            # A read-only fd may still be mapped privately: writes then copy the page into this
+            # process and never reach the store.
+            private = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            pview = memoryview(private)
+            self._register((seg_id, "private"), private, pview, size)
+            self._seg_rw[seg_id] = pview
+
+    def _register(self, key, mm, view, size):
+        self._segments[key] = mm
+        start = np.frombuffer(view, np.uint8).__array_interface__["data"][0]
+        self._seg_addr[key] = start
+        _MAPPED[(id(self), key)] = (start, start + size)
+
+    def _fetch_segment(self, seg_id):
+        """Maps segment ``seg_id`` (an arena: this client's own, read-write, or another
+        client's, read-only), asking the daemon for its fd."""
+        rid = self._next_id()
+        request = P.frame(P.SEGMENT, rid, P.segment_payload(seg_id))
+        with self._lock:
+            if self._closed:
+                self._check_usable()
+            if seg_id in self._seg_ro:  # another thread mapped it meanwhile
+                return
+            if self._rpos != self._rend:
+                raise ProtocolError("unexpected bytes before a SEGMENT reply")
+            fds = []
+            try:
+                if self._pending:
+                    request = self._drain_pending() + request
+                self._sock.sendall(request)
+                data = bytearray()
+                while len(data) < 4 or len(data) < 4 + P.U32.unpack_from(data, 0)[0]:
+                    chunk, cfds, _, _ = socket.recv_fds(self._sock, 1 << 16, 4)
+                    fds.extend(cfds)
+                    if not chunk:
+                        raise ConnectionError("the vovp daemon closed the connection")
+                    data += chunk
+                pos = P.check_reply(data, P.SEGMENT, rid)
+                size, writable = P.decode_segment(data, pos)
+                if len(fds) != 1:
+                    raise ProtocolError(f"SEGMENT reply carried {len(fds)} fds, not 1")
+                self._map_segment(seg_id, size, fds[0], writable)
+            except OSError as e:
+                self._mark_broken()
+                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+            finally:
+                for fd in fds:
+                    os.close(fd)  # the mmaps hold their own duplicate
 
     def _unmap(self):
         # Best effort: a mapping with live arrays cannot be closed; it then stays mapped until
@@ -739,16 +793,23 @@ class Client:
                 f"{name!r} is a CUDA object: it has no host memory to map (get it with "
                 "get_tensor, which returns a CUDA tensor)", 10)
         try:
+            if ref.segment not in self._seg_ro:
+                self._fetch_segment(ref.segment)
             seg = (self._seg_rw if writable else self._seg_ro)[ref.segment]
             owner = np.frombuffer(seg, np.uint8, ref.data_size, ref.offset)
-        except Exception:
-            self._release_now(ref.object_id)
+        except Exception as e:
+            self._release_quietly(ref.object_id)
+            if isinstance(e, VovpError):
+                raise
             if ref.segment not in self._seg_rw:
                 raise ProtocolError(f"object {name!r} lies in unknown segment {ref.segment}")
             raise ProtocolError(
                 f"object {name!r} ({ref.data_size} bytes at {ref.offset}) lies outside segment "
                 f"{ref.segment}") from None
-        lease = _Lease(owner, self, ref.object_id, name, ref.segment, ref.offset, ref.data_size)
+        key = ref.segment
+        if writable and ref.segment not in self._own_segments:
+            key = (ref.segment, "private")
+        lease = _Lease(owner, self, ref.object_id, name, key, ref.offset, ref.data_size)
         _LEASES[lease.key] = lease
         return owner
 

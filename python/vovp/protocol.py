@@ -43,6 +43,7 @@ EVICT = 0x0B
 STATS = 0x0C
 SUBSCRIBE = 0x0D
 NOTIFY = 0x0E
+SEGMENT = 0x0F
 REPLY_BIT = 0x80
 
 # Frame flags.
@@ -100,7 +101,7 @@ LOC_CUDA_S = struct.Struct("<IIQ64s")
 # Fast path for the commonest objref: host location followed by the metadata length.
 OBJREF_HOST = struct.Struct("<QQBIQI")
 HELLO_REPLY = struct.Struct("<HQII")
-SEGMENT = struct.Struct("<IQ")
+HELLO_SEGMENT = struct.Struct("<IQ")
 STATS_REPLY = struct.Struct("<12Q")
 # Request prefixes that end right where a variable-length name starts.
 GET1_PREFIX = struct.Struct("<IBBHQqIH")  # header, timeout_ms, n = 1, name length
@@ -313,8 +314,8 @@ def decode_hello(buf, pos: int) -> Hello:
         pos += HELLO_REPLY.size
         segs = []
         for _ in range(n):
-            segs.append(SEGMENT.unpack_from(buf, pos))
-            pos += SEGMENT.size
+            segs.append(HELLO_SEGMENT.unpack_from(buf, pos))
+            pos += HELLO_SEGMENT.size
     except struct.error:
         raise ProtocolError("truncated HELLO reply") from None
     return Hello(version, capacity, max_inline, segs)
@@ -391,3 +392,17 @@ def decode_notify(buf, pos: int):
     (size,) = U64.unpack_from(buf, pos)
     meta, _ = decode_bytes(buf, pos + 8)
     return kind, name, size, meta
+
+
+def segment_payload(segment_id: int) -> bytes:
+    """SEGMENT request: the fd of a segment this client has not mapped yet."""
+    return U32.pack(segment_id)
+
+
+def decode_segment(buf, pos: int) -> tuple:
+    """SEGMENT reply body: (size, writable); the fd rides on the reply as SCM_RIGHTS."""
+    try:
+        size, writable = struct.unpack_from("<QB", buf, pos)
+    except struct.error:
+        raise ProtocolError("truncated SEGMENT reply") from None
+    return size, bool(writable)

@@ -406,3 +406,67 @@ fn a_subscriber_that_never_reads_is_bounded_and_dropped() {
         "publishing took {elapsed:?}"
     );
 }
+
+/// Receives one reply frame and its fds on a raw connection.
+fn reply_with_fds(r: &Raw) -> (Vec<u8>, Vec<std::os::fd::OwnedFd>) {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    loop {
+        let n = vovp_transport::fdpass::recv_with_fds(&r.0, &mut buf[got..], &mut fds).unwrap();
+        assert!(n > 0, "connection closed");
+        got += n;
+        if got >= 4 && got >= 4 + u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize {
+            buf.truncate(got);
+            return (buf, fds);
+        }
+    }
+}
+
+/// The fds a client gets can neither write nor punch holes nor be mapped writable.
+fn assert_read_only(fd: &std::os::fd::OwnedFd, size: u64) {
+    use std::os::fd::AsRawFd;
+    let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+    assert!(rustix::fs::fallocate(fd, flags, 0, 4096).is_err(), "punch");
+    assert!(rustix::io::write(fd, b"x").is_err(), "write");
+    let map = memmap2::MmapOptions::new()
+        .len(size as usize)
+        .map_raw(fd.as_raw_fd());
+    assert!(map.is_err(), "a writable shared mapping");
+}
+
+/// D6: sealed objects were not immutable: every client mapped the whole segment read-write and
+/// could overwrite or punch holes into any object. Now the store's segment comes read-only, and
+/// another client's arena too; only the creator gets its own arena writable.
+#[test]
+fn clients_get_read_only_fds_except_for_their_own_arena() {
+    let d = Daemon::start("64M");
+    let creator = d.client();
+    creator
+        .put("big", &vec![3u8; 2 << 20], b"", CreateOptions::default())
+        .unwrap();
+    let view = creator.get_one("big", None).unwrap();
+    let vovp::Location::Host { segment, .. } = view.location() else {
+        panic!("host object")
+    };
+    assert_ne!(segment, 0, "created objects live in the creator's arena");
+
+    let r = Raw::connect(&d);
+    let mut r = r;
+    r.send(&Raw::frame(1, 0x01, 1, &7u32.to_le_bytes()));
+    let (hello, fds) = reply_with_fds(&r);
+    assert_eq!(hello[16], 0, "HELLO ok");
+    assert_eq!(fds.len(), 1);
+    assert_read_only(&fds[0], 64 << 20);
+    // Someone else's arena: read-only too.
+    r.send(&Raw::frame(1, 0x0F, 2, &segment.to_le_bytes()));
+    let (reply, fds) = reply_with_fds(&r);
+    assert_eq!(reply[16], 0, "SEGMENT ok");
+    let size = u64::from_le_bytes(reply[17..25].try_into().unwrap());
+    assert_eq!(reply[25], 0, "not writable for a non-owner");
+    assert_read_only(&fds[0], size);
+    // An unknown segment is a clear NOT_FOUND.
+    r.send(&Raw::frame(1, 0x0F, 3, &999u32.to_le_bytes()));
+    assert_eq!(r.reply(), Some((0x8F, 3, 1)));
+    assert!(view.bytes().iter().all(|&b| b == 3));
+}
