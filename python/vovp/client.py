@@ -921,6 +921,39 @@ class Client:
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
         return ref
 
+    def get_buffers(self, names, timeout=None, writable: bool = False) -> list:
+        """Several objects in one GET: a list with ``(memoryview, metadata bytes)`` per name, or
+        None for a name still missing or unsealed when ``timeout`` ran out.
+
+        The daemon waits until *every* name is sealed or the timeout passes (``timeout`` as in
+        ``get_buffer``), so a batch costs one round trip and one wait. Each memoryview holds its
+        own reference, released like ``get_buffer``'s.
+        """
+        encoded = [P.encode_name(n) for n in names]
+        rid = self._next_id()
+        payload = P.get_payload(encoded, 0 if timeout is None else P.timeout_ms(timeout))
+        refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
+        if len(refs) != len(names):
+            for ref in refs:
+                if ref is not None:
+                    self._release_quietly(ref.object_id)
+            raise ProtocolError(f"GET of {len(names)} names returned {len(refs)} entries")
+        out = []
+        for i, ref in enumerate(refs):
+            if ref is None:
+                out.append(None)
+                continue
+            try:
+                owner = self._owner(ref, names[i], writable)
+            except BaseException:
+                # _owner released this reference; release the rest before raising.
+                for later in refs[i + 1:]:
+                    if later is not None:
+                        self._release_quietly(later.object_id)
+                raise
+            out.append((memoryview(owner), ref.metadata))
+        return out
+
     def contains(self, name) -> bool:
         """Whether a sealed object of that name exists."""
         return self._name_op(P.CONTAINS, name, _parse_u8)
