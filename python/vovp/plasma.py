@@ -66,6 +66,7 @@ import numpy as np
 
 from . import client as _vc
 from . import errors as E
+from . import protocol as P
 
 
 def _load_pyarrow():
@@ -389,6 +390,7 @@ class PlasmaClient:
         self._in_use: dict = {}  # vovp name -> _InUse
         self._returns = collections.deque()  # entries whose buffers died, to count down
         self._relay = None  # notification relay, after subscribe()
+        self._evict_watch = None  # notification stream of evict(), after the first one
         self._closed = False
         # Objects up to this size are put in one PUT frame (data assembled here first).
         self._inline = min(self._vovp.max_inline, _vc.INLINE_LIMIT)
@@ -805,31 +807,38 @@ class PlasmaClient:
         returns the bytes freed.
 
         The daemon's EVICT counts its allocator's rounded-up blocks, so this asks it for one
-        byte at a time (exactly one object each: every object holds at least one block) and
-        learns each evicted object's size from a notification stream opened for the call.
+        byte at a time (that evicts exactly one object: every object holds at least one
+        block) and reads each evicted object's size from a notification stream of its own,
+        opened at the first evict and kept. If other clients evict at the same moment, their
+        objects may be counted instead of ours (the total is then approximate).
         """
         num_bytes = int(num_bytes)
         if num_bytes <= 0:
             return 0
         self._lock_and_apply()
-        self._unlock()  # applies pending returns, so the daemon has our releases first
-        total = 0
-        with _translated():
-            watch = _vc.Subscription(self._path)
-            try:
+        try:
+            with _translated():
+                watch = self._evict_watch
+                if watch is None or not watch.drain():
+                    # None yet, or the daemon dropped it (it drops streams that fall 4096
+                    # notifications behind, which an idle watch does in a busy store).
+                    if watch is not None:
+                        watch.close()
+                    watch = self._evict_watch = _NotifyStream(self._path)
+                total = 0
                 while total < num_bytes:
                     freed = self._vovp.evict(1)
                     if freed == 0:
                         break
-                    size = _next_evicted(watch)
-                    if size is None:  # the stream ended (daemon gone or too slow): estimate
+                    size = watch.next_evicted(timeout=5.0)
+                    if size is None:  # no notification: count the daemon's bytes instead
                         total += freed
                         watch.close()
-                        watch = _vc.Subscription(self._path)
+                        watch = self._evict_watch = _NotifyStream(self._path)
                     else:
                         total += size
-            finally:
-                watch.close()
+        finally:
+            self._unlock()
         return total
 
     # -- notifications --------------------------------------------------------------------------
@@ -897,6 +906,8 @@ class PlasmaClient:
             self._closed = True
             if self._relay is not None:
                 self._relay.close()
+            if self._evict_watch is not None:
+                self._evict_watch.close()
             self._in_use.clear()
             self._returns.clear()
             self._vovp.close()
@@ -939,14 +950,6 @@ def _unpickle(key, entry, anchor):
     return pickle.loads(payload, buffers=buffers)
 
 
-def _next_evicted(watch):
-    """Size of the next 'evicted' notification on ``watch``, None if the stream ended."""
-    for kind, _name, size, _meta in watch:
-        if kind == "evicted":
-            return size
-    return None
-
-
 # --- notifications -------------------------------------------------------------------------------
 
 _LENGTH = struct.Struct("L")  # Plasma's notification length prefix: a native unsigned long
@@ -980,6 +983,111 @@ def _plasma_notification(kind, name, size, meta):
     return _notification(name, size, len(meta))
 
 
+_KINDS = {P.NOTIFY_SEALED: "sealed", P.NOTIFY_DELETED: "deleted", P.NOTIFY_EVICTED: "evicted"}
+
+
+class _NotifyStream:
+    """A SUBSCRIBE connection to the daemon, read directly: no segment mappings (the fds of
+    HELLO are closed at once) and no threads, so a stream is cheap to keep."""
+
+    def __init__(self, path):
+        self._sock = sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._buf = bytearray()
+        self._closed = False
+        try:
+            sock.connect(path)
+            sock.sendall(P.frame(P.HELLO, 1, P.hello_payload(os.getpid())))
+            while self._complete_frame() is None:
+                chunk, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
+                for fd in fds:
+                    os.close(fd)
+                if not chunk:
+                    raise E.ConnectionError("the daemon closed the connection during HELLO")
+                self._buf += chunk
+            P.check_reply(self._take_frame(), P.HELLO, 1)
+            sock.sendall(P.frame(P.SUBSCRIBE, 2))
+            P.check_reply(self._read_frame(None), P.SUBSCRIBE, 2)
+        except OSError as e:
+            sock.close()
+            raise E.ConnectionError(f"cannot subscribe to {path!r}: {e}") from e
+        except BaseException:
+            sock.close()
+            raise
+
+    def _complete_frame(self):
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        total = 4 + P.U32.unpack_from(buf, 0)[0]
+        return total if len(buf) >= total else None
+
+    def _take_frame(self):
+        total = self._complete_frame()
+        frame = bytes(self._buf[:total])
+        del self._buf[:total]
+        return frame
+
+    def _read_frame(self, timeout):
+        """The next frame; None if none arrived within ``timeout`` seconds (None: wait)."""
+        while self._complete_frame() is None:
+            self._sock.settimeout(timeout)
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except (socket.timeout, BlockingIOError):
+                return None
+            if not chunk:
+                raise E.ConnectionError("the notification stream ended")
+            self._buf += chunk
+        return self._take_frame()
+
+    def next(self, timeout=None):
+        """(kind, name, data_size, metadata) of the next notification, None on timeout."""
+        frame = self._read_frame(timeout)
+        if frame is None:
+            return None
+        if frame[5] != P.NOTIFY:
+            raise E.ProtocolError(f"unexpected opcode {frame[5]:#x} on a notification stream")
+        kind, name, size, meta = P.decode_notify(frame, P.HEADER_SIZE)
+        return _KINDS.get(kind, kind), name, size, meta
+
+    def drain(self) -> bool:
+        """Discard what has arrived; False if the stream has ended.
+
+        After a backlog it waits until the stream has been quiet for 5 ms, so that the
+        daemon's queue for this stream is flushed (a queue left full would get the stream
+        dropped at the next notification, the one evict() waits for).
+        """
+        quiet = 0.0
+        try:
+            while self.next(timeout=quiet) is not None:
+                quiet = 0.005
+        except (E.ConnectionError, OSError):
+            return False
+        return True
+
+    def next_evicted(self, timeout):
+        """Size of the next 'evicted' notification; None if none came within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                event = self.next(max(0.0, deadline - time.monotonic()))
+                if event is None:
+                    return None
+                if event[0] == "evicted":
+                    return event[2]
+        except (E.ConnectionError, OSError):
+            return None
+
+    def close(self):
+        if not self._closed:
+            self._closed = True
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
+            except OSError:
+                pass
+            self._sock.close()
+
+
 class _NotificationRelay:
     """Turns the daemon's NOTIFY stream into Plasma's notification socket.
 
@@ -995,7 +1103,7 @@ class _NotificationRelay:
         self._queue = collections.deque()
         self._cv = threading.Condition()
         self._ended = False
-        self._sub = _vc.Subscription(path)  # registered in the daemon once this returns
+        self._sub = _NotifyStream(path)  # registered in the daemon once this returns
         # Plasma first reports every object sealed before the subscription (one sealed while
         # subscribe() runs may be reported twice).
         for e in vovp_client.list():
@@ -1009,7 +1117,8 @@ class _NotificationRelay:
 
     def _read(self):
         try:
-            for kind, name, size, meta in self._sub:
+            while True:
+                kind, name, size, meta = self._sub.next()
                 msg = _plasma_notification(kind, name, size, meta)
                 if msg is not None:
                     with self._cv:
