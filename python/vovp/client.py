@@ -929,10 +929,16 @@ class Client:
         ``get_buffer``), so a batch costs one round trip and one wait. Each memoryview holds its
         own reference, released like ``get_buffer``'s.
         """
-        encoded = [P.encode_name(n) for n in names]
+        tms = 0 if timeout is None else P.timeout_ms(timeout)
         rid = self._next_id()
-        payload = P.get_payload(encoded, 0 if timeout is None else P.timeout_ms(timeout))
-        refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
+        if len(names) == 1:  # the common case: the one-name frame and parser of get_buffer
+            nb = P.encode_name(names[0])
+            frame = P.GET1_PREFIX.pack(26 + len(nb), P.VERSION, P.GET, 0, rid, tms, 1,
+                                       len(nb)) + nb
+            refs = [self._roundtrip(frame, P.GET, rid, _parse_get1)]
+        else:
+            payload = P.get_payload([P.encode_name(n) for n in names], tms)
+            refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
         if len(refs) != len(names):
             for ref in refs:
                 if ref is not None:

@@ -559,8 +559,10 @@ class PlasmaClient:
                     ask.append(name)  # the store waits the timeout for it, as Plasma's does
         if ask:
             timeout = None if timeout_ms == 0 else (-1 if timeout_ms < 0 else timeout_ms / 1000)
-            with _translated():
+            try:
                 got = self._vovp.get_buffers(ask, timeout)
+            except E.VovpError as err:
+                raise _plasma_error(err) from err
             for name, found in zip(ask, got):
                 if found is None or name in in_use:
                     continue  # (dropping ``found`` releases a reference we do not need)
@@ -757,10 +759,11 @@ class PlasmaClient:
         names = [_name_of(k) for k in object_ids]
         for name in names:
             try:
-                with _translated():
-                    self._vovp.delete(name)
-            except (PlasmaObjectNotFound, E.NotSealed):
+                self._vovp.delete(name)
+            except (E.ObjectNotFound, E.NotSealed):
                 pass
+            except E.VovpError as err:
+                raise _plasma_error(err) from err
 
     def list(self) -> dict:
         """Every Plasma object in the store: {ObjectID (or str name): info}, info having
