@@ -7,6 +7,10 @@
 #
 # Uses the benchmark venv (benches/setup.sh: pyarrow 11, numpy<2, pytest, pandas) and the daemon
 # in $VOVP_ENGINE_BIN (default target/debug/vovp-engine). Extra arguments go to pytest.
+#
+# test_use_huge_pages runs where /mnt/hugepages exists (Plasma's own condition) and must then
+# pass; elsewhere the test skips itself. VOVP_PLASMA_HUGEPAGES=1 (root) sets it up for the run:
+# mounts hugetlbfs on /mnt/hugepages, reserves 1000 more 2 MiB pages, and undoes both at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -22,7 +26,23 @@ SRC="$("$PY" -c 'import os, pyarrow; print(os.path.join(os.path.dirname(pyarrow.
     echo "plasma-conformance: needs pyarrow 11.0.0 (the last release with Plasma)" >&2; exit 1; }
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/vovp-plasma-conformance.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+HUGE_UNDO=""
+cleanup() {
+    rm -rf "$WORK"
+    if [ -n "$HUGE_UNDO" ]; then
+        umount /mnt/hugepages && rmdir /mnt/hugepages
+        echo "$HUGE_UNDO" >/proc/sys/vm/nr_hugepages
+    fi
+}
+trap cleanup EXIT
+if [ "${VOVP_PLASMA_HUGEPAGES:-0}" = 1 ] && [ ! -e /mnt/hugepages ]; then
+    before="$(cat /proc/sys/vm/nr_hugepages)"
+    mkdir /mnt/hugepages
+    mount -t hugetlbfs none /mnt/hugepages
+    HUGE_UNDO="$before"
+    echo $((before + 1000)) >/proc/sys/vm/nr_hugepages
+    echo "plasma-conformance: $(grep HugePages_Free /proc/meminfo) on /mnt/hugepages" >&2
+fi
 {
     echo "import vovp.plasma as plasma_mod"
     sed -e 's/import pyarrow.plasma as plasma/import vovp.plasma as plasma/' \

@@ -902,20 +902,18 @@ class PlasmaClient:
     def disconnect(self):
         """Close the connection: the store releases everything this client held (buffers
         from it must not be used afterwards)."""
-        self._lock.acquire()
-        try:
-            if self._closed:
-                return
-            self._closed = True
-            if self._relay is not None:
-                self._relay.close()
-            if self._evict_watch is not None:
-                self._evict_watch.close()
+        if self._closed:
+            return
+        self._closed = True
+        # First the connections (this also wakes a thread waiting in a get), then the state.
+        if self._relay is not None:
+            self._relay.close()
+        if self._evict_watch is not None:
+            self._evict_watch.close()
+        self._vovp.close()
+        with self._lock:
             self._in_use.clear()
             self._returns.clear()
-            self._vovp.close()
-        finally:
-            self._lock.release()
 
     def set_client_options(self, client_name, limit_output_memory):
         raise NotImplementedError("vovp has no per-client output memory quota")
