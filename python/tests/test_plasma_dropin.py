@@ -399,3 +399,18 @@ def test_daemon_takes_plasma_store_server_flags(tmp_path):
 def test_socket_is_a_real_socket(pc):
     pc.subscribe()
     assert isinstance(pc.get_notification_socket(), socket.socket)
+
+
+def test_deferred_release_reaches_the_store_soon_or_with_the_next_request(store):
+    from _helpers import wait_for
+
+    c = plasma.connect(store, deferred_release=True)
+    oid = c.put_raw_buffer(b"abc")
+    watcher = vovp.Client(store)
+    [buf] = c.get_buffers([oid])
+    assert watcher.stats()["references"] == 1
+    del buf  # queued, not sent yet ...
+    assert wait_for(lambda: watcher.stats()["references"] == 0, timeout=5)  # ... within 2 ms
+    [buf] = c.get_buffers([oid])
+    del buf
+    assert c.list()[oid]["ref_count"] == 0  # this client's next request carries it
