@@ -4,7 +4,9 @@
 Run by the Rust harness (``cargo run --release -p vovp-bench -- --quick|--full``), which starts
 both daemons with the same memory limit and reads the JSON this script writes. Both stores are
 driven from this one script through thin adapters (``VovpStore``, ``PlasmaStore``) with the same
-process layout and the same timing code, so a ratio compares the stores, not the languages.
+process layout and the same timing code, so a ratio compares the stores, not the languages. The
+drop-in pass (``py.dropin.*``) drives vovp through ``vovp.plasma`` with the same ``PlasmaStore``
+adapter that drives pyarrow's Plasma.
 Repetitions interleave the stores (vovp, Plasma, Plasma, vovp, ...: the first store alternates so
 neither always runs on a warmer machine).
 

@@ -197,7 +197,6 @@ def test_dying_client_releases_everything(store, subprocess_env):
             "print('held', flush=True); os._exit(0)")
     assert run_child(code, subprocess_env, store).strip() == "held"
     c = plasma.connect(store)
-    info = plasma.connect(store)  # noqa: F841
     assert vovp.client.Client(store).stats()["references"] == 0
     listed = c.list()
     assert listed[plasma.ObjectID(b"k" * 20)]["ref_count"] == 0

@@ -55,7 +55,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
