@@ -4,7 +4,9 @@
 Run by the Rust harness (``cargo run --release -p vovp-bench -- --quick|--full``), which starts
 both daemons with the same memory limit and reads the JSON this script writes. Both stores are
 driven from this one script through thin adapters (``VovpStore``, ``PlasmaStore``) with the same
-process layout and the same timing code, so a ratio compares the stores, not the languages.
+process layout and the same timing code, so a ratio compares the stores, not the languages. The
+drop-in pass (``py.dropin.*``) drives vovp through ``vovp.plasma`` with the same ``PlasmaStore``
+adapter that drives pyarrow's Plasma.
 Repetitions interleave the stores (vovp, Plasma, Plasma, vovp, ...: the first store alternates so
 neither always runs on a warmer machine).
 
@@ -125,11 +127,15 @@ class VovpStore:
 
 
 class PlasmaStore:
-    label = "plasma"
+    """Plasma's Python API. The same adapter drives pyarrow's Plasma and vovp's drop-in
+    (``vovp.plasma``, same calls on the vovp daemon), so the drop-in's ratio is measured with
+    exactly the code a Plasma user runs."""
 
-    def __init__(self, path):
-        import pyarrow.plasma as plasma
+    def __init__(self, path, module="pyarrow.plasma"):
+        import importlib
 
+        plasma = importlib.import_module(module)
+        self.label = "vovp.plasma" if module == "vovp.plasma" else "plasma"
         self.plasma = plasma
         self.c = plasma.connect(path)
 
@@ -169,8 +175,14 @@ class PlasmaStore:
             self.c.delete(ids)
 
 
-def open_store(kind, path):
-    return VovpStore(path) if kind == "vovp" else PlasmaStore(path)
+# What drives the "vovp" side: vovp's own client, or Plasma's API over vovp (the drop-in pass).
+NATIVE, DROPIN = "native", "dropin"
+
+
+def open_store(kind, path, vovp_adapter=NATIVE):
+    if kind == "vovp":
+        return VovpStore(path) if vovp_adapter == NATIVE else PlasmaStore(path, "vovp.plasma")
+    return PlasmaStore(path)
 
 
 def order(rep):
@@ -201,10 +213,10 @@ def same_bytes(view, expect):
 # --- workers (parallel clients and hand-off peers) -------------------------------------------
 
 
-def worker_main(idx, conn, paths, barrier, peer):
+def worker_main(idx, conn, paths, barrier, peer, vovp_adapter):
     """A client process: connects to both stores and runs the commands it receives."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    stores = {k: open_store(k, p) for k, p in paths.items()}
+    stores = {k: open_store(k, p, vovp_adapter) for k, p in paths.items()}
     while True:
         cmd, args = conn.recv()
         if cmd == "exit":
@@ -226,7 +238,7 @@ def worker_main(idx, conn, paths, barrier, peer):
 
 
 class Workers:
-    def __init__(self, paths, n):
+    def __init__(self, paths, n, vovp_adapter=NATIVE):
         ctx = mp.get_context("spawn")  # no inherited connections or threads
         self.barrier = ctx.Barrier(n)
         peer_a, peer_b = ctx.Pipe()
@@ -234,7 +246,8 @@ class Workers:
         for i in range(n):
             parent, child = ctx.Pipe()
             peer = peer_a if i == 0 else peer_b if i == 1 else None
-            p = ctx.Process(target=worker_main, args=(i, child, paths, self.barrier, peer),
+            p = ctx.Process(target=worker_main,
+                            args=(i, child, paths, self.barrier, peer, vovp_adapter),
                             daemon=True)
             p.start()
             self.conns.append(parent)
@@ -571,6 +584,36 @@ def bench_eviction(stores, capacity, cfg, out, checks):
                     unit="GB/s", higher_is_better=True, base_label="Plasma", **rate))
 
 
+# --- (6) the drop-in: Plasma's API over vovp -----------------------------------------------------
+
+
+def bench_dropin(paths, plasma_store, cfg, out, checks):
+    """Small objects, large puts, get latency and hand-off again, with the "vovp" side driven
+    through vovp.plasma by the Plasma adapter: the ratio a Plasma user gets by changing the
+    import. Rows are keyed py.dropin.* and grouped apart from the native client's."""
+    stores = {"vovp": open_store("vovp", paths["vovp"], DROPIN), "plasma": plasma_store}
+    stores["vovp"].clear()
+    workers = Workers(paths, N_CLIENTS, DROPIN)
+    rows, found = [], []
+    try:
+        bench_small(stores, workers, cfg, rows)
+        bench_large(stores, cfg, rows, found)
+        bench_get_latency(stores, cfg, rows, found)
+        bench_handoff(stores, workers, cfg, rows)
+    finally:
+        workers.close()
+        stores["vovp"].clear()
+    for r in rows:
+        r["key"] = "py.dropin." + r["key"][len("py."):]
+        r["group"] = r["group"].replace("Python: ", "Python, vovp.plasma drop-in: ")
+        r["name"] = r["name"] + " (vovp.plasma)"
+        out.append(r)
+    for c in found:
+        if c["store"] == "vovp":
+            c["name"] = c["name"].replace("vovp:", "vovp.plasma:")
+            checks.append(c)
+
+
 # --- main ---------------------------------------------------------------------------------------------
 
 
@@ -581,7 +624,7 @@ def main():
     ap.add_argument("--plasma", required=True, help="plasma-store-server socket")
     ap.add_argument("--capacity", type=int, required=True, help="memory limit of both stores")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="small,large,get,handoff,mp,evict",
+    ap.add_argument("--only", default="small,large,get,handoff,mp,evict,dropin",
                     help="comma-separated workloads to run")
     args = ap.parse_args()
     cfg = MODES[args.mode]
@@ -605,6 +648,7 @@ def main():
             ("get", lambda: bench_get_latency(stores, cfg, results, checks)),
             ("handoff", lambda: bench_handoff(stores, workers, cfg, results)),
             ("evict", lambda: bench_eviction(stores, args.capacity, cfg, results, checks)),
+            ("dropin", lambda: bench_dropin(paths, stores["plasma"], cfg, results, checks)),
             # Last: init_reduction changes how every ndarray is pickled in this process.
             ("mp", lambda: bench_mp(paths, cfg, results, checks)),
         ):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: Rust (unit, engine, cross-process daemon tests) then Python (pytest
-# against the real daemon). Creates the Python venv (.venv) on first use.
+# The whole test suite: Rust (unit, engine, cross-process daemon tests), Python (pytest
+# against the real daemon), then Plasma's own test suite against vovp.plasma. Creates the Python
+# venv (.venv) and the benchmark venv with pyarrow 11 (target/bench/venv) on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,3 +20,7 @@ fi
 "$VENV/bin/pip" install --quiet --no-deps --force-reinstall ./python
 VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
     "$VENV/bin/python" -m pytest python/tests -q
+
+# Plasma's own tests (pyarrow 11's test_plasma.py) against vovp.plasma; fails on any failure or
+# unexpected skip.
+./scripts/plasma-conformance.sh

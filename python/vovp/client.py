@@ -986,6 +986,45 @@ class Client:
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
         return ref
 
+    def get_buffers(self, names, timeout=None, writable: bool = False) -> list:
+        """Several objects in one GET: a list with ``(memoryview, metadata bytes)`` per name, or
+        None for a name still missing or unsealed when ``timeout`` ran out.
+
+        The daemon waits until *every* name is sealed or the timeout passes (``timeout`` as in
+        ``get_buffer``), so a batch costs one round trip and one wait. Each memoryview holds its
+        own reference, released like ``get_buffer``'s.
+        """
+        tms = 0 if timeout is None else P.timeout_ms(timeout)
+        rid = self._next_id()
+        if len(names) == 1:  # the common case: the one-name frame and parser of get_buffer
+            nb = P.encode_name(names[0])
+            frame = P.GET1_PREFIX.pack(26 + len(nb), P.VERSION, P.GET, 0, rid, tms, 1,
+                                       len(nb)) + nb
+            refs = [self._roundtrip(frame, P.GET, rid, _parse_get1)]
+        else:
+            payload = P.get_payload([P.encode_name(n) for n in names], tms)
+            refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
+        if len(refs) != len(names):
+            for ref in refs:
+                if ref is not None:
+                    self._release_quietly(ref.object_id)
+            raise ProtocolError(f"GET of {len(names)} names returned {len(refs)} entries")
+        out = []
+        for i, ref in enumerate(refs):
+            if ref is None:
+                out.append(None)
+                continue
+            try:
+                owner = self._owner(ref, names[i], writable)
+            except BaseException:
+                # _owner released this reference; release the rest before raising.
+                for later in refs[i + 1:]:
+                    if later is not None:
+                        self._release_quietly(later.object_id)
+                raise
+            out.append((memoryview(owner), ref.metadata))
+        return out
+
     def contains(self, name) -> bool:
         """Whether a sealed object of that name exists."""
         return self._name_op(P.CONTAINS, name, _parse_u8)

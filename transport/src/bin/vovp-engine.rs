@@ -1,6 +1,11 @@
 //! `vovp-engine`: the standalone store daemon (Plasma-like flags).
 //!
 //!     vovp-engine -m 1G -s /tmp/vovp.sock
+//!     vovp-engine -m 1000000000 -s /tmp/dgl_socket -d /dev/shm   # Plasma's spelling works too
+//!
+//! Of `plasma-store-server`'s flags, `-m BYTES`, `-s SOCKET` and `-d DIR` are accepted as they
+//! are; `-h` (huge pages) is `--huge-pages` here because `-h` is help, and `-e` (external
+//! store) does not exist in vovp.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +28,11 @@ struct Args {
     /// Back the store with 2 MiB huge pages when the machine has them reserved.
     #[arg(long)]
     huge_pages: bool,
+    /// Plasma's `-d DIR` (where Plasma kept its memory-mapped file). vovp's memory is a memfd,
+    /// which lives in no directory: a hugetlbfs mount means huge pages (as --huge-pages), any
+    /// other directory is accepted and not used.
+    #[arg(short = 'd', long = "plasma-directory", value_name = "DIR")]
+    plasma_directory: Option<PathBuf>,
     /// Touch all memory at start so puts never pay first-touch page faults.
     #[arg(long)]
     prefault: bool,
@@ -74,6 +84,19 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is not an octal file mode like 600 or 660"))
 }
 
+/// `f_type` of a hugetlbfs mount (linux/magic.h).
+const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
+
+/// Whether `dir` (Plasma's `-d`) asks for huge pages, i.e. is on a hugetlbfs mount.
+fn directory_wants_huge_pages(dir: &std::path::Path) -> Result<bool, String> {
+    if !dir.is_dir() {
+        return Err(format!("-d {}: not a directory", dir.display()));
+    }
+    let fs = rustix::fs::statfs(dir).map_err(|e| format!("-d {}: {e}", dir.display()))?;
+    // f_type is signed on some targets: compare the low 32 bits, as the magic is 32-bit.
+    Ok((fs.f_type as u64 & 0xFFFF_FFFF) == HUGETLBFS_MAGIC)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
@@ -84,6 +107,23 @@ fn main() -> ExitCode {
         .init();
     let mut engine = vovp::Config::with_capacity(args.memory);
     engine.huge_pages = args.huge_pages;
+    if let Some(dir) = &args.plasma_directory {
+        match directory_wants_huge_pages(dir) {
+            Ok(true) => {
+                tracing::info!("-d {}: a hugetlbfs mount, using huge pages", dir.display());
+                engine.huge_pages = true;
+            }
+            Ok(false) => tracing::info!(
+                "-d {}: accepted for Plasma compatibility; vovp keeps objects in a memfd, \
+                 not in a directory",
+                dir.display()
+            ),
+            Err(e) => {
+                eprintln!("vovp-engine: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     engine.prefault = args.prefault;
     engine.overcommit = args.overcommit;
     if let Some(spec) = &args.gpu_memory {
@@ -108,5 +148,50 @@ fn main() -> ExitCode {
             eprintln!("vovp-engine: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plasma_store_server_spelling_parses() {
+        let a = Args::try_parse_from([
+            "vovp-engine",
+            "-m",
+            "1000000000",
+            "-s",
+            "/tmp/dgl_socket",
+            "-d",
+            "/dev/shm",
+        ])
+        .unwrap();
+        assert_eq!(a.memory, 1_000_000_000);
+        assert_eq!(a.socket, PathBuf::from("/tmp/dgl_socket"));
+        assert_eq!(a.plasma_directory, Some(PathBuf::from("/dev/shm")));
+        assert!(!a.huge_pages);
+        assert_eq!(
+            Args::try_parse_from(["vovp-engine", "-m", "1G", "-s", "x"])
+                .unwrap()
+                .memory,
+            1 << 30
+        );
+    }
+
+    #[test]
+    fn plasma_flags_vovp_lacks_are_refused() {
+        for extra in [&["-e", "hashtable://test"][..], &["-z"][..]] {
+            let mut argv = vec!["vovp-engine", "-m", "1000000", "-s", "x"];
+            argv.extend_from_slice(extra);
+            assert!(Args::try_parse_from(argv).is_err(), "{extra:?}");
+        }
+    }
+
+    #[test]
+    fn plasma_directory_must_exist_and_hugetlbfs_means_huge_pages() {
+        assert!(directory_wants_huge_pages(std::path::Path::new("/nonexistent-dir")).is_err());
+        let tmp = std::env::temp_dir();
+        assert_eq!(directory_wants_huge_pages(&tmp), Ok(false));
     }
 }

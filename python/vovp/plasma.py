@@ -1,0 +1,1256 @@
+"""Plasma's Python API (``pyarrow.plasma`` of pyarrow 11) over the vovp daemon.
+
+    import vovp.plasma as plasma              # was: import pyarrow.plasma as plasma
+    client = plasma.connect("/tmp/vovp.sock")
+    object_id = client.put(np.arange(10))     # pickle protocol 5, arrays out of band
+    arr = client.get(object_id)               # zero-copy, read-only view of the store's memory
+
+Everything Plasma's tests exercise behaves as in Plasma; README.md ("Moving from Plasma") lists
+what differs. pyarrow is optional: when it is importable, buffers are ``pyarrow.Buffer`` objects
+(as Plasma's were, so Arrow readers and writers take them) and errors derive from
+``pyarrow.lib.ArrowException``; without it buffers are ``PlasmaBuffer`` (a uint8 numpy array
+with ``to_pybytes()``) and errors derive from this module's ``ArrowException``. Either way every
+error is also the matching ``vovp.VovpError`` subclass. ``VOVP_PLASMA_PYARROW=0`` ignores an
+installed pyarrow.
+
+How Plasma's model maps onto vovp
+---------------------------------
+Names. An ObjectID is stored under the vovp name ``plasma:<40 lowercase hex digits>``, the form
+the Rust engine's ``ObjectName::from_plasma_id`` produces. A ``str`` is accepted wherever an
+ObjectID is and is used as the vovp name as it is.
+
+Layout. Plasma keeps an object's data and metadata side by side in shared memory and counts
+both against the store's memory; so does this module: the vovp object holds ``data || metadata``
+and its vovp metadata is a 24-byte header (``_HEADER``: magic ``VPLS``, version, flags, data
+size, creation time), so metadata may be as large as the data (vovp's own metadata is capped at
+64 KiB) and store-full/eviction sizes are Plasma's ``data_size + metadata_size``.
+
+References. Plasma counts references in the client: ``create`` counts two (the returned buffer,
+and one that ``seal`` gives back, so dropping the buffer before sealing does not abort the
+object), each object returned by a get counts one, and when the count of an object reaches zero
+the client releases it in the store at once. A ``PlasmaClient`` here keeps the same counts, one
+``_InUse`` entry per object it uses; an entry holds the client's single vovp reference (a
+``vovp.Client`` owner array / memoryview). The vovp client runs with ``release_delay=0`` so that
+the daemon learns of a release as soon as Plasma's store would have.
+
+Buffers. Every buffer handed out is made from an *anchor*: a new ``np.frombuffer`` over a
+memoryview of the entry's holder. numpy stops collapsing ``.base`` chains at an array whose
+base is not an array, so every array, memoryview, slice or ``pyarrow.Buffer`` made from a
+handed-out buffer keeps its anchor alive; a weakref on the anchor gives the count back when the
+last of them is gone ("release on drop", and buffers keep their object alive).
+
+Weakref callbacks can run on any thread, also inside one of this client's own calls, so they
+never wait for the client's lock: they queue the entry, and whoever holds the lock (or gets it
+next) applies the queue (``_give_back`` / ``_unlock``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import os
+import pickle
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import client as _vc
+from . import errors as E
+from . import protocol as P
+
+
+def _load_pyarrow():
+    if os.environ.get("VOVP_PLASMA_PYARROW", "1") == "0":
+        return None
+    try:
+        import pyarrow  # noqa: PLC0415 (optional)
+        return pyarrow
+    except Exception:  # noqa: BLE001 (not installed, or broken, e.g. built for another numpy)
+        return None
+
+
+pa = _load_pyarrow()
+
+__all__ = [
+    "ObjectID",
+    "ObjectNotAvailable",
+    "PlasmaBuffer",
+    "PlasmaClient",
+    "connect",
+    "start_plasma_store",
+    "ArrowException",
+    "ArrowInvalid",
+    "PlasmaObjectExists",
+    "PlasmaObjectNotFound",
+    "PlasmaStoreFull",
+    "PlasmaObjectAlreadySealed",
+    "PlasmaConnectionError",
+]
+
+# --- errors ------------------------------------------------------------------------------------
+
+if pa is not None:
+    ArrowException = pa.lib.ArrowException
+    ArrowInvalid = pa.lib.ArrowInvalid
+    ArrowTypeError = pa.lib.ArrowTypeError
+else:
+    class ArrowException(Exception):
+        """Base of every error of this module (pyarrow's class when pyarrow is importable)."""
+
+    class ArrowInvalid(ValueError, ArrowException):
+        """Invalid use of the API (pyarrow's ``ArrowInvalid`` when pyarrow is importable)."""
+
+    class ArrowTypeError(TypeError, ArrowException):
+        """pyarrow's ``ArrowTypeError`` when pyarrow is importable."""
+
+
+class PlasmaObjectExists(ArrowException, E.ObjectExists):
+    """create/put of an id that is already in the store."""
+
+
+class PlasmaObjectNotFound(ArrowException, E.ObjectNotFound):
+    """The object is not in the store (or, for seal/abort, not held by this client)."""
+
+    __str__ = E.VovpError.__str__
+
+
+class PlasmaStoreFull(ArrowException, E.OutOfMemory):
+    """No room for the object even after evicting every unreferenced object."""
+
+
+class PlasmaObjectAlreadySealed(ArrowTypeError, E.AlreadySealed):
+    """seal (or abort) of an object that is already sealed (Plasma: a TypeError status)."""
+
+
+class PlasmaConnectionError(ArrowException, E.ConnectionError):
+    """The store cannot be reached, or the connection broke (also an ``IOError``)."""
+
+
+# vovp error class -> the class raised here. Classes not listed get a subclass made on first
+# use that mixes ArrowException into the vovp class (so both kinds of ``except`` work).
+_PLASMA_ERRORS = {
+    E.ObjectExists: PlasmaObjectExists,
+    E.ObjectNotFound: PlasmaObjectNotFound,
+    E.OutOfMemory: PlasmaStoreFull,
+    E.AlreadySealed: PlasmaObjectAlreadySealed,
+    E.ConnectionError: PlasmaConnectionError,
+}
+
+
+def _plasma_error(err: E.VovpError) -> Exception:
+    cls = _PLASMA_ERRORS.get(type(err))
+    if cls is None:
+        cls = type("Plasma" + type(err).__name__, (ArrowException, type(err)),
+                   {"__module__": __name__, "__doc__": type(err).__doc__})
+        _PLASMA_ERRORS[type(err)] = cls
+    new = cls(err.message if err.message else str(err), err.status)
+    if isinstance(err, E.OutOfMemory):
+        new.requested, new.available = err.requested, err.available
+    return new
+
+
+@contextlib.contextmanager
+def _translated():
+    try:
+        yield
+    except E.VovpError as err:
+        if isinstance(err, ArrowException):
+            raise
+        raise _plasma_error(err) from err
+
+
+# --- ObjectID ----------------------------------------------------------------------------------
+
+_ID_PREFIX = "plasma:"
+_ID_SIZE = 20
+
+
+class ObjectID:
+    """A 20-byte Plasma object id; stored in vovp under the name ``plasma:<hex>``."""
+
+    __slots__ = ("_binary", "_name", "__weakref__")
+
+    def __init__(self, object_id):
+        if type(object_id) is not bytes or len(object_id) != _ID_SIZE:
+            raise ValueError(f"Object ID must by 20 bytes, is {object_id!r}")
+        self._binary = object_id
+        self._name = _ID_PREFIX + object_id.hex()
+
+    def binary(self) -> bytes:
+        """The 20 bytes of the id."""
+        return self._binary
+
+    def hex(self) -> str:
+        return self._binary.hex()
+
+    @property
+    def name(self) -> str:
+        """The vovp name of this object (``plasma:`` and 40 hex digits)."""
+        return self._name
+
+    @staticmethod
+    def from_random() -> "ObjectID":
+        """A random id (from ``os.urandom``, so never the same in two processes)."""
+        return ObjectID(os.urandom(_ID_SIZE))
+
+    def __eq__(self, other):
+        if type(other) is not ObjectID:
+            return False
+        return self._binary == other._binary
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash(self._binary)
+
+    def __repr__(self):
+        return f"ObjectID({self._binary.hex()})"
+
+    def __reduce__(self):
+        return (ObjectID, (self._binary,))
+
+
+class ObjectNotAvailable:
+    """Returned by ``get`` (the class itself, as in Plasma) for an object that did not appear
+    within the timeout."""
+
+
+def _name_of(key) -> str:
+    if type(key) is ObjectID:
+        return key._name
+    if isinstance(key, str):
+        return key
+    raise TypeError(f"object ids are plasma.ObjectID (or str names), not {type(key).__name__}")
+
+
+def _key_of(name: str):
+    """The key a Plasma user knows an object by: an ObjectID for ``plasma:<hex>``, else the
+    name."""
+    if len(name) == len(_ID_PREFIX) + 2 * _ID_SIZE and name.startswith(_ID_PREFIX):
+        try:
+            return ObjectID(bytes.fromhex(name[len(_ID_PREFIX):]))
+        except ValueError:
+            pass
+    return name
+
+
+# --- object header and pickled layout ------------------------------------------------------------
+
+# vovp metadata of an object written by this module: magic, version, flags, reserved,
+# data_size (the object's bytes after it are the Plasma metadata), creation time (unix ms).
+_HEADER = struct.Struct("<4sBBHQq")
+_MAGIC = b"VPLS"
+_VERSION = 1
+_FLAG_PICKLED = 0x1  # written by put(): the data is _PICKLE_HEAD + pickle + out-of-band buffers
+
+# Data of a put() object: magic, number of out-of-band buffers, pickle length; then one u64
+# length per buffer; the pickle; each buffer at a 64-byte aligned offset (the object's data
+# starts 64-byte aligned, so arrays come back aligned).
+_PICKLE_HEAD = struct.Struct("<4sIQ")
+_PICKLE_MAGIC = b"VPK5"
+_ALIGN = 64
+
+
+def _header(data_size: int, pickled: bool, created_ms: int) -> bytes:
+    return _HEADER.pack(_MAGIC, _VERSION, _FLAG_PICKLED if pickled else 0, 0, data_size,
+                        created_ms)
+
+
+def _parse_header(meta: bytes, size: int):
+    """(data_size, created_ms or None, pickled, plasma?) of a stored object. An object that
+    this module did not write is all data, with its vovp metadata as Plasma metadata."""
+    if len(meta) == _HEADER.size and meta[:4] == _MAGIC:
+        _, version, flags, _, data_size, created = _HEADER.unpack(meta)
+        if version == _VERSION and data_size <= size:
+            return data_size, created, bool(flags & _FLAG_PICKLED), True
+    return size, None, False, False
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# Seal times of objects sealed in this process, for list()'s construct_duration:
+# (name, created_ms) -> sealed_ms. Bounded: the oldest entries go first.
+_SEALED_AT: collections.OrderedDict = collections.OrderedDict()
+_SEALED_AT_MAX = 1 << 16
+
+
+def _remember_seal(name, created_ms):
+    _SEALED_AT[(name, created_ms)] = _now_ms()
+    while len(_SEALED_AT) > _SEALED_AT_MAX:
+        _SEALED_AT.popitem(last=False)
+
+
+# --- buffers -------------------------------------------------------------------------------------
+
+
+class PlasmaBuffer(np.ndarray):
+    """Buffer handed out when pyarrow is not importable: a 1-D uint8 array over the store's
+    memory (read-only unless returned by ``create``) with pyarrow.Buffer's common methods.
+    With pyarrow importable, buffers are ``pyarrow.Buffer`` objects instead."""
+
+    def to_pybytes(self) -> bytes:
+        return self.tobytes()
+
+    @property
+    def is_mutable(self) -> bool:
+        return bool(self.flags.writeable)
+
+    @property
+    def address(self) -> int:
+        return self.__array_interface__["data"][0]
+
+    def equals(self, other) -> bool:
+        return self.tobytes() == memoryview(other).cast("B").tobytes()
+
+    def slice(self, offset=0, length=None):
+        end = len(self) if length is None else offset + length
+        return self[offset:end]
+
+
+if pa is not None:
+    PlasmaBuffer = pa.Buffer  # noqa: F811 (what create/get return when pyarrow is there)
+
+    def _wrap(view):
+        return pa.py_buffer(view)
+else:
+    def _wrap(view):
+        return view.view(PlasmaBuffer)
+
+
+class _InUse:
+    """An object this client uses: Plasma's client-side entry (see the module docstring)."""
+
+    __slots__ = ("name", "holder", "count", "sealed", "data_size", "created_ms", "pickled",
+                 "foreign_meta")
+
+    def __init__(self, name, holder, sealed, data_size, created_ms, pickled, foreign_meta=None):
+        self.name = name
+        self.holder = holder  # owner array (created here) or memoryview (got): the vovp ref
+        self.count = 0
+        self.sealed = sealed
+        self.data_size = data_size
+        self.created_ms = created_ms
+        self.pickled = pickled
+        self.foreign_meta = foreign_meta  # vovp metadata of an object this module did not write
+
+
+class _Anchor(weakref.ref):
+    """Weak reference to a handed-out buffer's anchor array; gives one count back on death."""
+
+    __slots__ = ("client", "entry")
+
+    def __new__(cls, anchor, client, entry):
+        self = weakref.ref.__new__(cls, anchor, _anchor_died)
+        self.client = client
+        self.entry = entry
+        return self
+
+    def __init__(self, anchor, client, entry):
+        super().__init__(anchor, _anchor_died)
+
+
+# id(weakref) -> weakref: keeps the weakrefs (and through them their clients) alive, so that a
+# PlasmaClient dropped while its buffers live keeps serving them (Plasma: ARROW-2448).
+_ANCHORS: dict = {}
+
+
+def _anchor_died(ref):
+    # Runs inside garbage collection on any thread: never raise, never wait.
+    try:
+        _ANCHORS.pop(id(ref), None)
+        ref.client._give_back(ref.entry)
+    except BaseException:  # noqa: BLE001 (interpreter shutdown...)
+        pass
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+
+class PlasmaClient:
+    """A connection to the store with Plasma's client semantics (made by ``connect``)."""
+
+    def __init__(self, store_socket_name: str, deferred_release: bool = False):
+        # Plasma tells the store of a release at once; vovp's own client lets releases ride
+        # with its next request (or sends them within 2 ms), which saves a message per get.
+        delay = _vc.RELEASE_DELAY if deferred_release else 0
+        with _translated():
+            self._vovp = _vc.Client(store_socket_name, release_delay=delay)
+        self._path = store_socket_name
+        self._lock = threading.Lock()
+        self._in_use: dict = {}  # vovp name -> _InUse
+        self._returns = collections.deque()  # entries whose buffers died, to count down
+        self._relay = None  # notification relay, after subscribe()
+        self._evict_watch = None  # notification stream of evict(), after the first one
+        self._closed = False
+        # Objects up to this size are put in one PUT frame (data assembled here first).
+        self._inline = min(self._vovp.max_inline, _vc.INLINE_LIMIT)
+
+    # -- locking and counting -----------------------------------------------------------------
+
+    def _lock_and_apply(self):
+        self._lock.acquire()
+        if self._returns:
+            self._apply_returns()
+        if self._closed:
+            self._lock.release()
+            raise PlasmaConnectionError("this PlasmaClient is disconnected")
+
+    def _unlock(self):
+        # A return queued by another thread while we held the lock found it taken: apply it
+        # before leaving, and look again after releasing (it may have come in between).
+        while True:
+            if self._returns:
+                self._apply_returns()
+            self._lock.release()
+            if not self._returns or not self._lock.acquire(False):
+                return
+
+    def _give_back(self, entry):
+        self._returns.append(entry)
+        if self._lock.acquire(False):
+            self._unlock()
+
+    def _apply_returns(self):
+        returns = self._returns
+        while returns:
+            try:
+                entry = returns.popleft()
+            except IndexError:
+                return
+            self._count_down(entry)
+
+    def _count_down(self, entry):
+        entry.count -= 1
+        if entry.count <= 0:
+            if self._in_use.get(entry.name) is entry:
+                del self._in_use[entry.name]
+            # The vovp reference goes with the last Python reference to the holder (released
+            # at once: release_delay=0).
+            entry.holder = None
+
+    def _anchor(self, entry, writable=False):
+        """A new anchor array over ``entry``'s whole object, counted (see module docstring)."""
+        mv = memoryview(entry.holder)
+        if not writable and not mv.readonly:
+            mv = mv.toreadonly()
+        anchor = np.frombuffer(mv, np.uint8)
+        ref = _Anchor(anchor, self, entry)
+        _ANCHORS[id(ref)] = ref
+        entry.count += 1
+        return anchor
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def store_socket_name(self) -> str:
+        return self._path
+
+    def store_capacity(self) -> int:
+        """The store's memory for objects, in bytes (vovp-engine's ``-m``)."""
+        return self._vovp.capacity
+
+    # -- create / seal / abort ----------------------------------------------------------------
+
+    def create(self, object_id, data_size, metadata=b""):
+        """Create an object of ``data_size`` bytes (plus ``metadata``) and return a writable
+        buffer over its data; ``seal`` makes it immutable and visible.
+
+        PlasmaObjectExists if the id is taken; PlasmaStoreFull if it does not fit even after
+        evicting every unreferenced object.
+        """
+        name = _name_of(object_id)
+        data_size = int(data_size)
+        if data_size < 0:
+            raise ValueError(f"data_size must be >= 0, got {data_size}")
+        metadata = bytes(metadata)
+        created = _now_ms()
+        self._lock_and_apply()
+        try:
+            if name in self._in_use:
+                raise PlasmaObjectExists(f"object {object_id!r} already exists")
+            with _translated():
+                owner = self._vovp.create(name, data_size + len(metadata),
+                                          _header(data_size, False, created))
+            if metadata:
+                owner[data_size:] = np.frombuffer(metadata, np.uint8)
+            entry = _InUse(name, owner, False, data_size, created, False)
+            entry.count = 1  # given back by seal
+            self._in_use[name] = entry
+            anchor = self._anchor(entry, writable=True)
+        finally:
+            self._unlock()
+        return _wrap(anchor[:data_size] if metadata else anchor)
+
+    def seal(self, object_id):
+        """Seal an object this client created: immutable and visible to every client."""
+        name = _name_of(object_id)
+        self._lock_and_apply()
+        try:
+            entry = self._in_use.get(name)
+            if entry is None:
+                raise PlasmaObjectNotFound(
+                    f"Seal() called on an object without a reference to it: {object_id!r}", 1)
+            if entry.sealed:
+                raise PlasmaObjectAlreadySealed(
+                    f"Seal() called on an already sealed object: {object_id!r}", 5)
+            with _translated():
+                self._vovp.seal(name)
+            entry.sealed = True
+            _remember_seal(name, entry.created_ms)
+            self._count_down(entry)
+        finally:
+            self._unlock()
+
+    def abort(self, object_id):
+        """Abort an unsealed object this client created; its buffer must have been dropped."""
+        name = _name_of(object_id)
+        self._lock_and_apply()
+        try:
+            entry = self._in_use.get(name)
+            if entry is None:
+                raise PlasmaObjectNotFound(
+                    f"abort of an object this client is not creating: {object_id!r}", 1)
+            if entry.sealed:
+                raise PlasmaObjectAlreadySealed(
+                    f"abort of a sealed object: {object_id!r}", 5)
+            if entry.count > 1:
+                raise ArrowInvalid("Plasma client cannot have a reference to the buffer.")
+            with _translated():
+                self._vovp.abort(name)
+            del self._in_use[name]
+            entry.count = 0
+            entry.holder = None  # vovp's abort already dropped the creator's reference
+        finally:
+            self._unlock()
+
+    # -- get ------------------------------------------------------------------------------------
+
+    def _fetch(self, names, timeout_ms):
+        """Make sure every available name has an entry; returns the entries (None: not
+        available), in order. Caller holds the lock and anchors each entry it returns."""
+        in_use = self._in_use
+        ask = []
+        asked = set()
+        for name in names:
+            entry = in_use.get(name)
+            if entry is None:
+                if name not in asked:
+                    asked.add(name)
+                    ask.append(name)
+            elif not entry.sealed:
+                if timeout_ms < 0:
+                    # Plasma aborts the process here: nobody else can seal it, so the get
+                    # would never return.
+                    raise ArrowInvalid(
+                        f"get with timeout_ms=-1 of {_key_of(name)!r}, which this client "
+                        "created and has not sealed, would never return; seal it first")
+                if name not in asked:
+                    asked.add(name)
+                    ask.append(name)  # the store waits the timeout for it, as Plasma's does
+        if ask:
+            timeout = None if timeout_ms == 0 else (-1 if timeout_ms < 0 else timeout_ms / 1000)
+            try:
+                got = self._vovp.get_buffers(ask, timeout)
+            except E.VovpError as err:
+                raise _plasma_error(err) from err
+            for name, found in zip(ask, got):
+                if found is None or name in in_use:
+                    continue  # (dropping ``found`` releases a reference we do not need)
+                mv, meta = found
+                data_size, created, pickled, ours = _parse_header(meta, mv.nbytes)
+                in_use[name] = _InUse(name, mv, True, data_size, created, pickled,
+                                      None if ours else meta)
+        out = []
+        for name in names:
+            entry = in_use.get(name)
+            out.append(entry if entry is not None and entry.sealed else None)
+        return out
+
+    def _anchors_for(self, object_ids, timeout_ms):
+        """[(entry, anchor) or None] for ``object_ids`` (one count each)."""
+        names = [_name_of(k) for k in object_ids]
+        timeout_ms = int(timeout_ms)
+        self._lock_and_apply()
+        try:
+            entries = self._fetch(names, timeout_ms)
+            return [None if e is None else (e, self._anchor(e)) for e in entries]
+        finally:
+            self._unlock()
+
+    def get_buffers(self, object_ids, timeout_ms=-1, with_meta=False):
+        """Buffers of the objects' data (None for an object not sealed within ``timeout_ms``:
+        -1 waits forever, 0 not at all); waits until all are there or the time is up. With
+        ``with_meta=True``, ``(metadata bytes, data buffer)`` tuples. Each buffer keeps its
+        object alive and releases it when it (and everything made from it) is dropped."""
+        out = []
+        for found in self._anchors_for(object_ids, timeout_ms):
+            if found is None:
+                out.append((None, None) if with_meta else None)
+                continue
+            entry, anchor = found
+            ds = entry.data_size
+            data = _wrap(anchor if ds == len(anchor) else anchor[:ds])
+            if with_meta:
+                meta = entry.foreign_meta if entry.foreign_meta is not None else \
+                    anchor[ds:].tobytes()
+                out.append((meta, data))
+            else:
+                out.append(data)
+        return out
+
+    def get_metadata(self, object_ids, timeout_ms=-1):
+        """Buffers of the objects' metadata (None when not available); like get_buffers."""
+        out = []
+        for found in self._anchors_for(object_ids, timeout_ms):
+            if found is None:
+                out.append(None)
+                continue
+            entry, anchor = found
+            if entry.foreign_meta is not None:
+                out.append(_wrap(np.frombuffer(entry.foreign_meta, np.uint8)))
+            else:
+                out.append(_wrap(anchor[entry.data_size:]))
+        return out
+
+    def contains(self, object_id) -> bool:
+        """Whether the object is sealed in the store (or in use by this client)."""
+        name = _name_of(object_id)
+        if name in self._in_use:
+            return True
+        with _translated():
+            return self._vovp.contains(name)
+
+    def hash(self, object_id) -> bytes:
+        """8-byte digest of the object's data and metadata (BLAKE2b; Plasma used XXH64, so the
+        values differ from Plasma's but equal objects still hash equal)."""
+        [found] = self._anchors_for([object_id], 0)
+        if found is None:
+            raise PlasmaObjectNotFound(f"object {object_id!r} is not in the store", 1)
+        entry, anchor = found
+        h = hashlib.blake2b(digest_size=8)
+        h.update(struct.pack("<Q", entry.data_size))
+        h.update(anchor)
+        if entry.foreign_meta is not None:
+            h.update(entry.foreign_meta)
+        return h.digest()
+
+    # -- put / get of Python objects and raw buffers -----------------------------------------------
+
+    def _store(self, object_id, data_size, pieces, metadata, pickled):
+        """Create, fill (``pieces``: (offset, bytes-like)) and seal an object; holds nothing."""
+        name = _name_of(object_id)
+        created = _now_ms()
+        header = _header(data_size, pickled, created)
+        total = data_size + len(metadata)
+        self._lock_and_apply()
+        try:
+            if name in self._in_use:
+                raise PlasmaObjectExists(f"object {object_id!r} already exists")
+            with _translated():
+                if total <= self._inline:
+                    # One PUT frame: assembling a few hundred KiB costs less than a round trip.
+                    blob = bytearray(total)
+                    for off, piece in pieces:
+                        n = memoryview(piece).nbytes
+                        blob[off:off + n] = piece
+                    blob[data_size:] = metadata
+                    self._vovp.put(name, blob, metadata=header)
+                else:
+                    owner = self._vovp.create(name, total, header)
+                    try:
+                        for off, piece in pieces:
+                            src = np.frombuffer(piece, np.uint8)
+                            _vc.copy_into(owner[off:off + src.size], src)
+                        if metadata:
+                            owner[data_size:] = np.frombuffer(metadata, np.uint8)
+                        self._vovp.seal(name)
+                    except BaseException:
+                        with contextlib.suppress(E.VovpError):
+                            self._vovp.abort(name)
+                        raise
+                    del owner  # releases the creator's reference (sealed: the object stays)
+            _remember_seal(name, created)
+        finally:
+            self._unlock()
+
+    def put_raw_buffer(self, value, object_id=None, metadata=b"", memcopy_threads=6):
+        """Store the bytes of any buffer-protocol object; returns its ObjectID."""
+        target = object_id if object_id is not None else ObjectID.from_random()
+        mv = memoryview(value)
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+        if mv.ndim != 1 or mv.format != "B":
+            mv = mv.cast("B")
+        self._store(target, mv.nbytes, [(0, mv)], bytes(metadata), pickled=False)
+        return target
+
+    def create_and_seal(self, object_id, data, metadata=b""):
+        """Store ``data`` (bytes) with ``metadata`` in one step; this client holds nothing."""
+        mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        self._store(object_id, len(mv), [(0, mv)], bytes(metadata), pickled=False)
+
+    def put(self, value, object_id=None, memcopy_threads=6, serialization_context=None):
+        """Store any picklable Python object; returns its ObjectID.
+
+        Pickle protocol 5 with out-of-band buffers: numpy arrays (and other objects that
+        export PickleBuffers) are copied once into the store and come back from ``get`` as
+        read-only views of it. ``serialization_context`` (Arrow's deprecated serialization) is
+        not supported: register reducers with ``copyreg`` instead.
+        """
+        if serialization_context is not None:
+            raise NotImplementedError(
+                "serialization_context (Arrow's deprecated pa.serialize) is not supported by "
+                "vovp.plasma, which pickles (protocol 5); use copyreg / __reduce__ instead")
+        target = object_id if object_id is not None else ObjectID.from_random()
+        buffers = []
+        payload = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        raws = []
+        for b in buffers:
+            try:
+                raws.append(b.raw())
+            except BufferError:  # a non-contiguous buffer: store a contiguous copy
+                raws.append(memoryview(memoryview(b).tobytes()))
+        head = _PICKLE_HEAD.pack(_PICKLE_MAGIC, len(raws), len(payload)) + \
+            struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
+        pieces = [(0, head), (len(head), payload)]
+        end = len(head) + len(payload)
+        for r in raws:
+            end = -(-end // _ALIGN) * _ALIGN
+            pieces.append((end, r))
+            end += r.nbytes
+        self._store(target, end, pieces, b"", pickled=True)
+        return target
+
+    def get(self, object_ids, timeout_ms=-1, serialization_context=None):
+        """The value(s) ``put`` stored: a list for a list of ids, one value for one id.
+        ``ObjectNotAvailable`` for an object not sealed within ``timeout_ms``."""
+        if serialization_context is not None:
+            raise NotImplementedError(
+                "serialization_context (Arrow's deprecated pa.serialize) is not supported by "
+                "vovp.plasma, which pickles (protocol 5)")
+        single = isinstance(object_ids, (ObjectID, str)) or not isinstance(object_ids, Sequence)
+        ids = [object_ids] if single else list(object_ids)
+        results = []
+        # Unpickled outside the client's lock: reducers may run arbitrary code (even call back
+        # into this client).
+        for key, found in zip(ids, self._anchors_for(ids, timeout_ms)):
+            if found is None:
+                results.append(ObjectNotAvailable)
+            else:
+                results.append(_unpickle(key, *found))
+        return results[0] if single else results
+
+    # -- delete / list / evict --------------------------------------------------------------------
+
+    def delete(self, object_ids):
+        """Delete the objects: their ids disappear from the store now (buffers already handed
+        out stay valid; the memory is freed when the last one is dropped). Ids that are not
+        in the store (or not sealed) are ignored, as in Plasma."""
+        names = [_name_of(k) for k in object_ids]
+        for name in names:
+            try:
+                self._vovp.delete(name)
+            except (E.ObjectNotFound, E.NotSealed):
+                pass
+            except E.VovpError as err:
+                raise _plasma_error(err) from err
+
+    def list(self) -> dict:
+        """Every Plasma object in the store: {ObjectID (or str name): info}, info having
+        data_size, metadata_size, ref_count (holders), state ("created"/"sealed"),
+        create_time (unix seconds) and construct_duration (seconds; -1 while unsealed)."""
+        with _translated():
+            entries = self._vovp.list()
+        out = {}
+        for e in entries:
+            name = e["name"]
+            data_size, created, _, ours = _parse_header(e["metadata"], e["size"])
+            key = _key_of(name)
+            if not ours and isinstance(key, str):
+                continue  # a native vovp object: not a Plasma object
+            if ours:
+                metadata_size = e["size"] - data_size
+            else:
+                metadata_size = len(e["metadata"])
+            last_access_ms = int(e["last_access"] * 1000)
+            if created is None:
+                created = last_access_ms
+            if not e["sealed"]:
+                duration = -1
+            else:
+                sealed = _SEALED_AT.get((name, created))
+                # Sealed elsewhere: the daemon's last access is the seal or a later get, so
+                # this is an upper bound.
+                duration = round(((sealed if sealed is not None else last_access_ms)
+                                  - created) / 1000)
+                duration = max(duration, 0)
+            out[key] = {
+                "data_size": data_size,
+                "metadata_size": metadata_size,
+                "ref_count": e["refcount"],
+                "create_time": created // 1000,
+                "construct_duration": duration,
+                "state": "sealed" if e["sealed"] else "created",
+            }
+        return out
+
+    def evict(self, num_bytes) -> int:
+        """Evict unreferenced sealed objects, least recently used first, until at least
+        ``num_bytes`` (counting data + metadata, as Plasma does) are freed or none is left;
+        returns the bytes freed.
+
+        The daemon's EVICT counts its allocator's rounded-up blocks, so this asks it for one
+        byte at a time (that evicts exactly one object: every object holds at least one
+        block) and reads each evicted object's size from a notification stream of its own,
+        opened at the first evict and kept. If other clients evict at the same moment, their
+        objects may be counted instead of ours (the total is then approximate).
+        """
+        num_bytes = int(num_bytes)
+        if num_bytes <= 0:
+            return 0
+        self._lock_and_apply()
+        try:
+            with _translated():
+                watch = self._evict_watch
+                if watch is None or not watch.drain():
+                    # None yet, or the daemon dropped it (it drops streams that fall 4096
+                    # notifications behind, which an idle watch does in a busy store).
+                    if watch is not None:
+                        watch.close()
+                    watch = self._evict_watch = _NotifyStream(self._path)
+                total = 0
+                while total < num_bytes:
+                    freed = self._vovp.evict(1)
+                    if freed == 0:
+                        break
+                    size = watch.next_evicted(timeout=5.0)
+                    if size is None:  # no notification: count the daemon's bytes instead
+                        total += freed
+                        watch.close()
+                        watch = self._evict_watch = _NotifyStream(self._path)
+                    else:
+                        total += size
+        finally:
+            self._unlock()
+        return total
+
+    # -- notifications --------------------------------------------------------------------------
+
+    def subscribe(self):
+        """Receive a notification for every object sealed (and deleted or evicted) from now
+        on, plus one for each object already sealed; read them with get_next_notification or
+        from get_notification_socket()."""
+        self._lock_and_apply()
+        try:
+            if self._relay is None:
+                with _translated():
+                    self._relay = _NotificationRelay(self._path, self._vovp)
+        finally:
+            self._unlock()
+
+    def get_notification_socket(self) -> socket.socket:
+        """The socket notifications arrive on: each is an 8-byte native ``unsigned long``
+        length and that many bytes for ``decode_notifications``."""
+        return self._subscribed().user
+
+    def get_next_notification(self):
+        """(ObjectID, data_size, metadata_size) of the next notification, waiting for it;
+        sizes are -1 for an object that was deleted or evicted."""
+        sock = self._subscribed().user
+        (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
+        ids, data_sizes, metadata_sizes = self.decode_notifications(_recv_exactly(sock, length))
+        return ids[0], data_sizes[0], metadata_sizes[0]
+
+    @staticmethod
+    def decode_notifications(buf):
+        """([keys], [data sizes], [metadata sizes]) of one notification message."""
+        buf = bytes(buf)
+        try:
+            (n,) = struct.unpack_from("<I", buf, 0)
+            pos = 4
+            keys, data_sizes, metadata_sizes = [], [], []
+            for _ in range(n):
+                (length,) = struct.unpack_from("<H", buf, pos)
+                pos += 2
+                keys.append(_key_of(buf[pos:pos + length].decode()))
+                pos += length
+                ds, ms = struct.unpack_from("<qq", buf, pos)
+                pos += 16
+                data_sizes.append(ds)
+                metadata_sizes.append(ms)
+        except (struct.error, UnicodeDecodeError) as e:
+            raise ArrowInvalid(f"not a vovp.plasma notification message: {e}") from None
+        return keys, data_sizes, metadata_sizes
+
+    def _subscribed(self):
+        if self._relay is None:
+            raise ArrowInvalid("call subscribe() before reading notifications")
+        return self._relay
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def disconnect(self):
+        """Close the connection: the store releases everything this client held (buffers
+        from it must not be used afterwards)."""
+        if self._closed:
+            return
+        self._closed = True
+        # First the connections (this also wakes a thread waiting in a get), then the state.
+        if self._relay is not None:
+            self._relay.close()
+        if self._evict_watch is not None:
+            self._evict_watch.close()
+        self._vovp.close()
+        with self._lock:
+            self._in_use.clear()
+            self._returns.clear()
+
+    def set_client_options(self, client_name, limit_output_memory):
+        raise NotImplementedError("vovp has no per-client output memory quota")
+
+    def debug_string(self) -> str:
+        with _translated():
+            return "\n".join(f"{k}: {v}" for k, v in self._vovp.stats().items())
+
+    def __repr__(self):
+        return f"<vovp.plasma.PlasmaClient {self._path!r}>"
+
+
+def _unpickle(key, entry, anchor):
+    if not entry.pickled:
+        raise ArrowInvalid(f"object {key!r} was not stored by put(); read it with get_buffers()")
+    data = anchor[:entry.data_size]
+    try:
+        magic, nbuf, plen = _PICKLE_HEAD.unpack_from(data, 0)
+        if magic != _PICKLE_MAGIC:
+            raise ValueError("bad magic")
+        pos = _PICKLE_HEAD.size
+        sizes = struct.unpack_from(f"<{nbuf}Q", data, pos)
+        pos += 8 * nbuf
+        payload = data[pos:pos + plen]
+        end = pos + plen
+        buffers = []
+        for size in sizes:
+            end = -(-end // _ALIGN) * _ALIGN
+            buffers.append(data[end:end + size])
+            end += size
+        if end > entry.data_size:
+            raise ValueError("layout runs past the data")
+    except (struct.error, ValueError) as e:
+        raise ArrowInvalid(f"object {key!r} is not a valid put() object: {e}") from None
+    return pickle.loads(payload, buffers=buffers)
+
+
+# --- notifications -------------------------------------------------------------------------------
+
+_LENGTH = struct.Struct("L")  # Plasma's notification length prefix: a native unsigned long
+
+
+def _recv_exactly(sock, n):
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise PlasmaConnectionError("the notification stream ended")
+        out += chunk
+    return bytes(out)
+
+
+def _notification(name, data_size, metadata_size) -> bytes:
+    nb = name.encode()
+    body = struct.pack("<IH", 1, len(nb)) + nb + struct.pack("<qq", data_size, metadata_size)
+    return _LENGTH.pack(len(body)) + body
+
+
+def _plasma_notification(kind, name, size, meta):
+    """The Plasma notification for a vovp one, or None for objects that are not Plasma's."""
+    data_size, _, _, ours = _parse_header(meta, size)
+    if not ours and isinstance(_key_of(name), str):
+        return None
+    if kind != "sealed":
+        return _notification(name, -1, -1)
+    if ours:
+        return _notification(name, data_size, size - data_size)
+    return _notification(name, size, len(meta))
+
+
+_KINDS = {P.NOTIFY_SEALED: "sealed", P.NOTIFY_DELETED: "deleted", P.NOTIFY_EVICTED: "evicted"}
+
+
+class _NotifyStream:
+    """A SUBSCRIBE connection to the daemon, read directly: no segment mappings (the fds of
+    HELLO are closed at once) and no threads, so a stream is cheap to keep."""
+
+    def __init__(self, path):
+        self._sock = sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._buf = bytearray()
+        self._closed = False
+        try:
+            sock.connect(path)
+            sock.sendall(P.frame(P.HELLO, 1, P.hello_payload(os.getpid())))
+            while self._complete_frame() is None:
+                chunk, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
+                for fd in fds:
+                    os.close(fd)
+                if not chunk:
+                    raise E.ConnectionError("the daemon closed the connection during HELLO")
+                self._buf += chunk
+            P.check_reply(self._take_frame(), P.HELLO, 1)
+            sock.sendall(P.frame(P.SUBSCRIBE, 2))
+            P.check_reply(self._read_frame(None), P.SUBSCRIBE, 2)
+        except OSError as e:
+            sock.close()
+            raise E.ConnectionError(f"cannot subscribe to {path!r}: {e}") from e
+        except BaseException:
+            sock.close()
+            raise
+
+    def _complete_frame(self):
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        total = 4 + P.U32.unpack_from(buf, 0)[0]
+        return total if len(buf) >= total else None
+
+    def _take_frame(self):
+        total = self._complete_frame()
+        frame = bytes(self._buf[:total])
+        del self._buf[:total]
+        return frame
+
+    def _read_frame(self, timeout):
+        """The next frame; None if none arrived within ``timeout`` seconds (None: wait)."""
+        while self._complete_frame() is None:
+            self._sock.settimeout(timeout)
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except (socket.timeout, BlockingIOError):
+                return None
+            if not chunk:
+                raise E.ConnectionError("the notification stream ended")
+            self._buf += chunk
+        return self._take_frame()
+
+    def next(self, timeout=None):
+        """(kind, name, data_size, metadata) of the next notification, None on timeout."""
+        frame = self._read_frame(timeout)
+        if frame is None:
+            return None
+        if frame[5] != P.NOTIFY:
+            raise E.ProtocolError(f"unexpected opcode {frame[5]:#x} on a notification stream")
+        kind, name, size, meta = P.decode_notify(frame, P.HEADER_SIZE)
+        return _KINDS.get(kind, kind), name, size, meta
+
+    def drain(self) -> bool:
+        """Discard what has arrived; False if the stream has ended.
+
+        After a backlog it waits until the stream has been quiet for 5 ms, so that the
+        daemon's queue for this stream is flushed (a queue left full would get the stream
+        dropped at the next notification, the one evict() waits for).
+        """
+        quiet = 0.0
+        try:
+            while self.next(timeout=quiet) is not None:
+                quiet = 0.005
+        except (E.ConnectionError, OSError):
+            return False
+        return True
+
+    def next_evicted(self, timeout):
+        """Size of the next 'evicted' notification; None if none came within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                event = self.next(max(0.0, deadline - time.monotonic()))
+                if event is None:
+                    return None
+                if event[0] == "evicted":
+                    return event[2]
+        except (E.ConnectionError, OSError):
+            return None
+
+    def close(self):
+        if not self._closed:
+            self._closed = True
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
+            except OSError:
+                pass
+            self._sock.close()
+
+
+class _NotificationRelay:
+    """Turns the daemon's NOTIFY stream into Plasma's notification socket.
+
+    Plasma hands out a socket that carries length-prefixed notifications (users select/poll
+    on it); the daemon speaks its own frames. A reader thread converts them into a queue and
+    a writer thread feeds the queue into one end of a socketpair; the user gets the other end.
+    Two threads so that a user who does not read only stalls the writer: the reader keeps
+    draining the daemon, which drops subscribers that fall 4096 notifications behind.
+    """
+
+    def __init__(self, path, vovp_client):
+        self.user, self._feed = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._queue = collections.deque()
+        self._cv = threading.Condition()
+        self._ended = False
+        self._sub = _NotifyStream(path)  # registered in the daemon once this returns
+        # Plasma first reports every object sealed before the subscription (one sealed while
+        # subscribe() runs may be reported twice).
+        for e in vovp_client.list():
+            if e["sealed"]:
+                msg = _plasma_notification("sealed", e["name"], e["size"], e["metadata"])
+                if msg is not None:
+                    self._queue.append(msg)
+        threading.Thread(target=self._read, name="vovp-plasma-notify-read", daemon=True).start()
+        threading.Thread(target=self._write, name="vovp-plasma-notify-write",
+                         daemon=True).start()
+
+    def _read(self):
+        try:
+            while True:
+                kind, name, size, meta = self._sub.next()
+                msg = _plasma_notification(kind, name, size, meta)
+                if msg is not None:
+                    with self._cv:
+                        self._queue.append(msg)
+                        self._cv.notify()
+        except Exception:  # noqa: BLE001 (connection closed under us)
+            pass
+        finally:
+            with self._cv:
+                self._ended = True
+                self._cv.notify()
+
+    def _write(self):
+        try:
+            while True:
+                with self._cv:
+                    while not self._queue and not self._ended:
+                        self._cv.wait()
+                    if not self._queue:
+                        return
+                    msg = self._queue.popleft()
+                self._feed.sendall(msg)
+        except OSError:
+            pass
+        finally:
+            self._feed.close()  # the user's end then reads EOF
+
+    def close(self):
+        self._sub.close()
+        with self._cv:
+            self._ended = True
+            self._queue.clear()
+            self._cv.notify()
+        self.user.close()
+
+
+# --- connecting and starting a store ---------------------------------------------------------------
+
+
+def connect(store_socket_name, num_retries=-1, deferred_release=False) -> PlasmaClient:
+    """Connect to the store serving ``store_socket_name``; tries ``num_retries`` times, 0.1 s
+    apart (-1: 50 times, Plasma's default). PlasmaConnectionError (an IOError) if it cannot.
+
+    ``deferred_release=True`` (not in Plasma) sends releases the way vovp's own client does:
+    with this client's next request, or within 2 ms when it stays idle. Faster for many small
+    gets; the price is that other clients may find a dropped object still referenced (not yet
+    evictable) for up to 2 ms. The default is Plasma's: the store learns of it at once.
+    """
+    attempts = 50 if num_retries < 0 else max(1, int(num_retries))
+    for attempt in range(attempts):
+        try:
+            return PlasmaClient(os.fspath(store_socket_name), deferred_release)
+        except PlasmaConnectionError:
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
+def _engine_binary() -> str:
+    """vovp-engine: $VOVP_ENGINE_BIN, else on PATH, else the newest build in this checkout."""
+    explicit = os.environ.get("VOVP_ENGINE_BIN")
+    if explicit:
+        return explicit
+    found = shutil.which("vovp-engine")
+    if found:
+        return found
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    builds = [os.path.join(root, "target", kind, "vovp-engine") for kind in ("release", "debug")]
+    builds = [b for b in builds if os.access(b, os.X_OK)]
+    if builds:
+        return max(builds, key=os.path.getmtime)
+    raise FileNotFoundError(
+        "vovp-engine not found: set $VOVP_ENGINE_BIN, put it on PATH, or build it with "
+        "`cargo build --release -p vovp-transport --bin vovp-engine`")
+
+
+@contextlib.contextmanager
+def start_plasma_store(plasma_store_memory, use_valgrind=False, use_profiler=False,
+                       plasma_directory=None, use_hugepages=False, external_store=None):
+    """Start a vovp-engine with ``plasma_store_memory`` bytes; yields ``(socket_name, process)``
+    and kills the daemon (if still running) on exit.
+
+    ``plasma_directory`` is passed as ``-d`` (a hugetlbfs mount there means huge pages);
+    ``use_hugepages`` as ``--huge-pages``; ``use_valgrind``/``use_profiler`` run the daemon
+    under valgrind / callgrind as Plasma did. ``external_store`` is not supported by vovp.
+    """
+    if use_valgrind and use_profiler:
+        raise ValueError("Cannot use valgrind and profiler at the same time.")
+    if external_store is not None:
+        raise NotImplementedError(
+            "vovp has no external store: evicted objects are gone (external_store="
+            f"{external_store!r})")
+    tmpdir = tempfile.mkdtemp(prefix="vovp_plasma-")
+    proc = None
+    try:
+        socket_name = os.path.join(tmpdir, "plasma.sock")
+        command = [_engine_binary(), "-s", socket_name, "-m", str(int(plasma_store_memory))]
+        if plasma_directory:
+            command += ["-d", os.fspath(plasma_directory)]
+        if use_hugepages:
+            command += ["--huge-pages"]
+        if use_valgrind:
+            command = ["valgrind", "--track-origins=yes", "--leak-check=full",
+                       "--error-exitcode=1"] + command
+        elif use_profiler:
+            command = ["valgrind", "--tool=callgrind"] + command
+        proc = subprocess.Popen(command)
+        # Plasma slept 0.1 s; waiting for the socket is both faster and sure.
+        deadline = time.monotonic() + (60 if use_valgrind or use_profiler else 10)
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                raise RuntimeError(f"vovp-engine exited unexpectedly with code {rc}")
+            if os.path.exists(socket_name):
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    probe.connect(socket_name)
+                    break
+                except OSError:
+                    pass
+                finally:
+                    probe.close()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vovp-engine did not start serving {socket_name}")
+            time.sleep(0.005)
+        yield socket_name, proc
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmpdir, ignore_errors=True)
