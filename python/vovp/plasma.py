@@ -113,6 +113,11 @@ else:
         """pyarrow's ``ArrowTypeError`` when pyarrow is importable."""
 
 
+
+# Bytes start_plasma_store adds to the store's memory for vovp.plasma's own object headers
+# (24 bytes of metadata per object, rounded to the store's 64-byte units).
+PLASMA_HEADER_SLACK = 128
+
 class PlasmaObjectExists(ArrowException, E.ObjectExists):
     """create/put of an id that is already in the store."""
 
@@ -823,13 +828,12 @@ class PlasmaClient:
         self._lock_and_apply()
         try:
             with _translated():
-                watch = self._evict_watch
-                if watch is None or not watch.drain():
-                    # None yet, or the daemon dropped it (it drops streams that fall 4096
-                    # notifications behind, which an idle watch does in a busy store).
-                    if watch is not None:
-                        watch.close()
-                    watch = self._evict_watch = _NotifyStream(self._path)
+                # A fresh stream per call: one kept between calls falls behind in a busy store
+                # (the daemon drops streams 4096 notifications behind), and telling a dropped
+                # stream from a quiet one is a race. A new SUBSCRIBE costs one connection.
+                if self._evict_watch is not None:
+                    self._evict_watch.close()
+                watch = self._evict_watch = _NotifyStream(self._path)
                 total = 0
                 while total < num_bytes:
                     freed = self._vovp.evict(1)
@@ -1219,7 +1223,11 @@ def start_plasma_store(plasma_store_memory, use_valgrind=False, use_profiler=Fal
     proc = None
     try:
         socket_name = os.path.join(tmpdir, "plasma.sock")
-        command = [_engine_binary(), "-s", socket_name, "-m", str(int(plasma_store_memory))]
+        # Plasma's store keeps its object headers outside the memory it is given; vovp.plasma
+        # stores a 24-byte header with each object inside it. The slack lets an object of the
+        # whole size fit, as in Plasma (far less than any second object needs).
+        memory = int(plasma_store_memory) + PLASMA_HEADER_SLACK
+        command = [_engine_binary(), "-s", socket_name, "-m", str(memory)]
         if plasma_directory:
             command += ["-d", os.fspath(plasma_directory)]
         if use_hugepages:

@@ -29,12 +29,7 @@ NOT_SUPPORTED = {
 
 # test node name -> the daemon limitation that makes it fail today. Run as strict xfail: the
 # run fails if one of them starts passing, so this table cannot outlive the fix.
-DAEMON_LIMITS = {
-    "TestPlasmaClient::test_use_full_memory":
-        "an object as large as the whole store does not fit: vovp-engine's allocator rounds "
-        "requests up to its bin sizes (up to 12.5 %), and the store has no bin that large "
-        "(actors/src/allocator.rs reserved_units)",
-}
+DAEMON_LIMITS: dict = {}
 
 HUGE_PAGE_TEST = "test_use_huge_pages"
 HUGE_PAGE_DIR = "/mnt/hugepages"

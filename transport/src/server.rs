@@ -688,6 +688,13 @@ async fn notify_loop(
         tokio::select! {
             n = rx.recv() => {
                 let Some(n) = n else { return Ok(()) };
+                if rx.is_closed() {
+                    // The table dropped this subscriber for falling 4096 notifications behind:
+                    // end the stream now rather than after the backlog, so the client learns
+                    // at once that it missed some.
+                    tracing::debug!("subscriber dropped as too slow; closing its stream");
+                    return Ok(());
+                }
                 encode(&mut out, n);
                 // Batch whatever else is already queued into the same write.
                 while let Ok(n) = rx.try_recv() {
@@ -695,10 +702,16 @@ async fn notify_loop(
                 }
                 let (res, back) = io.flush(out).await;
                 out = back;
-                res?;
+                if let Err(e) = res {
+                    tracing::debug!("subscriber write failed: {e}");
+                    return Err(e);
+                }
             }
             (res, buf) = &mut closed => match res {
-                Ok(0) | Err(_) => return Ok(()),
+                Ok(0) | Err(_) => {
+                    tracing::debug!("subscriber closed its connection ({res:?})");
+                    return Ok(());
+                }
                 Ok(_) => closed = Box::pin(watch(buf)),
             },
         }
