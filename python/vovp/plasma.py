@@ -113,11 +113,6 @@ else:
         """pyarrow's ``ArrowTypeError`` when pyarrow is importable."""
 
 
-
-# Bytes start_plasma_store adds to the store's memory for vovp.plasma's own object headers
-# (24 bytes of metadata per object, rounded to the store's 64-byte units).
-PLASMA_HEADER_SLACK = 128
-
 class PlasmaObjectExists(ArrowException, E.ObjectExists):
     """create/put of an id that is already in the store."""
 
@@ -1223,11 +1218,7 @@ def start_plasma_store(plasma_store_memory, use_valgrind=False, use_profiler=Fal
     proc = None
     try:
         socket_name = os.path.join(tmpdir, "plasma.sock")
-        # Plasma's store keeps its object headers outside the memory it is given; vovp.plasma
-        # stores a 24-byte header with each object inside it. The slack lets an object of the
-        # whole size fit, as in Plasma (far less than any second object needs).
-        memory = int(plasma_store_memory) + PLASMA_HEADER_SLACK
-        command = [_engine_binary(), "-s", socket_name, "-m", str(memory)]
+        command = [_engine_binary(), "-s", socket_name, "-m", str(int(plasma_store_memory))]
         if plasma_directory:
             command += ["-d", os.fspath(plasma_directory)]
         if use_hugepages:
