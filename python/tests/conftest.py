@@ -32,7 +32,7 @@ ENGINE = Path(os.environ.get("VOVP_ENGINE_BIN", REPO / "target" / "debug" / "vov
 class Daemon:
     """A running vovp-engine; ``socket`` is its path, ``stop()`` kills it."""
 
-    def __init__(self, memory: int, extra_args=()):
+    def __init__(self, memory: int, extra_args=(), socket_path=None):
         if not ENGINE.is_file():
             pytest.fail(
                 f"vovp-engine binary not found at {ENGINE}: build it with "
@@ -41,7 +41,8 @@ class Daemon:
         # Short path under /tmp: AF_UNIX paths are limited to 107 bytes and pytest's tmp_path
         # can be longer.
         self.dir = tempfile.mkdtemp(prefix="vovp-", dir="/tmp")
-        self.socket = os.path.join(self.dir, "s.sock")
+        # socket_path: serve a path another (dead) daemon used, e.g. to test restarts.
+        self.socket = socket_path or os.path.join(self.dir, "s.sock")
         self.memory = memory
         self.log_path = os.path.join(self.dir, "engine.log")
         self._log = open(self.log_path, "wb")

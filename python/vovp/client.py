@@ -103,7 +103,8 @@ def _recv_soon(sock, buf) -> int:
 class _Lease(weakref.ref):
     """Weak reference to an owner array that releases one store reference when it dies."""
 
-    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size", "token", "cuda")
+    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size", "token", "cuda",
+                 "generation")
 
     def __new__(cls, owner, client, oid, name, segment, offset, size, cuda=False):
         self = weakref.ref.__new__(cls, owner, _lease_died)
@@ -116,6 +117,9 @@ class _Lease(weakref.ref):
         self.offset = offset
         self.size = size
         self.cuda = cuda
+        # The connection the reference belongs to: after a reconnect, references of the old
+        # daemon died with it and must not be released on the new one (ids may name others).
+        self.generation = client._generation
         # Whoever pops this token releases the reference (or gives it up): list.pop is atomic,
         # so an explicit release() racing the GC callback on another thread releases once.
         self.token = [True]
@@ -149,7 +153,7 @@ def _lease_died(lease):
     try:
         if _LEASES.get(lease.key) is lease:
             del _LEASES[lease.key]
-        if _claim(lease):
+        if _claim(lease) and lease.generation == lease.client._generation:
             lease.client._release_soon(lease.oid)
     except BaseException:  # noqa: BLE001 (interpreter shutdown, broken connection...)
         pass
@@ -205,7 +209,8 @@ def _release_owner(owner) -> bool:
     lease = _LEASES.get(id(owner))
     if lease is None or lease() is not owner or not _claim(lease):
         return False
-    lease.client._release_now(lease.oid)
+    if lease.generation == lease.client._generation:
+        lease.client._release_now(lease.oid)
     return True
 
 
@@ -324,11 +329,16 @@ class Client:
     """
 
     def __init__(self, path: str = None, connect_timeout: float = 0.0,
-                 release_delay: float = RELEASE_DELAY):
+                 release_delay: float = RELEASE_DELAY, reconnect: bool = False):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
         self._pid = os.getpid()
+        # reconnect=True: when the daemon has gone away (stopped, killed, restarted), the next
+        # call connects again and is retried once; objects of the old daemon are not found.
+        self._reconnect = reconnect
+        self._user_closed = False
+        self._generation = 0
         self._lock = threading.Lock()
         self._pending = collections.deque()  # object ids whose RELEASE has not been sent yet
         self._release_delay = release_delay
@@ -516,7 +526,9 @@ class Client:
 
     def close(self) -> None:
         """Close the connection: the daemon releases every reference it held."""
+        self._user_closed = True
         if self._closed:
+            self._unmap()
             return
         self._closed = True
         if os.getpid() == self._pid:
@@ -621,23 +633,18 @@ class Client:
             self._check_usable()
         with self._lock:
             if self._closed:
-                self._check_usable()
-            try:
-                if type(data) is list:
-                    if self._pending:
-                        data.insert(0, self._drain_pending())
-                    self._sendv(data)
+                if self._may_reconnect():
+                    self._reconnect_locked()
                 else:
-                    if self._pending:
-                        data = self._drain_pending() + data
-                    self._sock.sendall(data)
-                buf = self._read_frame()
-            except VovpError:
-                self._mark_broken()  # EOF or an unreadable frame: the stream cannot resync
-                raise
-            except OSError as e:
-                self._mark_broken()
-                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+                    self._check_usable()
+            request = list(data) if type(data) is list else data
+            try:
+                buf = self._send_and_read(data)
+            except ConnectionError:
+                if not self._may_reconnect():
+                    raise
+                self._reconnect_locked()
+                buf = self._send_and_read(request)
             try:
                 pos = P.check_reply(buf, opcode, rid)
             except VovpError as e:
@@ -654,6 +661,54 @@ class Client:
                 except OSError:
                     self._mark_broken()
             return result
+
+    def _send_and_read(self, data):
+        """Sends a request (after any queued releases) and reads its reply frame; the lock is
+        held. A broken connection is closed and raised as ConnectionError."""
+        try:
+            if type(data) is list:
+                if self._pending:
+                    data.insert(0, self._drain_pending())
+                self._sendv(data)
+            else:
+                if self._pending:
+                    data = self._drain_pending() + data
+                self._sock.sendall(data)
+            return self._read_frame()
+        except VovpError:
+            self._mark_broken()  # EOF or an unreadable frame: the stream cannot resync
+            raise
+        except OSError as e:
+            self._mark_broken()
+            raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+
+    def _may_reconnect(self) -> bool:
+        return self._reconnect and not self._user_closed and os.getpid() == self._pid
+
+    def _reconnect_locked(self):
+        """A new connection (and fresh mappings) to the daemon at the same path; the lock is
+        held. Arrays of the old connection keep their own mappings; their references died with
+        the old daemon and are never released on the new one."""
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._generation += 1
+        self._pending.clear()
+        self._unsealed.clear()
+        for key in list(self._seg_addr):
+            _MAPPED.pop((id(self), key), None)
+        self._seg_addr.clear()  # the same dict: the finalizer forgets what is in it
+        self._segments, self._seg_rw, self._seg_ro = {}, {}, {}
+        self._own_segments = set()
+        self._rpos = self._rend = 0
+        self._sock = self._connect(self._path, 0)
+        try:
+            self._hello()
+        except BaseException:
+            self._sock.close()
+            raise
+        self._closed = False
 
     def _sendv(self, bufs):
         # One sendmsg for header + data avoids concatenating (copying) the payload.
@@ -764,7 +819,8 @@ class Client:
                     by_address, lambda _, key=key: _RELEASED_BY_ADDRESS.pop(key, None))
             except TypeError:  # not weak-referenceable
                 pass
-        self._release_now(lease.oid)
+        if lease.generation == self._generation:
+            self._release_now(lease.oid)
         return True
 
     def flush(self) -> None:
@@ -845,7 +901,8 @@ class Client:
             if self._unsealed.get(lease.name) == lease.oid:
                 del self._unsealed[lease.name]
             try:
-                self._release_now(lease.oid)
+                if lease.generation == self._generation:
+                    self._release_now(lease.oid)
             except VovpError:
                 pass
 
@@ -1490,6 +1547,12 @@ class Subscription:
         self.close()
 
 
-def init_client(path: str = None, connect_timeout: float = 0.0) -> Client:
-    """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock)."""
-    return Client(path, connect_timeout)
+def init_client(path: str = None, connect_timeout: float = 0.0,
+                reconnect: bool = False) -> Client:
+    """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
+
+    ``reconnect=True``: if the daemon goes away (restarted, killed), the next call connects
+    again and is retried once; objects that died with the old daemon are not found, arrays
+    got before keep their (old, intact) memory.
+    """
+    return Client(path, connect_timeout, reconnect=reconnect)
