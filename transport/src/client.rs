@@ -242,6 +242,17 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
     Ok(resp)
 }
 
+/// Reply decoding without a connection, for the fuzz targets in `fuzz/` only; not API.
+/// `names` are the names the request asked for (at least one for CREATE/PUT).
+#[doc(hidden)]
+pub fn decode_reply_for_fuzzing(
+    opcode: u8,
+    payload: &[u8],
+    names: &[&str],
+) -> Result<Response, Error> {
+    decode_reply(opcode, payload, names)
+}
+
 /// What both clients share: the mapped segments and the releases waiting to be sent.
 struct Mappings {
     segments: Vec<Arc<MappedSegment>>,
