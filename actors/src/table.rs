@@ -245,14 +245,20 @@ impl ObjectTable {
             .ok_or_else(|| StoreError::NotFound(name.to_string()))
     }
 
-    /// Seals `name` (creator only). Returns the gets that were waiting for it and are now complete.
+    /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
+    /// outlived its aborted object cannot seal a newer object of the same name (`NotFound`).
+    /// Returns the gets that were waiting for it and are now complete.
     pub fn seal(
         &mut self,
         name: &ObjectName,
         holder: HolderId,
+        id: Option<ObjectId>,
     ) -> Result<Vec<CompletedGet>, StoreError> {
         let key = self.named_key(name)?;
         let e = &mut self.objects[key];
+        if id.is_some_and(|id| id != e.id) {
+            return Err(StoreError::NotFound(name.to_string()));
+        }
         if e.sealed {
             return Err(StoreError::AlreadySealed(name.to_string()));
         }

@@ -298,13 +298,16 @@ impl Message<Create> for ObjectTableActor {
 pub struct Seal {
     pub holder: HolderId,
     pub name: ObjectName,
+    /// The incarnation to seal, when the caller knows it (an embedded buffer does; the wire
+    /// protocol seals by name only).
+    pub id: Option<ObjectId>,
 }
 
 impl Message<Seal> for ObjectTableActor {
     type Reply = Result<(), StoreError>;
 
     async fn handle(&mut self, m: Seal, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let done = self.table.seal(&m.name, m.holder)?;
+        let done = self.table.seal(&m.name, m.holder, m.id)?;
         self.deliver(done).await;
         self.publish();
         Ok(())
@@ -362,7 +365,7 @@ impl Message<PutInline> for ObjectTableActor {
                 return Err(StoreError::Segment("allocation outside its segment".into()));
             }
         }
-        let done = self.table.seal(&m.name, m.holder)?;
+        let done = self.table.seal(&m.name, m.holder, Some(r.id))?;
         self.deliver(done).await;
         if !m.keep_reference {
             let freed = self.table.release(r.id, m.holder)?;

@@ -96,14 +96,16 @@ impl ObjectSink for Session {
             .try_send();
     }
 
-    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
         block_on(
             self.core
                 .actors
                 .table
                 .ask(msg::Seal {
                     holder: self.holder,
-                    name: name.clone(),
+                    name: obj.name.clone(),
+                    // This buffer's object, not whatever now has its name.
+                    id: Some(obj.id),
                 })
                 .send(),
         )?;
@@ -372,6 +374,7 @@ impl EngineHandle {
             .ask(msg::Seal {
                 holder: self.session.holder,
                 name: Self::name(name)?,
+                id: None,
             })
             .await?;
         Ok(())

@@ -101,6 +101,24 @@ fn abort_frees_and_only_unsealed_can_be_aborted() {
     wait_for(|| e.list().unwrap().len() == 1);
 }
 
+/// Regression (found by fuzz/request_sequence): sealing a buffer whose object had been aborted
+/// sealed the newer object its session had since created under the same name, and handed back
+/// a view of the aborted object. Now the buffer's seal is refused and the newer object untouched.
+#[test]
+fn buffer_of_an_aborted_object_does_not_seal_a_newer_one() {
+    let e = engine(1 << 20);
+    let old = e.create("a", 64, b"", CreateOptions::default()).unwrap();
+    e.abort("a").unwrap();
+    let new = e.create("a", 64, b"", CreateOptions::default()).unwrap();
+    assert!(matches!(old.seal(), Err(Error::NotFound(_))));
+    assert!(
+        !e.contains("a").unwrap(),
+        "the newer object must stay unsealed"
+    );
+    let sealed = new.seal().unwrap();
+    assert_eq!(e.get_one("a", None).unwrap().id(), sealed.id());
+}
+
 #[test]
 fn delete_is_deferred_while_referenced() {
     let e = engine(1 << 20);

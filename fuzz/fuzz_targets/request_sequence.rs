@@ -1,5 +1,5 @@
 //! Arbitrary sequences of store operations from several sessions against one embedded engine
-//! with a small store (1 MiB, 8 objects), so eviction, out-of-memory and the object limit are
+//! with a small store (1 MiB, 4 objects), so eviction, out-of-memory and the object limit are
 //! reached often. Checks: nothing panics, every failure is a store error a caller can act on
 //! (never Internal/ShuttingDown/Protocol...), results match what was asked, object bytes never
 //! change after seal (catches overlapping allocations), the table's own invariants hold after
@@ -19,9 +19,10 @@ use vovp::{
 };
 
 const CAPACITY: u64 = 1 << 20;
-const MAX_OBJECTS: u32 = 8;
+const MAX_OBJECTS: u32 = 4;
 const SESSIONS: usize = 3;
-/// Valid names n0..n5; the two past them are invalid (empty, too long).
+/// Valid names n0..n5 (more than MAX_OBJECTS, so the object limit is reached); one draw in 16 is
+/// an invalid name (empty, too long).
 const NAMES: u8 = 6;
 /// Bounds on one input, so an iteration stays in the milliseconds.
 const MAX_OPS: usize = 128;
@@ -43,14 +44,14 @@ struct Name(u8);
 
 impl Name {
     fn text(self) -> String {
-        match self.0 % (NAMES + 2) {
-            n if n < NAMES => format!("n{n}"),
-            n if n == NAMES => String::new(),
-            _ => "x".repeat(MAX_NAME_LEN + 1),
+        match self.0 % 32 {
+            30 => String::new(),
+            31 => "x".repeat(MAX_NAME_LEN + 1),
+            n => format!("n{}", n % NAMES),
         }
     }
     fn valid(self) -> bool {
-        self.0 % (NAMES + 2) < NAMES
+        self.0 % 32 < 30
     }
 }
 
@@ -181,10 +182,23 @@ enum Op {
     DropSession {
         slot: u8,
     },
+    /// Write a held buffer again, as a creator writing in pieces does: with its fill byte when
+    /// its metadata has one, else with `fill`.
+    Write {
+        buffer: u8,
+        fill: u8,
+    },
+    /// A GET waiting for a held buffer's name while the buffer is sealed: it must wake up with
+    /// the object.
+    GetWhileSealing {
+        session: u8,
+        buffer: u8,
+    },
 }
 
 struct Held {
-    buffers: Vec<ObjectBuffer>,
+    /// With the fill byte its metadata promises, if any.
+    buffers: Vec<(ObjectBuffer, Option<u8>)>,
     views: Vec<ObjectView>,
     sessions: Vec<Option<EngineHandle>>,
 }
@@ -322,13 +336,14 @@ fn run(op: Op, held: &mut Held) {
                 if held.buffers.len() >= MAX_HELD {
                     held.buffers.remove(0);
                 }
-                held.buffers.push(buf);
+                let marked = matches!(metadata[..], [1, ..]);
+                held.buffers.push((buf, fill.filter(|_| marked)));
             }
         }
         Op::SealBuffer { buffer } => {
             if !held.buffers.is_empty() {
                 let i = buffer as usize % held.buffers.len();
-                if let Some(v) = ok(held.buffers.swap_remove(i).seal()) {
+                if let Some(v) = ok(held.buffers.swap_remove(i).0.seal()) {
                     held.keep_view(v);
                 }
             }
@@ -431,6 +446,48 @@ fn run(op: Op, held: &mut Held) {
         }
         Op::DropSession { slot } => {
             held.sessions[slot as usize % SESSIONS] = None;
+        }
+        Op::Write { buffer, fill } => {
+            if !held.buffers.is_empty() {
+                let i = buffer as usize % held.buffers.len();
+                let (b, marked) = &mut held.buffers[i];
+                b.as_mut_slice().fill(marked.unwrap_or(fill));
+            }
+        }
+        Op::GetWhileSealing { session, buffer } => {
+            if !held.buffers.is_empty() {
+                let i = buffer as usize % held.buffers.len();
+                let (buf, _) = held.buffers.swap_remove(i);
+                let name = buf.name().as_str().to_owned();
+                let s = held.session(session);
+                let names = [name.as_str()];
+                // Polled once, the GET is in the table's mailbox before the seal (or, if not,
+                // it finds the object sealed): either way it answers with the object at once,
+                // so the timeout only runs out when the seal failed.
+                let mut get = std::pin::pin!(vovp::AsyncStore::get(
+                    &s,
+                    &names,
+                    Some(Duration::from_millis(10))
+                ));
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                let polled = std::future::Future::poll(get.as_mut(), &mut cx);
+                let sealed = ok(buf.seal());
+                let got = match polled {
+                    std::task::Poll::Ready(r) => r,
+                    std::task::Poll::Pending => futures_executor::block_on(get),
+                };
+                let got = ok(got).expect("GET of a valid name");
+                assert_eq!(got.len(), 1);
+                let got = got.into_iter().next().unwrap();
+                if let Some(sealed) = sealed {
+                    let v = got.unwrap_or_else(|| panic!("{name}: sealed during a GET, not got"));
+                    assert_eq!(v.id(), sealed.id());
+                    held.keep_view(v);
+                    held.keep_view(sealed);
+                } else if let Some(v) = got {
+                    held.keep_view(v);
+                }
+            }
         }
     }
 }

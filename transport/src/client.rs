@@ -554,8 +554,8 @@ impl ObjectSink for ClientInner {
         }
     }
 
-    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
-        self.call(Call::Seal(name.as_str()), &[]).map(|_| ())
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+        self.call(Call::Seal(obj.name.as_str()), &[]).map(|_| ())
     }
 }
 
@@ -805,8 +805,8 @@ impl ObjectSink for AsyncInner {
         }
     }
 
-    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
-        Store::seal(&self.blocking, name.as_str())
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+        Store::seal(&self.blocking, obj.name.as_str())
     }
 }
 

@@ -764,6 +764,7 @@ impl ConnectionActor {
                     .ask(table::Seal {
                         holder,
                         name: name(&n)?,
+                        id: None,
                     })
                     .await?;
                 Response::Empty
