@@ -318,14 +318,18 @@ impl Message<Seal> for ObjectTableActor {
 pub struct Abort {
     pub holder: HolderId,
     pub name: ObjectName,
+    /// Free the memory only when the creator releases its reference (see `ObjectTable::abort`):
+    /// the embedded engine, whose buffers point straight at it. The daemon frees at once, as
+    /// PROTOCOL.md says.
+    pub keep_while_held: bool,
 }
 
 impl Message<Abort> for ObjectTableActor {
     type Reply = Result<(), StoreError>;
 
     async fn handle(&mut self, m: Abort, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let f = self.table.abort(&m.name, m.holder)?;
-        self.free(vec![f]).await;
+        let f = self.table.abort(&m.name, m.holder, m.keep_while_held)?;
+        self.free(f.into_iter().collect()).await;
         Ok(())
     }
 }
@@ -360,8 +364,8 @@ impl Message<PutInline> for ObjectTableActor {
         match self.host_slice(&r) {
             Some(dst) => crate::copy::parallel_copy(dst, &m.data),
             None => {
-                let f = self.table.abort(&m.name, m.holder)?;
-                self.free(vec![f]).await;
+                let f = self.table.abort(&m.name, m.holder, false)?;
+                self.free(f.into_iter().collect()).await;
                 return Err(StoreError::Segment("allocation outside its segment".into()));
             }
         }

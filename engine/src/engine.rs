@@ -404,6 +404,8 @@ impl AsyncStore for EngineHandle {
             .ask(msg::Abort {
                 holder: self.session.holder,
                 name: Self::name(name)?,
+                // The caller's buffer of it may still be alive: its memory goes with the buffer.
+                keep_while_held: true,
             })
             .await?;
         Ok(())

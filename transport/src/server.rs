@@ -775,6 +775,7 @@ impl ConnectionActor {
                     .ask(table::Abort {
                         holder,
                         name: name(&n)?,
+                        keep_while_held: false,
                     })
                     .await?;
                 Response::Empty
