@@ -246,14 +246,20 @@ impl ObjectTable {
             .ok_or_else(|| StoreError::NotFound(name.to_string()))
     }
 
-    /// Seals `name` (creator only). Returns the gets that were waiting for it and are now complete.
+    /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
+    /// outlived its aborted object cannot seal a newer object of the same name (`NotFound`).
+    /// Returns the gets that were waiting for it and are now complete.
     pub fn seal(
         &mut self,
         name: &ObjectName,
         holder: HolderId,
+        id: Option<ObjectId>,
     ) -> Result<Vec<CompletedGet>, StoreError> {
         let key = self.named_key(name)?;
         let e = &mut self.objects[key];
+        if id.is_some_and(|id| id != e.id) {
+            return Err(StoreError::NotFound(name.to_string()));
+        }
         if e.sealed {
             return Err(StoreError::AlreadySealed(name.to_string()));
         }
@@ -297,15 +303,29 @@ impl ObjectTable {
         done
     }
 
-    /// Aborts an unsealed object (creator only) and returns its memory.
-    pub fn abort(&mut self, name: &ObjectName, holder: HolderId) -> Result<Freed, StoreError> {
+    /// Aborts an unsealed object (creator only): its name is free at once. Its memory is
+    /// returned now, with the creator's reference, unless `keep_while_held`: then it goes with
+    /// the creator's release, like a deleted object's (the embedded engine, whose creator may
+    /// still hold a writable buffer of it: freed now, that buffer would write into whatever
+    /// object gets the memory next).
+    pub fn abort(
+        &mut self,
+        name: &ObjectName,
+        holder: HolderId,
+        keep_while_held: bool,
+    ) -> Result<Option<Freed>, StoreError> {
         let key = self.named_key(name)?;
-        let e = &self.objects[key];
+        let e = &mut self.objects[key];
         if e.sealed {
             return Err(StoreError::AlreadySealed(name.to_string()));
         }
         if e.creator != holder {
             return Err(StoreError::NotCreator(name.to_string()));
+        }
+        if keep_while_held {
+            e.named = false;
+            self.by_name.remove(name);
+            return Ok(None);
         }
         if let Some(held) = self.holders.get_mut(&holder) {
             held.remove(&key);
@@ -313,7 +333,7 @@ impl ObjectTable {
                 self.holders.remove(&holder);
             }
         }
-        Ok(self.remove(key))
+        Ok(Some(self.remove(key)))
     }
 
     fn take_ref(&mut self, key: usize, holder: HolderId) -> ObjectRef {

@@ -346,13 +346,16 @@ impl Message<Create> for ObjectTableActor {
 pub struct Seal {
     pub holder: HolderId,
     pub name: ObjectName,
+    /// The incarnation to seal, when the caller knows it (an embedded buffer does; the wire
+    /// protocol seals by name only).
+    pub id: Option<ObjectId>,
 }
 
 impl Message<Seal> for ObjectTableActor {
     type Reply = Result<(), StoreError>;
 
     async fn handle(&mut self, m: Seal, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let done = self.table.seal(&m.name, m.holder)?;
+        let done = self.table.seal(&m.name, m.holder, m.id)?;
         self.deliver(done).await;
         self.publish();
         Ok(())
@@ -363,14 +366,18 @@ impl Message<Seal> for ObjectTableActor {
 pub struct Abort {
     pub holder: HolderId,
     pub name: ObjectName,
+    /// Free the memory only when the creator releases its reference (see `ObjectTable::abort`):
+    /// the embedded engine, whose buffers point straight at it. The daemon frees at once, as
+    /// PROTOCOL.md says.
+    pub keep_while_held: bool,
 }
 
 impl Message<Abort> for ObjectTableActor {
     type Reply = Result<(), StoreError>;
 
     async fn handle(&mut self, m: Abort, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let f = self.table.abort(&m.name, m.holder)?;
-        self.free(vec![f]).await;
+        let f = self.table.abort(&m.name, m.holder, m.keep_while_held)?;
+        self.free(f.into_iter().collect()).await;
         Ok(())
     }
 }
@@ -408,12 +415,12 @@ impl Message<PutInline> for ObjectTableActor {
         match self.host_slice(&r) {
             Some(dst) => crate::copy::parallel_copy(dst, &m.data),
             None => {
-                let f = self.table.abort(&m.name, m.holder)?;
-                self.free(vec![f]).await;
+                let f = self.table.abort(&m.name, m.holder, false)?;
+                self.free(f.into_iter().collect()).await;
                 return Err(StoreError::Segment("allocation outside its segment".into()));
             }
         }
-        let done = self.table.seal(&m.name, m.holder)?;
+        let done = self.table.seal(&m.name, m.holder, Some(r.id))?;
         self.deliver(done).await;
         if !m.keep_reference {
             let freed = self.table.release(r.id, m.holder)?;

@@ -96,14 +96,16 @@ impl ObjectSink for Session {
             .try_send();
     }
 
-    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
         block_on(
             self.core
                 .actors
                 .table
                 .ask(msg::Seal {
                     holder: self.holder,
-                    name: name.clone(),
+                    name: obj.name.clone(),
+                    // This buffer's object, not whatever now has its name.
+                    id: Some(obj.id),
                 })
                 .send(),
         )?;
@@ -388,6 +390,7 @@ impl EngineHandle {
             .ask(msg::Seal {
                 holder: self.session.holder,
                 name: Self::name(name)?,
+                id: None,
             })
             .await?;
         Ok(())
@@ -417,6 +420,8 @@ impl AsyncStore for EngineHandle {
             .ask(msg::Abort {
                 holder: self.session.holder,
                 name: Self::name(name)?,
+                // The caller's buffer of it may still be alive: its memory goes with the buffer.
+                keep_while_held: true,
             })
             .await?;
         Ok(())

@@ -14,8 +14,9 @@ use crate::Error;
 pub trait ObjectSink: Send + Sync + 'static {
     /// Drops one reference to `id`. Must not block (it runs in `Drop`).
     fn release(&self, id: ObjectId);
-    /// Seals `name` (blocking).
-    fn seal(&self, name: &ObjectName) -> Result<(), Error>;
+    /// Seals the object `obj` refers to (blocking): that incarnation only where the sink can
+    /// tell (the embedded engine), by name where it cannot (the wire protocol).
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error>;
 }
 
 /// Where one object is in this process: host bytes in a mapping, or a device address.
@@ -216,7 +217,7 @@ impl ObjectBuffer {
     /// Seals the object (immutable and visible to everyone from now on) and keeps the reference
     /// as a read-only view.
     pub fn seal(self) -> Result<ObjectView, Error> {
-        self.view.sink.seal(&self.view.obj.name)?;
+        self.view.sink.seal(&self.view.obj)?;
         Ok(self.view)
     }
 

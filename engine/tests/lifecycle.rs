@@ -101,6 +101,46 @@ fn abort_frees_and_only_unsealed_can_be_aborted() {
     wait_for(|| e.list().unwrap().len() == 1);
 }
 
+/// Regression (found by fuzz/request_sequence): sealing a buffer whose object had been aborted
+/// sealed the newer object its session had since created under the same name, and handed back
+/// a view of the aborted object. Now the buffer's seal is refused and the newer object untouched.
+#[test]
+fn buffer_of_an_aborted_object_does_not_seal_a_newer_one() {
+    let e = engine(1 << 20);
+    let old = e.create("a", 64, b"", CreateOptions::default()).unwrap();
+    e.abort("a").unwrap();
+    let new = e.create("a", 64, b"", CreateOptions::default()).unwrap();
+    assert!(matches!(old.seal(), Err(Error::NotFound(_))));
+    assert!(
+        !e.contains("a").unwrap(),
+        "the newer object must stay unsealed"
+    );
+    let sealed = new.seal().unwrap();
+    assert_eq!(e.get_one("a", None).unwrap().id(), sealed.id());
+}
+
+/// Regression (found with fuzz/request_sequence's harness): abort(name) freed the memory under
+/// the creator's still-alive buffer, so safe code writing that buffer wrote into the next object
+/// given the memory, sealed or not. Now the memory goes with the buffer.
+#[test]
+fn a_buffer_kept_after_abort_cannot_write_into_another_object() {
+    let e = engine(1 << 20);
+    let mut old = e.create("a", 64, b"", CreateOptions::default()).unwrap();
+    e.abort("a").unwrap();
+    assert!(!e.contains("a").unwrap());
+    let mut b = e.create("b", 64, b"", CreateOptions::default()).unwrap();
+    b.as_mut_slice().fill(2);
+    let b = b.seal().unwrap();
+    assert_ne!(old.location(), b.location());
+    old.as_mut_slice().fill(1);
+    assert!(b.iter().all(|&x| x == 2));
+    assert_eq!(e.stats().unwrap().pending_delete, 1);
+    drop(old);
+    wait_for(|| e.stats().unwrap().pending_delete == 0);
+    // The name was free at once.
+    put(&e, "a", 10, 0);
+}
+
 #[test]
 fn delete_is_deferred_while_referenced() {
     let e = engine(1 << 20);

@@ -268,6 +268,17 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
     Ok(resp)
 }
 
+/// Reply decoding without a connection, for the fuzz targets in `fuzz/` only; not API.
+/// `names` are the names the request asked for (at least one for CREATE/PUT).
+#[doc(hidden)]
+pub fn decode_reply_for_fuzzing(
+    opcode: u8,
+    payload: &[u8],
+    names: &[&str],
+) -> Result<Response, Error> {
+    decode_reply(opcode, payload, names)
+}
+
 /// What both clients share: the mapped segments and the releases waiting to be sent.
 struct Mappings {
     segments: Mutex<std::collections::HashMap<u32, SegmentSlot>>,
@@ -631,13 +642,14 @@ impl ObjectSink for ViewSink {
         }
     }
 
-    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
         if self.inner.generation.load(Ordering::Acquire) != self.generation {
             return Err(Error::NotFound(format!(
-                "{name} (created on a connection to a daemon that has since gone away)"
+                "{} (created on a connection to a daemon that has since gone away)",
+                obj.name
             )));
         }
-        self.inner.seal(name)
+        self.inner.seal(obj)
     }
 }
 
@@ -791,8 +803,8 @@ impl ObjectSink for ClientInner {
         }
     }
 
-    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
-        self.call(Call::Seal(name.as_str()), &[]).map(|_| ())
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+        self.call(Call::Seal(obj.name.as_str()), &[]).map(|_| ())
     }
 }
 
@@ -1101,13 +1113,14 @@ impl ObjectSink for AsyncViewSink {
         }
     }
 
-    fn seal(&self, name: &ObjectName) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
         if self.inner.generation.load(Ordering::Acquire) != self.generation {
             return Err(Error::NotFound(format!(
-                "{name} (created on a connection to a daemon that has since gone away)"
+                "{} (created on a connection to a daemon that has since gone away)",
+                obj.name
             )));
         }
-        Store::seal(&self.inner.blocking, name.as_str())
+        Store::seal(&self.inner.blocking, obj.name.as_str())
     }
 }
 

@@ -809,6 +809,7 @@ impl ConnectionActor {
                     .ask(table::Seal {
                         holder,
                         name: name(&n)?,
+                        id: None,
                     })
                     .await?;
                 Response::Empty
@@ -819,6 +820,7 @@ impl ConnectionActor {
                     .ask(table::Abort {
                         holder,
                         name: name(&n)?,
+                        keep_while_held: false,
                     })
                     .await?;
                 Response::Empty
