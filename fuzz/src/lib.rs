@@ -26,6 +26,7 @@ pub fn opcode_of(req: &Request) -> u8 {
         Request::Evict { .. } => op::EVICT,
         Request::Stats => op::STATS,
         Request::Subscribe => op::SUBSCRIBE,
+        Request::Segment { .. } => op::SEGMENT,
     }
 }
 
@@ -82,6 +83,9 @@ pub fn encode_request(req: &Request, flags: u16, request_id: u64, buf: &mut Vec<
         }
         Request::Evict { bytes } => {
             w.u64(*bytes);
+        }
+        Request::Segment { id } => {
+            w.u32(*id);
         }
         Request::Stats | Request::Subscribe => {}
     }
