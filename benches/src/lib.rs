@@ -15,9 +15,11 @@
 //! targets, a markdown table and `target/bench/results.json`.
 
 pub mod limits;
+pub mod probes;
 pub mod procs;
 pub mod report;
 pub mod rust_level;
+pub mod soak;
 
 /// Binary size units.
 pub const KIB: u64 = 1 << 10;
