@@ -340,6 +340,11 @@ fn main() -> ExitCode {
         let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
         command.push_str(&format!(" --cpus {}", list.join(",")));
     }
+    for (on, flag) in [(!args.perf, " --soak-only"), (!args.soak, " --skip-soak")] {
+        if on {
+            command.push_str(flag);
+        }
+    }
     let run = json!({
         "mode": args.mode.name(),
         "command": command,
