@@ -2,7 +2,7 @@
 //!
 //! The `vovp-bench` binary (`cargo run --release -p vovp-bench -- --quick|--full`) starts
 //! `vovp-engine` and the reference store, Apache Arrow Plasma, with the same memory limit, and
-//! runs two kinds of workloads:
+//! runs two kinds of performance workloads:
 //!
 //! * Python-level workloads (`benches/driver.py`) drive both stores through their Python
 //!   clients from one script, interleaving the stores repetition by repetition, so the ratio
@@ -11,13 +11,20 @@
 //!   compared with the machine's own limits measured in the same run ([`limits`]): a bare
 //!   Unix-socket round trip and the parallel memcpy bandwidth into a shared mapping.
 //!
+//! Then, in both modes, the reliability section: [`soak`] (worker processes on one daemon,
+//! SIGKILLs, a fuzzer connection, everything verified at the end) and [`probes`]
+//! (`benches/probes.py`: the same fault and bad-input probes on vovp and on Plasma).
+//! RELIABILITY.md reports both.
+//!
 //! [`report`] turns the samples into medians, ratios, the PASS/FAIL lines of the performance
 //! targets, a markdown table and `target/bench/results.json`.
 
 pub mod limits;
+pub mod probes;
 pub mod procs;
 pub mod report;
 pub mod rust_level;
+pub mod soak;
 
 /// Binary size units.
 pub const KIB: u64 = 1 << 10;

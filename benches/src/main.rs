@@ -16,9 +16,10 @@ use serde_json::{json, Value};
 use vovp_bench::procs::{self, Daemon};
 use vovp_bench::report::{Check, Report, Row};
 use vovp_bench::rust_level::{self, RustConfig, Stores};
-use vovp_bench::GIB;
+use vovp_bench::{probes, soak, GIB};
 
 const USAGE: &str = "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--cpus LIST]
+                  [--soak-only|--skip-soak]
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
@@ -26,6 +27,9 @@ const USAGE: &str = "usage: vovp-bench --quick|--full [--skip-python] [--skip-ru
   --skip-rust    only the Python-level workloads
   --cpus LIST    run everything (harness, daemons, driver) on these CPUs, e.g. `--cpus 0`:
                  a diagnosis aid, the placement of clients and daemons decides small-op latency
+  --soak-only    only the reliability section: the soak (30 s quick, 10 min full) and the
+                 probes run on both stores (no Plasma probes with --skip-python)
+  --skip-soak    no reliability section
 
 Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
 target/bench/results.md and target/bench/throughput.png.";
@@ -57,7 +61,7 @@ impl Mode {
     fn deadline(self) -> Duration {
         match self {
             Mode::Quick => Duration::from_secs(8 * 60),
-            Mode::Full => Duration::from_secs(30 * 60),
+            Mode::Full => Duration::from_secs(45 * 60),
         }
     }
 }
@@ -67,12 +71,17 @@ struct Args {
     python: bool,
     rust: bool,
     cpus: Option<Vec<usize>>,
+    /// The performance workloads (off with --soak-only).
+    perf: bool,
+    /// The reliability section: soak and probes (off with --skip-soak).
+    soak: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut mode = None;
     let (mut python, mut rust) = (true, true);
     let mut cpus = None;
+    let (mut perf, mut soak) = (true, true);
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -86,6 +95,8 @@ fn parse_args() -> Result<Args, String> {
             "--full" => mode = Some(Mode::Full),
             "--skip-python" => python = false,
             "--skip-rust" => rust = false,
+            "--soak-only" => perf = false,
+            "--skip-soak" => soak = false,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -96,6 +107,8 @@ fn parse_args() -> Result<Args, String> {
         python,
         rust,
         cpus,
+        perf,
+        soak,
     })
 }
 
@@ -126,6 +139,10 @@ impl Paths {
 }
 
 fn main() -> ExitCode {
+    // The soak's worker processes are this binary re-executed.
+    if std::env::args().nth(1).as_deref() == Some(soak::WORKER_FLAG) {
+        return soak::worker_main(std::env::args().skip(2).collect());
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -222,7 +239,7 @@ fn main() -> ExitCode {
     );
 
     let mut daemons = vec![vovp_daemon];
-    if args.rust {
+    if args.rust && args.perf {
         let t = Instant::now();
         if let Err(e) = rust_workloads(args.mode, &daemons[0].socket, capacity, &mut report) {
             report.errors.push(format!("Rust-level workloads: {e}"));
@@ -234,7 +251,7 @@ fn main() -> ExitCode {
     }
 
     let mut driver_info = Value::Null;
-    if let Some(py) = &python {
+    if let Some(py) = python.as_ref().filter(|_| args.perf) {
         match Daemon::start(
             "plasma-store-server",
             &py.plasma,
@@ -271,6 +288,34 @@ fn main() -> ExitCode {
         }
     }
 
+    // Reliability: the soak on a daemon of its own, then the probes Plasma can run too.
+    if args.soak {
+        let t = Instant::now();
+        let cfg = match args.mode {
+            Mode::Quick => soak::SoakConfig::quick(),
+            Mode::Full => soak::SoakConfig::full(),
+        };
+        if let Err(e) = soak::run(&cfg, &engine_bin, &run_dir, &paths.out, &mut report) {
+            report.errors.push(format!("soak: {e}"));
+        }
+        if let Some(py) = &python {
+            let (root, out) = (&paths.root, &paths.out);
+            probes::run(
+                root,
+                &py.python,
+                &engine_bin,
+                &py.plasma,
+                &run_dir,
+                out,
+                &mut report,
+            );
+        }
+        eprintln!(
+            "vovp-bench: reliability section took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
     for d in daemons.iter_mut() {
         if let Some(status) = d.exited() {
             report.errors.push(format!(
@@ -294,6 +339,11 @@ fn main() -> ExitCode {
     if let Some(cpus) = &args.cpus {
         let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
         command.push_str(&format!(" --cpus {}", list.join(",")));
+    }
+    for (on, flag) in [(!args.perf, " --soak-only"), (!args.soak, " --skip-soak")] {
+        if on {
+            command.push_str(flag);
+        }
     }
     let run = json!({
         "mode": args.mode.name(),
@@ -323,7 +373,7 @@ fn main() -> ExitCode {
     let _ = std::fs::write(paths.out.join("results.md"), format!("{header}{markdown}"));
     println!("{header}{markdown}");
 
-    if let Some(py) = &python {
+    if let Some(py) = python.as_ref().filter(|_| args.perf) {
         plot(&paths, py, &results);
     }
     eprintln!(

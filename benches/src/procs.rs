@@ -12,6 +12,16 @@ use std::time::{Duration, Instant};
 /// Pids of the children alive now (for [`kill_all`]).
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
+/// Registers a child started elsewhere (the soak's workers) so that [`kill_all`] kills it too.
+pub fn track(pid: u32) {
+    register(pid);
+}
+
+/// Forgets a child that has been reaped.
+pub fn untrack(pid: u32) {
+    unregister(pid);
+}
+
 fn register(pid: u32) {
     if let Ok(mut c) = CHILDREN.lock() {
         c.push(pid);
@@ -99,6 +109,32 @@ impl Daemon {
         self.child.try_wait().ok().flatten()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops it (SIGTERM, SIGKILL after 5 s) and returns how it exited; `None` when it had to
+    /// be killed or could not be waited for.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(status);
+        }
+        // SAFETY: plain syscall on our own unreaped child.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+
     /// Peak resident memory of the daemon so far (VmHWM), in bytes, when readable.
     pub fn peak_rss(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
@@ -111,18 +147,7 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         let pid = self.child.id();
-        if self.child.try_wait().ok().flatten().is_none() {
-            // SAFETY: plain syscall on our own unreaped child.
-            unsafe {
-                libc::kill(pid as libc::pid_t, libc::SIGTERM);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.stop();
         unregister(pid);
         let _ = std::fs::remove_file(&self.socket);
     }
