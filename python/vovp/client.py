@@ -396,14 +396,22 @@ class Client:
 
     def _hello(self):
         rid = self._next_id()
-        self._sock.sendall(P.frame(P.HELLO, rid, P.hello_payload(os.getpid())))
+        try:
+            self._sock.sendall(P.frame(P.HELLO, rid, P.hello_payload(os.getpid())))
+        except OSError:
+            # A daemon that refuses us (too many connections) may have answered and closed
+            # already: its reply, read below, says why.
+            pass
         # The fds ride on the reply's bytes; collect them from every chunk until the frame is
         # complete (in practice the first one).
         data = bytearray()
         fds = []
         try:
             while len(data) < 4 or len(data) < 4 + P.U32.unpack_from(data, 0)[0]:
-                chunk, cfds, flags, _ = socket.recv_fds(self._sock, 1 << 16, 1024)
+                try:
+                    chunk, cfds, flags, _ = socket.recv_fds(self._sock, 1 << 16, 1024)
+                except OSError as e:
+                    raise ConnectionError(f"the daemon closed the connection during HELLO: {e}")
                 fds.extend(cfds)
                 if flags & socket.MSG_CTRUNC:
                     raise ProtocolError("segment fds were truncated (too many segments?)")

@@ -505,15 +505,20 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
              (vovp-engine --allow-uid)?"
         ))
     };
-    stream.write_all(&buf).map_err(refused)?;
+    // A daemon that refuses us (too many connections) may have answered and closed before our
+    // HELLO went out: read its reply even when the write failed; it says why.
+    let sent = stream.write_all(&buf);
     let mut fds = Vec::new();
     let mut reply = vec![0u8; 64 * 1024];
     let mut got = 0;
     let frame_len = loop {
-        let n =
-            crate::fdpass::recv_with_fds(&stream, &mut reply[got..], &mut fds).map_err(refused)?;
+        let n = match crate::fdpass::recv_with_fds(&stream, &mut reply[got..], &mut fds) {
+            Ok(n) => n,
+            Err(e) => return Err(refused(sent.err().unwrap_or(e))),
+        };
         if n == 0 {
-            return Err(refused(std::io::ErrorKind::UnexpectedEof.into()));
+            let e = std::io::ErrorKind::UnexpectedEof.into();
+            return Err(refused(sent.err().unwrap_or(e)));
         }
         got += n;
         if let Some(h) = Header::parse(&reply[..got])? {

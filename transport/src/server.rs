@@ -259,6 +259,23 @@ fn refuse_busy(stream: StdUnixStream, max: usize) {
     let _ = stream.set_nonblocking(true);
     let _ = (&stream).write(&frame);
     tracing::warn!("refused a connection: {max} connections already");
+    // Closing with the client's HELLO unread would reset the connection and lose the reply
+    // above: read what it sends (for up to a second) before closing.
+    if let Ok(stream) = tokio::net::UnixStream::from_std(stream) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut stream = stream;
+            let mut sink = [0u8; 256];
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                while let Ok(n) = stream.read(&mut sink).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            })
+            .await;
+        });
+    }
 }
 
 /// SO_PEERCRED: only allowed uids may talk to the store.
