@@ -462,16 +462,21 @@ fn run(op: Op, held: &mut Held) {
                 let s = held.session(session);
                 let names = [name.as_str()];
                 // Polled once, the GET is in the table's mailbox before the seal (or, if not,
-                // it finds the object sealed): either way it answers with the object at once,
-                // so the timeout only runs out when the seal failed.
+                // it finds the object sealed): either way it answers with the object as soon as
+                // the seal lands. The timeout is long only so that a loaded machine cannot fire
+                // it first (the seal is sent from this thread right after the poll).
                 let mut get = std::pin::pin!(vovp::AsyncStore::get(
                     &s,
                     &names,
-                    Some(Duration::from_millis(10))
+                    Some(Duration::from_secs(10))
                 ));
                 let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
                 let polled = std::future::Future::poll(get.as_mut(), &mut cx);
-                let sealed = ok(buf.seal());
+                let Some(sealed) = ok(buf.seal()) else {
+                    // Nothing to wait for: abandon the GET (its waiter stays in the table until
+                    // the timeout or the session goes, and must not leak what it then gets).
+                    return;
+                };
                 let got = match polled {
                     std::task::Poll::Ready(r) => r,
                     std::task::Poll::Pending => futures_executor::block_on(get),
@@ -479,14 +484,10 @@ fn run(op: Op, held: &mut Held) {
                 let got = ok(got).expect("GET of a valid name");
                 assert_eq!(got.len(), 1);
                 let got = got.into_iter().next().unwrap();
-                if let Some(sealed) = sealed {
-                    let v = got.unwrap_or_else(|| panic!("{name}: sealed during a GET, not got"));
-                    assert_eq!(v.id(), sealed.id());
-                    held.keep_view(v);
-                    held.keep_view(sealed);
-                } else if let Some(v) = got {
-                    held.keep_view(v);
-                }
+                let v = got.unwrap_or_else(|| panic!("{name}: sealed during a GET, not got"));
+                assert_eq!(v.id(), sealed.id());
+                held.keep_view(v);
+                held.keep_view(sealed);
             }
         }
     }
