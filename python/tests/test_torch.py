@@ -60,7 +60,7 @@ def test_round_trip(client, daemon, dtype):
 def test_zero_copy_views(client):
     r = client.put_tensor("z", torch.arange(10, dtype=torch.float32))
     g = client.get_tensor("z", framework="torch")
-    n = client.get_tensor("z")
+    n = client.get_tensor("z", framework="numpy")
     assert g.data_ptr() == r.data_ptr() == n.__array_interface__["data"][0]
 
 

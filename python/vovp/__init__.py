@@ -29,7 +29,7 @@ from .errors import (
     TooLarge,
     VovpError,
 )
-from .reduction import default_client, init_reduction
+from .reduction import default_client, init_reduction, worker_init_fn
 from .tensor import TensorMeta, decode_header, encode_header
 
 __version__ = "0.1.0"
@@ -40,6 +40,7 @@ __all__ = [
     "Subscription",
     "init_client",
     "init_reduction",
+    "worker_init_fn",
     "default_client",
     "DEFAULT_SOCKET",
     "TensorMeta",

@@ -984,7 +984,8 @@ class Client:
                     10)
             src, code = T.torch_to_numpy(t)
             torch_in = writable = True
-            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape, code)
+            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape, code,
+                                                       T.FRAMEWORK_TORCH)
         else:
             if C.cuda_interface(t) is not None:
                 return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
@@ -1019,48 +1020,103 @@ class Client:
         """The tensor stored under ``name``, zero-copy.
 
         ``timeout``: None = don't wait, seconds to wait, negative = forever; raises
-        ObjectNotFound when missing. ``framework``: None/"numpy" for a numpy array (read-only
-        unless ``writable``), "torch" for a torch tensor (via torch.from_numpy, no copy).
+        ObjectNotFound when missing. ``framework``: None returns what was put: a torch tensor
+        for an object put from torch (recorded in its tensor header) when this process can
+        import torch, otherwise a numpy array (read-only unless ``writable``); "numpy" or
+        "torch" (via torch.from_numpy, no copy) force one.
         An object without a tensor header comes back as a 1-D uint8 array.
         A waiting GET occupies this client's connection: other threads' requests on the same
         client queue behind it (use a separate client for long waits).
 
         CUDA objects come back aliasing the store's device memory (mapped through CUDA IPC):
         with framework None as a torch CUDA tensor when torch is installed and sees CUDA,
-        otherwise as a ``vovp.cuda.CudaTensor`` (``__cuda_array_interface__``, ``.to_numpy()``);
-        "torch" or "cuda" (CudaTensor) force one. "numpy" is refused for them (TypeError):
-        there is no host memory to view; ``.to_numpy()`` copies. Without a CUDA driver in
-        this process a CUDA object raises GpuUnavailable.
+        otherwise as a ``vovp.cuda.CudaTensor`` (``__cuda_array_interface__``, DLPack,
+        ``.to_numpy()``); "torch" or "cuda" (CudaTensor) force one. "numpy" is refused for
+        them (TypeError): there is no host memory to view; ``.to_numpy()`` copies. Without a
+        CUDA driver in this process a CUDA object raises GpuUnavailable.
         """
-        if framework not in (None, "numpy", "np", "torch", "cuda"):
-            raise ValueError(
-                f"framework must be None, 'numpy', 'torch' or 'cuda', not {framework!r}")
-        torch_out = framework == "torch"
-        ref = self._get1(name, timeout)
+        _check_framework(framework)
+        return self._tensor_from_ref(self._get1(name, timeout), name, framework, writable)
+
+    def get_tensors(self, names, timeout=None, framework=None, writable: bool = False) -> list:
+        """``[get_tensor(n) for n in names]`` in one round trip (one GET of many names).
+
+        ``timeout`` bounds the wait for all of them together (None: don't wait). When any is
+        still missing, raises ObjectNotFound naming the missing ones and holds nothing.
+        ``framework`` and ``writable`` apply to every result, as in ``get_tensor``.
+        """
+        _check_framework(framework)
+        names = list(names)
+        if not names:
+            return []
+        encoded = [P.encode_name(n) for n in names]
+        rid = self._next_id()
+        payload = P.get_payload(encoded, P.timeout_ms(timeout))
+        refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
+        missing = [n for n, ref in zip(names, refs) if ref is None]
+        if missing or len(refs) != len(names):
+            for ref in refs:
+                if ref is not None:
+                    self._release_quietly(ref.object_id)
+            if len(refs) != len(names):
+                raise ProtocolError(f"GET of {len(names)} names returned {len(refs)} entries")
+            shown = ", ".join(repr(n) for n in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ObjectNotFound(f"no sealed object named {shown}{more}", 1)
+        out = []
+        try:
+            for i, (name, ref) in enumerate(zip(names, refs)):
+                out.append(self._tensor_from_ref(ref, name, framework, writable))
+        except BaseException:
+            # _tensor_from_ref released the failing one; release those not wrapped yet and
+            # let the ones already wrapped go with ``out``.
+            for ref in refs[i + 1:]:
+                self._release_quietly(ref.object_id)
+            raise
+        return out
+
+    def put_tensors(self, tensors, ephemeral: bool = False, writable: bool = False) -> dict:
+        """``put_tensor`` of every ``name -> tensor`` item of a mapping (or of (name, tensor)
+        pairs); returns ``{name: store's copy}``. Each object is sealed as soon as it is
+        written: when one fails, those before it stay stored and the error is raised."""
+        items = tensors.items() if hasattr(tensors, "items") else tensors
+        return {name: self.put_tensor(name, t, ephemeral=ephemeral, writable=writable)
+                for name, t in items}
+
+    def _tensor_from_ref(self, ref, name, framework, writable):
+        """The result of ``get_tensor`` for a granted reference (released on failure)."""
         if ref.kind != P.LOC_HOST:
             return self._get_cuda(ref, name, framework, writable)
         if framework == "cuda":
             self._release_quietly(ref.object_id)
             raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA objects "
                             "(copy it to a device with to_device)")
-        owner = self._owner(ref, name, writable or torch_out)
         meta = ref.metadata
-        if meta[:4] != T.MAGIC:
-            arr = owner
-            code = T.UINT8
-        else:
+        plan = None
+        if meta[:4] == T.MAGIC:
             try:
-                code, view_dt, shape, nbytes, device_type = T.get_plan(meta)
-                if device_type != T.DEVICE_CPU:
+                plan = T.get_plan(meta)
+                if plan[4] != T.DEVICE_CPU:
                     raise ProtocolError(f"{name!r} is a host object with a CUDA tensor header")
-                if nbytes != ref.data_size:
+                if plan[3] != ref.data_size:
                     raise ProtocolError(
-                        f"{name!r}: tensor header describes {nbytes} bytes, object has "
+                        f"{name!r}: tensor header describes {plan[3]} bytes, object has "
                         f"{ref.data_size}")
-                arr = owner.view(view_dt).reshape(shape)
             except BaseException:
-                self._drop_owner(owner)
+                self._release_quietly(ref.object_id)
                 raise
+        if framework is None:
+            torch_out = plan is not None and plan[5] == T.FRAMEWORK_TORCH and \
+                T.torch_importable()
+        else:
+            torch_out = framework == "torch"
+        # torch has no read-only tensors: a torch result needs the writable mapping.
+        owner = self._owner(ref, name, writable or torch_out)
+        if plan is None:
+            arr, code = owner, T.UINT8
+        else:
+            code, view_dt, shape = plan[0], plan[1], plan[2]
+            arr = owner.view(view_dt).reshape(shape)
         if torch_out:
             return T.numpy_to_torch(arr, code)
         return arr
@@ -1162,15 +1218,15 @@ class Client:
             torch.cuda.current_stream(t.device).synchronize()
 
         owner = self._put_device(name, t.data_ptr(), nbytes, code, shape, T.LITTLE, device,
-                                 ephemeral, pre_copy)
+                                 ephemeral, pre_copy, T.FRAMEWORK_TORCH)
         return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
 
     def _put_device(self, name, src, nbytes, code, shape, byte_order, device, ephemeral,
-                    pre_copy=None):
+                    pre_copy=None, framework=T.FRAMEWORK_UNSPECIFIED):
         """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
         DeviceBuffer holding the (now sealed) creator's reference."""
         nb = P.encode_name(name)
-        meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device)
+        meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device, framework)
         flags = P.OBJ_EPHEMERAL if ephemeral else 0
         owner = self._create_cuda(nb, nbytes, flags, meta, name, device)
         try:
@@ -1212,7 +1268,7 @@ class Client:
                     raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
                                         f"object has {ref.data_size}")
                 code, shape, order = m.dtype_code, m.shape, m.byte_order
-                meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device)
+                meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device, m.framework)
             flags = P.OBJ_EPHEMERAL if ephemeral else 0
             dst = self._create_cuda(nb, ref.data_size, flags, meta, new_name, device)
             try:
@@ -1270,6 +1326,12 @@ class Client:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
         return Subscription(self._path)
+
+
+def _check_framework(framework):
+    if framework not in (None, "numpy", "np", "torch", "cuda"):
+        raise ValueError(
+            f"framework must be None, 'numpy', 'torch' or 'cuda', not {framework!r}")
 
 
 def _c_strides(shape, itemsize):
@@ -1382,6 +1444,29 @@ class Subscription:
         self.close()
 
 
+# The most recent init_client() of this process: (weak reference to the client, its path, pid).
+# init_reduction() without an argument sends through it (the seed's
+# ``client = vovp.init_client(path); vovp.init_reduction()``). Weak: dropping the client must
+# still close it; its path is remembered.
+_last_init = {"ref": None, "path": None, "pid": None}
+
+
 def init_client(path: str = None, connect_timeout: float = 0.0) -> Client:
-    """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock)."""
-    return Client(path, connect_timeout)
+    """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
+
+    The client becomes this process's default for ``vovp.init_reduction()``."""
+    client = Client(path, connect_timeout)
+    _last_init.update(ref=weakref.ref(client), path=client.path, pid=os.getpid())
+    return client
+
+
+def last_init_client():
+    """(client or None, path or None) of this process's most recent ``init_client``.
+
+    In a forked child the parent's client is not usable: only its path is returned."""
+    if _last_init["path"] is None:
+        return None, None
+    client = _last_init["ref"]()
+    if client is None or client.closed or _last_init["pid"] != os.getpid():
+        client = None
+    return client, _last_init["path"]
