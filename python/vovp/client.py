@@ -1463,10 +1463,11 @@ def init_client(path: str = None, connect_timeout: float = 0.0) -> Client:
 def last_init_client():
     """(client or None, path or None) of this process's most recent ``init_client``.
 
-    In a forked child the parent's client is not usable: only its path is returned."""
-    if _last_init["path"] is None:
+    A forked child has made none: its parent's record does not count (the child then follows
+    $VOVP_SOCKET, which the parent's ``init_reduction`` exported)."""
+    if _last_init["path"] is None or _last_init["pid"] != os.getpid():
         return None, None
     client = _last_init["ref"]()
-    if client is None or client.closed or _last_init["pid"] != os.getpid():
+    if client is None or client.closed:
         client = None
     return client, _last_init["path"]

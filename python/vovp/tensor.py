@@ -276,8 +276,9 @@ _TORCH_IMPORTABLE = None
 def torch_importable() -> bool:
     """Whether torch is (or can be) imported in this process; tried once."""
     global _TORCH_IMPORTABLE
-    if _TORCH_IMPORTABLE is None or (not _TORCH_IMPORTABLE and "torch" in sys.modules):
-        if "torch" in sys.modules:
+    imported = sys.modules.get("torch") is not None
+    if _TORCH_IMPORTABLE is None or (not _TORCH_IMPORTABLE and imported):
+        if imported:
             _TORCH_IMPORTABLE = True
         else:
             try:
