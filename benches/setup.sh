@@ -18,7 +18,7 @@ PYTHON="${PYTHON:-python3}"
 
 # pyarrow 11.0.0 is the last release with Plasma; it has wheels for CPython 3.7-3.11. numpy 2
 # breaks pyarrow 11's compiled extension, hence the pin.
-PACKAGES=("pyarrow==11.0.0" "numpy<2" "matplotlib")
+PACKAGES=("pyarrow==11.0.0" "numpy<2" "matplotlib" "torch")
 STAMP_TEXT="v1 ${PACKAGES[*]} $("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
 STAMP="$VENV/.vovp-bench-complete"
 

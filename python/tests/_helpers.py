@@ -109,16 +109,24 @@ def torch_child(inq, outq, send_back):
 
 
 class ItemDataset:
-    """Map-style dataset: item i is a float32 tensor of ``numel`` elements, all equal to i."""
+    """Map-style dataset: item i is a float32 tensor of ``numel`` elements, all equal to i.
+    Items from ``slow_from`` on take ``delay`` seconds each (batches still being made when
+    the loader is deleted)."""
 
-    def __init__(self, n, numel):
+    def __init__(self, n, numel, slow_from=None, delay=0.05):
         self.n = n
         self.numel = numel
+        self.slow_from = slow_from
+        self.delay = delay
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
+        import time
+
         import torch
 
+        if self.slow_from is not None and i >= self.slow_from:
+            time.sleep(self.delay)
         return torch.full((self.numel,), float(i), dtype=torch.float32)

@@ -30,9 +30,10 @@ Lifetime (who holds a store reference when):
   DataLoader worker waits only briefly: it exits when its loader is done with it, and what it
   sent and was not received by then never will be.
 
-Arrays smaller than ``threshold`` bytes (default 64 KiB, or ``$VOVP_REDUCTION_THRESHOLD``),
-object arrays and unsupported dtypes are pickled by value as usual, as are torch tensors that
-are not on the CPU or that require grad (torch's own reducer handles them, keeping
+Arrays and CPU tensors smaller than ``threshold`` bytes (default 64 KiB, or
+``$VOVP_REDUCTION_THRESHOLD``) travel by value in the message; object arrays and unsupported
+dtypes are pickled as usual; torch tensors that are not on the CPU, that require grad, or that
+are sparse or quantized go through torch's own reducer (CUDA IPC, shared memory keeping
 ``requires_grad``). A store that is full (OutOfMemory even after eviction) makes a send fall back
 to pickling by value with a RuntimeWarning; any other store error is raised.
 
@@ -213,21 +214,39 @@ def _reduce_ndarray(arr):
 
 def _reduce_tensor(t):
     if (t.device.type != "cpu" or t.requires_grad or t.layout is not _torch().strided
-            or t.is_quantized or t.dtype not in T.torch_tables()[0]
-            or t.element_size() * t.numel() < _config["threshold"]):
-        return _torch_by_value(t)
+            or t.is_quantized or t.dtype not in T.torch_tables()[0]):
+        return _torch_own_reduction(t)
+    if t.element_size() * t.numel() < _config["threshold"]:
+        return _tensor_by_value(t)
     try:
         return _share(t, T.torch_to_numpy(t)[0], t.dtype)
     except OutOfMemory as e:
         warnings.warn(f"vovp: the store is full, sending the tensor by value: {e}",
                       RuntimeWarning, stacklevel=2)
-        return _torch_by_value(t)
+        return _tensor_by_value(t)
 
 
-def _torch_by_value(t):
-    """torch's own reduction (shared memory for CPU tensors, CUDA IPC, requires_grad kept)."""
+def _torch_own_reduction(t):
+    """torch's reducer (CUDA IPC, shared memory keeping requires_grad, sparse...)."""
     prev = _config.get("torch_fallback")
     return prev(t) if prev is not None else t.__reduce_ex__(4)
+
+
+def _tensor_by_value(t):
+    """A small CPU tensor as its bytes in the message (a copy, like large tensors are).
+
+    torch's own reducer would move it to a fresh shared-memory file and pass the descriptor
+    through a helper thread: several system calls and round trips for a few bytes."""
+    arr, code = T.torch_to_numpy(t)
+    return _rebuild_by_value, (np.ascontiguousarray(arr).tobytes(), arr.dtype.str, arr.shape,
+                               t.dtype)
+
+
+def _rebuild_by_value(data, dtype, shape, torch_dtype):
+    torch = _torch()
+    arr = np.frombuffer(bytearray(data), dtype=np.dtype(dtype)).reshape(shape)  # writable
+    t = torch.from_numpy(arr)
+    return t.view(torch_dtype) if t.dtype != torch_dtype else t
 
 
 def _torch():
