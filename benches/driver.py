@@ -589,6 +589,9 @@ def torch_mp_receiver(inq, outq):
     the time, answer (time, sum matched)."""
     import torch
 
+    # One thread reads: on a 2-core machine an OpenMP helper thread competes with the sender's
+    # copy threads and adds scheduling noise to both sides alike.
+    torch.set_num_threads(1)
     while True:
         msg = inq.get()
         if msg is None:

@@ -277,13 +277,17 @@ impl Report {
             t.push(if size >= 16 * MIB {
                 ratio_target(
                     row,
-                    &format!("torch.multiprocessing Queue {label}: ≥ 2× faster than torch's own sharing"),
+                    &format!(
+                        "torch.multiprocessing Queue {label}: ≥ 2× faster than torch's own sharing"
+                    ),
                     |r| r <= 0.5,
                 )
             } else {
                 ratio_target(
                     row,
-                    &format!("torch.multiprocessing Queue {label}: faster than torch's own sharing"),
+                    &format!(
+                        "torch.multiprocessing Queue {label}: faster than torch's own sharing"
+                    ),
                     |r| r < 1.0,
                 )
             });

@@ -503,3 +503,26 @@ def test_cuda_tensor_without_daemon_gpu_memory_is_a_clear_error_or_works(client)
         assert str(e)
     else:
         assert back.is_cuda and back.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
+    small = {f"s{i}": torch.full((4,), i) for i in range(100)}  # more than one batch of 64
+    small["big"] = torch.ones(1 << 19)  # 2 MiB: CREATE + copy + SEAL
+    small["arr"] = np.arange(3)
+    gc.collect()
+    client.flush()
+    before = client._next_id()
+    stored = client.put_tensors(small)
+    # One PUT per small tensor (101, sent in two pipelined writes) and CREATE + SEAL for the
+    # big one: nothing else (no per-tensor extra requests).
+    assert client._next_id() - before == 101 + 2 + 1
+    assert list(stored) == list(small)
+    for name, t in small.items():
+        g = stored[name]
+        assert type(g) is type(t)
+        assert (torch.equal(g, t) if isinstance(t, torch.Tensor) else g.tolist() == t.tolist())
+    # One name taken: the error is raised, every other tensor is stored.
+    with pytest.raises(vovp.ObjectExists):
+        client.put_tensors({"new1": torch.ones(2), "s5": torch.ones(2), "new2": torch.ones(2)})
+    assert client.contains("new1") and client.contains("new2")
+    assert client.get_tensor("s5").tolist() == [5, 5, 5, 5]

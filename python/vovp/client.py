@@ -971,27 +971,13 @@ class Client:
         other object with ``__cuda_array_interface__`` goes through ``put_cuda``. Without a
         usable CUDA driver in this process they raise GpuUnavailable (with the reason).
         """
-        if type(t) is np.ndarray:
-            src = t
-            torch_in = False
-            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
-        elif T.is_torch_tensor(t):
-            if t.device.type == "cuda":
-                return self._put_torch_cuda(name, t, ephemeral)
-            if t.device.type != "cpu":
-                raise GpuUnavailable(
-                    f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only",
-                    10)
-            src, code = T.torch_to_numpy(t)
-            torch_in = writable = True
-            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape, code,
-                                                       T.FRAMEWORK_TORCH)
-        else:
-            if C.cuda_interface(t) is not None:
-                return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
-            src = np.asarray(t)
-            torch_in = False
-            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
+        if T.is_torch_tensor(t) and t.device.type == "cuda":
+            return self._put_torch_cuda(name, t, ephemeral)
+        if not T.is_torch_tensor(t) and type(t) is not np.ndarray and \
+                C.cuda_interface(t) is not None:
+            return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
+        src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
+        writable = writable or torch_in
         nb = P.encode_name(name)
         size = src.nbytes
         flags = P.OBJ_EPHEMERAL if ephemeral else 0
@@ -1009,12 +995,110 @@ class Client:
             except BaseException:
                 self._drop_owner(owner)
                 raise
-        arr = owner.view(view_dt).reshape(src.shape)
-        if torch_in:
-            return T.numpy_to_torch(arr, code)
-        if not writable:
-            arr.flags.writeable = False
-        return arr
+        return _host_result(owner, view_dt, src.shape, code, torch_in, writable)
+
+    def put_tensors(self, tensors, ephemeral: bool = False, writable: bool = False) -> dict:
+        """``put_tensor`` of every ``name -> tensor`` item of a mapping (or of (name, tensor)
+        pairs); returns ``{name: store's copy}`` in the same order.
+
+        Small host tensors (up to the inline limit) are pipelined: their PUTs go out together
+        and their replies are read together, one round trip for many tensors. Larger ones and
+        CUDA tensors are put one after the other. If any put fails, the first error is raised
+        after all were attempted; the others stay stored (``delete`` them if needed).
+        """
+        items = list(tensors.items() if hasattr(tensors, "items") else tensors)
+        flags = (P.OBJ_EPHEMERAL if ephemeral else 0) | P.OBJ_KEEP_REFERENCE
+        results = {}  # filled in input order: placeholders first
+        error = None
+        sequential = []  # CUDA and large tensors: put_tensor one by one
+        batch = []  # (name, frame, request id, view dtype, shape, code, torch input)
+        batch_bytes = 0
+        for name, t in items:
+            cuda = (T.is_torch_tensor(t) and t.device.type == "cuda") or (
+                not T.is_torch_tensor(t) and type(t) is not np.ndarray
+                and C.cuda_interface(t) is not None)
+            if not cuda:
+                try:
+                    src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
+                except Exception as e:  # noqa: BLE001 (raised once the others are stored)
+                    error = error or e
+                    continue
+            if cuda or src.nbytes > self._inline_limit:
+                sequential.append((name, t))
+                results[name] = None
+                continue
+            if src.dtype is not store_dt or not src.flags.c_contiguous:
+                src = np.ascontiguousarray(src, dtype=store_dt)
+            data = src.reshape(-1).view(np.uint8).tobytes()
+            head = P.put_payload_head(P.encode_name(name), flags, meta, len(data))
+            rid = self._next_id()
+            frame = P.HEADER.pack(12 + len(head) + len(data), P.VERSION, P.PUT, 0, rid) + \
+                head + data
+            batch.append((name, frame, rid, view_dt, src.shape, code, torch_in))
+            results[name] = None
+            batch_bytes += len(frame)
+            # Bounded batches: the daemon's replies must never fill our receive buffer while
+            # we are still sending.
+            if len(batch) >= 64 or batch_bytes >= (4 << 20):
+                error = self._put_batch(batch, results, writable) or error
+                batch, batch_bytes = [], 0
+        if batch:
+            error = self._put_batch(batch, results, writable) or error
+        for name, t in sequential:
+            try:
+                results[name] = self.put_tensor(name, t, ephemeral, writable)
+            except Exception as e:  # noqa: BLE001
+                error = error or e
+                results.pop(name, None)
+        if error is not None:
+            raise error
+        return results
+
+    def _put_batch(self, batch, results, writable):
+        """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
+        replies = self._roundtrip_many([b[1] for b in batch], P.PUT, [b[2] for b in batch],
+                                       _parse_objref)
+        error = None
+        for (name, _, _, view_dt, shape, code, torch_in), ref in zip(batch, replies):
+            if isinstance(ref, Exception):
+                error = error or ref
+                results.pop(name, None)
+                continue
+            owner = self._owner(ref, name, writable or torch_in)
+            results[name] = _host_result(owner, view_dt, shape, code, torch_in,
+                                         writable or torch_in)
+        return error
+
+    def _roundtrip_many(self, frames, opcode, rids, parse):
+        """Send several requests at once, then read their replies: a parsed result or the
+        error of each (statuses that desynchronise the stream break the connection)."""
+        if os.getpid() != self._pid:
+            self._check_usable()
+        with self._lock:
+            if self._closed:
+                self._check_usable()
+            out = []
+            try:
+                data = b"".join(frames)
+                if self._pending:
+                    data = self._drain_pending() + data
+                self._sock.sendall(data)
+                for rid in rids:
+                    buf = self._read_frame()
+                    try:
+                        pos = P.check_reply(buf, opcode, rid)
+                        out.append(parse(buf, pos))
+                    except VovpError as e:
+                        if e.status in (0, 13):
+                            raise
+                        out.append(e)
+            except VovpError:
+                self._mark_broken()
+                raise
+            except OSError as e:
+                self._mark_broken()
+                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+            return out
 
     def get_tensor(self, name, timeout=None, framework=None, writable: bool = False):
         """The tensor stored under ``name``, zero-copy.
@@ -1074,14 +1158,6 @@ class Client:
                 self._release_quietly(ref.object_id)
             raise
         return out
-
-    def put_tensors(self, tensors, ephemeral: bool = False, writable: bool = False) -> dict:
-        """``put_tensor`` of every ``name -> tensor`` item of a mapping (or of (name, tensor)
-        pairs); returns ``{name: store's copy}``. Each object is sealed as soon as it is
-        written: when one fails, those before it stay stored and the error is raised."""
-        items = tensors.items() if hasattr(tensors, "items") else tensors
-        return {name: self.put_tensor(name, t, ephemeral=ephemeral, writable=writable)
-                for name, t in items}
 
     def _tensor_from_ref(self, ref, name, framework, writable):
         """The result of ``get_tensor`` for a granted reference (released on failure)."""
@@ -1326,6 +1402,30 @@ class Client:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
         return Subscription(self._path)
+
+
+def _host_source(t):
+    """(numpy view of the data, dtype code, dtype to store, dtype of the result, header,
+    torch input) for a numpy array, CPU torch tensor or array-like."""
+    if type(t) is np.ndarray:
+        return (t, *T.put_plan(t.dtype, t.shape), False)
+    if T.is_torch_tensor(t):
+        if t.device.type != "cpu":
+            raise GpuUnavailable(
+                f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only", 10)
+        src, code = T.torch_to_numpy(t)
+        return (src, *T.put_plan(src.dtype, src.shape, code, T.FRAMEWORK_TORCH), True)
+    src = np.asarray(t)
+    return (src, *T.put_plan(src.dtype, src.shape), False)
+
+
+def _host_result(owner, view_dt, shape, code, torch_in, writable):
+    arr = owner.view(view_dt).reshape(shape)
+    if torch_in:
+        return T.numpy_to_torch(arr, code)
+    if not writable:
+        arr.flags.writeable = False
+    return arr
 
 
 def _check_framework(framework):
