@@ -160,18 +160,6 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
 
-    // A hung store must not hang the run: kill the children and fail after the deadline.
-    let deadline = args.mode.deadline();
-    std::thread::spawn(move || {
-        std::thread::sleep(deadline);
-        eprintln!(
-            "vovp-bench: the run passed its {} s deadline; killing it",
-            deadline.as_secs()
-        );
-        procs::kill_all();
-        std::process::exit(1);
-    });
-
     let mut setup_secs = 0.0;
     let python = if args.python {
         let t = Instant::now();
@@ -188,6 +176,20 @@ fn main() -> ExitCode {
     } else {
         None
     };
+
+    // A hung store must not hang the run: kill the children and fail after the deadline.
+    // Counted from here: the first setup installs torch, whose download time says nothing
+    // about the stores.
+    let deadline = args.mode.deadline();
+    std::thread::spawn(move || {
+        std::thread::sleep(deadline);
+        eprintln!(
+            "vovp-bench: the run passed its {} s deadline; killing it",
+            deadline.as_secs()
+        );
+        procs::kill_all();
+        std::process::exit(1);
+    });
 
     let mut report = Report::default();
     let capacity = args.mode.capacity();

@@ -1,11 +1,13 @@
 """vovp: a shared-memory tensor store (client for the ``vovp-engine`` daemon).
 
-    import vovp, numpy as np
+    import vovp, torch
     client = vovp.init_client("/tmp/vovp.sock")
-    a = client.put_tensor("x", np.arange(6, dtype=np.float32).reshape(2, 3))
-    b = vovp.init_client("/tmp/vovp.sock").get_tensor("x")   # same memory, any process
+    a = client.put_tensor("x", torch.arange(6.0).reshape(2, 3))
+    b = vovp.init_client("/tmp/vovp.sock").get_tensor("x")   # a torch tensor, same memory
 
-See README.md for lifetimes, dtypes and multiprocessing support (``init_reduction``).
+numpy arrays work the same way. See README.md for lifetimes, dtypes, batch calls
+(``get_tensors``/``put_tensors``) and multiprocessing / DataLoader support
+(``init_reduction``, ``worker_init_fn``).
 """
 
 from .client import DEFAULT_SOCKET, Client, Subscription, init_client
