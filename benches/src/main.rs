@@ -18,12 +18,15 @@ use vovp_bench::report::{Check, Report, Row};
 use vovp_bench::rust_level::{self, RustConfig, Stores};
 use vovp_bench::GIB;
 
-const USAGE: &str = "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--cpus LIST]
+const USAGE: &str =
+    "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--only LIST] [--cpus LIST]
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
   --skip-python  only the Rust-level workloads (no Plasma, no Python driver)
   --skip-rust    only the Python-level workloads
+  --only LIST    only these Python-level workloads, e.g. `--only torch,loader` (names: small,
+                 large, get, handoff, mp, evict, torch, loader; default all)
   --cpus LIST    run everything (harness, daemons, driver) on these CPUs, e.g. `--cpus 0`:
                  a diagnosis aid, the placement of clients and daemons decides small-op latency
 
@@ -67,12 +70,14 @@ struct Args {
     python: bool,
     rust: bool,
     cpus: Option<Vec<usize>>,
+    only: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut mode = None;
     let (mut python, mut rust) = (true, true);
     let mut cpus = None;
+    let mut only = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -82,6 +87,7 @@ fn parse_args() -> Result<Args, String> {
                     list.split(',').map(|c| c.trim().parse::<usize>()).collect();
                 cpus = Some(parsed.map_err(|_| format!("--cpus {list:?}: say e.g. 0 or 0,1"))?);
             }
+            "--only" => only = Some(it.next().ok_or("--only needs a list like torch,loader")?),
             "--quick" => mode = Some(Mode::Quick),
             "--full" => mode = Some(Mode::Full),
             "--skip-python" => python = false,
@@ -96,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
         python,
         rust,
         cpus,
+        only,
     })
 }
 
@@ -256,6 +263,7 @@ fn main() -> ExitCode {
                     &paths,
                     py,
                     args.mode,
+                    args.only.as_deref(),
                     &daemons[0].socket,
                     &daemons[1].socket,
                     capacity,
@@ -296,6 +304,12 @@ fn main() -> ExitCode {
     if let Some(cpus) = &args.cpus {
         let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
         command.push_str(&format!(" --cpus {}", list.join(",")));
+    }
+    if !args.rust {
+        command.push_str(" --skip-rust");
+    }
+    if let Some(only) = &args.only {
+        command.push_str(&format!(" --only {only}"));
     }
     let run = json!({
         "mode": args.mode.name(),
@@ -394,6 +408,7 @@ fn run_driver(
     paths: &Paths,
     py: &PythonEnv,
     mode: Mode,
+    only: Option<&str>,
     vovp_sock: &Path,
     plasma_sock: &Path,
     capacity: u64,
@@ -418,6 +433,9 @@ fn run_driver(
         .arg(&out)
         .env("PYTHONPATH", pythonpath)
         .stdin(Stdio::null());
+    if let Some(only) = only {
+        cmd.args(["--only", only]);
+    }
     let limit = match mode {
         Mode::Quick => Duration::from_secs(5 * 60),
         Mode::Full => Duration::from_secs(20 * 60),

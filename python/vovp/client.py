@@ -1017,12 +1017,13 @@ class Client:
             cuda = (T.is_torch_tensor(t) and t.device.type == "cuda") or (
                 not T.is_torch_tensor(t) and type(t) is not np.ndarray
                 and C.cuda_interface(t) is not None)
-            if not cuda:
-                try:
+            try:
+                nb = P.encode_name(name)
+                if not cuda:
                     src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
-                except Exception as e:  # noqa: BLE001 (raised once the others are stored)
-                    error = error or e
-                    continue
+            except Exception as e:  # noqa: BLE001 (raised once the others are stored)
+                error = error or e
+                continue
             if cuda or src.nbytes > self._inline_limit:
                 sequential.append((name, t))
                 results[name] = None
@@ -1030,7 +1031,7 @@ class Client:
             if src.dtype is not store_dt or not src.flags.c_contiguous:
                 src = np.ascontiguousarray(src, dtype=store_dt)
             data = src.reshape(-1).view(np.uint8).tobytes()
-            head = P.put_payload_head(P.encode_name(name), flags, meta, len(data))
+            head = P.put_payload_head(nb, flags, meta, len(data))
             rid = self._next_id()
             frame = P.HEADER.pack(12 + len(head) + len(data), P.VERSION, P.PUT, 0, rid) + \
                 head + data
