@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import vovp  # noqa: E402
+from vovp import protocol as P  # noqa: E402
 import _helpers  # noqa: E402
 from _helpers import store_backed, tensor_digest, wait_for  # noqa: E402
 from conftest import PYTHON_DIR  # noqa: E402
@@ -526,3 +527,24 @@ def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
         client.put_tensors({"new1": torch.ones(2), "s5": torch.ones(2), "new2": torch.ones(2)})
     assert client.contains("new1") and client.contains("new2")
     assert client.get_tensor("s5").tolist() == [5, 5, 5, 5]
+
+
+def test_handoff_does_not_wait_for_the_seal_reply(start_daemon, reduction_to):
+    """A large send seals its object without waiting for the reply (the receiver's GET waits
+    for the seal instead); the reply is read in front of the sender's next request."""
+    d = start_daemon()
+    reduction_to(d.socket)
+    data = ForkingPickler.dumps(torch.arange(1 << 18, dtype=torch.float32))  # 1 MiB
+    sender = vovp.default_client(d.socket)
+    assert [op for op, _, _ in sender._unread] == [P.SEAL]  # its reply not read yet
+    other = d.client()
+    # (the daemon may see this LIST before the SEAL: they come on different connections)
+    assert wait_for(lambda: [(e["sealed"], e["ephemeral"]) for e in other.list()] ==
+                    [(True, True)])
+    back = ForkingPickler.loads(data)
+    assert torch.equal(back, torch.arange(1 << 18, dtype=torch.float32)) and store_backed(back)
+    assert sender.stats()["objects"] == 1  # the next request consumed the seal's reply first
+    assert not sender._unread
+    del back
+    gc.collect()
+    assert wait_for(lambda: other.stats()["objects"] == 0)

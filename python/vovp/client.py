@@ -343,6 +343,9 @@ class Client:
         self._seg_ro = {}  # segment id -> read-only memoryview of the whole mapping
         self._seg_addr = {}  # segment id -> address of the mapping (release() by address)
         self._unsealed = {}  # name -> object id of objects this client created, not sealed yet
+        # (opcode, request id, name) of requests sent whose replies are read later, in front of
+        # the next request's (see _seal_later).
+        self._unread = collections.deque()
         self._sock = self._connect(path, connect_timeout)
         try:
             self._hello()
@@ -576,6 +579,8 @@ class Client:
                     if self._pending:
                         data = self._drain_pending() + data
                     self._sock.sendall(data)
+                if self._unread:
+                    self._read_unread()
                 buf = self._read_frame()
             except VovpError:
                 self._mark_broken()  # EOF or an unreadable frame: the stream cannot resync
@@ -615,6 +620,45 @@ class Client:
                 continue
             sock.sendall(mv[sent:])
             sent = 0
+
+    def _seal_later(self, name) -> None:
+        """Send SEAL without waiting for its reply (read in front of the next request's).
+
+        For hand-offs (vovp.reduction): the receiver's GET waits for the seal anyway, so the
+        sender need not pay a round trip before sending the name. A failure of such a seal can
+        only be reported later, as a RuntimeWarning; the receiver's GET then times out.
+        """
+        nb = P.encode_name(name)
+        rid = self._next_id()
+        frame = P.NAME_PREFIX.pack(14 + len(nb), P.VERSION, P.SEAL, 0, rid, len(nb)) + nb
+        if os.getpid() != self._pid:
+            self._check_usable()
+        with self._lock:
+            self._check_usable()
+            if self._pending:
+                frame = self._drain_pending() + frame
+            try:
+                self._sock.sendall(frame)
+            except OSError as e:
+                self._mark_broken()
+                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+            self._unread.append((P.SEAL, rid, name))
+        self._unsealed.pop(name, None)
+
+    def _read_unread(self):
+        """Consume the replies of requests sent earlier without waiting (under the lock)."""
+        while self._unread:
+            opcode, rid, name = self._unread.popleft()
+            buf = self._read_frame()
+            try:
+                P.check_reply(buf, opcode, rid)
+            except VovpError as e:
+                if e.status in (0, 13):
+                    raise
+                import warnings  # noqa: PLC0415 (rare path)
+
+                warnings.warn(f"vovp: deferred seal of {name!r} failed: {e}", RuntimeWarning,
+                              stacklevel=3)
 
     def _mark_broken(self):
         self._closed = True
@@ -957,7 +1001,8 @@ class Client:
 
     # -- tensors --------------------------------------------------------------------------------
 
-    def put_tensor(self, name, t, ephemeral: bool = False, writable: bool = False):
+    def put_tensor(self, name, t, ephemeral: bool = False, writable: bool = False,
+                   _seal_later: bool = False):
         """Store a numpy array or torch tensor (CPU or CUDA); return the store's copy, zero-copy.
 
         The result (numpy array, or torch tensor for torch input) is a view of the store's
@@ -991,7 +1036,10 @@ class Client:
             owner = self._create(nb, size, flags, meta, name)
             try:
                 copy_into(owner.view(store_dt).reshape(src.shape), src)
-                self.seal(name)
+                if _seal_later:
+                    self._seal_later(name)
+                else:
+                    self.seal(name)
             except BaseException:
                 self._drop_owner(owner)
                 raise
@@ -1084,6 +1132,8 @@ class Client:
                 if self._pending:
                     data = self._drain_pending() + data
                 self._sock.sendall(data)
+                if self._unread:
+                    self._read_unread()
                 for rid in rids:
                     buf = self._read_frame()
                     try:

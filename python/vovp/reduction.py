@@ -72,6 +72,8 @@ from .errors import ConnectionError, OutOfMemory, VovpError
 __all__ = ["init_reduction", "default_client", "worker_init_fn", "DEFAULT_THRESHOLD"]
 
 DEFAULT_THRESHOLD = 64 << 10
+# How long a receiver waits for the sender's seal of a large object (sent without waiting).
+RECEIVE_TIMEOUT = 10.0
 
 _U64 = struct.Struct("<Q")
 
@@ -279,7 +281,8 @@ def _share(src, arr, torch_dtype):
         # A copy per send: the source may be refilled in place and sent again.
         client = _sender_client()
         name = f"vovp-mp-{uuid.uuid4().hex}"
-        holder = client.put_tensor(name, src, ephemeral=True)
+        # The receiver's GET waits for the seal: no need to wait for its reply here.
+        holder = client.put_tensor(name, src, ephemeral=True, _seal_later=True)
         oid = find_lease(holder).oid
         path = client.path
         view = T.torch_to_numpy(holder)[0] if torch_dtype is not None else holder
@@ -393,7 +396,8 @@ def pending_sends() -> int:
 def _rebuild(path, name, oid, offset, dtype, shape, strides, torch_dtype, ack_addr, seq):
     client = default_client(path)
     try:
-        ref = client._get1(name, None)
+        # Waits for the sender's seal, which may reach the daemon after this GET does.
+        ref = client._get1(name, RECEIVE_TIMEOUT)
         owner = client._owner(ref, name, writable=torch_dtype is not None)
     finally:
         # Ack even on failure: the sender's hold cannot help a receiver that already failed.
