@@ -262,8 +262,7 @@ fn main() -> ExitCode {
                 match run_driver(
                     &paths,
                     py,
-                    args.mode,
-                    args.only.as_deref(),
+                    &args,
                     &daemons[0].socket,
                     &daemons[1].socket,
                     capacity,
@@ -407,13 +406,13 @@ fn rust_workloads(
 fn run_driver(
     paths: &Paths,
     py: &PythonEnv,
-    mode: Mode,
-    only: Option<&str>,
+    args: &Args,
     vovp_sock: &Path,
     plasma_sock: &Path,
     capacity: u64,
     report: &mut Report,
 ) -> Result<Value, String> {
+    let mode = args.mode;
     let out = paths.out.join("driver.json");
     let _ = std::fs::remove_file(&out);
     // The working tree's client first, whatever the venv has installed.
@@ -433,7 +432,7 @@ fn run_driver(
         .arg(&out)
         .env("PYTHONPATH", pythonpath)
         .stdin(Stdio::null());
-    if let Some(only) = only {
+    if let Some(only) = &args.only {
         cmd.args(["--only", only]);
     }
     let limit = match mode {
