@@ -16,6 +16,10 @@ Lifetime (who holds a store reference when):
   a buffer refilled in place and sent again sends its new contents). An array that already is
   store memory (received, or returned by ``get_tensor``/``put_tensor``) is sent by name
   without a copy: store objects are immutable.
+* A large send seals its object without waiting for the daemon's reply (read before the
+  sender's next request); the receiver's GET waits up to ``RECEIVE_TIMEOUT`` (10 s) for the
+  seal, which may reach the daemon after the GET does. (A sender that dies in between aborts
+  the object: the receiver's unpickling then fails with ObjectNotFound after that wait.)
 * Each receiver holds one reference for as long as its array (or any view of it) lives.
 * Between pickling and unpickling, nobody would otherwise hold the object: ``q.put(np.ones(n))``
   drops the temporary right after the queue's feeder thread pickled it, before any receiver
