@@ -52,6 +52,8 @@ MODES = {
         handoff=[(64, 20), (MiB, 20), (64 * MiB, 6)],
         mp=[(MiB, 10), (16 * MiB, 10), (256 * MiB, 3)],
         evict_object=4 * MiB, evict_reps=1,
+        torch_mp=[(4 * KiB, 30), (MiB, 20), (16 * MiB, 10), (128 * MiB, 4)],
+        loader=dict(epochs=3, batches=24),
     ),
     "full": dict(
         small_ops=5000, small_reps=13,
@@ -60,6 +62,8 @@ MODES = {
         handoff=[(64, 100), (MiB, 100), (64 * MiB, 25)],
         mp=[(MiB, 40), (16 * MiB, 30), (256 * MiB, 11)],
         evict_object=4 * MiB, evict_reps=5,
+        torch_mp=[(4 * KiB, 200), (MiB, 100), (16 * MiB, 40), (128 * MiB, 12)],
+        loader=dict(epochs=9, batches=64),
     ),
 }
 
@@ -614,6 +618,163 @@ def bench_dropin(paths, plasma_store, cfg, out, checks):
             checks.append(c)
 
 
+# --- (7) PyTorch: torch.multiprocessing's own sharing as the baseline ------------------------------
+# What a PyTorch user would use instead of vovp: torch's tensor reducer (torch.multiprocessing,
+# registered when torch is imported), which moves a tensor's storage into a fresh shared-memory
+# file (one copy) and passes its descriptor to the receiver. Both sides send the same fresh
+# tensors through the same torch.multiprocessing spawn Queue to the same child; only the reducer
+# registered for torch.Tensor differs, switched between sends (the queue is idle then: every
+# send waits for the child's answer).
+
+
+def torch_mp_receiver(inq, outq):
+    """Child: receive (tensor, expected sum) until None; read every byte (an int64 sum), stamp
+    the time, answer (time, sum matched)."""
+    import torch
+
+    # One thread reads: on a 2-core machine an OpenMP helper thread competes with the sender's
+    # copy threads and adds scheduling noise to both sides alike.
+    torch.set_num_threads(1)
+    while True:
+        msg = inq.get()
+        if msg is None:
+            return
+        t, expect = msg
+        got = int(t.view(torch.int64).sum())
+        t1 = now()
+        del t, msg
+        outq.put((t1, got == expect))
+
+
+def torch_reducers(vovp_path):
+    """(vovp's reducer, torch's reducer) for torch.Tensor."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    import vovp
+
+    vovp.init_reduction(vovp_path)
+    return ForkingPickler._extra_reducers[torch.Tensor], reduce_tensor
+
+
+def use_reducer(reducer):
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+
+    ForkingPickler.register(torch.Tensor, reducer)
+
+
+def bench_torch_mp(paths, cfg, out, checks):
+    import torch
+    import torch.multiprocessing as tmp
+
+    reducers = dict(zip(("vovp", "torch"), torch_reducers(paths["vovp"])))
+    ctx = tmp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=torch_mp_receiver, args=(inq, outq), daemon=True)
+    child.start()
+    ok = {"vovp": True, "torch": True}
+    try:
+        for size, reps in cfg["torch_mp"]:
+            src = torch.from_numpy(pattern(size, seed=11).view(np.int64).copy())
+            expect = int(src.sum())
+            s = {"vovp": [], "base": []}
+            for rep in range(-1, reps):  # repetition -1 warms both paths up
+                for kind in (("vovp", "torch") if rep % 2 == 0 else ("torch", "vovp")):
+                    use_reducer(reducers[kind])
+                    t = src.clone()  # fresh: never shared before (torch would reuse its file)
+                    gc.collect()
+                    t0 = now()
+                    inq.put((t, expect))
+                    t1, good = outq.get(timeout=120)
+                    ok[kind] &= good
+                    del t
+                    if rep >= 0:
+                        s["vovp" if kind == "vovp" else "base"].append((t1 - t0) / 1e3)
+            out.append(dict(key=f"py.torch_mp.{size}", group="Python: PyTorch hand-off",
+                            name=f"torch.multiprocessing spawn Queue, fresh tensor "
+                                 f"{size_label(size)} → read in child",
+                            unit="µs", higher_is_better=False,
+                            base_label="torch's own sharing", size=size, **s))
+            log(f"torch multiprocessing: {size_label(size)} done")
+        inq.put(None)
+        child.join(30)
+    finally:
+        use_reducer(reducers["vovp"])
+        if child.is_alive():
+            child.kill()
+    for kind in ("vovp", "torch"):
+        checks.append(dict(name=f"torch multiprocessing ({kind} reducer) delivered the right "
+                                "bytes", ok=ok[kind], store="vovp"))
+
+
+class LoaderDataset:
+    """Map-style dataset for the DataLoader workload: item i is ``numel`` int32 equal to i."""
+
+    def __init__(self, n, numel):
+        self.n, self.numel = n, numel
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        return torch.full((self.numel,), i, dtype=torch.int32)
+
+
+LOADER_ITEM = 128 * KiB  # int32 elements: 512 KiB items, 4 MiB batches of 8
+LOADER_BATCH = 8
+
+
+def bench_dataloader(paths, cfg, out, checks):
+    """Batches per second of a DataLoader with 2 spawned workers (this machine's cores),
+    batches sent through the store (worker_init_fn=vovp.worker_init_fn) or by torch's own
+    sharing; the main process reads every batch. Epochs alternate between the two loaders
+    (persistent workers, so worker start-up is not timed)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    import vovp
+
+    vovp.init_reduction(paths["vovp"])  # exports $VOVP_SOCKET for the workers
+    c = cfg["loader"]
+    ds = LoaderDataset(c["batches"] * LOADER_BATCH, LOADER_ITEM)
+    common = dict(batch_size=LOADER_BATCH, num_workers=N_CLIENTS, persistent_workers=True,
+                  multiprocessing_context="spawn")
+    loaders = {"vovp": DataLoader(ds, worker_init_fn=vovp.worker_init_fn, **common),
+               "torch": DataLoader(ds, **common)}
+    rates = {"vovp": [], "base": []}
+    ok = {"vovp": True, "torch": True}
+    expect = [LOADER_ITEM * sum(range(k * LOADER_BATCH, (k + 1) * LOADER_BATCH))
+              for k in range(c["batches"])]
+    for rep in range(-1, c["epochs"]):
+        for kind in (("vovp", "torch") if rep % 2 == 0 else ("torch", "vovp")):
+            gc.collect()
+            t0 = now()
+            for k, batch in enumerate(loaders[kind]):
+                ok[kind] &= int(batch.sum(dtype=torch.int64)) == expect[k]
+                del batch
+            t1 = now()
+            if rep >= 0:
+                rates["vovp" if kind == "vovp" else "base"].append(
+                    c["batches"] / ((t1 - t0) / 1e9))
+    del loaders
+    gc.collect()
+    out.append(dict(key="py.dataloader", group="Python: PyTorch hand-off",
+                    name=f"DataLoader, 2 spawned workers, {size_label(LOADER_BATCH * 4 * LOADER_ITEM)}"
+                         " batches read by the main process",
+                    unit="batch/s", higher_is_better=True, base_label="torch's own sharing",
+                    **rates))
+    for kind in ("vovp", "torch"):
+        checks.append(dict(name=f"DataLoader ({kind}) delivered every batch intact",
+                           ok=ok[kind], store="vovp"))
+    log("DataLoader done")
+
+
 # --- main ---------------------------------------------------------------------------------------------
 
 
@@ -624,7 +785,7 @@ def main():
     ap.add_argument("--plasma", required=True, help="plasma-store-server socket")
     ap.add_argument("--capacity", type=int, required=True, help="memory limit of both stores")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="small,large,get,handoff,mp,evict,dropin",
+    ap.add_argument("--only", default="small,large,get,handoff,mp,evict,dropin,torch,loader",
                     help="comma-separated workloads to run")
     args = ap.parse_args()
     cfg = MODES[args.mode]
@@ -637,6 +798,10 @@ def main():
     import pyarrow
 
     info["pyarrow"] = pyarrow.__version__
+    if only & {"torch", "loader"}:
+        import torch  # benches/setup.sh installs it: a missing torch fails the run
+
+        info["torch"] = torch.__version__
     for st in stores.values():
         st.clear()  # leftovers of an interrupted run would collide with this run's names
     workers = Workers(paths, N_CLIENTS)
@@ -651,6 +816,8 @@ def main():
             ("dropin", lambda: bench_dropin(paths, stores["plasma"], cfg, results, checks)),
             # Last: init_reduction changes how every ndarray is pickled in this process.
             ("mp", lambda: bench_mp(paths, cfg, results, checks)),
+            ("torch", lambda: bench_torch_mp(paths, cfg, results, checks)),
+            ("loader", lambda: bench_dataloader(paths, cfg, results, checks)),
         ):
             if name in only:
                 t = time.monotonic()

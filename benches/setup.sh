@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prepares the Python side of the benchmarks: a venv at target/bench/venv with the reference store
-# (Apache Arrow Plasma, which only ships in pyarrow <= 11), numpy, matplotlib for the plot, and the
-# vovp Python client from python/. scripts/plasma-conformance.sh runs Plasma's own tests in the
-# same venv, hence pytest and pandas (test_store_pandas_dataframe).
+# (Apache Arrow Plasma, which only ships in pyarrow <= 11), numpy, matplotlib for the plot, torch
+# (the PyTorch workloads), and the vovp Python client from python/. scripts/plasma-conformance.sh
+# runs Plasma's own tests in the same venv, hence pytest and pandas (test_store_pandas_dataframe).
 #
 # Idempotent: a stamp file records what was installed; when it matches, nothing is done (this
 # keeps `vovp-bench --quick` fast in CI after the first run). Prints, as its last two lines,
@@ -20,7 +20,9 @@ PYTHON="${PYTHON:-python3}"
 # pyarrow 11.0.0 is the last release with Plasma; it has wheels for CPython 3.7-3.11. numpy 2
 # breaks pyarrow 11's compiled extension, hence the pin; pandas 2.0 is the last one built against
 # numpy 1 that pyarrow 11 was tested with.
-PACKAGES=("pyarrow==11.0.0" "numpy<2" "matplotlib" "pytest" "pandas<2.1")
+# torch: the PyTorch workloads' baseline is torch.multiprocessing's own sharing (torch 2.x runs
+# with numpy 1.26; checked with torch 2.15).
+PACKAGES=("pyarrow==11.0.0" "numpy<2" "matplotlib" "pytest" "pandas<2.1" "torch")
 STAMP_TEXT="v1 ${PACKAGES[*]} $("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
 STAMP="$VENV/.vovp-bench-complete"
 

@@ -18,13 +18,16 @@ use vovp_bench::report::{Check, Report, Row};
 use vovp_bench::rust_level::{self, RustConfig, Stores};
 use vovp_bench::{probes, soak, GIB};
 
-const USAGE: &str = "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--cpus LIST]
+const USAGE: &str =
+    "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--only LIST] [--cpus LIST]
                   [--soak-only|--skip-soak]
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
   --skip-python  only the Rust-level workloads (no Plasma, no Python driver)
   --skip-rust    only the Python-level workloads
+  --only LIST    only these Python-level workloads, e.g. `--only torch,loader` (names: small,
+                 large, get, handoff, mp, evict, torch, loader; default all)
   --cpus LIST    run everything (harness, daemons, driver) on these CPUs, e.g. `--cpus 0`:
                  a diagnosis aid, the placement of clients and daemons decides small-op latency
   --soak-only    only the reliability section: the soak (30 s quick, 10 min full) and the
@@ -75,6 +78,7 @@ struct Args {
     perf: bool,
     /// The reliability section: soak and probes (off with --skip-soak).
     soak: bool,
+    only: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -82,6 +86,7 @@ fn parse_args() -> Result<Args, String> {
     let (mut python, mut rust) = (true, true);
     let mut cpus = None;
     let (mut perf, mut soak) = (true, true);
+    let mut only = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -91,6 +96,7 @@ fn parse_args() -> Result<Args, String> {
                     list.split(',').map(|c| c.trim().parse::<usize>()).collect();
                 cpus = Some(parsed.map_err(|_| format!("--cpus {list:?}: say e.g. 0 or 0,1"))?);
             }
+            "--only" => only = Some(it.next().ok_or("--only needs a list like torch,loader")?),
             "--quick" => mode = Some(Mode::Quick),
             "--full" => mode = Some(Mode::Full),
             "--skip-python" => python = false,
@@ -109,6 +115,7 @@ fn parse_args() -> Result<Args, String> {
         cpus,
         perf,
         soak,
+        only,
     })
 }
 
@@ -177,18 +184,6 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
 
-    // A hung store must not hang the run: kill the children and fail after the deadline.
-    let deadline = args.mode.deadline();
-    std::thread::spawn(move || {
-        std::thread::sleep(deadline);
-        eprintln!(
-            "vovp-bench: the run passed its {} s deadline; killing it",
-            deadline.as_secs()
-        );
-        procs::kill_all();
-        std::process::exit(1);
-    });
-
     let mut setup_secs = 0.0;
     let python = if args.python {
         let t = Instant::now();
@@ -205,6 +200,20 @@ fn main() -> ExitCode {
     } else {
         None
     };
+
+    // A hung store must not hang the run: kill the children and fail after the deadline.
+    // Counted from here: the first setup installs torch, whose download time says nothing
+    // about the stores.
+    let deadline = args.mode.deadline();
+    std::thread::spawn(move || {
+        std::thread::sleep(deadline);
+        eprintln!(
+            "vovp-bench: the run passed its {} s deadline; killing it",
+            deadline.as_secs()
+        );
+        procs::kill_all();
+        std::process::exit(1);
+    });
 
     let mut report = Report::default();
     let capacity = args.mode.capacity();
@@ -270,7 +279,7 @@ fn main() -> ExitCode {
                 match run_driver(
                     &paths,
                     py,
-                    args.mode,
+                    &args,
                     &daemons[0].socket,
                     &daemons[1].socket,
                     capacity,
@@ -344,6 +353,12 @@ fn main() -> ExitCode {
         if on {
             command.push_str(flag);
         }
+    }
+    if !args.rust {
+        command.push_str(" --skip-rust");
+    }
+    if let Some(only) = &args.only {
+        command.push_str(&format!(" --only {only}"));
     }
     let run = json!({
         "mode": args.mode.name(),
@@ -441,12 +456,13 @@ fn rust_workloads(
 fn run_driver(
     paths: &Paths,
     py: &PythonEnv,
-    mode: Mode,
+    args: &Args,
     vovp_sock: &Path,
     plasma_sock: &Path,
     capacity: u64,
     report: &mut Report,
 ) -> Result<Value, String> {
+    let mode = args.mode;
     let out = paths.out.join("driver.json");
     let _ = std::fs::remove_file(&out);
     // The working tree's client first, whatever the venv has installed.
@@ -466,6 +482,9 @@ fn run_driver(
         .arg(&out)
         .env("PYTHONPATH", pythonpath)
         .stdin(Stdio::null());
+    if let Some(only) = &args.only {
+        cmd.args(["--only", only]);
+    }
     let limit = match mode {
         Mode::Quick => Duration::from_secs(5 * 60),
         Mode::Full => Duration::from_secs(20 * 60),

@@ -158,11 +158,13 @@ impl TensorMeta {
             other => return Err(bad(&format!("byte order {other}"))),
         };
         let ndim = u32::from_le_bytes([b[12], b[13], b[14], b[15]]) as usize;
-        if ndim > MAX_NDIM || b.len() != HEADER_LEN + 8 * ndim {
+        // Bytes after the shape are optional extension fields (PROTOCOL.md; the first is the
+        // framework the data came from, written by the Python client): not needed here.
+        if ndim > MAX_NDIM || b.len() < HEADER_LEN + 8 * ndim {
             return Err(bad("shape length"));
         }
         let mut shape = Vec::with_capacity(ndim);
-        for c in b[HEADER_LEN..].chunks_exact(8) {
+        for c in b[HEADER_LEN..HEADER_LEN + 8 * ndim].chunks_exact(8) {
             let d = i64::from_le_bytes(c.try_into().expect("chunk of 8"));
             if d < 0 {
                 return Err(bad("negative dimension"));
@@ -303,6 +305,22 @@ mod tests {
                 assert_eq!(TensorMeta::decode(&m.encode()).unwrap(), m);
             }
         }
+    }
+
+    #[test]
+    fn extension_bytes_after_the_shape_are_ignored() {
+        // What the Python client writes for a tensor put from torch: framework byte 2.
+        let m = TensorMeta {
+            dtype: DType::BF16,
+            shape: vec![2, 3],
+            device: Device::Cpu,
+            little_endian: true,
+        };
+        let mut b = m.encode();
+        b.push(2);
+        assert_eq!(TensorMeta::decode(&b).unwrap(), m);
+        b.extend_from_slice(&[7, 7]); // fields a later version may add
+        assert_eq!(TensorMeta::decode(&b).unwrap(), m);
     }
 
     #[test]

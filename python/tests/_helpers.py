@@ -66,3 +66,67 @@ def torch_queue_worker(inq, outq):
         del t
         gc.collect()
     outq.put("done")
+
+
+# --- torch helpers (imported lazily: these functions run only where torch is installed) -----
+
+
+def tensor_digest(t) -> str:
+    """dtype, shape and a hash of a CPU tensor's values (bfloat16 by its int16 bits)."""
+    import hashlib
+
+    import torch
+
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return f"{t.dtype}|{tuple(t.shape)}|{hashlib.sha1(t.numpy().tobytes()).hexdigest()}"
+
+
+def torch_child(inq, outq, send_back):
+    """Receive lists of tensors until None: report, per tensor, (type name, digest,
+    store-backed). With ``send_back``, also send one tensor of its own to the parent (a
+    spawned/forkserver child registers the reducers itself, like any sending process)."""
+    import torch
+
+    import vovp
+
+    # A forked child must not use the OpenMP pool its parent already started (libgomp hangs):
+    # one thread, as torch's own DataLoader workers do.
+    torch.set_num_threads(1)
+    if send_back:
+        vovp.init_reduction()
+    while True:
+        ts = inq.get()
+        if ts is None:
+            break
+        outq.put([(type(t).__name__, tensor_digest(t), store_backed(t)) for t in ts])
+        del ts
+        gc.collect()
+    if send_back:
+        outq.put(torch.arange(1 << 16, dtype=torch.float64))
+    outq.put(("done", os.getpid()))
+
+
+class ItemDataset:
+    """Map-style dataset: item i is a float32 tensor of ``numel`` elements, all equal to i.
+    Items from ``slow_from`` on take ``delay`` seconds each (batches still being made when
+    the loader is deleted)."""
+
+    def __init__(self, n, numel, slow_from=None, delay=0.05):
+        self.n = n
+        self.numel = numel
+        self.slow_from = slow_from
+        self.delay = delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+
+        import torch
+
+        if self.slow_from is not None and i >= self.slow_from:
+            time.sleep(self.delay)
+        return torch.full((self.numel,), float(i), dtype=torch.float32)

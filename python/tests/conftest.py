@@ -28,6 +28,28 @@ import vovp  # noqa: E402
 
 ENGINE = Path(os.environ.get("VOVP_ENGINE_BIN", REPO / "target" / "debug" / "vovp-engine"))
 
+# CI installs torch: there, a test skipped because torch cannot be imported is a failure (a
+# broken install must not turn every torch test into a silent skip).
+REQUIRE_TORCH = os.environ.get("VOVP_REQUIRE_TORCH") == "1"
+
+
+def _fail_if_torch_missing(report):
+    if REQUIRE_TORCH and report.skipped and "could not import 'torch" in str(report.longrepr):
+        report.outcome = "failed"
+        report.longrepr = f"VOVP_REQUIRE_TORCH=1 but torch is missing: {report.longrepr}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_if_torch_missing(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_if_torch_missing(outcome.get_result())
+
 
 class Daemon:
     """A running vovp-engine; ``socket`` is its path, ``stop()`` kills it."""
@@ -143,6 +165,9 @@ def reduction_to(monkeypatch):
         pass
     saved = {k: reg[k] for k in keys if k in reg}
     monkeypatch.setenv("VOVP_HANDOFF_TIMEOUT", "10")
+    # init_reduction exports these for child processes: restored at teardown.
+    monkeypatch.delenv("VOVP_SOCKET", raising=False)
+    monkeypatch.delenv("VOVP_REDUCTION_THRESHOLD", raising=False)
 
     def init(path, **kw):
         vovp.init_reduction(path, **kw)

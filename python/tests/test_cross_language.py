@@ -53,3 +53,12 @@ def test_zero_d_and_empty_tensors_cross(daemon, client):
     cli(daemon, "put-tensor", "empty", "--dtype", "int32", "--shape", "0,4")
     got = client.get_tensor("empty")
     assert got.shape == (0, 4) and got.dtype == np.int32
+
+
+def test_torch_put_rust_get(daemon, client):
+    """A tensor put from torch carries the framework byte after its shape (PROTOCOL.md): the
+    Rust client reads the header all the same."""
+    torch = pytest.importorskip("torch")
+    client.put_tensor("from-torch", torch.arange(6, dtype=torch.int16).reshape(2, 3))
+    out = json.loads(cli(daemon, "get-tensor", "from-torch"))
+    assert (out["dtype"], out["shape"], out["values"]) == ("int16", [2, 3], list(range(6)))

@@ -666,3 +666,55 @@ def test_torch_tensor_from_cuda_tensor_interface(gpu_daemon):
     gc.collect()
     assert wait_for(lambda: refcount(c, "i") == 0)
     c.close()
+
+
+# --- DLPack --------------------------------------------------------------------------------------
+
+
+@needs_gpu
+def test_cuda_tensor_dlpack_capsule(gpu_daemon):
+    """CudaTensor.__dlpack__: a capsule over the store's device memory (CUDA device, dtype,
+    shape), read-only flagged for DLPack 1 consumers, and the store reference held until the
+    consumer calls the deleter (as torch/CuPy do when their tensor dies)."""
+    import ctypes
+
+    from vovp import dlpack as D
+
+    c = gpu_daemon.client()
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    src = device_buffer(host)
+    c.put_cuda("dl", src, host.nbytes, "float32", (2, 3))
+    C.mem_free(src)
+    ct = c.get_tensor("dl", framework="cuda")
+    assert ct.__dlpack_device__() == (D.KDL_CUDA, 0)
+    api = ctypes.PyDLL(None)
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    for max_version, name, struct in ((None, b"dltensor", D.DLManagedTensor),
+                                      ((1, 0), b"dltensor_versioned",
+                                       D.DLManagedTensorVersioned)):
+        cap = ct.__dlpack__(stream=None, max_version=max_version)
+        # What a consumer does: take the pointer, rename the capsule, call the deleter later.
+        ptr = api.PyCapsule_GetPointer(cap, name)
+        managed = struct.from_address(ptr)
+        dl = managed.dl_tensor
+        assert (dl.data, dl.device.device_type, dl.device.device_id) == (ct.ptr, 2, 0)
+        assert (dl.ndim, dl.shape[0], dl.shape[1]) == (2, 2, 3)
+        assert (dl.dtype.code, dl.dtype.bits, dl.dtype.lanes) == (2, 32, 1)  # kDLFloat
+        if max_version:
+            assert managed.flags & D.FLAG_READ_ONLY
+        api.PyCapsule_SetName(cap, b"used_" + name)
+        del cap  # consumed: the capsule no longer frees it
+        assert D.pending_exports() == 1
+        del ct
+        gc.collect()
+        assert refcount(c, "dl") == 1  # the consumer still has it
+        managed.deleter(ptr)
+        gc.collect()
+        assert wait_for(lambda: refcount(c, "dl") == 0)
+        assert D.pending_exports() == 0
+        ct = c.get_tensor("dl", framework="cuda")
+    with pytest.raises(BufferError, match="copy"):
+        ct.__dlpack__(copy=True)
+    c.close()

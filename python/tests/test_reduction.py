@@ -20,7 +20,10 @@ def big_daemon(start_daemon):
     return start_daemon(memory=1 << 30)
 
 
-def test_four_spawned_workers_share_one_copy(big_daemon, reduction_to):
+def test_four_spawned_workers(big_daemon, reduction_to):
+    """Each send of a plain array is one store object; an array that is store memory already
+    (here: put_tensor's result) is broadcast by name with no copy; the sender keeps nothing
+    once the receivers dropped theirs, however long its source arrays live."""
     reduction_to(big_daemon.socket)
     watcher = big_daemon.client()
     ctx = mp.get_context("spawn")
@@ -31,7 +34,7 @@ def test_four_spawned_workers_share_one_copy(big_daemon, reduction_to):
         w.start()
     creates0 = watcher.stats()["creates"]
 
-    shared = np.arange(MB64 // 4, dtype=np.float32)  # every worker gets this one
+    shared = watcher.put_tensor("shared", np.arange(MB64 // 4, dtype=np.float32))
     own = [np.full(MB64 // 8, k + 1, dtype=np.float64) for k in range(4)]  # one each
     for k, q in enumerate(inqs):
         q.put(shared)
@@ -42,13 +45,14 @@ def test_four_spawned_workers_share_one_copy(big_daemon, reduction_to):
     assert all(r[3] for r in results), "workers did not get store-backed arrays"
     assert not any(r[4] for r in results), "received numpy arrays must be read-only"
     assert len({r[0] for r in results}) == 4
-    # One store object per distinct array, not per send.
+    # shared: its put only (sent by name four times); own: one object per send.
     assert watcher.stats()["creates"] == creates0 + 5
 
-    # Sending the same array again does not put it again.
-    inqs[0].put(shared)
-    assert outq.get(timeout=60)[1] == float(shared.sum(dtype=np.float64))
-    assert watcher.stats()["creates"] == creates0 + 5
+    # A buffer refilled in place and sent again arrives with its new contents.
+    own[0][:] = 9.0
+    inqs[0].put(own[0])
+    assert outq.get(timeout=60)[1] == 9.0 * (MB64 // 8)
+    assert watcher.stats()["creates"] == creates0 + 6
 
     for q in inqs:
         q.put(None)
@@ -56,15 +60,18 @@ def test_four_spawned_workers_share_one_copy(big_daemon, reduction_to):
     for w in workers:
         w.join(60)
         assert w.exitcode == 0
-    # The sender still holds its copies while the source arrays live...
-    assert watcher.stats()["objects"] == 5
-    del shared, own
+    # The source arrays still live here, but every receiver dropped its copy: only the named
+    # object "shared" is left.
+    assert wait_for(lambda: watcher.stats()["objects"] == 1), watcher.stats()
+    assert [e["name"] for e in watcher.list()] == ["shared"]
+    del shared
+    watcher.delete("shared")
     gc.collect()
-    # ... and everything is gone once every process dropped its arrays.
     assert wait_for(lambda: watcher.stats()["objects"] == 0), watcher.stats()
     st = watcher.stats()
     assert st["used_bytes"] == 0 and st["references"] == 0
     assert reduction.pending_sends() == 0
+    assert len(own) == 4  # the sources outlived everything above
     watcher.close()
 
 

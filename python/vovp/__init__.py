@@ -1,11 +1,13 @@
 """vovp: a shared-memory tensor store (client for the ``vovp-engine`` daemon).
 
-    import vovp, numpy as np
+    import vovp, torch
     client = vovp.init_client("/tmp/vovp.sock")
-    a = client.put_tensor("x", np.arange(6, dtype=np.float32).reshape(2, 3))
-    b = vovp.init_client("/tmp/vovp.sock").get_tensor("x")   # same memory, any process
+    a = client.put_tensor("x", torch.arange(6.0).reshape(2, 3))
+    b = vovp.init_client("/tmp/vovp.sock").get_tensor("x")   # a torch tensor, same memory
 
-See README.md for lifetimes, dtypes and multiprocessing support (``init_reduction``).
+numpy arrays work the same way. See README.md for lifetimes, dtypes, batch calls
+(``get_tensors``/``put_tensors``) and multiprocessing / DataLoader support
+(``init_reduction``, ``worker_init_fn``).
 """
 
 from .client import DEFAULT_SOCKET, Client, Subscription, init_client
@@ -31,7 +33,7 @@ from .errors import (
     TooManyObjects,
     VovpError,
 )
-from .reduction import default_client, init_reduction
+from .reduction import default_client, init_reduction, worker_init_fn
 from .tensor import TensorMeta, decode_header, encode_header
 
 __version__ = "0.1.0"
@@ -42,6 +44,7 @@ __all__ = [
     "Subscription",
     "init_client",
     "init_reduction",
+    "worker_init_fn",
     "default_client",
     "DEFAULT_SOCKET",
     "TensorMeta",

@@ -358,6 +358,9 @@ class Client:
         self._seg_addr = {}  # mapping key -> address of the mapping (release() by address)
         self._own_segments = set()  # arenas this client writes
         self._unsealed = {}  # name -> object id of objects this client created, not sealed yet
+        # (opcode, request id, name) of requests sent whose replies are read later, in front of
+        # the next request's (see _seal_later).
+        self._unread = collections.deque()
         self._sock = self._connect(path, connect_timeout)
         try:
             self._hello()
@@ -478,6 +481,8 @@ class Client:
                 self._check_usable()
             if seg_id in self._seg_ro:  # another thread mapped it meanwhile
                 return
+            if self._unread:
+                self._read_unread()  # replies of seals sent without waiting come first
             if self._rpos != self._rend:
                 raise ProtocolError("unexpected bytes before a SEGMENT reply")
             fds = []
@@ -682,6 +687,8 @@ class Client:
                 if self._pending:
                     data = self._drain_pending() + data
                 self._sock.sendall(data)
+            if self._unread:
+                self._read_unread()
             return self._read_frame()
         except VovpError:
             self._mark_broken()  # EOF or an unreadable frame: the stream cannot resync
@@ -703,6 +710,7 @@ class Client:
             pass
         self._generation += 1
         self._pending.clear()
+        self._unread.clear()  # replies the old daemon will never send
         self._unsealed.clear()
         for key in list(self._seg_addr):
             _MAPPED.pop((id(self), key), None)
@@ -733,6 +741,45 @@ class Client:
                 continue
             sock.sendall(mv[sent:])
             sent = 0
+
+    def _seal_later(self, name) -> None:
+        """Send SEAL without waiting for its reply (read in front of the next request's).
+
+        For hand-offs (vovp.reduction): the receiver's GET waits for the seal anyway, so the
+        sender need not pay a round trip before sending the name. A failure of such a seal can
+        only be reported later, as a RuntimeWarning; the receiver's GET then times out.
+        """
+        nb = P.encode_name(name)
+        rid = self._next_id()
+        frame = P.NAME_PREFIX.pack(14 + len(nb), P.VERSION, P.SEAL, 0, rid, len(nb)) + nb
+        if os.getpid() != self._pid:
+            self._check_usable()
+        with self._lock:
+            self._check_usable()
+            if self._pending:
+                frame = self._drain_pending() + frame
+            try:
+                self._sock.sendall(frame)
+            except OSError as e:
+                self._mark_broken()
+                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+            self._unread.append((P.SEAL, rid, name))
+        self._unsealed.pop(name, None)
+
+    def _read_unread(self):
+        """Consume the replies of requests sent earlier without waiting (under the lock)."""
+        while self._unread:
+            opcode, rid, name = self._unread.popleft()
+            buf = self._read_frame()
+            try:
+                P.check_reply(buf, opcode, rid)
+            except VovpError as e:
+                if e.status in (0, 13):
+                    raise
+                import warnings  # noqa: PLC0415 (rare path)
+
+                warnings.warn(f"vovp: deferred seal of {name!r} failed: {e}", RuntimeWarning,
+                              stacklevel=3)
 
     def _mark_broken(self):
         self._closed = True
@@ -1130,7 +1177,8 @@ class Client:
 
     # -- tensors --------------------------------------------------------------------------------
 
-    def put_tensor(self, name, t, ephemeral: bool = False, writable: bool = False):
+    def put_tensor(self, name, t, ephemeral: bool = False, writable: bool = False,
+                   _seal_later: bool = False):
         """Store a numpy array or torch tensor (CPU or CUDA); return the store's copy, zero-copy.
 
         The result (numpy array, or torch tensor for torch input) is a view of the store's
@@ -1144,26 +1192,13 @@ class Client:
         other object with ``__cuda_array_interface__`` goes through ``put_cuda``. Without a
         usable CUDA driver in this process they raise GpuUnavailable (with the reason).
         """
-        if type(t) is np.ndarray:
-            src = t
-            torch_in = False
-            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
-        elif T.is_torch_tensor(t):
-            if t.device.type == "cuda":
-                return self._put_torch_cuda(name, t, ephemeral)
-            if t.device.type != "cpu":
-                raise GpuUnavailable(
-                    f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only",
-                    10)
-            src, code = T.torch_to_numpy(t)
-            torch_in = writable = True
-            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape, code)
-        else:
-            if C.cuda_interface(t) is not None:
-                return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
-            src = np.asarray(t)
-            torch_in = False
-            code, store_dt, view_dt, meta = T.put_plan(src.dtype, src.shape)
+        if T.is_torch_tensor(t) and t.device.type == "cuda":
+            return self._put_torch_cuda(name, t, ephemeral)
+        if not T.is_torch_tensor(t) and type(t) is not np.ndarray and \
+                C.cuda_interface(t) is not None:
+            return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
+        src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
+        writable = writable or torch_in
         nb = P.encode_name(name)
         size = src.nbytes
         flags = P.OBJ_EPHEMERAL if ephemeral else 0
@@ -1177,63 +1212,214 @@ class Client:
             owner = self._create(nb, size, flags, meta, name)
             try:
                 copy_into(owner.view(store_dt).reshape(src.shape), src)
-                self.seal(name)
+                if _seal_later:
+                    self._seal_later(name)
+                else:
+                    self.seal(name)
             except BaseException:
                 self._drop_owner(owner)
                 raise
-        arr = owner.view(view_dt).reshape(src.shape)
-        if torch_in:
-            return T.numpy_to_torch(arr, code)
-        if not writable:
-            arr.flags.writeable = False
-        return arr
+        return _host_result(owner, view_dt, src.shape, code, torch_in, writable)
+
+    def put_tensors(self, tensors, ephemeral: bool = False, writable: bool = False) -> dict:
+        """``put_tensor`` of every ``name -> tensor`` item of a mapping (or of (name, tensor)
+        pairs); returns ``{name: store's copy}`` in the same order.
+
+        Small host tensors (up to the inline limit) are pipelined: their PUTs go out together
+        and their replies are read together, one round trip for many tensors. Larger ones and
+        CUDA tensors are put one after the other. If any put fails, the first error is raised
+        after all were attempted; the others stay stored (``delete`` them if needed).
+        """
+        items = list(tensors.items() if hasattr(tensors, "items") else tensors)
+        flags = (P.OBJ_EPHEMERAL if ephemeral else 0) | P.OBJ_KEEP_REFERENCE
+        results = {}  # filled in input order: placeholders first
+        error = None
+        sequential = []  # CUDA and large tensors: put_tensor one by one
+        batch = []  # (name, frame, request id, view dtype, shape, code, torch input)
+        batch_bytes = 0
+        for name, t in items:
+            cuda = (T.is_torch_tensor(t) and t.device.type == "cuda") or (
+                not T.is_torch_tensor(t) and type(t) is not np.ndarray
+                and C.cuda_interface(t) is not None)
+            try:
+                nb = P.encode_name(name)
+                if not cuda:
+                    src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
+            except Exception as e:  # noqa: BLE001 (raised once the others are stored)
+                error = error or e
+                continue
+            if cuda or src.nbytes > self._inline_limit:
+                sequential.append((name, t))
+                results[name] = None
+                continue
+            if src.dtype is not store_dt or not src.flags.c_contiguous:
+                src = np.ascontiguousarray(src, dtype=store_dt)
+            data = src.reshape(-1).view(np.uint8).tobytes()
+            head = P.put_payload_head(nb, flags, meta, len(data))
+            rid = self._next_id()
+            frame = P.HEADER.pack(12 + len(head) + len(data), P.VERSION, P.PUT, 0, rid) + \
+                head + data
+            batch.append((name, frame, rid, view_dt, src.shape, code, torch_in))
+            results[name] = None
+            batch_bytes += len(frame)
+            # Bounded batches: the daemon's replies must never fill our receive buffer while
+            # we are still sending.
+            if len(batch) >= 64 or batch_bytes >= (4 << 20):
+                error = self._put_batch(batch, results, writable) or error
+                batch, batch_bytes = [], 0
+        if batch:
+            error = self._put_batch(batch, results, writable) or error
+        for name, t in sequential:
+            try:
+                results[name] = self.put_tensor(name, t, ephemeral, writable)
+            except Exception as e:  # noqa: BLE001
+                error = error or e
+                results.pop(name, None)
+        if error is not None:
+            raise error
+        return results
+
+    def _put_batch(self, batch, results, writable):
+        """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
+        replies = self._roundtrip_many([b[1] for b in batch], P.PUT, [b[2] for b in batch],
+                                       _parse_objref)
+        error = None
+        for (name, _, _, view_dt, shape, code, torch_in), ref in zip(batch, replies):
+            if isinstance(ref, Exception):
+                error = error or ref
+                results.pop(name, None)
+                continue
+            owner = self._owner(ref, name, writable or torch_in)
+            results[name] = _host_result(owner, view_dt, shape, code, torch_in,
+                                         writable or torch_in)
+        return error
+
+    def _roundtrip_many(self, frames, opcode, rids, parse):
+        """Send several requests at once, then read their replies: a parsed result or the
+        error of each (statuses that desynchronise the stream break the connection)."""
+        if os.getpid() != self._pid:
+            self._check_usable()
+        with self._lock:
+            if self._closed:
+                self._check_usable()
+            out = []
+            try:
+                data = b"".join(frames)
+                if self._pending:
+                    data = self._drain_pending() + data
+                self._sock.sendall(data)
+                if self._unread:
+                    self._read_unread()
+                for rid in rids:
+                    buf = self._read_frame()
+                    try:
+                        pos = P.check_reply(buf, opcode, rid)
+                        out.append(parse(buf, pos))
+                    except VovpError as e:
+                        if e.status in (0, 13):
+                            raise
+                        out.append(e)
+            except VovpError:
+                self._mark_broken()
+                raise
+            except OSError as e:
+                self._mark_broken()
+                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
+            return out
 
     def get_tensor(self, name, timeout=None, framework=None, writable: bool = False):
         """The tensor stored under ``name``, zero-copy.
 
         ``timeout``: None = don't wait, seconds to wait, negative = forever; raises
-        ObjectNotFound when missing. ``framework``: None/"numpy" for a numpy array (read-only
-        unless ``writable``), "torch" for a torch tensor (via torch.from_numpy, no copy).
+        ObjectNotFound when missing. ``framework``: None returns what was put: a torch tensor
+        for an object put from torch (recorded in its tensor header) when this process can
+        import torch, otherwise a numpy array (read-only unless ``writable``); "numpy" or
+        "torch" (via torch.from_numpy, no copy) force one.
         An object without a tensor header comes back as a 1-D uint8 array.
         A waiting GET occupies this client's connection: other threads' requests on the same
         client queue behind it (use a separate client for long waits).
 
         CUDA objects come back aliasing the store's device memory (mapped through CUDA IPC):
         with framework None as a torch CUDA tensor when torch is installed and sees CUDA,
-        otherwise as a ``vovp.cuda.CudaTensor`` (``__cuda_array_interface__``, ``.to_numpy()``);
-        "torch" or "cuda" (CudaTensor) force one. "numpy" is refused for them (TypeError):
-        there is no host memory to view; ``.to_numpy()`` copies. Without a CUDA driver in
-        this process a CUDA object raises GpuUnavailable.
+        otherwise as a ``vovp.cuda.CudaTensor`` (``__cuda_array_interface__``, DLPack,
+        ``.to_numpy()``); "torch" or "cuda" (CudaTensor) force one. "numpy" is refused for
+        them (TypeError): there is no host memory to view; ``.to_numpy()`` copies. Without a
+        CUDA driver in this process a CUDA object raises GpuUnavailable.
         """
-        if framework not in (None, "numpy", "np", "torch", "cuda"):
-            raise ValueError(
-                f"framework must be None, 'numpy', 'torch' or 'cuda', not {framework!r}")
-        torch_out = framework == "torch"
-        ref = self._get1(name, timeout)
+        _check_framework(framework)
+        return self._tensor_from_ref(self._get1(name, timeout), name, framework, writable)
+
+    def get_tensors(self, names, timeout=None, framework=None, writable: bool = False) -> list:
+        """``[get_tensor(n) for n in names]`` in one round trip (one GET of many names).
+
+        ``timeout`` bounds the wait for all of them together (None: don't wait). When any is
+        still missing, raises ObjectNotFound naming the missing ones and holds nothing.
+        ``framework`` and ``writable`` apply to every result, as in ``get_tensor``.
+        """
+        _check_framework(framework)
+        names = list(names)
+        if not names:
+            return []
+        encoded = [P.encode_name(n) for n in names]
+        rid = self._next_id()
+        payload = P.get_payload(encoded, P.timeout_ms(timeout))
+        refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
+        missing = [n for n, ref in zip(names, refs) if ref is None]
+        if missing or len(refs) != len(names):
+            for ref in refs:
+                if ref is not None:
+                    self._release_quietly(ref.object_id)
+            if len(refs) != len(names):
+                raise ProtocolError(f"GET of {len(names)} names returned {len(refs)} entries")
+            shown = ", ".join(repr(n) for n in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ObjectNotFound(f"no sealed object named {shown}{more}", 1)
+        out = []
+        try:
+            for i, (name, ref) in enumerate(zip(names, refs)):
+                out.append(self._tensor_from_ref(ref, name, framework, writable))
+        except BaseException:
+            # _tensor_from_ref released the failing one; release those not wrapped yet and
+            # let the ones already wrapped go with ``out``.
+            for ref in refs[i + 1:]:
+                self._release_quietly(ref.object_id)
+            raise
+        return out
+
+    def _tensor_from_ref(self, ref, name, framework, writable):
+        """The result of ``get_tensor`` for a granted reference (released on failure)."""
         if ref.kind != P.LOC_HOST:
             return self._get_cuda(ref, name, framework, writable)
         if framework == "cuda":
             self._release_quietly(ref.object_id)
             raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA objects "
                             "(copy it to a device with to_device)")
-        owner = self._owner(ref, name, writable or torch_out)
         meta = ref.metadata
-        if meta[:4] != T.MAGIC:
-            arr = owner
-            code = T.UINT8
-        else:
+        plan = None
+        if meta[:4] == T.MAGIC:
             try:
-                code, view_dt, shape, nbytes, device_type = T.get_plan(meta)
-                if device_type != T.DEVICE_CPU:
+                plan = T.get_plan(meta)
+                if plan[4] != T.DEVICE_CPU:
                     raise ProtocolError(f"{name!r} is a host object with a CUDA tensor header")
-                if nbytes != ref.data_size:
+                if plan[3] != ref.data_size:
                     raise ProtocolError(
-                        f"{name!r}: tensor header describes {nbytes} bytes, object has "
+                        f"{name!r}: tensor header describes {plan[3]} bytes, object has "
                         f"{ref.data_size}")
-                arr = owner.view(view_dt).reshape(shape)
             except BaseException:
-                self._drop_owner(owner)
+                self._release_quietly(ref.object_id)
                 raise
+        if framework is None:
+            torch_out = plan is not None and plan[5] == T.FRAMEWORK_TORCH and \
+                T.torch_importable()
+        else:
+            torch_out = framework == "torch"
+        # torch has no read-only tensors: a torch result needs the writable mapping.
+        owner = self._owner(ref, name, writable or torch_out)
+        if plan is None:
+            arr, code = owner, T.UINT8
+        else:
+            code, view_dt, shape = plan[0], plan[1], plan[2]
+            arr = owner.view(view_dt).reshape(shape)
         if torch_out:
             return T.numpy_to_torch(arr, code)
         return arr
@@ -1335,15 +1521,15 @@ class Client:
             torch.cuda.current_stream(t.device).synchronize()
 
         owner = self._put_device(name, t.data_ptr(), nbytes, code, shape, T.LITTLE, device,
-                                 ephemeral, pre_copy)
+                                 ephemeral, pre_copy, T.FRAMEWORK_TORCH)
         return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
 
     def _put_device(self, name, src, nbytes, code, shape, byte_order, device, ephemeral,
-                    pre_copy=None):
+                    pre_copy=None, framework=T.FRAMEWORK_UNSPECIFIED):
         """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
         DeviceBuffer holding the (now sealed) creator's reference."""
         nb = P.encode_name(name)
-        meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device)
+        meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device, framework)
         flags = P.OBJ_EPHEMERAL if ephemeral else 0
         owner = self._create_cuda(nb, nbytes, flags, meta, name, device)
         try:
@@ -1385,7 +1571,7 @@ class Client:
                     raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
                                         f"object has {ref.data_size}")
                 code, shape, order = m.dtype_code, m.shape, m.byte_order
-                meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device)
+                meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device, m.framework)
             flags = P.OBJ_EPHEMERAL if ephemeral else 0
             dst = self._create_cuda(nb, ref.data_size, flags, meta, new_name, device)
             try:
@@ -1443,6 +1629,36 @@ class Client:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
         return Subscription(self._path)
+
+
+def _host_source(t):
+    """(numpy view of the data, dtype code, dtype to store, dtype of the result, header,
+    torch input) for a numpy array, CPU torch tensor or array-like."""
+    if type(t) is np.ndarray:
+        return (t, *T.put_plan(t.dtype, t.shape), False)
+    if T.is_torch_tensor(t):
+        if t.device.type != "cpu":
+            raise GpuUnavailable(
+                f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only", 10)
+        src, code = T.torch_to_numpy(t)
+        return (src, *T.put_plan(src.dtype, src.shape, code, T.FRAMEWORK_TORCH), True)
+    src = np.asarray(t)
+    return (src, *T.put_plan(src.dtype, src.shape), False)
+
+
+def _host_result(owner, view_dt, shape, code, torch_in, writable):
+    arr = owner.view(view_dt).reshape(shape)
+    if torch_in:
+        return T.numpy_to_torch(arr, code)
+    if not writable:
+        arr.flags.writeable = False
+    return arr
+
+
+def _check_framework(framework):
+    if framework not in (None, "numpy", "np", "torch", "cuda"):
+        raise ValueError(
+            f"framework must be None, 'numpy', 'torch' or 'cuda', not {framework!r}")
 
 
 def _c_strides(shape, itemsize):
@@ -1555,12 +1771,34 @@ class Subscription:
         self.close()
 
 
+# The most recent init_client() of this process: (weak reference to the client, its path, pid).
+# init_reduction() without an argument sends through it (the seed's
+# ``client = vovp.init_client(path); vovp.init_reduction()``). Weak: dropping the client must
+# still close it; its path is remembered.
+_last_init = {"ref": None, "path": None, "pid": None}
+
+
 def init_client(path: str = None, connect_timeout: float = 0.0,
                 reconnect: bool = False) -> Client:
     """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
 
+    The client becomes this process's default for ``vovp.init_reduction()``.
     ``reconnect=True``: if the daemon goes away (restarted, killed), the next call connects
     again and is retried once; objects that died with the old daemon are not found, arrays
-    got before keep their (old, intact) memory.
-    """
-    return Client(path, connect_timeout, reconnect=reconnect)
+    got before keep their (old, intact) memory."""
+    client = Client(path, connect_timeout, reconnect=reconnect)
+    _last_init.update(ref=weakref.ref(client), path=client.path, pid=os.getpid())
+    return client
+
+
+def last_init_client():
+    """(client or None, path or None) of this process's most recent ``init_client``.
+
+    A forked child has made none: its parent's record does not count (the child then follows
+    $VOVP_SOCKET, which the parent's ``init_reduction`` exported)."""
+    if _last_init["path"] is None or _last_init["pid"] != os.getpid():
+        return None, None
+    client = _last_init["ref"]()
+    if client is None or client.closed:
+        client = None
+    return client, _last_init["path"]

@@ -695,6 +695,24 @@ class CudaTensor:
             "stream": None,
         }
 
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """DLPack capsule over the store's device memory (``torch.from_dlpack(ct)``, CuPy...),
+        no copy; holds this object (and its store reference) until the consumer is done.
+        ``stream`` needs no synchronisation: puts are complete before the object is sealed.
+        A read-only object is flagged read-only for DLPack >= 1.0 consumers; legacy consumers
+        have no such flag (sealed objects are immutable: do not write)."""
+        from . import dlpack as D  # noqa: PLC0415
+
+        if self.byte_order != T.LITTLE:
+            raise BufferError("DLPack has no byte order: a big-endian object cannot be exported")
+        return D.export(self.ptr, (D.KDL_CUDA, self.device), self.dtype_code, self.shape,
+                        self.readonly, self, max_version, copy, dl_device)
+
+    def __dlpack_device__(self):
+        from . import dlpack as D  # noqa: PLC0415
+
+        return (D.KDL_CUDA, self.device)
+
     def to_numpy(self) -> np.ndarray:
         """A host copy (device-to-host), as a new writable numpy array."""
         out = np.empty(self.shape, dtype=self.dtype)

@@ -2,28 +2,44 @@
 
 ``init_reduction()`` registers reducers with ``multiprocessing.reduction.ForkingPickler`` (the
 pickler behind ``multiprocessing.Queue``, ``Pipe``, ``Pool`` and ``Process(args=...)`` with the
-spawn/forkserver start methods). A large array is then put into the store **once** as an
-EPHEMERAL object and only its name travels through the pipe; the receiver maps the same memory.
+spawn/forkserver start methods, and ``torch.multiprocessing``). A large array is then put into
+the store as an EPHEMERAL object and only its name travels through the pipe; the receiver maps
+the same memory.
+
+Which store: ``init_reduction(client_or_path)``; without an argument the most recent
+``vovp.init_client(...)`` of the process, then ``$VOVP_SOCKET``, then /tmp/vovp.sock. It
+connects at once, so an unreachable store is an error of ``init_reduction`` itself.
 
 Lifetime (who holds a store reference when):
 
-* The sender keeps one reference for as long as the *source* array lives (a weakref on it), so
-  sending the same array again reuses the stored copy instead of putting it twice. The stored
-  copy is a snapshot: changes made to the source after its first send are not sent.
+* Every send puts a copy of what the array holds *at that moment* (like pickling by value, so
+  a buffer refilled in place and sent again sends its new contents). An array that already is
+  store memory (received, or returned by ``get_tensor``/``put_tensor``) is sent by name
+  without a copy: store objects are immutable.
+* A large send seals its object without waiting for the daemon's reply (read before the
+  sender's next request); the receiver's GET waits up to ``RECEIVE_TIMEOUT`` (10 s) for the
+  seal, which may reach the daemon after the GET does. (A sender that dies in between aborts
+  the object: the receiver's unpickling then fails with ObjectNotFound after that wait.)
 * Each receiver holds one reference for as long as its array (or any view of it) lives.
 * Between pickling and unpickling, nobody would otherwise hold the object: ``q.put(np.ones(n))``
   drops the temporary right after the queue's feeder thread pickled it, before any receiver
-  had a chance to GET it, and the ephemeral object would vanish. So every send also takes an
+  had a chance to GET it, and the ephemeral object would vanish. So every send takes an
   *in-flight hold* in the sender, released when the receiver acknowledges with a datagram on a
-  per-process abstract Unix socket (no store objects, so store statistics stay exact). A
-  message that is never unpickled keeps its hold until the sender exits; at exit a sender
-  process that still has unacknowledged sends waits for them (up to ``$VOVP_HANDOFF_TIMEOUT``
-  seconds, default 30) while its parent process is alive, so a worker can return a large
-  result through a queue and exit at once.
+  per-process abstract Unix socket (no store objects, so store statistics stay exact). This is
+  the only reference the sender keeps: once every receiver has dropped its array, the object is
+  gone, however long the sender keeps its source. A message that is never unpickled keeps its
+  hold until the sender exits; at exit a sender process that still has unacknowledged sends
+  waits for them (up to ``$VOVP_HANDOFF_TIMEOUT`` seconds, default 30) while its parent process
+  is alive, so a worker can return a large result through a queue and exit at once. A torch
+  DataLoader worker waits only briefly: it exits when its loader is done with it, and what it
+  sent and was not received by then never will be.
 
-The object disappears when all of these are gone. Arrays smaller than ``threshold`` bytes
-(default 64 KiB), object arrays and unsupported dtypes are pickled by value as usual, as are
-torch tensors that are not on the CPU or that require grad (torch's own reducer handles them).
+Arrays and CPU tensors smaller than ``threshold`` bytes (default 64 KiB, or
+``$VOVP_REDUCTION_THRESHOLD``) travel by value in the message; object arrays and unsupported
+dtypes are pickled as usual; torch tensors that are not on the CPU, that require grad, or that
+are sparse or quantized go through torch's own reducer (CUDA IPC, shared memory keeping
+``requires_grad``). A store that is full (OutOfMemory even after eviction) makes a send fall back
+to pickling by value with a RuntimeWarning; any other store error is raised.
 
 Received numpy arrays are read-only (store objects are immutable); received torch tensors are
 writable, as torch has no read-only tensors, but writes are visible to every receiver of the
@@ -31,8 +47,9 @@ same send and must be avoided.
 
 The receiving process needs no setup: unpickling connects a per-process default client to the
 socket path recorded in the message (reconnecting after fork, as a child must not share its
-parent's connection). Re-sending a received array from a process that called
-``init_reduction`` sends it by name again, without a copy.
+parent's connection). A process that sends must have called ``init_reduction``: a forked child
+inherits it; a spawned one calls it itself (``$VOVP_SOCKET`` and ``$VOVP_REDUCTION_THRESHOLD``
+are exported for it), e.g. ``DataLoader(..., worker_init_fn=vovp.worker_init_fn)``.
 """
 
 from __future__ import annotations
@@ -53,12 +70,14 @@ import weakref
 import numpy as np
 
 from . import tensor as T
-from .client import DEFAULT_SOCKET, Client, find_lease
-from .errors import VovpError
+from .client import DEFAULT_SOCKET, Client, find_lease, last_init_client
+from .errors import ConnectionError, OutOfMemory, VovpError
 
-__all__ = ["init_reduction", "default_client", "DEFAULT_THRESHOLD"]
+__all__ = ["init_reduction", "default_client", "worker_init_fn", "DEFAULT_THRESHOLD"]
 
 DEFAULT_THRESHOLD = 64 << 10
+# How long a receiver waits for the sender's seal of a large object (sent without waiting).
+RECEIVE_TIMEOUT = 10.0
 
 _U64 = struct.Struct("<Q")
 
@@ -68,11 +87,6 @@ _config = {"path": None, "client": None, "threshold": DEFAULT_THRESHOLD, "instal
 _clients: dict = {}
 _clients_lock = threading.Lock()
 
-# id(source) -> (weakref to source, stored copy, name, oid, path): the sender's reference.
-_sent: dict = {}
-# id(source) -> lock serialising its first put (see _stored_copy).
-_put_locks: dict = {}
-_put_locks_lock = threading.Lock()
 # send sequence number -> stored array/tensor: the in-flight holds.
 _holds: dict = {}
 _holds_cv = threading.Condition()
@@ -88,14 +102,11 @@ def _after_fork_in_child():
     # Nothing of the parent's sending state is ours: its holds are acknowledged to the parent's
     # listener, its references belong to the parent's connection. Locks are new: one of the
     # parent's other threads may have held them at the fork.
-    global _clients_lock, _put_locks_lock, _holds_cv, _ack_lock
+    global _clients_lock, _holds_cv, _ack_lock
     _clients_lock = threading.Lock()
-    _put_locks_lock = threading.Lock()
     _holds_cv = threading.Condition()
     _ack_lock = threading.Lock()
-    _put_locks.clear()
     _clients.clear()
-    _sent.clear()
     _holds.clear()
     _ack.update(sock=None, addr=None, pid=None)
     _ack_out.update(sock=None, pid=None)
@@ -127,24 +138,42 @@ def _sender_client() -> Client:
     return default_client(_config["path"])
 
 
-def init_reduction(client_or_path=None, threshold: int = DEFAULT_THRESHOLD) -> None:
+def init_reduction(client_or_path=None, threshold: int = None) -> None:
     """Make multiprocessing send numpy arrays (and torch tensors) through the store.
 
-    ``client_or_path``: a ``Client`` to put with, or a socket path (default $VOVP_SOCKET or
-    /tmp/vovp.sock). The path is exported as $VOVP_SOCKET for child processes and also travels
-    in every message. ``threshold``: arrays with fewer bytes are pickled by value.
+    ``client_or_path``: a ``Client`` to put with, or a socket path. Default: the most recent
+    ``vovp.init_client(...)`` of this process, then $VOVP_SOCKET, then /tmp/vovp.sock.
+    Connects at once: raises ``vovp.ConnectionError`` when the store cannot be reached.
+    The path is exported as $VOVP_SOCKET for child processes and also travels in every
+    message. ``threshold``: arrays with fewer bytes are pickled by value (default
+    $VOVP_REDUCTION_THRESHOLD or 64 KiB; exported too).
     Call it after importing torch if you use torch (torch.multiprocessing registers its own
     tensor reducer on import; ours replaces it and falls back to it for CUDA/grad tensors).
     """
     if isinstance(client_or_path, Client):
-        _config["client"] = client_or_path
-        _config["path"] = client_or_path.path
+        client, path = client_or_path, client_or_path.path
+        if client.closed:
+            raise ConnectionError(f"init_reduction: the client of {path!r} is closed")
     else:
-        _config["client"] = None
-        _config["path"] = os.fspath(client_or_path) if client_or_path is not None else \
-            os.environ.get("VOVP_SOCKET", DEFAULT_SOCKET)
-    os.environ["VOVP_SOCKET"] = _config["path"]
+        client = None
+        if client_or_path is not None:
+            path = os.fspath(client_or_path)
+        else:
+            client, path = last_init_client()
+            path = path or os.environ.get("VOVP_SOCKET") or DEFAULT_SOCKET
+        if client is None:
+            try:
+                client = default_client(path)
+            except ConnectionError as e:
+                raise ConnectionError(
+                    f"init_reduction: cannot reach the vovp store at {path!r}: {e}") from e
+    if threshold is None:
+        threshold = int(os.environ.get("VOVP_REDUCTION_THRESHOLD", DEFAULT_THRESHOLD))
+    _config["client"] = client
+    _config["path"] = path
     _config["threshold"] = int(threshold)
+    os.environ["VOVP_SOCKET"] = path
+    os.environ["VOVP_REDUCTION_THRESHOLD"] = str(int(threshold))
     fp = mp_reduction.ForkingPickler
     fp.register(np.ndarray, _reduce_ndarray)
     try:
@@ -162,6 +191,17 @@ def init_reduction(client_or_path=None, threshold: int = DEFAULT_THRESHOLD) -> N
     _config["installed"] = True
 
 
+def worker_init_fn(worker_id=None) -> None:
+    """``torch.utils.data.DataLoader(..., worker_init_fn=vovp.worker_init_fn)``: the workers
+    send their batches through the store (fork, spawn and forkserver workers alike).
+
+    Calls ``init_reduction()`` in the worker: it finds the store through $VOVP_SOCKET, which
+    ``init_reduction`` in the main process exported (call that first). A worker_init_fn of
+    your own can call ``vovp.init_reduction()`` instead.
+    """
+    init_reduction()
+
+
 # --- sending -----------------------------------------------------------------------------------
 
 
@@ -171,25 +211,48 @@ def _reduce_ndarray(arr):
         return arr.__reduce__()
     try:
         return _share(arr, arr, None)
-    except VovpError as e:
-        # Pickling runs in the queue's feeder thread, where an exception loses the item and
-        # hangs the receiver: fall back to a copy through the pipe instead.
-        warnings.warn(f"vovp: sending array by value: {e}", RuntimeWarning, stacklevel=2)
+    except OutOfMemory as e:
+        # A full store is a capacity problem, not a bug: the data still arrives, by value.
+        warnings.warn(f"vovp: the store is full, sending the array by value: {e}",
+                      RuntimeWarning, stacklevel=2)
         return arr.__reduce__()
 
 
 def _reduce_tensor(t):
     if (t.device.type != "cpu" or t.requires_grad or t.layout is not _torch().strided
-            or t.is_quantized or t.dtype not in T.torch_tables()[0]
-            or t.element_size() * t.numel() < _config["threshold"]):
-        prev = _config.get("torch_fallback")
-        return prev(t) if prev is not None else t.__reduce_ex__(4)
+            or t.is_quantized or t.dtype not in T.torch_tables()[0]):
+        return _torch_own_reduction(t)
+    if t.element_size() * t.numel() < _config["threshold"]:
+        return _tensor_by_value(t)
     try:
         return _share(t, T.torch_to_numpy(t)[0], t.dtype)
-    except VovpError as e:
-        warnings.warn(f"vovp: sending tensor by value: {e}", RuntimeWarning, stacklevel=2)
-        prev = _config.get("torch_fallback")
-        return prev(t) if prev is not None else t.__reduce_ex__(4)
+    except OutOfMemory as e:
+        warnings.warn(f"vovp: the store is full, sending the tensor by value: {e}",
+                      RuntimeWarning, stacklevel=2)
+        return _tensor_by_value(t)
+
+
+def _torch_own_reduction(t):
+    """torch's reducer (CUDA IPC, shared memory keeping requires_grad, sparse...)."""
+    prev = _config.get("torch_fallback")
+    return prev(t) if prev is not None else t.__reduce_ex__(4)
+
+
+def _tensor_by_value(t):
+    """A small CPU tensor as its bytes in the message (a copy, like large tensors are).
+
+    torch's own reducer would move it to a fresh shared-memory file and pass the descriptor
+    through a helper thread: several system calls and round trips for a few bytes."""
+    arr, code = T.torch_to_numpy(t)
+    return _rebuild_by_value, (np.ascontiguousarray(arr).tobytes(), arr.dtype.str, arr.shape,
+                               t.dtype)
+
+
+def _rebuild_by_value(data, dtype, shape, torch_dtype):
+    torch = _torch()
+    arr = np.frombuffer(bytearray(data), dtype=np.dtype(dtype)).reshape(shape)  # writable
+    t = torch.from_numpy(arr)
+    return t.view(torch_dtype) if t.dtype != torch_dtype else t
 
 
 def _torch():
@@ -211,14 +274,21 @@ def _share(src, arr, torch_dtype):
     lease = find_lease(src)
     if lease is not None and lease.token and lease.client._pid == os.getpid() \
             and not lease.client.closed and lease.client.contains(lease.name):
-        # Already in the store (received or got earlier): send the view's coordinates.
+        # Already store memory (received or got earlier), hence immutable: send the view's
+        # coordinates in that object, no copy.
         client = lease.client
         base = client._seg_addr[lease.segment] + lease.offset
         offset = arr.__array_interface__["data"][0] - base
         holder, name, oid, path = src, lease.name, lease.oid, client.path
         view = arr
     else:
-        _, holder, name, oid, path = _stored_copy(src)
+        # A copy per send: the source may be refilled in place and sent again.
+        client = _sender_client()
+        name = f"vovp-mp-{uuid.uuid4().hex}"
+        # The receiver's GET waits for the seal: no need to wait for its reply here.
+        holder = client.put_tensor(name, src, ephemeral=True, _seal_later=True)
+        oid = find_lease(holder).oid
+        path = client.path
         view = T.torch_to_numpy(holder)[0] if torch_dtype is not None else holder
         offset = 0
     seq = next(_seq)
@@ -227,46 +297,6 @@ def _share(src, arr, torch_dtype):
         _holds[seq] = holder
     return _rebuild, (path, name, oid, offset, view.dtype, view.shape, view.strides,
                       torch_dtype, addr, seq)
-
-
-def _stored_copy(src):
-    """The ``_sent`` entry for ``src``, putting it into the store on its first send.
-
-    Each multiprocessing.Queue pickles in its own feeder thread, so the same array sent to
-    several queues is reduced concurrently: a per-source lock makes it one put.
-    """
-    key = id(src)
-    entry = _sent.get(key)
-    if entry is not None and entry[0]() is src:
-        return entry
-    with _put_locks_lock:
-        lock = _put_locks.setdefault(key, threading.Lock())
-    try:
-        with lock:
-            entry = _sent.get(key)
-            if entry is not None and entry[0]() is src:
-                return entry
-            client = _sender_client()
-            name = f"vovp-mp-{uuid.uuid4().hex}"
-            stored = client.put_tensor(name, src, ephemeral=True)
-            oid = find_lease(stored).oid
-            ref = weakref.ref(src, lambda wr, key=key: _source_died(key, wr))
-            entry = (ref, stored, name, oid, client.path)
-            _sent[key] = entry
-            return entry
-    finally:
-        with _put_locks_lock:
-            if _put_locks.get(key) is lock:
-                del _put_locks[key]
-
-
-def _source_died(key, wr):
-    try:
-        entry = _sent.get(key)
-        if entry is not None and entry[0] is wr:
-            del _sent[key]  # drops the stored copy, hence the sender's reference
-    except BaseException:  # noqa: BLE001 (called from GC)
-        pass
 
 
 # --- acknowledgements ----------------------------------------------------------------------------
@@ -332,9 +362,22 @@ def _send_ack(addr, seq):
         pass  # the sender is gone: its hold went with its connection
 
 
+# How long a DataLoader worker waits at exit for acknowledgements already on their way.
+DATALOADER_WORKER_GRACE = 0.5
+
+
+def _is_dataloader_worker() -> bool:
+    # torch clears get_worker_info() when the worker loop ends, before exit: recognise the
+    # worker by its process target instead.
+    target = getattr(multiprocessing.current_process(), "_target", None)
+    return getattr(target, "__module__", "") == "torch.utils.data._utils.worker"
+
+
 def _drain_holds():
     """At exit: give receivers time to pick up what this process sent (see module doc)."""
     timeout = float(os.environ.get("VOVP_HANDOFF_TIMEOUT", "30"))
+    if _is_dataloader_worker():
+        timeout = min(timeout, DATALOADER_WORKER_GRACE)
     deadline = time.monotonic() + timeout
     parent = multiprocessing.parent_process()
     with _holds_cv:
@@ -357,7 +400,8 @@ def pending_sends() -> int:
 def _rebuild(path, name, oid, offset, dtype, shape, strides, torch_dtype, ack_addr, seq):
     client = default_client(path)
     try:
-        ref = client._get1(name, None)
+        # Waits for the sender's seal, which may reach the daemon after this GET does.
+        ref = client._get1(name, RECEIVE_TIMEOUT)
         owner = client._owner(ref, name, writable=torch_dtype is not None)
     finally:
         # Ack even on failure: the sender's hold cannot help a receiver that already failed.

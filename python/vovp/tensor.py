@@ -9,6 +9,12 @@
     8      4     u32 device_id
     12     4     u32 ndim
     16     8*ndim i64 shape
+    then optional extension fields (readers ignore the ones they do not know):
+    16+8*ndim  1  u8 framework the data came from: 0 unspecified, 1 numpy, 2 torch
+
+Framework: ``put_tensor`` of a torch tensor records 2, so that ``get_tensor`` in another
+process returns a torch tensor again (when torch can be imported there); numpy input writes
+no extension at all, so its headers are byte-for-byte the version-1 headers of before.
 
 Byte order: the client always *stores* little-endian data (big-endian input is byte-swapped
 during the copy into the store, and the header says 0), but it honours a header that says
@@ -24,6 +30,7 @@ A numpy array whose dtype is named "bfloat16" (ml_dtypes) is stored as bfloat16.
 from __future__ import annotations
 
 import struct
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +42,11 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBII")  # magic, version, dtype, device_type, byte_order, dev, ndim
 HEADER_SIZE = HEADER.size  # 16
 MAX_NDIM = 64
+
+# Framework codes of the extension byte (see the module docstring).
+FRAMEWORK_UNSPECIFIED = 0
+FRAMEWORK_NUMPY = 1
+FRAMEWORK_TORCH = 2
 
 DEVICE_CPU = 1
 DEVICE_CUDA = 2
@@ -101,6 +113,7 @@ class TensorMeta(NamedTuple):
     byte_order: int = LITTLE
     device_type: int = DEVICE_CPU
     device_id: int = 0
+    framework: int = FRAMEWORK_UNSPECIFIED
 
     @property
     def dtype_name(self) -> str:
@@ -119,13 +132,15 @@ class TensorMeta(NamedTuple):
 
 
 def encode_header(code: int, shape, byte_order: int = LITTLE, device_type: int = DEVICE_CPU,
-                  device_id: int = 0) -> bytes:
+                  device_id: int = 0, framework: int = FRAMEWORK_UNSPECIFIED) -> bytes:
     shape = tuple(shape)
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise ValueError(f"tensors have at most {MAX_NDIM} dimensions, got {ndim}")
-    return (HEADER.pack(MAGIC, VERSION, code, device_type, byte_order, device_id, ndim)
-            + _shape_struct(ndim).pack(*shape))
+    header = (HEADER.pack(MAGIC, VERSION, code, device_type, byte_order, device_id, ndim)
+              + _shape_struct(ndim).pack(*shape))
+    # Unspecified writes nothing: such headers stay readable by readers older than the field.
+    return header + bytes((framework,)) if framework else header
 
 
 def is_tensor_header(meta) -> bool:
@@ -148,7 +163,11 @@ def decode_header(meta) -> TensorMeta:
     shape = _shape_struct(ndim).unpack_from(meta, HEADER_SIZE)
     if any(d < 0 for d in shape):
         raise ProtocolError(f"negative dimension in tensor shape {shape}")
-    return TensorMeta(code, shape, order, device_type, device_id)
+    end = HEADER_SIZE + 8 * ndim
+    # An unknown framework code (a newer writer) is a hint this client cannot follow: ignore it.
+    framework = meta[end] if len(meta) > end and meta[end] in (FRAMEWORK_NUMPY,
+                                                                FRAMEWORK_TORCH) else 0
+    return TensorMeta(code, shape, order, device_type, device_id, framework)
 
 
 # --- numpy ---------------------------------------------------------------------------------
@@ -193,15 +212,18 @@ _GET_PLANS: dict = {}
 _PLAN_CACHE_MAX = 4096
 
 
-def put_plan(dtype: np.dtype, shape: tuple, code: int = None):
+def put_plan(dtype: np.dtype, shape: tuple, code: int = None,
+             framework: int = FRAMEWORK_UNSPECIFIED):
     """(code, dtype to store the data as, dtype of the returned view, header) for input data
-    of numpy ``dtype``; ``code`` overrides the dtype code (torch bfloat16 viewed as int16)."""
-    key = (dtype, shape, code)
+    of numpy ``dtype``; ``code`` overrides the dtype code (torch bfloat16 viewed as int16),
+    ``framework`` is recorded in the header."""
+    key = (dtype, shape, code, framework)
     plan = _PUT_PLANS.get(key)
     if plan is None:
         if code is None:
             code = numpy_code(dtype)
-        plan = (code, little_endian_dtype(dtype), storage_dtype(code), encode_header(code, shape))
+        plan = (code, little_endian_dtype(dtype), storage_dtype(code),
+                encode_header(code, shape, framework=framework))
         if len(_PUT_PLANS) >= _PLAN_CACHE_MAX:
             _PUT_PLANS.clear()
         _PUT_PLANS[key] = plan
@@ -209,12 +231,13 @@ def put_plan(dtype: np.dtype, shape: tuple, code: int = None):
 
 
 def get_plan(meta: bytes):
-    """(code, view dtype, shape, nbytes, device_type) for a tensor header; ProtocolError if bad."""
+    """(code, view dtype, shape, nbytes, device_type, framework) for a tensor header;
+    ProtocolError if bad."""
     plan = _GET_PLANS.get(meta)
     if plan is None:
         m = decode_header(meta)
         plan = (m.dtype_code, storage_dtype(m.dtype_code, m.byte_order), m.shape, m.nbytes,
-                m.device_type)
+                m.device_type, m.framework)
         if len(_GET_PLANS) >= _PLAN_CACHE_MAX:
             _GET_PLANS.clear()
         _GET_PLANS[meta] = plan
@@ -245,6 +268,25 @@ def torch_tables():
                 code_to[code] = dt
         _TORCH_TABLES = ({dt: code for code, dt in code_to.items()}, code_to)
     return _TORCH_TABLES
+
+
+_TORCH_IMPORTABLE = None
+
+
+def torch_importable() -> bool:
+    """Whether torch is (or can be) imported in this process; tried once."""
+    global _TORCH_IMPORTABLE
+    imported = sys.modules.get("torch") is not None
+    if _TORCH_IMPORTABLE is None or (not _TORCH_IMPORTABLE and imported):
+        if imported:
+            _TORCH_IMPORTABLE = True
+        else:
+            try:
+                import torch  # noqa: F401, PLC0415 (optional)
+                _TORCH_IMPORTABLE = True
+            except Exception:  # noqa: BLE001 (not installed, or broken)
+                _TORCH_IMPORTABLE = False
+    return _TORCH_IMPORTABLE
 
 
 def is_torch_tensor(obj) -> bool:
