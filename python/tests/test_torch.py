@@ -451,6 +451,7 @@ def test_full_store_falls_back_with_a_warning_other_errors_raise(start_daemon, r
 # --- DataLoader --------------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers on 2 CPUs
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_dataloader_workers_send_batches_through_the_store(start_daemon, reduction_to, method,
                                                           monkeypatch):
