@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn is_request_opcode(opcode: u8) -> bool {
-    (op::HELLO..=op::SUBSCRIBE).contains(&opcode)
+    (op::HELLO..=op::SUBSCRIBE).contains(&opcode) || opcode == op::SEGMENT
 }
 
 fn check_request(opcode: u8, payload: &[u8]) {
