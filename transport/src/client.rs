@@ -607,14 +607,53 @@ struct Conn {
     payload: Vec<u8>,
 }
 
+/// Both clients' view of their current connection: its mappings and which connection it is
+/// (0 = the first; + 1 on every reconnect). Views remember their generation, so the release of
+/// a reference that died with an old daemon is never sent to the new one, where the same object
+/// id may name another object.
+struct Session {
+    maps: RwLock<Arc<Mappings>>,
+    generation: AtomicU64,
+}
+
+impl Session {
+    fn new(maps: Mappings) -> Self {
+        Session {
+            maps: RwLock::new(Arc::new(maps)),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn maps(&self) -> Arc<Mappings> {
+        match self.maps.read() {
+            Ok(m) => m.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn current(&self) -> (Arc<Mappings>, u64) {
+        (self.maps(), self.generation())
+    }
+
+    /// Installs a new connection's mappings; returns them with the new generation.
+    fn replace(&self, maps: Mappings) -> (Arc<Mappings>, u64) {
+        let maps = Arc::new(maps);
+        match self.maps.write() {
+            Ok(mut m) => *m = maps.clone(),
+            Err(poisoned) => *poisoned.into_inner() = maps.clone(),
+        }
+        (maps, self.generation.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+}
+
 struct ClientInner {
     conn: Mutex<Conn>,
-    /// The mappings of the current connection; replaced (with `generation` + 1) on reconnect.
-    maps: RwLock<Arc<Mappings>>,
-    /// Which connection to the daemon this is (0 = the first). Views remember theirs, so the
-    /// release of a reference that died with an old daemon is never sent to the new one, where
-    /// the same object id may name another object.
-    generation: AtomicU64,
+    /// The current connection's mappings and generation (replaced on reconnect).
+    session: Session,
     /// Re-establish the connection (once per call) when the daemon went away.
     reconnect: bool,
     /// Releases from views dropped while another thread was mid-request: sent before the next one.
@@ -642,13 +681,13 @@ struct ViewSink {
 
 impl ObjectSink for ViewSink {
     fn release(&self, id: u64) {
-        if self.inner.generation.load(Ordering::Acquire) == self.generation {
+        if self.inner.session.generation() == self.generation {
             self.inner.release(id);
         }
     }
 
     fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
-        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+        if self.inner.session.generation() != self.generation {
             return Err(Error::NotFound(format!(
                 "{} (created on a connection to a daemon that has since gone away)",
                 obj.name
@@ -679,13 +718,6 @@ impl ClientInner {
         self.call_in_session(call, names).map(|(r, _)| r)
     }
 
-    fn session(&self) -> Arc<Mappings> {
-        match self.maps.read() {
-            Ok(m) => m.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
     /// Sends `call` and reads its reply, with the mappings and generation of the connection
     /// that answered (a reply's locations only make sense in those mappings).
     fn call_in_session(
@@ -697,7 +729,7 @@ impl ClientInner {
             .conn
             .lock()
             .map_err(|_| Error::Internal("client lock poisoned".into()))?;
-        let session = (self.session(), self.generation.load(Ordering::Acquire));
+        let session = self.session.current();
         match self.exchange(&mut guard, &call, names) {
             Err(Error::Connection(why)) if self.reconnect => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
@@ -706,12 +738,7 @@ impl ClientInner {
                 guard.next_id = 0;
                 // References held on the old connection died with it.
                 self.take_deferred();
-                let maps = Arc::new(maps);
-                match self.maps.write() {
-                    Ok(mut m) => *m = maps.clone(),
-                    Err(poisoned) => *poisoned.into_inner() = maps.clone(),
-                }
-                let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                let (maps, generation) = self.session.replace(maps);
                 let response = self.exchange(&mut guard, &call, names)?;
                 Ok((response, (maps, generation)))
             }
@@ -734,7 +761,7 @@ impl ClientInner {
                 .conn
                 .lock()
                 .map_err(|_| Error::Internal("client lock poisoned".into()))?;
-            if self.generation.load(Ordering::Acquire) != generation {
+            if self.session.generation() != generation {
                 return Err(Error::Connection(
                     "the daemon went away while mapping an object".into(),
                 ));
@@ -834,8 +861,7 @@ impl Client {
                     out: Vec::new(),
                     payload: Vec::new(),
                 }),
-                maps: RwLock::new(Arc::new(maps)),
-                generation: AtomicU64::new(0),
+                session: Session::new(maps),
                 reconnect: options.reconnect,
                 deferred_releases: Mutex::new(Vec::new()),
                 path: path.as_ref().to_owned(),
@@ -845,7 +871,7 @@ impl Client {
 
     /// Host bytes the daemon manages.
     pub fn capacity(&self) -> u64 {
-        self.inner.session().capacity
+        self.inner.session.maps().capacity
     }
 
     pub fn socket_path(&self) -> &Path {
@@ -879,7 +905,8 @@ impl Client {
     ) -> Result<ObjectView, Error> {
         if let Some(flags) = self
             .inner
-            .session()
+            .session
+            .maps()
             .inline_flags(data.len(), &options, true)
         {
             let (reply, (maps, generation)) = self.inner.call_in_session(
@@ -998,7 +1025,8 @@ impl Store for Client {
     ) -> Result<(), Error> {
         if let Some(flags) = self
             .inner
-            .session()
+            .session
+            .maps()
             .inline_flags(data.len(), &options, false)
         {
             self.inner.call(
@@ -1076,8 +1104,7 @@ pub struct AsyncClient {
 struct AsyncInner {
     conn: tokio::sync::Mutex<(tokio::net::UnixStream, u64)>,
     /// As in the blocking client: the current connection's mappings and its generation.
-    maps: RwLock<Arc<Mappings>>,
-    generation: AtomicU64,
+    session: Session,
     reconnect: bool,
     path: PathBuf,
     deferred_releases: Mutex<Vec<u64>>,
@@ -1086,13 +1113,6 @@ struct AsyncInner {
 }
 
 impl AsyncInner {
-    fn session(&self) -> Arc<Mappings> {
-        match self.maps.read() {
-            Ok(m) => m.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
     fn take_deferred(&self) -> Vec<u64> {
         self.deferred_releases
             .lock()
@@ -1110,7 +1130,7 @@ struct AsyncViewSink {
 
 impl ObjectSink for AsyncViewSink {
     fn release(&self, id: u64) {
-        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+        if self.inner.session.generation() != self.generation {
             return;
         }
         if let Ok(mut v) = self.inner.deferred_releases.lock() {
@@ -1119,7 +1139,7 @@ impl ObjectSink for AsyncViewSink {
     }
 
     fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
-        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+        if self.inner.session.generation() != self.generation {
             return Err(Error::NotFound(format!(
                 "{} (created on a connection to a daemon that has since gone away)",
                 obj.name
@@ -1158,8 +1178,7 @@ impl AsyncClient {
         Ok(AsyncClient {
             inner: Arc::new(AsyncInner {
                 conn: tokio::sync::Mutex::new((stream, 0)),
-                maps: RwLock::new(Arc::new(maps)),
-                generation: AtomicU64::new(0),
+                session: Session::new(maps),
                 reconnect: options.reconnect,
                 path,
                 deferred_releases: Mutex::new(Vec::new()),
@@ -1185,22 +1204,14 @@ impl AsyncClient {
         names: &[&str],
     ) -> Result<(Response, (Arc<Mappings>, u64)), Error> {
         let mut guard = self.inner.conn.lock().await;
-        let session = (
-            self.inner.session(),
-            self.inner.generation.load(Ordering::Acquire),
-        );
+        let session = self.inner.session.current();
         match Self::exchange(&self.inner, &mut guard, &call, names).await {
             Err(Error::Connection(why)) if self.inner.reconnect => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
                 let (stream, maps) = async_handshake(&self.inner.path).await?;
                 *guard = (stream, 0);
                 self.inner.take_deferred();
-                let maps = Arc::new(maps);
-                match self.inner.maps.write() {
-                    Ok(mut m) => *m = maps.clone(),
-                    Err(poisoned) => *poisoned.into_inner() = maps.clone(),
-                }
-                let generation = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                let (maps, generation) = self.inner.session.replace(maps);
                 let response = Self::exchange(&self.inner, &mut guard, &call, names).await?;
                 Ok((response, (maps, generation)))
             }
@@ -1219,7 +1230,7 @@ impl AsyncClient {
         let mut pins = Vec::new();
         for id in maps.missing_segments(refs) {
             let mut guard = self.inner.conn.lock().await;
-            if self.inner.generation.load(Ordering::Acquire) != generation {
+            if self.inner.session.generation() != generation {
                 return Err(Error::Connection(
                     "the daemon went away while mapping an object".into(),
                 ));
@@ -1352,7 +1363,8 @@ impl AsyncStore for AsyncClient {
     ) -> Result<(), Error> {
         if let Some(flags) = self
             .inner
-            .session()
+            .session
+            .maps()
             .inline_flags(data.len(), &options, false)
         {
             self.call(
