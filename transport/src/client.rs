@@ -466,20 +466,29 @@ fn map_segment_reply(
     }
 }
 
+/// With `got` bytes of `frame` received: true (and `frame` cut to it) once a whole frame is
+/// there; else `frame` is grown to hold the frame its header announces.
+fn frame_complete(frame: &mut Vec<u8>, got: usize) -> Result<bool, Error> {
+    if let Some(h) = Header::parse(&frame[..got])? {
+        if got >= h.frame_len() {
+            frame.truncate(h.frame_len());
+            return Ok(true);
+        }
+        if frame.len() < h.frame_len() {
+            frame.resize(h.frame_len(), 0);
+        }
+    }
+    Ok(false)
+}
+
 /// Reads one whole reply frame that may carry fds, from a socket in blocking mode.
 fn read_frame_with_fds(stream: &UnixStream) -> Result<(Vec<u8>, Vec<std::os::fd::OwnedFd>), Error> {
     let mut frame = vec![0u8; 4096];
     let mut got = 0;
     let mut fds = Vec::new();
     loop {
-        if let Some(h) = Header::parse(&frame[..got])? {
-            if got >= h.frame_len() {
-                frame.truncate(h.frame_len());
-                return Ok((frame, fds));
-            }
-            if frame.len() < h.frame_len() {
-                frame.resize(h.frame_len(), 0);
-            }
+        if frame_complete(&mut frame, got)? {
+            return Ok((frame, fds));
         }
         let n =
             crate::fdpass::recv_with_fds(stream, &mut frame[got..], &mut fds).map_err(conn_err)?;
@@ -1251,14 +1260,8 @@ impl AsyncClient {
             let mut got = 0;
             let mut fds = Vec::new();
             loop {
-                if let Some(h) = Header::parse(&frame[..got])? {
-                    if got >= h.frame_len() {
-                        frame.truncate(h.frame_len());
-                        break;
-                    }
-                    if frame.len() < h.frame_len() {
-                        frame.resize(h.frame_len(), 0);
-                    }
+                if frame_complete(&mut frame, got)? {
+                    break;
                 }
                 stream.readable().await.map_err(conn_err)?;
                 match stream.try_io(tokio::io::Interest::READABLE, || {
