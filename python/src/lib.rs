@@ -1,0 +1,481 @@
+//! `vovp._native`: the Python package's native core, a thin PyO3 layer over the Rust client
+//! (`vovp_transport::Client`): connect/HELLO, requests and replies, fd passing, segment
+//! mappings, request ids, deferred releases and reconnect are the Rust client's, not a third
+//! implementation of PROTOCOL.md.
+//!
+//! Objects come back as [`Object`] (a sealed object's view) or [`Buffer`] (an unsealed object
+//! its creator writes). Both export their bytes through numpy's `__array_interface__`, so
+//! `numpy.asarray(obj)` is a zero-copy view of the shared mapping whose `.base` is `obj`: the
+//! store reference lives exactly as long as some array over it does, and is released (by the
+//! Rust view's `Drop`) when the last one goes. The buffer protocol would do the same but is not
+//! in the stable ABI before Python 3.11, and this module is built once for every CPython >= 3.9
+//! (abi3).
+//!
+//! Every call that waits on the socket or copies bytes releases the GIL.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use vovp::{CreateOptions, Error, Location, ObjectBuffer, ObjectView, Store};
+use vovp_transport::client::{Client as RustClient, ClientOptions};
+
+/// Protocol status code of an error (PROTOCOL.md "Status codes"), for `vovp.errors`.
+fn status_of(e: &Error) -> u8 {
+    match e {
+        Error::NotFound(_) => 1,
+        Error::AlreadyExists(_) => 2,
+        Error::OutOfMemory { .. } => 3,
+        Error::NotSealed(_) => 4,
+        Error::AlreadySealed(_) => 5,
+        Error::NotCreator(_) => 6,
+        Error::InvalidName(_) => 7,
+        Error::MetadataTooLarge { .. } => 8,
+        Error::NotHeld(_) => 9,
+        Error::GpuUnavailable(_) => 10,
+        Error::Gpu(_) => 11,
+        Error::Protocol(_) => 12,
+        Error::TooLarge(_) => 15,
+        Error::ShuttingDown => 16,
+        Error::Internal(_) => 17,
+        Error::TooManyObjects { .. } => 19,
+        Error::Connection(_) => 20,
+        Error::Memory(_) | Error::Config(_) | Error::Tensor(_) => 0,
+    }
+}
+
+/// The `vovp.errors` exception for `e`: the same classes the pure-Python client raised.
+fn to_py(e: Error) -> PyErr {
+    Python::with_gil(|py| {
+        let made = (|| -> PyResult<PyErr> {
+            let errors = py.import("vovp.errors")?;
+            // Errors decoded from a reply carry the daemon's own message: pass it on as is
+            // (Display would wrap it in a second description).
+            let message = match &e {
+                Error::NotFound(m)
+                | Error::AlreadyExists(m)
+                | Error::NotSealed(m)
+                | Error::AlreadySealed(m)
+                | Error::NotCreator(m)
+                | Error::InvalidName(m)
+                | Error::GpuUnavailable(m)
+                | Error::Gpu(m)
+                | Error::Protocol(m)
+                | Error::TooLarge(m)
+                | Error::Internal(m) => m.clone(),
+                other => other.to_string(),
+            };
+            let exc = match &e {
+                // Status 20 means "too many connections" on the wire; a lost connection is a
+                // ConnectionError without a status.
+                Error::Connection(_) => errors.getattr("ConnectionError")?.call1((message,))?,
+                Error::Memory(_) | Error::Config(_) | Error::Tensor(_) => {
+                    errors.getattr("VovpError")?.call1((message,))?
+                }
+                Error::OutOfMemory {
+                    requested,
+                    available,
+                } => errors
+                    .getattr("error_from_status")?
+                    .call1((3u8, message, *requested, *available))?,
+                other => errors
+                    .getattr("error_from_status")?
+                    .call1((status_of(other), message))?,
+            };
+            Ok(PyErr::from_value(exc))
+        })();
+        made.unwrap_or_else(|err| err)
+    })
+}
+
+fn options(ephemeral: bool) -> CreateOptions {
+    CreateOptions {
+        ephemeral,
+        device: None,
+    }
+}
+
+fn timeout_of(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "timeout must be a non-negative number of seconds, not {s}"
+        ))),
+    }
+}
+
+/// `__array_interface__` of `size` bytes at `ptr` (a 1-D uint8 array).
+fn array_interface<'py>(
+    py: Python<'py>,
+    ptr: usize,
+    size: u64,
+    readonly: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("version", 3)?;
+    d.set_item("typestr", "|u1")?;
+    d.set_item("shape", PyTuple::new(py, [size])?)?;
+    // numpy refuses a NULL data pointer even for 0 bytes; any aligned non-null address does.
+    let ptr = if ptr == 0 { 64 } else { ptr };
+    d.set_item("data", (ptr, readonly))?;
+    Ok(d)
+}
+
+/// A connection to a `vovp-engine` daemon.
+#[pyclass(module = "vovp._native", frozen)]
+struct Client {
+    inner: RustClient,
+}
+
+#[pymethods]
+impl Client {
+    /// Connects (retrying for up to `connect_timeout` seconds while the socket is missing or
+    /// refuses) and does the HELLO handshake.
+    #[new]
+    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false))]
+    fn new(py: Python<'_>, path: PathBuf, connect_timeout: f64, reconnect: bool) -> PyResult<Self> {
+        let wait = timeout_of(Some(connect_timeout))?.unwrap_or_default();
+        let inner = py
+            .allow_threads(|| {
+                let deadline = Instant::now() + wait;
+                loop {
+                    match RustClient::connect_with(&path, ClientOptions { reconnect }) {
+                        Ok(c) => return Ok(c),
+                        // Not there yet (a daemon starting): retry until the deadline.
+                        Err(Error::Connection(why))
+                            if Instant::now() < deadline
+                                && (why.contains("No such file") || why.contains("refused")) =>
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+            .map_err(to_py)?;
+        Ok(Client { inner })
+    }
+
+    /// Host bytes the daemon manages.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+
+    /// Gets `names` (waiting up to `timeout` seconds for missing or unsealed ones; None: do not
+    /// wait); a missing name is None.
+    #[pyo3(signature = (names, timeout = None))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<Option<Object>>> {
+        let timeout = timeout_of(timeout)?;
+        let views = py
+            .allow_threads(|| {
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                self.inner.get(&refs, timeout)
+            })
+            .map_err(to_py)?;
+        Ok(views
+            .into_iter()
+            .map(|v| v.map(|v| Object::new(v)))
+            .collect())
+    }
+
+    /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
+    /// call). `keep`: return the stored object's view, else None.
+    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: usize,
+        size: usize,
+        metadata: &[u8],
+        ephemeral: bool,
+        keep: bool,
+    ) -> PyResult<Option<Object>> {
+        if addr == 0 && size != 0 {
+            return Err(PyValueError::new_err("a null buffer address"));
+        }
+        // SAFETY: the caller (vovp.client, never user code) passes the address and length of a
+        // contiguous buffer it holds a reference to until this call returns.
+        let data: &[u8] = if size == 0 {
+            &[]
+        } else {
+            unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
+        };
+        let name = name.to_owned();
+        let metadata = metadata.to_vec();
+        py.allow_threads(|| {
+            if keep {
+                self.inner
+                    .put_and_view(&name, data, &metadata, options(ephemeral))
+                    .map(|v| Some(Object::new(v)))
+            } else {
+                self.inner
+                    .put(&name, data, &metadata, options(ephemeral))
+                    .map(|()| None)
+            }
+        })
+        .map_err(to_py)
+    }
+
+    /// CREATE: an unsealed object of `size` bytes that only this client may write.
+    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false))]
+    fn create(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        ephemeral: bool,
+    ) -> PyResult<Buffer> {
+        let buf = py
+            .allow_threads(|| self.inner.create(name, size, metadata, options(ephemeral)))
+            .map_err(to_py)?;
+        Ok(Buffer::new(buf))
+    }
+
+    /// SEAL by name (the creator's connection).
+    fn seal(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.allow_threads(|| self.inner.seal(name)).map_err(to_py)
+    }
+
+    fn abort(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.allow_threads(|| self.inner.abort(name)).map_err(to_py)
+    }
+
+    fn contains(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        py.allow_threads(|| self.inner.contains(name))
+            .map_err(to_py)
+    }
+
+    fn delete(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.allow_threads(|| self.inner.delete(name)).map_err(to_py)
+    }
+
+    /// Bytes freed.
+    fn evict(&self, py: Python<'_>, nbytes: u64) -> PyResult<u64> {
+        py.allow_threads(|| self.inner.evict(nbytes)).map_err(to_py)
+    }
+
+    /// Every object, as dicts with the keys of the pure-Python client's LIST (the tensor
+    /// header's dtype/shape are added by `vovp.client`).
+    fn list<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let all = py.allow_threads(|| self.inner.list()).map_err(to_py)?;
+        all.into_iter()
+            .map(|o| {
+                let d = PyDict::new(py);
+                let (kind, device_type, device_id) = match o.device {
+                    vovp::Device::Cpu => ("cpu", 0u8, 0u32),
+                    vovp::Device::Cuda(i) => ("cuda", 1u8, i),
+                };
+                d.set_item("name", o.name.as_str())?;
+                d.set_item("id", o.id)?;
+                d.set_item("size", o.size)?;
+                d.set_item("device", kind)?;
+                d.set_item("device_type", device_type)?;
+                d.set_item("device_id", device_id)?;
+                d.set_item("sealed", o.sealed)?;
+                d.set_item("ephemeral", o.ephemeral)?;
+                d.set_item("refcount", o.refcount)?;
+                d.set_item(
+                    "last_access",
+                    vovp_transport::client::unix_millis(o.last_access) as f64 / 1000.0,
+                )?;
+                d.set_item("metadata", PyBytes::new(py, &o.metadata))?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// STATS as a dict (PROTOCOL.md's field names).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = py.allow_threads(|| self.inner.stats()).map_err(to_py)?;
+        let connections = py
+            .allow_threads(|| self.inner.connections())
+            .map_err(to_py)?;
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("capacity", s.capacity),
+            ("used_bytes", s.used_bytes),
+            ("objects", s.objects),
+            ("sealed", s.sealed),
+            ("unsealed", s.unsealed),
+            ("pending_delete", s.pending_delete),
+            ("references", s.references),
+            ("holders", s.holders),
+            ("creates", s.creates),
+            ("evicted_objects", s.evicted_objects),
+            ("evicted_bytes", s.evicted_bytes),
+            ("connections", connections),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+}
+
+/// Where an object is: ("host", None) or ("cuda", device).
+fn location_of(l: Location) -> (&'static str, Option<u32>) {
+    match l.device() {
+        vovp::Device::Cpu => ("host", None),
+        vovp::Device::Cuda(d) => ("cuda", Some(d)),
+    }
+}
+
+/// A sealed object's view: holds one store reference until released or garbage collected.
+#[pyclass(module = "vovp._native", frozen)]
+struct Object {
+    view: Mutex<Option<ObjectView>>,
+    id: u64,
+    name: String,
+    size: u64,
+    ptr: usize,
+    metadata: Vec<u8>,
+    location: Location,
+}
+
+impl Object {
+    fn new(v: ObjectView) -> Self {
+        Object {
+            id: v.id(),
+            name: v.name().to_string(),
+            size: v.size(),
+            ptr: v.as_ptr() as usize,
+            metadata: v.metadata().to_vec(),
+            location: v.location(),
+            view: Mutex::new(Some(v)),
+        }
+    }
+}
+
+#[pymethods]
+impl Object {
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+    #[getter]
+    fn size(&self) -> u64 {
+        self.size
+    }
+    #[getter]
+    fn metadata<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.metadata)
+    }
+    /// ("host", None) or ("cuda", device index).
+    #[getter]
+    fn location(&self) -> (&'static str, Option<u32>) {
+        location_of(self.location)
+    }
+    /// Address of the bytes in this process (host objects).
+    #[getter]
+    fn address(&self) -> usize {
+        self.ptr
+    }
+    /// Device address of a CUDA object in this process, else None.
+    #[getter]
+    fn cuda_ptr(&self) -> Option<u64> {
+        self.view.lock().ok()?.as_ref()?.cuda_ptr()
+    }
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if !matches!(self.location.device(), vovp::Device::Cpu) {
+            return Err(to_py(Error::GpuUnavailable(format!(
+                "{:?} is a CUDA object: it has no host memory to map",
+                self.name
+            ))));
+        }
+        array_interface(py, self.ptr, self.size, true)
+    }
+    /// Gives the store reference back now; False if it already was. Arrays over the bytes must
+    /// not be used afterwards (the store may reuse the memory).
+    fn release(&self) -> bool {
+        let taken = self.view.lock().ok().and_then(|mut v| v.take());
+        taken.is_some()
+    }
+    #[getter]
+    fn released(&self) -> bool {
+        self.view.lock().map(|v| v.is_none()).unwrap_or(true)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "<vovp._native.Object {:?} id={} size={}>",
+            self.name, self.id, self.size
+        )
+    }
+}
+
+/// An object this client created: writable by it until sealed (by name, `Client.seal`); holds
+/// the creator's reference, so dropping it unsealed aborts the object.
+#[pyclass(module = "vovp._native", frozen)]
+struct Buffer {
+    buf: Mutex<Option<ObjectBuffer>>,
+    id: u64,
+    name: String,
+    size: u64,
+    ptr: usize,
+}
+
+impl Buffer {
+    fn new(mut b: ObjectBuffer) -> Self {
+        Buffer {
+            id: b.id(),
+            name: b.name().to_string(),
+            size: b.size(),
+            ptr: b.as_mut_ptr() as usize,
+            buf: Mutex::new(Some(b)),
+        }
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+    #[getter]
+    fn size(&self) -> u64 {
+        self.size
+    }
+    #[getter]
+    fn address(&self) -> usize {
+        self.ptr
+    }
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        array_interface(py, self.ptr, self.size, false)
+    }
+    /// Drops the creator's reference (which aborts an unsealed object); False if gone already.
+    fn release(&self) -> bool {
+        let taken = self.buf.lock().ok().and_then(|mut b| b.take());
+        taken.is_some()
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Client>()?;
+    m.add_class::<Object>()?;
+    m.add_class::<Buffer>()?;
+    Ok(())
+}
