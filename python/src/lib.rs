@@ -129,6 +129,21 @@ fn array_interface<'py>(
 #[pyclass(module = "vovp._native", frozen)]
 struct Client {
     inner: RustClient,
+    /// The process that connected: a forked child must not talk on its parent's socket.
+    pid: u32,
+}
+
+impl Client {
+    /// The Rust client, refused in a forked child (it would speak on the parent's socket, in
+    /// the middle of the parent's requests).
+    fn usable(&self) -> PyResult<&RustClient> {
+        if std::process::id() != self.pid {
+            return Err(to_py(Error::Connection(
+                "this vovp client was created in another process (fork); create a new one".into(),
+            )));
+        }
+        Ok(&self.inner)
+    }
 }
 
 #[pymethods]
@@ -157,7 +172,10 @@ impl Client {
                 }
             })
             .map_err(to_py)?;
-        Ok(Client { inner })
+        Ok(Client {
+            inner,
+            pid: std::process::id(),
+        })
     }
 
     /// Host bytes the daemon manages.
@@ -175,11 +193,12 @@ impl Client {
         names: Vec<String>,
         timeout: Option<f64>,
     ) -> PyResult<Vec<Option<Object>>> {
+        let inner = self.usable()?;
         let timeout = timeout_of(timeout)?;
         let views = py
             .allow_threads(|| {
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                self.inner.get(&refs, timeout)
+                inner.get(&refs, timeout)
             })
             .map_err(to_py)?;
         Ok(views
@@ -202,6 +221,7 @@ impl Client {
         ephemeral: bool,
         keep: bool,
     ) -> PyResult<Option<Object>> {
+        let inner = self.usable()?;
         if addr == 0 && size != 0 {
             return Err(PyValueError::new_err("a null buffer address"));
         }
@@ -216,11 +236,11 @@ impl Client {
         let metadata = metadata.to_vec();
         py.allow_threads(|| {
             if keep {
-                self.inner
+                inner
                     .put_and_view(&name, data, &metadata, options(ephemeral))
                     .map(|v| Some(Object::new(v)))
             } else {
-                self.inner
+                inner
                     .put(&name, data, &metadata, options(ephemeral))
                     .map(|()| None)
             }
@@ -238,39 +258,45 @@ impl Client {
         metadata: &[u8],
         ephemeral: bool,
     ) -> PyResult<Buffer> {
+        let inner = self.usable()?;
         let buf = py
-            .allow_threads(|| self.inner.create(name, size, metadata, options(ephemeral)))
+            .allow_threads(|| inner.create(name, size, metadata, options(ephemeral)))
             .map_err(to_py)?;
         Ok(Buffer::new(buf))
     }
 
     /// SEAL by name (the creator's connection).
     fn seal(&self, py: Python<'_>, name: &str) -> PyResult<()> {
-        py.allow_threads(|| self.inner.seal(name)).map_err(to_py)
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.seal(name)).map_err(to_py)
     }
 
     fn abort(&self, py: Python<'_>, name: &str) -> PyResult<()> {
-        py.allow_threads(|| self.inner.abort(name)).map_err(to_py)
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.abort(name)).map_err(to_py)
     }
 
     fn contains(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
-        py.allow_threads(|| self.inner.contains(name))
-            .map_err(to_py)
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.contains(name)).map_err(to_py)
     }
 
     fn delete(&self, py: Python<'_>, name: &str) -> PyResult<()> {
-        py.allow_threads(|| self.inner.delete(name)).map_err(to_py)
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.delete(name)).map_err(to_py)
     }
 
     /// Bytes freed.
     fn evict(&self, py: Python<'_>, nbytes: u64) -> PyResult<u64> {
-        py.allow_threads(|| self.inner.evict(nbytes)).map_err(to_py)
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.evict(nbytes)).map_err(to_py)
     }
 
     /// Every object, as dicts with the keys of the pure-Python client's LIST (the tensor
     /// header's dtype/shape are added by `vovp.client`).
     fn list<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        let all = py.allow_threads(|| self.inner.list()).map_err(to_py)?;
+        let inner = self.usable()?;
+        let all = py.allow_threads(|| inner.list()).map_err(to_py)?;
         all.into_iter()
             .map(|o| {
                 let d = PyDict::new(py);
@@ -297,12 +323,18 @@ impl Client {
             .collect()
     }
 
+    /// A notification stream on a new connection to the same daemon.
+    fn subscribe(&self, py: Python<'_>) -> PyResult<Subscription> {
+        let inner = self.usable()?;
+        let sub = py.allow_threads(|| inner.subscribe()).map_err(to_py)?;
+        Ok(Subscription { inner: Some(sub) })
+    }
+
     /// STATS as a dict (PROTOCOL.md's field names).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = py.allow_threads(|| self.inner.stats()).map_err(to_py)?;
-        let connections = py
-            .allow_threads(|| self.inner.connections())
-            .map_err(to_py)?;
+        let inner = self.usable()?;
+        let s = py.allow_threads(|| inner.stats()).map_err(to_py)?;
+        let connections = py.allow_threads(|| inner.connections()).map_err(to_py)?;
         let d = PyDict::new(py);
         for (k, v) in [
             ("capacity", s.capacity),
@@ -324,6 +356,59 @@ impl Client {
     }
 }
 
+/// A notification stream (SUBSCRIBE on a connection of its own).
+#[pyclass(module = "vovp._native")]
+struct Subscription {
+    inner: Option<vovp_transport::Subscription>,
+}
+
+#[pymethods]
+impl Subscription {
+    /// The next notification as (kind, name, size, metadata), kind "sealed", "deleted" or
+    /// "evicted"; None when `timeout` seconds pass first (None: wait forever) or the stream
+    /// is closed.
+    #[pyo3(signature = (timeout = None))]
+    fn next<'py>(
+        &mut self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<(&'static str, String, u64, Bound<'py, PyBytes>)>> {
+        let timeout = timeout_of(timeout)?.map(|t| t.max(Duration::from_millis(1)));
+        let Some(sub) = self.inner.as_mut() else {
+            return Ok(None);
+        };
+        match py.allow_threads(|| sub.next(timeout)) {
+            Ok(n) => {
+                let kind = match n.kind {
+                    vovp::NotificationKind::Sealed => "sealed",
+                    vovp::NotificationKind::Deleted => "deleted",
+                    vovp::NotificationKind::Evicted => "evicted",
+                };
+                Ok(Some((
+                    kind,
+                    n.name.to_string(),
+                    n.size,
+                    PyBytes::new(py, &n.metadata),
+                )))
+            }
+            Err(Error::Connection(why))
+                if why.contains("timed out") || why.contains("would block") =>
+            {
+                Ok(None)
+            }
+            Err(Error::Connection(_)) => {
+                self.inner = None;
+                Ok(None)
+            }
+            Err(e) => Err(to_py(e)),
+        }
+    }
+
+    fn close(&mut self) {
+        self.inner = None;
+    }
+}
+
 /// Where an object is: ("host", None) or ("cuda", device).
 fn location_of(l: Location) -> (&'static str, Option<u32>) {
     match l.device() {
@@ -342,6 +427,29 @@ struct Object {
     ptr: usize,
     metadata: Vec<u8>,
     location: Location,
+    pid: u32,
+}
+
+/// A view that reached a forked child (a copy of the parent's memory) must not send a RELEASE
+/// on the parent's socket: the reference is the parent's.
+fn forget_in_child<T>(slot: &Mutex<Option<T>>, pid: u32) {
+    if std::process::id() != pid {
+        if let Some(v) = slot.lock().ok().and_then(|mut v| v.take()) {
+            std::mem::forget(v);
+        }
+    }
+}
+
+impl Drop for Object {
+    fn drop(&mut self) {
+        forget_in_child(&self.view, self.pid);
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        forget_in_child(&self.buf, self.pid);
+    }
 }
 
 impl Object {
@@ -353,6 +461,7 @@ impl Object {
             ptr: v.as_ptr() as usize,
             metadata: v.metadata().to_vec(),
             location: v.location(),
+            pid: std::process::id(),
             view: Mutex::new(Some(v)),
         }
     }
@@ -404,6 +513,7 @@ impl Object {
     /// Gives the store reference back now; False if it already was. Arrays over the bytes must
     /// not be used afterwards (the store may reuse the memory).
     fn release(&self) -> bool {
+        forget_in_child(&self.view, self.pid);
         let taken = self.view.lock().ok().and_then(|mut v| v.take());
         taken.is_some()
     }
@@ -428,6 +538,7 @@ struct Buffer {
     name: String,
     size: u64,
     ptr: usize,
+    pid: u32,
 }
 
 impl Buffer {
@@ -437,6 +548,7 @@ impl Buffer {
             name: b.name().to_string(),
             size: b.size(),
             ptr: b.as_mut_ptr() as usize,
+            pid: std::process::id(),
             buf: Mutex::new(Some(b)),
         }
     }
@@ -466,6 +578,7 @@ impl Buffer {
     }
     /// Drops the creator's reference (which aborts an unsealed object); False if gone already.
     fn release(&self) -> bool {
+        forget_in_child(&self.buf, self.pid);
         let taken = self.buf.lock().ok().and_then(|mut b| b.take());
         taken.is_some()
     }
@@ -477,5 +590,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Object>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<Subscription>()?;
     Ok(())
 }

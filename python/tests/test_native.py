@@ -221,3 +221,49 @@ def test_reconnect_after_a_daemon_restart():
     finally:
         second.stop()
         first.stop()  # its folder holds the socket path both used
+
+
+def test_forked_child_neither_talks_nor_releases(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "f", b"z" * 32)
+    [obj] = n.get(["f"])
+    arr = np.asarray(obj)
+    pid = os.fork()
+    if pid == 0:  # child: reads the inherited view, cannot use the client, drops everything
+        code = 0
+        try:
+            if arr.tobytes() != b"z" * 32:
+                code = 1
+            try:
+                n.contains("f")
+                code = 2
+            except vovp.ConnectionError:
+                pass
+            del arr
+            obj.release()  # the parent's reference: must not be released from here
+            gc.collect()
+        except BaseException:  # noqa: BLE001
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    # The parent's connection still works and its reference is intact.
+    assert n.contains("f")
+    assert refcount(client, "f") == 1
+    del arr, obj
+    gc.collect()
+    n.contains("f")
+    assert wait_for(lambda: refcount(client, "f") == 0)
+
+
+def test_subscription_sees_seal_and_delete(daemon):
+    n = N.Client(daemon.socket)
+    sub = n.subscribe()
+    put_bytes(n, "s", b"abc", b"meta")
+    n.delete("s")
+    assert sub.next(timeout=10) == ("sealed", "s", 3, b"meta")
+    kind, name, _, _ = sub.next(timeout=10)
+    assert (kind, name) == ("deleted", "s")
+    assert sub.next(timeout=0.1) is None  # nothing more
+    sub.close()
+    assert sub.next() is None
