@@ -25,6 +25,10 @@ use crate::protocol::*;
 struct MappedSegment {
     map: MmapRaw,
     writable: bool,
+    /// The segment's fd, kept for a private copy-on-write mapping made on demand
+    /// ([`Client::private_view`]).
+    file: File,
+    private: std::sync::OnceLock<MmapRaw>,
 }
 
 impl MappedSegment {
@@ -38,7 +42,33 @@ impl MappedSegment {
             opts.map_raw_read_only(&file)
         }
         .map_err(|e| Error::Memory(format!("mapping a segment of {size} bytes: {e}")))?;
-        Ok(MappedSegment { map, writable })
+        Ok(MappedSegment {
+            map,
+            writable,
+            file,
+            private: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Start of a writable mapping of the segment: the shared one for this client's own
+    /// arenas, else a private copy-on-write one (writes stay in this process; a read-only fd
+    /// may be mapped so), made on first use.
+    fn writable_base(&self) -> Result<*mut u8, Error> {
+        if self.writable {
+            return Ok(self.map.as_mut_ptr());
+        }
+        if let Some(m) = self.private.get() {
+            return Ok(m.as_mut_ptr());
+        }
+        // SAFETY: a private mapping of the segment's fd: other processes' writes to pages this
+        // process has not written show through (the same as the shared read-only mapping).
+        let m = unsafe { MmapOptions::new().len(self.map.len()).map_copy(&self.file) }
+            .map_err(|e| Error::Memory(format!("private mapping of a segment: {e}")))?;
+        let _ = self.private.set(MmapRaw::from(m));
+        self.private
+            .get()
+            .map(|m| m.as_mut_ptr())
+            .ok_or_else(|| Error::Internal("private mapping lost".into()))
     }
 }
 
@@ -668,6 +698,10 @@ struct ClientInner {
     /// Releases from views dropped while another thread was mid-request: sent before the next one.
     deferred_releases: Mutex<Vec<u64>>,
     path: PathBuf,
+    /// Set by [`Client::close`]: no request, release or reconnect after it.
+    closed: std::sync::atomic::AtomicBool,
+    /// A clone of the current stream, for `close` to shut down while a call holds `conn`.
+    closer: Mutex<Option<UnixStream>>,
 }
 
 /// How a [`Client`] connects.
@@ -707,6 +741,17 @@ impl ObjectSink for ViewSink {
 }
 
 impl ClientInner {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        if self.is_closed() {
+            return Err(Error::Connection("the vovp client is closed".into()));
+        }
+        Ok(())
+    }
+
     fn take_deferred(&self) -> Vec<u64> {
         self.deferred_releases
             .lock()
@@ -738,11 +783,15 @@ impl ClientInner {
             .conn
             .lock()
             .map_err(|_| Error::Internal("client lock poisoned".into()))?;
+        self.check_open()?;
         let session = self.session.current();
         match self.exchange(&mut guard, &call, names) {
-            Err(Error::Connection(why)) if self.reconnect => {
+            Err(Error::Connection(why)) if self.reconnect && !self.is_closed() => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
                 let (stream, maps) = handshake(&self.path)?;
+                if let Ok(mut c) = self.closer.lock() {
+                    *c = stream.try_clone().ok();
+                }
                 guard.stream = stream;
                 guard.next_id = 0;
                 // References held on the old connection died with it.
@@ -826,6 +875,9 @@ impl ClientInner {
 
 impl ObjectSink for ClientInner {
     fn release(&self, id: u64) {
+        if self.is_closed() {
+            return; // the connection's end released it
+        }
         // Never block in Drop: send now if the connection is free, else queue for the next call.
         match self.conn.try_lock() {
             Ok(mut conn) => {
@@ -862,8 +914,11 @@ impl Client {
 
     pub fn connect_with(path: impl AsRef<Path>, options: ClientOptions) -> Result<Client, Error> {
         let (stream, maps) = handshake(path.as_ref())?;
+        let closer = stream.try_clone().ok();
         Ok(Client {
             inner: Arc::new(ClientInner {
+                closed: std::sync::atomic::AtomicBool::new(false),
+                closer: Mutex::new(closer),
                 conn: Mutex::new(Conn {
                     stream,
                     next_id: 0,
@@ -876,6 +931,50 @@ impl Client {
                 path: path.as_ref().to_owned(),
             }),
         })
+    }
+
+    /// A writable address of `view`'s bytes in this process, with what keeps it mapped: the
+    /// shared mapping for objects in this client's own arenas, else a private copy-on-write
+    /// mapping of the segment (writes stay in this process and never reach the store). For
+    /// clients that must hand out writable views of sealed objects (the Python package's
+    /// `writable=True` and torch results). `None` for device objects.
+    pub fn private_view(
+        &self,
+        view: &ObjectView,
+    ) -> Result<Option<(*mut u8, Arc<dyn std::any::Any + Send + Sync>)>, Error> {
+        let Location::Host { segment, offset } = view.location() else {
+            return Ok(None);
+        };
+        let seg = self
+            .inner
+            .session
+            .maps()
+            .segment(segment)
+            .ok_or_else(|| Error::Protocol(format!("segment {segment} is not mapped")))?;
+        if offset.saturating_add(view.size()) > seg.map.len() as u64 {
+            return Err(Error::Protocol("object outside its segment".into()));
+        }
+        let base = seg.writable_base()?;
+        // SAFETY: offset + size lies inside the mapping (checked above), kept alive by `seg`.
+        let ptr = unsafe { base.add(offset as usize) };
+        Ok(Some((ptr, seg)))
+    }
+
+    /// Closes the connection now (the daemon releases every reference it held), even while
+    /// views or clones of this client live: later calls fail with `Error::Connection` and
+    /// never reconnect, and dropped views send nothing. Wakes a thread waiting in a GET.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        // Another thread is mid-request: shutting the socket down (through a clone of it)
+        // wakes it.
+        if let Some(s) = self.inner.closer.lock().ok().and_then(|mut c| c.take()) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// The largest PUT payload the daemon accepts (HELLO).
+    pub fn max_inline(&self) -> u32 {
+        self.inner.session.maps().max_inline
     }
 
     /// Host bytes the daemon manages.
