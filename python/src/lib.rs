@@ -13,8 +13,9 @@
 //!
 //! Every call that waits on the socket or copies bytes releases the GIL.
 
+use std::any::Any;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyValueError;
@@ -184,32 +185,52 @@ impl Client {
         self.inner.capacity()
     }
 
+    /// The largest PUT payload the daemon accepts.
+    #[getter]
+    fn max_inline(&self) -> u32 {
+        self.inner.max_inline()
+    }
+
+    /// Closes the connection: the daemon releases every reference this client held; views
+    /// stay mapped (their memory may be reused by the store) and send nothing when dropped.
+    fn close(&self) {
+        if std::process::id() == self.pid {
+            self.inner.close();
+        }
+    }
+
     /// Gets `names` (waiting up to `timeout` seconds for missing or unsealed ones; None: do not
     /// wait); a missing name is None.
-    #[pyo3(signature = (names, timeout = None))]
+    /// `writable`: views others' objects through a private copy-on-write mapping (writes stay
+    /// in this process).
+    #[pyo3(signature = (names, timeout = None, writable = false))]
     fn get(
         &self,
         py: Python<'_>,
         names: Vec<String>,
         timeout: Option<f64>,
+        writable: bool,
     ) -> PyResult<Vec<Option<Object>>> {
         let inner = self.usable()?;
         let timeout = timeout_of(timeout)?;
-        let views = py
-            .allow_threads(|| {
-                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                inner.get(&refs, timeout)
-            })
-            .map_err(to_py)?;
-        Ok(views
-            .into_iter()
-            .map(|v| v.map(|v| Object::new(v)))
-            .collect())
+        py.allow_threads(|| {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let views = inner.get(&refs, timeout)?;
+            views
+                .into_iter()
+                .map(|v| match v {
+                    None => Ok(None),
+                    Some(v) if writable => Object::writable(inner, v).map(Some),
+                    Some(v) => Ok(Some(Object::new(v))),
+                })
+                .collect::<Result<Vec<_>, Error>>()
+        })
+        .map_err(to_py)
     }
 
     /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
     /// call). `keep`: return the stored object's view, else None.
-    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false))]
+    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false))]
     #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
@@ -220,6 +241,7 @@ impl Client {
         metadata: &[u8],
         ephemeral: bool,
         keep: bool,
+        writable: bool,
     ) -> PyResult<Option<Object>> {
         let inner = self.usable()?;
         if addr == 0 && size != 0 {
@@ -236,9 +258,12 @@ impl Client {
         let metadata = metadata.to_vec();
         py.allow_threads(|| {
             if keep {
-                inner
-                    .put_and_view(&name, data, &metadata, options(ephemeral))
-                    .map(|v| Some(Object::new(v)))
+                let v = inner.put_and_view(&name, data, &metadata, options(ephemeral))?;
+                if writable {
+                    Object::writable(inner, v).map(Some)
+                } else {
+                    Ok(Some(Object::new(v)))
+                }
             } else {
                 inner
                     .put(&name, data, &metadata, options(ephemeral))
@@ -418,9 +443,12 @@ fn location_of(l: Location) -> (&'static str, Option<u32>) {
 }
 
 /// A sealed object's view: holds one store reference until released or garbage collected.
-#[pyclass(module = "vovp._native", frozen)]
+#[pyclass(module = "vovp._native", frozen, weakref)]
 struct Object {
     view: Mutex<Option<ObjectView>>,
+    /// A writable object's mapping (a private copy-on-write one for others' objects).
+    _writable: Option<Arc<dyn Any + Send + Sync>>,
+    readonly: bool,
     id: u64,
     name: String,
     size: u64,
@@ -453,8 +481,22 @@ impl Drop for Buffer {
 }
 
 impl Object {
+    /// The object with a writable address: its own arena's, or a private copy-on-write one.
+    fn writable(client: &RustClient, v: ObjectView) -> Result<Self, Error> {
+        let private = client.private_view(&v)?;
+        let mut o = Object::new(v);
+        if let Some((ptr, keep)) = private {
+            o.ptr = ptr as usize;
+            o._writable = Some(keep);
+            o.readonly = false;
+        }
+        Ok(o)
+    }
+
     fn new(v: ObjectView) -> Self {
         Object {
+            _writable: None,
+            readonly: true,
             id: v.id(),
             name: v.name().to_string(),
             size: v.size(),
@@ -508,7 +550,11 @@ impl Object {
                 self.name
             ))));
         }
-        array_interface(py, self.ptr, self.size, true)
+        array_interface(py, self.ptr, self.size, self.readonly)
+    }
+    #[getter]
+    fn readonly(&self) -> bool {
+        self.readonly
     }
     /// Gives the store reference back now; False if it already was. Arrays over the bytes must
     /// not be used afterwards (the store may reuse the memory).
@@ -531,7 +577,7 @@ impl Object {
 
 /// An object this client created: writable by it until sealed (by name, `Client.seal`); holds
 /// the creator's reference, so dropping it unsealed aborts the object.
-#[pyclass(module = "vovp._native", frozen)]
+#[pyclass(module = "vovp._native", frozen, weakref)]
 struct Buffer {
     buf: Mutex<Option<ObjectBuffer>>,
     id: u64,

@@ -267,3 +267,34 @@ def test_subscription_sees_seal_and_delete(daemon):
     assert sub.next(timeout=0.1) is None  # nothing more
     sub.close()
     assert sub.next() is None
+
+
+def test_writable_view_of_another_clients_object_is_private(daemon, client):
+    n = N.Client(daemon.socket)
+    client.put("w", np.zeros(4096, dtype=np.uint8))
+    [obj] = n.get(["w"], writable=True)
+    arr = np.asarray(obj)
+    assert arr.flags.writeable and not obj.readonly
+    arr[:4] = 9  # copy-on-write: this process only
+    assert client.get_buffer("w").tobytes()[:4] == b"\0\0\0\0"
+    [again] = n.get(["w"])
+    assert np.asarray(again).tobytes()[:4] == b"\0\0\0\0"
+    # An object in this client's own arena is writable in place (the creator's mapping).
+    kept = put_bytes(n, "own", b"\1" * 300000, keep=True)
+    [own] = n.get(["own"], writable=True)
+    assert np.asarray(own).ctypes.data == np.asarray(kept).ctypes.data
+
+
+def test_close_releases_everything_and_refuses_calls(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "k", b"k" * 8)
+    [obj] = n.get(["k"])
+    assert refcount(client, "k") == 1
+    n.close()
+    assert wait_for(lambda: refcount(client, "k") == 0)
+    with pytest.raises(vovp.ConnectionError):
+        n.contains("k")
+    assert np.asarray(obj).size == 8  # still mapped
+    del obj
+    gc.collect()
+    assert client.stats()["connections"] == 1
