@@ -644,6 +644,9 @@ struct Conn {
     next_id: u64,
     out: Vec<u8>,
     payload: Vec<u8>,
+    /// (request id, name) of SEALs sent without waiting ([`Client::seal_later`]): their
+    /// replies come before the next request's and are read first.
+    unread: Vec<(u64, String)>,
 }
 
 /// Both clients' view of their current connection: its mappings and which connection it is
@@ -794,7 +797,8 @@ impl ClientInner {
                 }
                 guard.stream = stream;
                 guard.next_id = 0;
-                // References held on the old connection died with it.
+                guard.unread.clear(); // replies the old daemon will never send
+                                      // References held on the old connection died with it.
                 self.take_deferred();
                 let (maps, generation) = self.session.replace(maps);
                 let response = self.exchange(&mut guard, &call, names)?;
@@ -824,6 +828,8 @@ impl ClientInner {
                     "the daemon went away while mapping an object".into(),
                 ));
             }
+            // The SEGMENT reply carries an fd: read what is still due before asking.
+            Self::drain_unread(&mut conn)?;
             let deferred = self.take_deferred();
             conn.out.clear();
             Self::append_releases(&mut conn, &deferred);
@@ -853,6 +859,12 @@ impl ClientInner {
         let id = conn.next_id;
         call.encode(&mut conn.out, 0, id)?;
         conn.stream.write_all(&conn.out).map_err(conn_err)?;
+        Self::drain_unread(conn)?;
+        Self::read_reply(conn, id, call.opcode(), names)
+    }
+
+    /// Reads the reply to request `id` (the next frame on the stream).
+    fn read_reply(conn: &mut Conn, id: u64, opcode: u8, names: &[&str]) -> Result<Response, Error> {
         let mut header = [0u8; HEADER_LEN];
         spin_until_readable(&conn.stream);
         conn.stream.read_exact(&mut header).map_err(conn_err)?;
@@ -869,7 +881,20 @@ impl ClientInner {
                 why.map(|e| format!(": {e}")).unwrap_or_default()
             )));
         }
-        decode_reply(call.opcode(), &conn.payload, names)
+        decode_reply(opcode, &conn.payload, names)
+    }
+
+    /// Reads the replies of SEALs sent without waiting. A failed one can only be reported
+    /// now, as a warning (the receiver's GET then times out); a broken stream is an error.
+    fn drain_unread(conn: &mut Conn) -> Result<(), Error> {
+        for (id, name) in std::mem::take(&mut conn.unread) {
+            match Self::read_reply(conn, id, op::SEAL, &[]) {
+                Ok(_) => {}
+                Err(e @ (Error::Connection(_) | Error::Protocol(_))) => return Err(e),
+                Err(e) => tracing::warn!("vovp: deferred seal of {name:?} failed: {e}"),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -924,6 +949,7 @@ impl Client {
                     next_id: 0,
                     out: Vec::new(),
                     payload: Vec::new(),
+                    unread: Vec::new(),
                 }),
                 session: Session::new(maps),
                 reconnect: options.reconnect,
@@ -1001,6 +1027,134 @@ impl Client {
             inner: self.inner.clone(),
             generation,
         })
+    }
+
+    /// SEAL without waiting for its reply, which is read in front of the next request's. For
+    /// hand-offs: the receiver's GET waits for the seal anyway, so the sender need not pay a
+    /// round trip before sending the name. A failure is only logged (a warning).
+    pub fn seal_later(&self, name: &str) -> Result<(), Error> {
+        ObjectName::new(name)?;
+        let mut conn = self
+            .inner
+            .conn
+            .lock()
+            .map_err(|_| Error::Internal("client lock poisoned".into()))?;
+        self.inner.check_open()?;
+        let deferred = self.inner.take_deferred();
+        conn.out.clear();
+        ClientInner::append_releases(&mut conn, &deferred);
+        conn.next_id += 1;
+        let id = conn.next_id;
+        Call::Seal(name).encode(&mut conn.out, 0, id)?;
+        let c = &mut *conn;
+        c.stream.write_all(&c.out).map_err(conn_err)?;
+        c.unread.push((id, name.to_owned()));
+        Ok(())
+    }
+
+    /// SEALs sent by [`Client::seal_later`] whose replies have not been read yet.
+    pub fn unread_replies(&self) -> usize {
+        self.inner.conn.lock().map(|c| c.unread.len()).unwrap_or(0)
+    }
+
+    /// The id of the last frame this connection sent (requests and one-way releases are
+    /// numbered 1, 2, ...): how many went out, for tests that count round trips.
+    pub fn last_request_id(&self) -> u64 {
+        self.inner.conn.lock().map(|c| c.next_id).unwrap_or(0)
+    }
+
+    /// Several inline PUTs (each up to the inline size; `PUT_KEEP_REFERENCE`) sent in one
+    /// write, their replies read together: one round trip. Each item's result is its view (or
+    /// its error: a name taken, ...); an error that breaks the stream fails the whole call.
+    pub fn put_many(
+        &self,
+        items: &[(&str, &[u8], &[u8], CreateOptions)],
+    ) -> Result<Vec<Result<ObjectView, Error>>, Error> {
+        let maps = self.inner.session.maps();
+        let mut flags = Vec::with_capacity(items.len());
+        for (name, data, _, options) in items {
+            ObjectName::new(name)?;
+            flags.push(
+                maps.inline_flags(data.len(), options, true)
+                    .ok_or_else(|| {
+                        Error::TooLarge(format!("{name}: {} bytes do not go inline", data.len()))
+                    })?,
+            );
+        }
+        let (replies, maps, generation) = {
+            let mut conn = self
+                .inner
+                .conn
+                .lock()
+                .map_err(|_| Error::Internal("client lock poisoned".into()))?;
+            self.inner.check_open()?;
+            let (maps, generation) = self.inner.session.current();
+            let deferred = self.inner.take_deferred();
+            conn.out.clear();
+            ClientInner::append_releases(&mut conn, &deferred);
+            let first = conn.next_id + 1;
+            for ((name, data, metadata, _), flags) in items.iter().zip(&flags) {
+                conn.next_id += 1;
+                let id = conn.next_id;
+                let call = Call::Put {
+                    name,
+                    flags: *flags,
+                    metadata,
+                    data,
+                };
+                call.encode(&mut conn.out, 0, id)?;
+            }
+            let c = &mut *conn;
+            c.stream.write_all(&c.out).map_err(conn_err)?;
+            ClientInner::drain_unread(c)?;
+            let mut replies = Vec::with_capacity(items.len());
+            for (i, (name, ..)) in items.iter().enumerate() {
+                match ClientInner::read_reply(c, first + i as u64, op::PUT, &[name]) {
+                    Err(e @ (Error::Connection(_) | Error::Protocol(_))) => return Err(e),
+                    other => replies.push(other),
+                }
+            }
+            (replies, maps, generation)
+        };
+        let sink = self.sink(generation);
+        let mut out = Vec::with_capacity(replies.len());
+        for reply in replies {
+            out.push(reply.and_then(|r| {
+                let r = r.object()?;
+                let id = r.id;
+                let _pins = self
+                    .inner
+                    .pin_segments(&maps, generation, [&r])
+                    .inspect_err(|_| sink.release(id))?;
+                maps.view(r, sink.clone()).inspect_err(|_| sink.release(id))
+            }));
+        }
+        Ok(out)
+    }
+
+    /// [`Store::put`] that returns the new object's id.
+    pub fn put_id(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<u64, Error> {
+        if let Some(flags) = self
+            .inner
+            .session
+            .maps()
+            .inline_flags(data.len(), &options, false)
+        {
+            let call = Call::Put {
+                name,
+                flags,
+                metadata,
+                data,
+            };
+            return Ok(self.inner.call(call, &[name])?.object()?.id);
+        }
+        Ok(self.put_and_view(name, data, metadata, options)?.id())
     }
 
     /// Puts and keeps a reference: the view is the store's copy (zero-copy afterwards).
