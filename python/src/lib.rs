@@ -229,7 +229,7 @@ impl Client {
     }
 
     /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
-    /// call). `keep`: return the stored object's view, else None.
+    /// call). `keep`: return the stored object's view, else its object id.
     #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false))]
     #[allow(clippy::too_many_arguments)]
     fn put(
@@ -242,7 +242,7 @@ impl Client {
         ephemeral: bool,
         keep: bool,
         writable: bool,
-    ) -> PyResult<Option<Object>> {
+    ) -> PyResult<PyObject> {
         let inner = self.usable()?;
         if addr == 0 && size != 0 {
             return Err(PyValueError::new_err("a null buffer address"));
@@ -260,21 +260,26 @@ impl Client {
             if keep {
                 let v = inner.put_and_view(&name, data, &metadata, options(ephemeral))?;
                 if writable {
-                    Object::writable(inner, v).map(Some)
+                    Object::writable(inner, v).map(Put::Kept)
                 } else {
-                    Ok(Some(Object::new(v)))
+                    Ok(Put::Kept(Object::new(v)))
                 }
             } else {
                 inner
-                    .put(&name, data, &metadata, options(ephemeral))
-                    .map(|()| None)
+                    .put_id(&name, data, &metadata, options(ephemeral))
+                    .map(Put::Id)
             }
         })
         .map_err(to_py)
+        .and_then(|p| match p {
+            Put::Kept(o) => Ok(Py::new(py, o)?.into_any()),
+            Put::Id(id) => Ok(id.into_pyobject(py)?.into_any().unbind()),
+        })
     }
 
-    /// CREATE: an unsealed object of `size` bytes that only this client may write.
-    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false))]
+    /// CREATE: an unsealed object of `size` bytes that only this client may write; on
+    /// cuda:`device` when given.
+    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false, device = None))]
     fn create(
         &self,
         py: Python<'_>,
@@ -282,12 +287,92 @@ impl Client {
         size: u64,
         metadata: &[u8],
         ephemeral: bool,
+        device: Option<u32>,
     ) -> PyResult<Buffer> {
         let inner = self.usable()?;
+        let opts = CreateOptions {
+            ephemeral,
+            device: device.map(vovp::Device::Cuda),
+        };
         let buf = py
-            .allow_threads(|| inner.create(name, size, metadata, options(ephemeral)))
+            .allow_threads(|| inner.create(name, size, metadata, opts))
             .map_err(to_py)?;
         Ok(Buffer::new(buf))
+    }
+
+    /// Pipelined inline PUTs keeping a reference each: `items` are (name, addr, size,
+    /// metadata) of contiguous buffers the caller keeps alive for the call. One round trip;
+    /// returns an Object or the exception of each item.
+    #[pyo3(signature = (items, ephemeral = false, writable = false))]
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        items: Vec<(String, usize, usize, Vec<u8>)>,
+        ephemeral: bool,
+        writable: bool,
+    ) -> PyResult<Vec<PyObject>> {
+        let inner = self.usable()?;
+        if items
+            .iter()
+            .any(|(_, addr, size, _)| *addr == 0 && *size != 0)
+        {
+            return Err(PyValueError::new_err("a null buffer address"));
+        }
+        let results = py
+            .allow_threads(|| {
+                let batch: Vec<(&str, &[u8], &[u8], CreateOptions)> = items
+                    .iter()
+                    .map(|(name, addr, size, meta)| {
+                        // SAFETY: as for `put`: buffers the caller holds for this call.
+                        let data: &[u8] = if *size == 0 {
+                            &[]
+                        } else {
+                            unsafe { std::slice::from_raw_parts(*addr as *const u8, *size) }
+                        };
+                        (name.as_str(), data, meta.as_slice(), options(ephemeral))
+                    })
+                    .collect();
+                inner.put_many(&batch).map(|views| {
+                    views
+                        .into_iter()
+                        .map(|r| {
+                            r.and_then(|v| {
+                                if writable {
+                                    Object::writable(inner, v)
+                                } else {
+                                    Ok(Object::new(v))
+                                }
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .map_err(to_py)?;
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(o) => Ok(Py::new(py, o)?.into_any()),
+                Err(e) => Ok(to_py(e).into_value(py).into_any()),
+            })
+            .collect()
+    }
+
+    /// SEAL without waiting for the reply (read in front of the next request's).
+    fn seal_later(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.seal_later(name)).map_err(to_py)
+    }
+
+    /// SEALs sent by `seal_later` whose replies are not read yet.
+    #[getter]
+    fn unread_replies(&self) -> usize {
+        self.inner.unread_replies()
+    }
+
+    /// Id of the last frame sent on the connection (frames are numbered 1, 2, ...).
+    #[getter]
+    fn last_request_id(&self) -> u64 {
+        self.inner.last_request_id()
     }
 
     /// SEAL by name (the creator's connection).
@@ -346,6 +431,13 @@ impl Client {
                 Ok(d)
             })
             .collect()
+    }
+
+    /// Makes `obj`'s view writable (before any array over it is made): in place for this
+    /// client's own arenas, else through a private copy-on-write mapping.
+    fn make_writable(&self, py: Python<'_>, obj: &Object) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| obj.make_writable(inner)).map_err(to_py)
     }
 
     /// A notification stream on a new connection to the same daemon.
@@ -434,6 +526,12 @@ impl Subscription {
     }
 }
 
+/// What a put gives back.
+enum Put {
+    Kept(Object),
+    Id(u64),
+}
+
 /// Where an object is: ("host", None) or ("cuda", device).
 fn location_of(l: Location) -> (&'static str, Option<u32>) {
     match l.device() {
@@ -442,13 +540,20 @@ fn location_of(l: Location) -> (&'static str, Option<u32>) {
     }
 }
 
+fn place_of(l: Location) -> Option<(u32, u64)> {
+    match l {
+        Location::Host { segment, offset } => Some((segment, offset)),
+        Location::Cuda(_) => None,
+    }
+}
+
 /// A sealed object's view: holds one store reference until released or garbage collected.
 #[pyclass(module = "vovp._native", frozen, weakref)]
 struct Object {
     view: Mutex<Option<ObjectView>>,
-    /// A writable object's mapping (a private copy-on-write one for others' objects).
-    _writable: Option<Arc<dyn Any + Send + Sync>>,
-    readonly: bool,
+    /// A writable object's mapping (a private copy-on-write one for others' objects) and its
+    /// address of the bytes; set once, before any array is made (`Client.make_writable`).
+    writable: std::sync::OnceLock<(usize, Arc<dyn Any + Send + Sync>)>,
     id: u64,
     name: String,
     size: u64,
@@ -483,20 +588,35 @@ impl Drop for Buffer {
 impl Object {
     /// The object with a writable address: its own arena's, or a private copy-on-write one.
     fn writable(client: &RustClient, v: ObjectView) -> Result<Self, Error> {
-        let private = client.private_view(&v)?;
-        let mut o = Object::new(v);
-        if let Some((ptr, keep)) = private {
-            o.ptr = ptr as usize;
-            o._writable = Some(keep);
-            o.readonly = false;
-        }
+        let o = Object::new(v);
+        o.make_writable(client)?;
         Ok(o)
+    }
+
+    fn make_writable(&self, client: &RustClient) -> Result<(), Error> {
+        if self.writable.get().is_some() {
+            return Ok(());
+        }
+        let guard = self
+            .view
+            .lock()
+            .map_err(|_| Error::Internal("object lock poisoned".into()))?;
+        let Some(view) = guard.as_ref() else {
+            return Err(Error::NotHeld(self.id));
+        };
+        if let Some((ptr, keep)) = client.private_view(view)? {
+            let _ = self.writable.set((ptr as usize, keep));
+        }
+        Ok(())
+    }
+
+    fn address_now(&self) -> usize {
+        self.writable.get().map_or(self.ptr, |(p, _)| *p)
     }
 
     fn new(v: ObjectView) -> Self {
         Object {
-            _writable: None,
-            readonly: true,
+            writable: std::sync::OnceLock::new(),
             id: v.id(),
             name: v.name().to_string(),
             size: v.size(),
@@ -532,10 +652,16 @@ impl Object {
     fn location(&self) -> (&'static str, Option<u32>) {
         location_of(self.location)
     }
-    /// Address of the bytes in this process (host objects).
+    /// (segment id, offset in it) of a host object, else None.
+    #[getter]
+    fn place(&self) -> Option<(u32, u64)> {
+        place_of(self.location)
+    }
+    /// Address of the bytes in this process (host objects; the writable mapping's once
+    /// made writable).
     #[getter]
     fn address(&self) -> usize {
-        self.ptr
+        self.address_now()
     }
     /// Device address of a CUDA object in this process, else None.
     #[getter]
@@ -550,11 +676,16 @@ impl Object {
                 self.name
             ))));
         }
-        array_interface(py, self.ptr, self.size, self.readonly)
+        array_interface(
+            py,
+            self.address_now(),
+            self.size,
+            self.writable.get().is_none(),
+        )
     }
     #[getter]
     fn readonly(&self) -> bool {
-        self.readonly
+        self.writable.get().is_none()
     }
     /// Gives the store reference back now; False if it already was. Arrays over the bytes must
     /// not be used afterwards (the store may reuse the memory).
@@ -585,11 +716,15 @@ struct Buffer {
     size: u64,
     ptr: usize,
     pid: u32,
+    location: Location,
+    cuda_ptr: Option<u64>,
 }
 
 impl Buffer {
     fn new(mut b: ObjectBuffer) -> Self {
         Buffer {
+            location: b.location(),
+            cuda_ptr: b.cuda_ptr(),
             id: b.id(),
             name: b.name().to_string(),
             size: b.size(),
@@ -617,6 +752,18 @@ impl Buffer {
     #[getter]
     fn address(&self) -> usize {
         self.ptr
+    }
+    #[getter]
+    fn location(&self) -> (&'static str, Option<u32>) {
+        location_of(self.location)
+    }
+    #[getter]
+    fn place(&self) -> Option<(u32, u64)> {
+        place_of(self.location)
+    }
+    #[getter]
+    fn cuda_ptr(&self) -> Option<u64> {
+        self.cuda_ptr
     }
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
