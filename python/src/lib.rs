@@ -260,9 +260,9 @@ impl Client {
             if keep {
                 let v = inner.put_and_view(&name, data, &metadata, options(ephemeral))?;
                 if writable {
-                    Object::writable(inner, v).map(Put::Kept)
+                    Object::writable(inner, v).map(|o| Put::Kept(Box::new(o)))
                 } else {
-                    Ok(Put::Kept(Object::new(v)))
+                    Ok(Put::Kept(Box::new(Object::new(v))))
                 }
             } else {
                 inner
@@ -272,7 +272,7 @@ impl Client {
         })
         .map_err(to_py)
         .and_then(|p| match p {
-            Put::Kept(o) => Ok(Py::new(py, o)?.into_any()),
+            Put::Kept(o) => Ok(Py::new(py, *o)?.into_any()),
             Put::Id(id) => Ok(id.into_pyobject(py)?.into_any().unbind()),
         })
     }
@@ -473,6 +473,9 @@ impl Client {
     }
 }
 
+/// (kind, name, size, metadata) of one notification.
+type Notification<'py> = (&'static str, String, u64, Bound<'py, PyBytes>);
+
 /// A notification stream (SUBSCRIBE on a connection of its own).
 #[pyclass(module = "vovp._native")]
 struct Subscription {
@@ -489,7 +492,7 @@ impl Subscription {
         &mut self,
         py: Python<'py>,
         timeout: Option<f64>,
-    ) -> PyResult<Option<(&'static str, String, u64, Bound<'py, PyBytes>)>> {
+    ) -> PyResult<Option<Notification<'py>>> {
         let timeout = timeout_of(timeout)?.map(|t| t.max(Duration::from_millis(1)));
         let Some(sub) = self.inner.as_mut() else {
             return Ok(None);
@@ -528,7 +531,7 @@ impl Subscription {
 
 /// What a put gives back.
 enum Put {
-    Kept(Object),
+    Kept(Box<Object>),
     Id(u64),
 }
 

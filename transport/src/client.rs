@@ -926,6 +926,9 @@ impl ObjectSink for ClientInner {
     }
 }
 
+/// A writable address of an object's bytes and what keeps its mapping alive.
+pub type WritableBytes = (*mut u8, Arc<dyn std::any::Any + Send + Sync>);
+
 /// A blocking connection to a `vovp-engine`. Cheap to clone; thread-safe (one request at a time).
 #[derive(Clone)]
 pub struct Client {
@@ -964,10 +967,7 @@ impl Client {
     /// mapping of the segment (writes stay in this process and never reach the store). For
     /// clients that must hand out writable views of sealed objects (the Python package's
     /// `writable=True` and torch results). `None` for device objects.
-    pub fn private_view(
-        &self,
-        view: &ObjectView,
-    ) -> Result<Option<(*mut u8, Arc<dyn std::any::Any + Send + Sync>)>, Error> {
+    pub fn private_view(&self, view: &ObjectView) -> Result<Option<WritableBytes>, Error> {
         let Location::Host { segment, offset } = view.location() else {
             return Ok(None);
         };
