@@ -155,11 +155,17 @@ impl Client {
     #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false))]
     fn new(py: Python<'_>, path: PathBuf, connect_timeout: f64, reconnect: bool) -> PyResult<Self> {
         let wait = timeout_of(Some(connect_timeout))?.unwrap_or_default();
+        // CUDA objects are mapped when the Python layer asks (`Object.map_cuda`), after its
+        // own checks (framework, driver): a get never fails for want of a driver.
+        let options = ClientOptions {
+            reconnect,
+            defer_cuda_mapping: true,
+        };
         let inner = py
             .allow_threads(|| {
                 let deadline = Instant::now() + wait;
                 loop {
-                    match RustClient::connect_with(&path, ClientOptions { reconnect }) {
+                    match RustClient::connect_with(&path, options) {
                         Ok(c) => return Ok(c),
                         // Not there yet (a daemon starting): retry until the deadline.
                         Err(Error::Connection(why))
@@ -554,6 +560,8 @@ fn place_of(l: Location) -> Option<(u32, u64)> {
 #[pyclass(module = "vovp._native", frozen, weakref)]
 struct Object {
     view: Mutex<Option<ObjectView>>,
+    /// A CUDA object's IPC mapping in this process (`map_cuda`).
+    device: std::sync::OnceLock<vovp_gpu::ipc::DeviceView>,
     /// A writable object's mapping (a private copy-on-write one for others' objects) and its
     /// address of the bytes; set once, before any array is made (`Client.make_writable`).
     writable: std::sync::OnceLock<(usize, Arc<dyn Any + Send + Sync>)>,
@@ -619,6 +627,7 @@ impl Object {
 
     fn new(v: ObjectView) -> Self {
         Object {
+            device: std::sync::OnceLock::new(),
             writable: std::sync::OnceLock::new(),
             id: v.id(),
             name: v.name().to_string(),
@@ -666,10 +675,27 @@ impl Object {
     fn address(&self) -> usize {
         self.address_now()
     }
-    /// Device address of a CUDA object in this process, else None.
+    /// Device address of a CUDA object in this process once mapped (`map_cuda`), else None.
     #[getter]
     fn cuda_ptr(&self) -> Option<u64> {
-        self.view.lock().ok()?.as_ref()?.cuda_ptr()
+        self.device.get().map(|d| d.ptr())
+    }
+    /// Maps a CUDA object into this process (CUDA IPC through the gpu crate; the pool is opened
+    /// once and closed with its last view) and returns its device address.
+    fn map_cuda(&self, py: Python<'_>) -> PyResult<u64> {
+        if let Some(d) = self.device.get() {
+            return Ok(d.ptr());
+        }
+        let Location::Cuda(block) = self.location else {
+            return Err(PyValueError::new_err(format!(
+                "{:?} is a host object",
+                self.name
+            )));
+        };
+        let view = py
+            .allow_threads(|| vovp_gpu::ipc::open(&block))
+            .map_err(|e| to_py(e.into()))?;
+        Ok(self.device.get_or_init(|| view).ptr())
     }
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -780,8 +806,15 @@ impl Buffer {
     }
 }
 
+/// Number of store pools this process has mapped through CUDA IPC (diagnostics and tests).
+#[pyfunction]
+fn open_pools() -> usize {
+    vovp_gpu::ipc::open_pools()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(open_pools, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Client>()?;
     m.add_class::<Object>()?;

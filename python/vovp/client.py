@@ -45,7 +45,6 @@ from .errors import (
     InvalidArgument,
     ObjectNotFound,
     ProtocolError,
-    VovpError,
 )
 
 DEFAULT_SOCKET = "/tmp/vovp.sock"
@@ -200,22 +199,6 @@ def _find_lease(obj):
         if start <= addr < start + lease.size or (addr == start and lease.size == 0):
             return lease, True
     return None, False
-
-
-class _DeviceOwner:
-    """The owner of a CUDA reference: its device address (mapped by the native core through
-    CUDA IPC) and the native object holding the reference and the mapping."""
-
-    __slots__ = ("ptr", "nbytes", "device", "_obj", "__weakref__")
-
-    def __init__(self, obj, device):
-        self.ptr = obj.cuda_ptr
-        self.nbytes = obj.size
-        self.device = device
-        self._obj = obj
-
-    def __repr__(self):
-        return f"<vovp device buffer cuda:{self.device} {self.nbytes} bytes at {self.ptr:#x}>"
 
 
 # --- parallel copy -----------------------------------------------------------------------------
@@ -420,8 +403,20 @@ class Client:
         return owner
 
     def _cuda_owner(self, obj):
-        """A device owner over a CUDA native ``obj``, indexed like ``_owner``'s arrays."""
-        owner = _DeviceOwner(obj, obj.location[1])
+        """A device owner over a CUDA native ``obj``, indexed like ``_owner``'s arrays.
+
+        A got object is mapped here (CUDA IPC, by the native core through the gpu crate; the
+        pool is opened once per process). On failure (no driver here: GpuUnavailable; a handle
+        the driver refuses: GpuError) the reference is released at once.
+        """
+        if obj.cuda_ptr is None:
+            try:
+                C.driver()  # the reason, as this process sees its driver
+                obj.map_cuda()
+            except BaseException:
+                obj.release()
+                raise
+        owner = C.DeviceBuffer(obj.cuda_ptr, obj.size, obj.location[1], None, obj)
         lease = _Lease(owner, self, obj, cuda=True)
         _LEASES[lease.key] = lease
         return owner
@@ -729,16 +724,7 @@ class Client:
         names = list(names)
         if not names:
             return []
-        try:
-            objs = self._native.get([_name(n) for n in names], _timeout(timeout), writable)
-        except GpuUnavailable:
-            # A CUDA object this process cannot map (the native core maps CUDA objects as it
-            # gets them, and released the references): for numpy the answer is that no
-            # device memory can be viewed at all.
-            if framework in ("numpy", "np"):
-                raise TypeError("a CUDA object: numpy cannot view device memory; use "
-                                "framework='cuda' and .to_numpy() for a host copy") from None
-            raise
+        objs = self._native.get([_name(n) for n in names], _timeout(timeout), writable)
         missing = [n for n, o in zip(names, objs) if o is None]
         if missing:
             for o in objs:

@@ -12,7 +12,11 @@ fn an_opted_in_client_reconnects_to_a_restarted_daemon() {
     let mut first = Daemon::start("16M");
     let socket = first.socket.clone();
     let plain = first.client();
-    let resilient = Client::connect_with(&socket, ClientOptions { reconnect: true }).unwrap();
+    let options = ClientOptions {
+        reconnect: true,
+        ..Default::default()
+    };
+    let resilient = Client::connect_with(&socket, options).unwrap();
     resilient
         .put("before", b"old bytes", b"", CreateOptions::default())
         .unwrap();
@@ -59,10 +63,15 @@ fn the_async_client_reconnects_too() {
     rt.block_on(async {
         use vovp::AsyncStore;
         let plain = vovp_transport::AsyncClient::connect(&socket).await.unwrap();
-        let c =
-            vovp_transport::AsyncClient::connect_with(&socket, ClientOptions { reconnect: true })
-                .await
-                .unwrap();
+        let c = vovp_transport::AsyncClient::connect_with(
+            &socket,
+            ClientOptions {
+                reconnect: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         c.put("before", b"x", b"", CreateOptions::default())
             .await
             .unwrap();

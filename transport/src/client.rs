@@ -314,6 +314,8 @@ struct Mappings {
     segments: Mutex<std::collections::HashMap<u32, SegmentSlot>>,
     max_inline: u32,
     capacity: u64,
+    /// [`ClientOptions::defer_cuda_mapping`].
+    defer_cuda: bool,
 }
 
 /// Where an object is in this process: (host address or null, device address or 0, owner).
@@ -384,6 +386,10 @@ impl Mappings {
     }
 
     fn view(&self, r: ObjectRef, sink: Arc<dyn ObjectSink>) -> Result<ObjectView, Error> {
+        if self.defer_cuda && matches!(r.location, Location::Cuda(_)) {
+            // The caller maps it itself (its location says where): a null, empty view.
+            return Ok(unsafe { ObjectView::from_raw(r, std::ptr::null(), Arc::new(()), sink) });
+        }
         let (ptr, device_ptr, owner) = self.locate(&r)?;
         if device_ptr != 0 {
             return Ok(ObjectView::from_device(r, device_ptr, owner, sink));
@@ -594,6 +600,7 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
             segments: Mutex::new(segments),
             max_inline,
             capacity,
+            defer_cuda: false,
         },
     ))
 }
@@ -701,6 +708,8 @@ struct ClientInner {
     /// Releases from views dropped while another thread was mid-request: sent before the next one.
     deferred_releases: Mutex<Vec<u64>>,
     path: PathBuf,
+    /// [`ClientOptions::defer_cuda_mapping`], for the mappings of a reconnect.
+    defer_cuda: bool,
     /// Set by [`Client::close`]: no request, release or reconnect after it.
     closed: std::sync::atomic::AtomicBool,
     /// A clone of the current stream, for `close` to shut down while a call holds `conn`.
@@ -716,6 +725,10 @@ pub struct ClientOptions {
     /// dropped, and their releases are not sent to the new daemon. Off by default: a dead
     /// daemon is then an `Error::Connection` on every call.
     pub reconnect: bool,
+    /// Got CUDA objects come back unmapped (`cuda_ptr()` None; the location has the IPC
+    /// handle): for a caller that decides per object whether and how to map it (the Python
+    /// package, which checks its framework and driver first). Created objects are mapped.
+    pub defer_cuda_mapping: bool,
 }
 
 /// A view's way back to its client: releases go out only while the connection it came from
@@ -791,7 +804,8 @@ impl ClientInner {
         match self.exchange(&mut guard, &call, names) {
             Err(Error::Connection(why)) if self.reconnect && !self.is_closed() => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
-                let (stream, maps) = handshake(&self.path)?;
+                let (stream, mut maps) = handshake(&self.path)?;
+                maps.defer_cuda = self.defer_cuda;
                 if let Ok(mut c) = self.closer.lock() {
                     *c = stream.try_clone().ok();
                 }
@@ -941,11 +955,13 @@ impl Client {
     }
 
     pub fn connect_with(path: impl AsRef<Path>, options: ClientOptions) -> Result<Client, Error> {
-        let (stream, maps) = handshake(path.as_ref())?;
+        let (stream, mut maps) = handshake(path.as_ref())?;
+        maps.defer_cuda = options.defer_cuda_mapping;
         let closer = stream.try_clone().ok();
         Ok(Client {
             inner: Arc::new(ClientInner {
                 closed: std::sync::atomic::AtomicBool::new(false),
+                defer_cuda: options.defer_cuda_mapping,
                 closer: Mutex::new(closer),
                 conn: Mutex::new(Conn {
                     stream,
