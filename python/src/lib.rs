@@ -152,14 +152,23 @@ impl Client {
     /// Connects (retrying for up to `connect_timeout` seconds while the socket is missing or
     /// refuses) and does the HELLO handshake.
     #[new]
-    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false))]
-    fn new(py: Python<'_>, path: PathBuf, connect_timeout: f64, reconnect: bool) -> PyResult<Self> {
+    /// `release_delay` (seconds, 0 = none): dropped objects' RELEASEs ride in front of the
+    /// next request, or are sent after this delay if the client stays idle.
+    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        connect_timeout: f64,
+        reconnect: bool,
+        release_delay: f64,
+    ) -> PyResult<Self> {
         let wait = timeout_of(Some(connect_timeout))?.unwrap_or_default();
         // CUDA objects are mapped when the Python layer asks (`Object.map_cuda`), after its
         // own checks (framework, driver): a get never fails for want of a driver.
         let options = ClientOptions {
             reconnect,
             defer_cuda_mapping: true,
+            release_delay: timeout_of(Some(release_delay))?.filter(|d| !d.is_zero()),
         };
         let inner = py
             .allow_threads(|| {
@@ -195,6 +204,13 @@ impl Client {
     #[getter]
     fn max_inline(&self) -> u32 {
         self.inner.max_inline()
+    }
+
+    /// Sends the queued releases now.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.flush());
+        Ok(())
     }
 
     /// Closes the connection: the daemon releases every reference this client held; views

@@ -52,9 +52,9 @@ DEFAULT_SOCKET = "/tmp/vovp.sock"
 # Objects up to this size go in one PUT frame; larger ones through CREATE + copy + SEAL (the
 # Rust client's choice, transport/src/client.rs INLINE_PUT_PREFERRED).
 INLINE_LIMIT = 256 << 10
-# Kept for the API (``Client(release_delay=...)``, vovp.plasma): the native core sends a
-# garbage-collected reference's RELEASE at once when the connection is idle, else in front of
-# the next request.
+# Garbage-collected references are released within this many seconds: the native core queues
+# their RELEASEs, which ride in front of the next request or are sent by a small thread after
+# this delay if the client stays idle (``release_delay=0``: each is sent when its view drops).
 RELEASE_DELAY = 0.002
 # Copies larger than this are split across the copy pool.
 PARALLEL_COPY_MIN = 1 << 20
@@ -282,7 +282,8 @@ class Client:
         self._generation = 0
         self._closed = True  # until HELLO succeeded
         self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
-        self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect))
+        self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
+                           float(release_delay or 0.0))
         self._guard = _Guarded(self)
         self._closed = False
         self.capacity = self._n.capacity
@@ -380,12 +381,11 @@ class Client:
         return True
 
     def flush(self) -> None:
-        """Send the releases that garbage collection queued (the native core sends them at
-        once when the connection is idle, else with the next request: this is a no-op kept
-        for the API)."""
+        """Send the releases that garbage collection queued (normally sent within
+        ``release_delay`` seconds, or with the next request)."""
         if os.getpid() != self._pid:
             return
-        self._check_usable()
+        self._native.flush()
 
     # -- owners ---------------------------------------------------------------------------------
 
