@@ -239,7 +239,7 @@ fn get_waits_for_a_seal_from_another_process() {
     let socket = d.socket.clone();
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
-        let other = vovp_transport::Client::connect(&socket).unwrap();
+        let other = vovp_client::Client::connect(&socket).unwrap();
         other
             .put("later", b"sealed now", b"", CreateOptions::default())
             .unwrap();
@@ -274,7 +274,7 @@ fn async_client_round_trip() {
             let runtime = vovp_tests::runtime();
             runtime.block_on(async move {
                 use vovp::AsyncStore;
-                let c = vovp_transport::AsyncClient::connect(&socket).await.unwrap();
+                let c = vovp_client::AsyncClient::connect(&socket).await.unwrap();
                 c.put("async", b"from async", b"", CreateOptions::default())
                     .await
                     .unwrap();
@@ -293,6 +293,83 @@ fn async_client_round_trip() {
     let stats = rt.join().unwrap();
     assert_eq!((stats.objects, stats.references), (2, 0));
     assert_eq!(&d.cli(&["get", "async"]).stdout, b"from async");
+}
+
+/// Regression: an async client's `ObjectBuffer::seal` went through a second (blocking)
+/// connection, i.e. sealed as another holder, and the daemon refused it (NOT_CREATOR). It
+/// seals on the client's own connection now: with the connection free (a single-threaded
+/// runtime), and while another task's GET holds it (a multi-threaded runtime: the seal waits
+/// for the GET, which another process answers). An async client is one connection.
+#[test]
+fn async_client_buffer_seals_as_its_creator() {
+    use vovp::AsyncStore;
+    let d = Daemon::start("16M");
+    let watcher = d.client();
+    let before = watcher.connections().unwrap();
+    let socket = d.socket.clone();
+    let async_client = std::thread::spawn(move || {
+        vovp_tests::runtime().block_on(async move {
+            let c = vovp_client::AsyncClient::connect(&socket).await.unwrap();
+            let mut buf =
+                AsyncStore::create(&c, "sealed-by-buffer", 64, b"", CreateOptions::default())
+                    .await
+                    .unwrap();
+            buf.as_mut_slice().fill(7);
+            let view = buf.seal().expect("the creator's connection seals");
+            assert_eq!(&view[..], &[7u8; 64][..]);
+            drop(view);
+            c.flush().await.unwrap();
+            c
+        })
+    })
+    .join()
+    .unwrap();
+    // One connection (before the fix, a second one for seals).
+    let c = async_client;
+    assert_eq!(watcher.connections().unwrap(), before + 1);
+    drop(c);
+    wait_until(T, || watcher.connections().unwrap() == before);
+    assert_eq!(d.cli(&["get", "sealed-by-buffer"]).stdout, vec![7u8; 64]);
+
+    let socket = d.socket.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sealed = runtime.block_on(async move {
+        let c = vovp_client::AsyncClient::connect(&socket).await.unwrap();
+        assert_eq!(watcher.connections().unwrap(), before + 1);
+        let mut buf = AsyncStore::create(&c, "sealed-while-busy", 8, b"", CreateOptions::default())
+            .await
+            .unwrap();
+        buf.as_mut_slice().fill(9);
+        // Another task's GET waits on the connection for an object another process puts.
+        let waiting = tokio::spawn({
+            let c = c.clone();
+            async move { AsyncStore::get(&c, &["later"], Some(T)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let put = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            watcher
+                .put("later", b"now", b"", CreateOptions::default())
+                .unwrap();
+        });
+        let started = std::time::Instant::now();
+        // Sealed from a task on a worker thread, as async code would.
+        let view = tokio::spawn(async move { buf.seal() })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(started.elapsed() < T);
+        let got = waiting.await.unwrap().unwrap();
+        assert_eq!(&got[0].as_ref().unwrap()[..], b"now");
+        put.join().unwrap();
+        view.to_vec()
+    });
+    assert_eq!(sealed, vec![9u8; 8]);
+    assert_eq!(d.cli(&["get", "sealed-while-busy"]).stdout, vec![9u8; 8]);
 }
 
 #[test]
