@@ -533,7 +533,7 @@ fn warn_if_stale(bin: &Path, root: &Path) {
         return;
     };
     let mut newest: Option<(SystemTime, PathBuf)> = None;
-    let mut stack: Vec<PathBuf> = ["engine/src", "actors/src", "transport/src", "gpu/src"]
+    let mut stack: Vec<PathBuf> = ["engine/src", "actors/src", "transport", "gpu/src"]
         .iter()
         .map(|d| root.join(d))
         .collect();
