@@ -372,6 +372,71 @@ fn async_client_buffer_seals_as_its_creator() {
     assert_eq!(d.cli(&["get", "sealed-while-busy"]).stdout, vec![9u8; 8]);
 }
 
+/// The blocking client's extras for the Python core: `put_many` (one write, one round trip),
+/// `seal_later` (the reply read in front of the next request's), `private_view` (writes stay
+/// in this process), `put_id`, `close` (the daemon releases everything; no call after it).
+#[test]
+fn blocking_client_extras() {
+    let d = Daemon::start("16M");
+    let c = d.client();
+    let other = d.client();
+    let before = c.last_request_id();
+    let views = c
+        .put_many(&[
+            ("m1", b"one", b"", CreateOptions::default()),
+            ("m2", b"two", b"", CreateOptions::default()),
+            ("m1", b"again", b"", CreateOptions::default()),
+        ])
+        .unwrap();
+    assert_eq!(c.last_request_id(), before + 3, "three PUTs, nothing else");
+    assert_eq!(&views[0].as_ref().unwrap()[..], b"one");
+    assert_eq!(&views[1].as_ref().unwrap()[..], b"two");
+    assert!(matches!(views[2], Err(Error::AlreadyExists(_))));
+
+    let mut buf = c.create("later", 4, b"", CreateOptions::default()).unwrap();
+    buf.as_mut_slice().copy_from_slice(b"abcd");
+    c.seal_later("later").unwrap();
+    // Its release goes out after the SEAL (one connection, in order): the object stays.
+    drop(buf.into_view());
+    assert_eq!(c.unread_replies(), 1);
+    // Another process's GET waits for the seal, which went out without a round trip.
+    assert_eq!(
+        d.cli(&["get", "later", "--timeout-ms", "20000"]).stdout,
+        b"abcd"
+    );
+    c.seal_later("m1").unwrap(); // fails (already sealed): only a warning, later
+    assert!(c.contains("later").unwrap());
+    assert_eq!(c.unread_replies(), 0);
+
+    // A private view of another client's object: writable here, unchanged in the store.
+    let theirs = other.get_one("m2", None).unwrap();
+    let (ptr, _keep) = other.private_view(&theirs).unwrap().expect("a host object");
+    // SAFETY: a private copy-on-write mapping of the object's 3 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(b"TWO".as_ptr(), ptr, 3) };
+    assert_eq!(&other.get_one("m2", None).unwrap()[..], b"two");
+    assert_eq!(d.cli(&["get", "m2"]).stdout, b"two");
+
+    let id = c
+        .put_id("with-id", b"x", b"", CreateOptions::default())
+        .unwrap();
+    assert!(c
+        .list()
+        .unwrap()
+        .iter()
+        .any(|i| i.id == id && i.name.as_str() == "with-id"));
+    assert_eq!(c.max_inline(), vovp_proto::MAX_INLINE);
+
+    // Closed with views alive: the daemon drops the connection's references at once.
+    let watcher = d.client();
+    let refs = watcher.stats().unwrap().references;
+    assert!(refs >= 2, "{refs}");
+    c.close();
+    assert!(matches!(c.contains("m1"), Err(Error::Connection(_))));
+    wait_until(T, || watcher.stats().unwrap().references == refs - 2);
+    drop(views); // sends nothing on the closed connection
+    drop(theirs);
+}
+
 #[test]
 fn socket_lifecycle_live_stale_and_clean_shutdown() {
     let d = Daemon::start("8M");

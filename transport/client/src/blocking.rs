@@ -3,11 +3,12 @@
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vovp::{
-    parallel_copy, CreateOptions, Error, ObjectBuffer, ObjectInfo, ObjectRef, ObjectSink,
+    parallel_copy, CreateOptions, Error, Location, ObjectBuffer, ObjectInfo, ObjectRef, ObjectSink,
     ObjectView, Store, StoreStats,
 };
 use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
@@ -16,6 +17,9 @@ use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
 use crate::mapping::MappedSegment;
 use crate::ClientOptions;
+
+/// A writable address of an object's bytes and what keeps its mapping alive.
+pub type WritableBytes = (*mut u8, Arc<dyn std::any::Any + Send + Sync>);
 
 struct Conn {
     stream: UnixStream,
@@ -35,15 +39,41 @@ impl Conn {
     /// Sends the batch `core` frames for `req` and reads `req`'s reply.
     fn exchange(&mut self, core: &Core, req: &Request<'_>) -> Result<Reply, Error> {
         let id = core.frame(&mut self.wire, req);
+        io::write_all(self.stream.as_fd(), &self.wire.out)?;
+        self.drain_unread()?;
+        self.read_reply(id, req)
+    }
+
+    /// Reads the reply to request `id`, `req` (the next frame on the stream).
+    fn read_reply(&mut self, id: u64, req: &Request<'_>) -> Result<Reply, Error> {
         let fd = self.stream.as_fd();
-        io::write_all(fd, &self.wire.out)?;
         io::spin_until_readable(fd);
         let h = io::read_frame(fd, &mut self.payload)?;
         core::decode_reply(&h, &self.payload, id, req)
     }
 
+    /// Reads the replies of SEALs sent without waiting. A failed one can only be reported
+    /// now, as a warning (the receiver's GET then times out); a broken stream is an error.
+    fn drain_unread(&mut self) -> Result<(), Error> {
+        for (id, name) in std::mem::take(&mut self.wire.unread) {
+            match self.read_reply(
+                id,
+                &Request::Seal {
+                    name: name.as_str().into(),
+                },
+            ) {
+                Ok(_) => {}
+                Err(e @ (Error::Connection(_) | Error::Protocol(_))) => return Err(e),
+                Err(e) => tracing::warn!("vovp: deferred seal of {name:?} failed: {e}"),
+            }
+        }
+        Ok(())
+    }
+
     /// Asks for segment `segment`'s fd and maps it.
     fn map_segment(&mut self, core: &Core, segment: u32) -> Result<MappedSegment, Error> {
+        // The SEGMENT reply carries an fd: read what is still due before asking.
+        self.drain_unread()?;
         let id = core.frame(&mut self.wire, &Request::Segment { id: segment });
         let fd = self.stream.as_fd();
         io::write_all(fd, &self.wire.out)?;
@@ -55,6 +85,10 @@ impl Conn {
 struct ClientInner {
     core: Core,
     conn: Mutex<Conn>,
+    /// Set by [`Client::close`]: no request, release or reconnect after it.
+    closed: AtomicBool,
+    /// A clone of the current stream, for `close` to shut down while a call holds `conn`.
+    closer: Mutex<Option<UnixStream>>,
 }
 
 /// A view's way back to its client: releases go out only while the connection it came from
@@ -66,7 +100,8 @@ struct ViewSink {
 
 impl ObjectSink for ViewSink {
     fn release(&self, id: u64) {
-        if self.inner.core.session.generation() != self.generation {
+        // A closed connection's end released it; an older connection's died with it.
+        if self.inner.is_closed() || self.inner.core.session.generation() != self.generation {
             return;
         }
         // Never block in Drop: send now if the connection is free, else queue for the next call.
@@ -92,10 +127,20 @@ impl ObjectSink for ViewSink {
 }
 
 impl ClientInner {
+    /// The connection, locked, unless the client was closed.
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Conn>, Error> {
-        self.conn
+        let conn = self
+            .conn
             .lock()
-            .map_err(|_| Error::Internal("client lock poisoned".into()))
+            .map_err(|_| Error::Internal("client lock poisoned".into()))?;
+        if self.is_closed() {
+            return Err(Error::Connection("the vovp client is closed".into()));
+        }
+        Ok(conn)
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     fn call(&self, req: &Request<'_>) -> Result<Reply, Error> {
@@ -108,9 +153,12 @@ impl ClientInner {
         let mut conn = self.lock()?;
         let session = self.core.session.current();
         match conn.exchange(&self.core, req) {
-            Err(Error::Connection(why)) if self.core.reconnect => {
+            Err(Error::Connection(why)) if self.core.reconnect && !self.is_closed() => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
                 let (stream, maps) = handshake(&self.core.path)?;
+                if let Ok(mut c) = self.closer.lock() {
+                    *c = stream.try_clone().ok();
+                }
                 conn.stream = stream;
                 let answered = self.core.reconnected(&mut conn.wire, maps);
                 let reply = conn.exchange(&self.core, req)?;
@@ -157,12 +205,146 @@ impl Client {
 
     pub fn connect_with(path: impl AsRef<Path>, options: ClientOptions) -> Result<Client, Error> {
         let (stream, maps) = handshake(path.as_ref())?;
+        let closer = stream.try_clone().ok();
         Ok(Client {
             inner: Arc::new(ClientInner {
                 core: Core::new(path.as_ref().to_owned(), maps, options.reconnect),
                 conn: Mutex::new(Conn::new(stream)),
+                closed: AtomicBool::new(false),
+                closer: Mutex::new(closer),
             }),
         })
+    }
+
+    /// A writable address of `view`'s bytes in this process, with what keeps it mapped: the
+    /// shared mapping for objects in this client's own arenas, else a private copy-on-write
+    /// mapping of the segment (writes stay in this process and never reach the store). For
+    /// clients that must hand out writable views of sealed objects (the Python package's
+    /// `writable=True` and torch results). `None` for device objects.
+    pub fn private_view(&self, view: &ObjectView) -> Result<Option<WritableBytes>, Error> {
+        let Location::Host { segment, offset } = view.location() else {
+            return Ok(None);
+        };
+        let seg = self
+            .inner
+            .core
+            .session
+            .maps()
+            .segment(segment)
+            .ok_or_else(|| Error::Protocol(format!("segment {segment} is not mapped")))?;
+        if offset.saturating_add(view.size()) > seg.len() {
+            return Err(Error::Protocol("object outside its segment".into()));
+        }
+        let base = seg.writable_base()?;
+        // SAFETY: offset + size lies inside the mapping (checked above), kept alive by `seg`.
+        let ptr = unsafe { base.add(offset as usize) };
+        Ok(Some((ptr, seg)))
+    }
+
+    /// Closes the connection now (the daemon releases every reference it held), even while
+    /// views or clones of this client live: later calls fail with `Error::Connection` and
+    /// never reconnect, and dropped views send nothing. Wakes a thread waiting in a GET.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        // Another thread is mid-request: shutting the socket down (through a clone of it)
+        // wakes it.
+        if let Some(s) = self.inner.closer.lock().ok().and_then(|mut c| c.take()) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// The largest PUT payload the daemon accepts (HELLO).
+    pub fn max_inline(&self) -> u32 {
+        self.inner.core.session.maps().max_inline
+    }
+
+    /// SEAL without waiting for its reply, which is read in front of the next request's. For
+    /// hand-offs: the receiver's GET waits for the seal anyway, so the sender need not pay a
+    /// round trip before sending the name. A failure is only logged (a warning).
+    pub fn seal_later(&self, name: &str) -> Result<(), Error> {
+        let req = requests::seal(name)?;
+        let mut conn = self.inner.lock()?;
+        let id = self.inner.core.frame(&mut conn.wire, &req);
+        let conn = &mut *conn;
+        io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+        conn.wire.unread.push((id, name.to_owned()));
+        Ok(())
+    }
+
+    /// SEALs sent by [`Client::seal_later`] whose replies have not been read yet.
+    pub fn unread_replies(&self) -> usize {
+        self.inner
+            .conn
+            .lock()
+            .map(|c| c.wire.unread.len())
+            .unwrap_or(0)
+    }
+
+    /// The id of the last frame this connection sent (requests and one-way releases are
+    /// numbered 1, 2, ...): how many went out, for tests that count round trips.
+    pub fn last_request_id(&self) -> u64 {
+        self.inner
+            .conn
+            .lock()
+            .map(|c| c.wire.last_id())
+            .unwrap_or(0)
+    }
+
+    /// Several inline PUTs (each up to the inline size; `PUT_KEEP_REFERENCE`) sent in one
+    /// write, their replies read together: one round trip. Each item's result is its view (or
+    /// its error: a name taken, ...); an error that breaks the stream fails the whole call.
+    pub fn put_many(
+        &self,
+        items: &[(&str, &[u8], &[u8], CreateOptions)],
+    ) -> Result<Vec<Result<ObjectView, Error>>, Error> {
+        let maps = self.inner.core.session.maps();
+        let reqs = items
+            .iter()
+            .map(|&(name, data, metadata, options)| {
+                let flags = maps
+                    .inline_flags(data.len(), &options, true)
+                    .ok_or_else(|| {
+                        Error::TooLarge(format!("{name}: {} bytes do not go inline", data.len()))
+                    })?;
+                requests::put(name, flags, metadata, data)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (replies, answered) = {
+            let mut conn = self.inner.lock()?;
+            let answered = self.inner.core.session.current();
+            self.inner.core.begin(&mut conn.wire);
+            let ids: Vec<u64> = reqs.iter().map(|r| conn.wire.push(r, 0)).collect();
+            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+            conn.drain_unread()?;
+            let mut replies = Vec::with_capacity(reqs.len());
+            for (req, id) in reqs.iter().zip(ids) {
+                match conn.read_reply(id, req) {
+                    Err(e @ (Error::Connection(_) | Error::Protocol(_))) => return Err(e),
+                    other => replies.push(other),
+                }
+            }
+            (replies, answered)
+        };
+        Ok(replies
+            .into_iter()
+            .map(|reply| self.view_of(reply?.object()?, answered.clone()))
+            .collect())
+    }
+
+    /// [`Store::put`] that returns the new object's id.
+    pub fn put_id(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<u64, Error> {
+        let maps = self.inner.core.session.maps();
+        if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
+            let req = requests::put(name, flags, metadata, data)?;
+            return Ok(self.inner.call(&req)?.object()?.id);
+        }
+        Ok(self.put_and_view(name, data, metadata, options)?.id())
     }
 
     /// Host bytes the daemon manages.

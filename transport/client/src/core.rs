@@ -16,10 +16,13 @@ use vovp_proto::{Header, Reply, Request, CREATE_EPHEMERAL, FLAG_NO_REPLY, HEADER
 
 use crate::mapping::{MappedSegment, Mappings};
 
-/// One connection's framing state: the last request id and the bytes to send next.
+/// One connection's framing state: the last request id, the bytes to send next, and the
+/// requests sent whose replies are still to be read in front of the next one's.
 pub(crate) struct Wire {
     next_id: u64,
     pub(crate) out: Vec<u8>,
+    /// (request id, name) of SEALs sent without waiting ([`crate::Client::seal_later`]).
+    pub(crate) unread: Vec<(u64, String)>,
 }
 
 impl Wire {
@@ -27,7 +30,13 @@ impl Wire {
         Wire {
             next_id: 0,
             out: Vec::new(),
+            unread: Vec::new(),
         }
+    }
+
+    /// The id of the last frame sent (requests and one-way releases are numbered 1, 2, ...).
+    pub(crate) fn last_id(&self) -> u64 {
+        self.next_id
     }
 
     /// Appends one-way RELEASE frames for `ids` (none when empty).
@@ -131,15 +140,21 @@ impl Core {
         }
     }
 
-    /// Starts `wire`'s next batch: the queued releases, then `req`. Returns `req`'s id.
-    pub(crate) fn frame(&self, wire: &mut Wire, req: &Request<'_>) -> u64 {
+    /// Starts `wire`'s next batch with the queued releases.
+    pub(crate) fn begin(&self, wire: &mut Wire) {
         wire.out.clear();
         wire.push_releases(&self.take_deferred());
+    }
+
+    /// Starts `wire`'s next batch: the queued releases, then `req`. Returns `req`'s id.
+    pub(crate) fn frame(&self, wire: &mut Wire, req: &Request<'_>) -> u64 {
+        self.begin(wire);
         wire.push(req, 0)
     }
 
-    /// After a reconnect: references held on the old connection died with it, and the new
-    /// connection's mappings become current. Returns them with the new generation.
+    /// After a reconnect: references held on the old connection died with it (and replies it
+    /// owed will never come), and the new connection's mappings become current. Returns them
+    /// with the new generation.
     pub(crate) fn reconnected(&self, wire: &mut Wire, maps: Mappings) -> Answered {
         *wire = Wire::new();
         self.take_deferred();

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use memmap2::{MmapOptions, MmapRaw};
 use vovp::{
@@ -17,6 +17,10 @@ use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
 pub(crate) struct MappedSegment {
     map: MmapRaw,
     writable: bool,
+    /// The segment's fd, kept for a private copy-on-write mapping made on demand
+    /// ([`crate::Client::private_view`]).
+    file: File,
+    private: OnceLock<MmapRaw>,
 }
 
 // SAFETY: the mapping is shared memory addressed through raw pointers only.
@@ -34,7 +38,37 @@ impl MappedSegment {
             opts.map_raw_read_only(&file)
         }
         .map_err(|e| Error::Memory(format!("mapping a segment of {size} bytes: {e}")))?;
-        Ok(MappedSegment { map, writable })
+        Ok(MappedSegment {
+            map,
+            writable,
+            file,
+            private: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Start of a writable mapping of the segment: the shared one for this client's own
+    /// arenas, else a private copy-on-write one (writes stay in this process; a read-only fd
+    /// may be mapped so), made on first use.
+    pub(crate) fn writable_base(&self) -> Result<*mut u8, Error> {
+        if self.writable {
+            return Ok(self.map.as_mut_ptr());
+        }
+        if let Some(m) = self.private.get() {
+            return Ok(m.as_mut_ptr());
+        }
+        // SAFETY: a private mapping of the segment's fd: other processes' writes to pages this
+        // process has not written show through (the same as the shared read-only mapping).
+        let m = unsafe { MmapOptions::new().len(self.map.len()).map_copy(&self.file) }
+            .map_err(|e| Error::Memory(format!("private mapping of a segment: {e}")))?;
+        let _ = self.private.set(MmapRaw::from(m));
+        self.private
+            .get()
+            .map(|m| m.as_mut_ptr())
+            .ok_or_else(|| Error::Internal("private mapping lost".into()))
     }
 }
 
@@ -116,7 +150,7 @@ impl Mappings {
     }
 
     /// The mapping of segment `id`, if this client has it mapped.
-    fn segment(&self, id: u32) -> Option<Arc<MappedSegment>> {
+    pub(crate) fn segment(&self, id: u32) -> Option<Arc<MappedSegment>> {
         let map = self.segments.lock().ok()?;
         match map.get(&id)? {
             SegmentSlot::Kept(s) => Some(s.clone()),
