@@ -3,7 +3,7 @@
 //!
 //! This crate is the public API: [`Engine::spawn`] embeds the store in-process, [`Store`] /
 //! [`AsyncStore`] are the operations (also implemented by the socket client in
-//! `vovp-transport`), [`tensor`] carries dtype/shape with each object.
+//! `vovp-client`), [`tensor`] carries dtype/shape with each object.
 
 mod config;
 mod engine;

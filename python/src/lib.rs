@@ -1,5 +1,5 @@
 //! `vovp._native`: the Python package's native core, a thin PyO3 layer over the Rust client
-//! (`vovp_transport::Client`): connect/HELLO, requests and replies, fd passing, segment
+//! (`vovp_client::Client`): connect/HELLO, requests and replies, fd passing, segment
 //! mappings, request ids, deferred releases and reconnect are the Rust client's, not a third
 //! implementation of PROTOCOL.md.
 //!
@@ -22,7 +22,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use vovp::{CreateOptions, Error, Location, ObjectBuffer, ObjectView, Store};
-use vovp_transport::client::{Client as RustClient, ClientOptions};
+use vovp_client::{Client as RustClient, ClientOptions};
 
 /// Protocol status code of an error (PROTOCOL.md "Status codes"), for `vovp.errors`.
 fn status_of(e: &Error) -> u8 {
@@ -447,7 +447,7 @@ impl Client {
                 d.set_item("refcount", o.refcount)?;
                 d.set_item(
                     "last_access",
-                    vovp_transport::client::unix_millis(o.last_access) as f64 / 1000.0,
+                    vovp_client::unix_millis(o.last_access) as f64 / 1000.0,
                 )?;
                 d.set_item("metadata", PyBytes::new(py, &o.metadata))?;
                 Ok(d)
@@ -501,7 +501,7 @@ type Notification<'py> = (&'static str, String, u64, Bound<'py, PyBytes>);
 /// A notification stream (SUBSCRIBE on a connection of its own).
 #[pyclass(module = "vovp._native")]
 struct Subscription {
-    inner: Option<vovp_transport::Subscription>,
+    inner: Option<vovp_client::Subscription>,
 }
 
 #[pymethods]

@@ -17,7 +17,12 @@ use kameo::Actor;
 use vovp::{AsyncStore, CreateOptions, EngineHandle, HolderId, ObjectName};
 use vovp_actors::table_actor as table;
 
-use crate::protocol::*;
+use vovp_proto::{
+    encode_notification, Header, Opcode, Reply, Request, Status, CREATE_EPHEMERAL, FLAG_NO_REPLY,
+    HEADER_LEN, LIST_END, LIST_PAGE_BYTES, MAX_INLINE, PUT_KEEP_REFERENCE,
+};
+
+use crate::response::{error_response, Response, TransportError};
 
 /// How the daemon is set up.
 #[derive(Debug, Clone)]
@@ -252,10 +257,10 @@ fn refuse_busy(stream: StdUnixStream, max: usize) {
     use std::io::Write;
     let mut frame = Vec::new();
     Response::error(
-        status::TOO_MANY_CONNECTIONS,
+        Status::TooManyConnections,
         format!("the store serves at most {max} connections at once; try again later"),
     )
-    .encode(op::HELLO, 0, &mut frame);
+    .encode(Opcode::Hello.code(), 0, &mut frame);
     let _ = stream.set_nonblocking(true);
     let _ = (&stream).write(&frame);
     tracing::warn!("refused a connection: {max} connections already");
@@ -363,7 +368,7 @@ impl ConnIo<'_> {
 
     /// Best effort: an error reply before closing (never waits long for a peer that does not
     /// read).
-    async fn last_words(&self, status: u8, message: String) {
+    async fn last_words(&self, status: Status, message: String) {
         let mut out = Vec::new();
         Response::error(status, message).encode(0, 0, &mut out);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(out)).await;
@@ -391,14 +396,9 @@ async fn connection_loop(
                 Ok(None) => break,
                 Err(e) => {
                     // The stream cannot be resynchronised: say why, then close.
-                    let code = match e {
-                        TransportError::UnsupportedVersion(_) => status::UNSUPPORTED_VERSION,
-                        TransportError::FrameTooLarge(_) => status::TOO_LARGE,
-                        _ => status::MALFORMED,
-                    };
                     let _ = io.flush(out).await;
-                    io.last_words(code, e.to_string()).await;
-                    return Err(e);
+                    io.last_words(e.status(), e.to_string()).await;
+                    return Err(e.into());
                 }
             };
             if inbuf.len() - consumed < header.frame_len() {
@@ -407,12 +407,12 @@ async fn connection_loop(
             let payload = &inbuf[consumed + HEADER_LEN..consumed + header.frame_len()];
             consumed += header.frame_len();
             let no_reply = header.flags & FLAG_NO_REPLY != 0;
-            let response = match Request::decode(header.opcode, payload) {
+            let response = match Request::decode(header.opcode, payload).map(Request::into_owned) {
                 // A silenced error is a lost error: NO_REPLY is for RELEASE only, and refused
                 // (with a reply) anywhere else.
                 Ok(ref request) if no_reply && !matches!(request, Request::Release { .. }) => {
                     Response::error(
-                        status::MALFORMED,
+                        Status::Malformed,
                         "the NO_REPLY flag is only allowed on RELEASE",
                     )
                 }
@@ -431,10 +431,10 @@ async fn connection_loop(
                     Response::NoReply
                 }
                 Ok(request) => answer(conn, Incoming { request, no_reply }, io, holder).await,
-                Err((code, message)) => Response::error(code, message),
+                Err(e) => Response::error(e.status(), e.to_string()),
             };
             match response {
-                Response::Hello { .. } => {
+                Response::Reply(Reply::Hello { .. }) => {
                     let (res, back) = io.flush(out).await;
                     out = back;
                     res?;
@@ -514,7 +514,7 @@ async fn connection_loop(
             Err(LoopStop::Write(e)) => return Err(e),
             Err(LoopStop::Deadline(why)) => {
                 let message = why.message(io.limits);
-                io.last_words(status::PROTOCOL_STATE, message.clone()).await;
+                io.last_words(Status::ProtocolState, message.clone()).await;
                 return Err(TransportError::Setup(message));
             }
         };
@@ -572,7 +572,7 @@ async fn answer(
     io: &ConnIo<'_>,
     (holder, engine): (HolderId, &EngineHandle),
 ) -> Response {
-    let stopping = |_| Response::error(status::SHUTTING_DOWN, "store stopping");
+    let stopping = |_| Response::error(Status::ShuttingDown, "store stopping");
     // Only a GET with a timeout can wait; every other request is answered at once and needs no
     // timer on the hot path.
     let may_wait = matches!(&incoming.request, Request::Get { timeout_ms, .. } if *timeout_ms != 0);
@@ -622,7 +622,7 @@ async fn wait_for_hangup(raw: &StdUnixStream) -> Result<(), TransportError> {
 }
 
 fn response_empty(header: Header, out: &mut Vec<u8>) {
-    Response::Empty.encode(header.opcode, header.request_id, out);
+    Reply::Empty.encode(header.opcode, header.request_id, out);
 }
 
 /// Sends HELLO's reply with segment 0's read-only fd attached: every client may read the
@@ -649,7 +649,7 @@ async fn send_with_fd(
     reply: Vec<u8>,
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> Result<(), TransportError> {
-    let sent = match crate::fdpass::send_with_fds(io.raw.as_fd(), &reply, fds) {
+    let sent = match vovp_client::fdpass::send_with_fds(io.raw.as_fd(), &reply, fds) {
         Ok(n) => n,
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             // SAFETY: the AsyncFd owns its own dup of the socket, open for its whole life.
@@ -663,7 +663,9 @@ async fn send_with_fd(
             let send = async {
                 loop {
                     let mut ready = waiter.writable().await?;
-                    match ready.try_io(|fd| crate::fdpass::send_with_fds(fd.as_fd(), &reply, fds)) {
+                    match ready
+                        .try_io(|fd| vovp_client::fdpass::send_with_fds(fd.as_fd(), &reply, fds))
+                    {
                         Ok(res) => return res,
                         Err(_would_block) => continue,
                     }
@@ -691,14 +693,7 @@ async fn notify_loop(
     mut rx: tokio::sync::mpsc::Receiver<vovp::Notification>,
     mut out: Vec<u8>,
 ) -> Result<(), TransportError> {
-    let encode = |out: &mut Vec<u8>, n: vovp::Notification| {
-        let mut w = FrameWriter::begin(out, op::NOTIFY, 0, 0);
-        w.u8(n.kind as u8)
-            .str(n.name.as_str())
-            .u64(n.size)
-            .bytes(&n.metadata);
-        w.finish();
-    };
+    let encode = |out: &mut Vec<u8>, n: vovp::Notification| encode_notification(&n, out);
     let watch = |buf: Vec<u8>| io.stream.read(buf);
     let mut closed = Box::pin(watch(Vec::with_capacity(64)));
     loop {
@@ -749,7 +744,7 @@ pub struct ConnectionActor {
 
 /// A decoded request from the socket.
 pub struct Incoming {
-    pub request: Request,
+    pub request: Request<'static>,
     pub no_reply: bool,
 }
 
@@ -766,25 +761,25 @@ fn name(s: &str) -> Result<ObjectName, vovp::Error> {
 impl ConnectionActor {
     async fn dispatch(
         &mut self,
-        request: Request,
+        request: Request<'static>,
         no_reply: bool,
     ) -> Result<Response, vovp::Error> {
         let actors = self.engine.actors().clone();
         let holder = self.holder;
         if !self.greeted && !matches!(request, Request::Hello { .. }) {
-            return Ok(Response::error(status::PROTOCOL_STATE, "send HELLO first"));
+            return Ok(Response::error(Status::ProtocolState, "send HELLO first"));
         }
         Ok(match request {
             Request::Hello { pid } => {
                 if self.greeted {
                     return Ok(Response::error(
-                        status::PROTOCOL_STATE,
+                        Status::ProtocolState,
                         "HELLO was already sent",
                     ));
                 }
                 self.greeted = true;
                 tracing::debug!("client pid {pid} connected as holder {holder}");
-                Response::Hello {
+                Reply::Hello {
                     capacity: self.engine.config().capacity,
                     max_inline: MAX_INLINE,
                     // Only the store's own segment: arenas are mapped on demand (SEGMENT).
@@ -796,6 +791,7 @@ impl ConnectionActor {
                         .map(|s| (s.id(), s.len()))
                         .collect(),
                 }
+                .into()
             }
             Request::Create {
                 name: n,
@@ -818,7 +814,7 @@ impl ConnectionActor {
                         },
                     })
                     .await?;
-                Response::Object(r)
+                Reply::Object(r).into()
             }
             Request::Seal { name: n } => {
                 actors
@@ -829,7 +825,7 @@ impl ConnectionActor {
                         id: None,
                     })
                     .await?;
-                Response::Empty
+                Reply::Empty.into()
             }
             Request::Abort { name: n } => {
                 actors
@@ -840,7 +836,7 @@ impl ConnectionActor {
                         keep_while_held: false,
                     })
                     .await?;
-                Response::Empty
+                Reply::Empty.into()
             }
             Request::Put {
                 name: n,
@@ -859,13 +855,13 @@ impl ConnectionActor {
                     .ask(table::PutInline {
                         holder,
                         name: name(&n)?,
-                        data,
+                        data: data.into_owned(),
                         metadata: metadata.into(),
                         ephemeral: flags & CREATE_EPHEMERAL != 0,
                         keep_reference: flags & PUT_KEEP_REFERENCE != 0,
                     })
                     .await?;
-                Response::Object(r)
+                Reply::Object(r).into()
             }
             Request::Get { timeout_ms, names } => {
                 let names = names
@@ -885,28 +881,31 @@ impl ConnectionActor {
                         wait,
                     })
                     .await?;
-                Response::Objects(rx.await.map_err(|_| vovp::Error::ShuttingDown)?)
+                Reply::Objects(rx.await.map_err(|_| vovp::Error::ShuttingDown)?).into()
             }
             Request::Release { ids } if no_reply => {
                 // Unbounded mailbox: never blocks; errors of one-way releases are not reported.
+                let ids = ids.into_owned();
                 let _ = actors.table.tell(table::Release { holder, ids }).try_send();
                 Response::NoReply
             }
             Request::Release { ids } => {
+                let ids = ids.into_owned();
                 match actors.table.ask(table::Release { holder, ids }).await? {
                     Some(e) => return Err(e.into()),
-                    None => Response::Empty,
+                    None => Reply::Empty.into(),
                 }
             }
-            Request::Contains { name: n } => Response::Bool(
+            Request::Contains { name: n } => Reply::Bool(
                 actors
                     .table
                     .ask(table::Contains { name: name(&n)? })
                     .await?,
-            ),
+            )
+            .into(),
             Request::Delete { name: n } => {
                 actors.table.ask(table::Delete { name: name(&n)? }).await?;
-                Response::Empty
+                Reply::Empty.into()
             }
             Request::List { start, limit } => {
                 let (entries, next) = actors
@@ -915,21 +914,23 @@ impl ConnectionActor {
                         start,
                         limit: limit as usize,
                         max_bytes: LIST_PAGE_BYTES,
-                        entry_bytes: list_entry_bytes,
+                        entry_bytes: vovp_proto::list_entry_bytes,
                     })
                     .await?;
-                Response::List {
+                Reply::List {
                     entries,
                     next: next.unwrap_or(LIST_END),
                 }
+                .into()
             }
             Request::Evict { bytes } => {
-                Response::Count(AsyncStore::evict(&self.engine, bytes).await?)
+                Reply::Count(AsyncStore::evict(&self.engine, bytes).await?).into()
             }
-            Request::Stats => Response::Stats {
+            Request::Stats => Reply::Stats {
                 stats: actors.table.ask(table::Stats).await?,
                 connections: self.shared.connections.load(Ordering::Relaxed),
-            },
+            }
+            .into(),
             Request::Subscribe => Response::Subscribed(actors.table.ask(table::Subscribe).await?),
             Request::Segment { id } => {
                 match actors

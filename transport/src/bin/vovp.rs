@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use vovp::{CreateOptions, DType, Device, Error, ObjectView, Store, TensorMeta, TensorView};
-use vovp_transport::Client;
+use vovp_client::Client;
 
 #[derive(Parser)]
 #[command(name = "vovp", version, about = "command-line client of a vovp-engine")]
