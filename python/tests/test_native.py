@@ -298,3 +298,21 @@ def test_close_releases_everything_and_refuses_calls(daemon, client):
     del obj
     gc.collect()
     assert client.stats()["connections"] == 1
+
+
+def test_release_delay_queues_releases_for_the_flusher(daemon, client):
+    n = N.Client(daemon.socket, release_delay=3.0)
+    put_bytes(n, "q1", b"1")
+    put_bytes(n, "q2", b"2")
+    [a] = n.get(["q1"])
+    del a
+    gc.collect()
+    # Queued, not sent: the daemon still counts the reference...
+    assert refcount(client, "q1") == 1
+    # ... until the flusher sends it after the delay, with no request from this client.
+    assert wait_for(lambda: refcount(client, "q1") == 0, timeout=30)
+    [b] = n.get(["q2"])
+    del b
+    gc.collect()
+    n.flush()  # now
+    assert refcount(client, "q2") == 0
