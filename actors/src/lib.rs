@@ -11,5 +11,5 @@ pub mod table;
 pub mod table_actor;
 mod types;
 
-pub use error::StoreError;
+pub use error::Error;
 pub use types::*;

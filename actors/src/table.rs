@@ -18,7 +18,7 @@ use vovp_gpu::DeviceBlock;
 
 use crate::allocator::HostBlock;
 use crate::types::*;
-use crate::StoreError;
+use crate::Error;
 
 /// The memory behind one object, returned to its allocator when the object goes.
 #[derive(Clone, Copy, Debug)]
@@ -161,7 +161,7 @@ impl ObjectTable {
     }
 
     fn key_of(&self, id: ObjectId) -> Option<usize> {
-        let key = (id & 0xFFFF_FFFF) as usize;
+        let key = (id.get() & 0xFFFF_FFFF) as usize;
         match self.objects.get(key) {
             Some(e) if e.id == id => Some(key),
             _ => None,
@@ -191,9 +191,9 @@ impl ObjectTable {
     }
 
     /// Fails when `name` is taken (sealed or not). Deleted-but-referenced objects do not count.
-    pub fn check_name_free(&self, name: &ObjectName) -> Result<(), StoreError> {
+    pub fn check_name_free(&self, name: &ObjectName) -> Result<(), Error> {
         if self.by_name.contains_key(name) {
-            return Err(StoreError::AlreadyExists(name.to_string()));
+            return Err(Error::AlreadyExists(name.to_string()));
         }
         Ok(())
     }
@@ -207,12 +207,12 @@ impl ObjectTable {
         block: Block,
         ephemeral: bool,
         creator: HolderId,
-    ) -> Result<ObjectRef, StoreError> {
+    ) -> Result<ObjectRef, Error> {
         self.check_name_free(&name)?;
         self.incarnation = self.incarnation.wrapping_add(1);
         let entry = self.objects.vacant_entry();
         let key = entry.key();
-        let id = ((self.incarnation as u64) << 32) | key as u64;
+        let id = ObjectId::from_raw(((self.incarnation as u64) << 32) | key as u64);
         let e = entry.insert(Entry {
             id,
             name: name.clone(),
@@ -239,11 +239,11 @@ impl ObjectTable {
         Ok(r)
     }
 
-    fn named_key(&self, name: &ObjectName) -> Result<usize, StoreError> {
+    fn named_key(&self, name: &ObjectName) -> Result<usize, Error> {
         self.by_name
             .get(name)
             .copied()
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))
+            .ok_or_else(|| Error::NotFound(name.to_string()))
     }
 
     /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
@@ -254,17 +254,17 @@ impl ObjectTable {
         name: &ObjectName,
         holder: HolderId,
         id: Option<ObjectId>,
-    ) -> Result<Vec<CompletedGet>, StoreError> {
+    ) -> Result<Vec<CompletedGet>, Error> {
         let key = self.named_key(name)?;
         let e = &mut self.objects[key];
         if id.is_some_and(|id| id != e.id) {
-            return Err(StoreError::NotFound(name.to_string()));
+            return Err(Error::NotFound(name.to_string()));
         }
         if e.sealed {
-            return Err(StoreError::AlreadySealed(name.to_string()));
+            return Err(Error::AlreadySealed(name.to_string()));
         }
         if e.creator != holder {
-            return Err(StoreError::NotCreator(name.to_string()));
+            return Err(Error::NotCreator(name.to_string()));
         }
         e.sealed = true;
         e.last_access = SystemTime::now();
@@ -313,14 +313,14 @@ impl ObjectTable {
         name: &ObjectName,
         holder: HolderId,
         keep_while_held: bool,
-    ) -> Result<Option<Freed>, StoreError> {
+    ) -> Result<Option<Freed>, Error> {
         let key = self.named_key(name)?;
         let e = &mut self.objects[key];
         if e.sealed {
-            return Err(StoreError::AlreadySealed(name.to_string()));
+            return Err(Error::AlreadySealed(name.to_string()));
         }
         if e.creator != holder {
-            return Err(StoreError::NotCreator(name.to_string()));
+            return Err(Error::NotCreator(name.to_string()));
         }
         if keep_while_held {
             e.named = false;
@@ -431,13 +431,13 @@ impl ObjectTable {
 
     /// Drops one reference of `holder` to object `id`. Returns the memory to free when that was
     /// the last reference of a deleted, ephemeral or unsealed object.
-    pub fn release(&mut self, id: ObjectId, holder: HolderId) -> Result<Option<Freed>, StoreError> {
-        let key = self.key_of(id).ok_or(StoreError::NotHeld(id))?;
+    pub fn release(&mut self, id: ObjectId, holder: HolderId) -> Result<Option<Freed>, Error> {
+        let key = self.key_of(id).ok_or(Error::NotHeld(id.get()))?;
         let held = self
             .holders
             .get_mut(&holder)
             .and_then(|h| h.get_mut(&key))
-            .ok_or(StoreError::NotHeld(id))?;
+            .ok_or(Error::NotHeld(id.get()))?;
         *held -= 1;
         if *held == 0 {
             let h = self.holders.get_mut(&holder).expect("holder present");
@@ -487,10 +487,10 @@ impl ObjectTable {
 
     /// Deletes `name`: the name is free at once; the memory is returned now if nobody holds the
     /// object, else when its last holder releases it.
-    pub fn delete(&mut self, name: &ObjectName) -> Result<Option<Freed>, StoreError> {
+    pub fn delete(&mut self, name: &ObjectName) -> Result<Option<Freed>, Error> {
         let key = self.named_key(name)?;
         if !self.objects[key].sealed {
-            return Err(StoreError::NotSealed(name.to_string()));
+            return Err(Error::NotSealed(name.to_string()));
         }
         self.record(NotificationKind::Deleted, key);
         if self.objects[key].refcount == 0 {
