@@ -24,7 +24,7 @@ pub struct HolderId(u64);
 
 impl HolderId {
     /// The engine's counter of holders is the only source of these.
-    pub fn from_raw(raw: u64) -> Self {
+    pub const fn from_raw(raw: u64) -> Self {
         HolderId(raw)
     }
 
@@ -46,7 +46,7 @@ pub struct ObjectId(u64);
 
 impl ObjectId {
     /// An id as a client sent it back; the table checks it against its incarnation.
-    pub fn from_raw(raw: u64) -> Self {
+    pub const fn from_raw(raw: u64) -> Self {
         ObjectId(raw)
     }
 
