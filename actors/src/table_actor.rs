@@ -1,7 +1,8 @@
 //! The eviction/refcount actor: owns the [`ObjectTable`], asks the allocator actor (host) or the
 //! GPU actor (CUDA) for memory, evicts LRU objects when a pool is full, answers waiting gets and
-//! pushes notifications to subscribers. Every client (connection actor or embedded handle)
-//! talks to this one actor, so the whole life cycle is serialised in one place.
+//! pushes notifications to subscribers. Every client (a daemon connection or an embedded
+//! handle, each through its engine `Session`) talks to this one actor, so the whole life cycle
+//! is serialised in one place.
 
 use std::sync::Arc;
 use std::time::Duration;
