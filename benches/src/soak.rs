@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use vovp::{CreateOptions, Error, Location, NotificationKind, ObjectView, Store};
-use vovp_transport::Client;
+use vovp_client::Client;
 
 use crate::procs::{self, Daemon};
 use crate::report::{Check, Report};
