@@ -160,6 +160,10 @@ pub struct HostUsage {
     pub resident: u64,
     /// Live segments (the store's own plus client arenas).
     pub segments: u64,
+    /// Bytes more the store could back now: what the machine (and its memory cgroups) has
+    /// available less [`crate::memory_room::BACKING_MARGIN`], plus the store's own freed pages
+    /// (`u64::MAX` when creates are not backed, or the machine's room cannot be read).
+    pub backable: u64,
 }
 
 /// Who may write into a new object: the store itself (segment 0: embedded creates, inline puts,
@@ -445,13 +449,22 @@ impl AllocatorActor {
         self.segments.values().map(SegmentState::resident).sum()
     }
 
-    fn usage(&self) -> HostUsage {
+    fn usage(&mut self) -> HostUsage {
+        let resident = self.resident();
+        // (Huge pages come from their own pool, which the machine's figures do not describe.)
+        let checked = self.backing && !self.huge_pages;
+        let backable = match checked.then(|| self.room.available()).flatten() {
+            // Freed pages (resident beyond the live objects) are the store's to give back.
+            Some(room) => room.saturating_add(resident.saturating_sub(self.used)),
+            None => u64::MAX,
+        };
         HostUsage {
             capacity: self.capacity,
             used: self.used,
             live_allocations: self.live,
-            resident: self.resident(),
+            resident,
             segments: self.segments.len() as u64,
+            backable,
         }
     }
 

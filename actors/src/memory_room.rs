@@ -213,6 +213,16 @@ impl MachineRoom {
         }
     }
 
+    /// What can be backed now with [`BACKING_MARGIN`] to spare (read again if the last
+    /// reading is stale); `None` when the machine's room cannot be read.
+    pub fn available(&mut self) -> Option<u64> {
+        if self.reading.is_none_or(|(at, _)| at.elapsed() >= ROOM_TTL) {
+            self.reading = Some((Instant::now(), self.read()?));
+        }
+        self.reading
+            .map(|(_, room)| room.saturating_sub(BACKING_MARGIN))
+    }
+
     /// The last reading, if any (for messages).
     pub fn last(&self) -> Option<u64> {
         self.reading.map(|(_, r)| r)
