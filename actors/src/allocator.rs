@@ -182,7 +182,8 @@ const ARENA_MAX_ALLOCS: u32 = 4096;
 /// object that is not page-aligned at both ends touches a little more than it is charged (an
 /// object of the whole capacity a few KiB more, in an arena of its own). Past this, a create
 /// first gives back freed pages and then fails (the table evicts and retries), so the pages the
-/// store holds never exceed `capacity + RESIDENT_SLACK_PAGES` pages.
+/// store holds never exceed `capacity + RESIDENT_SLACK_PAGES` pages. (Freed pages kept warm
+/// are given back before the capacity itself is passed: the slack is never cache.)
 pub const RESIDENT_SLACK_PAGES: u64 = 64;
 
 /// Disjoint, coalesced byte ranges (start -> end).
@@ -539,9 +540,13 @@ impl AllocatorActor {
         if new == 0 {
             return Ok(());
         }
-        let limit = self.capacity.saturating_add(self.slack);
-        let over = (self.resident() + new).saturating_sub(limit);
-        if over > 0 && self.give_back(over, id) < over {
+        // Freed pages are kept warm within the capacity; the slack is only for the partly used
+        // pages of live objects, never more cache.
+        let over = (self.resident() + new).saturating_sub(self.capacity);
+        if over > 0 {
+            self.give_back(over, id);
+        }
+        if self.resident() + new > self.capacity.saturating_add(self.slack) {
             return Err(AllocFailure::NoSpace);
         }
         if self.backing {
@@ -654,6 +659,11 @@ impl AllocatorActor {
             seg.punch_freed();
         }
         self.drop_if_done(block.segment);
+        // Past the capacity (partly used pages of live objects), freed pages are not kept.
+        let over = self.resident().saturating_sub(self.capacity);
+        if over > 0 {
+            self.give_back(over, block.segment);
+        }
     }
 
     /// Drops a client segment with no object left once it cannot be reused: its owner is gone,
@@ -1088,6 +1098,11 @@ mod tests {
                 let u = a.usage();
                 prop_assert!(kernel <= u.resident, "kernel {} > counted {}", kernel, u.resident);
                 prop_assert!(u.resident <= cap + a.slack, "resident {} over {}", u.resident, cap + a.slack);
+                if u.resident > cap {
+                    // Past the capacity only with no freed page left to give back.
+                    let freed: u64 = a.segments.values().map(|s| s.freed.bytes).sum();
+                    prop_assert_eq!(a.give_back(u64::MAX, u32::MAX), 0, "freed {}", freed);
+                }
                 let charged: u64 = live.iter().map(|b| b.charged).sum();
                 prop_assert_eq!(u.used, charged);
             }
