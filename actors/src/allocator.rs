@@ -873,20 +873,28 @@ mod tests {
     fn each_client_writes_its_own_arenas_and_the_store_segment_0() {
         let mut a = actor(64 << 20);
         let s = a.allocate(1000, Writer::Store).unwrap();
-        let c1 = a.allocate(1000, Writer::Client(1)).unwrap();
-        let c2 = a.allocate(1000, Writer::Client(2)).unwrap();
-        let c1b = a.allocate(1000, Writer::Client(1)).unwrap();
+        let c1 = a
+            .allocate(1000, Writer::Client(HolderId::from_raw(1)))
+            .unwrap();
+        let c2 = a
+            .allocate(1000, Writer::Client(HolderId::from_raw(2)))
+            .unwrap();
+        let c1b = a
+            .allocate(1000, Writer::Client(HolderId::from_raw(1)))
+            .unwrap();
         assert_eq!(s.segment, 0);
         assert!(c1.segment != 0 && c2.segment != 0 && c1.segment != c2.segment);
         assert_eq!(c1b.segment, c1.segment, "one arena serves many objects");
         // A big object gets an arena of its own size, dropped with it.
-        let big = a.allocate(40 << 20, Writer::Client(1)).unwrap();
+        let big = a
+            .allocate(40 << 20, Writer::Client(HolderId::from_raw(1)))
+            .unwrap();
         assert!(big.segment != c1.segment);
         let segments = a.usage().segments;
         a.free(big);
         assert_eq!(a.usage().segments, segments - 1);
         // A client gone: its arenas go with their last object.
-        a.owner_gone(1);
+        a.owner_gone(HolderId::from_raw(1));
         a.free(c1);
         assert!(a.segments.contains_key(&c1b.segment));
         a.free(c1b);
@@ -902,19 +910,27 @@ mod tests {
         let cap = 64 << 20;
         let mut a = actor(cap);
         let blocks: Vec<_> = (0..12)
-            .map(|_| a.allocate(4 << 20, Writer::Client(1)).unwrap())
+            .map(|_| {
+                a.allocate(4 << 20, Writer::Client(HolderId::from_raw(1)))
+                    .unwrap()
+            })
             .collect();
         for b in blocks {
             a.free(b);
         }
         // 48 MiB freed but kept (the owner's next objects find them faulted in).
         assert_eq!(a.usage().resident, 48 << 20);
-        let again = a.allocate(4 << 20, Writer::Client(1)).unwrap();
+        let again = a
+            .allocate(4 << 20, Writer::Client(HolderId::from_raw(1)))
+            .unwrap();
         assert_eq!(a.usage().resident, 48 << 20, "reused, not newly resident");
         a.free(again);
         // Another client needs 40 MiB: the first client's freed pages are given back.
         let other: Vec<_> = (0..10)
-            .map(|_| a.allocate(4 << 20, Writer::Client(2)).unwrap())
+            .map(|_| {
+                a.allocate(4 << 20, Writer::Client(HolderId::from_raw(2)))
+                    .unwrap()
+            })
             .collect();
         let u = a.usage();
         assert!(u.resident <= cap, "{u:?}");

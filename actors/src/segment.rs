@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use memfd::{FileSeal, HugetlbSize, MemfdOptions};
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::StoreError;
+use crate::Error;
 
 const HUGE_PAGE: u64 = 2 * 1024 * 1024;
 /// The base page (x86-64, most arm64 kernels). Where it is larger, the allocator's page
@@ -32,12 +32,7 @@ impl Segment {
     /// Creates a segment of `size` bytes. With `huge_pages` it tries 2 MiB `MFD_HUGETLB` pages and
     /// falls back to normal pages (with a warning) when the machine has none reserved.
     /// `prefault` populates every page now, so the first put does not pay page faults.
-    pub fn create(
-        id: u32,
-        size: u64,
-        huge_pages: bool,
-        prefault: bool,
-    ) -> Result<Self, StoreError> {
+    pub fn create(id: u32, size: u64, huge_pages: bool, prefault: bool) -> Result<Self, Error> {
         if huge_pages {
             let rounded = size.div_ceil(HUGE_PAGE) * HUGE_PAGE;
             match Self::create_with(id, rounded, Some(HugetlbSize::Huge2MB), prefault) {
@@ -53,7 +48,7 @@ impl Segment {
 
     /// A segment for one client's objects (an arena): like [`Segment::create`], never prefaulted
     /// (its pages are touched by the client that writes them).
-    pub fn create_arena(id: u32, size: u64, huge_pages: bool) -> Result<Self, StoreError> {
+    pub fn create_arena(id: u32, size: u64, huge_pages: bool) -> Result<Self, Error> {
         Self::create(id, size, huge_pages, false)
     }
 
@@ -62,9 +57,9 @@ impl Segment {
         size: u64,
         hugetlb: Option<HugetlbSize>,
         prefault: bool,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, Error> {
         let err = |what: &str, e: &dyn std::fmt::Display| {
-            StoreError::Segment(format!("{what} ({size} bytes): {e}"))
+            Error::Memory(format!("{what} ({size} bytes): {e}"))
         };
         let memfd = MemfdOptions::new()
             .close_on_exec(true)

@@ -34,8 +34,8 @@ const EXIT_CORRUPT: u8 = 3;
 /// Exit status of a worker that got an error the soak does not expect (daemon gone, protocol).
 const EXIT_ERROR: u8 = 4;
 
-/// Inline puts go up to 256 KiB (the client's preferred inline size), CREATE+SEAL above.
-const INLINE_LIMIT: usize = 256 * 1024;
+/// Inline puts go up to the Rust client's inline size, CREATE+SEAL above.
+const INLINE_LIMIT: usize = vovp::CLIENT_INLINE_PUT;
 
 #[derive(Clone, Debug)]
 pub struct SoakConfig {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use vovp::{
-    Device, DeviceBlock, Location, ObjectInfo, ObjectName, ObjectRef, StoreStats, MAX_NAME_LEN,
+    Device, DeviceBlock, Location, ObjectId, ObjectInfo, ObjectName, ObjectRef, StoreStats, MAX_NAME_LEN,
 };
 use vovp_transport::protocol::*;
 
@@ -114,7 +114,7 @@ fn name(s: &str) -> ObjectName {
 
 fn host_object(n: &str, id: u64, size: u64, metadata: &[u8]) -> ObjectRef {
     ObjectRef {
-        id,
+        id: ObjectId::from_raw(id),
         name: name(n),
         size,
         metadata: Arc::from(metadata),
@@ -361,7 +361,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         "put-cuda",
         op::PUT,
         Response::Object(ObjectRef {
-            id: 2,
+            id: ObjectId::from_raw(2),
             name: name("x"),
             size: 512,
             metadata: Arc::from(&b""[..]),
@@ -386,7 +386,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     reply("contains", op::CONTAINS, Response::Bool(true));
     reply("evict", op::EVICT, Response::Count(12345));
     let info = |n: &str, id: u64, device: Device| ObjectInfo {
-        id,
+        id: ObjectId::from_raw(id),
         name: name(n),
         size: 64 * id,
         device,

@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use memmap2::{MmapOptions, MmapRaw};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vovp::{
-    parallel_copy, AsyncStore, CreateOptions, Device, Error, Location, ObjectBuffer, ObjectInfo,
-    ObjectName, ObjectRef, ObjectSink, ObjectView, Store, StoreStats,
+    parallel_copy, AsyncStore, CreateOptions, Device, Error, Location, ObjectBuffer, ObjectId,
+    ObjectInfo, ObjectName, ObjectRef, ObjectSink, ObjectView, Store, StoreStats,
 };
 
 use crate::protocol::*;
@@ -102,8 +102,7 @@ impl Call<'_> {
 
     fn encode(&self, buf: &mut Vec<u8>, flags: u16, request_id: u64) -> Result<(), Error> {
         let mut w = FrameWriter::begin(buf, self.opcode(), flags, request_id);
-        let name =
-            |n: &str| -> Result<(), Error> { ObjectName::new(n).map(|_| ()).map_err(Error::from) };
+        let name = |n: &str| -> Result<(), Error> { ObjectName::new(n).map(|_| ()) };
         match self {
             Call::Create {
                 name: n,
@@ -226,7 +225,7 @@ fn decode_reply(opcode: u8, payload: &[u8], names: &[&str]) -> Result<Response, 
                 let last_access = UNIX_EPOCH + Duration::from_millis(r.u64()?);
                 let metadata = r.bytes()?.into();
                 v.push(ObjectInfo {
-                    id,
+                    id: ObjectId::from_raw(id),
                     name,
                     size,
                     device,
@@ -568,10 +567,8 @@ fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
     ))
 }
 
-/// Largest put sent inline even when the daemon allows more: beyond ~256 KiB, CREATE + a
-/// parallel copy into the mapping + SEAL beats pushing the bytes through the socket
-/// (vovp-bench: 1 MiB inline ~305 µs vs 150-195 µs through the mapping).
-const INLINE_PUT_PREFERRED: usize = 256 * 1024;
+/// Largest put sent inline even when the daemon allows more (see [`vovp::CLIENT_INLINE_PUT`]).
+const INLINE_PUT_PREFERRED: usize = vovp::CLIENT_INLINE_PUT;
 
 /// How long a blocking call polls for its reply before sleeping in `read`.
 const REPLY_SPIN: Duration = Duration::from_micros(50);
@@ -689,7 +686,7 @@ struct ViewSink {
 }
 
 impl ObjectSink for ViewSink {
-    fn release(&self, id: u64) {
+    fn release(&self, id: ObjectId) {
         if self.inner.session.generation() == self.generation {
             self.inner.release(id);
         }
@@ -825,7 +822,8 @@ impl ClientInner {
 }
 
 impl ObjectSink for ClientInner {
-    fn release(&self, id: u64) {
+    fn release(&self, id: ObjectId) {
+        let id = id.get();
         // Never block in Drop: send now if the connection is free, else queue for the next call.
         match self.conn.try_lock() {
             Ok(mut conn) => {
@@ -1138,7 +1136,8 @@ struct AsyncViewSink {
 }
 
 impl ObjectSink for AsyncViewSink {
-    fn release(&self, id: u64) {
+    fn release(&self, id: ObjectId) {
+        let id = id.get();
         if self.inner.session.generation() != self.generation {
             return;
         }

@@ -9,8 +9,8 @@ pub const HEADER_LEN: usize = 16;
 /// Bytes of a frame after its length field, besides the payload.
 const LENGTH_OVERHEAD: u32 = 12;
 pub const MAX_PAYLOAD: usize = 64 << 20;
-/// Largest PUT payload (bigger objects: CREATE, write the mapping, SEAL).
-pub const MAX_INLINE: u32 = 1 << 20;
+/// Largest PUT payload (bigger objects: CREATE, write the mapping, SEAL): the store's limit.
+pub const MAX_INLINE: u32 = vovp::MAX_INLINE_PUT as u32;
 pub const FLAG_NO_REPLY: u16 = 1;
 /// Most names one GET may ask for. A waiting GET keeps every name, a result slot and a waiter
 /// entry per name (~250 bytes each), so this bounds what one request can pin in the daemon
@@ -210,7 +210,7 @@ impl<'a> FrameWriter<'a> {
         self
     }
     pub fn object(&mut self, r: &ObjectRef) -> &mut Self {
-        self.u64(r.id)
+        self.u64(r.id.get())
             .u64(r.size)
             .location(&r.location)
             .bytes(&r.metadata)
@@ -325,7 +325,7 @@ impl<'a> Reader<'a> {
         }
         let metadata = self.bytes()?.into();
         Ok(ObjectRef {
-            id,
+            id: vovp::ObjectId::from_raw(id),
             name: object_name(name)?,
             size,
             metadata,
@@ -545,7 +545,7 @@ pub enum Response {
     /// A segment to map: its size, and whether this client may write it (its fd, read-write or
     /// read-only to match, rides on the reply as SCM_RIGHTS).
     Segment {
-        segment: std::sync::Arc<vovp_actors::segment::Segment>,
+        segment: std::sync::Arc<vovp::Segment>,
         writable: bool,
     },
     /// The client side's view of a SEGMENT reply (the fd is received separately).
@@ -633,7 +633,11 @@ impl Response {
                                 .duration_since(std::time::UNIX_EPOCH)
                                 .map(|d| d.as_millis() as u64)
                                 .unwrap_or(0);
-                            w.str(i.name.as_str()).u64(i.id).u64(i.size).u8(t).u32(id);
+                            w.str(i.name.as_str())
+                                .u64(i.id.get())
+                                .u64(i.size)
+                                .u8(t)
+                                .u32(id);
                             w.u8(i.sealed as u8)
                                 .u8(i.ephemeral as u8)
                                 .u32(i.refcount)
