@@ -961,13 +961,17 @@ mod tests {
         assert_eq!(a.give_back(u64::MAX, 1), 4096);
         assert_eq!(seg0.allocated_bytes(), 0);
         // An object is backed whole, to its last partly used page.
-        let b = a.allocate((1 << 20) + 1, Writer::Client(1)).unwrap();
+        let b = a
+            .allocate((1 << 20) + 1, Writer::Client(HolderId::from_raw(1)))
+            .unwrap();
         let arena = a.segments[&b.segment].segment.clone();
         assert_eq!(arena.allocated_bytes(), (1 << 20) + 4096);
         assert_eq!(a.usage().resident, (1 << 20) + 4096);
         // Freed, its pages stay warm: the next object there needs nothing new.
         a.free(b);
-        let c = a.allocate(1 << 20, Writer::Client(1)).unwrap();
+        let c = a
+            .allocate(1 << 20, Writer::Client(HolderId::from_raw(1)))
+            .unwrap();
         assert_eq!(c.offset, b.offset);
         assert_eq!(arena.allocated_bytes(), (1 << 20) + 4096);
         a.free(c);
@@ -1014,7 +1018,8 @@ mod tests {
             "pages shared with live objects stay: {given}"
         );
         assert_eq!(
-            a.allocate(cap / 2, Writer::Client(1)).err(),
+            a.allocate(cap / 2, Writer::Client(HolderId::from_raw(1)))
+                .err(),
             Some(AllocFailure::NoSpace),
             "bytes fit, pages do not"
         );
@@ -1023,7 +1028,8 @@ mod tests {
             a.free(s);
         }
         assert!(
-            a.allocate(cap / 2, Writer::Client(1)).is_ok(),
+            a.allocate(cap / 2, Writer::Client(HolderId::from_raw(1)))
+                .is_ok(),
             "pages given back"
         );
         assert!(a.usage().resident <= cap + a.slack);
@@ -1091,7 +1097,7 @@ mod tests {
                     // Mostly small and unaligned objects, some up to 768 KiB.
                     0..=3 => {
                         let size = if size < 2_500 { size } else { (size - 2_400) * 1024 * 8 };
-                        let writer = if who == 0 { Writer::Store } else { Writer::Client(who as u64) };
+                        let writer = if who == 0 { Writer::Store } else { Writer::Client(HolderId::from_raw(who as u64)) };
                         if let Ok(b) = a.allocate(size, writer) {
                             let p = a.segments[&b.segment].segment.ptr(b.offset, b.charged).unwrap();
                             // Touch every page of the object, and its last byte.
@@ -1107,7 +1113,7 @@ mod tests {
                     }
                     _ => {
                         let gone = 1 + pick as u64 % 3;
-                        a.owner_gone(gone);
+                        a.owner_gone(HolderId::from_raw(gone));
                     }
                 }
                 let kernel: u64 = a.segments.values().map(|s| s.segment.allocated_bytes()).sum();
@@ -1126,7 +1132,7 @@ mod tests {
                 a.free(b);
             }
             for h in 1..4 {
-                a.owner_gone(h);
+                a.owner_gone(HolderId::from_raw(h));
             }
             a.give_back(u64::MAX, 0);
             let kernel: u64 = a.segments.values().map(|s| s.segment.allocated_bytes()).sum();

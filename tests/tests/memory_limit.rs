@@ -157,7 +157,7 @@ fn daemon_in(cg: &Cgroup, socket: &Path, args: &[&str]) -> Proc {
     p
 }
 
-/// How one `vovp create-hold` client (writes every byte of its object, then holds it unsealed)
+/// How one `vovp-fixture create-hold` client (writes every byte of its object, then holds it unsealed)
 /// ended up.
 enum Outcome {
     /// Created and written; still running, holding the object.
@@ -172,7 +172,7 @@ fn create_hold(cg: &Cgroup, socket: &Path, name: &str) -> Outcome {
     let size = OBJECT.to_string();
     let mut child = cg
         .command(
-            &bin("vovp"),
+            &bin("vovp-fixture"),
             &["-s", socket.to_str().unwrap(), "create-hold", name, &size],
         )
         .stdout(Stdio::piped())
