@@ -283,6 +283,51 @@ def test_metadata_may_exceed_vovp_metadata_limit_and_counts_as_memory(pc, store)
     assert mv.nbytes == 1000 + len(meta) and bytes(mv[1000:]) == meta and header[:4] == b"VPLS"
 
 
+CHILD_CREATE = """
+import sys
+import vovp.plasma as plasma
+c = plasma.connect(sys.argv[1])
+oid = plasma.ObjectID(bytes.fromhex(sys.argv[2]))
+c.create_and_seal(oid, b"z" * 1000)
+"""
+
+
+def test_objects_without_metadata_are_plain_vovp_objects_and_may_fill_the_store(
+        start_daemon, subprocess_env):
+    d = start_daemon(memory=1 << 20)
+    pc = plasma.connect(d.socket)
+    for _ in range(8):  # unreferenced: evicted to make room
+        pc.create_and_seal(plasma.ObjectID.from_random(), b"x" * 100_000)
+    t0 = time.time()
+    oid = plasma.ObjectID.from_random()
+    buf = pc.create(oid, 1 << 20)  # the store's whole memory, as in Plasma
+    np.frombuffer(buf, np.uint8)[-1] = 7
+    del buf
+    pc.seal(oid)
+    info = pc.list()[oid]
+    assert (info["data_size"], info["metadata_size"], info["state"]) == (1 << 20, 0, "sealed")
+    assert t0 - 1 <= info["create_time"] <= time.time() + 1
+    # No header: to a native client it is what it is, 1 MiB of data and no metadata.
+    native = vovp.Client(d.socket)
+    mv, meta = native.get_buffer(oid.name, with_metadata=True)
+    assert (mv.nbytes, meta, mv[-1]) == (1 << 20, b"", 7)
+    with pytest.raises(plasma.PlasmaStoreFull):  # held by `mv`: nothing can be evicted
+        pc.create(plasma.ObjectID.from_random(), 1)
+    del mv
+    native.flush()  # (the native client sends releases with its next request otherwise)
+    # put() objects keep the header (the pickled flag), so do objects with metadata.
+    small = pc.put(1)
+    assert native.get_buffer(small.name, with_metadata=True)[1][:4] == b"VPLS"
+    # Made in another process: the same sizes through list() and gets here.
+    other = plasma.ObjectID.from_random()
+    run_child(CHILD_CREATE, subprocess_env, d.socket, other.binary().hex())
+    assert (pc.list()[other]["data_size"], pc.list()[other]["metadata_size"]) == (1000, 0)
+    [(meta, data)] = pc.get_buffers([other], with_meta=True)
+    assert meta == b"" and data.to_pybytes() == b"z" * 1000
+    pc.disconnect()
+    native.close()
+
+
 def test_evict_counts_data_plus_metadata_in_lru_order(pc):
     ids = [plasma.ObjectID.from_random() for _ in range(3)]
     for i, oid in enumerate(ids):

@@ -23,7 +23,12 @@ Layout. Plasma keeps an object's data and metadata side by side in shared memory
 both against the store's memory; so does this module: the vovp object holds ``data || metadata``
 and its vovp metadata is a 24-byte header (``_HEADER``: magic ``VPLS``, version, flags, data
 size, creation time), so metadata may be as large as the data (vovp's own metadata is capped at
-64 KiB) and store-full/eviction sizes are Plasma's ``data_size + metadata_size``.
+64 KiB) and store-full/eviction sizes are Plasma's ``data_size + metadata_size``. An object
+without Plasma metadata that ``put`` did not write has nothing for a header to say but its
+creation time, and is stored without one: a plain vovp object, charged exactly its data as in
+Plasma (so an object as large as the store fits; a header would cost a 64-byte unit more).
+This process remembers the creation times of such objects it made (``_CREATED_AT``); for one
+made elsewhere ``list`` reports the daemon's last access instead.
 
 References. Plasma counts references in the client: ``create`` counts two (the returned buffer,
 and one that ``seal`` gives back, so dropping the buffer before sealing does not abort the
@@ -261,7 +266,12 @@ _PICKLE_MAGIC = b"VPK5"
 _ALIGN = 64
 
 
-def _header(data_size: int, pickled: bool, created_ms: int) -> bytes:
+def _header(data_size: int, metadata_size: int, pickled: bool, created_ms: int) -> bytes:
+    """The vovp metadata of a Plasma object: the header, or nothing for an object whose
+    bytes are all data and not put()'s layout (read back as a native object: all data, no
+    metadata, which is what it is)."""
+    if metadata_size == 0 and not pickled:
+        return b""
     return _HEADER.pack(_MAGIC, _VERSION, _FLAG_PICKLED if pickled else 0, 0, data_size,
                         created_ms)
 
@@ -290,6 +300,24 @@ def _remember_seal(name, created_ms):
     _SEALED_AT[(name, created_ms)] = _now_ms()
     while len(_SEALED_AT) > _SEALED_AT_MAX:
         _SEALED_AT.popitem(last=False)
+
+
+# Creation times of the headerless objects made in this process, for list():
+# (name, vovp object id) -> created_ms (the id tells a later object of the same name apart).
+_CREATED_AT: collections.OrderedDict = collections.OrderedDict()
+
+
+def _remember_creation(name, header, holder, created_ms, object_id=None):
+    if header:
+        return  # the header has it
+    if object_id is None:
+        lease = _vc.find_lease(holder)
+        if lease is None:
+            return
+        object_id = lease.oid
+    _CREATED_AT[(name, object_id)] = created_ms
+    while len(_CREATED_AT) > _SEALED_AT_MAX:
+        _CREATED_AT.popitem(last=False)
 
 
 # --- buffers -------------------------------------------------------------------------------------
@@ -480,9 +508,10 @@ class PlasmaClient:
         try:
             if name in self._in_use:
                 raise PlasmaObjectExists(f"object {object_id!r} already exists")
+            header = _header(data_size, len(metadata), False, created)
             with _translated():
-                owner = self._vovp.create(name, data_size + len(metadata),
-                                          _header(data_size, False, created))
+                owner = self._vovp.create(name, data_size + len(metadata), header)
+            _remember_creation(name, header, owner, created)
             if metadata:
                 owner[data_size:] = np.frombuffer(metadata, np.uint8)
             entry = _InUse(name, owner, False, data_size, created, False)
@@ -652,7 +681,7 @@ class PlasmaClient:
         """Create, fill (``pieces``: (offset, bytes-like)) and seal an object; holds nothing."""
         name = _name_of(object_id)
         created = _now_ms()
-        header = _header(data_size, pickled, created)
+        header = _header(data_size, len(metadata), pickled, created)
         total = data_size + len(metadata)
         self._lock_and_apply()
         try:
@@ -666,9 +695,11 @@ class PlasmaClient:
                         n = memoryview(piece).nbytes
                         blob[off:off + n] = piece
                     blob[data_size:] = metadata
-                    self._vovp.put(name, blob, metadata=header)
+                    oid = self._vovp.put(name, blob, metadata=header)
+                    _remember_creation(name, header, None, created, oid)
                 else:
                     owner = self._vovp.create(name, total, header)
+                    _remember_creation(name, header, owner, created)
                     try:
                         for off, piece in pieces:
                             src = np.frombuffer(piece, np.uint8)
@@ -786,7 +817,7 @@ class PlasmaClient:
                 metadata_size = len(e["metadata"])
             last_access_ms = int(e["last_access"] * 1000)
             if created is None:
-                created = last_access_ms
+                created = _CREATED_AT.get((name, e["id"]), last_access_ms)
             if not e["sealed"]:
                 duration = -1
             else:
