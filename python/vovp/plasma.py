@@ -355,8 +355,7 @@ class PlasmaBuffer(np.ndarray):
 if pa is not None:
     PlasmaBuffer = pa.Buffer  # noqa: F811 (what create/get return when pyarrow is there)
 
-    def _wrap(view):
-        return pa.py_buffer(view)
+    _wrap = pa.py_buffer  # (no Python function in between: it is on every get's path)
 else:
     def _wrap(view):
         return view.view(PlasmaBuffer)
@@ -536,12 +535,10 @@ class PlasmaClient:
 
     # -- get ------------------------------------------------------------------------------------
 
-    def _in_use_anchor(self, name, timeout_ms):
-        """(entry, anchor) of an object in use here; None if the store must be asked (not in
-        use, or ours and not sealed yet). The caller holds the lock."""
-        entry = self._in_use.get(name)
-        if entry is None:
-            return None
+    def _in_use_anchor(self, entry, timeout_ms):
+        """(entry, anchor) of an object in use here (``entry``); None if the store must be
+        asked (no buffer left, or ours and not sealed yet). The caller holds the lock."""
+        name = entry.name
         if entry.sealed:
             anchor = entry()
             if anchor is None:
@@ -567,24 +564,36 @@ class PlasmaClient:
         """(entry, anchor) of an object the store just gave us: ``found`` = (memoryview
         holding the vovp reference, vovp metadata)."""
         mv, meta = found
-        data_size, created, pickled, ours = _parse_header(meta, mv.nbytes)
+        if meta:
+            data_size, created, pickled, ours = _parse_header(meta, mv.nbytes)
+        else:  # no header (and no metadata): all data
+            data_size, created, pickled, ours = mv.nbytes, None, False, False
         anchor = np.frombuffer(mv, np.uint8)
         entry = _entry(anchor, name, True, data_size, created, pickled, None if ours else meta)
         self._insert(entry)
         return entry, anchor
 
     def _fetch1(self, name, timeout_ms):
-        """(entry, anchor) or None (not available) for one name; see ``_fetch``."""
-        self._acquire()
+        """(entry, anchor) or None (not available) for one name; see ``_fetch``. (Every
+        get's path: written out rather than through _fetch's lists.)"""
+        lock = self._lock
+        lock.acquire()
         try:
-            got = self._in_use_anchor(name, timeout_ms)
-            if got is None:
-                [found] = self._ask([name], timeout_ms)
-                if found is not None:
-                    got = self._new_entry(name, found)
-            return got
+            if self._closed:
+                raise PlasmaConnectionError("this PlasmaClient is disconnected")
+            entry = self._in_use.get(name)
+            if entry is not None:
+                got = self._in_use_anchor(entry, timeout_ms)
+                if got is not None:
+                    return got
+            timeout = None if timeout_ms == 0 else (-1 if timeout_ms < 0 else timeout_ms / 1000)
+            try:
+                [found] = self._vovp.get_buffers([name], timeout)
+            except E.VovpError as err:
+                raise _plasma_error(err) from err
+            return None if found is None else self._new_entry(name, found)
         finally:
-            self._lock.release()
+            lock.release()
 
     def _fetch(self, names, timeout_ms):
         """[(entry, anchor) or None (not available)] for ``names``, in order. Objects in use
@@ -594,9 +603,11 @@ class PlasmaClient:
         try:
             got = {}  # name -> (entry, anchor)
             ask = []
+            in_use = self._in_use
             for name in names:
                 if name not in got:
-                    found = self._in_use_anchor(name, timeout_ms)
+                    entry = in_use.get(name)
+                    found = None if entry is None else self._in_use_anchor(entry, timeout_ms)
                     got[name] = found
                     if found is None:
                         ask.append(name)
@@ -622,7 +633,9 @@ class PlasmaClient:
         object alive and releases it when it (and everything made from it) is dropped."""
         if type(object_ids) is list and len(object_ids) == 1 and not with_meta:
             # The common case, without the lists: one get.
-            found = self._fetch1(_name_of(object_ids[0]), int(timeout_ms))
+            key = object_ids[0]
+            found = self._fetch1(key._name if type(key) is ObjectID else _name_of(key),
+                                 int(timeout_ms))
             if found is None:
                 return [None]
             entry, anchor = found
