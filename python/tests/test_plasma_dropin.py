@@ -501,3 +501,18 @@ def test_gets_of_an_object_in_use_share_one_reference(pc, store):
     pc.contains(mine)
     assert watcher.stats()["references"] == 0
     watcher.close()
+
+
+def test_entries_of_objects_no_longer_used_do_not_pile_up(pc):
+    ids = [plasma.ObjectID.from_random() for _ in range(2500)]
+    for oid in ids:
+        pc.create_and_seal(oid, b"x")
+    kept = []
+    for i, oid in enumerate(ids):
+        [buf] = pc.get_buffers([oid])
+        if i % 500 == 0:
+            kept.append((oid, buf))
+    # Dead entries are swept when the table doubles: bounded by twice the live ones (>= 1024).
+    assert len(pc._in_use) < 2 * 1024
+    for oid, buf in kept:  # the live ones survived every sweep
+        assert pc._in_use[oid.name]() is not None and buf.to_pybytes() == b"x"

@@ -40,8 +40,8 @@ out for the object is made from (a view, a ``pyarrow.Buffer`` over it). numpy st
 ``.base`` chains at an array whose base is not an array, so every array, memoryview, slice or
 Arrow buffer made from a handed-out buffer keeps the anchor alive, and with it the reference:
 the count is the anchor's own reference count, and the vovp reference goes with the last of
-them ("release on drop"; buffers keep their object alive, also after ``disconnect`` or once the
-PlasmaClient is gone). The entry itself is a weakref to its anchor, plus, from ``create`` to
+them ("release on drop"; buffers keep their object alive, also once the PlasmaClient is
+garbage, though not past ``disconnect``, which ends the connection). The entry itself is a weakref to its anchor, plus, from ``create`` to
 ``seal``, a strong reference to the creator's array (the count ``seal`` gives back). So a get
 costs no bookkeeping per buffer, and a second get of an object in use is served from its anchor
 without asking the store, as in Plasma. An entry whose anchor has died is dead: the next get of
