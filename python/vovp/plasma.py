@@ -705,14 +705,17 @@ class PlasmaClient:
         try:
             if self._live(name) is not None:
                 raise PlasmaObjectExists(f"object {object_id!r} already exists")
-            with _translated():
+            try:
                 if total <= self._inline:
                     # One PUT frame: assembling a few hundred KiB costs less than a round trip.
-                    blob = bytearray(total)
-                    for off, piece in pieces:
-                        n = memoryview(piece).nbytes
-                        blob[off:off + n] = piece
-                    blob[data_size:] = metadata
+                    if len(pieces) == 1 and not metadata:
+                        blob = pieces[0][1]  # (put_raw_buffer, create_and_seal: no copy here)
+                    else:
+                        blob = bytearray(total)
+                        for off, piece in pieces:
+                            n = memoryview(piece).nbytes
+                            blob[off:off + n] = piece
+                        blob[data_size:] = metadata
                     oid = self._vovp.put(name, blob, metadata=header)
                     _remember_creation(name, header, None, created, oid)
                 else:
@@ -731,6 +734,10 @@ class PlasmaClient:
                         raise
                     del owner  # releases the creator's reference (sealed: the object stays)
                     self._vovp.flush()  # now: see seal()
+            except E.VovpError as err:  # (not _translated(): a context manager costs a µs)
+                if isinstance(err, ArrowException):
+                    raise
+                raise _plasma_error(err) from err
             _remember_seal(name, created)
         finally:
             self._lock.release()
