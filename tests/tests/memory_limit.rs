@@ -261,7 +261,7 @@ fn a_create_the_machine_cannot_back_is_out_of_memory_not_sigbus_or_the_oom_kille
     // 224M holds 7 objects: the refusal came from the cgroup, not from -m.
     assert!(fitted < 6, "{fitted} objects fitted");
     assert!(daemon.0.id() > 0);
-    let client = vovp_transport::Client::connect(&store).unwrap();
+    let client = vovp_client::Client::connect(&store).unwrap();
     let stats = client.stats().unwrap();
     assert_eq!(stats.unsealed, fitted as u64, "{stats:?}");
     assert_eq!(cg.oom_kills(), 0, "the OOM killer woke in the cgroup");
