@@ -6,7 +6,7 @@
 #
 # Builds, then runs with VOVP_GPU_TESTS=1: the vovp-gpu crate's tests (pools, out-of-memory, CUDA
 # IPC into a child process, 1 GiB device-to-device bandwidth) and the cross-process tests in
-# tests/tests/gpu.rs (the real daemon with --gpu-memory, this process and `vovp` CLI processes
+# tests/tests/gpu.rs (the real daemon with --gpu-memory, this process and `vovp-fixture` processes
 # sharing one device allocation, releases, LRU eviction of device objects, a 1 GiB device put
 # against the raw copy_d2d bandwidth). Prints PASS/FAIL with the measured GB/s. A few minutes,
 # mostly the build.
@@ -28,8 +28,8 @@ else
 fi
 
 echo "== build"
-# The cross-process tests run the daemon (vovp-engine) and the CLI (vovp) binaries.
-if ! timeout 240 cargo build -p vovp-transport --bins ||
+# The cross-process tests run the daemon (vovp-engine) and the test fixture (vovp-fixture).
+if ! timeout 240 cargo build -p vovp-transport -p vovp-tests --bins ||
     ! timeout 240 cargo test -p vovp-gpu -p vovp-tests --no-run; then
     echo "FAIL: build"
     exit 1

@@ -22,8 +22,8 @@ gcc -shared -fPIC -O2 -Wall -Wextra -Werror -Wl,-soname,libcuda.so.1 \
 ln -sf libcuda.so.1 "$FAKE/libcuda.so"
 
 echo "== build"
-# The cross-process tests run the daemon (vovp-engine) and the CLI (vovp).
-cargo build -p vovp-transport --bins
+# The cross-process tests run the daemon (vovp-engine) and the test fixture (vovp-fixture).
+cargo build -p vovp-transport -p vovp-tests --bins
 cargo test -p vovp-gpu -p vovp-tests --no-run
 
 export LD_LIBRARY_PATH="$FAKE${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -57,7 +57,7 @@ for mode in FAKE_CUDA_INIT_ERROR=100 FAKE_CUDA_DEVICES=0; do
 done
 
 # The Python client's CUDA paths (python/tests/test_cuda.py: driver checks, IPC mappings through
-# the native core, Python <-> Python across processes, Python <-> the Rust CLI) against the fake
+# the native core, Python <-> Python across processes, Python <-> the Rust test fixture) against the fake
 # device. The venv is made the way scripts/test.sh makes it (the native core built into the
 # source tree, from which the tests import vovp).
 VENV="${VOVP_VENV:-.venv}"
@@ -70,7 +70,7 @@ if ! "$VENV/bin/python" -c "import numpy, pytest" 2>/dev/null; then
 fi
 "$VENV/bin/pip" install --quiet --no-deps -e ./python
 run "Python client CUDA tests (python/tests/test_cuda.py), fake GPU" VOVP_GPU_TESTS=1 \
-    VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
+    VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
     timeout 300 "$VENV/bin/python" -m pytest python/tests/test_cuda.py -q
 
 echo "== results (FAKE driver: the GB/s are host memcpy figures, meaningless for GPUs)"

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The cross-process tests run the daemon and CLI binaries: build them first.
+# The cross-process tests run the daemon, CLI and test fixture binaries: build them first.
 cargo build --workspace --bins
 cargo test --workspace
 
@@ -27,6 +27,7 @@ fi
 # (python/tests/conftest.py). -rs lists every skip that remains (GPU-only tests).
 VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \
     VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
+    VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
     "$VENV/bin/python" -m pytest python/tests -q -rs
 
 # Plasma's own tests (pyarrow 11's test_plasma.py) against vovp.plasma; fails on any failure or

@@ -1,17 +1,20 @@
-//! The store's one error type: every failure a client can cause or observe.
+//! The store's one error type, `vovp::Error` (the engine re-exports it): every failure of the
+//! store, embedded or remote, and of its clients. It lives here, in the engine's private core,
+//! so the actors produce the same values the public API hands out (no second, drifting copy).
 
 use vovp_gpu::GpuError;
 
-/// Errors of the object store. Each message says what the caller can do about it.
+/// Errors of vovp. Each message says what the caller can do about it; store-side errors keep
+/// their meaning whether the store is embedded or reached over the socket.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum StoreError {
+pub enum Error {
     #[error("object {0:?} not found")]
     NotFound(String),
     #[error("object {0:?} already exists; delete it first or use another name")]
     AlreadyExists(String),
     #[error(
         "out of memory: requested {requested} bytes, only {available} bytes can be freed \
-         (every other byte is held by a referenced or unsealed object)"
+         (the rest is held by referenced or unsealed objects)"
     )]
     OutOfMemory { requested: u64, available: u64 },
     #[error(
@@ -29,12 +32,61 @@ pub enum StoreError {
     InvalidName(String),
     #[error("metadata is {len} bytes; the limit is {max}")]
     MetadataTooLarge { len: usize, max: usize },
+    /// The raw object id (0 when the store did not say which, as over the wire).
     #[error("object id {0} is not held by this client (already released?)")]
     NotHeld(u64),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    #[error("shared memory segment: {0}")]
-    Segment(String),
+    #[error("GPU unavailable: {0}")]
+    GpuUnavailable(String),
+    #[error("GPU error: {0}")]
+    Gpu(String),
+    /// Shared memory: creating, sizing or mapping a segment.
+    #[error("shared memory: {0}")]
+    Memory(String),
     #[error("the store is shutting down")]
     ShuttingDown,
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("tensor: {0}")]
+    Tensor(String),
+    #[error("connection to the store: {0}")]
+    Connection(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("request too large: {0}")]
+    TooLarge(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<GpuError> for Error {
+    fn from(e: GpuError) -> Self {
+        match e {
+            GpuError::GpuUnavailable(r) => Error::GpuUnavailable(r),
+            GpuError::OutOfMemory {
+                requested,
+                available,
+                ..
+            } => Error::OutOfMemory {
+                requested,
+                available,
+            },
+            other => Error::Gpu(other.to_string()),
+        }
+    }
+}
+
+/// A failed `ask`: the handler's error, or (mailbox closed, actor gone) the store stopping.
+impl<M, E: Into<Error>> From<kameo::error::SendError<M, E>> for Error {
+    fn from(e: kameo::error::SendError<M, E>) -> Self {
+        match e {
+            kameo::error::SendError::HandlerError(e) => e.into(),
+            _ => Error::ShuttingDown,
+        }
+    }
+}
+
+impl From<kameo::error::Infallible> for Error {
+    fn from(never: kameo::error::Infallible) -> Self {
+        match never {}
+    }
 }

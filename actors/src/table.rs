@@ -18,7 +18,7 @@ use vovp_gpu::DeviceBlock;
 
 use crate::allocator::HostBlock;
 use crate::types::*;
-use crate::StoreError;
+use crate::Error;
 
 /// The memory behind one object, returned to its allocator when the object goes.
 #[derive(Clone, Copy, Debug)]
@@ -161,7 +161,7 @@ impl ObjectTable {
     }
 
     fn key_of(&self, id: ObjectId) -> Option<usize> {
-        let key = (id & 0xFFFF_FFFF) as usize;
+        let key = (id.get() & 0xFFFF_FFFF) as usize;
         match self.objects.get(key) {
             Some(e) if e.id == id => Some(key),
             _ => None,
@@ -191,9 +191,9 @@ impl ObjectTable {
     }
 
     /// Fails when `name` is taken (sealed or not). Deleted-but-referenced objects do not count.
-    pub fn check_name_free(&self, name: &ObjectName) -> Result<(), StoreError> {
+    pub fn check_name_free(&self, name: &ObjectName) -> Result<(), Error> {
         if self.by_name.contains_key(name) {
-            return Err(StoreError::AlreadyExists(name.to_string()));
+            return Err(Error::AlreadyExists(name.to_string()));
         }
         Ok(())
     }
@@ -207,12 +207,12 @@ impl ObjectTable {
         block: Block,
         ephemeral: bool,
         creator: HolderId,
-    ) -> Result<ObjectRef, StoreError> {
+    ) -> Result<ObjectRef, Error> {
         self.check_name_free(&name)?;
         self.incarnation = self.incarnation.wrapping_add(1);
         let entry = self.objects.vacant_entry();
         let key = entry.key();
-        let id = ((self.incarnation as u64) << 32) | key as u64;
+        let id = ObjectId::from_raw(((self.incarnation as u64) << 32) | key as u64);
         let e = entry.insert(Entry {
             id,
             name: name.clone(),
@@ -239,11 +239,11 @@ impl ObjectTable {
         Ok(r)
     }
 
-    fn named_key(&self, name: &ObjectName) -> Result<usize, StoreError> {
+    fn named_key(&self, name: &ObjectName) -> Result<usize, Error> {
         self.by_name
             .get(name)
             .copied()
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))
+            .ok_or_else(|| Error::NotFound(name.to_string()))
     }
 
     /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
@@ -254,17 +254,17 @@ impl ObjectTable {
         name: &ObjectName,
         holder: HolderId,
         id: Option<ObjectId>,
-    ) -> Result<Vec<CompletedGet>, StoreError> {
+    ) -> Result<Vec<CompletedGet>, Error> {
         let key = self.named_key(name)?;
         let e = &mut self.objects[key];
         if id.is_some_and(|id| id != e.id) {
-            return Err(StoreError::NotFound(name.to_string()));
+            return Err(Error::NotFound(name.to_string()));
         }
         if e.sealed {
-            return Err(StoreError::AlreadySealed(name.to_string()));
+            return Err(Error::AlreadySealed(name.to_string()));
         }
         if e.creator != holder {
-            return Err(StoreError::NotCreator(name.to_string()));
+            return Err(Error::NotCreator(name.to_string()));
         }
         e.sealed = true;
         e.last_access = SystemTime::now();
@@ -313,14 +313,14 @@ impl ObjectTable {
         name: &ObjectName,
         holder: HolderId,
         keep_while_held: bool,
-    ) -> Result<Option<Freed>, StoreError> {
+    ) -> Result<Option<Freed>, Error> {
         let key = self.named_key(name)?;
         let e = &mut self.objects[key];
         if e.sealed {
-            return Err(StoreError::AlreadySealed(name.to_string()));
+            return Err(Error::AlreadySealed(name.to_string()));
         }
         if e.creator != holder {
-            return Err(StoreError::NotCreator(name.to_string()));
+            return Err(Error::NotCreator(name.to_string()));
         }
         if keep_while_held {
             e.named = false;
@@ -431,13 +431,13 @@ impl ObjectTable {
 
     /// Drops one reference of `holder` to object `id`. Returns the memory to free when that was
     /// the last reference of a deleted, ephemeral or unsealed object.
-    pub fn release(&mut self, id: ObjectId, holder: HolderId) -> Result<Option<Freed>, StoreError> {
-        let key = self.key_of(id).ok_or(StoreError::NotHeld(id))?;
+    pub fn release(&mut self, id: ObjectId, holder: HolderId) -> Result<Option<Freed>, Error> {
+        let key = self.key_of(id).ok_or(Error::NotHeld(id.get()))?;
         let held = self
             .holders
             .get_mut(&holder)
             .and_then(|h| h.get_mut(&key))
-            .ok_or(StoreError::NotHeld(id))?;
+            .ok_or(Error::NotHeld(id.get()))?;
         *held -= 1;
         if *held == 0 {
             let h = self.holders.get_mut(&holder).expect("holder present");
@@ -487,10 +487,10 @@ impl ObjectTable {
 
     /// Deletes `name`: the name is free at once; the memory is returned now if nobody holds the
     /// object, else when its last holder releases it.
-    pub fn delete(&mut self, name: &ObjectName) -> Result<Option<Freed>, StoreError> {
+    pub fn delete(&mut self, name: &ObjectName) -> Result<Option<Freed>, Error> {
         let key = self.named_key(name)?;
         if !self.objects[key].sealed {
-            return Err(StoreError::NotSealed(name.to_string()));
+            return Err(Error::NotSealed(name.to_string()));
         }
         self.record(NotificationKind::Deleted, key);
         if self.objects[key].refcount == 0 {
@@ -690,5 +690,418 @@ impl ObjectTable {
 
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: HolderId = HolderId::from_raw(1);
+    const B: HolderId = HolderId::from_raw(2);
+    const POOL: Pool = Pool::Cuda(0);
+
+    fn n(s: &str) -> ObjectName {
+        ObjectName::new(s).unwrap()
+    }
+
+    /// A device block: plain data, so the table is tested without any allocator.
+    fn block(offset: u64, size: u64) -> Block {
+        Block::Cuda(DeviceBlock {
+            device: 0,
+            pool: 0,
+            ipc_handle: [0; 64],
+            offset,
+            size,
+        })
+    }
+
+    fn insert(t: &mut ObjectTable, name: &str, size: u64, ephemeral: bool) -> ObjectRef {
+        let offset = t.len() as u64 * 4096;
+        t.insert(
+            n(name),
+            size,
+            Arc::from(&b"m"[..]),
+            block(offset, size),
+            ephemeral,
+            A,
+        )
+        .unwrap()
+    }
+
+    /// A sealed object nobody holds (in the LRU).
+    fn put(t: &mut ObjectTable, name: &str, size: u64) -> ObjectRef {
+        let r = insert(t, name, size, false);
+        assert!(t.seal(&n(name), A, Some(r.id)).unwrap().is_empty());
+        assert!(t.release(r.id, A).unwrap().is_none());
+        r
+    }
+
+    fn ok(t: &ObjectTable) {
+        t.check_invariants().unwrap();
+    }
+
+    fn refcount(t: &ObjectTable, name: &str) -> u32 {
+        t.list()
+            .into_iter()
+            .find(|i| i.name.as_str() == name)
+            .map(|i| i.refcount)
+            .unwrap()
+    }
+
+    fn names(freed: &[Freed]) -> Vec<&str> {
+        freed.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    #[test]
+    fn life_cycle_create_seal_get_release() {
+        let mut t = ObjectTable::new();
+        let r = insert(&mut t, "x", 100, false);
+        assert_eq!(r.size, 100);
+        ok(&t);
+        // Unsealed: invisible to gets and contains, but its name is taken.
+        assert!(!t.contains(&n("x")));
+        assert!(t.get_now(&n("x"), B).is_none());
+        assert_eq!(
+            t.check_name_free(&n("x")),
+            Err(Error::AlreadyExists("x".into()))
+        );
+        let s = t.stats();
+        assert_eq!(
+            (s.objects, s.unsealed, s.sealed, s.references),
+            (1, 1, 0, 1)
+        );
+
+        t.seal(&n("x"), A, None).unwrap();
+        assert!(t.contains(&n("x")));
+        let g = t.get_now(&n("x"), B).unwrap();
+        assert_eq!(g.id, r.id);
+        assert_eq!(refcount(&t, "x"), 2);
+        ok(&t);
+
+        assert!(t.release(r.id, A).unwrap().is_none());
+        assert!(t.release(g.id, B).unwrap().is_none());
+        // Sealed and unreferenced: kept, and evictable.
+        assert!(t.contains(&n("x")));
+        assert_eq!(t.evictable_objects(POOL), 1);
+        assert_eq!(t.evictable_bytes(POOL), 100);
+        let s = t.stats();
+        assert_eq!((s.sealed, s.references, s.holders, s.creates), (1, 0, 0, 1));
+        ok(&t);
+    }
+
+    #[test]
+    fn only_the_creator_seals_or_aborts_and_only_once() {
+        let mut t = ObjectTable::new();
+        let r = insert(&mut t, "x", 8, false);
+        assert_eq!(
+            t.seal(&n("x"), B, None).err(),
+            Some(Error::NotCreator("x".into()))
+        );
+        assert_eq!(
+            t.abort(&n("x"), B, false).err(),
+            Some(Error::NotCreator("x".into()))
+        );
+        // An id of another incarnation is not this object.
+        let stale = ObjectId::from_raw(r.id.get() ^ (1 << 40));
+        assert_eq!(
+            t.seal(&n("x"), A, Some(stale)).err(),
+            Some(Error::NotFound("x".into()))
+        );
+        t.seal(&n("x"), A, Some(r.id)).unwrap();
+        assert_eq!(
+            t.seal(&n("x"), A, None).err(),
+            Some(Error::AlreadySealed("x".into()))
+        );
+        assert_eq!(
+            t.abort(&n("x"), A, false).err(),
+            Some(Error::AlreadySealed("x".into()))
+        );
+        assert_eq!(
+            t.seal(&n("nope"), A, None).err(),
+            Some(Error::NotFound("nope".into()))
+        );
+        ok(&t);
+    }
+
+    #[test]
+    fn abort_frees_now_or_with_the_creators_reference() {
+        let mut t = ObjectTable::new();
+        insert(&mut t, "now", 8, false);
+        let freed = t.abort(&n("now"), A, false).unwrap().unwrap();
+        assert_eq!(freed.name.as_str(), "now");
+        assert!(t.is_empty());
+        ok(&t);
+
+        // keep_while_held: the name is free at once, the memory goes with the release.
+        let r = insert(&mut t, "later", 8, false);
+        assert!(t.abort(&n("later"), A, true).unwrap().is_none());
+        assert!(t.check_name_free(&n("later")).is_ok());
+        assert_eq!(t.len(), 1);
+        ok(&t);
+        let freed = t.release(r.id, A).unwrap().unwrap();
+        assert_eq!(freed.name.as_str(), "later");
+        assert!(t.is_empty());
+        ok(&t);
+    }
+
+    #[test]
+    fn releasing_the_creators_reference_of_an_unsealed_object_aborts_it() {
+        let mut t = ObjectTable::new();
+        let r = insert(&mut t, "x", 8, false);
+        let freed = t.release(r.id, A).unwrap().unwrap();
+        assert_eq!(freed.name.as_str(), "x");
+        assert!(t.check_name_free(&n("x")).is_ok());
+        ok(&t);
+    }
+
+    #[test]
+    fn references_count_per_holder_and_per_get() {
+        let mut t = ObjectTable::new();
+        let r = put(&mut t, "x", 64);
+        let a1 = t.get_now(&n("x"), A).unwrap();
+        let a2 = t.get_now(&n("x"), A).unwrap();
+        let b1 = t.get_now(&n("x"), B).unwrap();
+        assert_eq!(refcount(&t, "x"), 3);
+        assert_eq!(t.stats().holders, 2);
+        // Referenced: out of the LRU.
+        assert_eq!(t.evictable_objects(POOL), 0);
+        assert!(t.evict(POOL, u64::MAX).is_empty());
+        ok(&t);
+
+        t.release(a1.id, A).unwrap();
+        // B holds one reference; a second release of it is refused and changes nothing.
+        t.release(b1.id, B).unwrap();
+        assert_eq!(t.release(b1.id, B).err(), Some(Error::NotHeld(r.id.get())));
+        assert_eq!(refcount(&t, "x"), 1);
+        assert_eq!(t.stats().holders, 1);
+        ok(&t);
+        t.release(a2.id, A).unwrap();
+        assert_eq!(t.release(a2.id, A).err(), Some(Error::NotHeld(r.id.get())));
+        assert_eq!(refcount(&t, "x"), 0);
+        assert_eq!(t.evictable_objects(POOL), 1);
+        // An id that never existed.
+        let bogus = ObjectId::from_raw(0xdead_0000_0042);
+        assert_eq!(t.release(bogus, A).err(), Some(Error::NotHeld(bogus.get())));
+        ok(&t);
+    }
+
+    #[test]
+    fn eviction_follows_least_recent_use_and_spares_held_objects() {
+        let mut t = ObjectTable::new();
+        put(&mut t, "a", 100);
+        put(&mut t, "b", 100);
+        put(&mut t, "c", 100);
+        put(&mut t, "d", 100);
+        // Using "a" makes it the most recent; "b" stays held.
+        let a = t.get_now(&n("a"), B).unwrap();
+        t.release(a.id, B).unwrap();
+        let _b = t.get_now(&n("b"), B).unwrap();
+        assert_eq!(t.evictable_objects(POOL), 3);
+        assert_eq!(t.evictable_bytes(POOL), 300);
+
+        // At least one byte: exactly the least recently used object.
+        let freed = t.evict(POOL, 1);
+        assert_eq!(names(&freed), ["c"]);
+        // Other pools are not touched.
+        assert!(t.evict(Pool::Cuda(1), u64::MAX).is_empty());
+        assert!(t.evict(Pool::Host, u64::MAX).is_empty());
+        let freed = t.evict(POOL, 150);
+        assert_eq!(names(&freed), ["d", "a"]);
+        assert!(t.evict(POOL, u64::MAX).is_empty());
+        assert!(t.contains(&n("b")));
+        let s = t.stats();
+        assert_eq!((s.evicted_objects, s.evicted_bytes), (3, 300));
+        assert!(!t.contains(&n("a")) && t.check_name_free(&n("a")).is_ok());
+        ok(&t);
+    }
+
+    #[test]
+    fn delete_while_held_frees_the_name_now_and_the_memory_at_the_last_release() {
+        let mut t = ObjectTable::new();
+        t.record_events = true;
+        let old = put(&mut t, "x", 64);
+        let held = t.get_now(&n("x"), B).unwrap();
+        t.take_events();
+        assert!(t.delete(&n("x")).unwrap().is_none());
+        assert!(!t.contains(&n("x")));
+        assert_eq!(t.delete(&n("x")).err(), Some(Error::NotFound("x".into())));
+        let s = t.stats();
+        assert_eq!((s.objects, s.pending_delete), (0, 1));
+        ok(&t);
+
+        // The name is free for a new object with a new id; the old reference still counts.
+        let new = put(&mut t, "x", 32);
+        assert_ne!(new.id, old.id);
+        assert_eq!(t.get_now(&n("x"), A).unwrap().id, new.id);
+        ok(&t);
+        let freed = t.release(held.id, B).unwrap().unwrap();
+        assert_eq!((freed.name.as_str(), freed.size), ("x", 64));
+        assert_eq!(t.stats().pending_delete, 0);
+        assert!(t.contains(&n("x")));
+        // One Deleted notification, at the delete (none at the memory's release).
+        let kinds: Vec<_> = t.take_events().iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [NotificationKind::Deleted, NotificationKind::Sealed]);
+        ok(&t);
+
+        // Unsealed objects cannot be deleted; unreferenced ones go at once.
+        insert(&mut t, "u", 8, false);
+        assert_eq!(t.delete(&n("u")).err(), Some(Error::NotSealed("u".into())));
+        put(&mut t, "free", 8);
+        assert_eq!(t.delete(&n("free")).unwrap().unwrap().name.as_str(), "free");
+        ok(&t);
+    }
+
+    #[test]
+    fn ephemeral_objects_go_at_their_last_release() {
+        let mut t = ObjectTable::new();
+        t.record_events = true;
+        let r = insert(&mut t, "e", 8, true);
+        t.seal(&n("e"), A, None).unwrap();
+        let other = t.get_now(&n("e"), B).unwrap();
+        assert!(t.release(r.id, A).unwrap().is_none());
+        // Never in the LRU, even when unreferenced for a moment.
+        assert_eq!(t.evictable_objects(POOL), 0);
+        t.take_events();
+        let freed = t.release(other.id, B).unwrap().unwrap();
+        assert_eq!(freed.name.as_str(), "e");
+        assert!(!t.contains(&n("e")));
+        assert!(t.is_empty());
+        let kinds: Vec<_> = t.take_events().iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [NotificationKind::Deleted]);
+        ok(&t);
+    }
+
+    #[test]
+    fn a_waiting_get_completes_when_the_last_name_is_sealed() {
+        let mut t = ObjectTable::new();
+        put(&mut t, "ready", 8);
+        let (tx, mut rx) = oneshot::channel();
+        let names = vec![n("ready"), n("later"), n("later")];
+        let waiter = t.begin_get(B, names, true, tx).ok().unwrap();
+        // "ready" is already held by the waiting get.
+        assert_eq!(refcount(&t, "ready"), 1);
+        assert!(rx.try_recv().is_err());
+
+        let r = insert(&mut t, "later", 8, false);
+        ok(&t);
+        let done = t.seal(&n("later"), A, None).unwrap();
+        assert_eq!(done.len(), 1);
+        let d = done.into_iter().next().unwrap();
+        assert_eq!(d.holder, B);
+        d.reply.send(d.results).unwrap();
+        let results = rx.try_recv().unwrap();
+        let ids: Vec<_> = results
+            .iter()
+            .map(|r| r.as_ref().unwrap().name.as_str())
+            .collect();
+        assert_eq!(ids, ["ready", "later", "later"]);
+        // One reference per slot, both to the same object.
+        assert_eq!(refcount(&t, "later"), 3);
+        t.release(r.id, A).unwrap();
+        // Finished: a late timeout finds nothing.
+        assert!(t.finish_waiter(waiter).is_none());
+        ok(&t);
+    }
+
+    #[test]
+    fn a_get_that_times_out_keeps_its_partial_results_and_waits_no_more() {
+        let mut t = ObjectTable::new();
+        put(&mut t, "a", 8);
+        let (tx, _rx) = oneshot::channel();
+        let waiter = t.begin_get(B, vec![n("a"), n("b")], true, tx).ok().unwrap();
+        let done = t.finish_waiter(waiter).unwrap();
+        assert!(done.results[0].is_some() && done.results[1].is_none());
+        assert_eq!(refcount(&t, "a"), 1);
+        // A seal after the timeout completes nothing and takes no reference for B.
+        insert(&mut t, "b", 8, false);
+        assert!(t.seal(&n("b"), A, None).unwrap().is_empty());
+        assert_eq!(refcount(&t, "b"), 1);
+        ok(&t);
+
+        // Without waiting, missing names answer None at once.
+        let (tx, _rx) = oneshot::channel();
+        let (results, _tx) = t
+            .begin_get(B, vec![n("zz"), n("a")], false, tx)
+            .unwrap_err();
+        assert!(results[0].is_none() && results[1].is_some());
+        ok(&t);
+    }
+
+    #[test]
+    fn releasing_a_holder_drops_everything_it_held() {
+        let mut t = ObjectTable::new();
+        put(&mut t, "kept", 8);
+        let _k1 = t.get_now(&n("kept"), B).unwrap();
+        let _k2 = t.get_now(&n("kept"), B).unwrap();
+        let _k3 = t.get_now(&n("kept"), A).unwrap();
+        // B created an unsealed object and waits for a name nobody has sealed yet.
+        t.insert(
+            n("draft"),
+            8,
+            Arc::from(&[][..]),
+            block(1 << 20, 8),
+            false,
+            B,
+        )
+        .unwrap();
+        let (tx, mut rx) = oneshot::channel();
+        t.begin_get(B, vec![n("kept"), n("never")], true, tx)
+            .ok()
+            .unwrap();
+        assert_eq!(refcount(&t, "kept"), 4);
+        ok(&t);
+
+        let freed = t.release_holder(B);
+        assert_eq!(names(&freed), ["draft"]);
+        assert!(t.check_name_free(&n("draft")).is_ok());
+        assert_eq!(refcount(&t, "kept"), 1);
+        assert_eq!(t.stats().holders, 1);
+        // The waiting get is gone: its reply is dropped, and a later seal wakes nobody.
+        assert!(matches!(
+            rx.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+        insert(&mut t, "never", 8, false);
+        assert!(t.seal(&n("never"), A, None).unwrap().is_empty());
+        ok(&t);
+        // Nothing left to release: a second call is a no-op.
+        assert!(t.release_holder(B).is_empty());
+        ok(&t);
+    }
+
+    #[test]
+    fn list_pages_cover_every_object_once() {
+        let mut t = ObjectTable::new();
+        for i in 0..10 {
+            put(&mut t, &format!("o{i}"), 8);
+        }
+        // A deleted-but-held object is not listed.
+        let held = t.get_now(&n("o3"), B).unwrap();
+        t.delete(&n("o3")).unwrap();
+        let mut seen = Vec::new();
+        let mut cursor = Some(0);
+        let mut pages = 0;
+        while let Some(start) = cursor {
+            let (page, next) = t.list_page(start, 3, usize::MAX, |_| 1);
+            assert!(page.len() <= 3);
+            seen.extend(page.into_iter().map(|i| i.name.to_string()));
+            cursor = next;
+            pages += 1;
+        }
+        seen.sort();
+        let mut want: Vec<String> = (0..10)
+            .filter(|&i| i != 3)
+            .map(|i| format!("o{i}"))
+            .collect();
+        want.sort();
+        assert_eq!(seen, want);
+        assert!(pages >= 3);
+        // The byte bound stops a page after the entry that reaches it (always at least one).
+        let (page, next) = t.list_page(0, 100, 1, |_| 10);
+        assert_eq!(page.len(), 1);
+        assert!(next.is_some());
+        t.release(held.id, B).unwrap();
+        ok(&t);
     }
 }

@@ -1,7 +1,8 @@
 //! The eviction/refcount actor: owns the [`ObjectTable`], asks the allocator actor (host) or the
 //! GPU actor (CUDA) for memory, evicts LRU objects when a pool is full, answers waiting gets and
-//! pushes notifications to subscribers. Every client (connection actor or embedded handle)
-//! talks to this one actor, so the whole life cycle is serialised in one place.
+//! pushes notifications to subscribers. Every client (a daemon connection or an embedded
+//! handle, each through its engine `Session`) talks to this one actor, so the whole life cycle
+//! is serialised in one place.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use crate::allocator::{
 use crate::segment::Segment;
 use crate::table::{Block, CompletedGet, Freed, GetResults, ObjectTable, Pool, WaiterId};
 use crate::types::*;
-use crate::StoreError;
+use crate::Error;
 
 /// Notifications buffered per subscriber before it is dropped as too slow.
 const SUBSCRIBER_BUFFER: usize = 4096;
@@ -51,26 +52,30 @@ impl ObjectTableActor {
         }
     }
 
-    async fn host_usage(&self) -> Result<HostUsage, StoreError> {
+    async fn host_usage(&self) -> Result<HostUsage, Error> {
         self.allocator
             .ask(Usage)
             .await
-            .map_err(|_| StoreError::ShuttingDown)
+            .map_err(|_| Error::ShuttingDown)
     }
 
     /// (capacity, used) of a pool; `None` for a GPU whose pool does not exist yet.
-    async fn pool_usage(&self, pool: Pool) -> Result<Option<(u64, u64)>, StoreError> {
+    async fn pool_usage(&self, pool: Pool) -> Result<Option<(u64, u64)>, Error> {
         match pool {
             Pool::Host => {
                 let u = self.host_usage().await?;
-                Ok(Some((u.capacity, u.used)))
+                // Past what the machine can back, the store's free bytes are not available.
+                Ok(Some((
+                    u.capacity.min(u.used.saturating_add(u.backable)),
+                    u.used,
+                )))
             }
             Pool::Cuda(n) => {
                 let usage = self
                     .gpu
                     .ask(GpuUsage)
                     .await
-                    .map_err(|_| StoreError::ShuttingDown)?;
+                    .map_err(|_| Error::ShuttingDown)?;
                 Ok(usage
                     .into_iter()
                     .find(|u| u.device == n)
@@ -97,7 +102,7 @@ impl ObjectTableActor {
         metadata_len: usize,
         device: Device,
         writer: Writer,
-    ) -> Result<Block, StoreError> {
+    ) -> Result<Block, Error> {
         let pool = Pool::from(device);
         let bytes = match pool {
             Pool::Host => size.checked_next_multiple_of(ALIGNMENT),
@@ -110,7 +115,7 @@ impl ObjectTableActor {
             Pool::Host => bytes.and_then(|b| b.checked_next_multiple_of(ALIGNMENT)),
             Pool::Cuda(_) => bytes,
         };
-        let oom = |available| StoreError::OutOfMemory {
+        let oom = |available| Error::OutOfMemory {
             requested: size,
             available,
         };
@@ -134,7 +139,7 @@ impl ObjectTableActor {
             let target = match failure {
                 AllocFailure::TooManyAllocations { limit } => {
                     if self.table.evictable_objects(pool) == 0 {
-                        return Err(StoreError::TooManyObjects { limit });
+                        return Err(Error::TooManyObjects { limit });
                     }
                     // Any one evicted object frees a slot; retry decides whether bytes fit too.
                     1
@@ -167,7 +172,7 @@ impl ObjectTableActor {
         bytes: u64,
         device: Device,
         writer: Writer,
-    ) -> Result<Result<Block, AllocFailure>, StoreError> {
+    ) -> Result<Result<Block, AllocFailure>, Error> {
         use kameo::error::SendError::HandlerError;
         match device {
             Device::Cpu => match self
@@ -180,7 +185,7 @@ impl ObjectTableActor {
             {
                 Ok(b) => Ok(Ok(Block::Host(b))),
                 Err(HandlerError(f)) => Ok(Err(f)),
-                Err(_) => Err(StoreError::ShuttingDown),
+                Err(_) => Err(Error::ShuttingDown),
             },
             Device::Cuda(n) => match self
                 .gpu
@@ -193,7 +198,7 @@ impl ObjectTableActor {
                 Ok(b) => Ok(Ok(Block::Cuda(b))),
                 Err(HandlerError(GpuError::OutOfMemory { .. })) => Ok(Err(AllocFailure::NoSpace)),
                 Err(HandlerError(e)) => Err(e.into()),
-                Err(_) => Err(StoreError::ShuttingDown),
+                Err(_) => Err(Error::ShuttingDown),
             },
         }
     }
@@ -264,9 +269,9 @@ impl ObjectTableActor {
     }
 }
 
-fn check_metadata(metadata: &[u8]) -> Result<(), StoreError> {
+fn check_metadata(metadata: &[u8]) -> Result<(), Error> {
     if metadata.len() > MAX_METADATA_LEN {
-        return Err(StoreError::MetadataTooLarge {
+        return Err(Error::MetadataTooLarge {
             len: metadata.len(),
             max: MAX_METADATA_LEN,
         });
@@ -287,7 +292,7 @@ pub struct Create {
 }
 
 impl Message<Create> for ObjectTableActor {
-    type Reply = Result<ObjectRef, StoreError>;
+    type Reply = Result<ObjectRef, Error>;
 
     async fn handle(&mut self, m: Create, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         check_metadata(&m.metadata)?;
@@ -352,7 +357,7 @@ pub struct Seal {
 }
 
 impl Message<Seal> for ObjectTableActor {
-    type Reply = Result<(), StoreError>;
+    type Reply = Result<(), Error>;
 
     async fn handle(&mut self, m: Seal, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let done = self.table.seal(&m.name, m.holder, m.id)?;
@@ -373,7 +378,7 @@ pub struct Abort {
 }
 
 impl Message<Abort> for ObjectTableActor {
-    type Reply = Result<(), StoreError>;
+    type Reply = Result<(), Error>;
 
     async fn handle(&mut self, m: Abort, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let f = self.table.abort(&m.name, m.holder, m.keep_while_held)?;
@@ -394,7 +399,7 @@ pub struct PutInline {
 }
 
 impl Message<PutInline> for ObjectTableActor {
-    type Reply = Result<ObjectRef, StoreError>;
+    type Reply = Result<ObjectRef, Error>;
 
     async fn handle(&mut self, m: PutInline, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         check_metadata(&m.metadata)?;
@@ -417,7 +422,7 @@ impl Message<PutInline> for ObjectTableActor {
             None => {
                 let f = self.table.abort(&m.name, m.holder, false)?;
                 self.free(f.into_iter().collect()).await;
-                return Err(StoreError::Segment("allocation outside its segment".into()));
+                return Err(Error::Memory("allocation outside its segment".into()));
             }
         }
         let done = self.table.seal(&m.name, m.holder, Some(r.id))?;
@@ -440,7 +445,7 @@ pub struct Get {
 }
 
 impl Message<Get> for ObjectTableActor {
-    type Reply = Result<oneshot::Receiver<GetResults>, StoreError>;
+    type Reply = Result<oneshot::Receiver<GetResults>, Error>;
 
     async fn handle(&mut self, m: Get, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let (tx, rx) = oneshot::channel();
@@ -491,7 +496,7 @@ pub struct Release {
 }
 
 impl Message<Release> for ObjectTableActor {
-    type Reply = Option<StoreError>;
+    type Reply = Option<Error>;
 
     async fn handle(&mut self, m: Release, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let mut first_err = None;
@@ -516,7 +521,7 @@ pub struct Delete {
 }
 
 impl Message<Delete> for ObjectTableActor {
-    type Reply = Result<(), StoreError>;
+    type Reply = Result<(), Error>;
 
     async fn handle(&mut self, m: Delete, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let freed = self.table.delete(&m.name)?;
@@ -590,7 +595,7 @@ impl Message<Evict> for ObjectTableActor {
 pub struct Stats;
 
 impl Message<Stats> for ObjectTableActor {
-    type Reply = Result<StoreStats, StoreError>;
+    type Reply = Result<StoreStats, Error>;
 
     async fn handle(&mut self, _: Stats, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let usage = self.host_usage().await?;

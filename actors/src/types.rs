@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use vovp_gpu::DeviceBlock;
 
-use crate::StoreError;
+use crate::Error;
 
 /// Longest object name, in UTF-8 bytes.
 pub const MAX_NAME_LEN: usize = 256;
@@ -17,22 +17,61 @@ pub const MAX_OBJECTS: u64 = crate::allocator::MAX_ALLOCS_PER_SEGMENT as u64;
 /// Every object's data starts on this boundary (cache line; enough for any dtype and AVX-512).
 pub const ALIGNMENT: u64 = 64;
 
-/// Who holds references: one per client connection or embedded session.
-pub type HolderId = u64;
-/// A unique id per object incarnation (a name reused after delete gets a new id).
-pub type ObjectId = u64;
+/// Who holds references: one per client connection or embedded session. Handed out by the
+/// engine only (`EngineHandle::session`), never taken from a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderId(u64);
+
+impl HolderId {
+    /// The engine's counter of holders is the only source of these.
+    pub const fn from_raw(raw: u64) -> Self {
+        HolderId(raw)
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A unique id per object incarnation (a name reused after delete gets a new id). Travels on
+/// the wire as its raw `u64` (GET and CREATE replies, RELEASE requests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId(u64);
+
+impl ObjectId {
+    /// An id as a client sent it back; the table checks it against its incarnation.
+    pub const fn from_raw(raw: u64) -> Self {
+        ObjectId(raw)
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
 
 /// An object's name: non-empty UTF-8, at most [`MAX_NAME_LEN`] bytes. Cheap to clone.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectName(Arc<str>);
 
 impl ObjectName {
-    pub fn new(name: &str) -> Result<Self, StoreError> {
+    pub fn new(name: &str) -> Result<Self, Error> {
         if name.is_empty() {
-            return Err(StoreError::InvalidName("empty name".into()));
+            return Err(Error::InvalidName("empty name".into()));
         }
         if name.len() > MAX_NAME_LEN {
-            return Err(StoreError::InvalidName(format!(
+            return Err(Error::InvalidName(format!(
                 "{} bytes long; at most {MAX_NAME_LEN}",
                 name.len()
             )));

@@ -1,6 +1,7 @@
 //! `Engine::spawn`: the store in-process. Spawns the allocator, eviction/refcount and GPU actors
 //! (on a private runtime thread, or on the caller's runtime for the daemon) and hands out
-//! cheap, thread-safe [`EngineHandle`]s.
+//! cheap, thread-safe [`EngineHandle`]s. Everything reaches the actors through a
+//! [`Session`]; the actors and their messages are this crate's private core.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,117 +13,34 @@ use tokio::sync::oneshot;
 use vovp_actors::allocator::AllocatorActor;
 use vovp_actors::copy::parallel_copy;
 use vovp_actors::segment::Segment;
-use vovp_actors::table_actor::{self as msg, ObjectTableActor};
-use vovp_actors::{
-    CreateOptions, Device, HolderId, Location, ObjectId, ObjectInfo, ObjectName, ObjectRef,
-    StoreStats,
-};
+use vovp_actors::table_actor::ObjectTableActor;
+use vovp_actors::{CreateOptions, Device, HolderId, ObjectInfo, StoreStats};
 use vovp_gpu::GpuActor;
 
+use crate::session::{PutOptions, Session};
 use crate::store::{AsyncStore, Store};
-use crate::view::{Mapped, ObjectSink};
-use crate::{Config, Error, ObjectBuffer, ObjectView};
+use crate::{Config, Error, ObjectBuffer, ObjectView, INLINE_PUT_LIMIT};
 
-/// Puts up to this size travel inside one message (one actor round trip); larger ones are
-/// created, copied by the caller (in parallel) and sealed.
-pub const INLINE_PUT_LIMIT: usize = 64 * 1024;
-
-/// The actors of one engine, for code that talks to them directly (the daemon's connections).
-#[derive(Clone)]
-pub struct EngineActors {
-    pub table: ActorRef<ObjectTableActor>,
-    pub allocator: ActorRef<AllocatorActor>,
-    pub gpu: ActorRef<GpuActor>,
+/// The actors of one engine; only sessions talk to them.
+pub(crate) struct EngineActors {
+    pub(crate) table: ActorRef<ObjectTableActor>,
+    pub(crate) allocator: ActorRef<AllocatorActor>,
+    pub(crate) gpu: ActorRef<GpuActor>,
 }
 
-struct Core {
-    actors: EngineActors,
-    segments: Arc<[Arc<Segment>]>,
+pub(crate) struct Core {
+    pub(crate) actors: EngineActors,
+    pub(crate) segments: Arc<[Arc<Segment>]>,
     next_holder: AtomicU64,
-    config: Config,
+    pub(crate) config: Config,
     /// Set by `Engine::spawn`: the private runtime thread and its stop signal.
     runtime: Mutex<Option<(std::thread::JoinHandle<()>, oneshot::Sender<()>)>>,
 }
 
 impl Core {
-    async fn mapped(&self, r: &ObjectRef) -> Result<Mapped, Error> {
-        match r.location {
-            Location::Host { segment, offset } => {
-                let seg = self
-                    .segments
-                    .get(segment as usize)
-                    .ok_or_else(|| Error::Internal(format!("no segment {segment}")))?;
-                let ptr = seg
-                    .ptr(offset, r.size)
-                    .ok_or_else(|| Error::Internal("object outside its segment".into()))?;
-                Ok(Mapped {
-                    ptr,
-                    device_ptr: 0,
-                    owner: seg.clone(),
-                })
-            }
-            // In the process that owns the pool the device pointer is direct (a process cannot
-            // open its own IPC handle); the GPU actor knows it.
-            Location::Cuda(block) => {
-                let device_ptr = self.actors.gpu.ask(vovp_gpu::BlockPtr(block)).await?;
-                Ok(Mapped {
-                    ptr: std::ptr::null_mut(),
-                    device_ptr,
-                    owner: Arc::new(()),
-                })
-            }
-        }
-    }
-}
-
-/// One holder of references: every handle clone shares it; dropping the last handle and the
-/// last view releases whatever it still held.
-struct Session {
-    core: Arc<Core>,
-    holder: HolderId,
-}
-
-impl ObjectSink for Session {
-    fn release(&self, id: ObjectId) {
-        // Unbounded mailbox: never blocks, fails only when the engine is gone (then all is freed).
-        let _ = self
-            .core
-            .actors
-            .table
-            .tell(msg::Release {
-                holder: self.holder,
-                ids: vec![id],
-            })
-            .try_send();
-    }
-
-    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
-        block_on(
-            self.core
-                .actors
-                .table
-                .ask(msg::Seal {
-                    holder: self.holder,
-                    name: obj.name.clone(),
-                    // This buffer's object, not whatever now has its name.
-                    id: Some(obj.id),
-                })
-                .send(),
-        )?;
-        Ok(())
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        let _ = self
-            .core
-            .actors
-            .table
-            .tell(msg::ReleaseHolder {
-                holder: self.holder,
-            })
-            .try_send();
+    /// Holder ids come from here only, so no two sessions ever share one.
+    pub(crate) fn new_holder(&self) -> HolderId {
+        HolderId::from_raw(self.next_holder.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -132,7 +50,7 @@ const REPLY_SPIN: Duration = Duration::from_micros(50);
 /// Runs `f` to completion on this thread. The engine answers a small request within a few
 /// microseconds, but waking a parked thread on another CPU costs tens of microseconds on
 /// virtual machines; polling (yielding the CPU in between) for a short while skips that wake-up.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
     let mut f = std::pin::pin!(f);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let start = std::time::Instant::now();
@@ -182,7 +100,7 @@ impl Engine {
             .map_err(|_| Error::Internal("engine thread died while starting".into()))??;
         *handle
             .session
-            .core
+            .core()
             .runtime
             .lock()
             .map_err(|_| Error::Internal("poisoned".into()))? = Some((thread, stop_tx));
@@ -228,12 +146,15 @@ impl Engine {
         let segment = Segment::create(0, segment0_len, config.huge_pages, config.prefault)?;
         let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
         // Arenas are not prefaulted: with --prefault every object stays in segment 0.
-        let allocator = AllocatorActor::spawn(AllocatorActor::new(
-            segments[0].clone(),
-            config.capacity,
-            config.max_objects,
-            config.client_arenas && !config.prefault,
-        ));
+        let allocator = AllocatorActor::spawn(
+            AllocatorActor::new(
+                segments[0].clone(),
+                config.capacity,
+                config.max_objects,
+                config.client_arenas && !config.prefault,
+            )
+            .with_backing(!config.lazy_pages),
+        );
         let gpu = spawn_gpu_actor(config.gpu.clone())?;
         let table = ObjectTableActor::spawn_with_mailbox(
             ObjectTableActor::new(allocator.clone(), gpu.clone(), segments.clone()),
@@ -250,7 +171,9 @@ impl Engine {
             config,
             runtime: Mutex::new(None),
         });
-        Ok(EngineHandle::new_session(core))
+        Ok(EngineHandle {
+            session: Session::embedded(core),
+        })
     }
 }
 
@@ -280,62 +203,55 @@ fn spawn_gpu_actor(config: vovp_gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Er
 }
 
 /// A handle on a running engine: cheap to clone (clones share one reference holder),
-/// `Send + Sync`. Use [`Store`] from threads and [`AsyncStore`] from async code.
+/// `Send + Sync`. Use [`Store`] from threads and [`AsyncStore`] from async code: views and
+/// buffers that point straight into the shared memory. [`Session`]s are the raw operations
+/// underneath (object references, no mapping), for code that maps the memory elsewhere.
 #[derive(Clone)]
 pub struct EngineHandle {
-    session: Arc<Session>,
+    session: Session,
 }
 
 impl EngineHandle {
-    fn new_session(core: Arc<Core>) -> Self {
-        let holder = core.next_holder.fetch_add(1, Ordering::Relaxed);
+    /// A handle with its own reference holder (like a separate client connection).
+    pub fn session(&self) -> EngineHandle {
         EngineHandle {
-            session: Arc::new(Session { core, holder }),
+            session: Session::embedded(self.session.core().clone()),
         }
     }
 
-    /// A handle with its own reference holder (like a separate client connection).
-    pub fn session(&self) -> EngineHandle {
-        Self::new_session(self.session.core.clone())
+    /// This handle's own session (its holder): the raw operations behind its views.
+    pub fn as_session(&self) -> &Session {
+        &self.session
     }
 
-    /// A fresh holder id for a client managed elsewhere (the daemon's connections).
-    pub fn new_holder_id(&self) -> HolderId {
-        self.session
-            .core
-            .next_holder
-            .fetch_add(1, Ordering::Relaxed)
+    /// A session for a client in another process that maps the store's memory itself (a
+    /// daemon connection): its objects go into arenas of its own, which only it may write,
+    /// and an abort frees an object's memory at once.
+    pub fn client_session(&self) -> Session {
+        Session::client(self.session.core().clone())
     }
 
     pub fn holder(&self) -> HolderId {
-        self.session.holder
-    }
-
-    pub fn actors(&self) -> &EngineActors {
-        &self.session.core.actors
+        self.session.holder()
     }
 
     pub fn segments(&self) -> &Arc<[Arc<Segment>]> {
-        &self.session.core.segments
+        self.session.segments()
     }
 
     pub fn config(&self) -> &Config {
-        &self.session.core.config
+        self.session.config()
     }
 
     /// Checks the object table's invariants (for tests).
     pub async fn check_invariants(&self) -> Result<(), Error> {
-        self.actors()
-            .table
-            .ask(msg::CheckInvariants)
-            .await
-            .map_err(|e| Error::Internal(format!("{e:?}")))
+        self.session.check_invariants().await
     }
 
     /// Stops the actors and the engine's thread. Views still alive keep their mapping; every
     /// later call fails with [`Error::ShuttingDown`].
     pub fn shutdown(&self) {
-        let core = &self.session.core;
+        let core = self.session.core();
         let runtime = core.runtime.lock().ok().and_then(|mut r| r.take());
         let stop = async {
             let _ = core.actors.table.stop_gracefully().await;
@@ -350,14 +266,6 @@ impl EngineHandle {
         }
     }
 
-    fn name(name: &str) -> Result<ObjectName, Error> {
-        Ok(ObjectName::new(name)?)
-    }
-
-    fn sink(&self) -> Arc<dyn ObjectSink> {
-        self.session.clone()
-    }
-
     async fn create_inner(
         &self,
         name: &str,
@@ -365,35 +273,15 @@ impl EngineHandle {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectBuffer, Error> {
-        let core = &self.session.core;
-        let r = core
-            .actors
-            .table
-            .ask(msg::Create {
-                writer: vovp_actors::allocator::Writer::Store,
-                holder: self.session.holder,
-                name: Self::name(name)?,
-                size,
-                metadata: Arc::from(metadata),
-                options,
-            })
-            .await?;
-        let mapped = core.mapped(&r).await?;
-        Ok(ObjectBuffer::from_mapped(r, mapped, self.sink()))
-    }
-
-    async fn seal_inner(&self, name: &str) -> Result<(), Error> {
-        self.session
-            .core
-            .actors
-            .table
-            .ask(msg::Seal {
-                holder: self.session.holder,
-                name: Self::name(name)?,
-                id: None,
-            })
-            .await?;
-        Ok(())
+        let r = self.session.create(name, size, metadata, options).await?;
+        // The buffer owns the reference from here, so an error below still releases it.
+        match self.session.mapped(&r).await {
+            Ok(mapped) => Ok(ObjectBuffer::from_mapped(r, mapped, self.session.sink())),
+            Err(e) => {
+                self.session.release_later(vec![r.id]);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -409,22 +297,12 @@ impl AsyncStore for EngineHandle {
     }
 
     async fn seal(&self, name: &str) -> Result<(), Error> {
-        self.seal_inner(name).await
+        self.session.seal(name).await
     }
 
     async fn abort(&self, name: &str) -> Result<(), Error> {
-        self.session
-            .core
-            .actors
-            .table
-            .ask(msg::Abort {
-                holder: self.session.holder,
-                name: Self::name(name)?,
-                // The caller's buffer of it may still be alive: its memory goes with the buffer.
-                keep_while_held: true,
-            })
-            .await?;
-        Ok(())
+        // The caller's buffer of it may still be alive: its memory goes with the buffer.
+        self.session.abort(name).await
     }
 
     async fn put(
@@ -441,18 +319,12 @@ impl AsyncStore for EngineHandle {
             ));
         }
         if data.len() <= INLINE_PUT_LIMIT {
+            let options = PutOptions {
+                ephemeral: options.ephemeral,
+                keep_reference: false,
+            };
             self.session
-                .core
-                .actors
-                .table
-                .ask(msg::PutInline {
-                    holder: self.session.holder,
-                    name: Self::name(name)?,
-                    data: data.to_vec(),
-                    metadata: Arc::from(metadata),
-                    ephemeral: options.ephemeral,
-                    keep_reference: false,
-                })
+                .put_inline(name, data.to_vec(), metadata, options)
                 .await?;
             return Ok(());
         }
@@ -460,7 +332,7 @@ impl AsyncStore for EngineHandle {
             .create_inner(name, data.len() as u64, metadata, options)
             .await?;
         parallel_copy(buf.as_mut_slice(), data);
-        self.seal_inner(name).await?;
+        self.session.seal(name).await?;
         drop(buf.into_view());
         Ok(())
     }
@@ -470,31 +342,17 @@ impl AsyncStore for EngineHandle {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let core = &self.session.core;
-        let names = names
-            .iter()
-            .map(|n| Self::name(n))
-            .collect::<Result<Vec<_>, _>>()?;
-        let rx = core
-            .actors
-            .table
-            .ask(msg::Get {
-                holder: self.session.holder,
-                names,
-                wait: timeout,
-            })
-            .await?;
-        let results = rx.await.map_err(|_| Error::ShuttingDown)?;
+        let results = self.session.get(names, timeout).await?;
         // Wrap every reference in a view first, so an error below still releases them all.
         let mut views = Vec::with_capacity(results.len());
         let mut failure = None;
         for r in results {
             views.push(match r {
                 None => None,
-                Some(r) => match core.mapped(&r).await {
-                    Ok(m) => Some(ObjectView::from_mapped(r, m, self.sink())),
+                Some(r) => match self.session.mapped(&r).await {
+                    Ok(m) => Some(ObjectView::from_mapped(r, m, self.session.sink())),
                     Err(e) => {
-                        self.session.release(r.id);
+                        self.session.release_later(vec![r.id]);
                         failure = Some(e);
                         None
                     }
@@ -508,43 +366,23 @@ impl AsyncStore for EngineHandle {
     }
 
     async fn contains(&self, name: &str) -> Result<bool, Error> {
-        let name = Self::name(name)?;
-        Ok(self
-            .session
-            .core
-            .actors
-            .table
-            .ask(msg::Contains { name })
-            .await?)
+        self.session.contains(name).await
     }
 
     async fn delete(&self, name: &str) -> Result<(), Error> {
-        let name = Self::name(name)?;
-        self.session
-            .core
-            .actors
-            .table
-            .ask(msg::Delete { name })
-            .await?;
-        Ok(())
+        self.session.delete(name).await
     }
 
     async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        Ok(self.session.core.actors.table.ask(msg::List).await?)
+        self.session.list().await
     }
 
     async fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        Ok(self
-            .session
-            .core
-            .actors
-            .table
-            .ask(msg::Evict { bytes })
-            .await?)
+        self.session.evict(bytes).await
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {
-        Ok(self.session.core.actors.table.ask(msg::Stats).await?)
+        self.session.stats().await
     }
 }
 

@@ -1,25 +1,33 @@
 //! vovp: a shared-memory tensor store. One process puts a tensor under a name; any process on
 //! the machine gets the same memory back by name alone, zero-copy.
 //!
-//! This crate is the public API: [`Engine::spawn`] embeds the store in-process, [`Store`] /
+//! This crate is the public API: [`Engine::spawn`] embeds the store in-process, [`Session`] is
+//! one holder's raw operations (the daemon runs one per connection), [`Store`] /
 //! [`AsyncStore`] are the operations (also implemented by the socket client in
 //! `vovp-client`), [`tensor`] carries dtype/shape with each object.
 
 mod config;
 mod engine;
-mod error;
+mod limits;
 pub mod memory_room;
+mod session;
 mod store;
 pub mod tensor;
 mod view;
 
 pub use config::{parse_size, Config};
-pub use engine::{Engine, EngineActors, EngineHandle, INLINE_PUT_LIMIT};
-pub use error::Error;
+pub use engine::{Engine, EngineHandle};
+pub use limits::{CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT};
+pub use session::{PutOptions, Session, Subscription};
 pub use store::{AsyncStore, Store};
 pub use tensor::{DType, Tensor, TensorMeta, TensorView};
 pub use view::{ObjectBuffer, ObjectSink, ObjectView};
+pub use vovp_actors::allocator::SegmentGrant;
 pub use vovp_actors::copy::parallel_copy;
+pub use vovp_actors::segment::Segment;
+/// The one error type of vovp (the store's and its clients'), defined with the actors so the
+/// store produces these values itself.
+pub use vovp_actors::Error;
 pub use vovp_actors::{
     CreateOptions, Device, HolderId, Location, Notification, NotificationKind, ObjectId,
     ObjectInfo, ObjectName, ObjectRef, StoreStats, ALIGNMENT, MAX_METADATA_LEN, MAX_NAME_LEN,

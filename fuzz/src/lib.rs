@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use vovp::{
-    Device, DeviceBlock, Location, ObjectInfo, ObjectName, ObjectRef, StoreStats, MAX_NAME_LEN,
+    Device, DeviceBlock, Location, ObjectId, ObjectInfo, ObjectName, ObjectRef, StoreStats, MAX_NAME_LEN,
 };
 use vovp_proto::*;
 
@@ -31,7 +31,7 @@ fn name(s: &str) -> ObjectName {
 
 fn host_object(n: &str, id: u64, size: u64, metadata: &[u8]) -> ObjectRef {
     ObjectRef {
-        id,
+        id: ObjectId::from_raw(id),
         name: name(n),
         size,
         metadata: Arc::from(metadata),
@@ -286,7 +286,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         "put-cuda",
         Opcode::Put.code(),
         Reply::Object(ObjectRef {
-            id: 2,
+            id: ObjectId::from_raw(2),
             name: name("x"),
             size: 512,
             metadata: Arc::from(&b""[..]),
@@ -311,7 +311,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     reply("contains", Opcode::Contains.code(), Reply::Bool(true));
     reply("evict", Opcode::Evict.code(), Reply::Count(12345));
     let info = |n: &str, id: u64, device: Device| ObjectInfo {
-        id,
+        id: ObjectId::from_raw(id),
         name: name(n),
         size: 64 * id,
         device,

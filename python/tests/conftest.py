@@ -45,6 +45,9 @@ def _use_installed_native_core():
 _use_installed_native_core()
 
 ENGINE = Path(os.environ.get("VOVP_ENGINE_BIN", REPO / "target" / "debug" / "vovp-engine"))
+# The Rust test fixture (tests/src/bin/vovp-fixture.rs): test-only client commands such as the
+# CUDA ones, kept out of the user-facing `vovp` CLI.
+FIXTURE = Path(os.environ.get("VOVP_FIXTURE_BIN", REPO / "target" / "debug" / "vovp-fixture"))
 
 # CI installs torch: there, a test skipped because torch cannot be imported is a failure (a
 # broken install must not turn every torch test into a silent skip).

@@ -11,7 +11,8 @@ Two halves:
   gpu/fake-cuda through LD_LIBRARY_PATH, or a real NVIDIA machine): a daemon with
   ``--gpu-memory 0:256M``; device memory put by one Python process is read by name by another
   one (same allocation: writes through one mapping are seen through the other), references go
-  back to 0, and the Rust CLI (`vovp put-cuda` / `get-cuda`) interoperates both ways. Source
+  back to 0, and the Rust test fixture (`vovp-fixture put-cuda` / `get-cuda`) interoperates
+  both ways. Source
   buffers are made with ``cuda.mem_alloc`` + a host-to-device copy, as a framework would.
 
 torch-specific tests additionally need torch with CUDA (skipped otherwise).
@@ -30,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,10 +41,9 @@ from vovp import protocol as P
 from vovp import tensor as T
 
 from _helpers import wait_for
-from conftest import REPO
+from conftest import FIXTURE
 
 GPU_TESTS = os.environ.get("VOVP_GPU_TESTS") == "1"
-CLI = Path(os.environ.get("VOVP_CLI_BIN", REPO / "target" / "debug" / "vovp"))
 
 needs_gpu = pytest.mark.skipif(
     not GPU_TESTS, reason="set VOVP_GPU_TESTS=1 (scripts/gpu-fake-test.sh, or a GPU machine)")
@@ -87,11 +86,12 @@ def using_fake_driver() -> bool:
         return "fake-cuda" in f.read()
 
 
-def cli(daemon, *args) -> str:
-    if not CLI.exists():
-        pytest.fail(f"{CLI} is missing: run `cargo build --workspace --bins` first")
-    out = subprocess.run([str(CLI), "-s", daemon.socket, *args], capture_output=True, text=True,
-                         timeout=60)
+def fixture(daemon, *args) -> str:
+    """Runs the Rust test fixture binary (the CUDA commands) against ``daemon``."""
+    if not FIXTURE.exists():
+        pytest.fail(f"{FIXTURE} is missing: run `cargo build --workspace --bins` first")
+    out = subprocess.run([str(FIXTURE), "-s", daemon.socket, *args], capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -455,7 +455,7 @@ def test_cross_process_same_allocation(gpu_daemon, subprocess_env):
 @needs_gpu
 def test_rust_cli_put_python_get(gpu_daemon):
     n = 300_000
-    cli(gpu_daemon, "put-cuda", "from-rust", "--bytes", str(n), "--fill", "7")
+    fixture(gpu_daemon, "put-cuda", "from-rust", "--bytes", str(n), "--fill", "7")
     c = gpu_daemon.client()
     t = c.get_tensor("from-rust", framework="cuda")
     assert (t.dtype_name, t.shape, t.device) == ("uint8", (n,), 0)
@@ -477,7 +477,7 @@ def test_python_put_rust_get(gpu_daemon):
     src = device_buffer(data)
     c.put_cuda("from-python", src, n)
     C.mem_free(src)
-    out = cli(gpu_daemon, "get-cuda", "from-python")
+    out = fixture(gpu_daemon, "get-cuda", "from-python")
     assert out == f"len={n} first={data[0]} last={data[-1]} sum={int(data.sum(dtype=np.uint64))}"
     c.close()
 
@@ -562,7 +562,7 @@ def test_ephemeral_cuda_object_goes_with_last_reference(gpu_daemon):
 @needs_gpu
 def test_get_cuda_object_in_client_without_driver(gpu_daemon, no_driver):
     # The daemon has the (fake or real) driver; this process pretends it has none.
-    cli(gpu_daemon, "put-cuda", "dev", "--bytes", "1000", "--fill", "3")
+    fixture(gpu_daemon, "put-cuda", "dev", "--bytes", "1000", "--fill", "3")
     c = gpu_daemon.client()
     with pytest.raises(vovp.GpuUnavailable) as e:
         c.get_tensor("dev")

@@ -1,5 +1,6 @@
 //! Helpers for the cross-process tests: start the real `vovp-engine` on a private socket, run
-//! the `vovp` CLI as another client process, wait for conditions.
+//! the `vovp` CLI (user commands) or the `vovp-fixture` binary (test-only commands:
+//! src/bin/vovp-fixture.rs) as another client process, wait for conditions.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -36,14 +37,21 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// Builds the daemon and the CLI into the profile directory the tests run from, once per test
-/// process (cargo's own lock serialises concurrent test binaries doing the same).
+/// Builds the daemon, the CLI and the fixture into the profile directory the tests run from,
+/// once per test process (cargo's own lock serialises concurrent test binaries doing the same).
 fn build_binaries(profile_dir: &Path) {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "vovp-transport", "--bins"]);
+        cmd.args([
+            "build",
+            "-p",
+            "vovp-transport",
+            "-p",
+            "vovp-tests",
+            "--bins",
+        ]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
@@ -51,7 +59,10 @@ fn build_binaries(profile_dir: &Path) {
             cmd.env("CARGO_TARGET_DIR", target);
         }
         let status = cmd.status().expect("run cargo build for the test binaries");
-        assert!(status.success(), "building vovp-engine and vovp failed");
+        assert!(
+            status.success(),
+            "building vovp-engine, vovp and vovp-fixture failed"
+        );
     });
 }
 
@@ -108,43 +119,61 @@ impl Daemon {
 
     /// Runs the `vovp` CLI against this daemon to completion.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(bin("vovp"))
-            .arg("-s")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("run vovp")
+        self.run("vovp", args)
     }
 
     /// Starts the `vovp` CLI against this daemon and leaves it running.
     pub fn cli_spawn(&self, args: &[&str]) -> Child {
-        Command::new(bin("vovp"))
-            .arg("-s")
-            .arg(&self.socket)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn vovp")
+        self.spawn_client("vovp", args)
     }
 
-    /// Starts the `vovp` CLI with piped stdin and stdout, for a conversation line by line.
-    pub fn cli_interactive(&self, args: &[&str]) -> Interactive {
-        let mut child = Command::new(bin("vovp"))
-            .arg("-s")
-            .arg(&self.socket)
-            .args(args)
+    /// Runs the test fixture (`vovp-fixture`: hold, create-hold, hammer, the CUDA commands)
+    /// against this daemon to completion.
+    pub fn fixture(&self, args: &[&str]) -> Output {
+        self.run("vovp-fixture", args)
+    }
+
+    /// Starts the test fixture against this daemon and leaves it running.
+    pub fn fixture_spawn(&self, args: &[&str]) -> Child {
+        self.spawn_client("vovp-fixture", args)
+    }
+
+    /// Starts the test fixture with piped stdin and stdout, for a conversation line by line.
+    pub fn fixture_interactive(&self, args: &[&str]) -> Interactive {
+        let mut child = self
+            .command("vovp-fixture", args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("spawn vovp");
+            .expect("spawn vovp-fixture");
         let stdout = child.stdout.take().expect("piped stdout");
         Interactive {
             stdin: child.stdin.take(),
             stdout: std::io::BufReader::new(stdout),
             child,
         }
+    }
+
+    /// `program -s SOCKET ARGS...` for one of the workspace's client binaries.
+    fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin(program));
+        cmd.arg("-s").arg(&self.socket).args(args);
+        cmd
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> Output {
+        self.command(program, args)
+            .output()
+            .unwrap_or_else(|e| panic!("run {program}: {e}"))
+    }
+
+    fn spawn_client(&self, program: &str, args: &[&str]) -> Child {
+        self.command(program, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {program}: {e}"))
     }
 
     /// Sends SIGTERM and waits for a clean exit.

@@ -52,9 +52,9 @@ fn killed_clients_release_everything() {
     let c = d.client();
     c.put("held", &[1u8; 10_000], b"", CreateOptions::default())
         .unwrap();
-    let mut holder = d.cli_spawn(&["hold", "held"]);
+    let mut holder = d.fixture_spawn(&["hold", "held"]);
     assert_eq!(read_line(&mut holder), "holding");
-    let mut creator = d.cli_spawn(&["create-hold", "half-written", "1000000"]);
+    let mut creator = d.fixture_spawn(&["create-hold", "half-written", "1000000"]);
     assert_eq!(read_line(&mut creator), "created");
     let s = c.stats().unwrap();
     assert_eq!((s.references, s.unsealed), (2, 1));
@@ -76,7 +76,7 @@ fn thirty_two_processes_hammering_leave_consistent_stats() {
     let d = Daemon::start("256M");
     let children: Vec<_> = (0..32)
         .map(|i| {
-            d.cli_spawn(&[
+            d.fixture_spawn(&[
                 "hammer",
                 "--seconds",
                 "3",
@@ -230,7 +230,7 @@ fn errors_travel_as_typed_errors() {
 fn get_waits_for_a_seal_from_another_process() {
     let d = Daemon::start("16M");
     let c = d.client();
-    let mut creator = d.cli_spawn(&["create-hold", "later", "64", "--seconds", "1"]);
+    let mut creator = d.fixture_spawn(&["create-hold", "later", "64", "--seconds", "1"]);
     assert_eq!(read_line(&mut creator), "created");
     // Unsealed: not visible; the creator then exits without sealing, which aborts it.
     assert!(c.get(&["later"], Some(Duration::from_millis(100))).unwrap()[0].is_none());
@@ -423,7 +423,7 @@ fn blocking_client_extras() {
         .list()
         .unwrap()
         .iter()
-        .any(|i| i.id == id && i.name.as_str() == "with-id"));
+        .any(|i| i.id.get() == id && i.name.as_str() == "with-id"));
     assert_eq!(c.max_inline(), vovp_proto::MAX_INLINE);
 
     // Closed with views alive: the daemon drops the connection's references at once.
@@ -529,7 +529,7 @@ fn a_client_killed_while_waiting_in_a_get_releases_at_once() {
     c.put("held", &[3u8; 1000], b"", CreateOptions::default())
         .unwrap();
     // Holds "held", then blocks in a GET (one-hour timeout) for a name nobody will seal.
-    let mut waiter = d.cli_spawn(&["hold", "held", "--wait-for", "never-sealed"]);
+    let mut waiter = d.fixture_spawn(&["hold", "held", "--wait-for", "never-sealed"]);
     assert_eq!(read_line(&mut waiter), "holding");
     std::thread::sleep(Duration::from_millis(200)); // let the GET reach the daemon
     assert_eq!(c.stats().unwrap().references, 1);

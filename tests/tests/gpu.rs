@@ -1,10 +1,10 @@
 //! CUDA objects through the real daemon, across processes.
 //!
-//! * Everywhere: the CUDA subcommands of the `vovp` CLI fail cleanly (`vovp: <message>`, exit 1)
+//! * Everywhere: the CUDA subcommands of the test fixture fail cleanly (`vovp-fixture: <message>`, exit 1)
 //!   on missing names, host objects and, without a driver, with the daemon's GpuUnavailable.
 //! * With `VOVP_GPU_TESTS=1` (a machine with an NVIDIA GPU: `bash gpu/check.sh`; or the fake
 //!   driver: `scripts/gpu-fake-test.sh`): process A (this test, `vovp_client::Client`) and
-//!   processes B (the `vovp` CLI) share one device allocation; references are released when B
+//!   processes B (the `vovp-fixture` binary) share one device allocation; references are released when B
 //!   exits or dies; eviction of device objects is least-recently-used and never touches
 //!   referenced ones; a big device put is timed against the raw device-to-device copy.
 //!
@@ -40,7 +40,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// What `vovp get-cuda` prints for these bytes.
+/// What `vovp-fixture get-cuda` prints for these bytes.
 fn summary(b: &[u8]) -> String {
     let show = |x: Option<&u8>| x.map_or_else(|| "none".to_string(), u8::to_string);
     format!(
@@ -63,31 +63,41 @@ fn fill_summary(len: u64, fill: u8) -> String {
     )
 }
 
-/// Runs the CLI, asserts success, returns its trimmed stdout.
-fn cli_ok(d: &Daemon, args: &[&str]) -> String {
-    let out = d.cli(args);
+/// Runs the test fixture, asserts success, returns its trimmed stdout.
+fn fixture_ok(d: &Daemon, args: &[&str]) -> String {
+    let out = d.fixture(args);
     assert!(
         out.status.success(),
-        "vovp {args:?} failed ({}): {}",
+        "vovp-fixture {args:?} failed ({}): {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Runs the CLI, asserts a clean failure (exit 1, one `vovp: ` message, no panic); returns stderr.
-fn cli_fails(d: &Daemon, args: &[&str]) -> String {
-    let out = d.cli(args);
+/// Runs the test fixture, asserts a clean failure (exit 1, one `vovp-fixture: ` message, no
+/// panic); returns stderr.
+fn fixture_fails(d: &Daemon, args: &[&str]) -> String {
+    let out = d.fixture(args);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(
         out.status.code(),
         Some(1),
-        "vovp {args:?}: expected exit 1, got {}; stderr: {err}",
+        "vovp-fixture {args:?}: expected exit 1, got {}; stderr: {err}",
         out.status
     );
-    assert!(err.starts_with("vovp: "), "vovp {args:?}: stderr {err:?}");
-    assert!(!err.contains("panicked"), "vovp {args:?} panicked: {err}");
-    assert!(out.stdout.is_empty(), "vovp {args:?} printed on failure");
+    assert!(
+        err.starts_with("vovp-fixture: "),
+        "vovp-fixture {args:?}: stderr {err:?}"
+    );
+    assert!(
+        !err.contains("panicked"),
+        "vovp-fixture {args:?} panicked: {err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "vovp-fixture {args:?} printed on failure"
+    );
     err
 }
 
@@ -109,19 +119,19 @@ fn cuda_cli_fails_cleanly_on_missing_host_and_gpu_less_objects() {
     c.put("host-object", b"abc", b"", CreateOptions::default())
         .unwrap();
 
-    let err = cli_fails(&d, &["get-cuda", "missing"]);
+    let err = fixture_fails(&d, &["get-cuda", "missing"]);
     assert!(err.contains("not found"), "{err}");
-    let err = cli_fails(&d, &["get-cuda", "missing", "--timeout-ms", "50"]);
+    let err = fixture_fails(&d, &["get-cuda", "missing", "--timeout-ms", "50"]);
     assert!(err.contains("not found"), "{err}");
-    let err = cli_fails(&d, &["hold-cuda", "missing"]);
+    let err = fixture_fails(&d, &["hold-cuda", "missing"]);
     assert!(err.contains("not found"), "{err}");
-    let err = cli_fails(&d, &["put-cuda-d2d", "copy", "missing"]);
+    let err = fixture_fails(&d, &["put-cuda-d2d", "copy", "missing"]);
     assert!(err.contains("not found"), "{err}");
-    let err = cli_fails(&d, &["get-cuda", "host-object"]);
+    let err = fixture_fails(&d, &["get-cuda", "host-object"]);
     assert!(err.contains("not a CUDA object"), "{err}");
-    let err = cli_fails(&d, &["put-cuda-d2d", "copy", "host-object"]);
+    let err = fixture_fails(&d, &["put-cuda-d2d", "copy", "host-object"]);
     assert!(err.contains("not a CUDA object"), "{err}");
-    let err = cli_fails(&d, &["cuda-bandwidth", "--bytes", "0"]);
+    let err = fixture_fails(&d, &["cuda-bandwidth", "--bytes", "0"]);
     assert!(err.contains("at least 1"), "{err}");
 
     match c.create("probe", 4096, b"", cuda0()) {
@@ -133,8 +143,8 @@ fn cuda_cli_fails_cleanly_on_missing_host_and_gpu_less_objects() {
                 &["put-cuda", "t", "--bytes", "4096", "--fill", "7", "--device", "3"],
                 &["cuda-bandwidth", "--bytes", "1M"],
             ] {
-                let err = cli_fails(&d, args);
-                assert!(err.contains("GPU unavailable"), "vovp {args:?}: {err}");
+                let err = fixture_fails(&d, args);
+                assert!(err.contains("GPU unavailable"), "vovp-fixture {args:?}: {err}");
             }
             println!("without a GPU: {reason}");
         }
@@ -184,10 +194,10 @@ fn gpu_object_is_one_allocation_shared_across_processes_and_released() {
     );
 
     // B, another process, reads pattern 1.
-    assert_eq!(cli_ok(&d, &["get-cuda", "shared"]), summary(&p1));
+    assert_eq!(fixture_ok(&d, &["get-cuda", "shared"]), summary(&p1));
 
     // B' gets the object and holds its view, reporting what it sees on request.
-    let mut holder = d.cli_interactive(&["hold-cuda", "shared", "--report"]);
+    let mut holder = d.fixture_interactive(&["hold-cuda", "shared", "--report"]);
     assert_eq!(holder.line(), "holding");
     assert_eq!(holder.ask("read"), summary(&p1));
     assert_eq!(c.stats().unwrap().references, 2, "A's view and B's");
@@ -196,7 +206,7 @@ fn gpu_object_is_one_allocation_shared_across_processes_and_released() {
     // nothing copied at get), and so does a fresh get in a third process.
     cuda::h2d(ptr, &p2).expect("A writes pattern 2");
     assert_eq!(holder.ask("read"), summary(&p2));
-    assert_eq!(cli_ok(&d, &["get-cuda", "shared"]), summary(&p2));
+    assert_eq!(fixture_ok(&d, &["get-cuda", "shared"]), summary(&p2));
     let mut back = vec![0u8; n];
     cuda::d2h(&mut back, ptr).expect("A reads back");
     assert!(back == p2);
@@ -209,7 +219,7 @@ fn gpu_object_is_one_allocation_shared_across_processes_and_released() {
     wait_until(T, || c.stats().unwrap().references == 0);
 
     // A killed holder releases too.
-    let mut killed = d.cli_spawn(&["hold-cuda", "shared"]);
+    let mut killed = d.fixture_spawn(&["hold-cuda", "shared"]);
     assert_eq!(read_line(&mut killed), "holding");
     assert_eq!(c.stats().unwrap().references, 1);
     killed.kill().unwrap();
@@ -225,7 +235,7 @@ fn gpu_object_is_one_allocation_shared_across_processes_and_released() {
     wait_until(T, || c.stats().unwrap().objects == 0);
 
     // The CLI's own put: written through B's mapping, read by A through its mapping.
-    cli_ok(
+    fixture_ok(
         &d,
         &["put-cuda", "from-cli", "--bytes", "1M", "--fill", "201"],
     );
@@ -258,7 +268,7 @@ fn gpu_eviction_is_lru_and_spares_referenced_objects() {
     // Other processes fill the rest with sealed objects nobody holds.
     for i in 0..7u8 {
         let fill = (10 + i).to_string();
-        cli_ok(
+        fixture_ok(
             &d,
             &[
                 "put-cuda",
@@ -278,8 +288,8 @@ fn gpu_eviction_is_lru_and_spares_referenced_objects() {
     );
 
     // e0 is used again (a get and its release), so e1 becomes the least recently used.
-    assert_eq!(cli_ok(&d, &["get-cuda", "e0"]), fill_summary(S, 10));
-    cli_ok(&d, &["put-cuda", "extra", "--bytes", "32M", "--fill", "99"]);
+    assert_eq!(fixture_ok(&d, &["get-cuda", "e0"]), fill_summary(S, 10));
+    fixture_ok(&d, &["put-cuda", "extra", "--bytes", "32M", "--fill", "99"]);
     let present = |n: &str| c.contains(n).unwrap();
     assert!(!present("e1"), "the least recently used object is evicted");
     for n in ["pinned", "e0", "e2", "e3", "e4", "e5", "e6", "extra"] {
@@ -299,14 +309,17 @@ fn gpu_eviction_is_lru_and_spares_referenced_objects() {
     let mut back = vec![0u8; S as usize];
     cuda::d2h(&mut back, pinned_ptr).unwrap();
     assert!(back == pinned_bytes, "the pinned object's bytes are intact");
-    assert_eq!(cli_ok(&d, &["get-cuda", "pinned"]), summary(&pinned_bytes));
+    assert_eq!(
+        fixture_ok(&d, &["get-cuda", "pinned"]),
+        summary(&pinned_bytes)
+    );
 
     // Everything is referenced (A's view, A's unsealed buffer): no room, a typed error.
     match c.create("no-room", S, b"", cuda0()) {
         Err(Error::OutOfMemory { requested, .. }) => assert_eq!(requested, S),
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
-    let err = cli_fails(
+    let err = fixture_fails(
         &d,
         &["put-cuda", "no-room", "--bytes", "32M", "--fill", "1"],
     );
@@ -314,7 +327,7 @@ fn gpu_eviction_is_lru_and_spares_referenced_objects() {
 
     // Bigger than the pool: OutOfMemory (not a driver error), whatever is free.
     drop(big);
-    cli_ok(
+    fixture_ok(
         &d,
         &["put-cuda", "bystander", "--bytes", "1M", "--fill", "5"],
     );
@@ -327,7 +340,7 @@ fn gpu_eviction_is_lru_and_spares_referenced_objects() {
         present("bystander"),
         "a create bigger than the pool must not evict"
     );
-    let err = cli_fails(&d, &["put-cuda", "too-big", "--bytes", "1G", "--fill", "1"]);
+    let err = fixture_fails(&d, &["put-cuda", "too-big", "--bytes", "1G", "--fill", "1"]);
     assert!(err.contains("out of memory"), "{err}");
     assert!(present("pinned"));
     drop(pinned);
@@ -352,15 +365,15 @@ fn gpu_big_put_against_raw_device_copy_bandwidth() {
     let c = d.client();
     let size = bytes.to_string();
 
-    cli_ok(
+    fixture_ok(
         &d,
         &["put-cuda", "big-src", "--bytes", &size, "--fill", "7"],
     );
     // A holds the source (never evicted while held).
     let src = c.get_one("big-src", None).unwrap();
 
-    let raw = cli_ok(&d, &["cuda-bandwidth", "--bytes", &size]);
-    let put = cli_ok(&d, &["put-cuda-d2d", "big-dst", "big-src"]);
+    let raw = fixture_ok(&d, &["cuda-bandwidth", "--bytes", &size]);
+    let put = fixture_ok(&d, &["put-cuda-d2d", "big-dst", "big-src"]);
     let (raw_gbps, put_gbps) = (field(&raw, "gbps"), field(&put, "gbps"));
     assert_eq!(field(&put, "bytes"), bytes as f64);
     println!(
@@ -377,7 +390,10 @@ fn gpu_big_put_against_raw_device_copy_bandwidth() {
     );
 
     // Correct bytes, and the copy is a uint8 tensor on cuda:0.
-    assert_eq!(cli_ok(&d, &["get-cuda", "big-dst"]), fill_summary(bytes, 7));
+    assert_eq!(
+        fixture_ok(&d, &["get-cuda", "big-dst"]),
+        fill_summary(bytes, 7)
+    );
     let t = c.get_tensor("big-dst", None).unwrap();
     assert_eq!((t.dtype(), t.shape()), (DType::U8, &[bytes as i64][..]));
     let dst_ptr = t.cuda_ptr().expect("device pointer");

@@ -25,7 +25,7 @@ pub enum Response {
     /// A segment to map: its reply is [`Reply::Segment`] with the fd (read-write when
     /// `writable`, else read-only) riding on it as SCM_RIGHTS.
     Segment {
-        segment: Arc<vovp_actors::segment::Segment>,
+        segment: Arc<vovp::Segment>,
         writable: bool,
     },
     /// SUBSCRIBE's: an empty reply, then the connection streams these notifications.

@@ -14,8 +14,7 @@ use std::time::Duration;
 use kameo::actor::Spawn;
 use kameo::message::{Context, Message};
 use kameo::Actor;
-use vovp::{AsyncStore, CreateOptions, EngineHandle, HolderId, ObjectName};
-use vovp_actors::table_actor as table;
+use vovp::{CreateOptions, EngineHandle, ObjectId, PutOptions, Session};
 
 use vovp_proto::{
     encode_notification, Header, Opcode, Reply, Request, Status, CREATE_EPHEMERAL, FLAG_NO_REPLY,
@@ -318,10 +317,10 @@ async fn serve_connection(
     stream.set_nonblocking(true)?;
     let raw = stream.try_clone()?;
     let stream = tokio_uring::net::UnixStream::from_std(stream);
-    let holder = engine.new_holder_id();
+    // The connection's holder: every reference it takes is recorded under it.
+    let session = engine.client_session();
     let conn = ConnectionActor::spawn(ConnectionActor {
-        holder,
-        engine: engine.clone(),
+        session: session.clone(),
         shared,
         greeted: false,
     });
@@ -330,7 +329,7 @@ async fn serve_connection(
         raw: &raw,
         limits,
     };
-    let result = connection_loop(&io, &conn, (holder, &engine)).await;
+    let result = connection_loop(&io, &conn, &session).await;
     // Whatever the reason the connection ended, everything it held goes back.
     let _ = conn.ask(Disconnect).await;
     let _ = conn.stop_gracefully().await;
@@ -378,7 +377,7 @@ impl ConnIo<'_> {
 async fn connection_loop(
     io: &ConnIo<'_>,
     conn: &kameo::actor::ActorRef<ConnectionActor>,
-    holder: (HolderId, &EngineHandle),
+    session: &Session,
 ) -> Result<(), TransportError> {
     let stream = io.stream;
     let connected = tokio::time::Instant::now();
@@ -430,7 +429,7 @@ async fn connection_loop(
                     }
                     Response::NoReply
                 }
-                Ok(request) => answer(conn, Incoming { request, no_reply }, io, holder).await,
+                Ok(request) => answer(conn, Incoming { request, no_reply }, io, session).await,
                 Err(e) => Response::error(e.status(), e.to_string()),
             };
             match response {
@@ -565,12 +564,12 @@ const LIVENESS_CHECK: Duration = Duration::from_millis(100);
 /// Asks the connection actor and waits for its response. While a request waits (a GET with a
 /// timeout), the loop does not read the socket, so it would not notice the client dying: every
 /// `LIVENESS_CHECK` it looks at the socket, and once the peer has closed it releases everything
-/// the holder held at once (which also cancels the waiting GET) instead of when the wait ends.
+/// the session held at once (which also cancels the waiting GET) instead of when the wait ends.
 async fn answer(
     conn: &kameo::actor::ActorRef<ConnectionActor>,
     incoming: Incoming,
     io: &ConnIo<'_>,
-    (holder, engine): (HolderId, &EngineHandle),
+    session: &Session,
 ) -> Response {
     let stopping = |_| Response::error(Status::ShuttingDown, "store stopping");
     // Only a GET with a timeout can wait; every other request is answered at once and needs no
@@ -590,7 +589,7 @@ async fn answer(
             _ = tokio::time::sleep(LIVENESS_CHECK), if !released => {
                 if peer_hung_up(io.raw) {
                     released = true;
-                    let _ = engine.actors().table.tell(table::ReleaseHolder { holder }).try_send();
+                    session.release_all();
                 }
             }
         }
@@ -730,14 +729,13 @@ async fn notify_loop(
     }
 }
 
-/// The per-connection actor: turns this client's requests into messages to the engine's
-/// actors, under the connection's own reference holder id. The object table keeps the
-/// authoritative record of what each holder holds, so cleanup on disconnect is one message
-/// (`ReleaseHolder`) whatever state the client left things in.
+/// The per-connection actor: turns this client's requests into calls on the connection's
+/// engine [`Session`] (its own reference holder) and tracks the HELLO state. The engine keeps
+/// the authoritative record of what each holder holds, so cleanup on disconnect is one call
+/// (`Session::release_all`) whatever state the client left things in.
 #[derive(Actor)]
 pub struct ConnectionActor {
-    holder: HolderId,
-    engine: EngineHandle,
+    session: Session,
     shared: Arc<Shared>,
     greeted: bool,
 }
@@ -754,8 +752,9 @@ pub struct Disconnect;
 /// The segments whose fds a HELLO reply carries.
 pub struct SegmentFds;
 
-fn name(s: &str) -> Result<ObjectName, vovp::Error> {
-    Ok(ObjectName::new(s)?)
+/// The ids of a RELEASE as the client sent them (the table checks each against its object).
+fn object_ids(ids: &[u64]) -> Vec<ObjectId> {
+    ids.iter().copied().map(ObjectId::from_raw).collect()
 }
 
 impl ConnectionActor {
@@ -764,8 +763,7 @@ impl ConnectionActor {
         request: Request<'static>,
         no_reply: bool,
     ) -> Result<Response, vovp::Error> {
-        let actors = self.engine.actors().clone();
-        let holder = self.holder;
+        let session = &self.session;
         if !self.greeted && !matches!(request, Request::Hello { .. }) {
             return Ok(Response::error(Status::ProtocolState, "send HELLO first"));
         }
@@ -778,13 +776,12 @@ impl ConnectionActor {
                     ));
                 }
                 self.greeted = true;
-                tracing::debug!("client pid {pid} connected as holder {holder}");
+                tracing::debug!("client pid {pid} connected as holder {}", session.holder());
                 Reply::Hello {
-                    capacity: self.engine.config().capacity,
+                    capacity: session.config().capacity,
                     max_inline: MAX_INLINE,
                     // Only the store's own segment: arenas are mapped on demand (SEGMENT).
-                    segments: self
-                        .engine
+                    segments: session
                         .segments()
                         .iter()
                         .take(1)
@@ -794,128 +791,73 @@ impl ConnectionActor {
                 .into()
             }
             Request::Create {
-                name: n,
+                name,
                 size,
                 flags,
                 device,
                 metadata,
             } => {
-                let r = actors
-                    .table
-                    .ask(table::Create {
-                        writer: vovp_actors::allocator::Writer::Client(holder),
-                        holder,
-                        name: name(&n)?,
-                        size,
-                        metadata: metadata.into(),
-                        options: CreateOptions {
-                            ephemeral: flags & CREATE_EPHEMERAL != 0,
-                            device: Some(device),
-                        },
-                    })
-                    .await?;
-                Reply::Object(r).into()
+                let options = CreateOptions {
+                    ephemeral: flags & CREATE_EPHEMERAL != 0,
+                    device: Some(device),
+                };
+                Reply::Object(session.create(&name, size, &metadata, options).await?).into()
             }
-            Request::Seal { name: n } => {
-                actors
-                    .table
-                    .ask(table::Seal {
-                        holder,
-                        name: name(&n)?,
-                        id: None,
-                    })
-                    .await?;
+            Request::Seal { name } => {
+                session.seal(&name).await?;
                 Reply::Empty.into()
             }
-            Request::Abort { name: n } => {
-                actors
-                    .table
-                    .ask(table::Abort {
-                        holder,
-                        name: name(&n)?,
-                        keep_while_held: false,
-                    })
-                    .await?;
+            Request::Abort { name } => {
+                session.abort(&name).await?;
                 Reply::Empty.into()
             }
             Request::Put {
-                name: n,
+                name,
                 flags,
                 metadata,
                 data,
             } => {
-                if data.len() > MAX_INLINE as usize {
-                    return Err(vovp::Error::TooLarge(format!(
-                        "inline PUT of {} bytes; the limit is {MAX_INLINE}: use CREATE and SEAL",
-                        data.len()
-                    )));
-                }
-                let r = actors
-                    .table
-                    .ask(table::PutInline {
-                        holder,
-                        name: name(&n)?,
-                        data: data.into_owned(),
-                        metadata: metadata.into(),
-                        ephemeral: flags & CREATE_EPHEMERAL != 0,
-                        keep_reference: flags & PUT_KEEP_REFERENCE != 0,
-                    })
-                    .await?;
-                Reply::Object(r).into()
+                let options = PutOptions {
+                    ephemeral: flags & CREATE_EPHEMERAL != 0,
+                    keep_reference: flags & PUT_KEEP_REFERENCE != 0,
+                };
+                Reply::Object(
+                    session
+                        .put_inline(&name, data.into_owned(), &metadata, options)
+                        .await?,
+                )
+                .into()
             }
             Request::Get { timeout_ms, names } => {
-                let names = names
-                    .iter()
-                    .map(|n| name(n))
-                    .collect::<Result<Vec<_>, _>>()?;
                 let wait = match timeout_ms {
                     t if t < 0 => Some(Duration::MAX),
                     0 => None,
                     t => Some(Duration::from_millis(t as u64)),
                 };
-                let rx = actors
-                    .table
-                    .ask(table::Get {
-                        holder,
-                        names,
-                        wait,
-                    })
-                    .await?;
-                Reply::Objects(rx.await.map_err(|_| vovp::Error::ShuttingDown)?).into()
+                Reply::Objects(session.get(&names, wait).await?).into()
             }
             Request::Release { ids } if no_reply => {
-                // Unbounded mailbox: never blocks; errors of one-way releases are not reported.
-                let ids = ids.into_owned();
-                let _ = actors.table.tell(table::Release { holder, ids }).try_send();
+                // Errors of one-way releases are not reported.
+                session.release_later(object_ids(&ids));
                 Response::NoReply
             }
             Request::Release { ids } => {
-                let ids = ids.into_owned();
-                match actors.table.ask(table::Release { holder, ids }).await? {
-                    Some(e) => return Err(e.into()),
-                    None => Reply::Empty.into(),
-                }
+                session.release(object_ids(&ids)).await?;
+                Reply::Empty.into()
             }
-            Request::Contains { name: n } => Reply::Bool(
-                actors
-                    .table
-                    .ask(table::Contains { name: name(&n)? })
-                    .await?,
-            )
-            .into(),
-            Request::Delete { name: n } => {
-                actors.table.ask(table::Delete { name: name(&n)? }).await?;
+            Request::Contains { name } => Reply::Bool(session.contains(&name).await?).into(),
+            Request::Delete { name } => {
+                session.delete(&name).await?;
                 Reply::Empty.into()
             }
             Request::List { start, limit } => {
-                let (entries, next) = actors
-                    .table
-                    .ask(table::ListPage {
+                let (entries, next) = session
+                    .list_page(
                         start,
-                        limit: limit as usize,
-                        max_bytes: LIST_PAGE_BYTES,
-                        entry_bytes: vovp_proto::list_entry_bytes,
-                    })
+                        limit as usize,
+                        LIST_PAGE_BYTES,
+                        vovp_proto::list_entry_bytes,
+                    )
                     .await?;
                 Reply::List {
                     entries,
@@ -923,31 +865,18 @@ impl ConnectionActor {
                 }
                 .into()
             }
-            Request::Evict { bytes } => {
-                Reply::Count(AsyncStore::evict(&self.engine, bytes).await?).into()
-            }
+            Request::Evict { bytes } => Reply::Count(session.evict(bytes).await?).into(),
             Request::Stats => Reply::Stats {
-                stats: actors.table.ask(table::Stats).await?,
+                stats: session.stats().await?,
                 connections: self.shared.connections.load(Ordering::Relaxed),
             }
             .into(),
-            Request::Subscribe => Response::Subscribed(actors.table.ask(table::Subscribe).await?),
+            Request::Subscribe => Response::Subscribed(session.subscribe().await?),
             Request::Segment { id } => {
-                match actors
-                    .allocator
-                    .ask(vovp_actors::allocator::SegmentFor { id, holder })
-                    .await
-                    .map_err(|_| vovp::Error::ShuttingDown)?
-                {
-                    Some(g) => Response::Segment {
-                        segment: g.segment,
-                        writable: g.writable,
-                    },
-                    None => {
-                        return Err(vovp::Error::NotFound(format!(
-                            "segment {id} (its objects are gone)"
-                        )))
-                    }
+                let grant = session.segment(id).await?;
+                Response::Segment {
+                    segment: grant.segment,
+                    writable: grant.writable,
                 }
             }
         })
@@ -971,22 +900,15 @@ impl Message<Disconnect> for ConnectionActor {
     type Reply = ();
 
     async fn handle(&mut self, _: Disconnect, _: &mut Context<Self, Self::Reply>) {
-        let _ = self
-            .engine
-            .actors()
-            .table
-            .tell(table::ReleaseHolder {
-                holder: self.holder,
-            })
-            .await;
+        self.session.release_all();
     }
 }
 
 impl Message<SegmentFds> for ConnectionActor {
-    type Reply = Vec<Arc<vovp_actors::segment::Segment>>;
+    type Reply = Vec<Arc<vovp::Segment>>;
 
     async fn handle(&mut self, _: SegmentFds, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        self.engine.segments().iter().take(1).cloned().collect()
+        self.session.segments().iter().take(1).cloned().collect()
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vovp::{
-    parallel_copy, CreateOptions, Error, Location, ObjectBuffer, ObjectInfo, ObjectRef, ObjectSink,
-    ObjectView, Store, StoreStats,
+    parallel_copy, CreateOptions, Error, Location, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef,
+    ObjectSink, ObjectView, Store, StoreStats,
 };
 use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
 
@@ -163,7 +163,8 @@ struct ViewSink {
 }
 
 impl ObjectSink for ViewSink {
-    fn release(&self, id: u64) {
+    fn release(&self, id: ObjectId) {
+        let id = id.get();
         // A closed connection's end released it; an older connection's died with it.
         if self.inner.is_closed() || self.inner.core.session.generation() != self.generation {
             return;
@@ -440,9 +441,9 @@ impl Client {
         let maps = self.inner.core.session.maps();
         if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
             let req = requests::put(name, flags, metadata, data)?;
-            return Ok(self.inner.call(&req)?.object()?.id);
+            return Ok(self.inner.call(&req)?.object()?.id.get());
         }
-        Ok(self.put_and_view(name, data, metadata, options)?.id())
+        Ok(self.put_and_view(name, data, metadata, options)?.id().get())
     }
 
     /// Host bytes the daemon manages.

@@ -251,7 +251,7 @@ pub(crate) fn map_segment_reply(
 }
 
 fn check_name(n: &str) -> Result<(), Error> {
-    ObjectName::new(n).map(drop).map_err(Error::from)
+    ObjectName::new(n).map(drop)
 }
 
 /// The requests of the `Store` calls, with the caller's arguments checked (a bad name never
@@ -394,5 +394,115 @@ impl Expect for Reply {
             Reply::Empty => Ok(()),
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn core() -> Core {
+        let maps = Mappings::from_hello(1 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
+        Core::new(PathBuf::from("/nonexistent"), maps, true)
+    }
+
+    /// The frames of a batch: (opcode, flags, request id, request).
+    fn frames(out: &[u8]) -> Vec<(u8, u16, u64, Request<'static>)> {
+        let mut rest = out;
+        let mut v = Vec::new();
+        while let Some(h) = Header::parse(rest).unwrap() {
+            let req = Request::decode(h.opcode, &rest[HEADER_LEN..h.frame_len()])
+                .unwrap()
+                .into_owned();
+            v.push((h.opcode, h.flags, h.request_id, req));
+            rest = &rest[h.frame_len()..];
+        }
+        assert!(rest.is_empty());
+        v
+    }
+
+    #[test]
+    fn queued_releases_ride_ahead_of_the_next_request_one_way() {
+        let core = core();
+        let mut wire = Wire::new();
+        core.defer_release(7, 0);
+        core.defer_release(8, 0);
+        // A view of a connection that is gone: its release is dropped, not sent.
+        core.defer_release(9, 5);
+        let id = core.frame(&mut wire, &Request::Stats);
+        let got = frames(&wire.out);
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[0].1, got[0].2, &got[0].3),
+            (
+                FLAG_NO_REPLY,
+                1,
+                &Request::Release {
+                    ids: vec![7, 8].into()
+                }
+            )
+        );
+        assert_eq!((got[1].2, &got[1].3), (id, &Request::Stats));
+        assert_eq!((id, wire.last_id()), (2, 2));
+        // Sent once: the next batch is the request alone.
+        let id = core.frame(&mut wire, &Request::Stats);
+        assert_eq!(frames(&wire.out).len(), 1);
+        assert_eq!(id, 3);
+    }
+
+    #[test]
+    fn a_reconnect_starts_a_new_generation_and_forgets_the_old_connection() {
+        let core = core();
+        let mut wire = Wire::new();
+        core.frame(&mut wire, &Request::Stats);
+        wire.unread.push((1, "x".into()));
+        core.defer_release(4, 0);
+        let maps = Mappings::from_hello(2 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
+        let (maps, generation) = core.reconnected(&mut wire, maps);
+        assert_eq!((generation, maps.capacity), (1, 2 << 20));
+        assert_eq!(core.session.generation(), 1);
+        // Request ids start again, owed replies and old references are forgotten.
+        assert!(wire.unread.is_empty());
+        assert_eq!(core.frame(&mut wire, &Request::Stats), 1);
+        assert_eq!(frames(&wire.out).len(), 1);
+        // Views of the old connection neither release nor seal on the new one.
+        core.defer_release(5, 0);
+        assert!(core.take_deferred().is_empty());
+        let obj = ObjectRef {
+            id: vovp::ObjectId::from_raw(1),
+            name: ObjectName::new("x").unwrap(),
+            size: 0,
+            metadata: Arc::from(&b""[..]),
+            location: vovp::Location::Host {
+                segment: 0,
+                offset: 0,
+            },
+        };
+        assert!(matches!(
+            core.check_generation(0, &obj),
+            Err(Error::NotFound(_))
+        ));
+        assert!(core.check_generation(1, &obj).is_ok());
+    }
+
+    #[test]
+    fn requests_refuse_bad_names_before_the_wire() {
+        assert!(matches!(requests::seal(""), Err(Error::InvalidName(_))));
+        let long = "x".repeat(vovp::MAX_NAME_LEN + 1);
+        assert!(matches!(
+            requests::get(&["ok", &long], None),
+            Err(Error::InvalidName(_))
+        ));
+        let Request::Get { timeout_ms, .. } =
+            requests::get(&["a"], Some(Duration::from_micros(10))).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(timeout_ms, 1, "a short wait is not 'do not wait'");
+        let Request::Get { timeout_ms, .. } = requests::get(&["a"], Some(Duration::MAX)).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(timeout_ms, -1);
     }
 }

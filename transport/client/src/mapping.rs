@@ -80,10 +80,8 @@ enum SegmentSlot {
     WhileViewed(Weak<MappedSegment>),
 }
 
-/// Largest put sent inline even when the daemon allows more: beyond ~256 KiB, CREATE + a
-/// parallel copy into the mapping + SEAL beats pushing the bytes through the socket
-/// (vovp-bench: 1 MiB inline ~305 µs vs 150-195 µs through the mapping).
-const INLINE_PUT_PREFERRED: usize = 256 * 1024;
+/// Largest put sent inline even when the daemon allows more (see [`vovp::CLIENT_INLINE_PUT`]).
+const INLINE_PUT_PREFERRED: usize = vovp::CLIENT_INLINE_PUT;
 
 /// One connection's mappings and what its HELLO said.
 pub(crate) struct Mappings {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vovp::{
-    parallel_copy, AsyncStore, CreateOptions, Error, ObjectBuffer, ObjectInfo, ObjectRef,
+    parallel_copy, AsyncStore, CreateOptions, Error, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef,
     ObjectSink, ObjectView, StoreStats,
 };
 use vovp_proto::{Header, Reply, Request, HEADER_LEN, LIST_END};
@@ -137,7 +137,8 @@ struct AsyncViewSink {
 }
 
 impl ObjectSink for AsyncViewSink {
-    fn release(&self, id: u64) {
+    fn release(&self, id: ObjectId) {
+        let id = id.get();
         self.inner.core.defer_release(id, self.generation);
     }
 

@@ -30,8 +30,9 @@ pub const HEADER_LEN: usize = 16;
 pub const LENGTH_OVERHEAD: u32 = 12;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: usize = 64 << 20;
-/// Largest PUT payload the daemon accepts (bigger objects: CREATE, write the mapping, SEAL).
-pub const MAX_INLINE: u32 = 1 << 20;
+/// Largest PUT payload the daemon accepts (bigger objects: CREATE, write the mapping, SEAL): the
+/// store's limit, [`vovp::MAX_INLINE_PUT`].
+pub const MAX_INLINE: u32 = vovp::MAX_INLINE_PUT as u32;
 /// Header flag: send no reply (RELEASE only).
 pub const FLAG_NO_REPLY: u16 = 1;
 /// A reply's opcode is its request's with this bit set.

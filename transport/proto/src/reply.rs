@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::time::{Duration, UNIX_EPOCH};
 
-use vovp::{ObjectInfo, ObjectRef, StoreStats};
+use vovp::{ObjectId, ObjectInfo, ObjectRef, StoreStats};
 
 use crate::wire::{object_name, FrameWriter, Reader};
 use crate::{DecodeError, Opcode, Request, Status, REPLY_BIT, STATUS_OK, VERSION};
@@ -147,7 +147,7 @@ impl Reply {
                         .duration_since(UNIX_EPOCH)
                         .map_or(0, |d| d.as_millis() as u64);
                     w.str(i.name.as_str())
-                        .u64(i.id)
+                        .u64(i.id.get())
                         .u64(i.size)
                         .device(i.device);
                     w.u8(i.sealed as u8).u8(i.ephemeral as u8).u32(i.refcount);
@@ -245,7 +245,7 @@ impl Reply {
                 for _ in 0..n {
                     entries.push(ObjectInfo {
                         name: object_name(r.str()?)?,
-                        id: r.u64()?,
+                        id: ObjectId::from_raw(r.u64()?),
                         size: r.u64()?,
                         device: r.device()?,
                         sealed: r.u8()? != 0,

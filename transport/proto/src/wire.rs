@@ -1,6 +1,6 @@
 //! The frame header and the field encoding (PROTOCOL.md, "Frames" and "Field types").
 
-use vovp::{Device, DeviceBlock, Location, ObjectName, ObjectRef};
+use vovp::{Device, DeviceBlock, Location, ObjectId, ObjectName, ObjectRef};
 
 use crate::{DecodeError, HEADER_LEN, LENGTH_OVERHEAD, MAX_PAYLOAD, VERSION};
 
@@ -126,7 +126,7 @@ impl<'a> FrameWriter<'a> {
     }
     /// An `objref` (the name is not on the wire: the request said it).
     pub fn object(&mut self, r: &ObjectRef) -> &mut Self {
-        self.u64(r.id)
+        self.u64(r.id.get())
             .u64(r.size)
             .location(&r.location)
             .bytes(&r.metadata)
@@ -239,7 +239,7 @@ impl<'a> Reader<'a> {
         let location = self.location(size)?;
         let metadata = self.bytes()?.into();
         Ok(ObjectRef {
-            id,
+            id: ObjectId::from_raw(id),
             name: object_name(name)?,
             size,
             metadata,

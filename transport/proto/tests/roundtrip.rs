@@ -8,8 +8,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use vovp::{
-    Device, DeviceBlock, Location, Notification, NotificationKind, ObjectInfo, ObjectName,
-    ObjectRef, StoreStats,
+    Device, DeviceBlock, Location, Notification, NotificationKind, ObjectId, ObjectInfo,
+    ObjectName, ObjectRef, StoreStats,
 };
 use vovp_proto::*;
 
@@ -55,7 +55,7 @@ fn object(name: String) -> impl Strategy<Value = ObjectRef> {
     (any::<u64>(), any::<u64>(), bytes(64)).prop_flat_map(move |(id, size, metadata)| {
         let name = name.clone();
         location(size).prop_map(move |location| ObjectRef {
-            id,
+            id: ObjectId::from_raw(id),
             name: ObjectName::new(&name).expect("valid name"),
             size,
             metadata: Arc::from(metadata.clone()),
@@ -118,7 +118,7 @@ fn info() -> impl Strategy<Value = ObjectInfo> {
     )
         .prop_map(
             |(n, id, size, device, (sealed, ephemeral, refcount), ms, metadata)| ObjectInfo {
-                id,
+                id: ObjectId::from_raw(id),
                 name: ObjectName::new(&n).expect("valid name"),
                 size,
                 device,
@@ -279,7 +279,7 @@ proptest! {
     #[test]
     fn replies_decode_for_their_request(n in name(), size in any::<u64>()) {
         let req = Request::Create { name: n.as_str().into(), size, flags: 0, device: Device::Cpu, metadata: Cow::Borrowed(&[]) };
-        let r = ObjectRef { id: 1, name: ObjectName::new(&n).unwrap(), size, metadata: Arc::from(&b""[..]), location: Location::Host { segment: 3, offset: 64 } };
+        let r = ObjectRef { id: ObjectId::from_raw(1), name: ObjectName::new(&n).unwrap(), size, metadata: Arc::from(&b""[..]), location: Location::Host { segment: 3, offset: 64 } };
         let mut buf = Vec::new();
         Reply::Object(r.clone()).encode(Opcode::Create.code(), 9, &mut buf);
         prop_assert_eq!(Reply::decode_for(&req, &buf[HEADER_LEN..]).unwrap(), Reply::Object(r));

@@ -1,0 +1,411 @@
+//! [`Session`]: one holder of references and every store operation made as that holder. The
+//! one way into the engine's actors: the embedded [`EngineHandle`](crate::EngineHandle) builds
+//! its views on a session, and each daemon connection is a [`client
+//! session`](crate::EngineHandle::client_session). The actors' messages stay behind it, so the
+//! life-cycle rules are written once, in the object table, whoever the caller is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use vovp_actors::allocator::{SegmentFor, SegmentGrant, Writer};
+use vovp_actors::segment::Segment;
+use vovp_actors::table_actor as msg;
+use vovp_actors::{
+    CreateOptions, HolderId, Location, Notification, ObjectId, ObjectInfo, ObjectName, ObjectRef,
+    StoreStats,
+};
+
+use crate::engine::{block_on, Core};
+use crate::view::{Mapped, ObjectSink};
+use crate::{Config, Error, MAX_INLINE_PUT};
+
+/// Notifications of one [`Session::subscribe`], in order. The engine drops a subscriber that
+/// falls 4096 notifications behind (the receiver then reports closed).
+pub type Subscription = mpsc::Receiver<Notification>;
+
+/// Who writes a session's objects, which decides where they go and what an abort frees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// The engine's own process writes through its mapping of segment 0; a buffer of an
+    /// aborted object may still be alive, so its memory goes with the creator's reference.
+    Embedded,
+    /// A client in another process writes through its own arena (only it maps it
+    /// read-write); an abort frees the memory at once, as PROTOCOL.md says.
+    Client,
+}
+
+/// One holder of references. Cheap to clone; clones are the same holder. When the last clone
+/// and the last view made through it are gone, everything it still held is released (unsealed
+/// objects it created are aborted), as [`Session::release_all`] does.
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    core: Arc<Core>,
+    holder: HolderId,
+    kind: Kind,
+}
+
+/// Options of [`Session::put_inline`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PutOptions {
+    /// Delete the object at its last release.
+    pub ephemeral: bool,
+    /// Keep the creator's reference: the returned id must be released later.
+    pub keep_reference: bool,
+}
+
+fn object_name(name: &str) -> Result<ObjectName, Error> {
+    ObjectName::new(name)
+}
+
+impl Session {
+    pub(crate) fn embedded(core: Arc<Core>) -> Self {
+        Self::new(core, Kind::Embedded)
+    }
+
+    pub(crate) fn client(core: Arc<Core>) -> Self {
+        Self::new(core, Kind::Client)
+    }
+
+    fn new(core: Arc<Core>, kind: Kind) -> Self {
+        let holder = core.new_holder();
+        Session {
+            inner: Arc::new(Inner { core, holder, kind }),
+        }
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.inner.core
+    }
+
+    /// What views made through this session release and seal with.
+    pub(crate) fn sink(&self) -> Arc<dyn ObjectSink> {
+        self.inner.clone()
+    }
+
+    /// This session's holder id (for logs; the table keys every reference by it).
+    pub fn holder(&self) -> HolderId {
+        self.inner.holder
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.core.config
+    }
+
+    /// The store's own segments: segment 0 (inline puts, embedded objects), which every client
+    /// maps read-only. Clients' arenas are reached through [`Session::segment`].
+    pub fn segments(&self) -> &Arc<[Arc<Segment>]> {
+        &self.inner.core.segments
+    }
+
+    /// Creates an unsealed object of `size` bytes; this session holds one reference and is the
+    /// only one that may seal or abort it.
+    pub async fn create(
+        &self,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<ObjectRef, Error> {
+        let writer = match self.inner.kind {
+            Kind::Embedded => Writer::Store,
+            Kind::Client => Writer::Client(self.inner.holder),
+        };
+        Ok(self
+            .table()
+            .ask(msg::Create {
+                writer,
+                holder: self.inner.holder,
+                name: object_name(name)?,
+                size,
+                metadata: Arc::from(metadata),
+                options,
+            })
+            .await?)
+    }
+
+    /// Seals `name` (created by this session): immutable and visible from now on.
+    pub async fn seal(&self, name: &str) -> Result<(), Error> {
+        self.seal_inner(object_name(name)?, None).await
+    }
+
+    /// Seals the object `obj` refers to: that incarnation only, so a reference that outlived
+    /// its aborted object cannot seal a newer object of the same name ([`Error::NotFound`]).
+    pub async fn seal_object(&self, obj: &ObjectRef) -> Result<(), Error> {
+        self.seal_inner(obj.name.clone(), Some(obj.id)).await
+    }
+
+    async fn seal_inner(&self, name: ObjectName, id: Option<ObjectId>) -> Result<(), Error> {
+        Ok(self
+            .table()
+            .ask(msg::Seal {
+                holder: self.inner.holder,
+                name,
+                id,
+            })
+            .await?)
+    }
+
+    /// Aborts an unsealed object this session created: its name is free at once.
+    pub async fn abort(&self, name: &str) -> Result<(), Error> {
+        Ok(self
+            .table()
+            .ask(msg::Abort {
+                holder: self.inner.holder,
+                name: object_name(name)?,
+                keep_while_held: self.inner.kind == Kind::Embedded,
+            })
+            .await?)
+    }
+
+    /// Creates, copies and seals a host object in one message (the engine copies `data` into
+    /// its own segment): at most [`MAX_INLINE_PUT`] bytes, else [`Error::TooLarge`].
+    pub async fn put_inline(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+        metadata: &[u8],
+        options: PutOptions,
+    ) -> Result<ObjectRef, Error> {
+        if data.len() > MAX_INLINE_PUT {
+            return Err(Error::TooLarge(format!(
+                "inline PUT of {} bytes; the limit is {MAX_INLINE_PUT}: use CREATE and SEAL",
+                data.len()
+            )));
+        }
+        Ok(self
+            .table()
+            .ask(msg::PutInline {
+                holder: self.inner.holder,
+                name: object_name(name)?,
+                data,
+                metadata: Arc::from(metadata),
+                ephemeral: options.ephemeral,
+                keep_reference: options.keep_reference,
+            })
+            .await?)
+    }
+
+    /// One reference per name that is sealed, in request order (`None`: not sealed in time).
+    /// `wait`: `None` or zero answers at once; `Some(d)` waits up to `d` (`Duration::MAX`:
+    /// forever) for names that are missing or unsealed. [`Session::release_all`] ends a wait
+    /// with [`Error::ShuttingDown`].
+    pub async fn get<S: AsRef<str> + Sync>(
+        &self,
+        names: &[S],
+        wait: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectRef>>, Error> {
+        let names = names
+            .iter()
+            .map(|n| object_name(n.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rx = self
+            .table()
+            .ask(msg::Get {
+                holder: self.inner.holder,
+                names,
+                wait,
+            })
+            .await?;
+        rx.await.map_err(|_| Error::ShuttingDown)
+    }
+
+    /// Drops one reference per id; every id is processed, the first failure is returned.
+    pub async fn release(&self, ids: Vec<ObjectId>) -> Result<(), Error> {
+        match self
+            .table()
+            .ask(msg::Release {
+                holder: self.inner.holder,
+                ids,
+            })
+            .await?
+        {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Drops one reference per id without waiting (and without reporting errors). Never
+    /// blocks: the table's mailbox is unbounded. Still ordered before this session's next
+    /// request (one FIFO mailbox).
+    pub fn release_later(&self, ids: Vec<ObjectId>) {
+        self.inner.release_later(ids)
+    }
+
+    /// Releases everything this session holds now: references dropped, unsealed objects it
+    /// created aborted, its waiting gets ended. Never blocks; the session stays usable.
+    pub fn release_all(&self) {
+        self.inner.release_all()
+    }
+
+    /// Is `name` present and sealed?
+    pub async fn contains(&self, name: &str) -> Result<bool, Error> {
+        let name = object_name(name)?;
+        Ok(self.table().ask(msg::Contains { name }).await?)
+    }
+
+    /// Deletes a sealed object: the name is free at once, the memory goes with its last holder.
+    pub async fn delete(&self, name: &str) -> Result<(), Error> {
+        let name = object_name(name)?;
+        Ok(self.table().ask(msg::Delete { name }).await?)
+    }
+
+    /// Every named object, sorted by name.
+    pub async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
+        Ok(self.table().ask(msg::List).await?)
+    }
+
+    /// One page of named objects from cursor `start` (0 for the first): at most `limit`
+    /// entries and, after the first, at most `max_bytes` counted by `entry_bytes`. Returns the
+    /// page and the next cursor (`None` after the last page). Every object present throughout
+    /// is listed exactly once; the cost is the page's, not the table's.
+    pub async fn list_page(
+        &self,
+        start: u64,
+        limit: usize,
+        max_bytes: usize,
+        entry_bytes: fn(&ObjectInfo) -> usize,
+    ) -> Result<(Vec<ObjectInfo>, Option<u64>), Error> {
+        Ok(self
+            .table()
+            .ask(msg::ListPage {
+                start,
+                limit,
+                max_bytes,
+                entry_bytes,
+            })
+            .await?)
+    }
+
+    /// Evicts at least `bytes` of unreferenced sealed host objects, least recently used
+    /// first; returns the bytes freed.
+    pub async fn evict(&self, bytes: u64) -> Result<u64, Error> {
+        Ok(self.table().ask(msg::Evict { bytes }).await?)
+    }
+
+    pub async fn stats(&self) -> Result<StoreStats, Error> {
+        Ok(self.table().ask(msg::Stats).await?)
+    }
+
+    /// Seal, delete and evict notifications from now on.
+    pub async fn subscribe(&self) -> Result<Subscription, Error> {
+        Ok(self.table().ask(msg::Subscribe).await?)
+    }
+
+    /// A segment for this session to map: read-write for the session whose arena it is,
+    /// read-only for every other. [`Error::NotFound`] once it is gone (its objects are).
+    pub async fn segment(&self, id: u32) -> Result<SegmentGrant, Error> {
+        self.inner
+            .core
+            .actors
+            .allocator
+            .ask(SegmentFor {
+                id,
+                holder: self.inner.holder,
+            })
+            .await
+            .map_err(|_| Error::ShuttingDown)?
+            .ok_or_else(|| Error::NotFound(format!("segment {id} (its objects are gone)")))
+    }
+
+    /// Checks the object table's internal invariants (tests).
+    pub async fn check_invariants(&self) -> Result<(), Error> {
+        self.table()
+            .ask(msg::CheckInvariants)
+            .await
+            .map_err(|e| Error::Internal(format!("{e:?}")))
+    }
+
+    /// Where `r`'s bytes are in this process (the engine's own mappings).
+    pub(crate) async fn mapped(&self, r: &ObjectRef) -> Result<Mapped, Error> {
+        let core = &self.inner.core;
+        match r.location {
+            Location::Host { segment, offset } => {
+                let seg = core
+                    .segments
+                    .get(segment as usize)
+                    .ok_or_else(|| Error::Internal(format!("no segment {segment}")))?;
+                let ptr = seg
+                    .ptr(offset, r.size)
+                    .ok_or_else(|| Error::Internal("object outside its segment".into()))?;
+                Ok(Mapped {
+                    ptr,
+                    device_ptr: 0,
+                    owner: seg.clone(),
+                })
+            }
+            // In the process that owns the pool the device pointer is direct (a process cannot
+            // open its own IPC handle); the GPU actor knows it.
+            Location::Cuda(block) => {
+                let device_ptr = core.actors.gpu.ask(vovp_gpu::BlockPtr(block)).await?;
+                Ok(Mapped {
+                    ptr: std::ptr::null_mut(),
+                    device_ptr,
+                    owner: Arc::new(()),
+                })
+            }
+        }
+    }
+
+    fn table(&self) -> &kameo::actor::ActorRef<msg::ObjectTableActor> {
+        &self.inner.core.actors.table
+    }
+}
+
+impl Inner {
+    fn release_later(&self, ids: Vec<ObjectId>) {
+        // Unbounded mailbox: never blocks, fails only when the engine is gone (then all is freed).
+        let _ = self
+            .core
+            .actors
+            .table
+            .tell(msg::Release {
+                holder: self.holder,
+                ids,
+            })
+            .try_send();
+    }
+
+    fn release_all(&self) {
+        let _ = self
+            .core
+            .actors
+            .table
+            .tell(msg::ReleaseHolder {
+                holder: self.holder,
+            })
+            .try_send();
+    }
+}
+
+impl ObjectSink for Inner {
+    fn release(&self, id: ObjectId) {
+        self.release_later(vec![id]);
+    }
+
+    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+        block_on(
+            self.core
+                .actors
+                .table
+                .ask(msg::Seal {
+                    holder: self.holder,
+                    name: obj.name.clone(),
+                    // This buffer's object, not whatever now has its name.
+                    id: Some(obj.id),
+                })
+                .send(),
+        )?;
+        Ok(())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.release_all();
+    }
+}

@@ -1,0 +1,420 @@
+//! `vovp-fixture`: the test suite's client process. Commands that only tests and measurements
+//! need (holding references while another process acts, hammering, CUDA copies and their
+//! checksums, copy bandwidth), kept out of the user-facing `vovp` CLI. Same `-s SOCKET` option.
+//! Used by tests/tests/*.rs (through `Daemon::fixture*`), python/tests/test_cuda.py
+//! ($VOVP_FIXTURE_BIN) and gpu/check.sh.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use vovp::{CreateOptions, DType, Device, Error, ObjectView, Store, TensorMeta};
+use vovp_client::Client;
+
+#[derive(Parser)]
+#[command(
+    name = "vovp-fixture",
+    about = "test-only client process of a vovp-engine"
+)]
+struct Args {
+    #[arg(short = 's', long = "socket", default_value = "/tmp/vovp.sock")]
+    socket: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Get NAMEs and hold the references (prints "holding", then sleeps).
+    Hold {
+        names: Vec<String>,
+        #[arg(long, default_value_t = 3600)]
+        seconds: u64,
+        /// After "holding", wait (GET with a long timeout) for this name instead of sleeping.
+        #[arg(long)]
+        wait_for: Option<String>,
+    },
+    /// Create NAME unsealed, write PATTERN into it, print "created" and sleep (never sealing).
+    CreateHold {
+        name: String,
+        size: u64,
+        #[arg(long, default_value_t = 3600)]
+        seconds: u64,
+    },
+    /// Mixed operations for SECONDS on shared names; prints the operation count.
+    Hammer {
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 32)]
+        names: u64,
+    },
+    /// Create a CUDA object of N bytes on cuda:D, copy a host buffer filled with BYTE into it,
+    /// seal. Prints nothing.
+    PutCuda {
+        name: String,
+        /// Size (1000000, 64K, 512M, 1G).
+        #[arg(long, value_parser = parse_size)]
+        bytes: u64,
+        #[arg(long)]
+        fill: u8,
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+    },
+    /// Copy a CUDA object to the host and print `len=N first=B last=B sum=S`.
+    GetCuda {
+        name: String,
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u64,
+    },
+    /// Get a CUDA object and hold it (prints "holding", then sleeps). With --report, instead
+    /// prints the held bytes' `len= first= last= sum=` for every line read on stdin, and exits at
+    /// the end of stdin.
+    HoldCuda {
+        name: String,
+        #[arg(long, default_value_t = 3600)]
+        seconds: u64,
+        #[arg(long)]
+        report: bool,
+    },
+    /// Store DST as a copy of the CUDA object SRC (same device, same size) with
+    /// `put_cuda_tensor` (a uint8 tensor: create, device-to-device copy, seal); prints
+    /// `bytes=N seconds=S gbps=G` for the whole put.
+    PutCudaD2d {
+        dst: String,
+        src: String,
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u64,
+    },
+    /// Measure raw device-to-device copy bandwidth between two store objects of N bytes (the
+    /// reference for put-cuda-d2d); prints `bytes=N runs=R seconds=S gbps=G` (S per copy).
+    CudaBandwidth {
+        #[arg(long, value_parser = parse_size)]
+        bytes: u64,
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+        #[arg(long, default_value_t = 10)]
+        runs: u32,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vovp-fixture: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn timeout(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+fn run(args: Args) -> Result<(), Error> {
+    let client = Client::connect(&args.socket)?;
+    let mut out = std::io::stdout().lock();
+    let io = |e: std::io::Error| Error::Internal(e.to_string());
+    match args.command {
+        Command::Hold {
+            names,
+            seconds,
+            wait_for,
+        } => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let views = client.get(&names, None)?;
+            if views.iter().any(Option::is_none) {
+                return Err(Error::NotFound(format!("{names:?}")));
+            }
+            writeln!(out, "holding").map_err(io)?;
+            out.flush().map_err(io)?;
+            match wait_for {
+                Some(name) => drop(client.get(&[&name], Some(Duration::from_secs(seconds)))?),
+                None => std::thread::sleep(Duration::from_secs(seconds)),
+            }
+        }
+        Command::CreateHold {
+            name,
+            size,
+            seconds,
+        } => {
+            let mut b = client.create(&name, size, b"", CreateOptions::default())?;
+            b.as_mut_slice().fill(0xAB);
+            writeln!(out, "created").map_err(io)?;
+            out.flush().map_err(io)?;
+            std::thread::sleep(Duration::from_secs(seconds));
+        }
+        Command::Hammer {
+            seconds,
+            seed,
+            names,
+        } => {
+            let ops = hammer(&client, seconds, seed, names)?;
+            writeln!(out, "{ops}").map_err(io)?;
+        }
+        Command::PutCuda {
+            name,
+            bytes,
+            fill,
+            device,
+        } => put_cuda(&client, &name, bytes, fill, device)?,
+        Command::GetCuda { name, timeout_ms } => {
+            let v = client.get_one(&name, timeout(timeout_ms))?;
+            let summary = summarize(&v)?;
+            writeln!(out, "{summary}").map_err(io)?;
+        }
+        Command::HoldCuda {
+            name,
+            seconds,
+            report,
+        } => {
+            let v = client.get_one(&name, None)?;
+            cuda_ptr(&v)?;
+            writeln!(out, "holding").map_err(io)?;
+            out.flush().map_err(io)?;
+            if report {
+                for line in std::io::stdin().lines() {
+                    line.map_err(io)?;
+                    writeln!(out, "{}", summarize(&v)?).map_err(io)?;
+                    out.flush().map_err(io)?;
+                }
+            } else {
+                std::thread::sleep(Duration::from_secs(seconds));
+            }
+        }
+        Command::PutCudaD2d {
+            dst,
+            src,
+            timeout_ms,
+        } => {
+            let v = client.get_one(&src, timeout(timeout_ms))?;
+            let src_ptr = cuda_ptr(&v)?;
+            let Device::Cuda(device) = v.device() else {
+                return Err(Error::Gpu(format!("{src:?} is not a CUDA object")));
+            };
+            let len = i64::try_from(v.size())
+                .map_err(|_| Error::TooLarge(format!("{src:?} is {} bytes", v.size())))?;
+            // Warm up this process's copy stream (and check SRC is readable) outside the timing.
+            if v.size() > 0 {
+                vovp_gpu::ipc::copy_d2h(&mut [0u8; 1], src_ptr)?;
+            }
+            let t = Instant::now();
+            client.put_cuda_tensor(&dst, DType::U8, &[len], device, src_ptr)?;
+            let secs = t.elapsed().as_secs_f64();
+            writeln!(
+                out,
+                "bytes={} seconds={secs:.6} gbps={:.3}",
+                v.size(),
+                gbps(v.size(), secs)
+            )
+            .map_err(io)?;
+        }
+        Command::CudaBandwidth {
+            bytes,
+            device,
+            runs,
+        } => {
+            let secs = cuda_bandwidth(&client, bytes, device, runs.max(1))?;
+            writeln!(
+                out,
+                "bytes={bytes} runs={} seconds={secs:.6} gbps={:.3}",
+                runs.max(1),
+                gbps(bytes, secs)
+            )
+            .map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    vovp::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Host staging for CUDA copies, so that multi-GiB objects never need as much host memory.
+const CHUNK: u64 = 64 << 20;
+
+fn gbps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 / secs / 1e9
+    } else {
+        0.0
+    }
+}
+
+/// The device address of a CUDA object in this process, or an error naming the object.
+fn cuda_ptr(v: &ObjectView) -> Result<u64, Error> {
+    match (v.device(), v.cuda_ptr()) {
+        (Device::Cuda(_), Some(p)) => Ok(p),
+        (Device::Cuda(_), None) if v.size() == 0 => Ok(0),
+        (Device::Cuda(_), None) => Err(Error::Internal(format!(
+            "CUDA object {} came without a device address",
+            v.name()
+        ))),
+        (Device::Cpu, _) => Err(Error::Gpu(format!(
+            "{} is a host object, not a CUDA object (use `vovp get`)",
+            v.name()
+        ))),
+    }
+}
+
+fn cuda_options(device: u32) -> CreateOptions {
+    CreateOptions {
+        ephemeral: false,
+        device: Some(Device::Cuda(device)),
+    }
+}
+
+/// Calls `f(offset, n)` for consecutive chunks of at most [`CHUNK`] bytes covering `0..len`.
+fn for_chunks(len: u64, mut f: impl FnMut(u64, usize) -> Result<(), Error>) -> Result<(), Error> {
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(CHUNK);
+        f(off, n as usize)?;
+        off += n;
+    }
+    Ok(())
+}
+
+fn put_cuda(client: &Client, name: &str, bytes: u64, fill: u8, device: u32) -> Result<(), Error> {
+    let len = i64::try_from(bytes).map_err(|_| Error::TooLarge(format!("{bytes} bytes")))?;
+    let meta = TensorMeta {
+        dtype: DType::U8,
+        shape: vec![len],
+        device: Device::Cuda(device),
+        little_endian: cfg!(target_endian = "little"),
+    };
+    let buf = client.create(name, bytes, &meta.encode(), cuda_options(device))?;
+    if bytes > 0 {
+        let dst = buf.cuda_ptr().ok_or_else(|| {
+            Error::Internal("a CUDA object came back without a device address".into())
+        })?;
+        let host = vec![fill; bytes.min(CHUNK) as usize];
+        for_chunks(bytes, |off, n| {
+            Ok(vovp_gpu::ipc::copy_h2d(dst + off, &host[..n])?)
+        })?;
+    }
+    // Dropping an unsealed buffer on an error above aborts the object.
+    buf.seal().map(drop)
+}
+
+/// `len=N first=B last=B sum=S` of a CUDA object's bytes (`first=none last=none` when empty).
+fn summarize(v: &ObjectView) -> Result<String, Error> {
+    let ptr = cuda_ptr(v)?;
+    let len = v.size();
+    let mut host = vec![0u8; len.min(CHUNK) as usize];
+    let (mut first, mut last, mut sum) = (None, None, 0u64);
+    for_chunks(len, |off, n| {
+        let chunk = &mut host[..n];
+        vovp_gpu::ipc::copy_d2h(chunk, ptr + off)?;
+        first = first.or(chunk.first().copied());
+        last = chunk.last().copied().or(last);
+        sum += chunk.iter().map(|&b| u64::from(b)).sum::<u64>();
+        Ok(())
+    })?;
+    let show = |b: Option<u8>| b.map_or_else(|| "none".to_string(), |b| b.to_string());
+    Ok(format!(
+        "len={len} first={} last={} sum={sum}",
+        show(first),
+        show(last)
+    ))
+}
+
+/// Seconds per raw `copy_d2d` of `bytes` between two fresh store objects on `device` (one
+/// warm-up copy, then the mean of `runs`). The objects are never sealed: dropping them aborts
+/// them.
+fn cuda_bandwidth(client: &Client, bytes: u64, device: u32, runs: u32) -> Result<f64, Error> {
+    if bytes == 0 {
+        return Err(Error::Config("--bytes must be at least 1".into()));
+    }
+    let len = usize::try_from(bytes).map_err(|_| Error::TooLarge(format!("{bytes} bytes")))?;
+    let tag = format!("vovp-cuda-bandwidth-{}", std::process::id());
+    let src = client.create(&format!("{tag}-src"), bytes, b"", cuda_options(device))?;
+    let dst = client.create(&format!("{tag}-dst"), bytes, b"", cuda_options(device))?;
+    let no_ptr = || Error::Internal("a CUDA object came back without a device address".into());
+    let (s, d) = (
+        src.cuda_ptr().ok_or_else(no_ptr)?,
+        dst.cuda_ptr().ok_or_else(no_ptr)?,
+    );
+    let host = vec![0x5Au8; bytes.min(CHUNK) as usize];
+    for_chunks(bytes, |off, n| {
+        Ok(vovp_gpu::ipc::copy_h2d(s + off, &host[..n])?)
+    })?;
+    vovp_gpu::ipc::copy_d2d(d, s, len)?;
+    let t = Instant::now();
+    for _ in 0..runs {
+        vovp_gpu::ipc::copy_d2d(d, s, len)?;
+    }
+    Ok(t.elapsed().as_secs_f64() / f64::from(runs))
+}
+
+/// Random mixed operations on `names` shared names; unexpected errors end it with an error.
+fn hammer(client: &Client, seconds: u64, seed: u64, names: u64) -> Result<u64, Error> {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut held = Vec::new();
+    let mut ops = 0;
+    while Instant::now() < deadline {
+        let name = format!("h{}", next() % names);
+        let size = next() % 100_000;
+        let fill = (seed % 251) as u8;
+        match next() % 6 {
+            0 => match client.create(&name, size, b"", CreateOptions::default()) {
+                Ok(mut b) => {
+                    b.as_mut_slice().fill(fill);
+                    if next() % 3 == 0 {
+                        drop(b);
+                    } else {
+                        held.push(b.seal()?);
+                    }
+                }
+                Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
+                Err(e) => return Err(e),
+            },
+            1 | 2 => {
+                if let Some(v) = client.get(&[&name], None)?.pop().flatten() {
+                    let first = v.first().copied();
+                    if !v.iter().all(|b| Some(*b) == first) {
+                        return Err(Error::Internal(format!("{name}: sealed bytes changed")));
+                    }
+                    held.push(v);
+                }
+            }
+            3 => match client.delete(&name) {
+                Ok(()) | Err(Error::NotFound(_) | Error::NotSealed(_)) => {}
+                Err(e) => return Err(e),
+            },
+            4 => {
+                if !held.is_empty() {
+                    let i = next() as usize % held.len();
+                    held.swap_remove(i);
+                }
+            }
+            _ => match client.put(
+                &name,
+                &vec![fill; size as usize],
+                b"",
+                CreateOptions::default(),
+            ) {
+                Ok(()) | Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
+                Err(e) => return Err(e),
+            },
+        }
+        ops += 1;
+    }
+    drop(held);
+    // Make sure queued releases reach the daemon before exiting.
+    client.stats()?;
+    Ok(ops)
+}
