@@ -537,10 +537,15 @@ fn subscriber(client: &Client, a: &WorkerArgs, counters: &Counters) -> Result<()
     let mut sub = client.subscribe()?;
     while unix_ms() < a.until_unix_ms {
         let n = match sub.next(Some(Duration::from_millis(200))) {
-            Ok(n) => n,
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                // A quiet store: the daemon must still be there.
+                client.stats()?;
+                continue;
+            }
             Err(_) => {
-                // A timeout on a quiet store, or dropped as too slow: the daemon must still be
-                // there (stats), then subscribe again.
+                // Dropped as too slow: the daemon must still be there (stats), then subscribe
+                // again.
                 client.stats()?;
                 sub = client.subscribe()?;
                 counters.add(slot, C::Resubscribe, 1);

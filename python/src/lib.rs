@@ -15,6 +15,7 @@
 
 use std::any::Any;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,28 +25,10 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use vovp::{CreateOptions, Error, Location, ObjectBuffer, ObjectView, Store};
 use vovp_client::{Client as RustClient, ClientOptions};
 
-/// Protocol status code of an error (PROTOCOL.md "Status codes"), for `vovp.errors`.
+/// Protocol status code of an error (PROTOCOL.md "Status codes"), for `vovp.errors`: the
+/// code the daemon would answer it with.
 fn status_of(e: &Error) -> u8 {
-    match e {
-        Error::NotFound(_) => 1,
-        Error::AlreadyExists(_) => 2,
-        Error::OutOfMemory { .. } => 3,
-        Error::NotSealed(_) => 4,
-        Error::AlreadySealed(_) => 5,
-        Error::NotCreator(_) => 6,
-        Error::InvalidName(_) => 7,
-        Error::MetadataTooLarge { .. } => 8,
-        Error::NotHeld(_) => 9,
-        Error::GpuUnavailable(_) => 10,
-        Error::Gpu(_) => 11,
-        Error::Protocol(_) => 12,
-        Error::TooLarge(_) => 15,
-        Error::ShuttingDown => 16,
-        Error::Internal(_) => 17,
-        Error::TooManyObjects { .. } => 19,
-        Error::Connection(_) => 20,
-        Error::Memory(_) | Error::Config(_) | Error::Tensor(_) => 0,
-    }
+    vovp_proto::Failure::from_error(e).status.code()
 }
 
 /// The `vovp.errors` exception for `e`: the same classes the pure-Python client raised.
@@ -437,7 +420,7 @@ impl Client {
                     vovp::Device::Cuda(i) => ("cuda", 1u8, i),
                 };
                 d.set_item("name", o.name.as_str())?;
-                d.set_item("id", o.id)?;
+                d.set_item("id", o.id.get())?;
                 d.set_item("size", o.size)?;
                 d.set_item("device", kind)?;
                 d.set_item("device_type", device_type)?;
@@ -466,7 +449,12 @@ impl Client {
     fn subscribe(&self, py: Python<'_>) -> PyResult<Subscription> {
         let inner = self.usable()?;
         let sub = py.allow_threads(|| inner.subscribe()).map_err(to_py)?;
-        Ok(Subscription { inner: Some(sub) })
+        let closer = sub.closer().map_err(to_py)?;
+        Ok(Subscription {
+            stream: Mutex::new(Some(sub)),
+            closer,
+            closed: AtomicBool::new(false),
+        })
     }
 
     /// STATS as a dict (PROTOCOL.md's field names).
@@ -499,28 +487,37 @@ impl Client {
 type Notification<'py> = (&'static str, String, u64, Bound<'py, PyBytes>);
 
 /// A notification stream (SUBSCRIBE on a connection of its own).
-#[pyclass(module = "vovp._native")]
+///
+/// Frozen, with the stream behind a mutex, so that `close` from another thread can end a
+/// `next` that waits (with the GIL released) in a reader thread: vovp.plasma's relay does.
+#[pyclass(module = "vovp._native", frozen)]
 struct Subscription {
-    inner: Option<vovp_client::Subscription>,
+    stream: Mutex<Option<vovp_client::Subscription>>,
+    closer: vovp_client::SubscriptionCloser,
+    closed: AtomicBool,
 }
 
 #[pymethods]
 impl Subscription {
     /// The next notification as (kind, name, size, metadata), kind "sealed", "deleted" or
-    /// "evicted"; None when `timeout` seconds pass first (None: wait forever) or the stream
-    /// is closed.
+    /// "evicted"; None when `timeout` seconds pass first (None: wait forever) or after
+    /// `close`. A stream the daemon ended raises vovp.ConnectionError.
     #[pyo3(signature = (timeout = None))]
     fn next<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         timeout: Option<f64>,
     ) -> PyResult<Option<Notification<'py>>> {
-        let timeout = timeout_of(timeout)?.map(|t| t.max(Duration::from_millis(1)));
-        let Some(sub) = self.inner.as_mut() else {
-            return Ok(None);
-        };
-        match py.allow_threads(|| sub.next(timeout)) {
-            Ok(n) => {
+        let timeout = timeout_of(timeout)?;
+        let got = py.allow_threads(|| {
+            let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+            match stream.as_mut() {
+                Some(sub) => sub.next(timeout),
+                None => Ok(None),
+            }
+        });
+        match got {
+            Ok(Some(n)) => {
                 let kind = match n.kind {
                     vovp::NotificationKind::Sealed => "sealed",
                     vovp::NotificationKind::Deleted => "deleted",
@@ -533,21 +530,20 @@ impl Subscription {
                     PyBytes::new(py, &n.metadata),
                 )))
             }
-            Err(Error::Connection(why))
-                if why.contains("timed out") || why.contains("would block") =>
-            {
-                Ok(None)
-            }
-            Err(Error::Connection(_)) => {
-                self.inner = None;
-                Ok(None)
-            }
+            Ok(None) => Ok(None),
+            Err(_) if self.closed.load(Ordering::Acquire) => Ok(None),
             Err(e) => Err(to_py(e)),
         }
     }
 
-    fn close(&mut self) {
-        self.inner = None;
+    /// Ends the stream; a `next` waiting in another thread returns None.
+    fn close(&self, py: Python<'_>) {
+        self.closed.store(true, Ordering::Release);
+        self.closer.close();
+        py.allow_threads(|| {
+            let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+            *stream = None;
+        });
     }
 }
 
@@ -645,7 +641,7 @@ impl Object {
         Object {
             device: std::sync::OnceLock::new(),
             writable: std::sync::OnceLock::new(),
-            id: v.id(),
+            id: v.id().get(),
             name: v.name().to_string(),
             size: v.size(),
             ptr: v.as_ptr() as usize,
@@ -770,7 +766,7 @@ impl Buffer {
         Buffer {
             location: b.location(),
             cuda_ptr: b.cuda_ptr(),
-            id: b.id(),
+            id: b.id().get(),
             name: b.name().to_string(),
             size: b.size(),
             ptr: b.as_mut_ptr() as usize,

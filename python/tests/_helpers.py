@@ -133,14 +133,14 @@ class ItemDataset:
 
 
 class RawConnection:
-    """A connection to the daemon that speaks raw frames (vovp.protocol), for tests of what
+    """A connection to the daemon that speaks raw frames (_wire.py), for tests of what
     the daemon does with frames no client would send. Does the HELLO handshake (closing the
     segment fds it receives)."""
 
     def __init__(self, path):
         import socket
 
-        from vovp import protocol as P
+        import _wire as P
 
         self.P = P
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vovp
-from vovp import protocol as P
+import _wire as P
 from vovp import tensor as T
 from _helpers import RawConnection, wait_for
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import vovp
-from vovp import protocol as P
+import _wire as P
 
 
 class Raw:

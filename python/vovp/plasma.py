@@ -75,7 +75,6 @@ import numpy as np
 
 from . import client as _vc
 from . import errors as E
-from . import protocol as P
 
 
 def _load_pyarrow():
@@ -885,7 +884,7 @@ class PlasmaClient:
                 # stream from a quiet one is a race. A new SUBSCRIBE costs one connection.
                 if self._evict_watch is not None:
                     self._evict_watch.close()
-                watch = self._evict_watch = _NotifyStream(self._path)
+                watch = self._evict_watch = _NotifyStream(self._vovp)
                 total = 0
                 while total < num_bytes:
                     freed = self._vovp.evict(1)
@@ -895,7 +894,7 @@ class PlasmaClient:
                     if size is None:  # no notification: count the daemon's bytes instead
                         total += freed
                         watch.close()
-                        watch = self._evict_watch = _NotifyStream(self._path)
+                        watch = self._evict_watch = _NotifyStream(self._vovp)
                     else:
                         total += size
         finally:
@@ -1041,72 +1040,17 @@ def _plasma_notification(kind, name, size, meta):
     return _notification(name, size, len(meta))
 
 
-_KINDS = {P.NOTIFY_SEALED: "sealed", P.NOTIFY_DELETED: "deleted", P.NOTIFY_EVICTED: "evicted"}
-
-
 class _NotifyStream:
-    """A SUBSCRIBE connection to the daemon, read directly: no segment mappings (the fds of
-    HELLO are closed at once) and no threads, so a stream is cheap to keep."""
+    """A SUBSCRIBE connection to the daemon (the native core's, so no segment mappings and
+    no threads of its own): cheap to keep."""
 
-    def __init__(self, path):
-        self._sock = sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._buf = bytearray()
-        self._closed = False
-        try:
-            sock.connect(path)
-            sock.sendall(P.frame(P.HELLO, 1, P.hello_payload(os.getpid())))
-            while self._complete_frame() is None:
-                chunk, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
-                for fd in fds:
-                    os.close(fd)
-                if not chunk:
-                    raise E.ConnectionError("the daemon closed the connection during HELLO")
-                self._buf += chunk
-            P.check_reply(self._take_frame(), P.HELLO, 1)
-            sock.sendall(P.frame(P.SUBSCRIBE, 2))
-            P.check_reply(self._read_frame(None), P.SUBSCRIBE, 2)
-        except OSError as e:
-            sock.close()
-            raise E.ConnectionError(f"cannot subscribe to {path!r}: {e}") from e
-        except BaseException:
-            sock.close()
-            raise
-
-    def _complete_frame(self):
-        buf = self._buf
-        if len(buf) < 4:
-            return None
-        total = 4 + P.U32.unpack_from(buf, 0)[0]
-        return total if len(buf) >= total else None
-
-    def _take_frame(self):
-        total = self._complete_frame()
-        frame = bytes(self._buf[:total])
-        del self._buf[:total]
-        return frame
-
-    def _read_frame(self, timeout):
-        """The next frame; None if none arrived within ``timeout`` seconds (None: wait)."""
-        while self._complete_frame() is None:
-            self._sock.settimeout(timeout)
-            try:
-                chunk = self._sock.recv(1 << 16)
-            except (socket.timeout, BlockingIOError):
-                return None
-            if not chunk:
-                raise E.ConnectionError("the notification stream ended")
-            self._buf += chunk
-        return self._take_frame()
+    def __init__(self, vovp_client):
+        self._sub = vovp_client._native.subscribe()
 
     def next(self, timeout=None):
-        """(kind, name, data_size, metadata) of the next notification, None on timeout."""
-        frame = self._read_frame(timeout)
-        if frame is None:
-            return None
-        if frame[5] != P.NOTIFY:
-            raise E.ProtocolError(f"unexpected opcode {frame[5]:#x} on a notification stream")
-        kind, name, size, meta = P.decode_notify(frame, P.HEADER_SIZE)
-        return _KINDS.get(kind, kind), name, size, meta
+        """(kind, name, data_size, metadata) of the next notification; None on timeout or
+        after close(). E.ConnectionError when the daemon ended the stream."""
+        return self._sub.next(timeout)
 
     def drain(self) -> bool:
         """Discard what has arrived; False if the stream has ended.
@@ -1137,13 +1081,7 @@ class _NotifyStream:
             return None
 
     def close(self):
-        if not self._closed:
-            self._closed = True
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
-            except OSError:
-                pass
-            self._sock.close()
+        self._sub.close()  # a next() waiting in another thread returns None
 
 
 class _NotificationRelay:
@@ -1161,7 +1099,7 @@ class _NotificationRelay:
         self._queue = collections.deque()
         self._cv = threading.Condition()
         self._ended = False
-        self._sub = _NotifyStream(path)  # registered in the daemon once this returns
+        self._sub = _NotifyStream(vovp_client)  # registered in the daemon once this returns
         # Plasma first reports every object sealed before the subscription (one sealed while
         # subscribe() runs may be reported twice).
         for e in vovp_client.list():
@@ -1176,7 +1114,10 @@ class _NotificationRelay:
     def _read(self):
         try:
             while True:
-                kind, name, size, meta = self._sub.next()
+                event = self._sub.next()
+                if event is None:  # closed
+                    return
+                kind, name, size, meta = event
                 msg = _plasma_notification(kind, name, size, meta)
                 if msg is not None:
                     with self._cv:

@@ -256,13 +256,32 @@ fn subscribers_see_seals_and_deletes() {
     let mut sub = c.subscribe().unwrap();
     let out = d.cli(&["put", "news", "--data", "x"]);
     assert!(out.status.success());
-    let n = sub.next(Some(T)).unwrap();
+    let n = sub.next(Some(T)).unwrap().expect("a notification within T");
     assert_eq!(
         (n.kind, n.name.as_str(), n.size),
         (NotificationKind::Sealed, "news", 1)
     );
     c.delete("news").unwrap();
-    assert_eq!(sub.next(Some(T)).unwrap().kind, NotificationKind::Deleted);
+    let n = sub.next(Some(T)).unwrap().expect("a notification within T");
+    assert_eq!(n.kind, NotificationKind::Deleted);
+    // Nothing more: a timeout, and the stream is still usable after it.
+    assert!(sub.next(Some(Duration::from_millis(50))).unwrap().is_none());
+    let out = d.cli(&["put", "later", "--data", "yz"]);
+    assert!(out.status.success());
+    let n = sub
+        .next(Some(T))
+        .unwrap()
+        .expect("a notification after a timeout");
+    assert_eq!((n.name.as_str(), n.size), ("later", 2));
+    // A closer ends a `next` blocked in another thread.
+    let closer = sub.closer().unwrap();
+    let blocked = std::thread::spawn(move || sub.next(None));
+    std::thread::sleep(Duration::from_millis(50));
+    closer.close();
+    assert!(matches!(
+        blocked.join().unwrap(),
+        Err(vovp::Error::Connection(_))
+    ));
 }
 
 #[test]

@@ -16,7 +16,7 @@ mod io;
 mod mapping;
 mod nonblocking;
 
-pub use blocking::{Client, Subscription, WritableBytes};
+pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
 pub use nonblocking::AsyncClient;
 
 /// How a [`Client`] or [`AsyncClient`] connects.
