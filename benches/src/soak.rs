@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vovp::{CreateOptions, Error, Location, NotificationKind, ObjectView, Store};
@@ -291,7 +291,7 @@ struct WorkerArgs {
     slot: usize,
     seed: u64,
     subscriber: bool,
-    until_unix_ms: u64,
+    until_monotonic_ms: u64,
     names: u64,
     max_size: usize,
 }
@@ -309,17 +309,23 @@ fn parse_worker_args(args: &[String]) -> Result<WorkerArgs, String> {
         slot: num("slot")? as usize,
         seed: num("seed")?,
         subscriber: get("role")? == "subscriber",
-        until_unix_ms: num("until")?,
+        until_monotonic_ms: num("until")?,
         names: num("names")?,
         max_size: num("max_size")? as usize,
     })
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// Milliseconds on CLOCK_MONOTONIC, which every process of the machine shares: the workers'
+/// deadline must not move with the wall clock (a stepped clock once ended every worker 3 s
+/// before the harness's own deadline, a false "exited early" failure).
+fn monotonic_ms() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC is always available on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
 }
 
 enum Fail {
@@ -405,7 +411,7 @@ fn mixed(client: &Client, a: &WorkerArgs, counters: &Counters) -> Result<(), Fai
     let mut held: Vec<(String, u64, ObjectView)> = Vec::new();
     let slot = a.slot;
     let mut scratch = Vec::new();
-    while unix_ms() < a.until_unix_ms {
+    while monotonic_ms() < a.until_monotonic_ms {
         let name = soak_name(rng.below(a.names));
         let op = rng.below(100);
         match op {
@@ -535,7 +541,7 @@ fn subscriber(client: &Client, a: &WorkerArgs, counters: &Counters) -> Result<()
     let mut rng = Rng::new(a.seed);
     let slot = a.slot;
     let mut sub = client.subscribe()?;
-    while unix_ms() < a.until_unix_ms {
+    while monotonic_ms() < a.until_monotonic_ms {
         let n = match sub.next(Some(Duration::from_millis(200))) {
             Ok(Some(n)) => n,
             Ok(None) => {
@@ -910,7 +916,7 @@ struct Spawner {
     socket: PathBuf,
     counters: PathBuf,
     log: File,
-    until_unix_ms: u64,
+    until_monotonic_ms: u64,
     cfg: SoakConfig,
     seeds: Rng,
 }
@@ -929,7 +935,7 @@ impl Spawner {
                 "role={}",
                 if subscriber { "subscriber" } else { "mixed" }
             ))
-            .arg(format!("until={}", self.until_unix_ms))
+            .arg(format!("until={}", self.until_monotonic_ms))
             .arg(format!("names={}", self.cfg.names))
             .arg(format!("max_size={}", self.cfg.max_size))
             .stdin(Stdio::null())
@@ -995,6 +1001,7 @@ pub fn run(
     let fds_base = fd_count(pid).unwrap_or(0);
     let rss_base = rss(pid).unwrap_or(0);
 
+    let deadline = started + cfg.duration;
     let counters_path = run_dir.join("soak.counters");
     let counters = Counters::create(&counters_path, cfg.workers)
         .map_err(|e| format!("{}: {e}", counters_path.display()))?;
@@ -1004,11 +1011,12 @@ pub fn run(
         socket: socket.clone(),
         counters: counters_path.clone(),
         log: File::create(&worker_log).map_err(|e| format!("{}: {e}", worker_log.display()))?,
-        until_unix_ms: unix_ms() + cfg.duration.as_millis() as u64,
+        // The harness's own deadline, on the same clock.
+        until_monotonic_ms: monotonic_ms()
+            + deadline.saturating_duration_since(Instant::now()).as_millis() as u64,
         cfg: cfg.clone(),
-        seeds: Rng::new(unix_ms()),
+        seeds: Rng::new(monotonic_ms() ^ u64::from(std::process::id()) << 32),
     };
-    let deadline = started + cfg.duration;
     let mut workers = Vec::new();
     for slot in 0..cfg.workers {
         workers.push(spawner.spawn(slot, slot < cfg.subscribers)?);
