@@ -22,7 +22,7 @@ N = pytest.importorskip("vovp._native", reason="the native core is not built")
 
 
 def refcount(client, name):
-    """The daemon's reference count of ``name`` (via the pure-Python client's LIST)."""
+    """The daemon's reference count of ``name`` (via vovp.Client's LIST, a connection of its own)."""
     return next((e["refcount"] for e in client.list() if e["name"] == name), None)
 
 
@@ -41,7 +41,7 @@ def test_put_get_is_zero_copy_and_read_only(daemon, client):
     assert obj.name == "a" and obj.size == 200 and obj.location == ("host", None)
     assert arr.ctypes.data == obj.address
     # Another connection's get of the same object maps the same shared memory: what the
-    # pure-Python client reads is the bytes of this process's view.
+    # other client (vovp.Client) reads is the bytes of this process's view.
     assert client.get_buffer("a").tobytes() == arr.tobytes()
     with pytest.raises(ValueError):
         arr[0] = 1
