@@ -460,24 +460,13 @@ impl Client {
     /// STATS as a dict (PROTOCOL.md's field names).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = self.usable()?;
-        let s = py.allow_threads(|| inner.stats()).map_err(to_py)?;
-        let connections = py.allow_threads(|| inner.connections()).map_err(to_py)?;
+        // One STATS round trip; the wire's field names and order, written once in vovp-proto.
+        let mut both = py
+            .allow_threads(|| inner.stats_and_connections())
+            .map_err(to_py)?;
         let d = PyDict::new(py);
-        for (k, v) in [
-            ("capacity", s.capacity),
-            ("used_bytes", s.used_bytes),
-            ("objects", s.objects),
-            ("sealed", s.sealed),
-            ("unsealed", s.unsealed),
-            ("pending_delete", s.pending_delete),
-            ("references", s.references),
-            ("holders", s.holders),
-            ("creates", s.creates),
-            ("evicted_objects", s.evicted_objects),
-            ("evicted_bytes", s.evicted_bytes),
-            ("connections", connections),
-        ] {
-            d.set_item(k, v)?;
+        for (k, field) in vovp_proto::STATS_FIELDS {
+            d.set_item(k, *field(&mut both))?;
         }
         Ok(d)
     }

@@ -457,7 +457,12 @@ impl Client {
 
     /// Number of connections the daemon serves (from STATS).
     pub fn connections(&self) -> Result<u64, Error> {
-        Ok(self.inner.call(&Request::Stats)?.stats()?.1)
+        Ok(self.stats_and_connections()?.1)
+    }
+
+    /// One STATS: the store's counters and the number of connections the daemon serves.
+    pub fn stats_and_connections(&self) -> Result<(StoreStats, u64), Error> {
+        self.inner.call(&Request::Stats)?.stats()
     }
 
     /// Where the views of connection `generation` send their releases.
