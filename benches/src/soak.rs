@@ -1013,7 +1013,9 @@ pub fn run(
         log: File::create(&worker_log).map_err(|e| format!("{}: {e}", worker_log.display()))?,
         // The harness's own deadline, on the same clock.
         until_monotonic_ms: monotonic_ms()
-            + deadline.saturating_duration_since(Instant::now()).as_millis() as u64,
+            + deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u64,
         cfg: cfg.clone(),
         seeds: Rng::new(monotonic_ms() ^ u64::from(std::process::id()) << 32),
     };

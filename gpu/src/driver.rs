@@ -180,7 +180,10 @@ fn library_missing(names: &[String]) -> Option<String> {
         }
     }
     // The first error says why (usually "cannot open shared object file"); the others repeat it.
-    let first = errors.first().cloned().unwrap_or_else(|| "no name to try".into());
+    let first = errors
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "no name to try".into());
     let more = match errors.len() {
         0 | 1 => String::new(),
         n => format!("; and {} other name(s)", n - 1),
@@ -194,9 +197,8 @@ fn library_missing(names: &[String]) -> Option<String> {
 
 /// The names cudarc tries (and loads the first of), so that this check and cudarc agree.
 fn library_names() -> Vec<String> {
-    catch_unwind(|| cudarc::get_lib_name_candidates("cuda")).unwrap_or_else(|_| {
-        vec!["libcuda.so".to_string(), "libcuda.so.1".to_string()]
-    })
+    catch_unwind(|| cudarc::get_lib_name_candidates("cuda"))
+        .unwrap_or_else(|_| vec!["libcuda.so".to_string(), "libcuda.so.1".to_string()])
 }
 
 /// Test hook: from now on this process acts as if the driver library were looked up under

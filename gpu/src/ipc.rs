@@ -376,7 +376,9 @@ pub fn mem_alloc(device: u32, bytes: usize) -> Result<u64, GpuError> {
     driver::context(device)?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: writes one device pointer; the driver refuses 0 bytes and sizes it cannot serve.
-    cu("cuMemAlloc", || unsafe { sys::cuMemAlloc_v2(&mut p, bytes) })?;
+    cu("cuMemAlloc", || unsafe {
+        sys::cuMemAlloc_v2(&mut p, bytes)
+    })?;
     Ok(p)
 }
 

@@ -265,11 +265,17 @@ fn gpu_client_buffers_device_of_and_context_restored() {
         assert!(current_context().is_null(), "a fresh thread has no context");
         let n = 3 * MIB as usize + 17;
         let a = ipc::mem_alloc(0, n).expect("mem_alloc");
-        assert!(current_context().is_null(), "mem_alloc restored the context");
+        assert!(
+            current_context().is_null(),
+            "mem_alloc restored the context"
+        );
         let b = ipc::mem_alloc(0, n).expect("mem_alloc");
         assert_eq!(ipc::device_of(a).expect("device_of"), 0);
         assert_eq!(ipc::device_of(b + n as u64 - 1).expect("device_of end"), 0);
-        assert!(current_context().is_null(), "device_of restored the context");
+        assert!(
+            current_context().is_null(),
+            "device_of restored the context"
+        );
         let data = pattern_range(5, n);
         ipc::copy_h2d_on(0, a, &data).expect("h2d_on");
         ipc::copy_d2d_on(0, b, a, n).expect("d2d_on");
@@ -284,7 +290,10 @@ fn gpu_client_buffers_device_of_and_context_restored() {
             Err(GpuError::Driver(m)) => assert!(m.contains("not CUDA device memory"), "{m}"),
             other => panic!("device_of(0x10): {other:?}"),
         }
-        assert!(matches!(ipc::copy_d2d_on(0, b, 0x10, 64), Err(GpuError::Driver(_))));
+        assert!(matches!(
+            ipc::copy_d2d_on(0, b, 0x10, 64),
+            Err(GpuError::Driver(_))
+        ));
         match ipc::mem_alloc(99, 16) {
             Err(GpuError::GpuUnavailable(m)) => assert!(m.contains("cuda:99"), "{m}"),
             other => panic!("mem_alloc on cuda:99: {other:?}"),
@@ -293,7 +302,10 @@ fn gpu_client_buffers_device_of_and_context_restored() {
             Err(GpuError::GpuUnavailable(m)) => assert!(m.contains("cuda:-1"), "{m}"),
             other => panic!("check_device(-1): {other:?}"),
         }
-        assert!(current_context().is_null(), "failures restored the context too");
+        assert!(
+            current_context().is_null(),
+            "failures restored the context too"
+        );
         ipc::mem_free(0, a).expect("free a");
         ipc::mem_free(0, b).expect("free b");
         assert!(matches!(ipc::mem_free(0, a), Err(GpuError::Driver(_))));

@@ -13,7 +13,9 @@ fn missing_reason() -> String {
 #[test]
 fn a_library_name_that_does_not_load_means_no_driver() {
     let real = cuda_available();
-    simulate_library_names(Some(&["libcuda-that-does-not-exist-vovp-test.so".to_string()]));
+    simulate_library_names(Some(&[
+        "libcuda-that-does-not-exist-vovp-test.so".to_string()
+    ]));
     let reason = missing_reason();
     assert!(reason.contains("libcuda"), "{reason}");
     assert!(
@@ -30,7 +32,10 @@ fn a_library_name_that_does_not_load_means_no_driver() {
         ipc::copy_h2d_on(0, 0x1000, &[1]),
         Err(GpuError::GpuUnavailable(_))
     ));
-    assert!(matches!(ipc::device_of(0x1000), Err(GpuError::GpuUnavailable(_))));
+    assert!(matches!(
+        ipc::device_of(0x1000),
+        Err(GpuError::GpuUnavailable(_))
+    ));
     // Back to the real state, whatever it is (the same answer as before).
     simulate_library_names(None);
     assert_eq!(cuda_available(), real);
