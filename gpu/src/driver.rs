@@ -6,7 +6,8 @@
 //!
 //! Two failure modes are turned into errors here:
 //! * the driver library is missing: cudarc's first call would `panic!` while loading it, so
-//!   [`cuda_available`] asks `is_culib_present()` before the first call ever happens;
+//!   [`cuda_available`] tries to load it (the names cudarc tries) before the first call ever
+//!   happens, and checks that every entry point the store uses is there;
 //! * a symbol is missing (a driver older than the bindings): cudarc panics on first use of that
 //!   symbol; every call goes through [`cu`], which catches the unwind (belt and braces: this
 //!   only helps with `panic = "unwind"`, the default).
@@ -14,6 +15,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult};
@@ -77,8 +79,42 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Process-wide driver initialisation, done once: the answer (including the reason for failure)
-/// is cached, since neither a missing library nor a failed `cuInit` fixes itself.
-static INIT: OnceLock<Result<u32, GpuError>> = OnceLock::new();
+/// is cached, since neither a missing library nor a failed `cuInit` fixes itself. On success it
+/// holds the device count and the id of the process that initialised the driver.
+static INIT: OnceLock<Result<(u32, u32), GpuError>> = OnceLock::new();
+
+/// Set by [`simulate_library_names`] (tests): the reason this process acts as if it had no
+/// driver, checked before [`INIT`]. The flag keeps the normal path free of the lock.
+static SIMULATED: AtomicBool = AtomicBool::new(false);
+static SIMULATED_REASON: Mutex<Option<String>> = Mutex::new(None);
+
+/// Entry points the store uses (daemon and client side). Checked once at initialisation so that
+/// a driver too old for one of them is a clear `GpuUnavailable` up front, not a failure (a
+/// caught cudarc panic) in the middle of some later request.
+const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemGetAddressRange_v2",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuPointerGetAttribute",
+    "cuStreamCreate",
+    "cuStreamSynchronize",
+    "cuStreamDestroy_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+];
 
 /// Cheap check that the CUDA driver loads, initialises and sees at least one device.
 ///
@@ -88,21 +124,102 @@ pub fn cuda_available() -> Result<(), GpuError> {
     device_count().map(|_| ())
 }
 
-/// Number of visible devices, initialising the driver on first use.
-pub(crate) fn device_count() -> Result<u32, GpuError> {
-    INIT.get_or_init(init).clone()
-}
-
-fn init() -> Result<u32, GpuError> {
-    // SAFETY: only tries to dlopen the candidate names; loads nothing else.
-    let present = catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
-    if !present {
+/// Number of visible devices, initialising the driver on first use; `GpuUnavailable(reason)`
+/// without a usable driver, and in a process forked from one that initialised it (CUDA state
+/// does not survive `fork`: the child's driver calls would fail or hang).
+pub fn device_count() -> Result<u32, GpuError> {
+    if SIMULATED.load(Ordering::Acquire) {
+        let reason = SIMULATED_REASON
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(reason) = reason {
+            return Err(GpuError::GpuUnavailable(reason));
+        }
+    }
+    let (count, pid) = INIT.get_or_init(init).clone()?;
+    if pid != std::process::id() {
         return Err(GpuError::GpuUnavailable(
-            "the CUDA driver library (libcuda.so) was not found: no NVIDIA driver is installed, \
-             or its directory is not on the library path (LD_LIBRARY_PATH)"
+            "CUDA cannot be used in a process forked from one that initialised it; start the \
+             child with the 'spawn' method"
                 .to_string(),
         ));
     }
+    Ok(count)
+}
+
+/// `device` as an ordinal the driver sees, or `GpuUnavailable` naming the devices that exist.
+/// Takes an `i64` so that callers with signed ordinals (Python) get the same answer for -1 as
+/// for 99.
+pub fn check_device(device: i64) -> Result<u32, GpuError> {
+    let count = device_count()?;
+    match u32::try_from(device) {
+        Ok(d) if d < count => Ok(d),
+        _ => Err(GpuError::GpuUnavailable(format!(
+            "cuda:{device} does not exist: the driver sees {count} device(s) (cuda:0..cuda:{})",
+            count - 1
+        ))),
+    }
+}
+
+/// Why none of `names` can be loaded, or `None` when one can (it is unloaded again; cudarc
+/// loads its own handle). Only dlopen is tried: nothing of the library runs but its
+/// initialisers.
+fn library_missing(names: &[String]) -> Option<String> {
+    let mut errors = Vec::new();
+    for name in names {
+        // SAFETY: loading a shared library runs its initialisers; the CUDA driver's (and the
+        // fake's) have no preconditions. Nothing is called through the handle.
+        match unsafe { libloading::Library::new(name) } {
+            Ok(_) => return None,
+            // libloading's Display is only "dlopen failed"; dlerror's text is the source.
+            Err(e) => errors.push(match std::error::Error::source(&e) {
+                Some(why) => why.to_string(),
+                None => e.to_string(),
+            }),
+        }
+    }
+    // The first error says why (usually "cannot open shared object file"); the others repeat it.
+    let first = errors
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "no name to try".into());
+    let more = match errors.len() {
+        0 | 1 => String::new(),
+        n => format!("; and {} other name(s)", n - 1),
+    };
+    Some(format!(
+        "the CUDA driver library (libcuda.so.1 / libcuda.so) was not found: no NVIDIA driver \
+         is installed, or its directory is not on the library path (LD_LIBRARY_PATH) \
+         [{first}{more}]"
+    ))
+}
+
+/// The names cudarc tries (and loads the first of), so that this check and cudarc agree.
+fn library_names() -> Vec<String> {
+    catch_unwind(|| cudarc::get_lib_name_candidates("cuda"))
+        .unwrap_or_else(|_| vec!["libcuda.so".to_string(), "libcuda.so.1".to_string()])
+}
+
+/// Test hook: from now on this process acts as if the driver library were looked up under
+/// `names`. If none of them loads, every entry point answers `GpuUnavailable` with the
+/// missing-library reason (as on a machine without a driver). If one loads, or with `None`,
+/// the process's real driver state applies again: the library cudarc loaded stays loaded (it
+/// cannot be swapped while the process runs), so this can only simulate a *missing* driver.
+/// Mappings, contexts and streams are left as they are.
+pub fn simulate_library_names(names: Option<&[String]>) {
+    let reason = names.and_then(library_missing);
+    let mut slot = SIMULATED_REASON.lock().unwrap_or_else(|e| e.into_inner());
+    SIMULATED.store(reason.is_some(), Ordering::Release);
+    *slot = reason;
+}
+
+fn init() -> Result<(u32, u32), GpuError> {
+    // cudarc's own loader would panic on a missing library: find out first, with the reason.
+    if let Some(reason) = library_missing(&library_names()) {
+        return Err(GpuError::GpuUnavailable(reason));
+    }
+    check_symbols()?;
     // SAFETY: cuInit has no preconditions.
     cu("cuInit", || unsafe { sys::cuInit(0) }).map_err(unavailable)?;
     let mut n: c_int = 0;
@@ -119,7 +236,71 @@ fn init() -> Result<u32, GpuError> {
             "the CUDA driver sees no device{visible}"
         )));
     }
-    Ok(n as u32)
+    Ok((n as u32, std::process::id()))
+}
+
+/// `GpuUnavailable` naming the first entry point of [`REQUIRED_SYMBOLS`] the library lacks.
+fn check_symbols() -> Result<(), GpuError> {
+    let missing = catch_unwind(|| {
+        // SAFETY: the library was found above, so culib() loads rather than panics (and a
+        // panic is caught anyway); symbols are only looked up, never called here.
+        let lib = unsafe { sys::culib() };
+        REQUIRED_SYMBOLS
+            .iter()
+            // SAFETY: looking a symbol up has no side effects.
+            .find(|s| unsafe { lib.get::<unsafe extern "C" fn()>(s.as_bytes()) }.is_err())
+            .copied()
+    })
+    .map_err(|p| {
+        GpuError::GpuUnavailable(format!(
+            "the CUDA driver library could not be loaded: {}",
+            panic_text(&p)
+        ))
+    })?;
+    match missing {
+        None => Ok(()),
+        Some(s) => Err(GpuError::GpuUnavailable(format!(
+            "the CUDA driver library has no {s}: the driver is too old"
+        ))),
+    }
+}
+
+/// Puts back, when dropped, the context that was current on the calling thread when it was made.
+///
+/// Why: the client-side helpers are called from threads of the caller's own program, e.g. a
+/// Python thread running torch code on another device; leaving one of our primary contexts
+/// current would change `torch.cuda.current_device()` under its feet. (`cuCtxPushCurrent` /
+/// `cuCtxPopCurrent` would do the same; get / set is what the fake driver of `gpu/fake-cuda`
+/// implements.)
+pub(crate) struct RestoreCurrent(sys::CUcontext);
+
+impl RestoreCurrent {
+    /// Records the current context; `GpuUnavailable` without a usable driver.
+    pub(crate) fn save() -> Result<Self, GpuError> {
+        device_count()?;
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle.
+        cu("cuCtxGetCurrent", || unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        Ok(RestoreCurrent(current))
+    }
+
+    /// The context that was current (null: none).
+    pub(crate) fn previous(&self) -> sys::CUcontext {
+        self.0
+    }
+}
+
+impl Drop for RestoreCurrent {
+    fn drop(&mut self) {
+        let prev = self.0;
+        // Best effort: failing to restore must not hide the real result (if any).
+        // SAFETY: prev was current on this thread (or null, which unsets), so it is live.
+        if let Err(e) = cu("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(prev) }) {
+            tracing::debug!("restoring the caller's CUDA context: {e}");
+        }
+    }
 }
 
 /// The driver's CUDA version, e.g. 12080 for 12.8.
@@ -169,13 +350,7 @@ static CONTEXTS: LazyLock<Mutex<HashMap<u32, &'static PrimaryCtx>>> =
 
 /// The primary context of device `ordinal`, made current on the calling thread.
 pub(crate) fn context(ordinal: u32) -> Result<&'static PrimaryCtx, GpuError> {
-    let count = device_count()?;
-    if ordinal >= count {
-        return Err(GpuError::GpuUnavailable(format!(
-            "cuda:{ordinal} does not exist: the driver sees {count} device(s) (cuda:0..cuda:{})",
-            count - 1
-        )));
-    }
+    check_device(i64::from(ordinal))?;
     let ctx = {
         // A poisoned lock only means another thread panicked while holding it; the map itself is
         // always consistent (one insert), so carry on.

@@ -6,8 +6,15 @@
 //! * [`copy_d2d`], [`copy_h2d`], [`copy_d2h`] copy on a store-owned stream and synchronise it
 //!   before returning, so the bytes are in place when the call returns.
 //!
+//! * [`copy_d2d_on`], [`copy_h2d_on`], [`copy_d2h_on`] do the same on a named device's stream;
+//!   [`device_of`] asks which device a pointer lives on; [`mem_alloc`] / [`mem_free`] make
+//!   plain device buffers (tests and tools); [`sync_stream`] waits for a caller's stream.
+//!
 //! Everything runs in each device's primary context, the one PyTorch and CuPy use, so the
-//! pointers can be wrapped by those frameworks directly.
+//! pointers can be wrapped by those frameworks directly. Every entry point puts back the context
+//! that was current on the calling thread before (see `RestoreCurrent`): the caller's own
+//! framework may be working on another device on that thread. A process forked from one that
+//! initialised the driver gets `GpuUnavailable` (CUDA does not survive `fork`).
 //!
 //! Limits the caller must know:
 //! * a process cannot open an IPC handle it exported itself: the daemon reaches its own blocks
@@ -21,7 +28,7 @@ use std::sync::{LazyLock, Mutex};
 
 use cudarc::driver::sys;
 
-use crate::driver::{self, cu, PrimaryCtx};
+use crate::driver::{self, cu, PrimaryCtx, RestoreCurrent};
 use crate::{DeviceBlock, GpuError};
 
 /// Identifies one exported pool. The handle is part of the key, not just (device, pool): after a
@@ -91,6 +98,9 @@ impl Drop for DeviceView {
 
 /// Maps `block` into this process (opening its pool on first use) and returns a view of it.
 pub fn open(block: &DeviceBlock) -> Result<DeviceView, GpuError> {
+    // First, even for a pool already mapped: in a forked child (or without a driver) this is
+    // GpuUnavailable, before the lock a parent thread may have held at the fork.
+    driver::cuda_available()?;
     let key = (block.device, block.pool, block.ipc_handle);
     let mut map = mappings();
     let (base, bytes, fresh) = match map.get(&key) {
@@ -130,6 +140,7 @@ pub fn open(block: &DeviceBlock) -> Result<DeviceView, GpuError> {
 
 /// Opens the pool `block` lies in: its base address here and its size.
 fn map_pool(block: &DeviceBlock) -> Result<(sys::CUdeviceptr, u64), GpuError> {
+    let _restore = RestoreCurrent::save()?;
     driver::context(block.device)?;
     let handle = sys::CUipcMemHandle {
         reserved: block.ipc_handle.map(|b| b as c_char),
@@ -160,7 +171,9 @@ fn map_pool(block: &DeviceBlock) -> Result<(sys::CUdeviceptr, u64), GpuError> {
 
 /// Closes a pool mapping; failures are only logged (nothing a caller could do).
 fn unmap(device: u32, base: sys::CUdeviceptr) {
-    let closed = driver::context(device).and_then(|_| {
+    // Views are often dropped by a garbage collector, on whatever thread it runs: restore.
+    let closed = RestoreCurrent::save().and_then(|_restore| {
+        driver::context(device)?;
         // SAFETY: base came from cuIpcOpenMemHandle and no view uses it any more.
         cu("cuIpcCloseMemHandle", || unsafe {
             sys::cuIpcCloseMemHandle(base)
@@ -235,17 +248,12 @@ fn on_stream(
     result
 }
 
-/// Device ordinal of the memory `ptr` points into, with its primary context made current.
-fn context_of(ptr: u64) -> Result<&'static PrimaryCtx, GpuError> {
-    driver::cuda_available()?;
+/// Device ordinal of the memory `ptr` points into. `restore` proves the driver is usable and
+/// says whether a context is current.
+fn ordinal_of(ptr: u64, restore: &RestoreCurrent) -> Result<u32, GpuError> {
     // The query itself needs some current context (the driver may answer INVALID_CONTEXT on a
     // thread without one); any device's will do, since addresses are unified.
-    let mut current: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: writes one context handle.
-    cu("cuCtxGetCurrent", || unsafe {
-        sys::cuCtxGetCurrent(&mut current)
-    })?;
-    if current.is_null() {
+    if restore.previous().is_null() {
         driver::context(0)?;
     }
     let mut ordinal: i32 = -1;
@@ -258,18 +266,23 @@ fn context_of(ptr: u64) -> Result<&'static PrimaryCtx, GpuError> {
         )
     })
     .map_err(|e| GpuError::Driver(format!("{ptr:#x} is not CUDA device memory: {e}")))?;
-    let ordinal = u32::try_from(ordinal)
-        .map_err(|_| GpuError::Driver(format!("{ptr:#x} has no device ordinal")))?;
-    driver::context(ordinal)
+    u32::try_from(ordinal).map_err(|_| GpuError::Driver(format!("{ptr:#x} has no device ordinal")))
 }
 
-/// Copies `bytes` from device memory `src` to device memory `dst` (any devices) and waits for the
-/// copy. Runs in the primary context of `dst`'s device.
-pub fn copy_d2d(dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
-    if bytes == 0 {
-        return Ok(());
-    }
-    let ctx = context_of(dst)?;
+/// The primary context of the device `ptr` lives on, made current.
+fn context_of(ptr: u64, restore: &RestoreCurrent) -> Result<&'static PrimaryCtx, GpuError> {
+    driver::context(ordinal_of(ptr, restore)?)
+}
+
+/// Ordinal of the device whose memory `ptr` points into (`Driver` error if it is not device
+/// memory). This is what the driver says in *this* process, which may number devices differently
+/// from the daemon (`CUDA_VISIBLE_DEVICES`).
+pub fn device_of(ptr: u64) -> Result<u32, GpuError> {
+    let restore = RestoreCurrent::save()?;
+    ordinal_of(ptr, &restore)
+}
+
+fn d2d(ctx: &PrimaryCtx, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
     on_stream(ctx, |s| {
         // SAFETY: the caller vouches that both ranges are live device memory of `bytes` bytes;
         // the driver rejects unknown pointers.
@@ -279,12 +292,7 @@ pub fn copy_d2d(dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
     })
 }
 
-/// Copies host bytes to device memory `dst` and waits for the copy.
-pub fn copy_h2d(dst: u64, src: &[u8]) -> Result<(), GpuError> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    let ctx = context_of(dst)?;
+fn h2d(ctx: &PrimaryCtx, dst: u64, src: &[u8]) -> Result<(), GpuError> {
     on_stream(ctx, |s| {
         // SAFETY: src is a live slice; the stream is synchronised before it can go away.
         cu("cuMemcpyHtoDAsync", || unsafe {
@@ -293,12 +301,7 @@ pub fn copy_h2d(dst: u64, src: &[u8]) -> Result<(), GpuError> {
     })
 }
 
-/// Copies device memory `src` into `dst` and waits for the copy.
-pub fn copy_d2h(dst: &mut [u8], src: u64) -> Result<(), GpuError> {
-    if dst.is_empty() {
-        return Ok(());
-    }
-    let ctx = context_of(src)?;
+fn d2h(ctx: &PrimaryCtx, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
     let len = dst.len();
     let ptr = dst.as_mut_ptr();
     on_stream(ctx, |s| {
@@ -307,5 +310,95 @@ pub fn copy_d2h(dst: &mut [u8], src: u64) -> Result<(), GpuError> {
         cu("cuMemcpyDtoHAsync", || unsafe {
             sys::cuMemcpyDtoHAsync_v2(ptr.cast(), src, len, s)
         })
+    })
+}
+
+/// Copies `bytes` from device memory `src` to device memory `dst` (any devices) and waits for the
+/// copy. Runs in the primary context of `dst`'s device.
+pub fn copy_d2d(dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let restore = RestoreCurrent::save()?;
+    d2d(context_of(dst, &restore)?, dst, src, bytes)
+}
+
+/// Copies host bytes to device memory `dst` and waits for the copy.
+pub fn copy_h2d(dst: u64, src: &[u8]) -> Result<(), GpuError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let restore = RestoreCurrent::save()?;
+    h2d(context_of(dst, &restore)?, dst, src)
+}
+
+/// Copies device memory `src` into `dst` and waits for the copy.
+pub fn copy_d2h(dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let restore = RestoreCurrent::save()?;
+    d2h(context_of(src, &restore)?, dst, src)
+}
+
+/// [`copy_d2d`] on a stream of cuda:`device` (the caller knows the device: one driver query
+/// fewer). Either pointer may be on any device (unified addressing).
+pub fn copy_d2d_on(device: u32, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let _restore = RestoreCurrent::save()?;
+    d2d(driver::context(device)?, dst, src, bytes)
+}
+
+/// [`copy_h2d`] on a stream of cuda:`device`.
+pub fn copy_h2d_on(device: u32, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let _restore = RestoreCurrent::save()?;
+    h2d(driver::context(device)?, dst, src)
+}
+
+/// [`copy_d2h`] on a stream of cuda:`device`.
+pub fn copy_d2h_on(device: u32, dst: &mut [u8], src: u64) -> Result<(), GpuError> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let _restore = RestoreCurrent::save()?;
+    d2h(driver::context(device)?, dst, src)
+}
+
+/// `cuMemAlloc` of `bytes` in cuda:`device`'s primary context: a plain device buffer that is not
+/// store memory (tests and tools: a source to put from). Free it with [`mem_free`].
+pub fn mem_alloc(device: u32, bytes: usize) -> Result<u64, GpuError> {
+    let _restore = RestoreCurrent::save()?;
+    driver::context(device)?;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: writes one device pointer; the driver refuses 0 bytes and sizes it cannot serve.
+    cu("cuMemAlloc", || unsafe {
+        sys::cuMemAlloc_v2(&mut p, bytes)
+    })?;
+    Ok(p)
+}
+
+/// Frees a [`mem_alloc`] buffer (the driver refuses pointers it did not hand out).
+pub fn mem_free(device: u32, ptr: u64) -> Result<(), GpuError> {
+    let _restore = RestoreCurrent::save()?;
+    driver::context(device)?;
+    // SAFETY: the caller vouches nobody uses the buffer any more; unknown pointers are refused.
+    cu("cuMemFree", || unsafe { sys::cuMemFree_v2(ptr) })
+}
+
+/// Waits for a CUDA stream handle of the caller's (`__cuda_array_interface__` v3 names streams
+/// the same way: 1 = legacy default stream, 2 = per-thread default stream, other = a `CUstream`;
+/// these are the driver's own values `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`). Runs in
+/// whatever context the caller has current: the stream is theirs.
+pub fn sync_stream(stream: u64) -> Result<(), GpuError> {
+    driver::cuda_available()?;
+    // SAFETY: the caller vouches the handle is a live stream (or one of the special values); a
+    // dead one is an error code from the driver.
+    cu("cuStreamSynchronize", || unsafe {
+        sys::cuStreamSynchronize(stream as usize as sys::CUstream)
     })
 }

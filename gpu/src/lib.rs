@@ -20,7 +20,9 @@ mod pool;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 
-pub use driver::{cuda_available, probe, DeviceInfo, GpuInfo};
+pub use driver::{
+    check_device, cuda_available, device_count, probe, simulate_library_names, DeviceInfo, GpuInfo,
+};
 pub use pool::{DeviceUsage, BLOCK_ALIGN, DEFAULT_FREE_FRACTION_PERCENT};
 
 /// Errors of the GPU actor.

@@ -149,6 +149,15 @@ fn client_helpers_without_gpu_answer_unavailable() {
     expect_unavailable("ipc::copy_d2d", ipc::copy_d2d(0x1000, 0x2000, 16));
     expect_unavailable("ipc::copy_h2d", ipc::copy_h2d(0x1000, &[1, 2, 3]));
     expect_unavailable("ipc::copy_d2h", ipc::copy_d2h(&mut [0; 3], 0x1000));
+    expect_unavailable("ipc::copy_d2d_on", ipc::copy_d2d_on(0, 0x1000, 0x2000, 16));
+    expect_unavailable("ipc::copy_h2d_on", ipc::copy_h2d_on(0, 0x1000, &[1]));
+    expect_unavailable("ipc::copy_d2h_on", ipc::copy_d2h_on(0, &mut [0; 3], 0x1000));
+    expect_unavailable("ipc::device_of", ipc::device_of(0x1000));
+    expect_unavailable("ipc::mem_alloc", ipc::mem_alloc(0, 16));
+    expect_unavailable("ipc::mem_free", ipc::mem_free(0, 0x1000));
+    expect_unavailable("ipc::sync_stream", ipc::sync_stream(1));
+    expect_unavailable("device_count", vovp_gpu::device_count());
+    expect_unavailable("check_device", vovp_gpu::check_device(-1));
     assert_eq!(ipc::open_pools(), 0);
 }
 
@@ -234,6 +243,76 @@ async fn gpu_pool_allocates_frees_and_reports_oom() {
     gpu.tell(FreeDevice(a)).await.expect("tell");
     assert!(ask_ptr(&gpu, a).await.is_err());
     expect_unavailable("cuda:99", ask_alloc(&gpu, 99, 1).await);
+}
+
+/// The current context of the calling thread (null: none).
+fn current_context() -> cudarc::driver::sys::CUcontext {
+    let mut c: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one handle; the driver is loaded (the caller checked cuda_available).
+    let rc = unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut c) };
+    assert_eq!(rc, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    c
+}
+
+#[test]
+fn gpu_client_buffers_device_of_and_context_restored() {
+    if !gpu_tests_enabled("gpu_client_buffers_device_of_and_context_restored") {
+        return;
+    }
+    // A fresh thread has no current context; every client call must leave it that way (the
+    // caller's framework owns what is current on its threads).
+    std::thread::spawn(|| {
+        assert!(current_context().is_null(), "a fresh thread has no context");
+        let n = 3 * MIB as usize + 17;
+        let a = ipc::mem_alloc(0, n).expect("mem_alloc");
+        assert!(
+            current_context().is_null(),
+            "mem_alloc restored the context"
+        );
+        let b = ipc::mem_alloc(0, n).expect("mem_alloc");
+        assert_eq!(ipc::device_of(a).expect("device_of"), 0);
+        assert_eq!(ipc::device_of(b + n as u64 - 1).expect("device_of end"), 0);
+        assert!(
+            current_context().is_null(),
+            "device_of restored the context"
+        );
+        let data = pattern_range(5, n);
+        ipc::copy_h2d_on(0, a, &data).expect("h2d_on");
+        ipc::copy_d2d_on(0, b, a, n).expect("d2d_on");
+        let mut back = vec![0u8; n];
+        ipc::copy_d2h_on(0, &mut back, b).expect("d2h_on");
+        assert!(back == data, "bytes survive h2d, d2d, d2h");
+        ipc::copy_d2d(a, b, 1).expect("d2d");
+        assert!(current_context().is_null(), "copies restored the context");
+        ipc::sync_stream(1).expect("sync the legacy default stream");
+        // Errors: not device memory, a device that does not exist, a double free.
+        match ipc::device_of(0x10) {
+            Err(GpuError::Driver(m)) => assert!(m.contains("not CUDA device memory"), "{m}"),
+            other => panic!("device_of(0x10): {other:?}"),
+        }
+        assert!(matches!(
+            ipc::copy_d2d_on(0, b, 0x10, 64),
+            Err(GpuError::Driver(_))
+        ));
+        match ipc::mem_alloc(99, 16) {
+            Err(GpuError::GpuUnavailable(m)) => assert!(m.contains("cuda:99"), "{m}"),
+            other => panic!("mem_alloc on cuda:99: {other:?}"),
+        }
+        match vovp_gpu::check_device(-1) {
+            Err(GpuError::GpuUnavailable(m)) => assert!(m.contains("cuda:-1"), "{m}"),
+            other => panic!("check_device(-1): {other:?}"),
+        }
+        assert!(
+            current_context().is_null(),
+            "failures restored the context too"
+        );
+        ipc::mem_free(0, a).expect("free a");
+        ipc::mem_free(0, b).expect("free b");
+        assert!(matches!(ipc::mem_free(0, a), Err(GpuError::Driver(_))));
+        assert!(current_context().is_null());
+    })
+    .join()
+    .expect("the test thread");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,8 @@ Two halves:
 * Everywhere (the normal CI run, no GPU): CUDA puts raise ``GpuUnavailable`` with a reason and
   create nothing; a CUDA object reaching a client without a driver raises ``GpuUnavailable``
   and its reference is released; the client keeps working for host objects. A missing driver
-  is simulated in-process (``cuda._reset_for_tests`` with a library name that does not exist),
+  is simulated in-process (``cuda._reset_for_tests`` with a library name that does not exist:
+  the native core's hook re-probes the gpu crate's loader with it),
   so these also run, and mean the same, under the fake driver or on a GPU machine.
 * With ``VOVP_GPU_TESTS=1`` (``scripts/gpu-fake-test.sh``, which loads the FAKE libcuda of
   gpu/fake-cuda through LD_LIBRARY_PATH, or a real NVIDIA machine): a daemon with
@@ -56,10 +57,10 @@ needs_gpu = pytest.mark.skipif(
 def no_driver():
     """This process behaves as if no CUDA driver were installed, for the test's duration."""
     gc.collect()
-    saved = C.LIBRARY_NAMES
+    # The native core's hook: it re-probes the library under this name, which does not load.
     C._reset_for_tests(("libcuda-that-does-not-exist-vovp-test.so",))
     yield
-    C._reset_for_tests(saved)
+    C._reset_for_tests()
 
 
 def refcount(client, name):
@@ -718,3 +719,33 @@ def test_cuda_tensor_dlpack_capsule(gpu_daemon):
     with pytest.raises(BufferError, match="copy"):
         ct.__dlpack__(copy=True)
     c.close()
+
+
+@needs_gpu
+def test_forked_child_gets_gpu_unavailable():
+    # The parent initialised the driver; CUDA does not survive fork, so the child must get a
+    # clear GpuUnavailable (from the gpu crate's fork check), not a hang or a crash.
+    assert C.available()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, exit without running pytest's atexit
+        code = 1
+        try:
+            try:
+                C.mem_alloc(16)
+                msg = "available"
+            except vovp.GpuUnavailable as e:
+                msg = "unavailable: " + e.message
+                code = 0
+            os.write(w, msg.encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    assert out.startswith("unavailable:") and "fork" in out, out
+    # The parent is unaffected.
+    ptr = C.mem_alloc(16)
+    C.mem_free(ptr)
