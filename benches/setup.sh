@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares the Python side of the benchmarks: a venv at target/bench/venv with the reference store
 # (Apache Arrow Plasma, which only ships in pyarrow <= 11), numpy, matplotlib for the plot, torch
-# (the PyTorch workloads), and the vovp Python client from python/. scripts/plasma-conformance.sh
+# (the PyTorch workloads), and the vovp Python package from python/ (built by cargo). scripts/plasma-conformance.sh
 # runs Plasma's own tests in the same venv, hence pytest and pandas (test_store_pandas_dataframe).
 #
 # Idempotent: a stamp file records what was installed; when it matches, nothing is done (this
@@ -44,16 +44,14 @@ else
     mkdir -p "$(dirname "$VENV")"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet "${PACKAGES[@]}" >&2
-    # The vovp client is pure Python. Editable, so the venv always runs the working tree's client
-    # (the harness also puts python/ first on PYTHONPATH, which covers a client that is not
-    # installable at all).
-    if ! "$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT/python" >&2; then
-        echo "setup: warning: could not pip install python/; the harness puts it on PYTHONPATH" >&2
-    fi
     plasma_path >/dev/null
     echo "$STAMP_TEXT" >"$STAMP"
     echo "setup: done in $(($(date +%s) - start)) s" >&2
 fi
+# The vovp package, on every run: its native core (vovp._native) is built by cargo (maturin),
+# so a changed Rust client must be rebuilt (incremental: seconds when nothing changed).
+# Editable: the extension lands in python/vovp/, which the harness puts first on PYTHONPATH.
+"$VENV/bin/python" -m pip install --quiet --no-deps -e "$ROOT/python" >&2
 
 echo "VENV_PYTHON=$VENV/bin/python"
 echo "PLASMA_STORE=$(plasma_path)"

@@ -78,7 +78,7 @@ What to do with a crash artifact (base64 above: \`base64 -d > crash\` to get it 
   reproduce:  RUSTC_BOOTSTRAP=1 cargo fuzz run -a <target> <file>
   minimize:   RUSTC_BOOTSTRAP=1 cargo fuzz tmin -a <target> <file>
   read it:    RUSTC_BOOTSTRAP=1 cargo fuzz fmt -a <target> <file>   (request_sequence: the operations)
-then fix the cause, add a regression #[test] (frame_decoder: transport/src/protocol.rs tests;
+then fix the cause, add a regression #[test] (frame_decoder: transport/proto/tests/decode.rs;
 request_sequence: engine/tests/), and copy the minimized input into fuzz/corpus/<target>/.
 EOF
     exit 1

@@ -56,9 +56,10 @@ for mode in FAKE_CUDA_INIT_ERROR=100 FAKE_CUDA_DEVICES=0; do
         --test gpu -- --nocapture --test-threads=1
 done
 
-# The pure-Python client's CUDA paths (python/tests/test_cuda.py: ctypes driver, IPC mappings,
-# Python <-> Python across processes, Python <-> the Rust test fixture) against the fake device. The venv
-# is made the way scripts/test.sh makes it; the tests import vovp from the source tree.
+# The Python client's CUDA paths (python/tests/test_cuda.py: driver checks, IPC mappings through
+# the native core, Python <-> Python across processes, Python <-> the Rust test fixture) against the fake
+# device. The venv is made the way scripts/test.sh makes it (the native core built into the
+# source tree, from which the tests import vovp).
 VENV="${VOVP_VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
@@ -67,6 +68,7 @@ if ! "$VENV/bin/python" -c "import numpy, pytest" 2>/dev/null; then
     "$VENV/bin/pip" install --quiet --upgrade pip
     "$VENV/bin/pip" install --quiet numpy pytest
 fi
+"$VENV/bin/pip" install --quiet --no-deps -e ./python
 run "Python client CUDA tests (python/tests/test_cuda.py), fake GPU" VOVP_GPU_TESTS=1 \
     VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
     timeout 300 "$VENV/bin/python" -m pytest python/tests/test_cuda.py -q

@@ -19,7 +19,10 @@ if ! "$VENV/bin/python" -c "import numpy, pytest, torch" 2>/dev/null; then
     "$VENV/bin/pip" install --quiet --upgrade pip
     "$VENV/bin/pip" install --quiet numpy pytest torch
 fi
-"$VENV/bin/pip" install --quiet --no-deps --force-reinstall ./python
+# The package's native core (vovp._native) is built with cargo by maturin, which pip fetches
+# from PyPI. Editable: the extension is built into python/vovp/, so the tests (which import vovp
+# from the source tree, as do the children they spawn) run this build.
+"$VENV/bin/pip" install --quiet --no-deps -e ./python
 # VOVP_REQUIRE_TORCH=1: a torch test skipped because torch cannot be imported fails the run
 # (python/tests/conftest.py). -rs lists every skip that remains (GPU-only tests).
 VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \

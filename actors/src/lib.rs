@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod copy;
 mod error;
+pub mod memory_room;
 pub mod segment;
 pub mod table;
 pub mod table_actor;

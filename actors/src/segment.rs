@@ -10,6 +10,9 @@ use memmap2::{MmapOptions, MmapRaw};
 use crate::Error;
 
 const HUGE_PAGE: u64 = 2 * 1024 * 1024;
+/// The base page (x86-64, most arm64 kernels). Where it is larger, the allocator's page
+/// accounting undercounts partly used pages (punching stays correct: it only zeroes free bytes).
+const PAGE: u64 = 4096;
 
 /// One shared-memory segment: a sealed-size memfd, a read-only reopening of it for readers,
 /// and the store's own mapping of it.
@@ -21,6 +24,8 @@ pub struct Segment {
     read_only: File,
     map: MmapRaw,
     huge_pages: bool,
+    /// Every page was populated at creation (`--prefault`).
+    prefaulted: bool,
 }
 
 impl Segment {
@@ -96,6 +101,7 @@ impl Segment {
             read_only,
             map,
             huge_pages: hugetlb.is_some(),
+            prefaulted: prefault,
         })
     }
 
@@ -128,7 +134,7 @@ impl Segment {
     /// Gives the pages of `offset..offset + len` back to the kernel (the range must hold no
     /// live object). Only whole pages inside the range are released.
     pub fn punch(&self, offset: u64, len: u64) {
-        let page = if self.huge_pages { HUGE_PAGE } else { 4096 };
+        let page = self.page_size();
         let start = offset.next_multiple_of(page);
         let end = offset.saturating_add(len) / page * page;
         if end <= start {
@@ -138,6 +144,46 @@ impl Segment {
         if let Err(e) = rustix::fs::fallocate(&self.file, flags, start, end - start) {
             tracing::debug!("punching segment {}: {e}", self.id);
         }
+    }
+
+    /// The unit in which the kernel backs this segment: 4 KiB, or 2 MiB with huge pages.
+    pub fn page_size(&self) -> u64 {
+        if self.huge_pages {
+            HUGE_PAGE
+        } else {
+            PAGE
+        }
+    }
+
+    /// Whether every page was populated when the segment was made (`--prefault`).
+    pub fn prefaulted(&self) -> bool {
+        self.prefaulted
+    }
+
+    /// Allocates the pages of `offset..offset + len` now (`fallocate`), so that touching them
+    /// later cannot fail: without it the first touch of a page the machine (or the memory
+    /// cgroup) cannot back is SIGBUS in the client, or the OOM killer. Fails with ENOMEM or
+    /// ENOSPC (huge pages: none left in the pool) instead; pages that were backed before the
+    /// failure stay allocated (the caller punches them back). The pages are not zeroed here
+    /// (shmem clears a page when it is first mapped), so this costs the allocation alone.
+    pub fn back(&self, offset: u64, len: u64) -> Result<(), rustix::io::Errno> {
+        if len == 0 {
+            return Ok(());
+        }
+        rustix::fs::fallocate(
+            &self.file,
+            rustix::fs::FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )
+    }
+
+    /// Bytes of memory the kernel has allocated to this segment now (its pages, `st_blocks`),
+    /// whoever touched them.
+    pub fn allocated_bytes(&self) -> u64 {
+        rustix::fs::fstat(&self.file)
+            .map(|st| st.st_blocks as u64 * 512)
+            .unwrap_or(0)
     }
 
     /// Pointer to `offset` inside the store's mapping, if `offset + len` fits.

@@ -64,7 +64,11 @@ impl ObjectTableActor {
         match pool {
             Pool::Host => {
                 let u = self.host_usage().await?;
-                Ok(Some((u.capacity, u.used)))
+                // Past what the machine can back, the store's free bytes are not available.
+                Ok(Some((
+                    u.capacity.min(u.used.saturating_add(u.backable)),
+                    u.used,
+                )))
             }
             Pool::Cuda(n) => {
                 let usage = self

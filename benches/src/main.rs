@@ -440,7 +440,7 @@ fn rust_workloads(
         Mode::Quick => RustConfig::quick(),
         Mode::Full => RustConfig::full(),
     };
-    let client = vovp_transport::Client::connect(socket).map_err(|e| e.to_string())?;
+    let client = vovp_client::Client::connect(socket).map_err(|e| e.to_string())?;
     let engine = vovp::Engine::spawn(vovp::Config::with_capacity(capacity))
         .map_err(|e| format!("Engine::spawn: {e}"))?;
     let stores = Stores {
@@ -533,7 +533,7 @@ fn warn_if_stale(bin: &Path, root: &Path) {
         return;
     };
     let mut newest: Option<(SystemTime, PathBuf)> = None;
-    let mut stack: Vec<PathBuf> = ["engine/src", "actors/src", "transport/src", "gpu/src"]
+    let mut stack: Vec<PathBuf> = ["engine/src", "actors/src", "transport", "gpu/src"]
         .iter()
         .map(|d| root.join(d))
         .collect();

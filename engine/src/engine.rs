@@ -146,12 +146,15 @@ impl Engine {
         let segment = Segment::create(0, segment0_len, config.huge_pages, config.prefault)?;
         let segments: Arc<[Arc<Segment>]> = Arc::from(vec![Arc::new(segment)]);
         // Arenas are not prefaulted: with --prefault every object stays in segment 0.
-        let allocator = AllocatorActor::spawn(AllocatorActor::new(
-            segments[0].clone(),
-            config.capacity,
-            config.max_objects,
-            config.client_arenas && !config.prefault,
-        ));
+        let allocator = AllocatorActor::spawn(
+            AllocatorActor::new(
+                segments[0].clone(),
+                config.capacity,
+                config.max_objects,
+                config.client_arenas && !config.prefault,
+            )
+            .with_backing(!config.lazy_pages),
+        );
         let gpu = spawn_gpu_actor(config.gpu.clone())?;
         let table = ObjectTableActor::spawn_with_mailbox(
             ObjectTableActor::new(allocator.clone(), gpu.clone(), segments.clone()),

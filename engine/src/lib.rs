@@ -4,7 +4,7 @@
 //! This crate is the public API: [`Engine::spawn`] embeds the store in-process, [`Session`] is
 //! one holder's raw operations (the daemon runs one per connection), [`Store`] /
 //! [`AsyncStore`] are the operations (also implemented by the socket client in
-//! `vovp-transport`), [`tensor`] carries dtype/shape with each object.
+//! `vovp-client`), [`tensor`] carries dtype/shape with each object.
 
 mod config;
 mod engine;

@@ -4,9 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vovp_fuzz::{encode_request, request_payload};
-use vovp_transport::client::decode_reply_for_fuzzing;
-use vovp_transport::protocol::*;
+use vovp_fuzz::request_payload;
+use vovp_proto::*;
 
 fuzz_target!(|data: &[u8]| {
     let mut rest = data;
@@ -18,7 +17,10 @@ fuzz_target!(|data: &[u8]| {
                 break;
             }
             // Fatal for the connection (bad length or version): nothing after it is read.
-            Err(_) => break,
+            Err(e) => {
+                assert!(e.is_fatal(), "{e}");
+                break;
+            }
             Ok(Some(h)) => h,
         };
         assert_eq!(h.version, VERSION);
@@ -38,6 +40,8 @@ fuzz_target!(|data: &[u8]| {
 
         if h.opcode & REPLY_BIT != 0 {
             check_reply(h.opcode & !REPLY_BIT, payload);
+        } else if h.opcode == Opcode::Notify.code() {
+            check_notification(payload);
         } else {
             check_request(h.opcode, payload);
         }
@@ -45,34 +49,37 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn is_request_opcode(opcode: u8) -> bool {
-    (op::HELLO..=op::SUBSCRIBE).contains(&opcode) || opcode == op::SEGMENT
+    Opcode::from_code(opcode).is_some_and(Opcode::is_request)
 }
 
 fn check_request(opcode: u8, payload: &[u8]) {
     let req = match Request::decode(opcode, payload) {
         Ok(req) => req,
-        Err((code, message)) => {
+        Err(e) => {
+            let code = e.status();
+            assert!(!e.is_fatal(), "{e}");
             assert!(
                 matches!(
                     code,
-                    status::MALFORMED
-                        | status::INVALID_NAME
-                        | status::TOO_LARGE
-                        | status::UNKNOWN_OPCODE
+                    Status::Malformed | Status::InvalidName | Status::TooLarge | Status::UnknownOpcode
                 ),
-                "status {code}: {message}"
+                "status {code:?}: {e}"
             );
-            assert_eq!(code == status::UNKNOWN_OPCODE, !is_request_opcode(opcode));
+            assert_eq!(code == Status::UnknownOpcode, !is_request_opcode(opcode));
             // The daemon's error reply is a frame the client reads back as that error.
             let mut buf = Vec::new();
-            Response::error(code, message).encode(opcode, 1, &mut buf);
+            Reply::error(code, e.to_string()).encode(opcode, 1, &mut buf);
             let h = Header::parse(&buf).unwrap().unwrap();
             assert_eq!(h.frame_len(), buf.len());
-            assert!(decode_reply_for_fuzzing(opcode, &buf[HEADER_LEN..], &["x"]).is_err());
+            match Reply::decode(opcode, &buf[HEADER_LEN..], &["x"]) {
+                Ok(Reply::Failure(f)) => assert_eq!((f.status, f.message), (code, e.to_string())),
+                other => panic!("{other:?}"),
+            }
             return;
         }
     };
     assert!(is_request_opcode(opcode));
+    assert_eq!(req.opcode().code(), opcode);
     match &req {
         Request::Get { names, .. } => assert!(names.len() <= MAX_GET_NAMES),
         Request::List { limit, .. } => assert!((1..=MAX_LIST_PAGE_ENTRIES).contains(limit)),
@@ -91,16 +98,15 @@ fn check_request(opcode: u8, payload: &[u8]) {
     if has_canonical_form {
         assert_eq!(canonical, payload, "{req:?}");
     }
-    let mut frame = Vec::new();
-    encode_request(&req, 0, 1, &mut frame);
-    assert_eq!(&frame[HEADER_LEN..], canonical);
+    // Kept past its input buffer, it is the same request.
+    assert_eq!(req.clone().into_owned(), req);
 }
 
 /// The names a reply answers: one for CREATE/PUT; as many as the reply says for GET (so the
 /// fuzzer reaches the object decoding), bounded by the payload.
 fn reply_names(opcode: u8, payload: &[u8]) -> Vec<String> {
-    let n = match (opcode, payload) {
-        (op::GET, [status::OK, a, b, c, d, ..]) => {
+    let n = match payload {
+        [0, a, b, c, d, ..] if opcode == Opcode::Get.code() => {
             (u32::from_le_bytes([*a, *b, *c, *d]) as usize).min(payload.len())
         }
         _ => 1,
@@ -110,26 +116,35 @@ fn reply_names(opcode: u8, payload: &[u8]) -> Vec<String> {
 
 fn check_reply(opcode: u8, payload: &[u8]) {
     let names = reply_names(opcode, payload);
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let Ok(resp) = decode_reply_for_fuzzing(opcode, payload, &names) else {
+    let Ok(reply) = Reply::decode(opcode, payload, &names) else {
         return;
     };
-    match &resp {
-        Response::Object(r) => assert_eq!(r.name.as_str(), names[0]),
-        Response::Objects(v) => {
+    match &reply {
+        Reply::Object(r) => assert_eq!(r.name.as_str(), names[0]),
+        Reply::Objects(v) => {
             assert_eq!(v.len(), names.len());
             for (o, n) in v.iter().zip(&names) {
                 if let Some(o) = o {
-                    assert_eq!(o.name.as_str(), *n);
+                    assert_eq!(o.name.as_str(), n);
                 }
             }
         }
+        Reply::Failure(f) => assert_eq!(f.oom.is_some(), f.status == Status::OutOfMemory),
         _ => {}
     }
     // What the client decoded, encoded as the daemon does, decodes to the same thing.
     let mut buf = Vec::new();
-    resp.encode(opcode, 1, &mut buf);
-    let again = decode_reply_for_fuzzing(opcode, &buf[HEADER_LEN..], &names)
-        .unwrap_or_else(|e| panic!("re-encoded {resp:?} does not decode: {e}"));
-    assert_eq!(format!("{again:?}"), format!("{resp:?}"));
+    reply.encode(opcode, 1, &mut buf);
+    let again = Reply::decode(opcode, &buf[HEADER_LEN..], &names)
+        .unwrap_or_else(|e| panic!("re-encoded {reply:?} does not decode: {e}"));
+    assert_eq!(again, reply);
+}
+
+fn check_notification(payload: &[u8]) {
+    let Ok(n) = decode_notification(payload) else {
+        return;
+    };
+    let mut buf = Vec::new();
+    encode_notification(&n, &mut buf);
+    assert_eq!(&buf[HEADER_LEN..], payload);
 }

@@ -1,6 +1,5 @@
 //! Helpers shared by the fuzz targets and the seed-corpus generator (`examples/gen_corpus.rs`):
-//! a canonical encoder for [`Request`] (the daemon only decodes requests; the client's encoder
-//! is private and takes borrowed fields), and the seed frames.
+//! a request's payload alone, raw frames, and the seed frames.
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -8,94 +7,12 @@ use std::time::{Duration, UNIX_EPOCH};
 use vovp::{
     Device, DeviceBlock, Location, ObjectId, ObjectInfo, ObjectName, ObjectRef, StoreStats, MAX_NAME_LEN,
 };
-use vovp_transport::protocol::*;
-
-/// The opcode a request is sent with.
-pub fn opcode_of(req: &Request) -> u8 {
-    match req {
-        Request::Hello { .. } => op::HELLO,
-        Request::Create { .. } => op::CREATE,
-        Request::Seal { .. } => op::SEAL,
-        Request::Abort { .. } => op::ABORT,
-        Request::Put { .. } => op::PUT,
-        Request::Get { .. } => op::GET,
-        Request::Release { .. } => op::RELEASE,
-        Request::Contains { .. } => op::CONTAINS,
-        Request::Delete { .. } => op::DELETE,
-        Request::List { .. } => op::LIST,
-        Request::Evict { .. } => op::EVICT,
-        Request::Stats => op::STATS,
-        Request::Subscribe => op::SUBSCRIBE,
-        Request::Segment { .. } => op::SEGMENT,
-    }
-}
-
-/// Appends `req` as one frame, fields in PROTOCOL.md's order.
-pub fn encode_request(req: &Request, flags: u16, request_id: u64, buf: &mut Vec<u8>) {
-    let mut w = FrameWriter::begin(buf, opcode_of(req), flags, request_id);
-    match req {
-        Request::Hello { pid } => {
-            w.u32(*pid);
-        }
-        Request::Create {
-            name,
-            size,
-            flags,
-            device,
-            metadata,
-        } => {
-            let (t, id) = device_code(*device);
-            w.str(name).u64(*size).u32(*flags).u8(t).u32(id);
-            w.bytes(metadata);
-        }
-        Request::Seal { name }
-        | Request::Abort { name }
-        | Request::Contains { name }
-        | Request::Delete { name } => {
-            w.str(name);
-        }
-        Request::Put {
-            name,
-            flags,
-            metadata,
-            data,
-        } => {
-            w.str(name)
-                .u32(*flags)
-                .bytes(metadata)
-                .u64(data.len() as u64);
-            w.raw(data);
-        }
-        Request::Get { timeout_ms, names } => {
-            w.i64(*timeout_ms).u32(names.len() as u32);
-            for n in names {
-                w.str(n);
-            }
-        }
-        Request::Release { ids } => {
-            w.u32(ids.len() as u32);
-            for id in ids {
-                w.u64(*id);
-            }
-        }
-        Request::List { start, limit } => {
-            w.u64(*start).u32(*limit);
-        }
-        Request::Evict { bytes } => {
-            w.u64(*bytes);
-        }
-        Request::Segment { id } => {
-            w.u32(*id);
-        }
-        Request::Stats | Request::Subscribe => {}
-    }
-    w.finish();
-}
+use vovp_proto::*;
 
 /// The payload of `req` alone (no header).
-pub fn request_payload(req: &Request) -> Vec<u8> {
+pub fn request_payload(req: &Request<'_>) -> Vec<u8> {
     let mut buf = Vec::new();
-    encode_request(req, 0, 0, &mut buf);
+    req.encode(0, 0, &mut buf);
     buf.split_off(HEADER_LEN)
 }
 
@@ -131,7 +48,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     let mut seeds: Vec<(String, Vec<u8>)> = Vec::new();
     let mut req = |file: &str, r: Request| {
         let mut buf = Vec::new();
-        encode_request(&r, 0, 7, &mut buf);
+        r.encode(0, 7, &mut buf);
         seeds.push((format!("req-{file}"), buf));
     };
     req("hello", Request::Hello { pid: 4242 });
@@ -142,7 +59,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             size: 4096,
             flags: 0,
             device: Device::Cpu,
-            metadata: b"dtype=f32".to_vec(),
+            metadata: b"dtype=f32".to_vec().into(),
         },
     );
     req(
@@ -152,7 +69,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             size: 1 << 20,
             flags: CREATE_EPHEMERAL,
             device: Device::Cuda(1),
-            metadata: Vec::new(),
+            metadata: Vec::new().into(),
         },
     );
     req(
@@ -162,7 +79,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             size: u64::MAX,
             flags: 0,
             device: Device::Cpu,
-            metadata: Vec::new(),
+            metadata: Vec::new().into(),
         },
     );
     req("seal", Request::Seal { name: "a".into() });
@@ -172,7 +89,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         Request::Put {
             name: "p".into(),
             flags: 0,
-            metadata: b"m".to_vec(),
+            metadata: b"m".to_vec().into(),
             data: (0..64).collect(),
         },
     );
@@ -181,8 +98,8 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         Request::Put {
             name: "ü-名".into(),
             flags: PUT_KEEP_REFERENCE | CREATE_EPHEMERAL,
-            metadata: Vec::new(),
-            data: Vec::new(),
+            metadata: Vec::new().into(),
+            data: Vec::new().into(),
         },
     );
     req(
@@ -206,8 +123,12 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             names: vec!["x".into()],
         },
     );
-    req("release", Request::Release { ids: vec![1, 2, 3] });
-    req("release-none", Request::Release { ids: Vec::new() });
+    req("release", Request::Release {
+            ids: vec![1, 2, 3].into(),
+        });
+    req("release-none", Request::Release {
+            ids: Vec::new().into(),
+        });
     req("contains", Request::Contains { name: "a".into() });
     req("delete", Request::Delete { name: "a".into() });
     req(
@@ -221,7 +142,9 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     req("stats", Request::Stats);
     req("subscribe", Request::Subscribe);
     let long_name = "n".repeat(MAX_NAME_LEN + 1);
-    req("contains-long-name", Request::Contains { name: long_name });
+    req("contains-long-name", Request::Contains {
+            name: long_name.into(),
+        });
 
     // A pipelined session, the way a client sends it.
     let mut session = Vec::new();
@@ -231,14 +154,16 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         Request::Put {
             name: "s".into(),
             flags: 0,
-            metadata: Vec::new(),
-            data: vec![9; 16],
+            metadata: Vec::new().into(),
+            data: vec![9; 16].into(),
         },
         Request::Get {
             timeout_ms: 0,
             names: vec!["s".into()],
         },
-        Request::Release { ids: vec![1] },
+        Request::Release {
+            ids: vec![1].into(),
+        },
         Request::Delete { name: "s".into() },
         Request::Stats,
     ] {
@@ -248,12 +173,12 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         } else {
             0
         };
-        encode_request(&r, flags, id, &mut session);
+        r.encode(flags, id, &mut session);
     }
     seeds.push(("session-pipelined".into(), session.clone()));
 
     // Edge cases.
-    let stats = raw_frame(op::STATS, 0, 1, &[]);
+    let stats = raw_frame(Opcode::Stats.code(), 0, 1, &[]);
     let mut edge = |file: &str, bytes: Vec<u8>| seeds.push((format!("edge-{file}"), bytes));
     edge("empty", Vec::new());
     edge("header-truncated", stats[..10].to_vec());
@@ -272,7 +197,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         f[4] = v;
         edge(&format!("version-{v}"), f);
     }
-    for opcode in [0x00u8, op::NOTIFY, 0x7f] {
+    for opcode in [0x00u8, Opcode::Notify.code(), 0x7f] {
         edge(
             &format!("opcode-{opcode:#04x}"),
             raw_frame(opcode, 0, 1, &[]),
@@ -280,87 +205,87 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     }
     let mut forged_get = 0i64.to_le_bytes().to_vec();
     forged_get.extend_from_slice(&u32::MAX.to_le_bytes());
-    edge("get-forged-count", raw_frame(op::GET, 0, 1, &forged_get));
+    edge("get-forged-count", raw_frame(Opcode::Get.code(), 0, 1, &forged_get));
     // One name more than a GET may ask for, each of them real (1 byte).
     let mut too_many = 0i64.to_le_bytes().to_vec();
     too_many.extend_from_slice(&(MAX_GET_NAMES as u32 + 1).to_le_bytes());
     for _ in 0..=MAX_GET_NAMES {
         too_many.extend_from_slice(&[1, 0, b'x']);
     }
-    edge("get-too-many-names", raw_frame(op::GET, 0, 1, &too_many));
+    edge("get-too-many-names", raw_frame(Opcode::Get.code(), 0, 1, &too_many));
     edge(
         "release-forged-count",
-        raw_frame(op::RELEASE, 0, 1, &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4]),
+        raw_frame(Opcode::Release.code(), 0, 1, &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4]),
     );
     edge(
         "release-no-reply",
-        raw_frame(op::RELEASE, FLAG_NO_REPLY, 1, &[0, 0, 0, 0]),
+        raw_frame(Opcode::Release.code(), FLAG_NO_REPLY, 1, &[0, 0, 0, 0]),
     );
     edge(
         "stats-no-reply",
-        raw_frame(op::STATS, FLAG_NO_REPLY, 1, &[]),
+        raw_frame(Opcode::Stats.code(), FLAG_NO_REPLY, 1, &[]),
     );
     let mut put = request_payload(&Request::Put {
         name: "p".into(),
         flags: 0,
-        metadata: Vec::new(),
-        data: vec![1; 8],
+        metadata: Vec::new().into(),
+        data: vec![1; 8].into(),
     });
     put.push(0);
-    edge("put-size-mismatch", raw_frame(op::PUT, 0, 1, &put));
+    edge("put-size-mismatch", raw_frame(Opcode::Put.code(), 0, 1, &put));
     edge(
         "seal-name-not-utf8",
-        raw_frame(op::SEAL, 0, 1, &[2, 0, 0xc3, 0x28]),
+        raw_frame(Opcode::Seal.code(), 0, 1, &[2, 0, 0xc3, 0x28]),
     );
-    edge("seal-name-empty", raw_frame(op::SEAL, 0, 1, &[0, 0]));
+    edge("seal-name-empty", raw_frame(Opcode::Seal.code(), 0, 1, &[0, 0]));
     edge(
         "seal-name-truncated",
-        raw_frame(op::SEAL, 0, 1, &[5, 0, b'a']),
+        raw_frame(Opcode::Seal.code(), 0, 1, &[5, 0, b'a']),
     );
-    edge("stats-trailing", raw_frame(op::STATS, 0, 1, &[1]));
-    edge("list-empty-payload", raw_frame(op::LIST, 0, 1, &[]));
+    edge("stats-trailing", raw_frame(Opcode::Stats.code(), 0, 1, &[1]));
+    edge("list-empty-payload", raw_frame(Opcode::List.code(), 0, 1, &[]));
     let mut list_max = 0u64.to_le_bytes().to_vec();
     list_max.extend_from_slice(&u32::MAX.to_le_bytes());
-    edge("list-limit-max", raw_frame(op::LIST, 0, 1, &list_max));
+    edge("list-limit-max", raw_frame(Opcode::List.code(), 0, 1, &list_max));
     let mut create = request_payload(&Request::Create {
         name: "c".into(),
         size: 8,
         flags: 0,
         device: Device::Cpu,
-        metadata: Vec::new(),
+        metadata: Vec::new().into(),
     });
     let device_type = create.len() - 9;
     create[device_type] = 3;
-    edge("create-bad-device", raw_frame(op::CREATE, 0, 1, &create));
+    edge("create-bad-device", raw_frame(Opcode::Create.code(), 0, 1, &create));
     let mut meta_forged = request_payload(&Request::Create {
         name: "c".into(),
         size: 8,
         flags: 0,
         device: Device::Cpu,
-        metadata: Vec::new(),
+        metadata: Vec::new().into(),
     });
     let at = meta_forged.len() - 4;
     meta_forged[at..].copy_from_slice(&u32::MAX.to_le_bytes());
     edge(
         "create-metadata-forged-length",
-        raw_frame(op::CREATE, 0, 1, &meta_forged),
+        raw_frame(Opcode::Create.code(), 0, 1, &meta_forged),
     );
 
     // Replies, as the daemon encodes them (the target decodes them as the client does).
-    let mut reply = |file: &str, opcode: u8, r: Response| {
+    let mut reply = |file: &str, opcode: u8, r: Reply| {
         let mut buf = Vec::new();
         r.encode(opcode, 7, &mut buf);
         seeds.push((format!("reply-{file}"), buf));
     };
     reply(
         "create",
-        op::CREATE,
-        Response::Object(host_object("x", 1, 100, b"md")),
+        Opcode::Create.code(),
+        Reply::Object(host_object("x", 1, 100, b"md")),
     );
     reply(
         "put-cuda",
-        op::PUT,
-        Response::Object(ObjectRef {
+        Opcode::Put.code(),
+        Reply::Object(ObjectRef {
             id: ObjectId::from_raw(2),
             name: name("x"),
             size: 512,
@@ -376,15 +301,15 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     );
     reply(
         "get",
-        op::GET,
-        Response::Objects(vec![
+        Opcode::Get.code(),
+        Reply::Objects(vec![
             Some(host_object("x", 1, 10, b"")),
             None,
             Some(host_object("x", 3, 0, b"meta")),
         ]),
     );
-    reply("contains", op::CONTAINS, Response::Bool(true));
-    reply("evict", op::EVICT, Response::Count(12345));
+    reply("contains", Opcode::Contains.code(), Reply::Bool(true));
+    reply("evict", Opcode::Evict.code(), Reply::Count(12345));
     let info = |n: &str, id: u64, device: Device| ObjectInfo {
         id: ObjectId::from_raw(id),
         name: name(n),
@@ -398,8 +323,8 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     };
     reply(
         "list",
-        op::LIST,
-        Response::List {
+        Opcode::List.code(),
+        Reply::List {
             entries: vec![
                 info("a", 1, Device::Cpu),
                 info("b", 2, Device::Cuda(0)),
@@ -410,8 +335,8 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     );
     reply(
         "stats",
-        op::STATS,
-        Response::Stats {
+        Opcode::Stats.code(),
+        Reply::Stats {
             stats: StoreStats {
                 capacity: 1 << 20,
                 used_bytes: 4096,
@@ -426,19 +351,19 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             connections: 2,
         },
     );
-    reply("seal", op::SEAL, Response::Empty);
+    reply("seal", Opcode::Seal.code(), Reply::Empty);
     reply(
         "not-found",
-        op::GET,
-        Response::error(status::NOT_FOUND, "object \"x\" not found"),
+        Opcode::Get.code(),
+        Reply::error(Status::NotFound, "object \"x\" not found"),
     );
     reply(
         "out-of-memory",
-        op::CREATE,
-        error_response(&vovp::Error::OutOfMemory {
+        Opcode::Create.code(),
+        Reply::Failure(Failure::from_error(&vovp::Error::OutOfMemory {
             requested: 1 << 30,
             available: 4096,
-        }),
+        })),
     );
     seeds
 }

@@ -130,3 +130,54 @@ class ItemDataset:
         if self.slow_from is not None and i >= self.slow_from:
             time.sleep(self.delay)
         return torch.full((self.numel,), float(i), dtype=torch.float32)
+
+
+class RawConnection:
+    """A connection to the daemon that speaks raw frames (_wire.py), for tests of what
+    the daemon does with frames no client would send. Does the HELLO handshake (closing the
+    segment fds it receives)."""
+
+    def __init__(self, path):
+        import socket
+
+        import _wire as P
+
+        self.P = P
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.sock.sendall(P.frame(P.HELLO, 1, P.hello_payload(os.getpid())))
+        data, fds = self._read(with_fds=True)
+        for fd in fds:
+            os.close(fd)
+        P.check_reply(data, P.HELLO, 1)
+
+    def _read(self, with_fds=False):
+        import socket
+
+        data, fds = bytearray(), []
+        while len(data) < 4 or len(data) < 4 + self.P.U32.unpack_from(data, 0)[0]:
+            if with_fds:
+                chunk, cfds, _, _ = socket.recv_fds(self.sock, 1 << 16, 1024)
+                fds.extend(cfds)
+            else:
+                chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the daemon closed the connection")
+            data += chunk
+        return data, fds
+
+    def roundtrip(self, frame, opcode, request_id):
+        """Sends ``frame``, reads the reply; raises its error (vovp.errors), else returns the
+        reply frame and the position of its body."""
+        self.sock.sendall(frame)
+        data, _ = self._read()
+        return data, self.P.check_reply(data, opcode, request_id)
+
+    def contains(self, name: str, request_id=1000) -> bool:
+        P = self.P
+        data, pos = self.roundtrip(P.frame(P.CONTAINS, request_id, P.enc_str(name.encode())),
+                                   P.CONTAINS, request_id)
+        return bool(data[pos])
+
+    def close(self):
+        self.sock.close()

@@ -26,6 +26,24 @@ if str(PYTHON_DIR) not in sys.path:
 
 import vovp  # noqa: E402
 
+
+def _use_installed_native_core():
+    """The native core (``vovp._native``, built by cargo) is not in the source tree unless it
+    was built in place (``maturin develop``): then test this tree's Python over the native
+    module of the installed package (scripts/test.sh installs ./python first)."""
+    if any(Path(vovp.__file__).parent.glob("_native*.so")):
+        return
+    import sysconfig
+
+    for key in ("platlib", "purelib"):
+        installed = Path(sysconfig.get_paths()[key]) / "vovp"
+        if any(installed.glob("_native*.so")):
+            vovp.__path__.append(str(installed))
+            return
+
+
+_use_installed_native_core()
+
 ENGINE = Path(os.environ.get("VOVP_ENGINE_BIN", REPO / "target" / "debug" / "vovp-engine"))
 # The Rust test fixture (tests/src/bin/vovp-fixture.rs): test-only client commands such as the
 # CUDA ones, kept out of the user-facing `vovp` CLI.

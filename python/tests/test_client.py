@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import vovp
-from vovp import protocol as P
+import _wire as P
 from vovp import tensor as T
-from _helpers import wait_for
+from _helpers import RawConnection, wait_for
 
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]
@@ -75,8 +75,8 @@ def test_put_returns_store_memory(client):
     lease = find_lease(r)
     assert lease is not None and lease.name == "x" and lease.size == a.nbytes
     assert r.__array_interface__["data"][0] == \
-        client._seg_addr[lease.segment] + lease.offset
-    assert lease.offset % 64 == 0
+        lease.start
+    assert lease.start % 64 == 0  # segments are page-aligned: the offset is 64-aligned
 
 
 @pytest.mark.parametrize("nbytes", [1 << 20, (1 << 20) + 8, 24 << 20])
@@ -254,43 +254,46 @@ def test_invalid_name_client_side(client):
 
 def test_invalid_name_daemon_side(daemon):
     """The daemon itself rejects a 300-byte name (bypassing the client's own check)."""
-    c = daemon.client()
+    c = RawConnection(daemon.socket)
     nb = b"n" * 300
     rid = 77
     frame = P.frame(P.CONTAINS, rid, P.enc_str(nb))
     with pytest.raises(vovp.InvalidName) as ei:
-        c._roundtrip(frame, P.CONTAINS, rid)
+        c.roundtrip(frame, P.CONTAINS, rid)
     assert ei.value.status == 7
     frame = P.frame(P.CONTAINS, 78, P.enc_str(b""))
     with pytest.raises(vovp.InvalidName):
-        c._roundtrip(frame, P.CONTAINS, 78)
+        c.roundtrip(frame, P.CONTAINS, 78)
     assert not c.contains("still-usable")
     c.close()
 
 
 def test_non_utf8_name_daemon_side(daemon):
-    c = daemon.client()
+    c = RawConnection(daemon.socket)
     frame = P.frame(P.CONTAINS, 78, P.enc_str(b"\xff\xfe"))
     try:
         with pytest.raises(vovp.InvalidName):
-            c._roundtrip(frame, P.CONTAINS, 78)
+            c.roundtrip(frame, P.CONTAINS, 78)
     finally:
         assert not c.contains("still-usable")
         c.close()
 
 
-def test_malformed_and_unknown_opcode_keep_connection(client):
+def test_malformed_and_unknown_opcode_keep_connection(daemon, client):
+    raw = RawConnection(daemon.socket)
     frame = P.frame(P.CONTAINS, 5, b"\x05")  # truncated str
     with pytest.raises(vovp.ProtocolError) as ei:
-        client._roundtrip(frame, P.CONTAINS, 5)
+        raw.roundtrip(frame, P.CONTAINS, 5)
     assert ei.value.status == 12
     frame = P.frame(0x3F, 6, b"")
     with pytest.raises(vovp.ProtocolError) as ei:
-        client._roundtrip(frame, 0x3F, 6)
+        raw.roundtrip(frame, 0x3F, 6)
     assert ei.value.status == 14
     frame = P.frame(P.CONTAINS, 7, P.enc_str(b"a") + b"trailing")
     with pytest.raises(vovp.ProtocolError):
-        client._roundtrip(frame, P.CONTAINS, 7)
+        raw.roundtrip(frame, P.CONTAINS, 7)
+    assert not raw.contains("a")  # the same connection still works
+    raw.close()
     assert client.stats()["objects"] == 0
 
 

@@ -37,7 +37,7 @@ import pytest
 
 import vovp
 from vovp import cuda as C
-from vovp import protocol as P
+import _wire as P
 from vovp import tensor as T
 
 from _helpers import wait_for

@@ -76,5 +76,8 @@ def test_the_creator_writes_its_own_objects_in_place(daemon, client):
     # Its arena is its own: nobody else gets it writable.
     other = daemon.client()
     assert bytes(other.get_buffer("mine")[:4]) == b"\x05\x05\x05\x05"
-    assert not other._own_segments and client._own_segments
+    assert other.get_buffer("mine").readonly
+    # ... while the creator's writable view is its own arena's mapping, in place.
+    mine = np.frombuffer(client.get_buffer("mine", writable=True), np.uint8)
+    assert mine.ctypes.data == buf.ctypes.data
     other.close()

@@ -158,7 +158,7 @@ def test_dropping_the_create_buffer_before_seal_does_not_abort(pc, store):
     assert meta == b"meta" and data.to_pybytes() == b"\x01\x02\x03\x04"
     assert other.list()[oid]["ref_count"] == 1  # `data` holds other's one reference
     del data
-    assert other.list()[oid]["ref_count"] == 0  # released at once on drop
+    assert other.list()[oid]["ref_count"] == 0  # released with other's next request
 
 
 def test_buffers_keep_their_object_alive_after_delete_and_views_keep_buffers(pc, store):
@@ -174,6 +174,7 @@ def test_buffers_keep_their_object_alive_after_delete_and_views_keep_buffers(pc,
     assert bytes(view) == b"world" and arr.tobytes() == b"hello"
     del view, arr
     gc.collect()
+    pc.contains(oid)  # (carries the release, deferred until pc's next request)
     assert vovp.Client(store).stats()["references"] == 0
 
 
@@ -187,7 +188,10 @@ def test_a_buffer_outlives_its_client(store):
     assert vovp.Client(store).list()[0]["refcount"] == 1
     del arr
     gc.collect()
-    assert vovp.Client(store).list()[0]["refcount"] == 0
+    from _helpers import wait_for
+
+    # No client left to send it with a request: the release goes within 2 ms.
+    assert wait_for(lambda: vovp.Client(store).list()[0]["refcount"] == 0, timeout=5)
 
 
 def test_dying_client_releases_everything(store, subprocess_env):
@@ -283,6 +287,51 @@ def test_metadata_may_exceed_vovp_metadata_limit_and_counts_as_memory(pc, store)
     assert mv.nbytes == 1000 + len(meta) and bytes(mv[1000:]) == meta and header[:4] == b"VPLS"
 
 
+CHILD_CREATE = """
+import sys
+import vovp.plasma as plasma
+c = plasma.connect(sys.argv[1])
+oid = plasma.ObjectID(bytes.fromhex(sys.argv[2]))
+c.create_and_seal(oid, b"z" * 1000)
+"""
+
+
+def test_objects_without_metadata_are_plain_vovp_objects_and_may_fill_the_store(
+        start_daemon, subprocess_env):
+    d = start_daemon(memory=1 << 20)
+    pc = plasma.connect(d.socket)
+    for _ in range(8):  # unreferenced: evicted to make room
+        pc.create_and_seal(plasma.ObjectID.from_random(), b"x" * 100_000)
+    t0 = time.time()
+    oid = plasma.ObjectID.from_random()
+    buf = pc.create(oid, 1 << 20)  # the store's whole memory, as in Plasma
+    np.frombuffer(buf, np.uint8)[-1] = 7
+    del buf
+    pc.seal(oid)
+    info = pc.list()[oid]
+    assert (info["data_size"], info["metadata_size"], info["state"]) == (1 << 20, 0, "sealed")
+    assert t0 - 1 <= info["create_time"] <= time.time() + 1
+    # No header: to a native client it is what it is, 1 MiB of data and no metadata.
+    native = vovp.Client(d.socket)
+    mv, meta = native.get_buffer(oid.name, with_metadata=True)
+    assert (mv.nbytes, meta, mv[-1]) == (1 << 20, b"", 7)
+    with pytest.raises(plasma.PlasmaStoreFull):  # held by `mv`: nothing can be evicted
+        pc.create(plasma.ObjectID.from_random(), 1)
+    del mv
+    native.flush()  # (the native client sends releases with its next request otherwise)
+    # put() objects keep the header (the pickled flag), so do objects with metadata.
+    small = pc.put(1)
+    assert native.get_buffer(small.name, with_metadata=True)[1][:4] == b"VPLS"
+    # Made in another process: the same sizes through list() and gets here.
+    other = plasma.ObjectID.from_random()
+    run_child(CHILD_CREATE, subprocess_env, d.socket, other.binary().hex())
+    assert (pc.list()[other]["data_size"], pc.list()[other]["metadata_size"]) == (1000, 0)
+    [(meta, data)] = pc.get_buffers([other], with_meta=True)
+    assert meta == b"" and data.to_pybytes() == b"z" * 1000
+    pc.disconnect()
+    native.close()
+
+
 def test_evict_counts_data_plus_metadata_in_lru_order(pc):
     ids = [plasma.ObjectID.from_random() for _ in range(3)]
     for i, oid in enumerate(ids):
@@ -318,9 +367,12 @@ def test_put_get_python_objects_and_arrays_stay_zero_copy(pc):
         pc.put(1, object_id=oid)
 
 
-def test_large_objects_go_through_the_mapping(pc):
+def test_large_objects_go_through_the_mapping(pc, store):
     a = np.random.default_rng(1).integers(0, 255, 8 << 20, dtype=np.uint8)
     oid = pc.put_raw_buffer(a, metadata=b"big")
+    # The creator's reference is gone when put returns (evictable for others at once).
+    [e] = [e for e in vovp.Client(store).list() if e["name"] == oid.name]
+    assert e["refcount"] == 0 and e["size"] == (8 << 20) + 3
     [(meta, buf)] = pc.get_buffers([oid], with_meta=True)
     assert meta == b"big" and np.array_equal(np.frombuffer(buf, np.uint8), a)
     got = pc.get(pc.put(a))
@@ -403,7 +455,7 @@ def test_socket_is_a_real_socket(pc):
 def test_deferred_release_reaches_the_store_soon_or_with_the_next_request(store):
     from _helpers import wait_for
 
-    c = plasma.connect(store, deferred_release=True)
+    c = plasma.connect(store)  # deferred, as vovp's own client
     oid = c.put_raw_buffer(b"abc")
     watcher = vovp.Client(store)
     [buf] = c.get_buffers([oid])
@@ -413,3 +465,54 @@ def test_deferred_release_reaches_the_store_soon_or_with_the_next_request(store)
     [buf] = c.get_buffers([oid])
     del buf
     assert c.list()[oid]["ref_count"] == 0  # this client's next request carries it
+    # Plasma's timing: the store learns of it at once.
+    now = plasma.connect(store, deferred_release=False)
+    [buf] = now.get_buffers([oid])
+    assert watcher.stats()["references"] == 1
+    del buf
+    assert watcher.stats()["references"] == 0
+
+
+def test_gets_of_an_object_in_use_share_one_reference(pc, store):
+    watcher = vovp.Client(store)
+    oid = pc.put_raw_buffer(b"abcd", metadata=b"m")
+    [a] = pc.get_buffers([oid])
+    [(meta, b)] = pc.get_buffers([oid], with_meta=True)
+    [m] = pc.get_metadata([oid])
+    assert meta == b"m" and a.to_pybytes() == b.to_pybytes() == b"abcd"
+    assert pc.list()[oid]["ref_count"] == 1  # one reference for all three, as in Plasma
+    view = np.frombuffer(b, np.uint8)[1:]  # keeps b's object alive after b itself goes
+    del a, b, m
+    assert pc.list()[oid]["ref_count"] == 1 and bytes(view) == b"bcd"
+    del view
+    pc.contains(oid)  # any request carries the deferred release
+    assert watcher.stats()["references"] == 0
+    # A get of an object this client created (and still writes) is read-only.
+    mine = plasma.ObjectID.from_random()
+    w = pc.create(mine, 3)
+    np.frombuffer(w, np.uint8)[:] = 7
+    pc.seal(mine)
+    [r] = pc.get_buffers([mine])
+    assert not r.is_mutable and r.to_pybytes() == b"\x07" * 3
+    with pytest.raises(ValueError):
+        np.frombuffer(r, np.uint8)[0] = 1
+    assert pc.list()[mine]["ref_count"] == 1
+    del w, r
+    pc.contains(mine)
+    assert watcher.stats()["references"] == 0
+    watcher.close()
+
+
+def test_entries_of_objects_no_longer_used_do_not_pile_up(pc):
+    ids = [plasma.ObjectID.from_random() for _ in range(2500)]
+    for oid in ids:
+        pc.create_and_seal(oid, b"x")
+    kept = []
+    for i, oid in enumerate(ids):
+        [buf] = pc.get_buffers([oid])
+        if i % 500 == 0:
+            kept.append((oid, buf))
+    # Dead entries are swept when the table doubles: bounded by twice the live ones (>= 1024).
+    assert len(pc._in_use) < 2 * 1024
+    for oid, buf in kept:  # the live ones survived every sweep
+        assert pc._in_use[oid.name]() is not None and buf.to_pybytes() == b"x"

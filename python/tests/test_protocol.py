@@ -1,4 +1,5 @@
-"""Frame encoding and reply decoding, checked byte by byte against PROTOCOL.md (no daemon)."""
+"""The tests' frame encoder (_wire.py) and vovp.errors' status mapping, checked byte by byte
+against PROTOCOL.md (no daemon)."""
 
 import struct
 
@@ -6,7 +7,7 @@ import pytest
 
 import vovp
 from vovp import errors as E
-from vovp import protocol as P
+import _wire as P
 
 
 def test_header_layout():

@@ -19,7 +19,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import vovp  # noqa: E402
-from vovp import protocol as P  # noqa: E402
 import _helpers  # noqa: E402
 from _helpers import store_backed, tensor_digest, wait_for  # noqa: E402
 from conftest import PYTHON_DIR  # noqa: E402
@@ -166,9 +165,11 @@ def test_zero_copy_views(client):
     # (copy-on-write) mapping of the same pages; the read-only numpy view uses the shared one.
     # Same pages, same offset, no copy.
     assert g.data_ptr() == r.data_ptr()
-    seg = next(k for k in client._seg_addr if not isinstance(k, tuple))
-    assert (g.data_ptr() - client._seg_addr[(seg, "private")]
-            == n.__array_interface__["data"][0] - client._seg_addr[seg])
+    from vovp.client import find_lease
+
+    lg, ln = find_lease(g), find_lease(n)
+    assert (lg.segment, lg.offset) == (ln.segment, ln.offset)
+    assert g.data_ptr() != n.__array_interface__["data"][0]  # two mappings of one page
     # Writing through the torch tensor stays in this process: the store keeps its bytes.
     g[0] = 42.0
     assert n[0] == 0.0 and client.get_tensor("z", framework="numpy")[0] == 0.0
@@ -241,9 +242,9 @@ def test_put_tensors_get_tensors(client, daemon):
     other = daemon.client()
     gc.collect()
     other.flush()
-    before = other._next_id()
+    before = other._requests_sent()
     got = other.get_tensors(list(tensors))
-    assert other._next_id() - before == 2  # one request (GET of six names) in between
+    assert other._requests_sent() - before == 1  # one request: a GET of six names
     for (name, t), g in zip(tensors.items(), got):
         if name == "np":
             assert isinstance(g, np.ndarray) and g.tolist() == [0, 1, 2, 3]
@@ -522,14 +523,15 @@ def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
     small["arr"] = np.arange(3)
     gc.collect()
     client.flush()
-    before = client._next_id()
-    arenas_before = len(client._own_segments)
+    before = client._requests_sent()
     stored = client.put_tensors(small)
     # One PUT per small tensor (101, sent in two pipelined writes) and CREATE + SEAL for the
-    # big one, plus one SEGMENT if that CREATE opened this client's first arena: nothing else
-    # (no per-tensor extra requests).
-    arenas = len(client._own_segments) - arenas_before
-    assert client._next_id() - before == 101 + 2 + arenas + 1
+    # big one, plus one SEGMENT as that CREATE opened this client's first arena (objects of
+    # segment 0 need none): nothing else (no per-tensor extra requests).
+    from vovp.client import find_lease
+
+    arenas = 1 if find_lease(stored["big"]).segment != 0 else 0
+    assert client._requests_sent() - before == 101 + 2 + arenas
     assert list(stored) == list(small)
     for name, t in small.items():
         g = stored[name]
@@ -549,7 +551,7 @@ def test_handoff_does_not_wait_for_the_seal_reply(start_daemon, reduction_to):
     reduction_to(d.socket)
     data = ForkingPickler.dumps(torch.arange(1 << 18, dtype=torch.float32))  # 1 MiB
     sender = vovp.default_client(d.socket)
-    assert [op for op, _, _ in sender._unread] == [P.SEAL]  # its reply not read yet
+    assert sender._n.unread_replies == 1  # the SEAL's reply is not read yet
     other = d.client()
     # (the daemon may see this LIST before the SEAL: they come on different connections)
     assert wait_for(lambda: [(e["sealed"], e["ephemeral"]) for e in other.list()] ==
@@ -557,7 +559,7 @@ def test_handoff_does_not_wait_for_the_seal_reply(start_daemon, reduction_to):
     back = ForkingPickler.loads(data)
     assert torch.equal(back, torch.arange(1 << 18, dtype=torch.float32)) and store_backed(back)
     assert sender.stats()["objects"] == 1  # the next request consumed the seal's reply first
-    assert not sender._unread
+    assert sender._n.unread_replies == 0
     del back
     gc.collect()
     assert wait_for(lambda: other.stats()["objects"] == 0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import vovp
-from vovp import protocol as P
+import _wire as P
 
 
 class Raw:
@@ -225,7 +225,7 @@ def test_stats_after_disconnect(daemon):
     c = vovp.Client(daemon.socket)
     keep = c.put_tensor("held", np.zeros(4))
     c.create("unsealed", 16)
-    c._sock.close()  # vanish without a goodbye
+    c.close()  # the socket closes: the protocol has no goodbye
     w = vovp.Client(daemon.socket)
     from _helpers import wait_for
     assert wait_for(lambda: w.stats()["references"] == 0 and w.stats()["unsealed"] == 0)

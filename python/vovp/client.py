@@ -1,77 +1,61 @@
-"""The vovp client: one connection to ``vovp-engine`` plus the mappings of its segments.
+"""The vovp client: ``vovp.Client`` over the native core (``vovp._native``, the Rust client).
+
+The connection, HELLO and SEGMENT, requests and replies, fd passing, segment mappings (read-only;
+this client's own arenas writable; private copy-on-write mappings for writable views of
+others' objects), request ids, deferred releases, reconnect and CUDA IPC mappings (through the
+gpu crate) are the Rust client's (transport/src/client.rs), not a second implementation of
+PROTOCOL.md. This module is the Python API on top: arguments, tensors, leases.
 
 Zero-copy and reference lifetime
 --------------------------------
-Every object this client hands out (put, get, create) is backed by one *owner*: a 1-D uint8
-numpy array made with ``np.frombuffer`` over the segment mapping. Returned arrays are views of
-the owner. numpy collapses ``.base`` chains, but it stops at the first array whose base is not
-an ndarray; the owner's base is a memoryview, so every array derived from a returned one (slices,
-reshapes, transposes, ``torch.from_numpy``, ``memoryview(arr)``) keeps the owner alive. A
-``weakref`` on the owner therefore fires only when the last user-visible view is gone, and its
-callback releases the store reference (RELEASE with NO_REPLY, so garbage collection never waits
-for the daemon). ``np.frombuffer`` itself cannot be the anchor of a plain memoryview: numpy takes
-its own memoryview of the buffer, so a weakref on ours would fire too early.
+Every reference the daemon grants comes back as a native ``Object`` (or ``Buffer``, for an
+object this client created) that holds it and releases it when garbage collected. Its bytes
+are exported through ``__array_interface__``: the *owner*, ``numpy.asarray(obj)``, is a 1-D
+uint8 array over the shared mapping whose ``.base`` is the native object. numpy stops collapsing
+``.base`` chains at the first base that is not an ndarray, so every array derived from a
+returned one (slices, reshapes, ``torch.from_numpy``, ``memoryview(arr)``) keeps the owner,
+hence the native object, hence the reference, alive; when the last one goes the Rust view's
+``Drop`` releases it (sent at once when the connection is idle, else ahead of the next request).
 
-The weakrefs live in the module-level ``_LEASES`` table, which also keeps their client alive:
-dropping the last reference to a ``Client`` while arrays from it are alive must not close the
-connection (which would release the references and let the daemon reuse the memory).
-
-Release callbacks can run on any thread, including one that is inside a request of this
-client, so they never wait for the lock: they queue the object id. The queue is sent in front of
-the next request (same sendall), or by a small flusher thread after ``release_delay`` (2 ms) if
-the client stays idle. ``release_delay=0`` sends at once when the lock is free instead.
+``_LEASES`` (id(owner) -> weakref with the object's name, id and address range) is only an
+index: ``release(arr)`` and ``find_lease(arr)`` find the reference behind an array (by its owner,
+or by address for torch tensors), and ``release`` gives it back early through the native object.
 
 Fork: a child must not talk on its parent's socket. A client used in another process than the
-one that created it raises ConnectionError, and its release callbacks do nothing (the parent's
-connection owns those references); ``vovp.default_client()`` opens a new connection per process.
-
-CUDA objects use the same machinery with a different owner: a ``cuda.DeviceBuffer`` (one view
-of the CUDA IPC mapping of the object's pool, see cuda.py) instead of a numpy array. Its lease
-has ``cuda=True`` and ``segment=None`` (so host address lookups never match it) and ``offset`` is
-the device address. What the user gets (a ``CudaTensor``, or a torch tensor that torch made
-from an object holding the buffer) keeps the buffer alive; when it dies the reference is
-released like a host one and the pool mapping loses a view (closed with its last view).
+one that created it raises ConnectionError, and references that reached a child are never
+released from it (the parent's connection owns them); ``vovp.default_client()`` opens a new
+connection per process.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
-import mmap
 import os
-import queue
-import socket
 import threading
-import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import _native as N
 from . import cuda as C
-from . import protocol as P
 from . import tensor as T
 from .errors import (
     ConnectionError,
-    InvalidArgument,
     GpuUnavailable,
+    InvalidArgument,
     ObjectNotFound,
     ProtocolError,
-    VovpError,
 )
 
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
-# Objects up to this size go in one PUT frame; larger ones through CREATE + copy + SEAL. Above
-# ~256 KiB the extra round trips cost less than pushing the bytes through the socket twice
-# (vovp-bench: 1 MiB inline ~305 us, through the mapping 150-195 us).
+# Objects up to this size go in one PUT frame; larger ones through CREATE + copy + SEAL (the
+# Rust client's choice, transport/src/client.rs INLINE_PUT_PREFERRED).
 INLINE_LIMIT = 256 << 10
-# Garbage-collected references are released within this many seconds (see _release_soon).
+# Garbage-collected references are released within this many seconds: the native core queues
+# their RELEASEs, which ride in front of the next request or are sent by a small thread after
+# this delay if the client stays idle (``release_delay=0``: each is sent when its view drops).
 RELEASE_DELAY = 0.002
-# ... or at once when this many are queued.
-MAX_PENDING_RELEASES = 1024
-# Inline puts up to this size are sent as one concatenated bytes object.
-SMALL_CONCAT = 16 << 10
 # Copies larger than this are split across the copy pool.
 PARALLEL_COPY_MIN = 1 << 20
 
@@ -81,47 +65,28 @@ __all__ = ["Client", "init_client", "DEFAULT_SOCKET"]
 # --- leases ----------------------------------------------------------------------------------
 
 
-
-# How long a request polls for its reply before sleeping in recv. The daemon answers a small
-# request within microseconds, but waking a sleeping reader on another CPU costs tens of
-# microseconds on virtual machines (45-65 us measured here; vovp-bench "machine limits").
-# sched_yield between polls lets the daemon run when both share a CPU. Same policy as the Rust
-# client (transport/src/client.rs, REPLY_SPIN).
-_REPLY_SPIN_S = 50e-6
-
-
-def _recv_soon(sock, buf) -> int:
-    deadline = time.perf_counter() + _REPLY_SPIN_S
-    while True:
-        try:
-            return sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            if time.perf_counter() > deadline:
-                return sock.recv_into(buf)
-            os.sched_yield()
-
 class _Lease(weakref.ref):
-    """Weak reference to an owner array that releases one store reference when it dies."""
+    """Weak reference to an owner (array or device buffer): where a reference's bytes are."""
 
-    __slots__ = ("key", "client", "oid", "name", "segment", "offset", "size", "token", "cuda",
-                 "generation")
+    __slots__ = ("key", "client", "oid", "name", "start", "size", "token", "cuda", "obj",
+                 "generation", "segment", "offset")
 
-    def __new__(cls, owner, client, oid, name, segment, offset, size, cuda=False):
+    def __new__(cls, owner, client, obj, cuda=False):
         self = weakref.ref.__new__(cls, owner, _lease_died)
         self.key = id(owner)
         self.client = client
-        self.oid = oid
-        self.name = name
-        # Host: segment id and offset in it. CUDA: segment None, offset = device address.
-        self.segment = segment
-        self.offset = offset
-        self.size = size
+        self.oid = obj.id
+        self.name = obj.name
+        # Host: address of the first byte in this process. CUDA: the device address.
+        self.start = owner.ptr if cuda else obj.address
+        self.size = obj.size
+        # Where the store keeps it: (segment id, offset) for host objects (None for CUDA).
+        self.segment, self.offset = obj.place or (None, None)
         self.cuda = cuda
-        # The connection the reference belongs to: after a reconnect, references of the old
-        # daemon died with it and must not be released on the new one (ids may name others).
+        self.obj = weakref.ref(obj)
         self.generation = client._generation
         # Whoever pops this token releases the reference (or gives it up): list.pop is atomic,
-        # so an explicit release() racing the GC callback on another thread releases once.
+        # so an explicit release() racing garbage collection releases once.
         self.token = [True]
         return self
 
@@ -129,19 +94,8 @@ class _Lease(weakref.ref):
         super().__init__(owner, _lease_died)
 
 
-# id(owner) -> _Lease. Module-level so that it is a GC root (see the module docstring).
+# id(owner) -> _Lease. Module-level so lookups by address see every client's objects.
 _LEASES: dict = {}
-
-
-# (id(client), segment id) -> (start, end) address range of every live mapping.
-_MAPPED: dict = {}
-
-
-
-def _forget_mappings(client_id, seg_addr):
-    for seg_id in list(seg_addr):
-        _MAPPED.pop((client_id, seg_id), None)
-
 
 # Objects found by address that were released explicitly (id -> weakref), so that releasing
 # the same torch tensor twice does not release a second reference of the same store object.
@@ -149,27 +103,28 @@ _RELEASED_BY_ADDRESS: dict = {}
 
 
 def _lease_died(lease):
-    # Runs inside garbage collection, on whatever thread dropped the last view: never raise.
+    # Runs inside garbage collection: never raise. The native object releases itself.
     try:
         if _LEASES.get(lease.key) is lease:
             del _LEASES[lease.key]
-        if _claim(lease) and lease.generation == lease.client._generation:
-            lease.client._release_soon(lease.oid)
-    except BaseException:  # noqa: BLE001 (interpreter shutdown, broken connection...)
+    except BaseException:  # noqa: BLE001 (interpreter shutdown)
         pass
 
 
 def _claim(lease) -> bool:
-    """Take the right to release ``lease``'s reference; False if someone already did.
-
-    A claimed lease stays registered until its owner dies, so that ``release()`` of an array
-    whose reference is gone recognises it instead of matching another lease by address.
-    """
+    """Take the right to release ``lease``'s reference; False if someone already did."""
     try:
         lease.token.pop()
         return True
     except IndexError:
         return False
+
+
+def _give_back(lease) -> None:
+    """Release ``lease``'s reference now (it was claimed)."""
+    obj = lease.obj()
+    if obj is not None:
+        obj.release()
 
 
 def _data_address(obj):
@@ -209,8 +164,7 @@ def _release_owner(owner) -> bool:
     lease = _LEASES.get(id(owner))
     if lease is None or lease() is not owner or not _claim(lease):
         return False
-    if lease.generation == lease.client._generation:
-        lease.client._release_now(lease.oid)
+    _give_back(lease)
     return True
 
 
@@ -221,38 +175,27 @@ def _find_lease(obj):
         lease = _LEASES.get(id(owner))
         return (lease, False) if lease is not None and lease() is owner else (None, False)
     addr = _cuda_address(obj)
-    if addr is not None:
-        # Device memory: only CUDA leases can match (their offset is the device address).
-        for lease in list(_LEASES.values()):
-            if not lease.cuda or not lease.token or lease() is None:
-                continue
-            start = lease.offset
-            if start <= addr < start + lease.size or (addr == start and lease.size == 0):
-                return lease, True
-        return None, False
-    # Fast path: arrays derived from an owner have it as their base (or are the owner).
-    candidates = []
-    if isinstance(obj, np.ndarray):
-        candidates = [obj, obj.base]
-    elif isinstance(obj, memoryview):
-        candidates = [obj.obj, getattr(obj.obj, "base", None)]
-    for c in candidates:
-        if c is not None:
-            lease = _LEASES.get(id(c))
-            if lease is not None and lease() is c:
-                return lease, False
-    # Slow path (torch tensors, arrays rebuilt from buffers): match the address range.
-    addr = _data_address(obj)
-    if addr is None:
-        return None, False
-    # Most arrays are not store memory at all: rule that out before scanning every lease.
-    if not any(start <= addr < end for start, end in list(_MAPPED.values())):
-        return None, False
+    cuda = addr is not None
+    if not cuda:
+        # Fast path: arrays derived from an owner have it as their base (or are the owner).
+        candidates = []
+        if isinstance(obj, np.ndarray):
+            candidates = [obj, obj.base]
+        elif isinstance(obj, memoryview):
+            candidates = [obj.obj, getattr(obj.obj, "base", None)]
+        for c in candidates:
+            if c is not None:
+                lease = _LEASES.get(id(c))
+                if lease is not None and lease() is c:
+                    return lease, False
+        # Slow path (torch tensors, arrays rebuilt from buffers): match the address range.
+        addr = _data_address(obj)
+        if addr is None:
+            return None, False
     for lease in list(_LEASES.values()):
-        base = lease.client._seg_addr.get(lease.segment)
-        if base is None or not lease.token or lease() is None:
+        if lease.cuda != cuda or not lease.token or lease() is None:
             continue
-        start = base + lease.offset
+        start = lease.start
         if start <= addr < start + lease.size or (addr == start and lease.size == 0):
             return lease, True
     return None, False
@@ -334,199 +277,20 @@ class Client:
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
         self._pid = os.getpid()
-        # reconnect=True: when the daemon has gone away (stopped, killed, restarted), the next
-        # call connects again and is retried once; objects of the old daemon are not found.
         self._reconnect = reconnect
-        self._user_closed = False
-        self._generation = 0
-        self._lock = threading.Lock()
-        self._pending = collections.deque()  # object ids whose RELEASE has not been sent yet
         self._release_delay = release_delay
-        self._flush_scheduled = False
-        self._flush_q = None
+        self._generation = 0
         self._closed = True  # until HELLO succeeded
-        self._next_id = itertools.count(1).__next__
-        self._rbuf = bytearray(1 << 16)
-        self._rmv = memoryview(self._rbuf)
-        self._rpos = self._rend = 0
-        # Segments are mapped read-only, except this client's own arenas (where the daemon puts
-        # the objects it creates, and which only it can write). ``writable=True`` views of other
-        # segments come from a private copy-on-write mapping: writes stay in this process.
-        self._segments = {}  # mapping key -> mmap
-        self._seg_rw = {}  # segment id -> writable memoryview (shared: own arena; else private)
-        self._seg_ro = {}  # segment id -> read-only memoryview of the shared mapping
-        self._seg_addr = {}  # mapping key -> address of the mapping (release() by address)
-        self._own_segments = set()  # arenas this client writes
-        self._unsealed = {}  # name -> object id of objects this client created, not sealed yet
-        # (opcode, request id, name) of requests sent whose replies are read later, in front of
-        # the next request's (see _seal_later).
-        self._unread = collections.deque()
-        self._sock = self._connect(path, connect_timeout)
-        try:
-            self._hello()
-        except BaseException:
-            self._sock.close()
-            self._unmap()
-            raise
+        self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
+        self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
+                           float(release_delay or 0.0))
+        self._guard = _Guarded(self)
         self._closed = False
-        weakref.finalize(self, _forget_mappings, id(self), self._seg_addr)
-        if release_delay > 0:
-            # Started here, not on first use: starting a thread from a GC callback could block.
-            self._flush_q = queue.SimpleQueue()
-            threading.Thread(target=_flusher, args=(weakref.ref(self), self._flush_q),
-                             name="vovp-release", daemon=True).start()
-            weakref.finalize(self, self._flush_q.put, None)  # lets the thread exit
+        self.capacity = self._n.capacity
+        self.max_inline = self._n.max_inline
+        self._inline_limit = min(self.max_inline, INLINE_LIMIT)
 
     # -- connection ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _connect(path, connect_timeout):
-        deadline = time.monotonic() + (connect_timeout or 0)
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(path)
-                return sock
-            except (FileNotFoundError, ConnectionRefusedError) as e:
-                sock.close()
-                if time.monotonic() >= deadline:
-                    raise ConnectionError(
-                        f"cannot connect to the vovp daemon at {path!r}: {e.strerror}") from e
-                time.sleep(0.02)
-            except OSError as e:
-                sock.close()
-                raise ConnectionError(f"cannot connect to {path!r}: {e}") from e
-
-    def _hello(self):
-        rid = self._next_id()
-        try:
-            self._sock.sendall(P.frame(P.HELLO, rid, P.hello_payload(os.getpid())))
-        except OSError:
-            # A daemon that refuses us (too many connections) may have answered and closed
-            # already: its reply, read below, says why.
-            pass
-        # The fds ride on the reply's bytes; collect them from every chunk until the frame is
-        # complete (in practice the first one).
-        data = bytearray()
-        fds = []
-        try:
-            while len(data) < 4 or len(data) < 4 + P.U32.unpack_from(data, 0)[0]:
-                try:
-                    chunk, cfds, flags, _ = socket.recv_fds(self._sock, 1 << 16, 1024)
-                except OSError as e:
-                    raise ConnectionError(f"the daemon closed the connection during HELLO: {e}")
-                fds.extend(cfds)
-                if flags & socket.MSG_CTRUNC:
-                    raise ProtocolError("segment fds were truncated (too many segments?)")
-                if not chunk:
-                    raise ConnectionError(
-                        "the daemon closed the connection during HELLO (is this uid allowed "
-                        "to use the store?)")
-                data += chunk
-            (length,) = P.U32.unpack_from(data, 0)
-            total = 4 + length
-            if len(data) > total:  # nothing else should be in flight, but keep it if it is
-                extra = bytes(data[total:])
-                self._rbuf[:len(extra)] = extra
-                self._rend = len(extra)
-                del data[total:]
-            pos = P.check_reply(data, P.HELLO, rid)
-            hello = P.decode_hello(data, pos)
-            if hello.protocol_version != P.VERSION:
-                raise ProtocolError(f"daemon speaks protocol {hello.protocol_version}")
-            if len(fds) != len(hello.segments):
-                raise ProtocolError(
-                    f"HELLO announced {len(hello.segments)} segments but carried {len(fds)} fds")
-            for (seg_id, size), fd in zip(hello.segments, fds):
-                if size:
-                    self._map_segment(seg_id, size, fd, writable=False)
-        finally:
-            for fd in fds:
-                os.close(fd)  # the mmaps hold their own duplicate
-        self.capacity = hello.capacity
-        self.max_inline = hello.max_inline
-        self._inline_limit = min(hello.max_inline, INLINE_LIMIT)
-
-    def _map_segment(self, seg_id, size, fd, writable):
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        shared = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
-        view = memoryview(shared)
-        self._register(seg_id, shared, view, size)
-        self._seg_ro[seg_id] = view.toreadonly() if writable else view
-        if writable:
-            self._own_segments.add(seg_id)
-            self._seg_rw[seg_id] = view
-        else:
-            # A read-only fd may still be mapped privately: writes then copy the page into this
-            # process and never reach the store.
-            private = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
-                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            pview = memoryview(private)
-            self._register((seg_id, "private"), private, pview, size)
-            self._seg_rw[seg_id] = pview
-
-    def _register(self, key, mm, view, size):
-        self._segments[key] = mm
-        start = np.frombuffer(view, np.uint8).__array_interface__["data"][0]
-        self._seg_addr[key] = start
-        _MAPPED[(id(self), key)] = (start, start + size)
-
-    def _fetch_segment(self, seg_id):
-        """Maps segment ``seg_id`` (an arena: this client's own, read-write, or another
-        client's, read-only), asking the daemon for its fd."""
-        rid = self._next_id()
-        request = P.frame(P.SEGMENT, rid, P.segment_payload(seg_id))
-        with self._lock:
-            if self._closed:
-                self._check_usable()
-            if seg_id in self._seg_ro:  # another thread mapped it meanwhile
-                return
-            if self._unread:
-                self._read_unread()  # replies of seals sent without waiting come first
-            if self._rpos != self._rend:
-                raise ProtocolError("unexpected bytes before a SEGMENT reply")
-            fds = []
-            try:
-                if self._pending:
-                    request = self._drain_pending() + request
-                self._sock.sendall(request)
-                data = bytearray()
-                while len(data) < 4 or len(data) < 4 + P.U32.unpack_from(data, 0)[0]:
-                    chunk, cfds, _, _ = socket.recv_fds(self._sock, 1 << 16, 4)
-                    fds.extend(cfds)
-                    if not chunk:
-                        raise ConnectionError("the vovp daemon closed the connection")
-                    data += chunk
-                pos = P.check_reply(data, P.SEGMENT, rid)
-                size, writable = P.decode_segment(data, pos)
-                if len(fds) != 1:
-                    raise ProtocolError(f"SEGMENT reply carried {len(fds)} fds, not 1")
-                self._map_segment(seg_id, size, fds[0], writable)
-            except OSError as e:
-                self._mark_broken()
-                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
-            finally:
-                for fd in fds:
-                    os.close(fd)  # the mmaps hold their own duplicate
-
-    def _unmap(self):
-        # Best effort: a mapping with live arrays cannot be closed; it then stays mapped until
-        # the last array is garbage collected.
-        for seg_id in self._segments:
-            _MAPPED.pop((id(self), seg_id), None)
-        for d in (self._seg_ro, self._seg_rw):
-            for mv in d.values():
-                try:
-                    mv.release()
-                except BufferError:
-                    pass
-            d.clear()
-        for mm in self._segments.values():
-            try:
-                mm.close()
-            except BufferError:
-                pass
-        self._segments.clear()
 
     @property
     def path(self) -> str:
@@ -539,29 +303,14 @@ class Client:
 
     def close(self) -> None:
         """Close the connection: the daemon releases every reference it held."""
-        self._user_closed = True
         if self._closed:
-            self._unmap()
             return
         self._closed = True
-        if os.getpid() == self._pid:
-            try:
-                # Wakes a thread blocked in a waiting GET so that the lock below is free soon.
-                # Never done in a forked child: the socket is shared with the parent.
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            with self._lock:
-                self._sock.close()
-        else:
-            self._sock.close()
-        self._pending.clear()
-        if self._flush_q is not None:
-            self._flush_q.put(None)
+        self._n.close()
         for lease in list(_LEASES.values()):
             if lease.client is self:
                 _claim(lease)  # the connection's end released them all
-        self._unmap()
+        self._unsealed.clear()
 
     def __enter__(self):
         return self
@@ -573,277 +322,30 @@ class Client:
         state = "closed" if self._closed else f"capacity={self.capacity}"
         return f"<vovp.Client {self._path!r} {state}>"
 
-    # -- framing ------------------------------------------------------------------------------
-
-    def _read_frame(self) -> memoryview:
-        """The next frame (length field included), as a view valid until the next read."""
-        start, end = self._rpos, self._rend
-        sock = self._sock
-        if start == end:
-            # Fast path: nothing buffered and the whole reply arrives in one recv.
-            end = _recv_soon(sock, self._rmv)
-            if end >= 4:
-                total = 4 + P.U32.unpack_from(self._rbuf, 0)[0]
-                if end == total and total >= P.HEADER_SIZE:
-                    self._rpos = self._rend = 0
-                    return self._rmv[:total]
-            elif not end:
-                raise ConnectionError("the vovp daemon closed the connection")
-            start = 0
-        while True:
-            have = end - start
-            if have >= 4:
-                total = 4 + P.U32.unpack_from(self._rbuf, start)[0]
-                if total < P.HEADER_SIZE or total > P.HEADER_SIZE + P.MAX_PAYLOAD:
-                    raise ProtocolError(f"reply frame length {total - 4} is invalid")
-                if have >= total:
-                    self._rpos, self._rend = start + total, end
-                    return self._rmv[start:start + total]
-                need = total
-            else:
-                need = 4
-            if start + need > len(self._rbuf):
-                # Move the partial frame to the front, growing the buffer if it cannot fit.
-                partial = bytes(self._rmv[start:end])
-                if need > len(self._rbuf):
-                    self._rbuf = bytearray(max(need, 2 * len(self._rbuf)))
-                    self._rmv = memoryview(self._rbuf)
-                self._rmv[:len(partial)] = partial
-                start, end = 0, len(partial)
-            n = sock.recv_into(self._rmv[end:])
-            if not n:
-                raise ConnectionError("the vovp daemon closed the connection")
-            end += n
-
-    def _release_frame(self, ids) -> bytes:
-        if len(ids) == 1:
-            return P.RELEASE1.pack(24, P.VERSION, P.RELEASE, P.FLAG_NO_REPLY, self._next_id(),
-                                   1, ids[0])
-        return P.frame(P.RELEASE, self._next_id(), P.release_payload(ids), P.FLAG_NO_REPLY)
-
-    def _drain_pending(self) -> bytes:
-        ids = []
-        pending = self._pending
-        while pending:
-            try:
-                ids.append(pending.popleft())
-            except IndexError:
-                break
-        return self._release_frame(ids) if ids else b""
-
     def _check_usable(self):
-        if self._closed:
-            raise ConnectionError("the vovp client is closed")
         if os.getpid() != self._pid:
             raise ConnectionError(
                 "this vovp client was created in another process (fork); create a new one")
+        if self._closed:
+            raise ConnectionError("the vovp client is closed")
 
-    def _roundtrip(self, data, opcode, rid, parse=None):
-        """Send one request (bytes, or a list of buffers) and parse its reply under the lock."""
-        if os.getpid() != self._pid:
-            # Checked before taking the lock: after fork it may be held by a thread that does
-            # not exist in this process.
+    @property
+    def _native(self):
+        if self._closed or os.getpid() != self._pid:
             self._check_usable()
-        with self._lock:
-            if self._closed:
-                if self._may_reconnect():
-                    self._reconnect_locked()
-                else:
-                    self._check_usable()
-            request = list(data) if type(data) is list else data
-            try:
-                buf = self._send_and_read(data)
-            except ConnectionError:
-                if not self._may_reconnect():
-                    raise
-                self._reconnect_locked()
-                buf = self._send_and_read(request)
-            try:
-                pos = P.check_reply(buf, opcode, rid)
-            except VovpError as e:
-                # status 0: a reply to some other request (desynchronised); 13: the daemon
-                # closes the connection after an unsupported version.
-                if e.status in (0, 13):
-                    self._mark_broken()
-                raise
-            result = parse(buf, pos) if parse is not None else None
-            if self._pending and self._release_delay <= 0:
-                # Immediate mode: send what GC queued while we held the lock.
-                try:
-                    self._sock.sendall(self._drain_pending())
-                except OSError:
-                    self._mark_broken()
-            return result
+        return self._guard
 
-    def _send_and_read(self, data):
-        """Sends a request (after any queued releases) and reads its reply frame; the lock is
-        held. A broken connection is closed and raised as ConnectionError."""
-        try:
-            if type(data) is list:
-                if self._pending:
-                    data.insert(0, self._drain_pending())
-                self._sendv(data)
-            else:
-                if self._pending:
-                    data = self._drain_pending() + data
-                self._sock.sendall(data)
-            if self._unread:
-                self._read_unread()
-            return self._read_frame()
-        except VovpError:
-            self._mark_broken()  # EOF or an unreadable frame: the stream cannot resync
-            raise
-        except OSError as e:
-            self._mark_broken()
-            raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
-
-    def _may_reconnect(self) -> bool:
-        return self._reconnect and not self._user_closed and os.getpid() == self._pid
-
-    def _reconnect_locked(self):
-        """A new connection (and fresh mappings) to the daemon at the same path; the lock is
-        held. Arrays of the old connection keep their own mappings; their references died with
-        the old daemon and are never released on the new one."""
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-        self._generation += 1
-        self._pending.clear()
-        self._unread.clear()  # replies the old daemon will never send
-        self._unsealed.clear()
-        for key in list(self._seg_addr):
-            _MAPPED.pop((id(self), key), None)
-        self._seg_addr.clear()  # the same dict: the finalizer forgets what is in it
-        self._segments, self._seg_rw, self._seg_ro = {}, {}, {}
-        self._own_segments = set()
-        self._rpos = self._rend = 0
-        self._sock = self._connect(self._path, 0)
-        try:
-            self._hello()
-        except BaseException:
-            self._sock.close()
-            raise
-        self._closed = False
-
-    def _sendv(self, bufs):
-        # One sendmsg for header + data avoids concatenating (copying) the payload.
-        sock = self._sock
-        total = sum(memoryview(b).nbytes for b in bufs)
-        sent = sock.sendmsg(bufs)
-        if sent == total:
-            return
-        # Partial send (large frame, full socket buffer): finish with sendall per buffer.
-        for b in bufs:
-            mv = memoryview(b).cast("B")
-            if sent >= mv.nbytes:
-                sent -= mv.nbytes
-                continue
-            sock.sendall(mv[sent:])
-            sent = 0
-
-    def _seal_later(self, name) -> None:
-        """Send SEAL without waiting for its reply (read in front of the next request's).
-
-        For hand-offs (vovp.reduction): the receiver's GET waits for the seal anyway, so the
-        sender need not pay a round trip before sending the name. A failure of such a seal can
-        only be reported later, as a RuntimeWarning; the receiver's GET then times out.
-        """
-        nb = P.encode_name(name)
-        rid = self._next_id()
-        frame = P.NAME_PREFIX.pack(14 + len(nb), P.VERSION, P.SEAL, 0, rid, len(nb)) + nb
-        if os.getpid() != self._pid:
-            self._check_usable()
-        with self._lock:
-            self._check_usable()
-            if self._pending:
-                frame = self._drain_pending() + frame
-            try:
-                self._sock.sendall(frame)
-            except OSError as e:
-                self._mark_broken()
-                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
-            self._unread.append((P.SEAL, rid, name))
-        self._unsealed.pop(name, None)
-
-    def _read_unread(self):
-        """Consume the replies of requests sent earlier without waiting (under the lock)."""
-        while self._unread:
-            opcode, rid, name = self._unread.popleft()
-            buf = self._read_frame()
-            try:
-                P.check_reply(buf, opcode, rid)
-            except VovpError as e:
-                if e.status in (0, 13):
-                    raise
-                import warnings  # noqa: PLC0415 (rare path)
-
-                warnings.warn(f"vovp: deferred seal of {name!r} failed: {e}", RuntimeWarning,
-                              stacklevel=3)
-
-    def _mark_broken(self):
-        self._closed = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-
-    def _simple(self, opcode, payload=b"", parse=None):
-        rid = self._next_id()
-        return self._roundtrip(P.HEADER.pack(12 + len(payload), P.VERSION, opcode, 0, rid)
-                               + payload, opcode, rid, parse)
-
-    def _name_op(self, opcode, name, parse=None):
-        nb = P.encode_name(name)
-        rid = self._next_id()
-        return self._roundtrip(
-            P.NAME_PREFIX.pack(14 + len(nb), P.VERSION, opcode, 0, rid, len(nb)) + nb,
-            opcode, rid, parse)
+    def _connection_lost(self):
+        """A call failed with ConnectionError: without reconnect the client is closed (the
+        daemon is gone, or the stream cannot be resynchronised)."""
+        if not self._reconnect:
+            self._closed = True
+            self._n.close()
+            for lease in list(_LEASES.values()):
+                if lease.client is self:
+                    _claim(lease)
 
     # -- releases -------------------------------------------------------------------------------
-
-    def _release_soon(self, oid):
-        """Release from a weakref callback: never blocks, never raises.
-
-        By default the RELEASE is deferred: it rides in front of the next request (same
-        sendall), or the flusher thread sends it ``release_delay`` seconds later if the client
-        stays idle. On a small machine this halves the cost of a get whose result is dropped
-        at once, as waking the daemon for each release costs as much as the request itself.
-        With ``release_delay=0`` it is sent at once when the lock is free.
-        """
-        try:
-            if self._closed or os.getpid() != self._pid:
-                return  # the connection (or the parent's, after fork) owns nothing for us
-            self._pending.append(oid)
-            if self._release_delay > 0 and len(self._pending) < MAX_PENDING_RELEASES:
-                self._schedule_flush()
-                return
-            if self._lock.acquire(blocking=False):
-                try:
-                    if self._pending:
-                        self._sock.sendall(self._drain_pending())
-                finally:
-                    self._lock.release()
-            else:
-                self._schedule_flush()  # the request in flight may already be past its flush
-        except BaseException:  # noqa: BLE001
-            pass
-
-    def _schedule_flush(self):
-        if not self._flush_scheduled and self._flush_q is not None:
-            self._flush_scheduled = True
-            self._flush_q.put(True)  # SimpleQueue.put is safe in weakref callbacks
-
-    def _release_now(self, oid):
-        with self._lock:
-            if self._closed or os.getpid() != self._pid:
-                return
-            self._pending.append(oid)
-            try:
-                self._sock.sendall(self._drain_pending())
-            except OSError as e:
-                self._mark_broken()
-                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
 
     def release(self, obj) -> bool:
         """Release the store reference behind ``obj`` now instead of at garbage collection.
@@ -874,137 +376,69 @@ class Client:
                     by_address, lambda _, key=key: _RELEASED_BY_ADDRESS.pop(key, None))
             except TypeError:  # not weak-referenceable
                 pass
-        if lease.generation == self._generation:
-            self._release_now(lease.oid)
+        if os.getpid() == self._pid and not self._closed:
+            _give_back(lease)
         return True
 
     def flush(self) -> None:
         """Send the releases that garbage collection queued (normally sent within
         ``release_delay`` seconds, or with the next request)."""
-        self._flush_scheduled = False
-        if self._pending:
-            if os.getpid() != self._pid:
-                return
-            with self._lock:
-                self._check_usable()
-                if self._pending:
-                    self._sock.sendall(self._drain_pending())
+        if os.getpid() != self._pid:
+            return
+        self._native.flush()
 
     # -- owners ---------------------------------------------------------------------------------
 
-    def _owner(self, ref, name, writable):
-        """uint8 array over ``ref``'s bytes, registered to release the reference when it dies.
-
-        Must be called for every reference the daemon granted, right after the reply; on
-        failure the reference is released at once.
-        """
-        if ref.kind != P.LOC_HOST:
-            self._release_now(ref.object_id)
+    def _owner(self, obj, name=None):
+        """uint8 array over native ``obj``'s bytes, indexed in ``_LEASES``; the reference lives
+        as long as some array over it does."""
+        if obj.location[0] != "host":
+            obj.release()
             raise GpuUnavailable(
-                f"{name!r} is a CUDA object: it has no host memory to map (get it with "
+                f"{obj.name!r} is a CUDA object: it has no host memory to map (get it with "
                 "get_tensor, which returns a CUDA tensor)", 10)
-        try:
-            if ref.segment not in self._seg_ro:
-                self._fetch_segment(ref.segment)
-            seg = (self._seg_rw if writable else self._seg_ro)[ref.segment]
-            owner = np.frombuffer(seg, np.uint8, ref.data_size, ref.offset)
-        except Exception as e:
-            self._release_quietly(ref.object_id)
-            if isinstance(e, VovpError):
-                raise
-            if ref.segment not in self._seg_rw:
-                raise ProtocolError(f"object {name!r} lies in unknown segment {ref.segment}")
-            raise ProtocolError(
-                f"object {name!r} ({ref.data_size} bytes at {ref.offset}) lies outside segment "
-                f"{ref.segment}") from None
-        key = ref.segment
-        if writable and ref.segment not in self._own_segments:
-            key = (ref.segment, "private")
-        lease = _Lease(owner, self, ref.object_id, name, key, ref.offset, ref.data_size)
+        owner = np.asarray(obj)
+        lease = _Lease(owner, self, obj)
         _LEASES[lease.key] = lease
         return owner
 
-    def _cuda_owner(self, ref, name):
-        """``cuda.DeviceBuffer`` over a CUDA ``ref``, registered like ``_owner``'s arrays.
+    def _cuda_owner(self, obj):
+        """A device owner over a CUDA native ``obj``, indexed like ``_owner``'s arrays.
 
-        Maps the object's pool through CUDA IPC (once per pool). On failure (no driver here:
-        GpuUnavailable; a handle the driver refuses: GpuError) the reference is released at once.
+        A got object is mapped here (CUDA IPC, by the native core through the gpu crate; the
+        pool is opened once per process). On failure (no driver here: GpuUnavailable; a handle
+        the driver refuses: GpuError) the reference is released at once.
         """
-        try:
-            owner = C.open_block(ref.segment, ref.pool, ref.ipc_handle, ref.offset,
-                                 ref.data_size)
-        except BaseException:
-            self._release_quietly(ref.object_id)
-            raise
-        lease = _Lease(owner, self, ref.object_id, name, None, owner.ptr, ref.data_size,
-                       cuda=True)
+        if obj.cuda_ptr is None:
+            try:
+                C.driver()  # the reason, as this process sees its driver
+                obj.map_cuda()
+            except BaseException:
+                obj.release()
+                raise
+        owner = C.DeviceBuffer(obj.cuda_ptr, obj.size, obj.location[1], None, obj)
+        lease = _Lease(owner, self, obj, cuda=True)
         _LEASES[lease.key] = lease
         return owner
-
-    def _release_quietly(self, oid):
-        # Error paths: the error being raised matters more than a failed release (the
-        # connection's end releases it anyway).
-        try:
-            self._release_now(oid)
-        except VovpError:
-            pass
 
     def _drop_owner(self, owner):
         """Release ``owner``'s reference now (error paths)."""
         lease = _LEASES.get(id(owner))
         if lease is not None and lease() is owner and _claim(lease):
-            if self._unsealed.get(lease.name) == lease.oid:
+            if self._unsealed.get(lease.name) is lease:
                 del self._unsealed[lease.name]
-            try:
-                if lease.generation == self._generation:
-                    self._release_now(lease.oid)
-            except VovpError:
-                pass
+            _give_back(lease)
 
     # -- raw objects ----------------------------------------------------------------------------
 
-    def _create(self, nb, size, flags, metadata, name):
-        rid = self._next_id()
-        payload = P.create_payload(nb, size, flags, metadata)
-        frame = P.HEADER.pack(12 + len(payload), P.VERSION, P.CREATE, 0, rid) + payload
-        ref = self._roundtrip(frame, P.CREATE, rid, _parse_objref)
-        owner = self._owner(ref, name, writable=True)
-        self._unsealed[name] = ref.object_id
+    def _create(self, name, size, metadata, ephemeral, device=None):
+        buf = self._native.create(name, size, bytes(metadata), ephemeral, device)
+        if device is None:
+            owner = self._owner(buf)
+        else:
+            owner = self._cuda_owner(buf)
+        self._unsealed[name] = _LEASES[id(owner)]
         return owner
-
-    def _create_cuda(self, nb, size, flags, metadata, name, device):
-        """CREATE on cuda:``device``; the DeviceBuffer holding the creator's reference."""
-        rid = self._next_id()
-        payload = P.create_payload(nb, size, flags, metadata, P.DEVICE_CUDA, device)
-        frame = P.HEADER.pack(12 + len(payload), P.VERSION, P.CREATE, 0, rid) + payload
-        ref = self._roundtrip(frame, P.CREATE, rid, _parse_objref)
-        if ref.kind != P.LOC_CUDA:
-            self._release_quietly(ref.object_id)  # aborts it
-            raise ProtocolError(f"a CUDA create of {name!r} returned a host object")
-        owner = self._cuda_owner(ref, name)
-        self._unsealed[name] = ref.object_id
-        return owner
-
-    def _put_inline(self, nb, flags, metadata, data, size, name, keep, writable=False):
-        rid = self._next_id()
-        # Everything after the name depends only on (flags, metadata, size): cached.
-        tail_key = (flags, metadata, size)
-        tail = _PUT_TAILS.get(tail_key)
-        if tail is None:
-            tail = P.PUT_MID.pack(flags, len(metadata)) + metadata + P.U64.pack(size)
-            if len(_PUT_TAILS) >= 4096:
-                _PUT_TAILS.clear()
-            _PUT_TAILS[tail_key] = tail
-        prefix = P.PUT_PREFIX.pack(14 + len(nb) + len(tail) + size, P.VERSION, P.PUT, 0, rid,
-                                   len(nb))
-        if size > SMALL_CONCAT:
-            ref = self._roundtrip([prefix, nb, tail, data], P.PUT, rid, _parse_objref)
-        else:  # copying a few KiB is cheaper than sendmsg's gather setup
-            ref = self._roundtrip(b"".join((prefix, nb, tail, data)), P.PUT, rid,
-                                  _parse_objref)
-        if keep:
-            return self._owner(ref, name, writable)
-        return ref
 
     def create(self, name, size: int, metadata=b"", ephemeral: bool = False) -> np.ndarray:
         """Create an unsealed object and return a writable uint8 array over its bytes.
@@ -1013,13 +447,10 @@ class Client:
         (dropping it before aborts the object); after the seal it keeps the object alive and
         writable *for this client only* (other clients see the same physical memory).
         """
-        nb = P.encode_name(name)
-        metadata = P.check_metadata(metadata)
-        flags = P.OBJ_EPHEMERAL if ephemeral else 0
         size = int(size)
         if not 0 <= size < 2**64:
             raise InvalidArgument(f"size must be between 0 and 2**64 - 1 bytes, got {size}")
-        return self._create(nb, size, flags, metadata, name)
+        return self._create(_name(name), size, _metadata(metadata), ephemeral)
 
     def create_tensor(self, name, shape, dtype, ephemeral: bool = False) -> np.ndarray:
         """Create an unsealed tensor object; fill the returned writable array, then ``seal``."""
@@ -1034,17 +465,26 @@ class Client:
 
     def seal(self, name) -> None:
         """Seal an object created by this client: it becomes immutable and visible to GET."""
-        self._name_op(P.SEAL, name)
+        self._native.seal(_name(name))
+        self._unsealed.pop(name, None)
+
+    def _seal_later(self, name) -> None:
+        """Send SEAL without waiting for its reply (read in front of the next request's).
+
+        For hand-offs (vovp.reduction): the receiver's GET waits for the seal anyway, so the
+        sender need not pay a round trip before sending the name. A failure of such a seal can
+        only be reported later (logged); the receiver's GET then times out.
+        """
+        self._native.seal_later(_name(name))
         self._unsealed.pop(name, None)
 
     def abort(self, name) -> None:
         """Abort an unsealed object created by this client; its memory is freed."""
-        self._name_op(P.ABORT, name)
+        self._native.abort(_name(name))
         # The creator's reference went with the object; do not release it again later.
-        oid = self._unsealed.pop(name, None)
-        for lease in list(_LEASES.values()):
-            if lease.client is self and lease.oid == oid:
-                _claim(lease)
+        lease = self._unsealed.pop(name, None)
+        if lease is not None:
+            _claim(lease)
 
     def put(self, name, data, metadata=b"", ephemeral: bool = False) -> int:
         """Store ``data`` (any bytes-like object) as a sealed object; returns its object id.
@@ -1053,26 +493,10 @@ class Client:
         holds it). ``ephemeral=True`` objects vanish when their last reference is released,
         so with ``put`` (which holds none) only a GET racing the put would see them.
         """
-        nb = P.encode_name(name)
-        metadata = P.check_metadata(metadata)
-        mv = memoryview(data)
-        if not mv.c_contiguous:
-            mv = memoryview(mv.tobytes())
-        mv = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
-        size = mv.nbytes
-        flags = P.OBJ_EPHEMERAL if ephemeral else 0
-        if size <= self._inline_limit:
-            return self._put_inline(nb, flags, metadata, mv, size, name, keep=False).object_id
-        owner = self._create(nb, size, flags, metadata, name)
-        oid = _LEASES[id(owner)].oid
-        try:
-            copy_into(owner, np.frombuffer(mv, np.uint8))
-            self.seal(name)
-        except BaseException:
-            self._drop_owner(owner)  # releasing the creator's reference aborts the object
-            raise
-        self._drop_owner(owner)
-        return oid
+        name = _name(name)
+        metadata = _metadata(metadata)
+        src = _byte_array(data)
+        return self._native.put(name, src.ctypes.data, src.nbytes, metadata, ephemeral)
 
     def get_buffer(self, name, timeout=None, writable: bool = False,
                    with_metadata: bool = False):
@@ -1082,21 +506,15 @@ class Client:
         negative = forever. Raises ObjectNotFound when it is still missing.
         With ``with_metadata=True`` returns ``(memoryview, metadata bytes)``.
         """
-        ref = self._get1(name, timeout)
-        owner = self._owner(ref, name, writable)
-        mv = memoryview(owner)
-        return (mv, ref.metadata) if with_metadata else mv
+        obj = self._get1(name, timeout, writable)
+        mv = memoryview(self._owner(obj))
+        return (mv, obj.metadata) if with_metadata else mv
 
-    def _get1(self, name, timeout):
-        nb = P.encode_name(name)
-        rid = self._next_id()
-        frame = P.GET1_PREFIX.pack(26 + len(nb), P.VERSION, P.GET, 0, rid,
-                                   0 if timeout is None else P.timeout_ms(timeout), 1,
-                                   len(nb)) + nb
-        ref = self._roundtrip(frame, P.GET, rid, _parse_get1)
-        if ref is None:
+    def _get1(self, name, timeout, writable=False):
+        [obj] = self._native.get([_name(name)], _timeout(timeout), writable)
+        if obj is None:
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
-        return ref
+        return obj
 
     def get_buffers(self, names, timeout=None, writable: bool = False) -> list:
         """Several objects in one GET: a list with ``(memoryview, metadata bytes)`` per name, or
@@ -1106,56 +524,37 @@ class Client:
         ``get_buffer``), so a batch costs one round trip and one wait. Each memoryview holds its
         own reference, released like ``get_buffer``'s.
         """
-        tms = 0 if timeout is None else P.timeout_ms(timeout)
-        rid = self._next_id()
-        if len(names) == 1:  # the common case: the one-name frame and parser of get_buffer
-            nb = P.encode_name(names[0])
-            frame = P.GET1_PREFIX.pack(26 + len(nb), P.VERSION, P.GET, 0, rid, tms, 1,
-                                       len(nb)) + nb
-            refs = [self._roundtrip(frame, P.GET, rid, _parse_get1)]
-        else:
-            payload = P.get_payload([P.encode_name(n) for n in names], tms)
-            refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
-        if len(refs) != len(names):
-            for ref in refs:
-                if ref is not None:
-                    self._release_quietly(ref.object_id)
-            raise ProtocolError(f"GET of {len(names)} names returned {len(refs)} entries")
+        objs = self._native.get([_name(n) for n in names], _timeout(timeout), writable)
         out = []
-        for i, ref in enumerate(refs):
-            if ref is None:
+        for i, obj in enumerate(objs):
+            if obj is None:
                 out.append(None)
                 continue
             try:
-                owner = self._owner(ref, names[i], writable)
+                owner = self._owner(obj)
             except BaseException:
-                # _owner released this reference; release the rest before raising.
-                for later in refs[i + 1:]:
+                for later in objs[i + 1:]:
                     if later is not None:
-                        self._release_quietly(later.object_id)
+                        later.release()
                 raise
-            out.append((memoryview(owner), ref.metadata))
+            out.append((memoryview(owner), obj.metadata))
         return out
 
     def contains(self, name) -> bool:
         """Whether a sealed object of that name exists."""
-        return self._name_op(P.CONTAINS, name, _parse_u8)
+        return self._native.contains(_name(name))
 
     def __contains__(self, name) -> bool:
         return self.contains(name)
 
     def delete(self, name) -> None:
         """Remove the name now; the memory is freed when the last holder releases it."""
-        self._name_op(P.DELETE, name)
+        self._native.delete(_name(name))
 
     def list(self) -> list:
         """Every object: dicts with name, id, size, device, sealed, ephemeral, refcount,
         last_access (unix seconds), metadata, and dtype/shape for tensor objects."""
-        entries = []
-        start = 0
-        while start != P.LIST_END:  # the daemon pages LIST so no reply outgrows a frame
-            page, start = self._simple(P.LIST, P.list_payload(start), P.decode_list)
-            entries.extend(page)
+        entries = self._native.list()
         for e in entries:
             meta = e["metadata"]
             if T.is_tensor_header(meta):
@@ -1169,11 +568,11 @@ class Client:
 
     def stats(self) -> dict:
         """Store counters (the STATS fields of PROTOCOL.md)."""
-        return self._simple(P.STATS, b"", P.decode_stats)
+        return self._native.stats()
 
     def evict(self, nbytes: int) -> int:
         """Evict unreferenced sealed objects until ``nbytes`` are free; returns bytes freed."""
-        return self._simple(P.EVICT, P.U64.pack(int(nbytes)), _parse_u64)
+        return self._native.evict(int(nbytes))
 
     # -- tensors --------------------------------------------------------------------------------
 
@@ -1199,17 +598,15 @@ class Client:
             return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
         src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
         writable = writable or torch_in
-        nb = P.encode_name(name)
+        name = _name(name)
         size = src.nbytes
-        flags = P.OBJ_EPHEMERAL if ephemeral else 0
         if size <= self._inline_limit:
             if src.dtype is not store_dt or not src.flags.c_contiguous:
                 src = np.ascontiguousarray(src, dtype=store_dt)
-            owner = self._put_inline(nb, flags | P.OBJ_KEEP_REFERENCE, meta,
-                                     src.reshape(-1).view(np.uint8), size, name, True,
-                                     writable)
+            obj = self._native.put(name, src.ctypes.data, size, meta, ephemeral, True, writable)
+            owner = self._owner(obj)
         else:
-            owner = self._create(nb, size, flags, meta, name)
+            owner = self._create(name, size, meta, ephemeral)
             try:
                 copy_into(owner.view(store_dt).reshape(src.shape), src)
                 if _seal_later:
@@ -1231,44 +628,37 @@ class Client:
         after all were attempted; the others stay stored (``delete`` them if needed).
         """
         items = list(tensors.items() if hasattr(tensors, "items") else tensors)
-        flags = (P.OBJ_EPHEMERAL if ephemeral else 0) | P.OBJ_KEEP_REFERENCE
         results = {}  # filled in input order: placeholders first
         error = None
         sequential = []  # CUDA and large tensors: put_tensor one by one
-        batch = []  # (name, frame, request id, view dtype, shape, code, torch input)
+        batch = []  # (name, contiguous source, view dtype, shape, code, torch input, header)
         batch_bytes = 0
         for name, t in items:
             cuda = (T.is_torch_tensor(t) and t.device.type == "cuda") or (
                 not T.is_torch_tensor(t) and type(t) is not np.ndarray
                 and C.cuda_interface(t) is not None)
             try:
-                nb = P.encode_name(name)
+                name = _name(name)
                 if not cuda:
                     src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
             except Exception as e:  # noqa: BLE001 (raised once the others are stored)
                 error = error or e
                 continue
+            results[name] = None
             if cuda or src.nbytes > self._inline_limit:
                 sequential.append((name, t))
-                results[name] = None
                 continue
             if src.dtype is not store_dt or not src.flags.c_contiguous:
                 src = np.ascontiguousarray(src, dtype=store_dt)
-            data = src.reshape(-1).view(np.uint8).tobytes()
-            head = P.put_payload_head(nb, flags, meta, len(data))
-            rid = self._next_id()
-            frame = P.HEADER.pack(12 + len(head) + len(data), P.VERSION, P.PUT, 0, rid) + \
-                head + data
-            batch.append((name, frame, rid, view_dt, src.shape, code, torch_in))
-            results[name] = None
-            batch_bytes += len(frame)
+            batch.append((name, src, view_dt, src.shape, code, torch_in, meta))
+            batch_bytes += src.nbytes
             # Bounded batches: the daemon's replies must never fill our receive buffer while
             # we are still sending.
             if len(batch) >= 64 or batch_bytes >= (4 << 20):
-                error = self._put_batch(batch, results, writable) or error
+                error = self._put_batch(batch, results, ephemeral, writable) or error
                 batch, batch_bytes = [], 0
         if batch:
-            error = self._put_batch(batch, results, writable) or error
+            error = self._put_batch(batch, results, ephemeral, writable) or error
         for name, t in sequential:
             try:
                 results[name] = self.put_tensor(name, t, ephemeral, writable)
@@ -1279,53 +669,27 @@ class Client:
             raise error
         return results
 
-    def _put_batch(self, batch, results, writable):
+    def _put_batch(self, batch, results, ephemeral, writable):
         """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
-        replies = self._roundtrip_many([b[1] for b in batch], P.PUT, [b[2] for b in batch],
-                                       _parse_objref)
+        torch_any = any(b[5] for b in batch)
+        objs = self._native.put_many(
+            [(name, src.ctypes.data, src.nbytes, meta) for name, src, *_, meta in batch],
+            ephemeral, writable or torch_any)
         error = None
-        for (name, _, _, view_dt, shape, code, torch_in), ref in zip(batch, replies):
-            if isinstance(ref, Exception):
-                error = error or ref
+        for (name, _, view_dt, shape, code, torch_in, _), obj in zip(batch, objs):
+            if isinstance(obj, BaseException):
+                error = error or obj
                 results.pop(name, None)
                 continue
-            owner = self._owner(ref, name, writable or torch_in)
+            owner = self._owner(obj)
             results[name] = _host_result(owner, view_dt, shape, code, torch_in,
                                          writable or torch_in)
         return error
 
-    def _roundtrip_many(self, frames, opcode, rids, parse):
-        """Send several requests at once, then read their replies: a parsed result or the
-        error of each (statuses that desynchronise the stream break the connection)."""
-        if os.getpid() != self._pid:
-            self._check_usable()
-        with self._lock:
-            if self._closed:
-                self._check_usable()
-            out = []
-            try:
-                data = b"".join(frames)
-                if self._pending:
-                    data = self._drain_pending() + data
-                self._sock.sendall(data)
-                if self._unread:
-                    self._read_unread()
-                for rid in rids:
-                    buf = self._read_frame()
-                    try:
-                        pos = P.check_reply(buf, opcode, rid)
-                        out.append(parse(buf, pos))
-                    except VovpError as e:
-                        if e.status in (0, 13):
-                            raise
-                        out.append(e)
-            except VovpError:
-                self._mark_broken()
-                raise
-            except OSError as e:
-                self._mark_broken()
-                raise ConnectionError(f"connection to the vovp daemon failed: {e}") from e
-            return out
+    def _requests_sent(self) -> int:
+        """Frames this connection sent so far (requests and releases): for tests that count
+        round trips."""
+        return self._n.last_request_id
 
     def get_tensor(self, name, timeout=None, framework=None, writable: bool = False):
         """The tensor stored under ``name``, zero-copy.
@@ -1347,7 +711,7 @@ class Client:
         CUDA driver in this process a CUDA object raises GpuUnavailable.
         """
         _check_framework(framework)
-        return self._tensor_from_ref(self._get1(name, timeout), name, framework, writable)
+        return self.get_tensors([name], timeout, framework, writable)[0]
 
     def get_tensors(self, names, timeout=None, framework=None, writable: bool = False) -> list:
         """``[get_tensor(n) for n in names]`` in one round trip (one GET of many names).
@@ -1360,61 +724,61 @@ class Client:
         names = list(names)
         if not names:
             return []
-        encoded = [P.encode_name(n) for n in names]
-        rid = self._next_id()
-        payload = P.get_payload(encoded, P.timeout_ms(timeout))
-        refs = self._roundtrip(P.frame(P.GET, rid, payload), P.GET, rid, P.decode_get)
-        missing = [n for n, ref in zip(names, refs) if ref is None]
-        if missing or len(refs) != len(names):
-            for ref in refs:
-                if ref is not None:
-                    self._release_quietly(ref.object_id)
-            if len(refs) != len(names):
-                raise ProtocolError(f"GET of {len(names)} names returned {len(refs)} entries")
+        objs = self._native.get([_name(n) for n in names], _timeout(timeout), writable)
+        missing = [n for n, o in zip(names, objs) if o is None]
+        if missing:
+            for o in objs:
+                if o is not None:
+                    o.release()
             shown = ", ".join(repr(n) for n in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ObjectNotFound(f"no sealed object named {shown}{more}", 1)
         out = []
         try:
-            for i, (name, ref) in enumerate(zip(names, refs)):
-                out.append(self._tensor_from_ref(ref, name, framework, writable))
+            for i, (name, obj) in enumerate(zip(names, objs)):
+                out.append(self._tensor_from_obj(obj, name, framework, writable))
         except BaseException:
-            # _tensor_from_ref released the failing one; release those not wrapped yet and
-            # let the ones already wrapped go with ``out``.
-            for ref in refs[i + 1:]:
-                self._release_quietly(ref.object_id)
+            for later in objs[i + 1:]:
+                later.release()
             raise
         return out
 
-    def _tensor_from_ref(self, ref, name, framework, writable):
+    def _tensor_from_obj(self, obj, name, framework, writable):
         """The result of ``get_tensor`` for a granted reference (released on failure)."""
-        if ref.kind != P.LOC_HOST:
-            return self._get_cuda(ref, name, framework, writable)
+        kind, device = obj.location
+        if kind != "host":
+            return self._get_cuda(obj, name, framework, writable)
         if framework == "cuda":
-            self._release_quietly(ref.object_id)
+            obj.release()
             raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA objects "
                             "(copy it to a device with to_device)")
-        meta = ref.metadata
+        meta = obj.metadata
         plan = None
         if meta[:4] == T.MAGIC:
             try:
                 plan = T.get_plan(meta)
                 if plan[4] != T.DEVICE_CPU:
                     raise ProtocolError(f"{name!r} is a host object with a CUDA tensor header")
-                if plan[3] != ref.data_size:
+                if plan[3] != obj.size:
                     raise ProtocolError(
                         f"{name!r}: tensor header describes {plan[3]} bytes, object has "
-                        f"{ref.data_size}")
+                        f"{obj.size}")
             except BaseException:
-                self._release_quietly(ref.object_id)
+                obj.release()
                 raise
         if framework is None:
             torch_out = plan is not None and plan[5] == T.FRAMEWORK_TORCH and \
                 T.torch_importable()
         else:
             torch_out = framework == "torch"
-        # torch has no read-only tensors: a torch result needs the writable mapping.
-        owner = self._owner(ref, name, writable or torch_out)
+        if torch_out and not writable:
+            # torch has no read-only tensors: a torch result needs a writable mapping.
+            try:
+                self._native.make_writable(obj)
+            except BaseException:
+                obj.release()
+                raise
+        owner = self._owner(obj)
         if plan is None:
             arr, code = owner, T.UINT8
         else:
@@ -1527,11 +891,10 @@ class Client:
     def _put_device(self, name, src, nbytes, code, shape, byte_order, device, ephemeral,
                     pre_copy=None, framework=T.FRAMEWORK_UNSPECIFIED):
         """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
-        DeviceBuffer holding the (now sealed) creator's reference."""
-        nb = P.encode_name(name)
+        device owner holding the (now sealed) creator's reference."""
+        name = _name(name)
         meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device, framework)
-        flags = P.OBJ_EPHEMERAL if ephemeral else 0
-        owner = self._create_cuda(nb, nbytes, flags, meta, name, device)
+        owner = self._create(name, nbytes, meta, ephemeral, device)
         try:
             if pre_copy is not None:
                 pre_copy()
@@ -1555,56 +918,53 @@ class Client:
         C.driver()
         fw = self._cuda_framework(framework, new_name)
         device = int(device)
-        nb = P.encode_name(new_name)
-        ref = self._get1(name, timeout)
-        # Both release the reference themselves if they fail.
-        if ref.kind == P.LOC_HOST:
-            src_owner = self._owner(ref, name, False)
-        else:
-            src_owner = self._cuda_owner(ref, name)
+        new_name = _name(new_name)
+        obj = self._get1(name, timeout)
+        host = obj.location[0] == "host"
+        src_owner = self._owner(obj) if host else self._cuda_owner(obj)
         try:
-            meta = ref.metadata
-            code, shape, order = T.UINT8, (ref.data_size,), T.LITTLE
+            meta = obj.metadata
+            code, shape, order = T.UINT8, (obj.size,), T.LITTLE
             if T.is_tensor_header(meta):
                 m = T.decode_header(meta)
-                if m.nbytes != ref.data_size:
+                if m.nbytes != obj.size:
                     raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
-                                        f"object has {ref.data_size}")
+                                        f"object has {obj.size}")
                 code, shape, order = m.dtype_code, m.shape, m.byte_order
                 meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device, m.framework)
-            flags = P.OBJ_EPHEMERAL if ephemeral else 0
-            dst = self._create_cuda(nb, ref.data_size, flags, meta, new_name, device)
+            dst = self._create(new_name, obj.size, meta, ephemeral, device)
             try:
-                if ref.kind == P.LOC_HOST:
+                if host:
                     C.copy_h2d(dst.ptr, src_owner, device)
                 else:
-                    C.copy_d2d(dst.ptr, src_owner.ptr, ref.data_size, device)
+                    C.copy_d2d(dst.ptr, src_owner.ptr, obj.size, device)
                 self.seal(new_name)
             except BaseException:
                 self._drop_owner(dst)
                 raise
         finally:
+            del obj
             self._drop_owner(src_owner)  # the source's reference is not needed any more
         return self._cuda_result(dst, code, shape, order, fw, writable, new_name)
 
-    def _get_cuda(self, ref, name, framework, writable):
-        """get_tensor of a CUDA object: validate, map, wrap (reference released on failure)."""
+    def _get_cuda(self, obj, name, framework, writable):
+        """get_tensor of a CUDA object: validate, wrap (reference released on failure)."""
         try:
             fw = self._cuda_framework(framework, name)
-            meta = ref.metadata
-            code, shape, order = T.UINT8, (ref.data_size,), T.LITTLE
+            meta = obj.metadata
+            code, shape, order = T.UINT8, (obj.size,), T.LITTLE
             if meta[:4] == T.MAGIC:
                 m = T.decode_header(meta)
                 if m.device_type != T.DEVICE_CUDA:
                     raise ProtocolError(f"{name!r} is a CUDA object with a host tensor header")
-                if m.nbytes != ref.data_size:
+                if m.nbytes != obj.size:
                     raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
-                                        f"object has {ref.data_size}")
+                                        f"object has {obj.size}")
                 code, shape, order = m.dtype_code, m.shape, m.byte_order
         except BaseException:
-            self._release_quietly(ref.object_id)
+            obj.release()
             raise
-        owner = self._cuda_owner(ref, name)
+        owner = self._cuda_owner(obj)
         return self._cuda_result(owner, code, shape, order, fw, writable, name)
 
     @staticmethod
@@ -1629,6 +989,65 @@ class Client:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
         return Subscription(self._path)
+
+
+class _Guarded:
+    """The native client's methods, noting a lost connection (``Client.closed``)."""
+
+    def __init__(self, client):
+        self._client = weakref.proxy(client)
+        self._n = client._n
+
+    def __getattr__(self, attr):
+        fn = getattr(self._n, attr)
+        client = self._client
+
+        def call(*args):
+            try:
+                return fn(*args)
+            except ConnectionError:
+                client._connection_lost()
+                raise
+
+        setattr(self, attr, call)  # found once per method
+        return call
+
+
+def _name(name) -> str:
+    """An object name as the native core takes it (validated there: InvalidName)."""
+    if isinstance(name, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(name).decode("utf-8")
+        except UnicodeDecodeError:
+            from .errors import InvalidName  # noqa: PLC0415
+
+            raise InvalidName("object names must be UTF-8", 7) from None
+    if not isinstance(name, str):
+        raise TypeError(f"object names are str, not {type(name).__name__}")
+    return name
+
+
+def _metadata(metadata) -> bytes:
+    return metadata if type(metadata) is bytes else bytes(metadata)
+
+
+def _timeout(timeout):
+    """None = do not wait; negative = forever (a century); else seconds."""
+    if timeout is None:
+        return None
+    timeout = float(timeout)
+    return 3.15e9 if timeout < 0 else timeout
+
+
+def _byte_array(data) -> np.ndarray:
+    """A C-contiguous uint8 array over (or, for non-contiguous input, a copy of) ``data``."""
+    if isinstance(data, np.ndarray):
+        a = data if data.flags.c_contiguous else np.ascontiguousarray(data)
+        return a.reshape(-1).view(np.uint8)
+    mv = memoryview(data)
+    if not mv.c_contiguous:
+        mv = memoryview(mv.tobytes())
+    return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8)
 
 
 def _host_source(t):
@@ -1686,82 +1105,32 @@ def _dtype_code(dtype) -> int:
     return T.numpy_code(np.dtype(dtype))
 
 
-def _flusher(client_ref, q):
-    """Thread body: sends deferred releases of an idle client (see Client._release_soon)."""
-    while True:
-        if q.get() is None:
-            return
-        client = client_ref()
-        if client is None or client._closed:
-            return
-        delay = client._release_delay
-        del client  # do not keep the client alive while sleeping
-        time.sleep(delay)
-        client = client_ref()
-        if client is None or client._closed:
-            return
-        try:
-            client.flush()
-        except Exception:  # noqa: BLE001 (closed or broken meanwhile)
-            pass
-        del client
-
-
-_PUT_TAILS: dict = {}
-
-
-# --- reply parsers (module-level so the hot path creates no closures) ---------------------------
-
-
-def _parse_objref(buf, pos):
-    return P.decode_objref(buf, pos)[0]
-
-
-def _parse_get1(buf, pos):
-    n = P.U32.unpack_from(buf, pos)[0]
-    if n != 1:
-        raise ProtocolError(f"GET of one name returned {n} entries")
-    if not buf[pos + 4]:
-        return None
-    return P.decode_objref(buf, pos + 5)[0]
-
-
-def _parse_u8(buf, pos):
-    return bool(buf[pos])
-
-
-def _parse_u64(buf, pos):
-    return P.U64.unpack_from(buf, pos)[0]
-
-
 class Subscription:
     """Notification stream (SUBSCRIBE): iterate to receive events as they happen."""
 
-    KINDS = {P.NOTIFY_SEALED: "sealed", P.NOTIFY_DELETED: "deleted", P.NOTIFY_EVICTED: "evicted"}
-
     def __init__(self, path):
         self._client = Client(path)
-        c = self._client
-        rid = c._next_id()
-        c._roundtrip(P.frame(P.SUBSCRIBE, rid), P.SUBSCRIBE, rid)
+        self._sub = self._client._native.subscribe()
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        c = self._client
-        try:
-            with c._lock:
-                buf = c._read_frame()
-                op = buf[5]
-                if op != P.NOTIFY:
-                    raise ProtocolError(f"unexpected opcode {op:#x} on a subscription")
-                kind, name, size, meta = P.decode_notify(buf, P.HEADER_SIZE)
-        except (ConnectionError, OSError):
-            raise StopIteration from None
-        return self.KINDS.get(kind, kind), name, size, meta
+        while True:
+            if self._sub is None:
+                raise StopIteration
+            try:
+                event = self._sub.next(None)
+            except (ConnectionError, OSError):
+                raise StopIteration from None
+            if event is None:
+                raise StopIteration
+            return event
 
     def close(self):
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            sub.close()
         self._client.close()
 
     def __enter__(self):

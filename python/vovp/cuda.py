@@ -17,20 +17,13 @@ This mirrors the Rust client (``gpu/src/ipc.rs``, ``gpu/src/driver.rs``):
   another device, and changing its current context would change ``torch.cuda.current_device()``
   under its feet. (``cuCtxPushCurrent`` would do the same, but get/set is what the fake driver
   of ``gpu/fake-cuda`` implements.)
-* A store pool is opened with ``cuIpcOpenMemHandle`` (LAZY_ENABLE_PEER_ACCESS) **once per
-  (device, pool, handle)** and shared by every view into it, refcounted; the last view closes it
-  (``cuIpcCloseMemHandle``). The handle bytes are part of the key: after a daemon restart pool 0
-  is new memory with a new handle and a stale mapping must not be reused.
+* Store pools are mapped by the native core (the gpu crate's ``vovp_gpu::ipc``), once per
+  (device, pool, handle) and closed with their last view; this module checks the driver (the
+  clear GpuUnavailable reasons) and does the copies.
 * Copies run on a pooled, blocking stream of the device's primary context and synchronise it
   before returning, so the bytes are in place (and a source buffer may be freed) when the call
   returns. A synchronous ``cuMemcpyDtoD`` is *not* synchronous with respect to the host, which
   is why the stream is needed.
-
-Closing mappings from garbage collection: a view dies inside a GC callback, possibly on a thread
-that is itself inside ``open_block`` holding the mapping lock (any allocation can trigger
-cyclic GC). So the callback never waits for the lock: it queues the key and takes the lock only
-if it is free; whoever holds the lock drains the queue before and after its own work. Same
-pattern as the client's deferred RELEASE.
 
 Limits (same as Rust): a process cannot open an IPC handle it exported itself (only the daemon
 exports), and device ordinals are the daemon's: client and daemon must see the same devices in
@@ -40,16 +33,14 @@ gets ``GpuUnavailable``.
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import os
 import threading
-import weakref
 
 import numpy as np
 
 from . import tensor as T
-from .errors import GpuError, GpuUnavailable, ProtocolError
+from .errors import GpuError, GpuUnavailable
 
 __all__ = [
     "CudaTensor",
@@ -277,7 +268,6 @@ def _reset_for_tests(library_names=None) -> None:
         _DRIVER = _FAILURE = _PID = None
         _CONTEXTS.clear()
         _STREAMS.clear()
-        _MAPPINGS.clear()
         if library_names is not None:
             LIBRARY_NAMES = tuple(library_names)
 
@@ -285,14 +275,11 @@ def _reset_for_tests(library_names=None) -> None:
 def _after_fork_in_child():
     # The parent's contexts, streams and mappings do not exist in the child; the locks may have
     # been held by parent threads. _PID stays the parent's, so driver() refuses (see above).
-    global _STATE_LOCK, _STREAMS_LOCK, _MAP_LOCK
+    global _STATE_LOCK, _STREAMS_LOCK
     _STATE_LOCK = threading.Lock()
     _STREAMS_LOCK = threading.Lock()
-    _MAP_LOCK = threading.Lock()
     _CONTEXTS.clear()
     _STREAMS.clear()
-    _MAPPINGS.clear()
-    _PENDING_CLOSE.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -466,153 +453,37 @@ def mem_free(ptr: int, device: int = 0) -> None:
 
 # --- IPC mappings ----------------------------------------------------------------------------
 
-
-class _Mapping:
-    __slots__ = ("base", "nbytes", "views")
-
-    def __init__(self, base, nbytes):
-        self.base = base
-        self.nbytes = nbytes  # size of the pool; None when the driver could not tell
-        self.views = 0
-
-
-# (device, pool, handle bytes) -> _Mapping. Opening, counting and closing all happen under
-# _MAP_LOCK, so a pool is never opened twice nor closed while a view is being handed out.
-_MAPPINGS: dict = {}
-_MAP_LOCK = threading.Lock()
-# Keys whose view died in a GC callback and whose count is not decremented yet (see the module
-# docstring). deque.append/popleft are atomic.
-_PENDING_CLOSE: collections.deque = collections.deque()
+# Store pools are mapped by the native core (vovp._native, through the gpu crate's
+# vovp_gpu::ipc: opened once per (device, pool, handle), shared by every view into it, closed
+# with the last one). This module only checks the driver and copies.
 
 
 def open_pools() -> int:
     """Number of store pools this process has mapped (diagnostics and tests)."""
-    _drain_pending()
-    return len(_MAPPINGS)
+    from . import _native  # noqa: PLC0415 (the native core imports nothing of this module)
+
+    return _native.open_pools()
 
 
 class DeviceBuffer:
     """One mapped store block: the *owner* object of a CUDA store reference.
 
-    The client registers a lease on it (a weakref) that releases the store reference when it
-    dies, and its finalizer drops its view of the pool mapping. Everything that exposes the
-    memory (CudaTensor, the object handed to torch) holds a strong reference to it.
+    Holds the native object that holds the reference and the IPC mapping; the client indexes
+    it (a weakref) for ``release``. Everything that exposes the memory (CudaTensor, the object
+    handed to torch) holds a strong reference to it.
     """
 
-    __slots__ = ("ptr", "nbytes", "device", "key", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "key", "_obj", "__weakref__")
 
-    def __init__(self, ptr, nbytes, device, key):
+    def __init__(self, ptr, nbytes, device, key=None, obj=None):
         self.ptr = ptr
         self.nbytes = nbytes
         self.device = device
         self.key = key
+        self._obj = obj  # the native object: the reference and the mapping
 
     def __repr__(self):
         return f"<vovp DeviceBuffer cuda:{self.device} {self.nbytes} bytes at {self.ptr:#x}>"
-
-
-def open_block(device: int, pool: int, handle: bytes, offset: int, nbytes: int) -> DeviceBuffer:
-    """Map a CUDA object (its ``loc``) into this process; the pool is opened on first use.
-
-    Returns the DeviceBuffer owning one view of the pool mapping (dropped when the buffer is
-    garbage collected). Raises GpuUnavailable without a driver, GpuError if the driver refuses
-    the handle, ProtocolError if the block lies outside its pool.
-    """
-    d = driver()
-    if len(handle) != 64:
-        raise ProtocolError(f"CUDA IPC handle of {len(handle)} bytes (expected 64)")
-    key = (int(device), int(pool), bytes(handle))
-    try:
-        with _MAP_LOCK:
-            _drain_locked()
-            m = _MAPPINGS.get(key)
-            fresh = m is None
-            if fresh:
-                m = _map_pool(d, key)
-            if m.nbytes is not None and offset + nbytes > m.nbytes:
-                if fresh:
-                    _unmap(d, key[0], m.base)
-                # A stray access past the pool would be a sticky error poisoning the whole
-                # CUDA context of this process (torch included): refuse instead.
-                raise ProtocolError(
-                    f"CUDA block at offset {offset} of {nbytes} bytes lies outside cuda:{device} "
-                    f"pool {pool} ({m.nbytes} bytes)")
-            _MAPPINGS[key] = m
-            m.views += 1
-    finally:
-        _drain_pending()
-    buf = DeviceBuffer(m.base + offset, nbytes, key[0], key)
-    f = weakref.finalize(buf, _view_died, key)
-    # At interpreter exit the process unmaps everything anyway; calling into the driver while
-    # it may be tearing down helps nobody.
-    f.atexit = False
-    return buf
-
-
-def _map_pool(d: _Driver, key) -> _Mapping:
-    device, pool, handle = key
-    h = CUipcMemHandle()
-    ctypes.memmove(ctypes.byref(h), handle, 64)
-    base = CUdeviceptr(0)
-    with _InContext(d, device):
-        rc = d.cuIpcOpenMemHandle(ctypes.byref(base), h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-        if rc != 0:
-            raise GpuError(f"cuIpcOpenMemHandle(cuda:{device} pool {pool}): {d.describe(rc)}", 0)
-        start = CUdeviceptr(0)
-        size = ctypes.c_size_t(0)
-        rc = d.cuMemGetAddressRange(ctypes.byref(start), ctypes.byref(size), base)
-    # The bounds check is a safety net, not a requirement: without the size, map anyway.
-    return _Mapping(base.value, size.value if rc == 0 else None)
-
-
-def _unmap(d: _Driver, device: int, base: int) -> None:
-    # Failures are ignored: nothing a caller (often a GC callback) could do about them.
-    try:
-        with _InContext(d, device):
-            d.cuIpcCloseMemHandle(CUdeviceptr(base))
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _view_died(key) -> None:
-    # GC callback (any thread, maybe one holding _MAP_LOCK): queue, then drain if the lock is free.
-    try:
-        if _PID is None or _PID != os.getpid():
-            return  # forked child: nothing of the parent's is ours to close
-        _PENDING_CLOSE.append(key)
-        _drain_pending()
-    except BaseException:  # noqa: BLE001 (interpreter shutdown...)
-        pass
-
-
-def _drain_pending() -> None:
-    """Apply queued view deaths if the mapping lock is free (never waits for it).
-
-    Loops because a callback may queue a key after the holder's last drain but before it
-    released the lock, and then fail to take the lock itself.
-    """
-    while _PENDING_CLOSE and _MAP_LOCK.acquire(blocking=False):
-        try:
-            _drain_locked()
-        finally:
-            _MAP_LOCK.release()
-
-
-def _drain_locked() -> None:
-    d = _DRIVER
-    while True:
-        try:
-            key = _PENDING_CLOSE.popleft()
-        except IndexError:
-            return
-        m = _MAPPINGS.get(key)
-        if m is None:
-            continue
-        m.views -= 1
-        if m.views <= 0:
-            del _MAPPINGS[key]
-            if d is not None:
-                _unmap(d, key[0], m.base)
 
 
 # --- tensors ---------------------------------------------------------------------------------

@@ -23,25 +23,35 @@ Layout. Plasma keeps an object's data and metadata side by side in shared memory
 both against the store's memory; so does this module: the vovp object holds ``data || metadata``
 and its vovp metadata is a 24-byte header (``_HEADER``: magic ``VPLS``, version, flags, data
 size, creation time), so metadata may be as large as the data (vovp's own metadata is capped at
-64 KiB) and store-full/eviction sizes are Plasma's ``data_size + metadata_size``.
+64 KiB) and store-full/eviction sizes are Plasma's ``data_size + metadata_size``. An object
+without Plasma metadata that ``put`` did not write has nothing for a header to say but its
+creation time, and is stored without one: a plain vovp object, charged exactly its data as in
+Plasma (so an object as large as the store fits; a header would cost a 64-byte unit more).
+This process remembers the creation times of such objects it made (``_CREATED_AT``); for one
+made elsewhere ``list`` reports the daemon's last access instead.
 
 References. Plasma counts references in the client: ``create`` counts two (the returned buffer,
 and one that ``seal`` gives back, so dropping the buffer before sealing does not abort the
 object), each object returned by a get counts one, and when the count of an object reaches zero
-the client releases it in the store at once. A ``PlasmaClient`` here keeps the same counts, one
-``_InUse`` entry per object it uses; an entry holds the client's single vovp reference (a
-``vovp.Client`` owner array / memoryview). The vovp client runs with ``release_delay=0`` so that
-the daemon learns of a release as soon as Plasma's store would have.
+the client releases it in the store. A ``PlasmaClient`` here has one ``_InUse`` entry per object
+it uses, and the client's single vovp reference to it (a ``vovp.Client`` memoryview / owner
+array) is held by the entry's *anchor*: one ``np.frombuffer`` over it that every buffer handed
+out for the object is made from (a view, a ``pyarrow.Buffer`` over it). numpy stops collapsing
+``.base`` chains at an array whose base is not an array, so every array, memoryview, slice or
+Arrow buffer made from a handed-out buffer keeps the anchor alive, and with it the reference:
+the count is the anchor's own reference count, and the vovp reference goes with the last of
+them ("release on drop"; buffers keep their object alive, also once the PlasmaClient is
+garbage, though not past ``disconnect``, which ends the connection). The entry itself is a weakref to its anchor, plus, from ``create`` to
+``seal``, a strong reference to the creator's array (the count ``seal`` gives back). So a get
+costs no bookkeeping per buffer, and a second get of an object in use is served from its anchor
+without asking the store, as in Plasma. An entry whose anchor has died is dead: the next get of
+the object replaces it, and dead entries are swept when the table has doubled (nothing runs
+inside garbage collection, so nothing there waits for the client's lock).
 
-Buffers. Every buffer handed out is made from an *anchor*: a new ``np.frombuffer`` over a
-memoryview of the entry's holder. numpy stops collapsing ``.base`` chains at an array whose
-base is not an array, so every array, memoryview, slice or ``pyarrow.Buffer`` made from a
-handed-out buffer keeps its anchor alive; a weakref on the anchor gives the count back when the
-last of them is gone ("release on drop", and buffers keep their object alive).
-
-Weakref callbacks can run on any thread, also inside one of this client's own calls, so they
-never wait for the client's lock: they queue the entry, and whoever holds the lock (or gets it
-next) applies the queue (``_give_back`` / ``_unlock``).
+Releases of gets are sent the way vovp's own client sends them: with this client's next
+request, or within 2 ms when it stays idle (``connect(..., deferred_release=False)``: at once,
+as Plasma did; it costs a message and a wake-up of the store per get). The creator's reference
+of an object whose buffers are gone by its seal (``seal``, ``put``...) is released at once.
 """
 
 from __future__ import annotations
@@ -65,7 +75,6 @@ import numpy as np
 
 from . import client as _vc
 from . import errors as E
-from . import protocol as P
 
 
 def _load_pyarrow():
@@ -261,7 +270,12 @@ _PICKLE_MAGIC = b"VPK5"
 _ALIGN = 64
 
 
-def _header(data_size: int, pickled: bool, created_ms: int) -> bytes:
+def _header(data_size: int, metadata_size: int, pickled: bool, created_ms: int) -> bytes:
+    """The vovp metadata of a Plasma object: the header, or nothing for an object whose
+    bytes are all data and not put()'s layout (read back as a native object: all data, no
+    metadata, which is what it is)."""
+    if metadata_size == 0 and not pickled:
+        return b""
     return _HEADER.pack(_MAGIC, _VERSION, _FLAG_PICKLED if pickled else 0, 0, data_size,
                         created_ms)
 
@@ -290,6 +304,24 @@ def _remember_seal(name, created_ms):
     _SEALED_AT[(name, created_ms)] = _now_ms()
     while len(_SEALED_AT) > _SEALED_AT_MAX:
         _SEALED_AT.popitem(last=False)
+
+
+# Creation times of the headerless objects made in this process, for list():
+# (name, vovp object id) -> created_ms (the id tells a later object of the same name apart).
+_CREATED_AT: collections.OrderedDict = collections.OrderedDict()
+
+
+def _remember_creation(name, header, holder, created_ms, object_id=None):
+    if header:
+        return  # the header has it
+    if object_id is None:
+        lease = _vc.find_lease(holder)
+        if lease is None:
+            return
+        object_id = lease.oid
+    _CREATED_AT[(name, object_id)] = created_ms
+    while len(_CREATED_AT) > _SEALED_AT_MAX:
+        _CREATED_AT.popitem(last=False)
 
 
 # --- buffers -------------------------------------------------------------------------------------
@@ -322,57 +354,49 @@ class PlasmaBuffer(np.ndarray):
 if pa is not None:
     PlasmaBuffer = pa.Buffer  # noqa: F811 (what create/get return when pyarrow is there)
 
-    def _wrap(view):
-        return pa.py_buffer(view)
+    _wrap = pa.py_buffer  # (no Python function in between: it is on every get's path)
 else:
     def _wrap(view):
         return view.view(PlasmaBuffer)
 
 
-class _InUse:
-    """An object this client uses: Plasma's client-side entry (see the module docstring)."""
+class _InUse(weakref.ref):
+    """An object this client uses (Plasma's client-side entry): a weak reference to the
+    object's anchor, with what is known of the object. Made by ``_entry`` with weakref.ref's
+    own constructor and no callback (see the module docstring)."""
 
-    __slots__ = ("name", "holder", "count", "sealed", "data_size", "created_ms", "pickled",
+    __slots__ = ("name", "holder", "sealed", "writable", "data_size", "created_ms", "pickled",
                  "foreign_meta")
 
-    def __init__(self, name, holder, sealed, data_size, created_ms, pickled, foreign_meta=None):
-        self.name = name
-        self.holder = holder  # owner array (created here) or memoryview (got): the vovp ref
-        self.count = 0
-        self.sealed = sealed
-        self.data_size = data_size
-        self.created_ms = created_ms
-        self.pickled = pickled
-        self.foreign_meta = foreign_meta  # vovp metadata of an object this module did not write
+    def live(self) -> bool:
+        """Whether this client still uses the object (a buffer lives, or it is being
+        created)."""
+        return self.holder is not None or self() is not None
 
 
-class _Anchor(weakref.ref):
-    """Weak reference to a handed-out buffer's anchor array; gives one count back on death."""
-
-    __slots__ = ("client", "entry")
-
-    def __new__(cls, anchor, client, entry):
-        self = weakref.ref.__new__(cls, anchor, _anchor_died)
-        self.client = client
-        self.entry = entry
-        return self
-
-    def __init__(self, anchor, client, entry):
-        super().__init__(anchor, _anchor_died)
+def _entry(anchor, name, sealed, data_size, created_ms, pickled, foreign_meta=None):
+    e = _InUse(anchor)
+    e.name = name
+    e.holder = None  # the creator's owner array, from create to seal
+    e.sealed = sealed
+    e.writable = False  # the anchor is create()'s writable one
+    e.data_size = data_size
+    e.created_ms = created_ms
+    e.pickled = pickled
+    e.foreign_meta = foreign_meta  # vovp metadata of an object this module did not write
+    return e
 
 
-# id(weakref) -> weakref: keeps the weakrefs (and through them their clients) alive, so that a
-# PlasmaClient dropped while its buffers live keeps serving them (Plasma: ARROW-2448).
-_ANCHORS: dict = {}
+def _read_only(anchor):
+    """A read-only view of a writable anchor (a get of an object this client created)."""
+    view = anchor.view()
+    view.flags.writeable = False
+    return view
 
 
-def _anchor_died(ref):
-    # Runs inside garbage collection on any thread: never raise, never wait.
-    try:
-        _ANCHORS.pop(id(ref), None)
-        ref.client._give_back(ref.entry)
-    except BaseException:  # noqa: BLE001 (interpreter shutdown...)
-        pass
+# The entry table is swept of dead entries when it reaches twice its size after the last sweep
+# (and at least this many entries).
+_SWEEP_MIN = 1024
 
 
 # --- the client ----------------------------------------------------------------------------------
@@ -381,75 +405,42 @@ def _anchor_died(ref):
 class PlasmaClient:
     """A connection to the store with Plasma's client semantics (made by ``connect``)."""
 
-    def __init__(self, store_socket_name: str, deferred_release: bool = False):
-        # Plasma tells the store of a release at once; vovp's own client lets releases ride
+    def __init__(self, store_socket_name: str, deferred_release: bool = True):
+        # Plasma told the store of a release at once; vovp's own client lets releases ride
         # with its next request (or sends them within 2 ms), which saves a message per get.
         delay = _vc.RELEASE_DELAY if deferred_release else 0
         with _translated():
             self._vovp = _vc.Client(store_socket_name, release_delay=delay)
         self._path = store_socket_name
         self._lock = threading.Lock()
-        self._in_use: dict = {}  # vovp name -> _InUse
-        self._returns = collections.deque()  # entries whose buffers died, to count down
+        self._in_use: dict = {}  # vovp name -> _InUse (live or dead, see _insert)
+        self._sweep_at = _SWEEP_MIN
         self._relay = None  # notification relay, after subscribe()
         self._evict_watch = None  # notification stream of evict(), after the first one
         self._closed = False
         # Objects up to this size are put in one PUT frame (data assembled here first).
         self._inline = min(self._vovp.max_inline, _vc.INLINE_LIMIT)
 
-    # -- locking and counting -----------------------------------------------------------------
+    # -- locking and entries ----------------------------------------------------------------
 
-    def _lock_and_apply(self):
+    def _acquire(self):
         self._lock.acquire()
-        if self._returns:
-            self._apply_returns()
         if self._closed:
             self._lock.release()
             raise PlasmaConnectionError("this PlasmaClient is disconnected")
 
-    def _unlock(self):
-        # A return queued by another thread while we held the lock found it taken: apply it
-        # before leaving, and look again after releasing (it may have come in between).
-        while True:
-            if self._returns:
-                self._apply_returns()
-            self._lock.release()
-            if not self._returns or not self._lock.acquire(False):
-                return
+    def _live(self, name):
+        """The live entry of ``name``, or None."""
+        entry = self._in_use.get(name)
+        return entry if entry is not None and entry.live() else None
 
-    def _give_back(self, entry):
-        self._returns.append(entry)
-        if self._lock.acquire(False):
-            self._unlock()
-
-    def _apply_returns(self):
-        returns = self._returns
-        while returns:
-            try:
-                entry = returns.popleft()
-            except IndexError:
-                return
-            self._count_down(entry)
-
-    def _count_down(self, entry):
-        entry.count -= 1
-        if entry.count <= 0:
-            if self._in_use.get(entry.name) is entry:
-                del self._in_use[entry.name]
-            # The vovp reference goes with the last Python reference to the holder (released
-            # at once: release_delay=0).
-            entry.holder = None
-
-    def _anchor(self, entry, writable=False):
-        """A new anchor array over ``entry``'s whole object, counted (see module docstring)."""
-        mv = memoryview(entry.holder)
-        if not writable and not mv.readonly:
-            mv = mv.toreadonly()
-        anchor = np.frombuffer(mv, np.uint8)
-        ref = _Anchor(anchor, self, entry)
-        _ANCHORS[id(ref)] = ref
-        entry.count += 1
-        return anchor
+    def _insert(self, entry):
+        in_use = self._in_use
+        in_use[entry.name] = entry  # (replacing a dead entry, if any)
+        if len(in_use) >= self._sweep_at:
+            for name in [n for n, e in in_use.items() if not e.live()]:
+                del in_use[name]
+            self._sweep_at = max(_SWEEP_MIN, 2 * len(in_use))
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -476,29 +467,31 @@ class PlasmaClient:
             raise ValueError(f"data_size must be >= 0, got {data_size}")
         metadata = bytes(metadata)
         created = _now_ms()
-        self._lock_and_apply()
+        self._acquire()
         try:
-            if name in self._in_use:
+            if self._live(name) is not None:
                 raise PlasmaObjectExists(f"object {object_id!r} already exists")
+            header = _header(data_size, len(metadata), False, created)
             with _translated():
-                owner = self._vovp.create(name, data_size + len(metadata),
-                                          _header(data_size, False, created))
+                owner = self._vovp.create(name, data_size + len(metadata), header)
+            _remember_creation(name, header, owner, created)
             if metadata:
                 owner[data_size:] = np.frombuffer(metadata, np.uint8)
-            entry = _InUse(name, owner, False, data_size, created, False)
-            entry.count = 1  # given back by seal
-            self._in_use[name] = entry
-            anchor = self._anchor(entry, writable=True)
+            anchor = np.frombuffer(memoryview(owner), np.uint8)
+            entry = _entry(anchor, name, False, data_size, created, False)
+            entry.holder = owner  # the count seal gives back
+            entry.writable = True
+            self._insert(entry)
         finally:
-            self._unlock()
+            self._lock.release()
         return _wrap(anchor[:data_size] if metadata else anchor)
 
     def seal(self, object_id):
         """Seal an object this client created: immutable and visible to every client."""
         name = _name_of(object_id)
-        self._lock_and_apply()
+        self._acquire()
         try:
-            entry = self._in_use.get(name)
+            entry = self._live(name)
             if entry is None:
                 raise PlasmaObjectNotFound(
                     f"Seal() called on an object without a reference to it: {object_id!r}", 1)
@@ -509,91 +502,144 @@ class PlasmaClient:
                 self._vovp.seal(name)
             entry.sealed = True
             _remember_seal(name, entry.created_ms)
-            self._count_down(entry)
+            entry.holder = None  # a create buffer still alive keeps the reference
+            if entry() is None:
+                # That was the last count: the creator's reference goes now, not with the next
+                # request (deferred releases are for gets), so that a new object is evictable
+                # for others once its seal returned, as in Plasma.
+                self._vovp.flush()
         finally:
-            self._unlock()
+            self._lock.release()
 
     def abort(self, object_id):
         """Abort an unsealed object this client created; its buffer must have been dropped."""
         name = _name_of(object_id)
-        self._lock_and_apply()
+        self._acquire()
         try:
-            entry = self._in_use.get(name)
+            entry = self._live(name)
             if entry is None:
                 raise PlasmaObjectNotFound(
                     f"abort of an object this client is not creating: {object_id!r}", 1)
             if entry.sealed:
                 raise PlasmaObjectAlreadySealed(
                     f"abort of a sealed object: {object_id!r}", 5)
-            if entry.count > 1:
+            if entry() is not None:
                 raise ArrowInvalid("Plasma client cannot have a reference to the buffer.")
             with _translated():
                 self._vovp.abort(name)
             del self._in_use[name]
-            entry.count = 0
             entry.holder = None  # vovp's abort already dropped the creator's reference
         finally:
-            self._unlock()
+            self._lock.release()
 
     # -- get ------------------------------------------------------------------------------------
 
-    def _fetch(self, names, timeout_ms):
-        """Make sure every available name has an entry; returns the entries (None: not
-        available), in order. Caller holds the lock and anchors each entry it returns."""
-        in_use = self._in_use
-        ask = []
-        asked = set()
-        for name in names:
-            entry = in_use.get(name)
-            if entry is None:
-                if name not in asked:
-                    asked.add(name)
-                    ask.append(name)
-            elif not entry.sealed:
-                if timeout_ms < 0:
-                    # Plasma aborts the process here: nobody else can seal it, so the get
-                    # would never return.
-                    raise ArrowInvalid(
-                        f"get with timeout_ms=-1 of {_key_of(name)!r}, which this client "
-                        "created and has not sealed, would never return; seal it first")
-                if name not in asked:
-                    asked.add(name)
-                    ask.append(name)  # the store waits the timeout for it, as Plasma's does
-        if ask:
+    def _in_use_anchor(self, entry, timeout_ms):
+        """(entry, anchor) of an object in use here (``entry``); None if the store must be
+        asked (no buffer left, or ours and not sealed yet). The caller holds the lock."""
+        name = entry.name
+        if entry.sealed:
+            anchor = entry()
+            if anchor is None:
+                return None  # dead: asked again, a new entry replaces it
+            return entry, (_read_only(anchor) if entry.writable else anchor)
+        if timeout_ms < 0:
+            # Plasma aborts the process here: nobody else can seal it, so the get would never
+            # return.
+            raise ArrowInvalid(
+                f"get with timeout_ms=-1 of {_key_of(name)!r}, which this client created and "
+                "has not sealed, would never return; seal it first")
+        return None  # the store waits the timeout for it, as Plasma's does
+
+    def _ask(self, names, timeout_ms):
+        """The store's replies for ``names`` (GET, waiting as ``timeout_ms`` says)."""
+        timeout = None if timeout_ms == 0 else (-1 if timeout_ms < 0 else timeout_ms / 1000)
+        try:
+            return self._vovp.get_buffers(names, timeout)
+        except E.VovpError as err:
+            raise _plasma_error(err) from err
+
+    def _new_entry(self, name, found):
+        """(entry, anchor) of an object the store just gave us: ``found`` = (memoryview
+        holding the vovp reference, vovp metadata)."""
+        mv, meta = found
+        if meta:
+            data_size, created, pickled, ours = _parse_header(meta, mv.nbytes)
+        else:  # no header (and no metadata): all data
+            data_size, created, pickled, ours = mv.nbytes, None, False, False
+        anchor = np.frombuffer(mv, np.uint8)
+        entry = _entry(anchor, name, True, data_size, created, pickled, None if ours else meta)
+        self._insert(entry)
+        return entry, anchor
+
+    def _fetch1(self, name, timeout_ms):
+        """(entry, anchor) or None (not available) for one name; see ``_fetch``. (Every
+        get's path: written out rather than through _fetch's lists.)"""
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed:
+                raise PlasmaConnectionError("this PlasmaClient is disconnected")
+            entry = self._in_use.get(name)
+            if entry is not None:
+                got = self._in_use_anchor(entry, timeout_ms)
+                if got is not None:
+                    return got
             timeout = None if timeout_ms == 0 else (-1 if timeout_ms < 0 else timeout_ms / 1000)
             try:
-                got = self._vovp.get_buffers(ask, timeout)
+                [found] = self._vovp.get_buffers([name], timeout)
             except E.VovpError as err:
                 raise _plasma_error(err) from err
-            for name, found in zip(ask, got):
-                if found is None or name in in_use:
-                    continue  # (dropping ``found`` releases a reference we do not need)
-                mv, meta = found
-                data_size, created, pickled, ours = _parse_header(meta, mv.nbytes)
-                in_use[name] = _InUse(name, mv, True, data_size, created, pickled,
-                                      None if ours else meta)
-        out = []
-        for name in names:
-            entry = in_use.get(name)
-            out.append(entry if entry is not None and entry.sealed else None)
-        return out
+            return None if found is None else self._new_entry(name, found)
+        finally:
+            lock.release()
+
+    def _fetch(self, names, timeout_ms):
+        """[(entry, anchor) or None (not available)] for ``names``, in order. Objects in use
+        are served from their anchors, the others asked of the store in one GET (each gets an
+        entry and an anchor)."""
+        self._acquire()
+        try:
+            got = {}  # name -> (entry, anchor)
+            ask = []
+            in_use = self._in_use
+            for name in names:
+                if name not in got:
+                    entry = in_use.get(name)
+                    found = None if entry is None else self._in_use_anchor(entry, timeout_ms)
+                    got[name] = found
+                    if found is None:
+                        ask.append(name)
+            if ask:
+                for name, found in zip(ask, self._ask(ask, timeout_ms)):
+                    if found is not None:
+                        got[name] = self._new_entry(name, found)
+            return [got[name] for name in names]
+        finally:
+            self._lock.release()
 
     def _anchors_for(self, object_ids, timeout_ms):
-        """[(entry, anchor) or None] for ``object_ids`` (one count each)."""
-        names = [_name_of(k) for k in object_ids]
+        """[(entry, anchor) or None] for ``object_ids``."""
         timeout_ms = int(timeout_ms)
-        self._lock_and_apply()
-        try:
-            entries = self._fetch(names, timeout_ms)
-            return [None if e is None else (e, self._anchor(e)) for e in entries]
-        finally:
-            self._unlock()
+        if type(object_ids) is list and len(object_ids) == 1:
+            return [self._fetch1(_name_of(object_ids[0]), timeout_ms)]
+        return self._fetch([_name_of(k) for k in object_ids], timeout_ms)
 
     def get_buffers(self, object_ids, timeout_ms=-1, with_meta=False):
         """Buffers of the objects' data (None for an object not sealed within ``timeout_ms``:
         -1 waits forever, 0 not at all); waits until all are there or the time is up. With
         ``with_meta=True``, ``(metadata bytes, data buffer)`` tuples. Each buffer keeps its
         object alive and releases it when it (and everything made from it) is dropped."""
+        if type(object_ids) is list and len(object_ids) == 1 and not with_meta:
+            # The common case, without the lists: one get.
+            key = object_ids[0]
+            found = self._fetch1(key._name if type(key) is ObjectID else _name_of(key),
+                                 int(timeout_ms))
+            if found is None:
+                return [None]
+            entry, anchor = found
+            ds = entry.data_size
+            return [_wrap(anchor if ds == len(anchor) else anchor[:ds])]
         out = []
         for found in self._anchors_for(object_ids, timeout_ms):
             if found is None:
@@ -627,7 +673,7 @@ class PlasmaClient:
     def contains(self, object_id) -> bool:
         """Whether the object is sealed in the store (or in use by this client)."""
         name = _name_of(object_id)
-        if name in self._in_use:
+        if self._live(name) is not None:
             return True
         with _translated():
             return self._vovp.contains(name)
@@ -652,23 +698,28 @@ class PlasmaClient:
         """Create, fill (``pieces``: (offset, bytes-like)) and seal an object; holds nothing."""
         name = _name_of(object_id)
         created = _now_ms()
-        header = _header(data_size, pickled, created)
+        header = _header(data_size, len(metadata), pickled, created)
         total = data_size + len(metadata)
-        self._lock_and_apply()
+        self._acquire()
         try:
-            if name in self._in_use:
+            if self._live(name) is not None:
                 raise PlasmaObjectExists(f"object {object_id!r} already exists")
-            with _translated():
+            try:
                 if total <= self._inline:
                     # One PUT frame: assembling a few hundred KiB costs less than a round trip.
-                    blob = bytearray(total)
-                    for off, piece in pieces:
-                        n = memoryview(piece).nbytes
-                        blob[off:off + n] = piece
-                    blob[data_size:] = metadata
-                    self._vovp.put(name, blob, metadata=header)
+                    if len(pieces) == 1 and not metadata:
+                        blob = pieces[0][1]  # (put_raw_buffer, create_and_seal: no copy here)
+                    else:
+                        blob = bytearray(total)
+                        for off, piece in pieces:
+                            n = memoryview(piece).nbytes
+                            blob[off:off + n] = piece
+                        blob[data_size:] = metadata
+                    oid = self._vovp.put(name, blob, metadata=header)
+                    _remember_creation(name, header, None, created, oid)
                 else:
                     owner = self._vovp.create(name, total, header)
+                    _remember_creation(name, header, owner, created)
                     try:
                         for off, piece in pieces:
                             src = np.frombuffer(piece, np.uint8)
@@ -681,9 +732,14 @@ class PlasmaClient:
                             self._vovp.abort(name)
                         raise
                     del owner  # releases the creator's reference (sealed: the object stays)
+                    self._vovp.flush()  # now: see seal()
+            except E.VovpError as err:  # (not _translated(): a context manager costs a µs)
+                if isinstance(err, ArrowException):
+                    raise
+                raise _plasma_error(err) from err
             _remember_seal(name, created)
         finally:
-            self._unlock()
+            self._lock.release()
 
     def put_raw_buffer(self, value, object_id=None, metadata=b"", memcopy_threads=6):
         """Store the bytes of any buffer-protocol object; returns its ObjectID."""
@@ -786,7 +842,7 @@ class PlasmaClient:
                 metadata_size = len(e["metadata"])
             last_access_ms = int(e["last_access"] * 1000)
             if created is None:
-                created = last_access_ms
+                created = _CREATED_AT.get((name, e["id"]), last_access_ms)
             if not e["sealed"]:
                 duration = -1
             else:
@@ -820,7 +876,7 @@ class PlasmaClient:
         num_bytes = int(num_bytes)
         if num_bytes <= 0:
             return 0
-        self._lock_and_apply()
+        self._acquire()
         try:
             with _translated():
                 # A fresh stream per call: one kept between calls falls behind in a busy store
@@ -828,7 +884,7 @@ class PlasmaClient:
                 # stream from a quiet one is a race. A new SUBSCRIBE costs one connection.
                 if self._evict_watch is not None:
                     self._evict_watch.close()
-                watch = self._evict_watch = _NotifyStream(self._path)
+                watch = self._evict_watch = _NotifyStream(self._vovp)
                 total = 0
                 while total < num_bytes:
                     freed = self._vovp.evict(1)
@@ -838,11 +894,11 @@ class PlasmaClient:
                     if size is None:  # no notification: count the daemon's bytes instead
                         total += freed
                         watch.close()
-                        watch = self._evict_watch = _NotifyStream(self._path)
+                        watch = self._evict_watch = _NotifyStream(self._vovp)
                     else:
                         total += size
         finally:
-            self._unlock()
+            self._lock.release()
         return total
 
     # -- notifications --------------------------------------------------------------------------
@@ -851,13 +907,13 @@ class PlasmaClient:
         """Receive a notification for every object sealed (and deleted or evicted) from now
         on, plus one for each object already sealed; read them with get_next_notification or
         from get_notification_socket()."""
-        self._lock_and_apply()
+        self._acquire()
         try:
             if self._relay is None:
                 with _translated():
                     self._relay = _NotificationRelay(self._path, self._vovp)
         finally:
-            self._unlock()
+            self._lock.release()
 
     def get_notification_socket(self) -> socket.socket:
         """The socket notifications arrive on: each is an 8-byte native ``unsigned long``
@@ -914,7 +970,6 @@ class PlasmaClient:
         self._vovp.close()
         with self._lock:
             self._in_use.clear()
-            self._returns.clear()
 
     def set_client_options(self, client_name, limit_output_memory):
         raise NotImplementedError("vovp has no per-client output memory quota")
@@ -985,72 +1040,17 @@ def _plasma_notification(kind, name, size, meta):
     return _notification(name, size, len(meta))
 
 
-_KINDS = {P.NOTIFY_SEALED: "sealed", P.NOTIFY_DELETED: "deleted", P.NOTIFY_EVICTED: "evicted"}
-
-
 class _NotifyStream:
-    """A SUBSCRIBE connection to the daemon, read directly: no segment mappings (the fds of
-    HELLO are closed at once) and no threads, so a stream is cheap to keep."""
+    """A SUBSCRIBE connection to the daemon (the native core's, so no segment mappings and
+    no threads of its own): cheap to keep."""
 
-    def __init__(self, path):
-        self._sock = sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._buf = bytearray()
-        self._closed = False
-        try:
-            sock.connect(path)
-            sock.sendall(P.frame(P.HELLO, 1, P.hello_payload(os.getpid())))
-            while self._complete_frame() is None:
-                chunk, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
-                for fd in fds:
-                    os.close(fd)
-                if not chunk:
-                    raise E.ConnectionError("the daemon closed the connection during HELLO")
-                self._buf += chunk
-            P.check_reply(self._take_frame(), P.HELLO, 1)
-            sock.sendall(P.frame(P.SUBSCRIBE, 2))
-            P.check_reply(self._read_frame(None), P.SUBSCRIBE, 2)
-        except OSError as e:
-            sock.close()
-            raise E.ConnectionError(f"cannot subscribe to {path!r}: {e}") from e
-        except BaseException:
-            sock.close()
-            raise
-
-    def _complete_frame(self):
-        buf = self._buf
-        if len(buf) < 4:
-            return None
-        total = 4 + P.U32.unpack_from(buf, 0)[0]
-        return total if len(buf) >= total else None
-
-    def _take_frame(self):
-        total = self._complete_frame()
-        frame = bytes(self._buf[:total])
-        del self._buf[:total]
-        return frame
-
-    def _read_frame(self, timeout):
-        """The next frame; None if none arrived within ``timeout`` seconds (None: wait)."""
-        while self._complete_frame() is None:
-            self._sock.settimeout(timeout)
-            try:
-                chunk = self._sock.recv(1 << 16)
-            except (socket.timeout, BlockingIOError):
-                return None
-            if not chunk:
-                raise E.ConnectionError("the notification stream ended")
-            self._buf += chunk
-        return self._take_frame()
+    def __init__(self, vovp_client):
+        self._sub = vovp_client._native.subscribe()
 
     def next(self, timeout=None):
-        """(kind, name, data_size, metadata) of the next notification, None on timeout."""
-        frame = self._read_frame(timeout)
-        if frame is None:
-            return None
-        if frame[5] != P.NOTIFY:
-            raise E.ProtocolError(f"unexpected opcode {frame[5]:#x} on a notification stream")
-        kind, name, size, meta = P.decode_notify(frame, P.HEADER_SIZE)
-        return _KINDS.get(kind, kind), name, size, meta
+        """(kind, name, data_size, metadata) of the next notification; None on timeout or
+        after close(). E.ConnectionError when the daemon ended the stream."""
+        return self._sub.next(timeout)
 
     def drain(self) -> bool:
         """Discard what has arrived; False if the stream has ended.
@@ -1081,13 +1081,7 @@ class _NotifyStream:
             return None
 
     def close(self):
-        if not self._closed:
-            self._closed = True
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
-            except OSError:
-                pass
-            self._sock.close()
+        self._sub.close()  # a next() waiting in another thread returns None
 
 
 class _NotificationRelay:
@@ -1105,7 +1099,7 @@ class _NotificationRelay:
         self._queue = collections.deque()
         self._cv = threading.Condition()
         self._ended = False
-        self._sub = _NotifyStream(path)  # registered in the daemon once this returns
+        self._sub = _NotifyStream(vovp_client)  # registered in the daemon once this returns
         # Plasma first reports every object sealed before the subscription (one sealed while
         # subscribe() runs may be reported twice).
         for e in vovp_client.list():
@@ -1120,7 +1114,10 @@ class _NotificationRelay:
     def _read(self):
         try:
             while True:
-                kind, name, size, meta = self._sub.next()
+                event = self._sub.next()
+                if event is None:  # closed
+                    return
+                kind, name, size, meta = event
                 msg = _plasma_notification(kind, name, size, meta)
                 if msg is not None:
                     with self._cv:
@@ -1160,14 +1157,15 @@ class _NotificationRelay:
 # --- connecting and starting a store ---------------------------------------------------------------
 
 
-def connect(store_socket_name, num_retries=-1, deferred_release=False) -> PlasmaClient:
+def connect(store_socket_name, num_retries=-1, deferred_release=True) -> PlasmaClient:
     """Connect to the store serving ``store_socket_name``; tries ``num_retries`` times, 0.1 s
     apart (-1: 50 times, Plasma's default). PlasmaConnectionError (an IOError) if it cannot.
 
-    ``deferred_release=True`` (not in Plasma) sends releases the way vovp's own client does:
-    with this client's next request, or within 2 ms when it stays idle. Faster for many small
-    gets; the price is that other clients may find a dropped object still referenced (not yet
-    evictable) for up to 2 ms. The default is Plasma's: the store learns of it at once.
+    ``deferred_release`` (not in Plasma): by default releases go the way vovp's own client
+    sends them, with this client's next request or within 2 ms when it stays idle, which
+    saves a message (and a wake-up of the store) per get; other clients may find a dropped
+    object still referenced (not yet evictable) for those 2 ms. ``False`` sends each release
+    at once, as Plasma did.
     """
     attempts = 50 if num_retries < 0 else max(1, int(num_retries))
     for attempt in range(attempts):

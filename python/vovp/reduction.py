@@ -277,8 +277,7 @@ def _share(src, arr, torch_dtype):
         # Already store memory (received or got earlier), hence immutable: send the view's
         # coordinates in that object, no copy.
         client = lease.client
-        base = client._seg_addr[lease.segment] + lease.offset
-        offset = arr.__array_interface__["data"][0] - base
+        offset = arr.__array_interface__["data"][0] - lease.start
         holder, name, oid, path = src, lease.name, lease.oid, client.path
         view = arr
     else:
@@ -401,12 +400,12 @@ def _rebuild(path, name, oid, offset, dtype, shape, strides, torch_dtype, ack_ad
     client = default_client(path)
     try:
         # Waits for the sender's seal, which may reach the daemon after this GET does.
-        ref = client._get1(name, RECEIVE_TIMEOUT)
-        owner = client._owner(ref, name, writable=torch_dtype is not None)
+        obj = client._get1(name, RECEIVE_TIMEOUT, writable=torch_dtype is not None)
+        owner = client._owner(obj)
     finally:
         # Ack even on failure: the sender's hold cannot help a receiver that already failed.
         _send_ack(ack_addr, seq)
-    if ref.object_id != oid:
+    if obj.id != oid:
         client._drop_owner(owner)
         raise VovpError(f"store object {name!r} was replaced before it was received")
     arr = np.ndarray(shape, dtype, buffer=owner, offset=offset, strides=strides)

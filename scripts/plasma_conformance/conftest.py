@@ -29,12 +29,7 @@ NOT_SUPPORTED = {
 
 # test node name -> the daemon limitation that makes it fail today. Run as strict xfail: the
 # run fails if one of them starts passing, so this table cannot outlive the fix.
-DAEMON_LIMITS = {
-    "TestPlasmaClient::test_use_full_memory":
-        "an object of exactly the store's size is 64 bytes too big: vovp.plasma keeps a 24-byte "
-        "header (data size, metadata flag, creation time) inside each object, counted against "
-        "-m like all metadata, where Plasma kept its headers outside the memory it was given",
-}
+DAEMON_LIMITS: dict = {}
 
 HUGE_PAGE_TEST = "test_use_huge_pages"
 HUGE_PAGE_DIR = "/mnt/hugepages"

@@ -113,8 +113,8 @@ impl Daemon {
         d
     }
 
-    pub fn client(&self) -> vovp_transport::Client {
-        vovp_transport::Client::connect(&self.socket).expect("connect")
+    pub fn client(&self) -> vovp_client::Client {
+        vovp_client::Client::connect(&self.socket).expect("connect")
     }
 
     /// Runs the `vovp` CLI against this daemon to completion.

@@ -239,7 +239,7 @@ fn get_waits_for_a_seal_from_another_process() {
     let socket = d.socket.clone();
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
-        let other = vovp_transport::Client::connect(&socket).unwrap();
+        let other = vovp_client::Client::connect(&socket).unwrap();
         other
             .put("later", b"sealed now", b"", CreateOptions::default())
             .unwrap();
@@ -256,13 +256,32 @@ fn subscribers_see_seals_and_deletes() {
     let mut sub = c.subscribe().unwrap();
     let out = d.cli(&["put", "news", "--data", "x"]);
     assert!(out.status.success());
-    let n = sub.next(Some(T)).unwrap();
+    let n = sub.next(Some(T)).unwrap().expect("a notification within T");
     assert_eq!(
         (n.kind, n.name.as_str(), n.size),
         (NotificationKind::Sealed, "news", 1)
     );
     c.delete("news").unwrap();
-    assert_eq!(sub.next(Some(T)).unwrap().kind, NotificationKind::Deleted);
+    let n = sub.next(Some(T)).unwrap().expect("a notification within T");
+    assert_eq!(n.kind, NotificationKind::Deleted);
+    // Nothing more: a timeout, and the stream is still usable after it.
+    assert!(sub.next(Some(Duration::from_millis(50))).unwrap().is_none());
+    let out = d.cli(&["put", "later", "--data", "yz"]);
+    assert!(out.status.success());
+    let n = sub
+        .next(Some(T))
+        .unwrap()
+        .expect("a notification after a timeout");
+    assert_eq!((n.name.as_str(), n.size), ("later", 2));
+    // A closer ends a `next` blocked in another thread.
+    let closer = sub.closer().unwrap();
+    let blocked = std::thread::spawn(move || sub.next(None));
+    std::thread::sleep(Duration::from_millis(50));
+    closer.close();
+    assert!(matches!(
+        blocked.join().unwrap(),
+        Err(vovp::Error::Connection(_))
+    ));
 }
 
 #[test]
@@ -274,7 +293,7 @@ fn async_client_round_trip() {
             let runtime = vovp_tests::runtime();
             runtime.block_on(async move {
                 use vovp::AsyncStore;
-                let c = vovp_transport::AsyncClient::connect(&socket).await.unwrap();
+                let c = vovp_client::AsyncClient::connect(&socket).await.unwrap();
                 c.put("async", b"from async", b"", CreateOptions::default())
                     .await
                     .unwrap();
@@ -293,6 +312,148 @@ fn async_client_round_trip() {
     let stats = rt.join().unwrap();
     assert_eq!((stats.objects, stats.references), (2, 0));
     assert_eq!(&d.cli(&["get", "async"]).stdout, b"from async");
+}
+
+/// Regression: an async client's `ObjectBuffer::seal` went through a second (blocking)
+/// connection, i.e. sealed as another holder, and the daemon refused it (NOT_CREATOR). It
+/// seals on the client's own connection now: with the connection free (a single-threaded
+/// runtime), and while another task's GET holds it (a multi-threaded runtime: the seal waits
+/// for the GET, which another process answers). An async client is one connection.
+#[test]
+fn async_client_buffer_seals_as_its_creator() {
+    use vovp::AsyncStore;
+    let d = Daemon::start("16M");
+    let watcher = d.client();
+    let before = watcher.connections().unwrap();
+    let socket = d.socket.clone();
+    let async_client = std::thread::spawn(move || {
+        vovp_tests::runtime().block_on(async move {
+            let c = vovp_client::AsyncClient::connect(&socket).await.unwrap();
+            let mut buf =
+                AsyncStore::create(&c, "sealed-by-buffer", 64, b"", CreateOptions::default())
+                    .await
+                    .unwrap();
+            buf.as_mut_slice().fill(7);
+            let view = buf.seal().expect("the creator's connection seals");
+            assert_eq!(&view[..], &[7u8; 64][..]);
+            drop(view);
+            c.flush().await.unwrap();
+            c
+        })
+    })
+    .join()
+    .unwrap();
+    // One connection (before the fix, a second one for seals).
+    let c = async_client;
+    assert_eq!(watcher.connections().unwrap(), before + 1);
+    drop(c);
+    wait_until(T, || watcher.connections().unwrap() == before);
+    assert_eq!(d.cli(&["get", "sealed-by-buffer"]).stdout, vec![7u8; 64]);
+
+    let socket = d.socket.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sealed = runtime.block_on(async move {
+        let c = vovp_client::AsyncClient::connect(&socket).await.unwrap();
+        assert_eq!(watcher.connections().unwrap(), before + 1);
+        let mut buf = AsyncStore::create(&c, "sealed-while-busy", 8, b"", CreateOptions::default())
+            .await
+            .unwrap();
+        buf.as_mut_slice().fill(9);
+        // Another task's GET waits on the connection for an object another process puts.
+        let waiting = tokio::spawn({
+            let c = c.clone();
+            async move { AsyncStore::get(&c, &["later"], Some(T)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let put = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            watcher
+                .put("later", b"now", b"", CreateOptions::default())
+                .unwrap();
+        });
+        let started = std::time::Instant::now();
+        // Sealed from a task on a worker thread, as async code would.
+        let view = tokio::spawn(async move { buf.seal() })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(started.elapsed() < T);
+        let got = waiting.await.unwrap().unwrap();
+        assert_eq!(&got[0].as_ref().unwrap()[..], b"now");
+        put.join().unwrap();
+        view.to_vec()
+    });
+    assert_eq!(sealed, vec![9u8; 8]);
+    assert_eq!(d.cli(&["get", "sealed-while-busy"]).stdout, vec![9u8; 8]);
+}
+
+/// The blocking client's extras for the Python core: `put_many` (one write, one round trip),
+/// `seal_later` (the reply read in front of the next request's), `private_view` (writes stay
+/// in this process), `put_id`, `close` (the daemon releases everything; no call after it).
+#[test]
+fn blocking_client_extras() {
+    let d = Daemon::start("16M");
+    let c = d.client();
+    let other = d.client();
+    let before = c.last_request_id();
+    let views = c
+        .put_many(&[
+            ("m1", b"one", b"", CreateOptions::default()),
+            ("m2", b"two", b"", CreateOptions::default()),
+            ("m1", b"again", b"", CreateOptions::default()),
+        ])
+        .unwrap();
+    assert_eq!(c.last_request_id(), before + 3, "three PUTs, nothing else");
+    assert_eq!(&views[0].as_ref().unwrap()[..], b"one");
+    assert_eq!(&views[1].as_ref().unwrap()[..], b"two");
+    assert!(matches!(views[2], Err(Error::AlreadyExists(_))));
+
+    let mut buf = c.create("later", 4, b"", CreateOptions::default()).unwrap();
+    buf.as_mut_slice().copy_from_slice(b"abcd");
+    c.seal_later("later").unwrap();
+    // Its release goes out after the SEAL (one connection, in order): the object stays.
+    drop(buf.into_view());
+    assert_eq!(c.unread_replies(), 1);
+    // Another process's GET waits for the seal, which went out without a round trip.
+    assert_eq!(
+        d.cli(&["get", "later", "--timeout-ms", "20000"]).stdout,
+        b"abcd"
+    );
+    c.seal_later("m1").unwrap(); // fails (already sealed): only a warning, later
+    assert!(c.contains("later").unwrap());
+    assert_eq!(c.unread_replies(), 0);
+
+    // A private view of another client's object: writable here, unchanged in the store.
+    let theirs = other.get_one("m2", None).unwrap();
+    let (ptr, _keep) = other.private_view(&theirs).unwrap().expect("a host object");
+    // SAFETY: a private copy-on-write mapping of the object's 3 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(b"TWO".as_ptr(), ptr, 3) };
+    assert_eq!(&other.get_one("m2", None).unwrap()[..], b"two");
+    assert_eq!(d.cli(&["get", "m2"]).stdout, b"two");
+
+    let id = c
+        .put_id("with-id", b"x", b"", CreateOptions::default())
+        .unwrap();
+    assert!(c
+        .list()
+        .unwrap()
+        .iter()
+        .any(|i| i.id.get() == id && i.name.as_str() == "with-id"));
+    assert_eq!(c.max_inline(), vovp_proto::MAX_INLINE);
+
+    // Closed with views alive: the daemon drops the connection's references at once.
+    let watcher = d.client();
+    let refs = watcher.stats().unwrap().references;
+    assert!(refs >= 2, "{refs}");
+    c.close();
+    assert!(matches!(c.contains("m1"), Err(Error::Connection(_))));
+    wait_until(T, || watcher.stats().unwrap().references == refs - 2);
+    drop(views); // sends nothing on the closed connection
+    drop(theirs);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! * Everywhere: the CUDA subcommands of the test fixture fail cleanly (`vovp-fixture: <message>`, exit 1)
 //!   on missing names, host objects and, without a driver, with the daemon's GpuUnavailable.
 //! * With `VOVP_GPU_TESTS=1` (a machine with an NVIDIA GPU: `bash gpu/check.sh`; or the fake
-//!   driver: `scripts/gpu-fake-test.sh`): process A (this test, `vovp_transport::Client`) and
+//!   driver: `scripts/gpu-fake-test.sh`): process A (this test, `vovp_client::Client`) and
 //!   processes B (the `vovp-fixture` binary) share one device allocation; references are released when B
 //!   exits or dies; eviction of device objects is least-recently-used and never touches
 //!   referenced ones; a big device put is timed against the raw device-to-device copy.

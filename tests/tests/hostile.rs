@@ -31,7 +31,7 @@ fn get_payload(timeout_ms: i64, names: &[&[u8]]) -> Vec<u8> {
 }
 
 /// The store answers a plain request within `limit` (it is not wedged).
-fn responsive(c: &vovp_transport::Client, limit: Duration) -> bool {
+fn responsive(c: &vovp_client::Client, limit: Duration) -> bool {
     let start = Instant::now();
     c.contains("anything").is_ok() && start.elapsed() < limit
 }
@@ -203,14 +203,14 @@ fn connections_beyond_the_limit_are_refused_clearly_and_recover() {
     let d = Daemon::start_with("16M", &["--max-connections", "4"]);
     let good = d.client();
     let mut others: Vec<_> = (0..3).map(|_| d.client()).collect();
-    match vovp_transport::Client::connect(&d.socket) {
+    match vovp_client::Client::connect(&d.socket) {
         Err(Error::Connection(msg)) => assert!(msg.contains("at most 4 connections"), "{msg}"),
         Err(other) => panic!("expected a connection refusal, got {other:?}"),
         Ok(_) => panic!("a fifth connection was accepted"),
     }
     assert!(responsive(&good, Duration::from_secs(2)));
     others.pop();
-    wait_until(T, || vovp_transport::Client::connect(&d.socket).is_ok());
+    wait_until(T, || vovp_client::Client::connect(&d.socket).is_ok());
 }
 
 /// D9: a subscriber that closes its connection is dropped at once, not at the next
@@ -344,7 +344,7 @@ fn running_out_of_fds_is_survived_and_recovered_from() {
     }
     let mut child = cmd.spawn().unwrap();
     wait_until(T, || UnixStream::connect(&socket).is_ok());
-    let good = vovp_transport::Client::connect(&socket).unwrap();
+    let good = vovp_client::Client::connect(&socket).unwrap();
     // Far more connections than fds: the kernel queues them, the daemon hits EMFILE.
     let flood: Vec<_> = (0..200)
         .filter_map(|_| UnixStream::connect(&socket).ok())
@@ -360,7 +360,7 @@ fn running_out_of_fds_is_survived_and_recovered_from() {
     drop(flood);
     // Recovers by itself: a new client gets in and is served.
     wait_until(T, || {
-        vovp_transport::Client::connect(&socket).is_ok_and(|c| c.contains("x").is_ok())
+        vovp_client::Client::connect(&socket).is_ok_and(|c| c.contains("x").is_ok())
     });
     let _ = child.kill();
     let _ = child.wait();
@@ -413,7 +413,7 @@ fn reply_with_fds(r: &Raw) -> (Vec<u8>, Vec<std::os::fd::OwnedFd>) {
     let mut got = 0;
     let mut fds = Vec::new();
     loop {
-        let n = vovp_transport::fdpass::recv_with_fds(&r.0, &mut buf[got..], &mut fds).unwrap();
+        let n = vovp_client::fdpass::recv_with_fds(&r.0, &mut buf[got..], &mut fds).unwrap();
         assert!(n > 0, "connection closed");
         got += n;
         if got >= 4 && got >= 4 + u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize {

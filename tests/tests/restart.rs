@@ -4,15 +4,19 @@
 use std::time::Duration;
 
 use vovp::{CreateOptions, Error, Store};
+use vovp_client::{Client, ClientOptions};
 use vovp_tests::{wait_until, Daemon};
-use vovp_transport::{Client, ClientOptions};
 
 #[test]
 fn an_opted_in_client_reconnects_to_a_restarted_daemon() {
     let mut first = Daemon::start("16M");
     let socket = first.socket.clone();
     let plain = first.client();
-    let resilient = Client::connect_with(&socket, ClientOptions { reconnect: true }).unwrap();
+    let options = ClientOptions {
+        reconnect: true,
+        ..Default::default()
+    };
+    let resilient = Client::connect_with(&socket, options).unwrap();
     resilient
         .put("before", b"old bytes", b"", CreateOptions::default())
         .unwrap();
@@ -58,11 +62,16 @@ fn the_async_client_reconnects_too() {
     let rt = vovp_tests::runtime();
     rt.block_on(async {
         use vovp::AsyncStore;
-        let plain = vovp_transport::AsyncClient::connect(&socket).await.unwrap();
-        let c =
-            vovp_transport::AsyncClient::connect_with(&socket, ClientOptions { reconnect: true })
-                .await
-                .unwrap();
+        let plain = vovp_client::AsyncClient::connect(&socket).await.unwrap();
+        let c = vovp_client::AsyncClient::connect_with(
+            &socket,
+            ClientOptions {
+                reconnect: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         c.put("before", b"x", b"", CreateOptions::default())
             .await
             .unwrap();

@@ -1,11 +1,10 @@
-//! vovp over a Unix socket: the wire protocol (PROTOCOL.md), the io_uring daemon with one actor
-//! per connection and SCM_RIGHTS fd passing, and the Rust client (blocking and async).
+//! The vovp daemon over a Unix socket: the io_uring server with one actor per connection and
+//! SCM_RIGHTS fd passing (the `vovp-engine` binary), and the `vovp` CLI. The wire protocol is
+//! `vovp-proto`; the Rust client is `vovp-client` (re-exported here for the CLI's users).
 
-pub mod client;
-pub mod fdpass;
-pub mod protocol;
+pub mod response;
 pub mod server;
 
-pub use client::{AsyncClient, Client, ClientOptions, Subscription};
-pub use protocol::TransportError;
+pub use response::TransportError;
 pub use server::{run, ConnectionLimits, ServerConfig};
+pub use vovp_client::{fdpass, AsyncClient, Client, ClientOptions, Subscription};

@@ -16,7 +16,12 @@ use kameo::message::{Context, Message};
 use kameo::Actor;
 use vovp::{CreateOptions, EngineHandle, ObjectId, PutOptions, Session};
 
-use crate::protocol::*;
+use vovp_proto::{
+    encode_notification, Header, Opcode, Reply, Request, Status, CREATE_EPHEMERAL, FLAG_NO_REPLY,
+    HEADER_LEN, LIST_END, LIST_PAGE_BYTES, MAX_INLINE, PUT_KEEP_REFERENCE,
+};
+
+use crate::response::{error_response, Response, TransportError};
 
 /// How the daemon is set up.
 #[derive(Debug, Clone)]
@@ -251,10 +256,10 @@ fn refuse_busy(stream: StdUnixStream, max: usize) {
     use std::io::Write;
     let mut frame = Vec::new();
     Response::error(
-        status::TOO_MANY_CONNECTIONS,
+        Status::TooManyConnections,
         format!("the store serves at most {max} connections at once; try again later"),
     )
-    .encode(op::HELLO, 0, &mut frame);
+    .encode(Opcode::Hello.code(), 0, &mut frame);
     let _ = stream.set_nonblocking(true);
     let _ = (&stream).write(&frame);
     tracing::warn!("refused a connection: {max} connections already");
@@ -362,7 +367,7 @@ impl ConnIo<'_> {
 
     /// Best effort: an error reply before closing (never waits long for a peer that does not
     /// read).
-    async fn last_words(&self, status: u8, message: String) {
+    async fn last_words(&self, status: Status, message: String) {
         let mut out = Vec::new();
         Response::error(status, message).encode(0, 0, &mut out);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(out)).await;
@@ -390,14 +395,9 @@ async fn connection_loop(
                 Ok(None) => break,
                 Err(e) => {
                     // The stream cannot be resynchronised: say why, then close.
-                    let code = match e {
-                        TransportError::UnsupportedVersion(_) => status::UNSUPPORTED_VERSION,
-                        TransportError::FrameTooLarge(_) => status::TOO_LARGE,
-                        _ => status::MALFORMED,
-                    };
                     let _ = io.flush(out).await;
-                    io.last_words(code, e.to_string()).await;
-                    return Err(e);
+                    io.last_words(e.status(), e.to_string()).await;
+                    return Err(e.into());
                 }
             };
             if inbuf.len() - consumed < header.frame_len() {
@@ -406,12 +406,12 @@ async fn connection_loop(
             let payload = &inbuf[consumed + HEADER_LEN..consumed + header.frame_len()];
             consumed += header.frame_len();
             let no_reply = header.flags & FLAG_NO_REPLY != 0;
-            let response = match Request::decode(header.opcode, payload) {
+            let response = match Request::decode(header.opcode, payload).map(Request::into_owned) {
                 // A silenced error is a lost error: NO_REPLY is for RELEASE only, and refused
                 // (with a reply) anywhere else.
                 Ok(ref request) if no_reply && !matches!(request, Request::Release { .. }) => {
                     Response::error(
-                        status::MALFORMED,
+                        Status::Malformed,
                         "the NO_REPLY flag is only allowed on RELEASE",
                     )
                 }
@@ -430,10 +430,10 @@ async fn connection_loop(
                     Response::NoReply
                 }
                 Ok(request) => answer(conn, Incoming { request, no_reply }, io, session).await,
-                Err((code, message)) => Response::error(code, message),
+                Err(e) => Response::error(e.status(), e.to_string()),
             };
             match response {
-                Response::Hello { .. } => {
+                Response::Reply(Reply::Hello { .. }) => {
                     let (res, back) = io.flush(out).await;
                     out = back;
                     res?;
@@ -513,7 +513,7 @@ async fn connection_loop(
             Err(LoopStop::Write(e)) => return Err(e),
             Err(LoopStop::Deadline(why)) => {
                 let message = why.message(io.limits);
-                io.last_words(status::PROTOCOL_STATE, message.clone()).await;
+                io.last_words(Status::ProtocolState, message.clone()).await;
                 return Err(TransportError::Setup(message));
             }
         };
@@ -571,7 +571,7 @@ async fn answer(
     io: &ConnIo<'_>,
     session: &Session,
 ) -> Response {
-    let stopping = |_| Response::error(status::SHUTTING_DOWN, "store stopping");
+    let stopping = |_| Response::error(Status::ShuttingDown, "store stopping");
     // Only a GET with a timeout can wait; every other request is answered at once and needs no
     // timer on the hot path.
     let may_wait = matches!(&incoming.request, Request::Get { timeout_ms, .. } if *timeout_ms != 0);
@@ -621,7 +621,7 @@ async fn wait_for_hangup(raw: &StdUnixStream) -> Result<(), TransportError> {
 }
 
 fn response_empty(header: Header, out: &mut Vec<u8>) {
-    Response::Empty.encode(header.opcode, header.request_id, out);
+    Reply::Empty.encode(header.opcode, header.request_id, out);
 }
 
 /// Sends HELLO's reply with segment 0's read-only fd attached: every client may read the
@@ -648,7 +648,7 @@ async fn send_with_fd(
     reply: Vec<u8>,
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> Result<(), TransportError> {
-    let sent = match crate::fdpass::send_with_fds(io.raw.as_fd(), &reply, fds) {
+    let sent = match vovp_client::fdpass::send_with_fds(io.raw.as_fd(), &reply, fds) {
         Ok(n) => n,
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             // SAFETY: the AsyncFd owns its own dup of the socket, open for its whole life.
@@ -662,7 +662,9 @@ async fn send_with_fd(
             let send = async {
                 loop {
                     let mut ready = waiter.writable().await?;
-                    match ready.try_io(|fd| crate::fdpass::send_with_fds(fd.as_fd(), &reply, fds)) {
+                    match ready
+                        .try_io(|fd| vovp_client::fdpass::send_with_fds(fd.as_fd(), &reply, fds))
+                    {
                         Ok(res) => return res,
                         Err(_would_block) => continue,
                     }
@@ -690,14 +692,7 @@ async fn notify_loop(
     mut rx: tokio::sync::mpsc::Receiver<vovp::Notification>,
     mut out: Vec<u8>,
 ) -> Result<(), TransportError> {
-    let encode = |out: &mut Vec<u8>, n: vovp::Notification| {
-        let mut w = FrameWriter::begin(out, op::NOTIFY, 0, 0);
-        w.u8(n.kind as u8)
-            .str(n.name.as_str())
-            .u64(n.size)
-            .bytes(&n.metadata);
-        w.finish();
-    };
+    let encode = |out: &mut Vec<u8>, n: vovp::Notification| encode_notification(&n, out);
     let watch = |buf: Vec<u8>| io.stream.read(buf);
     let mut closed = Box::pin(watch(Vec::with_capacity(64)));
     loop {
@@ -747,7 +742,7 @@ pub struct ConnectionActor {
 
 /// A decoded request from the socket.
 pub struct Incoming {
-    pub request: Request,
+    pub request: Request<'static>,
     pub no_reply: bool,
 }
 
@@ -758,31 +753,31 @@ pub struct Disconnect;
 pub struct SegmentFds;
 
 /// The ids of a RELEASE as the client sent them (the table checks each against its object).
-fn object_ids(ids: Vec<u64>) -> Vec<ObjectId> {
-    ids.into_iter().map(ObjectId::from_raw).collect()
+fn object_ids(ids: &[u64]) -> Vec<ObjectId> {
+    ids.iter().copied().map(ObjectId::from_raw).collect()
 }
 
 impl ConnectionActor {
     async fn dispatch(
         &mut self,
-        request: Request,
+        request: Request<'static>,
         no_reply: bool,
     ) -> Result<Response, vovp::Error> {
         let session = &self.session;
         if !self.greeted && !matches!(request, Request::Hello { .. }) {
-            return Ok(Response::error(status::PROTOCOL_STATE, "send HELLO first"));
+            return Ok(Response::error(Status::ProtocolState, "send HELLO first"));
         }
         Ok(match request {
             Request::Hello { pid } => {
                 if self.greeted {
                     return Ok(Response::error(
-                        status::PROTOCOL_STATE,
+                        Status::ProtocolState,
                         "HELLO was already sent",
                     ));
                 }
                 self.greeted = true;
                 tracing::debug!("client pid {pid} connected as holder {}", session.holder());
-                Response::Hello {
+                Reply::Hello {
                     capacity: session.config().capacity,
                     max_inline: MAX_INLINE,
                     // Only the store's own segment: arenas are mapped on demand (SEGMENT).
@@ -793,6 +788,7 @@ impl ConnectionActor {
                         .map(|s| (s.id(), s.len()))
                         .collect(),
                 }
+                .into()
             }
             Request::Create {
                 name,
@@ -805,15 +801,15 @@ impl ConnectionActor {
                     ephemeral: flags & CREATE_EPHEMERAL != 0,
                     device: Some(device),
                 };
-                Response::Object(session.create(&name, size, &metadata, options).await?)
+                Reply::Object(session.create(&name, size, &metadata, options).await?).into()
             }
             Request::Seal { name } => {
                 session.seal(&name).await?;
-                Response::Empty
+                Reply::Empty.into()
             }
             Request::Abort { name } => {
                 session.abort(&name).await?;
-                Response::Empty
+                Reply::Empty.into()
             }
             Request::Put {
                 name,
@@ -825,7 +821,12 @@ impl ConnectionActor {
                     ephemeral: flags & CREATE_EPHEMERAL != 0,
                     keep_reference: flags & PUT_KEEP_REFERENCE != 0,
                 };
-                Response::Object(session.put_inline(&name, data, &metadata, options).await?)
+                Reply::Object(
+                    session
+                        .put_inline(&name, data.into_owned(), &metadata, options)
+                        .await?,
+                )
+                .into()
             }
             Request::Get { timeout_ms, names } => {
                 let wait = match timeout_ms {
@@ -833,36 +834,43 @@ impl ConnectionActor {
                     0 => None,
                     t => Some(Duration::from_millis(t as u64)),
                 };
-                Response::Objects(session.get(&names, wait).await?)
+                Reply::Objects(session.get(&names, wait).await?).into()
             }
             Request::Release { ids } if no_reply => {
                 // Errors of one-way releases are not reported.
-                session.release_later(object_ids(ids));
+                session.release_later(object_ids(&ids));
                 Response::NoReply
             }
             Request::Release { ids } => {
-                session.release(object_ids(ids)).await?;
-                Response::Empty
+                session.release(object_ids(&ids)).await?;
+                Reply::Empty.into()
             }
-            Request::Contains { name } => Response::Bool(session.contains(&name).await?),
+            Request::Contains { name } => Reply::Bool(session.contains(&name).await?).into(),
             Request::Delete { name } => {
                 session.delete(&name).await?;
-                Response::Empty
+                Reply::Empty.into()
             }
             Request::List { start, limit } => {
                 let (entries, next) = session
-                    .list_page(start, limit as usize, LIST_PAGE_BYTES, list_entry_bytes)
+                    .list_page(
+                        start,
+                        limit as usize,
+                        LIST_PAGE_BYTES,
+                        vovp_proto::list_entry_bytes,
+                    )
                     .await?;
-                Response::List {
+                Reply::List {
                     entries,
                     next: next.unwrap_or(LIST_END),
                 }
+                .into()
             }
-            Request::Evict { bytes } => Response::Count(session.evict(bytes).await?),
-            Request::Stats => Response::Stats {
+            Request::Evict { bytes } => Reply::Count(session.evict(bytes).await?).into(),
+            Request::Stats => Reply::Stats {
                 stats: session.stats().await?,
                 connections: self.shared.connections.load(Ordering::Relaxed),
-            },
+            }
+            .into(),
             Request::Subscribe => Response::Subscribed(session.subscribe().await?),
             Request::Segment { id } => {
                 let grant = session.segment(id).await?;

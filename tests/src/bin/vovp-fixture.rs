@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use vovp::{CreateOptions, DType, Device, Error, ObjectView, Store, TensorMeta};
-use vovp_transport::Client;
+use vovp_client::Client;
 
 #[derive(Parser)]
 #[command(

@@ -40,6 +40,13 @@ struct Args {
     /// when first touched).
     #[arg(long)]
     overcommit: bool,
+    /// Do not back an object's pages when it is created: they are allocated when a client
+    /// first touches them (as Plasma did), which saves the daemon that work on a first put
+    /// into fresh memory, but if the machine or its memory cgroup has run short by then the
+    /// touch is SIGBUS in that client, or the OOM killer. By default a create is refused with
+    /// OUT_OF_MEMORY instead.
+    #[arg(long)]
+    lazy_pages: bool,
     /// Per-GPU capacity, e.g. `0:8G,1:8G`.
     #[arg(long)]
     gpu_memory: Option<String>,
@@ -126,6 +133,7 @@ fn main() -> ExitCode {
     }
     engine.prefault = args.prefault;
     engine.overcommit = args.overcommit;
+    engine.lazy_pages = args.lazy_pages;
     if let Some(spec) = &args.gpu_memory {
         match vovp_gpu::parse_gpu_memory(spec) {
             Ok(c) => engine.gpu.capacities = c,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use vovp::{CreateOptions, DType, Error, Store, TensorView};
-use vovp_transport::Client;
+use vovp_client::Client;
 
 #[derive(Parser)]
 #[command(name = "vovp", version, about = "command-line client of a vovp-engine")]

@@ -1,6 +1,7 @@
-//! Passing segment fds over the socket with SCM_RIGHTS. tokio-uring's UnixStream has no
-//! sendmsg with control messages, so the one reply that carries fds (HELLO's) goes out through a
-//! plain `sendmsg(2)` (rustix) on the same socket; every other byte goes through io_uring.
+//! Passing segment fds over the socket with SCM_RIGHTS: the daemon sends them (HELLO's and
+//! SEGMENT's replies; tokio-uring's UnixStream has no sendmsg with control messages, so those
+//! replies go out through a plain `sendmsg(2)` (rustix) on the same socket, every other byte
+//! through io_uring), the clients receive them.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;

@@ -1,8 +1,7 @@
-"""Wire format of PROTOCOL.md (version 1): frame encoding and reply parsing.
-
-Pure functions over bytes, no sockets, so they can be unit-tested without a daemon. The client's
-hot paths (small PUT/GET) build frames with the precompiled ``struct.Struct`` objects below
-directly instead of going through the generic helpers, to keep per-call work to one ``pack``.
+"""The wire format of PROTOCOL.md (version 1) in Python, for tests only: the tests that send
+frames no client would send (malformed, truncated, out of order) build them here. The vovp
+package itself has no wire code: its client is the Rust one (vovp._native over vovp-client),
+and this module is checked byte by byte against PROTOCOL.md by test_protocol.py.
 
 Layout reminders (all little-endian):
 
@@ -19,7 +18,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from .errors import (
+from vovp.errors import (
     InvalidName,
     MetadataTooLarge,
     ProtocolError,

@@ -1,7 +1,7 @@
 //! Tight loop of small operations against a running daemon, for profiling the request path
 //! (`perf record -p $(pidof vovp-engine)` while this runs). Not a benchmark: vovp-bench is.
 //!
-//!     cargo run --release -p vovp-transport --example small_ops -- /tmp/vovp.sock 20000
+//!     cargo run --release -p vovp-client --example small_ops -- /tmp/vovp.sock 20000
 
 use std::time::Instant;
 
@@ -11,7 +11,7 @@ fn main() -> Result<(), vovp::Error> {
     let mut args = std::env::args().skip(1);
     let socket = args.next().unwrap_or_else(|| "/tmp/vovp.sock".into());
     let n: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
-    let c = vovp_transport::Client::connect(&socket)?;
+    let c = vovp_client::Client::connect(&socket)?;
     c.put("small-ops", &[1u8; 64], b"", CreateOptions::default())?;
     let time = |what: &str, f: &dyn Fn() -> Result<(), vovp::Error>| -> Result<(), vovp::Error> {
         let start = Instant::now();

@@ -1,0 +1,318 @@
+"""vovp._native, the native core over the Rust client, against the real daemon.
+
+Every test crosses a process boundary (the daemon; for cross-client checks a second client's
+connection, or a child process) and checks what the daemon itself reports.
+"""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import vovp
+from _helpers import wait_for
+
+N = pytest.importorskip("vovp._native", reason="the native core is not built")
+
+
+def refcount(client, name):
+    """The daemon's reference count of ``name`` (via the pure-Python client's LIST)."""
+    return next((e["refcount"] for e in client.list() if e["name"] == name), None)
+
+
+def put_bytes(native, name, data: bytes, metadata=b"", keep=False):
+    arr = np.frombuffer(data, np.uint8)
+    return native.put(name, arr.ctypes.data, arr.nbytes, metadata, keep=keep)
+
+
+def test_put_get_is_zero_copy_and_read_only(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "a", bytes(range(200)), b"meta")
+    [obj] = n.get(["a"])
+    arr = np.asarray(obj)
+    assert arr.base is obj and not arr.flags.writeable and not arr.flags.owndata
+    assert arr.tobytes() == bytes(range(200)) and obj.metadata == b"meta"
+    assert obj.name == "a" and obj.size == 200 and obj.location == ("host", None)
+    assert arr.ctypes.data == obj.address
+    # Another connection's get of the same object maps the same shared memory: what the
+    # pure-Python client reads is the bytes of this process's view.
+    assert client.get_buffer("a").tobytes() == arr.tobytes()
+    with pytest.raises(ValueError):
+        arr[0] = 1
+    assert n.get(["missing"]) == [None]
+
+
+def test_reference_lives_as_long_as_an_array_over_it(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "r", b"x" * 64)
+    [obj] = n.get(["r"])
+    view = np.asarray(obj)[8:16].reshape(2, 4)  # a derived array keeps the object alive
+    del obj
+    gc.collect()
+    assert wait_for(lambda: refcount(client, "r") == 1)
+    assert view.tobytes() == b"x" * 8
+    del view
+    gc.collect()
+    # The release rides ahead of the next request, or is sent at once when the client is idle.
+    n.contains("r")
+    assert wait_for(lambda: refcount(client, "r") == 0)
+
+
+def test_explicit_release_once(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "e", b"y" * 10)
+    [obj] = n.get(["e"])
+    assert refcount(client, "e") == 1
+    assert obj.release() and obj.released
+    assert not obj.release()
+    n.contains("e")
+    assert wait_for(lambda: refcount(client, "e") == 0)
+
+
+def test_create_seal_and_abort_by_dropping(daemon, client):
+    n = N.Client(daemon.socket)
+    buf = n.create("c", 16, b"m", ephemeral=False)
+    arr = np.asarray(buf)
+    assert arr.flags.writeable and arr.base is buf
+    arr[:] = np.arange(16, dtype=np.uint8)
+    assert not client.contains("c")  # unsealed: invisible to others
+    n.seal("c")
+    assert client.get_buffer("c").tobytes() == bytes(range(16))
+    with pytest.raises(vovp.AlreadySealed):
+        n.seal("c")
+    # An unsealed object whose buffer is dropped is aborted: its name is free again.
+    b2 = n.create("d", 8)
+    del b2
+    gc.collect()
+    n.contains("d")
+    assert wait_for(lambda: refcount(client, "d") is None)
+    put_bytes(n, "d", b"again")
+    assert client.get_buffer("d").tobytes() == b"again"
+
+
+def test_only_the_creator_seals(daemon):
+    a, b = N.Client(daemon.socket), N.Client(daemon.socket)
+    buf = a.create("o", 4)
+    with pytest.raises(vovp.NotCreator) as e:
+        b.seal("o")
+    assert e.value.status == 6
+    a.seal("o")
+    del buf
+
+
+def test_errors_are_vovp_errors(daemon):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "x", b"1")
+    with pytest.raises(vovp.ObjectExists) as e:
+        put_bytes(n, "x", b"2")
+    assert e.value.status == 2 and "already exists" in str(e.value)
+    with pytest.raises(vovp.InvalidName):
+        put_bytes(n, "", b"2")
+    with pytest.raises(vovp.ObjectNotFound):
+        n.delete("nope")
+    with pytest.raises(ValueError):
+        n.get(["x"], timeout=-1)
+
+
+def test_connect_errors_and_connect_timeout(tmp_path):
+    missing = f"/tmp/vovp-native-missing-{os.getpid()}.sock"
+    with pytest.raises(vovp.ConnectionError):
+        N.Client(missing)
+    # connect_timeout: a daemon that appears while the client waits is reached.
+    from conftest import Daemon
+
+    box = {}
+    t = threading.Thread(target=lambda: box.update(c=N.Client(missing, connect_timeout=20)))
+    t.start()
+    time.sleep(0.3)
+    d = Daemon(16 << 20, socket_path=missing)
+    try:
+        t.join(30)
+        assert box["c"].capacity == 16 << 20
+    finally:
+        d.stop()
+
+
+def test_get_waits_with_the_gil_released(daemon, client):
+    n = N.Client(daemon.socket)
+    box = {}
+
+    def waiter():
+        box["got"] = n.get(["later"], timeout=20)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    # This thread runs Python (and puts through another connection) while the other one waits
+    # in the native get: it could not if the GIL were held there.
+    client.put("later", np.arange(4, dtype=np.uint8))
+    t.join(20)
+    assert not t.is_alive()
+    [obj] = box["got"]
+    assert np.asarray(obj).tobytes() == bytes(range(4))
+    start = time.monotonic()
+    assert n.get(["never"], timeout=0.2) == [None]
+    assert time.monotonic() - start >= 0.19
+
+
+def test_large_put_through_the_mapping_and_keep(daemon, client):
+    n = N.Client(daemon.socket)
+    data = np.random.default_rng(1).integers(0, 255, 3 << 20, dtype=np.uint8)
+    kept = n.put("big", data.ctypes.data, data.nbytes, keep=True)
+    assert np.array_equal(np.asarray(kept), data)
+    assert refcount(client, "big") == 1
+    assert np.array_equal(client.get_buffer("big"), data)
+
+
+def test_object_of_another_process(daemon, subprocess_env):
+    code = textwrap.dedent(f"""
+        import numpy as np, vovp
+        c = vovp.Client({daemon.socket!r})
+        c.put("child", np.full(1000, 9, dtype=np.uint8), metadata=b"from-child")
+        c.close()
+    """)
+    subprocess.run([sys.executable, "-c", code], env=subprocess_env, check=True, timeout=60)
+    n = N.Client(daemon.socket)
+    [obj] = n.get(["child"], timeout=5)
+    assert obj.metadata == b"from-child"
+    assert np.asarray(obj).sum() == 9000
+
+
+def test_list_and_stats_match_the_python_client(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "l", b"abc", b"md")
+    [native_entry] = n.list()
+    [py_entry] = client.list()
+    for k in ("name", "id", "size", "device", "sealed", "ephemeral", "refcount", "metadata"):
+        assert native_entry[k] == py_entry[k], k
+    ns, ps = n.stats(), client.stats()
+    assert set(ns) == set(ps)
+    assert ns["objects"] == ps["objects"] == 1 and ns["capacity"] == ps["capacity"]
+    assert n.evict(1 << 20) >= 0
+
+
+def test_reconnect_after_a_daemon_restart():
+    from conftest import Daemon
+
+    first = Daemon(16 << 20)
+    path = first.socket
+    n = N.Client(path, reconnect=True)
+    put_bytes(n, "old", b"1")
+    [old] = n.get(["old"])
+    kept = np.asarray(old)
+    first.proc.kill()
+    first.proc.wait(10)
+    os.unlink(path)
+    second = Daemon(16 << 20, socket_path=path)
+    try:
+        assert not n.contains("old")  # reconnected: the new daemon never had it
+        put_bytes(n, "new", b"2")
+        assert kept.tobytes() == b"1"  # the old mapping stays valid while viewed
+        del old, kept
+        gc.collect()
+        [new] = n.get(["new"])
+        assert np.asarray(new).tobytes() == b"2"
+    finally:
+        second.stop()
+        first.stop()  # its folder holds the socket path both used
+
+
+def test_forked_child_neither_talks_nor_releases(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "f", b"z" * 32)
+    [obj] = n.get(["f"])
+    arr = np.asarray(obj)
+    pid = os.fork()
+    if pid == 0:  # child: reads the inherited view, cannot use the client, drops everything
+        code = 0
+        try:
+            if arr.tobytes() != b"z" * 32:
+                code = 1
+            try:
+                n.contains("f")
+                code = 2
+            except vovp.ConnectionError:
+                pass
+            del arr
+            obj.release()  # the parent's reference: must not be released from here
+            gc.collect()
+        except BaseException:  # noqa: BLE001
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    # The parent's connection still works and its reference is intact.
+    assert n.contains("f")
+    assert refcount(client, "f") == 1
+    del arr, obj
+    gc.collect()
+    n.contains("f")
+    assert wait_for(lambda: refcount(client, "f") == 0)
+
+
+def test_subscription_sees_seal_and_delete(daemon):
+    n = N.Client(daemon.socket)
+    sub = n.subscribe()
+    put_bytes(n, "s", b"abc", b"meta")
+    n.delete("s")
+    assert sub.next(timeout=10) == ("sealed", "s", 3, b"meta")
+    kind, name, _, _ = sub.next(timeout=10)
+    assert (kind, name) == ("deleted", "s")
+    assert sub.next(timeout=0.1) is None  # nothing more
+    sub.close()
+    assert sub.next() is None
+
+
+def test_writable_view_of_another_clients_object_is_private(daemon, client):
+    n = N.Client(daemon.socket)
+    client.put("w", np.zeros(4096, dtype=np.uint8))
+    [obj] = n.get(["w"], writable=True)
+    arr = np.asarray(obj)
+    assert arr.flags.writeable and not obj.readonly
+    arr[:4] = 9  # copy-on-write: this process only
+    assert client.get_buffer("w").tobytes()[:4] == b"\0\0\0\0"
+    [again] = n.get(["w"])
+    assert np.asarray(again).tobytes()[:4] == b"\0\0\0\0"
+    # An object in this client's own arena is writable in place (the creator's mapping).
+    kept = put_bytes(n, "own", b"\1" * 300000, keep=True)
+    [own] = n.get(["own"], writable=True)
+    assert np.asarray(own).ctypes.data == np.asarray(kept).ctypes.data
+
+
+def test_close_releases_everything_and_refuses_calls(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "k", b"k" * 8)
+    [obj] = n.get(["k"])
+    assert refcount(client, "k") == 1
+    n.close()
+    assert wait_for(lambda: refcount(client, "k") == 0)
+    with pytest.raises(vovp.ConnectionError):
+        n.contains("k")
+    assert np.asarray(obj).size == 8  # still mapped
+    del obj
+    gc.collect()
+    assert client.stats()["connections"] == 1
+
+
+def test_release_delay_queues_releases_for_the_flusher(daemon, client):
+    n = N.Client(daemon.socket, release_delay=3.0)
+    put_bytes(n, "q1", b"1")
+    put_bytes(n, "q2", b"2")
+    [a] = n.get(["q1"])
+    del a
+    gc.collect()
+    # Queued, not sent: the daemon still counts the reference...
+    assert refcount(client, "q1") == 1
+    # ... until the flusher sends it after the delay, with no request from this client.
+    assert wait_for(lambda: refcount(client, "q1") == 0, timeout=30)
+    [b] = n.get(["q2"])
+    del b
+    gc.collect()
+    n.flush()  # now
+    assert refcount(client, "q2") == 0

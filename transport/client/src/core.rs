@@ -1,0 +1,508 @@
+//! The connection state both clients share, with no socket in it: the request ids and output
+//! buffer of a connection ([`Wire`]), the releases queued by dropped views, the current
+//! mappings and connection generation ([`Session`]), the requests a `Store` call sends and the
+//! decoding of their replies, and what a reconnect resets. The blocking and async clients are
+//! I/O drivers over this.
+
+use std::borrow::Cow;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use vovp::{CreateOptions, Device, Error, ObjectInfo, ObjectName, ObjectRef, StoreStats};
+use vovp_proto::{Header, Reply, Request, CREATE_EPHEMERAL, FLAG_NO_REPLY, HEADER_LEN, REPLY_BIT};
+
+use crate::mapping::{MappedSegment, Mappings};
+
+/// One connection's framing state: the last request id, the bytes to send next, and the
+/// requests sent whose replies are still to be read in front of the next one's.
+pub(crate) struct Wire {
+    next_id: u64,
+    pub(crate) out: Vec<u8>,
+    /// (request id, name) of SEALs sent without waiting ([`crate::Client::seal_later`]).
+    pub(crate) unread: Vec<(u64, String)>,
+}
+
+impl Wire {
+    pub(crate) fn new() -> Self {
+        Wire {
+            next_id: 0,
+            out: Vec::new(),
+            unread: Vec::new(),
+        }
+    }
+
+    /// The id of the last frame sent (requests and one-way releases are numbered 1, 2, ...).
+    pub(crate) fn last_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Appends one-way RELEASE frames for `ids` (none when empty).
+    pub(crate) fn push_releases(&mut self, ids: &[u64]) {
+        if !ids.is_empty() {
+            self.push(&Request::Release { ids: ids.into() }, FLAG_NO_REPLY);
+        }
+    }
+
+    /// Appends `req` under the next request id, which it returns.
+    pub(crate) fn push(&mut self, req: &Request<'_>, flags: u16) -> u64 {
+        self.next_id += 1;
+        req.encode(flags, self.next_id, &mut self.out);
+        self.next_id
+    }
+}
+
+/// Both clients' view of their current connection: its mappings and which connection it is
+/// (0 = the first; + 1 on every reconnect). Views remember their generation, so the release of
+/// a reference that died with an old daemon is never sent to the new one, where the same object
+/// id may name another object.
+pub(crate) struct Session {
+    maps: RwLock<Arc<Mappings>>,
+    generation: AtomicU64,
+}
+
+impl Session {
+    fn new(maps: Mappings) -> Self {
+        Session {
+            maps: RwLock::new(Arc::new(maps)),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn maps(&self) -> Arc<Mappings> {
+        match self.maps.read() {
+            Ok(m) => m.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn current(&self) -> (Arc<Mappings>, u64) {
+        (self.maps(), self.generation())
+    }
+
+    /// Installs a new connection's mappings; returns them with the new generation.
+    fn replace(&self, maps: Mappings) -> (Arc<Mappings>, u64) {
+        let maps = Arc::new(maps);
+        match self.maps.write() {
+            Ok(mut m) => *m = maps.clone(),
+            Err(poisoned) => *poisoned.into_inner() = maps.clone(),
+        }
+        (maps, self.generation.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+}
+
+/// The mappings and generation of the connection that answered a call (a reply's locations
+/// only make sense in those mappings).
+pub(crate) type Answered = (Arc<Mappings>, u64);
+
+/// What a client is, besides its socket.
+pub(crate) struct Core {
+    pub(crate) session: Session,
+    /// Releases from views dropped while the connection was busy: sent ahead of the next
+    /// request as one-way frames.
+    deferred_releases: Mutex<Vec<u64>>,
+    /// Re-establish the connection (once per call) when the daemon went away.
+    pub(crate) reconnect: bool,
+    pub(crate) path: PathBuf,
+}
+
+impl Core {
+    pub(crate) fn new(path: PathBuf, maps: Mappings, reconnect: bool) -> Self {
+        Core {
+            session: Session::new(maps),
+            deferred_releases: Mutex::new(Vec::new()),
+            reconnect,
+            path,
+        }
+    }
+
+    pub(crate) fn take_deferred(&self) -> Vec<u64> {
+        self.deferred_releases
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+
+    /// Queues the release of `id` for the next request, if it belongs to connection
+    /// `generation` (a reference of an older connection died with it).
+    pub(crate) fn defer_release(&self, id: u64, generation: u64) {
+        self.defer_release_counted(id, generation);
+    }
+
+    /// [`Core::defer_release`], returning how many releases are queued now (0: none queued).
+    pub(crate) fn defer_release_counted(&self, id: u64, generation: u64) -> usize {
+        if self.session.generation() != generation {
+            return 0;
+        }
+        match self.deferred_releases.lock() {
+            Ok(mut v) => {
+                v.push(id);
+                v.len()
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Starts `wire`'s next batch with the queued releases.
+    pub(crate) fn begin(&self, wire: &mut Wire) {
+        wire.out.clear();
+        wire.push_releases(&self.take_deferred());
+    }
+
+    /// Starts `wire`'s next batch: the queued releases, then `req`. Returns `req`'s id.
+    pub(crate) fn frame(&self, wire: &mut Wire, req: &Request<'_>) -> u64 {
+        self.begin(wire);
+        wire.push(req, 0)
+    }
+
+    /// After a reconnect: references held on the old connection died with it (and replies it
+    /// owed will never come), and the new connection's mappings become current. Returns them
+    /// with the new generation.
+    pub(crate) fn reconnected(&self, wire: &mut Wire, maps: Mappings) -> Answered {
+        *wire = Wire::new();
+        self.take_deferred();
+        self.session.replace(maps)
+    }
+
+    /// A sink's check before it seals: only on the connection that created the object.
+    pub(crate) fn check_generation(&self, generation: u64, obj: &ObjectRef) -> Result<(), Error> {
+        if self.session.generation() != generation {
+            return Err(Error::NotFound(format!(
+                "{} (created on a connection to a daemon that has since gone away)",
+                obj.name
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Decodes the reply to `req` (request id `id`); an error reply becomes `Err`.
+pub(crate) fn decode_reply(
+    h: &Header,
+    payload: &[u8],
+    id: u64,
+    req: &Request<'_>,
+) -> Result<Reply, Error> {
+    if h.request_id != id {
+        // Whatever it was, say what it said: usually an error frame of a broken stream.
+        let why = Reply::decode::<&str>(h.opcode & !REPLY_BIT, payload, &[])
+            .ok()
+            .and_then(|r| match r {
+                Reply::Failure(f) => Some(format!(": {}", Error::from(f))),
+                _ => None,
+            });
+        return Err(Error::Protocol(format!(
+            "reply to request {} while waiting for {id}{}",
+            h.request_id,
+            why.unwrap_or_default()
+        )));
+    }
+    match Reply::decode_for(req, payload)? {
+        Reply::Failure(f) => Err(f.into()),
+        reply => Ok(reply),
+    }
+}
+
+/// With `got` bytes of `frame` received: true (and `frame` cut to it) once a whole frame is
+/// there; else `frame` is grown to hold the frame its header announces.
+pub(crate) fn frame_complete(frame: &mut Vec<u8>, got: usize) -> Result<bool, Error> {
+    if let Some(h) = Header::parse(&frame[..got])? {
+        if got >= h.frame_len() {
+            frame.truncate(h.frame_len());
+            return Ok(true);
+        }
+        if frame.len() < h.frame_len() {
+            frame.resize(h.frame_len(), 0);
+        }
+    }
+    Ok(false)
+}
+
+/// Decodes a whole SEGMENT reply frame (to request `id`) and maps the fd that came with it.
+pub(crate) fn map_segment_reply(
+    frame: &[u8],
+    id: u64,
+    segment: u32,
+    fds: Vec<OwnedFd>,
+) -> Result<MappedSegment, Error> {
+    let h = Header::parse(frame)?.ok_or_else(|| Error::Protocol("short header".into()))?;
+    let reply = decode_reply(
+        &h,
+        &frame[HEADER_LEN..h.frame_len()],
+        id,
+        &Request::Segment { id: segment },
+    )?;
+    let Reply::Segment { size, writable } = reply else {
+        return Err(unexpected(&reply));
+    };
+    let mut fds = fds.into_iter();
+    match (fds.next(), fds.next()) {
+        (Some(fd), None) => MappedSegment::map(fd, size, writable),
+        _ => Err(Error::Protocol(
+            "a SEGMENT reply must carry exactly one fd".into(),
+        )),
+    }
+}
+
+fn check_name(n: &str) -> Result<(), Error> {
+    ObjectName::new(n).map(drop)
+}
+
+/// The requests of the `Store` calls, with the caller's arguments checked (a bad name never
+/// reaches the wire) and borrowed, not copied.
+pub(crate) mod requests {
+    use super::*;
+
+    pub(crate) fn create<'a>(
+        name: &'a str,
+        size: u64,
+        metadata: &'a [u8],
+        options: CreateOptions,
+    ) -> Result<Request<'a>, Error> {
+        check_name(name)?;
+        Ok(Request::Create {
+            name: name.into(),
+            size,
+            flags: if options.ephemeral {
+                CREATE_EPHEMERAL
+            } else {
+                0
+            },
+            device: options.device.unwrap_or(Device::Cpu),
+            metadata: metadata.into(),
+        })
+    }
+
+    pub(crate) fn put<'a>(
+        name: &'a str,
+        flags: u32,
+        metadata: &'a [u8],
+        data: &'a [u8],
+    ) -> Result<Request<'a>, Error> {
+        check_name(name)?;
+        Ok(Request::Put {
+            name: name.into(),
+            flags,
+            metadata: metadata.into(),
+            data: data.into(),
+        })
+    }
+
+    /// `timeout` None: do not wait; a duration too long for the wire: forever.
+    pub(crate) fn get<'a>(
+        names: &[&'a str],
+        timeout: Option<Duration>,
+    ) -> Result<Request<'a>, Error> {
+        let names = names
+            .iter()
+            .map(|&n| check_name(n).map(|()| Cow::Borrowed(n)))
+            .collect::<Result<_, _>>()?;
+        let timeout_ms = match timeout {
+            None => 0,
+            Some(d) if d.as_millis() >= i64::MAX as u128 => -1,
+            Some(d) => d.as_millis().max(1) as i64,
+        };
+        Ok(Request::Get { timeout_ms, names })
+    }
+
+    pub(crate) fn seal(name: &str) -> Result<Request<'_>, Error> {
+        check_name(name)?;
+        Ok(Request::Seal { name: name.into() })
+    }
+
+    pub(crate) fn abort(name: &str) -> Result<Request<'_>, Error> {
+        check_name(name)?;
+        Ok(Request::Abort { name: name.into() })
+    }
+
+    pub(crate) fn contains(name: &str) -> Result<Request<'_>, Error> {
+        check_name(name)?;
+        Ok(Request::Contains { name: name.into() })
+    }
+
+    pub(crate) fn delete(name: &str) -> Result<Request<'_>, Error> {
+        check_name(name)?;
+        Ok(Request::Delete { name: name.into() })
+    }
+
+    /// One LIST page from cursor `start`; limit 0: the daemon's page size.
+    pub(crate) fn list(start: u64) -> Request<'static> {
+        Request::List { start, limit: 0 }
+    }
+}
+
+pub(crate) fn unexpected(r: &Reply) -> Error {
+    Error::Protocol(format!("unexpected reply {r:?}"))
+}
+
+/// The reply body each call expects; anything else is a protocol error.
+pub(crate) trait Expect {
+    fn object(self) -> Result<ObjectRef, Error>;
+    fn objects(self) -> Result<Vec<Option<ObjectRef>>, Error>;
+    fn boolean(self) -> Result<bool, Error>;
+    fn count(self) -> Result<u64, Error>;
+    fn list(self) -> Result<(Vec<ObjectInfo>, u64), Error>;
+    fn stats(self) -> Result<(StoreStats, u64), Error>;
+    fn empty(self) -> Result<(), Error>;
+}
+
+impl Expect for Reply {
+    fn object(self) -> Result<ObjectRef, Error> {
+        match self {
+            Reply::Object(r) => Ok(r),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn objects(self) -> Result<Vec<Option<ObjectRef>>, Error> {
+        match self {
+            Reply::Objects(v) => Ok(v),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn boolean(self) -> Result<bool, Error> {
+        match self {
+            Reply::Bool(b) => Ok(b),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn count(self) -> Result<u64, Error> {
+        match self {
+            Reply::Count(n) => Ok(n),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn list(self) -> Result<(Vec<ObjectInfo>, u64), Error> {
+        match self {
+            Reply::List { entries, next } => Ok((entries, next)),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn stats(self) -> Result<(StoreStats, u64), Error> {
+        match self {
+            Reply::Stats { stats, connections } => Ok((stats, connections)),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn empty(self) -> Result<(), Error> {
+        match self {
+            Reply::Empty => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn core() -> Core {
+        let maps = Mappings::from_hello(1 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
+        Core::new(PathBuf::from("/nonexistent"), maps, true)
+    }
+
+    /// The frames of a batch: (opcode, flags, request id, request).
+    fn frames(out: &[u8]) -> Vec<(u8, u16, u64, Request<'static>)> {
+        let mut rest = out;
+        let mut v = Vec::new();
+        while let Some(h) = Header::parse(rest).unwrap() {
+            let req = Request::decode(h.opcode, &rest[HEADER_LEN..h.frame_len()])
+                .unwrap()
+                .into_owned();
+            v.push((h.opcode, h.flags, h.request_id, req));
+            rest = &rest[h.frame_len()..];
+        }
+        assert!(rest.is_empty());
+        v
+    }
+
+    #[test]
+    fn queued_releases_ride_ahead_of_the_next_request_one_way() {
+        let core = core();
+        let mut wire = Wire::new();
+        core.defer_release(7, 0);
+        core.defer_release(8, 0);
+        // A view of a connection that is gone: its release is dropped, not sent.
+        core.defer_release(9, 5);
+        let id = core.frame(&mut wire, &Request::Stats);
+        let got = frames(&wire.out);
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[0].1, got[0].2, &got[0].3),
+            (
+                FLAG_NO_REPLY,
+                1,
+                &Request::Release {
+                    ids: vec![7, 8].into()
+                }
+            )
+        );
+        assert_eq!((got[1].2, &got[1].3), (id, &Request::Stats));
+        assert_eq!((id, wire.last_id()), (2, 2));
+        // Sent once: the next batch is the request alone.
+        let id = core.frame(&mut wire, &Request::Stats);
+        assert_eq!(frames(&wire.out).len(), 1);
+        assert_eq!(id, 3);
+    }
+
+    #[test]
+    fn a_reconnect_starts_a_new_generation_and_forgets_the_old_connection() {
+        let core = core();
+        let mut wire = Wire::new();
+        core.frame(&mut wire, &Request::Stats);
+        wire.unread.push((1, "x".into()));
+        core.defer_release(4, 0);
+        let maps = Mappings::from_hello(2 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
+        let (maps, generation) = core.reconnected(&mut wire, maps);
+        assert_eq!((generation, maps.capacity), (1, 2 << 20));
+        assert_eq!(core.session.generation(), 1);
+        // Request ids start again, owed replies and old references are forgotten.
+        assert!(wire.unread.is_empty());
+        assert_eq!(core.frame(&mut wire, &Request::Stats), 1);
+        assert_eq!(frames(&wire.out).len(), 1);
+        // Views of the old connection neither release nor seal on the new one.
+        core.defer_release(5, 0);
+        assert!(core.take_deferred().is_empty());
+        let obj = ObjectRef {
+            id: vovp::ObjectId::from_raw(1),
+            name: ObjectName::new("x").unwrap(),
+            size: 0,
+            metadata: Arc::from(&b""[..]),
+            location: vovp::Location::Host {
+                segment: 0,
+                offset: 0,
+            },
+        };
+        assert!(matches!(
+            core.check_generation(0, &obj),
+            Err(Error::NotFound(_))
+        ));
+        assert!(core.check_generation(1, &obj).is_ok());
+    }
+
+    #[test]
+    fn requests_refuse_bad_names_before_the_wire() {
+        assert!(matches!(requests::seal(""), Err(Error::InvalidName(_))));
+        let long = "x".repeat(vovp::MAX_NAME_LEN + 1);
+        assert!(matches!(
+            requests::get(&["ok", &long], None),
+            Err(Error::InvalidName(_))
+        ));
+        let Request::Get { timeout_ms, .. } =
+            requests::get(&["a"], Some(Duration::from_micros(10))).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(timeout_ms, 1, "a short wait is not 'do not wait'");
+        let Request::Get { timeout_ms, .. } = requests::get(&["a"], Some(Duration::MAX)).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(timeout_ms, -1);
+    }
+}

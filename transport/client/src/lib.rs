@@ -1,0 +1,49 @@
+//! The Rust client of `vovp-engine`: [`Client`] (blocking) and [`AsyncClient`] (tokio) speak
+//! PROTOCOL.md (through `vovp-proto`) and implement the same [`vovp::Store`] /
+//! [`vovp::AsyncStore`] traits as the embedded engine, so a framework switches between them in
+//! one line. Got objects are zero-copy views into the mapped segments; dropping a view releases
+//! its reference.
+//!
+//! Layout: `core` is the connection state both clients share (request ids, queued releases,
+//! the current mappings and connection generation, reply decoding, reconnect bookkeeping),
+//! with no socket in it; `blocking` and `nonblocking` are the two thin I/O drivers over it;
+//! `mapping` turns locations into addresses; `io` is blocking socket I/O on any fd.
+
+mod blocking;
+mod core;
+pub mod fdpass;
+mod io;
+mod mapping;
+mod nonblocking;
+
+pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
+pub use nonblocking::AsyncClient;
+
+/// How a [`Client`] or [`AsyncClient`] connects.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientOptions {
+    /// When the daemon has gone away (stopped, killed, restarted), connect again on the next
+    /// call and retry it once on the new connection. Objects that died with the old daemon are
+    /// simply not found there; views taken before keep their (old, intact) memory until
+    /// dropped, and their releases are not sent to the new daemon. Off by default: a dead
+    /// daemon is then an `Error::Connection` on every call.
+    pub reconnect: bool,
+    /// Got CUDA objects come back unmapped (`cuda_ptr()` None; the location has the IPC
+    /// handle): for a caller that decides per object whether and how to map it (the Python
+    /// package, which checks its framework and driver first). Created objects are mapped.
+    /// Blocking client only.
+    pub defer_cuda_mapping: bool,
+    /// Dropped views' RELEASEs are queued: they ride in front of the next request (same
+    /// write), or a small thread sends them after this delay if the client stays idle. On a
+    /// small machine this halves the cost of a get whose view is dropped at once (waking the
+    /// daemon for each release costs as much as the request). None (the default): each
+    /// release is sent when its view drops (when the connection is free). Blocking client only.
+    pub release_delay: Option<std::time::Duration>,
+}
+
+/// Milliseconds since the epoch (for display).
+pub fn unix_millis(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

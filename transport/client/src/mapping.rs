@@ -1,0 +1,285 @@
+//! The segments mapped into this process and how an object's location becomes an address:
+//! what a view or a buffer points into. No I/O.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use memmap2::{MmapOptions, MmapRaw};
+use vovp::{
+    CreateOptions, Device, Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView,
+};
+use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
+
+/// One shared-memory segment mapped into this process: read-only unless it is one of this
+/// client's own arenas (the daemon decides, by the fd it hands over).
+pub(crate) struct MappedSegment {
+    map: MmapRaw,
+    writable: bool,
+    /// The segment's fd, kept for a private copy-on-write mapping made on demand
+    /// ([`crate::Client::private_view`]).
+    file: File,
+    private: OnceLock<MmapRaw>,
+}
+
+// SAFETY: the mapping is shared memory addressed through raw pointers only.
+unsafe impl Send for MappedSegment {}
+unsafe impl Sync for MappedSegment {}
+
+impl MappedSegment {
+    pub(crate) fn map(fd: OwnedFd, size: u64, writable: bool) -> Result<Self, Error> {
+        let file = File::from(fd);
+        let mut opts = MmapOptions::new();
+        opts.len(usize::try_from(size).map_err(|_| Error::Protocol("segment size".into()))?);
+        let map = if writable {
+            opts.map_raw(&file)
+        } else {
+            opts.map_raw_read_only(&file)
+        }
+        .map_err(|e| Error::Memory(format!("mapping a segment of {size} bytes: {e}")))?;
+        Ok(MappedSegment {
+            map,
+            writable,
+            file,
+            private: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Start of a writable mapping of the segment: the shared one for this client's own
+    /// arenas, else a private copy-on-write one (writes stay in this process; a read-only fd
+    /// may be mapped so), made on first use.
+    pub(crate) fn writable_base(&self) -> Result<*mut u8, Error> {
+        if self.writable {
+            return Ok(self.map.as_mut_ptr());
+        }
+        if let Some(m) = self.private.get() {
+            return Ok(m.as_mut_ptr());
+        }
+        // SAFETY: a private mapping of the segment's fd: other processes' writes to pages this
+        // process has not written show through (the same as the shared read-only mapping).
+        let m = unsafe { MmapOptions::new().len(self.map.len()).map_copy(&self.file) }
+            .map_err(|e| Error::Memory(format!("private mapping of a segment: {e}")))?;
+        let _ = self.private.set(MmapRaw::from(m));
+        self.private
+            .get()
+            .map(|m| m.as_mut_ptr())
+            .ok_or_else(|| Error::Internal("private mapping lost".into()))
+    }
+}
+
+/// A mapped segment as the client keeps it: the store's segment and the client's own arenas
+/// for the connection's life; other clients' arenas only while a view into them lives (the
+/// views hold the mapping), so an arena the daemon dropped is unmapped here too.
+enum SegmentSlot {
+    Kept(Arc<MappedSegment>),
+    WhileViewed(Weak<MappedSegment>),
+}
+
+/// Largest put sent inline even when the daemon allows more (see [`vovp::CLIENT_INLINE_PUT`]).
+const INLINE_PUT_PREFERRED: usize = vovp::CLIENT_INLINE_PUT;
+
+/// One connection's mappings and what its HELLO said.
+pub(crate) struct Mappings {
+    segments: Mutex<HashMap<u32, SegmentSlot>>,
+    pub(crate) max_inline: u32,
+    pub(crate) capacity: u64,
+    /// [`crate::ClientOptions::defer_cuda_mapping`].
+    pub(crate) defer_cuda: bool,
+}
+
+/// Where an object is in this process: (host address or null, device address or 0, owner).
+type Located = (*mut u8, u64, Arc<dyn std::any::Any + Send + Sync>);
+
+impl Mappings {
+    /// A connection's mappings from its HELLO reply: the store's own segments, read-only.
+    pub(crate) fn from_hello(
+        capacity: u64,
+        max_inline: u32,
+        segments: Vec<(u32, u64)>,
+        fds: Vec<OwnedFd>,
+    ) -> Result<Self, Error> {
+        if segments.len() != fds.len() {
+            return Err(Error::Protocol(format!(
+                "HELLO announced {} segments but {} fds came",
+                segments.len(),
+                fds.len()
+            )));
+        }
+        let mut map = HashMap::with_capacity(segments.len());
+        for ((id, size), fd) in segments.into_iter().zip(fds) {
+            // The store's own segment: this client may only read it.
+            map.insert(
+                id,
+                SegmentSlot::Kept(Arc::new(MappedSegment::map(fd, size, false)?)),
+            );
+        }
+        Ok(Mappings {
+            segments: Mutex::new(map),
+            max_inline,
+            capacity,
+            defer_cuda: false,
+        })
+    }
+
+    fn locate(&self, r: &ObjectRef) -> Result<Located, Error> {
+        match r.location {
+            Location::Host { segment, offset } => {
+                let seg = self
+                    .segment(segment)
+                    .ok_or_else(|| Error::Protocol(format!("unknown segment {segment}")))?;
+                let end = offset
+                    .checked_add(r.size)
+                    .filter(|&e| e <= seg.map.len() as u64);
+                if end.is_none() {
+                    return Err(Error::Protocol("object outside its segment".into()));
+                }
+                // SAFETY: in bounds (checked above).
+                let ptr = unsafe { seg.map.as_mut_ptr().add(offset as usize) };
+                Ok((ptr, 0, seg.clone()))
+            }
+            // Opened through CUDA IPC once per pool (cached by vovp-gpu), closed with the last view.
+            Location::Cuda(block) => {
+                let view = vovp_gpu::ipc::open(&block)?;
+                Ok((std::ptr::null_mut(), view.ptr(), Arc::new(view)))
+            }
+        }
+    }
+
+    /// The mapping of segment `id`, if this client has it mapped.
+    pub(crate) fn segment(&self, id: u32) -> Option<Arc<MappedSegment>> {
+        let map = self.segments.lock().ok()?;
+        match map.get(&id)? {
+            SegmentSlot::Kept(s) => Some(s.clone()),
+            SegmentSlot::WhileViewed(w) => w.upgrade(),
+        }
+    }
+
+    pub(crate) fn insert_segment(&self, id: u32, seg: Arc<MappedSegment>) {
+        let slot = if id == 0 || seg.writable {
+            SegmentSlot::Kept(seg)
+        } else {
+            SegmentSlot::WhileViewed(Arc::downgrade(&seg))
+        };
+        if let Ok(mut map) = self.segments.lock() {
+            // Forget mappings whose views are all gone.
+            map.retain(|_, s| match s {
+                SegmentSlot::Kept(_) => true,
+                SegmentSlot::WhileViewed(w) => w.strong_count() > 0,
+            });
+            map.insert(id, slot);
+        }
+    }
+
+    /// Host segments among `refs` that are not mapped here.
+    pub(crate) fn missing_segments<'r>(
+        &self,
+        refs: impl IntoIterator<Item = &'r ObjectRef>,
+    ) -> Vec<u32> {
+        let mut missing: Vec<u32> = refs
+            .into_iter()
+            .filter_map(|r| match r.location {
+                Location::Host { segment, .. } if self.segment(segment).is_none() => Some(segment),
+                _ => None,
+            })
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        missing
+    }
+
+    pub(crate) fn view(
+        &self,
+        r: ObjectRef,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Result<ObjectView, Error> {
+        if self.defer_cuda && matches!(r.location, Location::Cuda(_)) {
+            // The caller maps it itself (its location says where): a null, empty view.
+            // SAFETY: a null pointer is never read through (`bytes()` is empty for it).
+            return Ok(unsafe { ObjectView::from_raw(r, std::ptr::null(), Arc::new(()), sink) });
+        }
+        let (ptr, device_ptr, owner) = self.locate(&r)?;
+        if device_ptr != 0 {
+            return Ok(ObjectView::from_device(r, device_ptr, owner, sink));
+        }
+        // SAFETY: a sealed object inside our mapping; `owner` keeps the mapping.
+        Ok(unsafe { ObjectView::from_raw(r, ptr, owner, sink) })
+    }
+
+    /// PUT flags when `len` bytes go inline (host objects up to `max_inline`: one round trip),
+    /// or `None` when the object must be created, written and sealed.
+    pub(crate) fn inline_flags(
+        &self,
+        len: usize,
+        options: &CreateOptions,
+        keep_reference: bool,
+    ) -> Option<u32> {
+        if len > (self.max_inline as usize).min(INLINE_PUT_PREFERRED)
+            || options.device.is_some_and(|d| d != Device::Cpu)
+        {
+            return None;
+        }
+        let mut flags = if keep_reference {
+            PUT_KEEP_REFERENCE
+        } else {
+            0
+        };
+        if options.ephemeral {
+            flags |= CREATE_EPHEMERAL;
+        }
+        Some(flags)
+    }
+
+    /// Views for a GET's results. On a failure every reference is still released (the views
+    /// already made drop; the failed one is released explicitly).
+    pub(crate) fn views(
+        &self,
+        objects: Vec<Option<ObjectRef>>,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        let mut views = Vec::with_capacity(objects.len());
+        let mut failure = None;
+        for o in objects {
+            views.push(match o {
+                None => None,
+                Some(r) => {
+                    let id = r.id;
+                    match self.view(r, sink.clone()) {
+                        Ok(v) => Some(v),
+                        Err(e) => {
+                            sink.release(id);
+                            failure = Some(e);
+                            None
+                        }
+                    }
+                }
+            });
+        }
+        failure.map_or(Ok(views), Err)
+    }
+
+    pub(crate) fn buffer(
+        &self,
+        r: ObjectRef,
+        sink: Arc<dyn ObjectSink>,
+    ) -> Result<ObjectBuffer, Error> {
+        if let Location::Host { segment, .. } = r.location {
+            if !self.segment(segment).is_some_and(|s| s.writable) {
+                return Err(Error::Protocol(format!(
+                    "{} was placed in segment {segment}, which this client may not write",
+                    r.name
+                )));
+            }
+        }
+        let (ptr, device_ptr, owner) = self.locate(&r)?;
+        if device_ptr != 0 {
+            return Ok(ObjectBuffer::from_device(r, device_ptr, owner, sink));
+        }
+        // SAFETY: a fresh unsealed object of ours inside the mapping.
+        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, sink) })
+    }
+}

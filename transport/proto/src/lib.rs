@@ -1,0 +1,61 @@
+//! The vovp wire protocol, version 1 ([PROTOCOL.md](../../../PROTOCOL.md) is its
+//! specification), with no I/O: the frame header, the field encoding, and every message as a
+//! type whose `encode` and `decode` sit side by side: [`Request`] (client to daemon),
+//! [`Reply`] (daemon to client, decoded by the opcode it answers) and [`Notification`] frames
+//! (the subscriber stream). Both the daemon (`vovp-transport`) and the Rust client
+//! (`vovp-client`) speak it through this crate only, so a change to the wire is made once.
+//!
+//! What is not wire lives elsewhere: the daemon's runtime outcomes (a subscription's receiver,
+//! "send no reply", the segment whose fd rides on a reply) and the client's mappings.
+
+mod codes;
+mod error;
+mod notify;
+mod reply;
+mod request;
+mod wire;
+
+pub use codes::{Opcode, Status, STATUS_OK};
+pub use error::DecodeError;
+pub use notify::{decode_notification, encode_notification};
+pub use reply::{Failure, Reply, STATS_FIELDS};
+pub use request::Request;
+pub use wire::{FrameWriter, Header, Reader};
+
+/// The protocol version in every frame header (and in HELLO's reply).
+pub const VERSION: u8 = 1;
+/// Bytes of the frame header: `u32 length, u8 version, u8 opcode, u16 flags, u64 request_id`.
+pub const HEADER_LEN: usize = 16;
+/// Bytes of a frame after its length field, besides the payload.
+pub const LENGTH_OVERHEAD: u32 = 12;
+/// Largest payload of one frame.
+pub const MAX_PAYLOAD: usize = 64 << 20;
+/// Largest PUT payload the daemon accepts (bigger objects: CREATE, write the mapping, SEAL): the
+/// store's limit, [`vovp::MAX_INLINE_PUT`].
+pub const MAX_INLINE: u32 = vovp::MAX_INLINE_PUT as u32;
+/// Header flag: send no reply (RELEASE only).
+pub const FLAG_NO_REPLY: u16 = 1;
+/// A reply's opcode is its request's with this bit set.
+pub const REPLY_BIT: u8 = 0x80;
+/// Most names one GET may ask for. A waiting GET keeps every name, a result slot and a waiter
+/// entry per name (~250 bytes each), so this bounds what one request can pin in the daemon
+/// (~4 MiB) whatever the frame size.
+pub const MAX_GET_NAMES: usize = 16 * 1024;
+/// Entries of one LIST page when the request does not say (and the most it may ask for).
+pub const LIST_PAGE_ENTRIES: u32 = 4096;
+pub const MAX_LIST_PAGE_ENTRIES: u32 = 64 * 1024;
+/// A LIST page stops growing past this many bytes, so every reply stays far below the frame
+/// limit whatever the names and metadata.
+pub const LIST_PAGE_BYTES: usize = 8 << 20;
+/// `next` of the last LIST page.
+pub const LIST_END: u64 = u64::MAX;
+/// CREATE and PUT flag: delete the object at its last release after seal.
+pub const CREATE_EPHEMERAL: u32 = 1;
+/// PUT flag: the putter keeps one reference to the sealed object.
+pub const PUT_KEEP_REFERENCE: u32 = 2;
+
+/// Bytes one LIST entry takes on the wire (what [`Reply::List`] encodes per entry), so the
+/// daemon can cut a page at [`LIST_PAGE_BYTES`] before encoding it.
+pub fn list_entry_bytes(i: &vovp::ObjectInfo) -> usize {
+    2 + i.name.as_str().len() + 8 + 8 + 1 + 4 + 1 + 1 + 4 + 8 + 4 + i.metadata.len()
+}

@@ -1,0 +1,381 @@
+//! Replies (daemon to client). A reply's body depends on the request it answers, so it is
+//! decoded by that request's opcode; each variant's encoding and decoding are side by side.
+
+use std::borrow::Cow;
+use std::time::{Duration, UNIX_EPOCH};
+
+use vovp::{ObjectId, ObjectInfo, ObjectRef, StoreStats};
+
+use crate::wire::{object_name, FrameWriter, Reader};
+use crate::{DecodeError, Opcode, Request, Status, REPLY_BIT, STATUS_OK, VERSION};
+
+/// A reply. The daemon's runtime-only outcomes (a subscription's receiver, "no reply", the fd
+/// a HELLO or SEGMENT reply carries) are not here: they are the daemon's, and fds travel
+/// beside the bytes (SCM_RIGHTS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// SEAL, ABORT, RELEASE, DELETE, SUBSCRIBE.
+    Empty,
+    /// `segments`: (id, size) of each fd riding on the reply, in order.
+    Hello {
+        capacity: u64,
+        max_inline: u32,
+        segments: Vec<(u32, u64)>,
+    },
+    /// CREATE, PUT.
+    Object(ObjectRef),
+    /// GET: one entry per name asked, `None` where not found.
+    Objects(Vec<Option<ObjectRef>>),
+    /// CONTAINS.
+    Bool(bool),
+    /// EVICT: bytes freed.
+    Count(u64),
+    /// One LIST page and the cursor of the next ([`crate::LIST_END`] after the last).
+    List {
+        entries: Vec<ObjectInfo>,
+        next: u64,
+    },
+    Stats {
+        stats: StoreStats,
+        connections: u64,
+    },
+    /// A segment to map: its size, and whether this client may write it (the fd, read-write
+    /// or read-only to match, rides on the reply).
+    Segment {
+        size: u64,
+        writable: bool,
+    },
+    /// Any request's error reply.
+    Failure(Failure),
+}
+
+/// An error reply: its status, a human-readable message, and for OUT_OF_MEMORY (only) the
+/// sizes: `oom` is `Some` exactly when `status` is [`Status::OutOfMemory`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub status: Status,
+    pub message: String,
+    /// (requested, available) bytes.
+    pub oom: Option<(u64, u64)>,
+}
+
+/// STATS's fields in wire order, with the accessor of each: written once for the encoder, the
+/// decoder and the PROTOCOL.md check.
+type StatsField = (&'static str, fn(&mut (StoreStats, u64)) -> &mut u64);
+pub const STATS_FIELDS: [StatsField; 12] = [
+    ("capacity", |s| &mut s.0.capacity),
+    ("used_bytes", |s| &mut s.0.used_bytes),
+    ("objects", |s| &mut s.0.objects),
+    ("sealed", |s| &mut s.0.sealed),
+    ("unsealed", |s| &mut s.0.unsealed),
+    ("pending_delete", |s| &mut s.0.pending_delete),
+    ("references", |s| &mut s.0.references),
+    ("holders", |s| &mut s.0.holders),
+    ("creates", |s| &mut s.0.creates),
+    ("evicted_objects", |s| &mut s.0.evicted_objects),
+    ("evicted_bytes", |s| &mut s.0.evicted_bytes),
+    ("connections", |s| &mut s.1),
+];
+
+impl Reply {
+    /// An error reply without sizes (any status but OUT_OF_MEMORY: see [`Failure`]).
+    pub fn error(status: Status, message: impl Into<String>) -> Self {
+        Reply::Failure(Failure {
+            status,
+            message: message.into(),
+            oom: None,
+        })
+    }
+
+    /// Appends the reply frame to request `opcode` (a byte: error replies also answer opcodes
+    /// that are unknown) and `request_id`.
+    pub fn encode(&self, opcode: u8, request_id: u64, buf: &mut Vec<u8>) {
+        let mut w = FrameWriter::begin(buf, opcode | REPLY_BIT, 0, request_id);
+        match self {
+            Reply::Failure(f) => {
+                w.u8(f.status.code()).str(&f.message);
+                if let Some((requested, available)) = f.oom {
+                    w.u64(requested).u64(available);
+                }
+            }
+            ok => {
+                w.u8(STATUS_OK);
+                ok.encode_body(&mut w);
+            }
+        }
+        w.finish();
+    }
+
+    fn encode_body(&self, w: &mut FrameWriter<'_>) {
+        match self {
+            Reply::Empty | Reply::Failure(_) => {}
+            Reply::Hello {
+                capacity,
+                max_inline,
+                segments,
+            } => {
+                w.u16(VERSION.into()).u64(*capacity).u32(*max_inline);
+                w.u32(segments.len() as u32);
+                for (id, size) in segments {
+                    w.u32(*id).u64(*size);
+                }
+            }
+            Reply::Object(r) => {
+                w.object(r);
+            }
+            Reply::Objects(v) => {
+                w.u32(v.len() as u32);
+                for o in v {
+                    match o {
+                        None => w.u8(0),
+                        Some(r) => w.u8(1).object(r),
+                    };
+                }
+            }
+            Reply::Bool(b) => {
+                w.u8(*b as u8);
+            }
+            Reply::Count(n) => {
+                w.u64(*n);
+            }
+            Reply::List { entries, next } => {
+                w.u32(entries.len() as u32);
+                for i in entries {
+                    // Before the epoch cannot happen for a time the daemon took; 0 if it did.
+                    let ms = i
+                        .last_access
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    w.str(i.name.as_str())
+                        .u64(i.id.get())
+                        .u64(i.size)
+                        .device(i.device);
+                    w.u8(i.sealed as u8).u8(i.ephemeral as u8).u32(i.refcount);
+                    w.u64(ms).bytes(&i.metadata);
+                }
+                w.u64(*next);
+            }
+            Reply::Stats { stats, connections } => {
+                let mut s = (stats.clone(), *connections);
+                for (_, field) in STATS_FIELDS {
+                    w.u64(*field(&mut s));
+                }
+            }
+            Reply::Segment { size, writable } => {
+                w.u64(*size).u8(*writable as u8);
+            }
+        }
+    }
+
+    /// Decodes the payload of the reply to request `opcode`. `names` are the names the request
+    /// asked for (an `objref` does not repeat its name): CREATE's or PUT's one, GET's list.
+    /// An error status decodes to [`Reply::Failure`], whatever the opcode.
+    pub fn decode<S: AsRef<str>>(
+        opcode: u8,
+        payload: &[u8],
+        names: &[S],
+    ) -> Result<Reply, DecodeError> {
+        let mut r = Reader::new(payload);
+        let status = r.u8()?;
+        if status != STATUS_OK {
+            let status = Status::from_code(status).ok_or(DecodeError::UnknownStatus(status))?;
+            let message = r.str()?.to_owned();
+            let oom = match status {
+                Status::OutOfMemory => Some((r.u64()?, r.u64()?)),
+                _ => None,
+            };
+            r.finish()?;
+            return Ok(Reply::Failure(Failure {
+                status,
+                message,
+                oom,
+            }));
+        }
+        let op = Opcode::from_code(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
+        let one_name = || {
+            names
+                .first()
+                .map(AsRef::as_ref)
+                .ok_or(DecodeError::NameCount { asked: 0, got: 1 })
+        };
+        let reply = match op {
+            Opcode::Seal | Opcode::Abort | Opcode::Release | Opcode::Delete | Opcode::Subscribe => {
+                Reply::Empty
+            }
+            Opcode::Hello => {
+                let version = r.u16()?;
+                if version != u16::from(VERSION) {
+                    return Err(DecodeError::UnsupportedVersion(version));
+                }
+                let capacity = r.u64()?;
+                let max_inline = r.u32()?;
+                let n = r.count(12)?;
+                let segments = (0..n)
+                    .map(|_| Ok((r.u32()?, r.u64()?)))
+                    .collect::<Result<_, DecodeError>>()?;
+                Reply::Hello {
+                    capacity,
+                    max_inline,
+                    segments,
+                }
+            }
+            Opcode::Create | Opcode::Put => Reply::Object(r.object(one_name()?)?),
+            Opcode::Get => {
+                let n = r.count(1)?;
+                if n != names.len() {
+                    return Err(DecodeError::NameCount {
+                        asked: names.len(),
+                        got: n,
+                    });
+                }
+                let objects = names
+                    .iter()
+                    .map(|name| match r.u8()? {
+                        0 => Ok(None),
+                        _ => r.object(name.as_ref()).map(Some),
+                    })
+                    .collect::<Result<_, _>>()?;
+                Reply::Objects(objects)
+            }
+            Opcode::Contains => Reply::Bool(r.u8()? != 0),
+            Opcode::Evict => Reply::Count(r.u64()?),
+            Opcode::List => {
+                let n = r.count(1)?;
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push(ObjectInfo {
+                        name: object_name(r.str()?)?,
+                        id: ObjectId::from_raw(r.u64()?),
+                        size: r.u64()?,
+                        device: r.device()?,
+                        sealed: r.u8()? != 0,
+                        ephemeral: r.u8()? != 0,
+                        refcount: r.u32()?,
+                        last_access: UNIX_EPOCH + Duration::from_millis(r.u64()?),
+                        metadata: r.bytes()?.into(),
+                    });
+                }
+                Reply::List {
+                    entries,
+                    next: r.u64()?,
+                }
+            }
+            Opcode::Stats => {
+                let mut s = (StoreStats::default(), 0);
+                for (_, field) in STATS_FIELDS {
+                    *field(&mut s) = r.u64()?;
+                }
+                Reply::Stats {
+                    stats: s.0,
+                    connections: s.1,
+                }
+            }
+            Opcode::Segment => Reply::Segment {
+                size: r.u64()?,
+                writable: r.u8()? != 0,
+            },
+            Opcode::Notify => return Err(DecodeError::NotARequest(opcode)),
+        };
+        r.finish()?;
+        Ok(reply)
+    }
+}
+
+impl Reply {
+    /// Decodes the payload of the reply to `request` (which names its objects).
+    pub fn decode_for(request: &Request<'_>, payload: &[u8]) -> Result<Reply, DecodeError> {
+        let names: &[Cow<'_, str>] = match request {
+            Request::Create { name, .. } | Request::Put { name, .. } => std::slice::from_ref(name),
+            Request::Get { names, .. } => names,
+            _ => &[],
+        };
+        Reply::decode(request.opcode().code(), payload, names)
+    }
+}
+
+impl Failure {
+    /// The error reply for a store error.
+    pub fn from_error(e: &vovp::Error) -> Failure {
+        use vovp::Error as E;
+        let status = match e {
+            E::NotFound(_) => Status::NotFound,
+            E::AlreadyExists(_) => Status::AlreadyExists,
+            E::OutOfMemory {
+                requested,
+                available,
+            } => {
+                return Failure {
+                    status: Status::OutOfMemory,
+                    message: e.to_string(),
+                    oom: Some((*requested, *available)),
+                }
+            }
+            E::TooManyObjects { .. } => Status::TooManyObjects,
+            E::NotSealed(_) => Status::NotSealed,
+            E::AlreadySealed(_) => Status::AlreadySealed,
+            E::NotCreator(_) => Status::NotCreator,
+            E::InvalidName(_) => Status::InvalidName,
+            E::MetadataTooLarge { .. } => Status::MetadataTooLarge,
+            E::NotHeld(_) => Status::NotHeld,
+            E::GpuUnavailable(_) => Status::GpuUnavailable,
+            E::Gpu(_) => Status::GpuError,
+            E::ShuttingDown => Status::ShuttingDown,
+            E::TooLarge(_) => Status::TooLarge,
+            E::Protocol(_) | E::Tensor(_) | E::Config(_) => Status::Malformed,
+            E::Memory(_) | E::Connection(_) | E::Internal(_) => Status::Internal,
+        };
+        Failure {
+            status,
+            message: e.to_string(),
+            oom: None,
+        }
+    }
+}
+
+/// The client side's view of an error reply.
+impl From<Failure> for vovp::Error {
+    fn from(f: Failure) -> Self {
+        use vovp::Error as E;
+        let Failure {
+            status,
+            message,
+            oom,
+        } = f;
+        // Messages from the daemon are full sentences; keep them, the variant carries the
+        // meaning. Fields the wire does not carry (a NOT_HELD id, METADATA_TOO_LARGE's length)
+        // are in the message only.
+        match status {
+            Status::NotFound => E::NotFound(message),
+            Status::AlreadyExists => E::AlreadyExists(message),
+            Status::OutOfMemory => match oom {
+                Some((requested, available)) => E::OutOfMemory {
+                    requested,
+                    available,
+                },
+                None => E::Protocol(format!("OUT_OF_MEMORY reply without its sizes: {message}")),
+            },
+            Status::TooManyObjects => E::TooManyObjects {
+                limit: vovp::MAX_OBJECTS,
+            },
+            Status::NotSealed => E::NotSealed(message),
+            Status::AlreadySealed => E::AlreadySealed(message),
+            Status::NotCreator => E::NotCreator(message),
+            Status::InvalidName => E::InvalidName(message),
+            Status::MetadataTooLarge => E::MetadataTooLarge {
+                len: 0,
+                max: vovp::MAX_METADATA_LEN,
+            },
+            Status::NotHeld => E::NotHeld(0),
+            Status::GpuUnavailable => E::GpuUnavailable(message),
+            Status::GpuError => E::Gpu(message),
+            Status::ShuttingDown => E::ShuttingDown,
+            Status::TooLarge => E::TooLarge(message),
+            Status::Internal => E::Internal(message),
+            Status::TooManyConnections => E::Connection(message),
+            Status::Malformed
+            | Status::UnsupportedVersion
+            | Status::UnknownOpcode
+            | Status::ProtocolState => E::Protocol(format!("{}: {message}", status.name())),
+        }
+    }
+}

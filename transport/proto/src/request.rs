@@ -1,0 +1,283 @@
+//! Requests (client to daemon). Each variant's encoding and decoding are the same arm of two
+//! matches in the same order, fields in PROTOCOL.md's order.
+
+use std::borrow::Cow;
+
+use vovp::Device;
+
+use crate::wire::{FrameWriter, Reader};
+use crate::{DecodeError, Opcode, LIST_PAGE_ENTRIES, MAX_GET_NAMES, MAX_LIST_PAGE_ENTRIES};
+
+/// One request. Fields borrow where they can: the client encodes its caller's names and bytes
+/// without copying them, and the daemon decodes straight out of its input buffer (then
+/// [`Request::into_owned`] to keep one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    Hello {
+        pid: u32,
+    },
+    Create {
+        name: Cow<'a, str>,
+        size: u64,
+        flags: u32,
+        device: Device,
+        metadata: Cow<'a, [u8]>,
+    },
+    Seal {
+        name: Cow<'a, str>,
+    },
+    Abort {
+        name: Cow<'a, str>,
+    },
+    /// An inline put: the data rides in the frame.
+    Put {
+        name: Cow<'a, str>,
+        flags: u32,
+        metadata: Cow<'a, [u8]>,
+        data: Cow<'a, [u8]>,
+    },
+    /// `timeout_ms`: -1 waits forever, 0 not at all.
+    Get {
+        timeout_ms: i64,
+        names: Vec<Cow<'a, str>>,
+    },
+    Release {
+        ids: Cow<'a, [u64]>,
+    },
+    Contains {
+        name: Cow<'a, str>,
+    },
+    Delete {
+        name: Cow<'a, str>,
+    },
+    /// One page of the object list, from cursor `start` (0: the beginning). Decoded, `limit`
+    /// is what the daemon serves: 0 (and an empty payload) is [`LIST_PAGE_ENTRIES`], and it is
+    /// at most [`MAX_LIST_PAGE_ENTRIES`].
+    List {
+        start: u64,
+        limit: u32,
+    },
+    Evict {
+        bytes: u64,
+    },
+    Stats,
+    Subscribe,
+    /// The fd of a segment this client does not have mapped yet.
+    Segment {
+        id: u32,
+    },
+}
+
+impl Request<'_> {
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Hello { .. } => Opcode::Hello,
+            Request::Create { .. } => Opcode::Create,
+            Request::Seal { .. } => Opcode::Seal,
+            Request::Abort { .. } => Opcode::Abort,
+            Request::Put { .. } => Opcode::Put,
+            Request::Get { .. } => Opcode::Get,
+            Request::Release { .. } => Opcode::Release,
+            Request::Contains { .. } => Opcode::Contains,
+            Request::Delete { .. } => Opcode::Delete,
+            Request::List { .. } => Opcode::List,
+            Request::Evict { .. } => Opcode::Evict,
+            Request::Stats => Opcode::Stats,
+            Request::Subscribe => Opcode::Subscribe,
+            Request::Segment { .. } => Opcode::Segment,
+        }
+    }
+
+    /// Appends this request as one frame.
+    pub fn encode(&self, flags: u16, request_id: u64, buf: &mut Vec<u8>) {
+        let mut w = FrameWriter::begin(buf, self.opcode().code(), flags, request_id);
+        match self {
+            Request::Hello { pid } => {
+                w.u32(*pid);
+            }
+            Request::Create {
+                name,
+                size,
+                flags,
+                device,
+                metadata,
+            } => {
+                w.str(name).u64(*size).u32(*flags).device(*device);
+                w.bytes(metadata);
+            }
+            Request::Seal { name }
+            | Request::Abort { name }
+            | Request::Contains { name }
+            | Request::Delete { name } => {
+                w.str(name);
+            }
+            Request::Put {
+                name,
+                flags,
+                metadata,
+                data,
+            } => {
+                w.str(name).u32(*flags).bytes(metadata);
+                w.u64(data.len() as u64).raw(data);
+            }
+            Request::Get { timeout_ms, names } => {
+                w.i64(*timeout_ms).u32(names.len() as u32);
+                for n in names {
+                    w.str(n);
+                }
+            }
+            Request::Release { ids } => {
+                w.u32(ids.len() as u32);
+                for id in ids.iter() {
+                    w.u64(*id);
+                }
+            }
+            Request::List { start, limit } => {
+                w.u64(*start).u32(*limit);
+            }
+            Request::Evict { bytes } => {
+                w.u64(*bytes);
+            }
+            Request::Segment { id } => {
+                w.u32(*id);
+            }
+            Request::Stats | Request::Subscribe => {}
+        }
+        w.finish();
+    }
+
+    /// Takes ownership of every field (to keep the request past its input buffer).
+    pub fn into_owned(self) -> Request<'static> {
+        let own = |s: Cow<'_, str>| Cow::Owned(s.into_owned());
+        let own_bytes = |b: Cow<'_, [u8]>| Cow::Owned(b.into_owned());
+        match self {
+            Request::Hello { pid } => Request::Hello { pid },
+            Request::Create {
+                name,
+                size,
+                flags,
+                device,
+                metadata,
+            } => Request::Create {
+                name: own(name),
+                size,
+                flags,
+                device,
+                metadata: own_bytes(metadata),
+            },
+            Request::Seal { name } => Request::Seal { name: own(name) },
+            Request::Abort { name } => Request::Abort { name: own(name) },
+            Request::Put {
+                name,
+                flags,
+                metadata,
+                data,
+            } => Request::Put {
+                name: own(name),
+                flags,
+                metadata: own_bytes(metadata),
+                data: own_bytes(data),
+            },
+            Request::Get { timeout_ms, names } => Request::Get {
+                timeout_ms,
+                names: names.into_iter().map(own).collect(),
+            },
+            Request::Release { ids } => Request::Release {
+                ids: Cow::Owned(ids.into_owned()),
+            },
+            Request::Contains { name } => Request::Contains { name: own(name) },
+            Request::Delete { name } => Request::Delete { name: own(name) },
+            Request::List { start, limit } => Request::List { start, limit },
+            Request::Evict { bytes } => Request::Evict { bytes },
+            Request::Stats => Request::Stats,
+            Request::Subscribe => Request::Subscribe,
+            Request::Segment { id } => Request::Segment { id },
+        }
+    }
+}
+
+impl<'a> Request<'a> {
+    /// Decodes the payload of a request frame with opcode `opcode`, borrowing from it.
+    pub fn decode(opcode: u8, payload: &'a [u8]) -> Result<Request<'a>, DecodeError> {
+        let op = Opcode::from_code(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
+        let mut r = Reader::new(payload);
+        let name = |r: &mut Reader<'a>| r.name().map(Cow::Borrowed);
+        let req = match op {
+            Opcode::Hello => Request::Hello { pid: r.u32()? },
+            Opcode::Create => Request::Create {
+                name: name(&mut r)?,
+                size: r.u64()?,
+                flags: r.u32()?,
+                device: r.device()?,
+                metadata: Cow::Borrowed(r.bytes()?),
+            },
+            Opcode::Seal => Request::Seal {
+                name: name(&mut r)?,
+            },
+            Opcode::Abort => Request::Abort {
+                name: name(&mut r)?,
+            },
+            Opcode::Put => {
+                let name = name(&mut r)?;
+                let flags = r.u32()?;
+                let metadata = Cow::Borrowed(r.bytes()?);
+                let announced = r.u64()?;
+                let data = r.rest();
+                if data.len() as u64 != announced {
+                    return Err(DecodeError::PutSize {
+                        announced,
+                        carried: data.len(),
+                    });
+                }
+                Request::Put {
+                    name,
+                    flags,
+                    metadata,
+                    data: Cow::Borrowed(data),
+                }
+            }
+            Opcode::Get => {
+                let timeout_ms = r.i64()?;
+                let n = r.count(2)?;
+                if n > MAX_GET_NAMES {
+                    return Err(DecodeError::TooManyNames(n));
+                }
+                let names = (0..n).map(|_| name(&mut r)).collect::<Result<_, _>>()?;
+                Request::Get { timeout_ms, names }
+            }
+            Opcode::Release => {
+                let n = r.count(8)?;
+                let ids = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+                Request::Release {
+                    ids: Cow::Owned(ids),
+                }
+            }
+            Opcode::Contains => Request::Contains {
+                name: name(&mut r)?,
+            },
+            Opcode::Delete => Request::Delete {
+                name: name(&mut r)?,
+            },
+            // An empty payload (protocol 1's first form) is the first page.
+            Opcode::List if payload.is_empty() => Request::List {
+                start: 0,
+                limit: LIST_PAGE_ENTRIES,
+            },
+            Opcode::List => {
+                let start = r.u64()?;
+                let limit = match r.u32()? {
+                    0 => LIST_PAGE_ENTRIES,
+                    n => n.min(MAX_LIST_PAGE_ENTRIES),
+                };
+                Request::List { start, limit }
+            }
+            Opcode::Evict => Request::Evict { bytes: r.u64()? },
+            Opcode::Stats => Request::Stats,
+            Opcode::Subscribe => Request::Subscribe,
+            Opcode::Segment => Request::Segment { id: r.u32()? },
+            Opcode::Notify => return Err(DecodeError::NotARequest(opcode)),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}

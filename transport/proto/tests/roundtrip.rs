@@ -1,0 +1,287 @@
+//! Property: every message encodes to a frame whose header parses back and whose payload
+//! decodes to the same message: every request, the reply of every opcode (and error replies
+//! of every status), and notifications.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use proptest::prelude::*;
+use vovp::{
+    Device, DeviceBlock, Location, Notification, NotificationKind, ObjectId, ObjectInfo,
+    ObjectName, ObjectRef, StoreStats,
+};
+use vovp_proto::*;
+
+fn name() -> impl Strategy<Value = String> {
+    // Unicode included; object names are 1..=256 bytes.
+    "\\PC{1,40}".prop_filter("at most 256 bytes", |s| s.len() <= 256)
+}
+
+fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(any::<u8>(), 0..max)
+}
+
+fn device() -> impl Strategy<Value = Device> {
+    prop_oneof![Just(Device::Cpu), any::<u32>().prop_map(Device::Cuda)]
+}
+
+fn location(size: u64) -> impl Strategy<Value = Location> {
+    prop_oneof![
+        (any::<u32>(), any::<u64>())
+            .prop_map(|(segment, offset)| Location::Host { segment, offset }),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            prop::collection::vec(any::<u8>(), 64)
+        )
+            .prop_map(move |(device, pool, offset, handle)| {
+                let mut ipc_handle = [0u8; 64];
+                ipc_handle.copy_from_slice(&handle);
+                Location::Cuda(DeviceBlock {
+                    device,
+                    pool,
+                    ipc_handle,
+                    offset,
+                    size,
+                })
+            }),
+    ]
+}
+
+/// An objref answering for `name`.
+fn object(name: String) -> impl Strategy<Value = ObjectRef> {
+    (any::<u64>(), any::<u64>(), bytes(64)).prop_flat_map(move |(id, size, metadata)| {
+        let name = name.clone();
+        location(size).prop_map(move |location| ObjectRef {
+            id: ObjectId::from_raw(id),
+            name: ObjectName::new(&name).expect("valid name"),
+            size,
+            metadata: Arc::from(metadata.clone()),
+            location,
+        })
+    })
+}
+
+fn request() -> impl Strategy<Value = Request<'static>> {
+    let owned = |s: String| Cow::Owned(s);
+    prop_oneof![
+        any::<u32>().prop_map(|pid| Request::Hello { pid }),
+        (name(), any::<u64>(), any::<u32>(), device(), bytes(64)).prop_map(
+            move |(n, size, flags, device, metadata)| Request::Create {
+                name: owned(n),
+                size,
+                flags,
+                device,
+                metadata: metadata.into(),
+            }
+        ),
+        name().prop_map(move |n| Request::Seal { name: owned(n) }),
+        name().prop_map(move |n| Request::Abort { name: owned(n) }),
+        (name(), any::<u32>(), bytes(64), bytes(512)).prop_map(move |(n, flags, m, d)| {
+            Request::Put {
+                name: owned(n),
+                flags,
+                metadata: m.into(),
+                data: d.into(),
+            }
+        }),
+        (any::<i64>(), prop::collection::vec(name(), 0..8)).prop_map(move |(timeout_ms, names)| {
+            Request::Get {
+                timeout_ms,
+                names: names.into_iter().map(owned).collect(),
+            }
+        }),
+        prop::collection::vec(any::<u64>(), 0..16)
+            .prop_map(|ids| Request::Release { ids: ids.into() }),
+        name().prop_map(move |n| Request::Contains { name: owned(n) }),
+        name().prop_map(move |n| Request::Delete { name: owned(n) }),
+        (any::<u64>(), 1..=MAX_LIST_PAGE_ENTRIES)
+            .prop_map(|(start, limit)| Request::List { start, limit }),
+        any::<u64>().prop_map(|bytes| Request::Evict { bytes }),
+        Just(Request::Stats),
+        Just(Request::Subscribe),
+        any::<u32>().prop_map(|id| Request::Segment { id }),
+    ]
+}
+
+fn info() -> impl Strategy<Value = ObjectInfo> {
+    (
+        name(),
+        any::<u64>(),
+        any::<u64>(),
+        device(),
+        any::<(bool, bool, u32)>(),
+        0u64..(1 << 50),
+        bytes(64),
+    )
+        .prop_map(
+            |(n, id, size, device, (sealed, ephemeral, refcount), ms, metadata)| ObjectInfo {
+                id: ObjectId::from_raw(id),
+                name: ObjectName::new(&n).expect("valid name"),
+                size,
+                device,
+                sealed,
+                ephemeral,
+                refcount,
+                last_access: UNIX_EPOCH + Duration::from_millis(ms),
+                metadata: metadata.into(),
+            },
+        )
+}
+
+fn failure() -> impl Strategy<Value = Reply> {
+    (
+        prop::sample::select(Status::ALL),
+        "\\PC{0,80}",
+        any::<(u64, u64)>(),
+    )
+        .prop_map(|(status, message, sizes)| {
+            Reply::Failure(Failure {
+                status,
+                message,
+                oom: (status == Status::OutOfMemory).then_some(sizes),
+            })
+        })
+}
+
+/// A reply, the opcode of the request it answers, and the names that request asked for.
+fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
+    const EMPTY_OPS: [Opcode; 5] = [
+        Opcode::Seal,
+        Opcode::Abort,
+        Opcode::Release,
+        Opcode::Delete,
+        Opcode::Subscribe,
+    ];
+    prop_oneof![
+        prop::sample::select(&EMPTY_OPS[..]).prop_map(|op| (Reply::Empty, op, vec![])),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            prop::collection::vec(any::<(u32, u64)>(), 0..4)
+        )
+            .prop_map(|(capacity, max_inline, segments)| (
+                Reply::Hello {
+                    capacity,
+                    max_inline,
+                    segments
+                },
+                Opcode::Hello,
+                vec![]
+            )),
+        (
+            name(),
+            prop::sample::select(&[Opcode::Create, Opcode::Put][..])
+        )
+            .prop_flat_map(|(n, op)| object(n.clone()).prop_map(move |r| (
+                Reply::Object(r),
+                op,
+                vec![n.clone()]
+            ))),
+        prop::collection::vec((name(), any::<bool>()), 0..6).prop_flat_map(|asked| {
+            let names: Vec<String> = asked.iter().map(|(n, _)| n.clone()).collect();
+            let found: Vec<_> = asked
+                .into_iter()
+                .map(|(n, found)| {
+                    if found {
+                        object(n).prop_map(Some).boxed()
+                    } else {
+                        Just(None).boxed()
+                    }
+                })
+                .collect();
+            found.prop_map(move |v| (Reply::Objects(v), Opcode::Get, names.clone()))
+        }),
+        any::<bool>().prop_map(|b| (Reply::Bool(b), Opcode::Contains, vec![])),
+        any::<u64>().prop_map(|n| (Reply::Count(n), Opcode::Evict, vec![])),
+        (prop::collection::vec(info(), 0..4), any::<u64>()).prop_map(|(entries, next)| (
+            Reply::List { entries, next },
+            Opcode::List,
+            vec![]
+        )),
+        prop::collection::vec(any::<u64>(), 12).prop_map(|f| {
+            let stats = StoreStats {
+                capacity: f[0],
+                used_bytes: f[1],
+                objects: f[2],
+                sealed: f[3],
+                unsealed: f[4],
+                pending_delete: f[5],
+                references: f[6],
+                holders: f[7],
+                creates: f[8],
+                evicted_objects: f[9],
+                evicted_bytes: f[10],
+            };
+            (
+                Reply::Stats {
+                    stats,
+                    connections: f[11],
+                },
+                Opcode::Stats,
+                vec![],
+            )
+        }),
+        (any::<u64>(), any::<bool>()).prop_map(|(size, writable)| (
+            Reply::Segment { size, writable },
+            Opcode::Segment,
+            vec![]
+        )),
+        (failure(), prop::sample::select(Opcode::ALL)).prop_map(|(f, op)| (f, op, vec![])),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn requests_round_trip(req in request(), flags in any::<u16>(), id in any::<u64>()) {
+        let mut buf = Vec::new();
+        req.encode(flags, id, &mut buf);
+        let h = Header::parse(&buf).unwrap().unwrap();
+        prop_assert_eq!(h.frame_len(), buf.len());
+        prop_assert_eq!((h.version, h.opcode, h.flags, h.request_id), (VERSION, req.opcode().code(), flags, id));
+        let back = Request::decode(h.opcode, &buf[HEADER_LEN..]).unwrap();
+        prop_assert_eq!(&back, &req);
+        // Kept past the buffer, it is still the same request.
+        prop_assert_eq!(back.into_owned(), req);
+    }
+
+    #[test]
+    fn replies_round_trip((reply, op, names) in reply(), id in any::<u64>()) {
+        let mut buf = Vec::new();
+        reply.encode(op.code(), id, &mut buf);
+        let h = Header::parse(&buf).unwrap().unwrap();
+        prop_assert_eq!(h.frame_len(), buf.len());
+        prop_assert_eq!((h.opcode, h.request_id), (op.code() | REPLY_BIT, id));
+        let back = Reply::decode(h.opcode & !REPLY_BIT, &buf[HEADER_LEN..], &names).unwrap();
+        prop_assert_eq!(back, reply);
+    }
+
+    #[test]
+    fn notifications_round_trip(
+        kind in prop::sample::select(&[NotificationKind::Sealed, NotificationKind::Deleted, NotificationKind::Evicted][..]),
+        n in name(),
+        size in any::<u64>(),
+        metadata in bytes(64),
+    ) {
+        let note = Notification { kind, name: ObjectName::new(&n).unwrap(), size, metadata: metadata.into() };
+        let mut buf = Vec::new();
+        encode_notification(&note, &mut buf);
+        let h = Header::parse(&buf).unwrap().unwrap();
+        prop_assert_eq!((h.opcode, h.request_id, h.frame_len()), (Opcode::Notify.code(), 0, buf.len()));
+        prop_assert_eq!(decode_notification(&buf[HEADER_LEN..]).unwrap(), note);
+    }
+
+    /// A reply decoded by the request it answers (the client's way) is the same reply.
+    #[test]
+    fn replies_decode_for_their_request(n in name(), size in any::<u64>()) {
+        let req = Request::Create { name: n.as_str().into(), size, flags: 0, device: Device::Cpu, metadata: Cow::Borrowed(&[]) };
+        let r = ObjectRef { id: ObjectId::from_raw(1), name: ObjectName::new(&n).unwrap(), size, metadata: Arc::from(&b""[..]), location: Location::Host { segment: 3, offset: 64 } };
+        let mut buf = Vec::new();
+        Reply::Object(r.clone()).encode(Opcode::Create.code(), 9, &mut buf);
+        prop_assert_eq!(Reply::decode_for(&req, &buf[HEADER_LEN..]).unwrap(), Reply::Object(r));
+    }
+}
