@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::error::{Result, ShmError};
 use crate::layout::{
-    name_hash, name_word, DirHeader, Entry, NAME_MAX, NAME_WORDS, STATE_EMPTY, STATE_LIVE,
+    name_hash, name_word, DirHeader, Entry, NAME_MAX, STATE_EMPTY, STATE_LIVE,
     STATE_TOMBSTONE,
 };
 use crate::sync::{fence, spin};
@@ -235,7 +235,8 @@ impl<'a> DirectoryWriter<'a> {
             e.meta_offset.store(p.meta_offset, Relaxed);
             e.meta_len.store(p.meta_len, Relaxed);
             e.flags.store(p.flags, Relaxed);
-            for i in 0..NAME_WORDS {
+            // Only the words the name spans: readers compare no further than `name_len`.
+            for i in 0..p.name.len().div_ceil(8) {
                 e.name[i].store(name_word(p.name, i), Relaxed);
             }
             e.state.store(STATE_LIVE, Relaxed);
