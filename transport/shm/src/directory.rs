@@ -13,8 +13,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::error::{Result, ShmError};
 use crate::layout::{
-    name_hash, name_word, DirHeader, Entry, NAME_MAX, STATE_EMPTY, STATE_LIVE,
-    STATE_TOMBSTONE,
+    name_hash, name_word, DirHeader, Entry, NAME_MAX, STATE_EMPTY, STATE_LIVE, STATE_TOMBSTONE,
 };
 use crate::sync::{fence, spin};
 
@@ -87,7 +86,8 @@ impl<'a> Directory<'a> {
 
     /// Finds `name`: a few seqlocked reads of shared memory, no syscall.
     pub fn lookup(&self, name: &[u8]) -> Lookup {
-        if name.is_empty() || name.len() > NAME_MAX {
+        // An empty table (only constructible by hand) has no mask: nothing is in it.
+        if name.is_empty() || name.len() > NAME_MAX || self.entries.is_empty() {
             return Lookup::Missing;
         }
         let hash = name_hash(name);
@@ -109,7 +109,9 @@ impl<'a> Directory<'a> {
     /// reader that sees the old `seq` also sees nothing of a later write (see hold.rs for why
     /// this load, after the hold is published, is what makes the hold safe).
     pub fn still_valid(&self, snapshot: &Snapshot) -> bool {
-        self.entries[snapshot.index].seq.load(Acquire) == snapshot.seq
+        self.entries
+            .get(snapshot.index)
+            .is_some_and(|e| e.seq.load(Acquire) == snapshot.seq)
     }
 }
 
@@ -195,6 +197,9 @@ impl<'a> DirectoryWriter<'a> {
                 len: p.name.len(),
                 max: NAME_MAX,
             });
+        }
+        if self.entries.is_empty() {
+            return Err(ShmError::DirectoryFull { capacity: 0 });
         }
         let hash = name_hash(p.name);
         let mask = self.entries.len() - 1;
@@ -324,4 +329,366 @@ fn write_locked(e: &Entry, write: impl FnOnce()) {
     fence(Release);
     write();
     e.seq.store(s.wrapping_add(2), Release);
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::layout::NAME_WORDS;
+
+    struct Table {
+        header: DirHeader,
+        entries: Vec<Entry>,
+    }
+
+    fn table(capacity: usize) -> Table {
+        let header = DirHeader::new();
+        header.next_generation.store(1, Relaxed);
+        Table {
+            header,
+            entries: (0..capacity).map(|_| Entry::new()).collect(),
+        }
+    }
+
+    impl Table {
+        fn writer(&self) -> DirectoryWriter<'_> {
+            DirectoryWriter::new(&self.header, &self.entries)
+        }
+    }
+
+    fn object(name: &[u8], v: u64) -> Publish<'_> {
+        Publish {
+            name,
+            object_id: v,
+            segment: v as u32,
+            offset: v * 10,
+            size: v * 100,
+            meta_offset: v * 1000,
+            meta_len: v + 1,
+            flags: v + 2,
+        }
+    }
+
+    fn found(dir: &Directory<'_>, name: &[u8]) -> Snapshot {
+        match dir.lookup(name) {
+            Lookup::Found(s) => s,
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(name)),
+        }
+    }
+
+    /// `n` distinct names whose probe chains all start at entry `bucket` of a table of
+    /// `capacity` entries.
+    fn colliding(capacity: usize, bucket: usize, n: usize) -> Vec<Vec<u8>> {
+        (0u32..)
+            .map(|i| format!("name-{i}").into_bytes())
+            .filter(|name| name_hash(name) as usize & (capacity - 1) == bucket)
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn publish_then_lookup_returns_every_field() {
+        let t = table(16);
+        let mut w = t.writer();
+        let (index, generation) = w.publish(&object(b"alpha", 7)).unwrap();
+        assert_eq!(generation, 1);
+        assert_eq!(w.live(), 1);
+        let s = found(&w.reader(), b"alpha");
+        assert_eq!(s.index, index);
+        assert_eq!(s.seq % 2, 0);
+        assert_eq!(
+            (s.object_id, s.generation, s.segment, s.offset, s.size),
+            (7, 1, 7, 70, 700)
+        );
+        assert_eq!((s.meta_offset, s.meta_len, s.flags), (7000, 8, 9));
+        assert_eq!(w.get(index), Some(s));
+        assert_eq!(w.reader().lookup(b"beta"), Lookup::Missing);
+        assert_eq!(w.reader().lookup(b"alph"), Lookup::Missing);
+        assert!(matches!(
+            w.publish(&object(b"alpha", 8)),
+            Err(ShmError::AlreadyPublished { index: i }) if i == index
+        ));
+    }
+
+    #[test]
+    fn remove_then_republish_gets_a_new_generation() {
+        let t = table(8);
+        let mut w = t.writer();
+        let (i1, g1) = w.publish(&object(b"x", 1)).unwrap();
+        let before = found(&w.reader(), b"x");
+        assert!(matches!(
+            w.unpublish(i1, g1 + 1),
+            Err(ShmError::NotLive { .. })
+        ));
+        w.unpublish(i1, g1).unwrap();
+        assert_eq!(w.live(), 0);
+        assert_eq!(w.reader().lookup(b"x"), Lookup::Missing);
+        assert!(!w.reader().still_valid(&before), "unpublish must move seq");
+        assert!(matches!(w.unpublish(i1, g1), Err(ShmError::NotLive { .. })));
+        assert_eq!(w.get(i1), None);
+        let (i2, g2) = w.publish(&object(b"x", 2)).unwrap();
+        assert_eq!(i2, i1, "same name, same (cleaned) entry");
+        assert!(g2 > g1);
+        let after = found(&w.reader(), b"x");
+        assert_eq!((after.generation, after.object_id), (g2, 2));
+        assert!(!w.reader().still_valid(&before));
+        assert!(w.reader().still_valid(&after));
+    }
+
+    #[test]
+    fn tombstones_keep_probe_chains_and_are_reused_and_cleaned() {
+        let cap = 8;
+        let names = colliding(cap, 3, 4);
+        let t = table(cap);
+        let mut w = t.writer();
+        let placed: Vec<(usize, u64)> = names
+            .iter()
+            .take(3)
+            .enumerate()
+            .map(|(v, n)| w.publish(&object(n, v as u64 + 1)).unwrap())
+            .collect();
+        assert_eq!(
+            placed.iter().map(|p| p.0).collect::<Vec<_>>(),
+            [3, 4, 5],
+            "linear probing from the shared bucket"
+        );
+        // Removing the head leaves a tombstone: the names behind it are still found.
+        w.unpublish(placed[0].0, placed[0].1).unwrap();
+        assert_eq!(t.entries[3].state.load(Relaxed), STATE_TOMBSTONE);
+        assert_eq!(found(&w.reader(), &names[1]).index, 4);
+        assert_eq!(found(&w.reader(), &names[2]).index, 5);
+        assert_eq!(w.reader().lookup(&names[0]), Lookup::Missing);
+        // A new name in the same chain reuses the tombstone.
+        let (i, _) = w.publish(&object(&names[3], 9)).unwrap();
+        assert_eq!(i, 3);
+        assert_eq!(found(&w.reader(), &names[3]).object_id, 9);
+        // Removing the middle then the tail: the tail's successor is empty, so the tail and
+        // the tombstone before it go back to empty; the head stays live.
+        w.unpublish(placed[1].0, placed[1].1).unwrap();
+        assert_eq!(t.entries[4].state.load(Relaxed), STATE_TOMBSTONE);
+        w.unpublish(placed[2].0, placed[2].1).unwrap();
+        assert_eq!(t.entries[4].state.load(Relaxed), STATE_EMPTY);
+        assert_eq!(t.entries[5].state.load(Relaxed), STATE_EMPTY);
+        assert_eq!(t.entries[3].state.load(Relaxed), STATE_LIVE);
+        assert_eq!(found(&w.reader(), &names[3]).index, 3);
+        assert_eq!(w.live(), 1);
+    }
+
+    #[test]
+    fn tombstone_cleanup_wraps_around_the_table() {
+        let cap = 4;
+        let names = colliding(cap, cap - 1, 2);
+        let t = table(cap);
+        let mut w = t.writer();
+        let a = w.publish(&object(&names[0], 1)).unwrap();
+        let b = w.publish(&object(&names[1], 2)).unwrap();
+        assert_eq!((a.0, b.0), (3, 0), "the chain wraps to entry 0");
+        w.unpublish(a.0, a.1).unwrap();
+        assert_eq!(found(&w.reader(), &names[1]).index, 0);
+        w.unpublish(b.0, b.1).unwrap();
+        assert!(t
+            .entries
+            .iter()
+            .all(|e| e.state.load(Relaxed) == STATE_EMPTY));
+    }
+
+    #[test]
+    fn full_table_refuses_and_misses_terminate() {
+        let cap = 4;
+        let t = table(cap);
+        let mut w = t.writer();
+        let placed: Vec<_> = (0..cap)
+            .map(|i| {
+                w.publish(&object(format!("o{i}").as_bytes(), i as u64 + 1))
+                    .unwrap()
+            })
+            .collect();
+        assert!(matches!(
+            w.publish(&object(b"one-too-many", 9)),
+            Err(ShmError::DirectoryFull { capacity: 4 })
+        ));
+        // No empty entry anywhere: a miss must still end (after one lap).
+        assert_eq!(w.reader().lookup(b"one-too-many"), Lookup::Missing);
+        for i in 0..cap {
+            assert_eq!(
+                found(&w.reader(), format!("o{i}").as_bytes()).object_id,
+                i as u64 + 1
+            );
+        }
+        w.unpublish(placed[2].0, placed[2].1).unwrap();
+        let (i, _) = w.publish(&object(b"one-too-many", 9)).unwrap();
+        assert_eq!(i, placed[2].0);
+    }
+
+    #[test]
+    fn name_limits() {
+        let t = table(8);
+        let mut w = t.writer();
+        assert!(matches!(
+            w.publish(&object(b"", 1)),
+            Err(ShmError::EmptyName)
+        ));
+        let long = vec![b'n'; NAME_MAX + 1];
+        assert!(matches!(
+            w.publish(&object(&long, 1)),
+            Err(ShmError::NameTooLong { len, max: NAME_MAX }) if len == NAME_MAX + 1
+        ));
+        assert_eq!(w.reader().lookup(&long), Lookup::Missing);
+        assert_eq!(w.reader().lookup(b""), Lookup::Missing);
+        // The longest name fits, and names differing only in the last byte are distinct.
+        let mut max_a = vec![b'n'; NAME_MAX];
+        let mut max_b = max_a.clone();
+        *max_a.last_mut().unwrap() = b'a';
+        *max_b.last_mut().unwrap() = b'b';
+        w.publish(&object(&max_a, 1)).unwrap();
+        assert_eq!(found(&w.reader(), &max_a).object_id, 1);
+        assert_eq!(w.reader().lookup(&max_b), Lookup::Missing);
+        w.publish(&object(&max_b, 2)).unwrap();
+        assert_eq!(found(&w.reader(), &max_b).object_id, 2);
+        // Names are bytes, lengths count: "k" and "k\0" are different names even though
+        // their padded words are equal.
+        w.publish(&object(b"k", 3)).unwrap();
+        assert_eq!(w.reader().lookup(b"k\0"), Lookup::Missing);
+        w.publish(&object(b"k\0", 4)).unwrap();
+        assert_eq!(found(&w.reader(), b"k").object_id, 3);
+        assert_eq!(found(&w.reader(), b"k\0").object_id, 4);
+        // Non-UTF-8 is fine.
+        w.publish(&object(&[0xff, 0x00, 0xfe], 5)).unwrap();
+        assert_eq!(found(&w.reader(), &[0xff, 0x00, 0xfe]).object_id, 5);
+    }
+
+    #[test]
+    fn shorter_name_reusing_an_entry_ignores_stale_name_words() {
+        // Publishing writes only the words a name spans; the stale tail of a longer earlier
+        // name in the same entry must not matter.
+        let t = table(1);
+        let mut w = t.writer();
+        let long = vec![b'z'; NAME_MAX];
+        let (i, g) = w.publish(&object(&long, 1)).unwrap();
+        w.unpublish(i, g).unwrap();
+        w.publish(&object(b"z", 2)).unwrap();
+        assert_eq!(
+            t.entries[0].name[NAME_WORDS - 1].load(Relaxed),
+            name_word(&long, NAME_WORDS - 1)
+        );
+        assert_eq!(found(&w.reader(), b"z").object_id, 2);
+        assert_eq!(w.reader().lookup(&long), Lookup::Missing);
+    }
+
+    #[test]
+    fn reader_retries_then_gives_up_on_an_entry_being_written() {
+        let t = table(4);
+        let mut w = t.writer();
+        let (i, _) = w.publish(&object(b"busy", 1)).unwrap();
+        let seq = t.entries[i].seq.load(Relaxed);
+        // As if the store stopped halfway through a write.
+        t.entries[i].seq.store(seq + 1, Relaxed);
+        assert_eq!(w.reader().lookup(b"busy"), Lookup::Busy);
+        t.entries[i].seq.store(seq + 2, Relaxed);
+        let s = found(&w.reader(), b"busy");
+        assert_eq!(s.seq, seq + 2);
+    }
+
+    #[test]
+    fn reader_retries_across_a_finished_write() {
+        // The write finishes while the reader spins: a writer thread holds `seq` odd for a
+        // while, the reader must come back with the new version or Busy, never the old words
+        // mixed with the new.
+        let t = table(2);
+        let (i, _) = t.writer().publish(&object(b"r", 1)).unwrap();
+        let e = &t.entries[i];
+        let start = std::sync::Barrier::new(2);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let s = e.seq.load(Relaxed);
+                e.seq.store(s + 1, Relaxed);
+                start.wait();
+                e.object_id.store(2, Relaxed);
+                e.offset.store(20, Relaxed);
+                e.seq.store(s + 2, Release);
+            });
+            start.wait();
+            match Directory::new(&t.entries).lookup(b"r") {
+                Lookup::Found(s) => assert_eq!((s.object_id, s.offset), (2, 20)),
+                Lookup::Busy => {}
+                Lookup::Missing => panic!("a live name went missing"),
+            }
+        });
+    }
+
+    #[test]
+    fn concurrent_reader_never_sees_a_torn_entry() {
+        // The store republishes one name over and over, every word derived from a version
+        // number; readers check each snapshot is one version.
+        let t = table(4);
+        let rounds = 20_000u64;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut w = t.writer();
+                let mut cur = w.publish(&object(b"hot", 1)).unwrap();
+                for v in 2..rounds {
+                    w.unpublish(cur.0, cur.1).unwrap();
+                    cur = w.publish(&object(b"hot", v)).unwrap();
+                }
+                done.store(true, Relaxed);
+            });
+            {
+                sc.spawn(|| {
+                    let dir = Directory::new(&t.entries);
+                    let (mut seen, mut busy) = (0u64, 0u64);
+                    while !done.load(Relaxed) || seen == 0 {
+                        match dir.lookup(b"hot") {
+                            Lookup::Found(s) => {
+                                let v = s.object_id;
+                                assert_eq!(s.generation, v, "generation of another version");
+                                assert_eq!(
+                                    (s.segment as u64, s.offset, s.size, s.meta_offset),
+                                    (v, v * 10, v * 100, v * 1000),
+                                    "torn entry"
+                                );
+                                assert_eq!((s.meta_len, s.flags), (v + 1, v + 2), "torn entry");
+                                seen += 1;
+                            }
+                            Lookup::Busy => busy += 1,
+                            Lookup::Missing => {}
+                        }
+                    }
+                    assert!(seen > 0, "never found it ({busy} busy)");
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn stamp_is_outside_the_seqlock() {
+        let t = table(2);
+        let mut w = t.writer();
+        let (i, _) = w.publish(&object(b"s", 1)).unwrap();
+        let s = found(&w.reader(), b"s");
+        w.set_stamp(i, 42);
+        w.set_stamp(99, 1); // out of range: ignored
+        assert_eq!(t.entries[i].stamp.load(Relaxed), 42);
+        assert!(
+            w.reader().still_valid(&s),
+            "a stamp must not invalidate readers"
+        );
+    }
+
+    #[test]
+    fn empty_table_is_harmless() {
+        let t = table(0);
+        let dir = Directory {
+            entries: &t.entries,
+        };
+        assert_eq!(dir.lookup(b"a"), Lookup::Missing);
+        let mut w = DirectoryWriter {
+            header: &t.header,
+            entries: &t.entries,
+        };
+        assert!(matches!(
+            w.publish(&object(b"a", 1)),
+            Err(ShmError::DirectoryFull { capacity: 0 })
+        ));
+    }
 }

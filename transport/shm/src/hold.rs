@@ -80,29 +80,50 @@ impl<'a> Holds<'a> {
                 Lookup::Missing => return Ok(Get::Missing),
                 Lookup::Busy => return Ok(Get::Busy),
             };
-            let Some(&slot) = self.free.last() else {
-                return Err(ShmError::HoldTableFull {
-                    slots: self.slots.len(),
-                });
-            };
-            let s = &self.slots[slot as usize];
-            s.object_id.store(snapshot.object_id, Relaxed);
-            s.stamp.store(stamp, Relaxed);
-            s.generation.store(snapshot.generation, Relaxed);
-            // Orders the hold's store before the re-validation's load against the store's
-            // unpublish-then-scan (module docs).
-            fence(SeqCst);
-            if dir.still_valid(&snapshot) {
-                self.free.pop();
-                return Ok(Get::Held(Hold {
-                    slot: slot as usize,
-                    snapshot,
-                }));
+            if let Some(hold) = self.hold(dir, snapshot, stamp)? {
+                return Ok(Get::Held(hold));
             }
-            // Never used the object: no ordering needed for the clear.
-            s.generation.store(0, Relaxed);
         }
         Ok(Get::Busy)
+    }
+
+    /// The second half of a get: publish a hold on `snapshot`'s generation, then re-validate
+    /// the entry. `None` (and the slot cleared again) when the entry changed since the
+    /// snapshot was read: the object may already be on its way to being freed, so it must not
+    /// be touched; look it up again.
+    pub fn hold(
+        &mut self,
+        dir: &Directory<'_>,
+        snapshot: Snapshot,
+        stamp: u64,
+    ) -> Result<Option<Hold>> {
+        // Generation 0 means "free slot": a hold on it would be invisible to the store. Only
+        // a corrupt directory publishes it; refuse rather than read unpinned memory.
+        if snapshot.generation == 0 {
+            return Ok(None);
+        }
+        let Some(&slot) = self.free.last() else {
+            return Err(ShmError::HoldTableFull {
+                slots: self.slots.len(),
+            });
+        };
+        let s = &self.slots[slot as usize];
+        s.object_id.store(snapshot.object_id, Relaxed);
+        s.stamp.store(stamp, Relaxed);
+        s.generation.store(snapshot.generation, Relaxed);
+        // Orders the hold's store before the re-validation's load against the store's
+        // unpublish-then-scan (module docs).
+        fence(SeqCst);
+        if dir.still_valid(&snapshot) {
+            self.free.pop();
+            return Ok(Some(Hold {
+                slot: slot as usize,
+                snapshot,
+            }));
+        }
+        // Never used the object: no ordering needed for the clear.
+        s.generation.store(0, Relaxed);
+        Ok(None)
     }
 
     /// Release = clear the slot; no syscall. `Release`: every read of the object so far
@@ -233,5 +254,329 @@ impl<T> Retired<T> {
             }
         }
         freed
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::directory::{DirectoryWriter, Publish};
+    use crate::layout::{DirHeader, Entry};
+
+    struct Store {
+        header: DirHeader,
+        entries: Vec<Entry>,
+    }
+
+    fn store(capacity: usize) -> Store {
+        let header = DirHeader::new();
+        header.next_generation.store(1, Relaxed);
+        Store {
+            header,
+            entries: (0..capacity).map(|_| Entry::new()).collect(),
+        }
+    }
+
+    impl Store {
+        fn writer(&self) -> DirectoryWriter<'_> {
+            DirectoryWriter::new(&self.header, &self.entries)
+        }
+        fn dir(&self) -> Directory<'_> {
+            Directory::new(&self.entries)
+        }
+    }
+
+    fn table(slots: usize) -> Vec<HoldSlot> {
+        (0..slots).map(|_| HoldSlot::new()).collect()
+    }
+
+    fn publish(w: &mut DirectoryWriter<'_>, name: &[u8], object_id: u64) -> (usize, u64) {
+        w.publish(&Publish {
+            name,
+            object_id,
+            segment: 0,
+            offset: object_id * 64,
+            size: 64,
+            meta_offset: 0,
+            meta_len: 0,
+            flags: 0,
+        })
+        .unwrap()
+    }
+
+    fn held(g: Get) -> Hold {
+        match g {
+            Get::Held(h) => h,
+            other => panic!("not held: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hold_is_held_release() {
+        let st = store(8);
+        let (_, gen) = publish(&mut st.writer(), b"a", 1);
+        let slots = table(4);
+        let mut holds = Holds::new(&slots);
+        let view = [HoldsView::new(&slots)];
+        assert!(!is_held(&view, gen));
+        let h = held(holds.get(&st.dir(), b"a", 5).unwrap());
+        assert_eq!((h.snapshot.generation, h.snapshot.object_id), (gen, 1));
+        assert_eq!(holds.in_use(), 1);
+        assert!(is_held(&view, gen));
+        assert!(!is_held(&view, gen + 1));
+        assert!(!is_held(&view, 0), "generation 0 is never held");
+        assert_eq!(
+            view[0].scan().collect::<Vec<_>>(),
+            [HeldSlot {
+                slot: h.slot,
+                generation: gen,
+                object_id: 1,
+                stamp: 5
+            }]
+        );
+        // A second get of the same object is a second hold.
+        let h2 = held(holds.get(&st.dir(), b"a", 6).unwrap());
+        assert_ne!(h2.slot, h.slot);
+        holds.release(h).unwrap();
+        assert!(is_held(&view, gen), "the second hold still pins it");
+        holds.release(h2).unwrap();
+        assert!(!is_held(&view, gen));
+        assert_eq!(holds.in_use(), 0);
+        assert_eq!(view[0].scan().count(), 0);
+        // Released slots keep their last access stamps for the LRU fold.
+        let mut stamps: Vec<_> = view[0].stamps().collect();
+        stamps.sort();
+        assert_eq!(stamps, [(1, 5), (1, 6)]);
+    }
+
+    #[test]
+    fn get_of_a_missing_or_busy_name() {
+        let st = store(4);
+        let slots = table(2);
+        let mut holds = Holds::new(&slots);
+        assert_eq!(holds.get(&st.dir(), b"nope", 1).unwrap(), Get::Missing);
+        let (i, _) = publish(&mut st.writer(), b"b", 1);
+        let seq = st.entries[i].seq.load(Relaxed);
+        st.entries[i].seq.store(seq + 1, Relaxed);
+        assert_eq!(holds.get(&st.dir(), b"b", 1).unwrap(), Get::Busy);
+        assert_eq!(holds.in_use(), 0, "no slot left behind");
+        assert!(slots.iter().all(|s| s.generation.load(Relaxed) == 0));
+    }
+
+    #[test]
+    fn retired_object_is_freed_only_when_no_table_holds_it() {
+        let st = store(8);
+        let mut w = st.writer();
+        let (ia, ga) = publish(&mut w, b"a", 1);
+        let (ib, gb) = publish(&mut w, b"b", 2);
+        let (t1, t2) = (table(2), table(2));
+        let (mut c1, mut c2) = (Holds::new(&t1), Holds::new(&t2));
+        let ha1 = held(c1.get(&st.dir(), b"a", 1).unwrap());
+        let ha2 = held(c2.get(&st.dir(), b"a", 1).unwrap());
+        let views = [HoldsView::new(&t1), HoldsView::new(&t2)];
+        // Delete both: "b" is not held, so it goes at once; "a" waits.
+        let mut retired = Retired::new();
+        w.unpublish(ia, ga).unwrap();
+        w.unpublish(ib, gb).unwrap();
+        retired.retire(ga, "block a");
+        retired.retire(gb, "block b");
+        assert_eq!(retired.collect(&views), ["block b"]);
+        assert_eq!(retired.len(), 1);
+        // Gone from the directory: no new holds on it.
+        assert_eq!(c1.get(&st.dir(), b"a", 2).unwrap(), Get::Missing);
+        c1.release(ha1).unwrap();
+        assert!(
+            retired.collect(&views).is_empty(),
+            "client 2 still holds it"
+        );
+        c2.release(ha2).unwrap();
+        assert_eq!(retired.collect(&views), ["block a"]);
+        assert!(retired.is_empty());
+    }
+
+    #[test]
+    fn dead_clients_table_is_dropped() {
+        let st = store(8);
+        let mut w = st.writer();
+        let (i, g) = publish(&mut w, b"a", 1);
+        let (alive, dead) = (table(2), table(2));
+        let mut dying = Holds::new(&dead);
+        let h = held(dying.get(&st.dir(), b"a", 1).unwrap());
+        std::mem::forget(h); // the client dies holding it: never released
+        drop(dying);
+        w.unpublish(i, g).unwrap();
+        let mut retired = Retired::new();
+        retired.retire(g, ());
+        assert!(retired
+            .collect(&[HoldsView::new(&alive), HoldsView::new(&dead)])
+            .is_empty());
+        // The store notices the death and stops passing the dead table.
+        assert_eq!(retired.collect(&[HoldsView::new(&alive)]).len(), 1);
+    }
+
+    #[test]
+    fn revalidation_rejects_an_entry_reused_after_the_lookup() {
+        // The reader looks "a" up; before it publishes its hold the store deletes "a", finds
+        // it unheld, frees the memory and reuses the same entry for a new "a" (a new
+        // generation). The reader's hold must fail validation.
+        let st = store(1); // one entry: the republish reuses it for sure
+        let mut w = st.writer();
+        let (i, g1) = publish(&mut w, b"a", 1);
+        let slots = table(2);
+        let mut holds = Holds::new(&slots);
+        let Lookup::Found(stale) = st.dir().lookup(b"a") else {
+            panic!("not found")
+        };
+        w.unpublish(i, g1).unwrap();
+        assert!(!is_held(&[HoldsView::new(&slots)], g1));
+        let (i2, g2) = publish(&mut w, b"a", 2);
+        assert_eq!(i2, i);
+        assert_ne!(g2, g1);
+        assert_eq!(holds.hold(&st.dir(), stale, 1).unwrap(), None);
+        assert_eq!(holds.in_use(), 0);
+        assert!(
+            !is_held(&[HoldsView::new(&slots)], g1),
+            "rejected hold cleared"
+        );
+        // A fresh get goes through and names the new generation only.
+        let h = held(holds.get(&st.dir(), b"a", 1).unwrap());
+        assert_eq!((h.snapshot.generation, h.snapshot.object_id), (g2, 2));
+        let view = [HoldsView::new(&slots)];
+        assert!(is_held(&view, g2) && !is_held(&view, g1));
+        holds.release(h).unwrap();
+    }
+
+    #[test]
+    fn stale_hold_does_not_pin_the_next_generation() {
+        // A slot naming an old generation (say a hold the store already gave up on) pins
+        // nothing that came after it.
+        let st = store(2);
+        let mut w = st.writer();
+        let (i, g1) = publish(&mut w, b"a", 1);
+        let slots = table(1);
+        let mut holds = Holds::new(&slots);
+        let h = held(holds.get(&st.dir(), b"a", 1).unwrap());
+        w.unpublish(i, g1).unwrap();
+        let (_, g2) = publish(&mut w, b"a", 2);
+        let view = [HoldsView::new(&slots)];
+        assert!(is_held(&view, g1));
+        assert!(!is_held(&view, g2));
+        holds.release(h).unwrap();
+    }
+
+    #[test]
+    fn full_hold_table_and_bad_releases() {
+        let st = store(4);
+        publish(&mut st.writer(), b"a", 1);
+        let slots = table(2);
+        let mut holds = Holds::new(&slots);
+        let h1 = held(holds.get(&st.dir(), b"a", 1).unwrap());
+        let h2 = held(holds.get(&st.dir(), b"a", 1).unwrap());
+        assert!(matches!(
+            holds.get(&st.dir(), b"a", 1),
+            Err(ShmError::HoldTableFull { slots: 2 })
+        ));
+        assert_eq!(holds.in_use(), 2);
+        let snapshot = h1.snapshot;
+        let fake = |slot| Hold { slot, snapshot };
+        assert!(matches!(
+            holds.release(fake(7)),
+            Err(ShmError::NotHeld { slot: 7, .. })
+        ));
+        let slot1 = h1.slot;
+        holds.release(h1).unwrap();
+        // Releasing the same slot twice is refused (the slot is free now).
+        assert!(matches!(
+            holds.release(fake(slot1)),
+            Err(ShmError::NotHeld { .. })
+        ));
+        assert_eq!(holds.in_use(), 1);
+        let h3 = held(holds.get(&st.dir(), b"a", 1).unwrap());
+        holds.release(h2).unwrap();
+        holds.release(h3).unwrap();
+        assert_eq!(holds.in_use(), 0);
+    }
+
+    #[test]
+    fn reopened_table_keeps_earlier_holds() {
+        let st = store(4);
+        let (_, g) = publish(&mut st.writer(), b"a", 1);
+        let slots = table(3);
+        let h = held(Holds::new(&slots).get(&st.dir(), b"a", 1).unwrap());
+        let mut again = Holds::new(&slots);
+        assert_eq!(again.in_use(), 1);
+        let h2 = held(again.get(&st.dir(), b"a", 1).unwrap());
+        assert_ne!(h2.slot, h.slot, "a live slot is not handed out again");
+        again.release(h).unwrap();
+        again.release(h2).unwrap();
+        assert!(!is_held(&[HoldsView::new(&slots)], g));
+    }
+
+    #[test]
+    fn concurrent_gets_never_use_freed_memory() {
+        // Threads standing in for processes: a reader gets/releases "obj" while the store
+        // deletes and republishes it into a recycled block. Each block carries the generation
+        // that owns it; the store poisons a block when it frees it. A reader holding a
+        // validated hold must always see its own generation in the block.
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        let st = store(4);
+        let blocks: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
+        let slots = table(4);
+        let done = AtomicBool::new(false);
+        const POISON: u64 = u64::MAX;
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut w = st.writer();
+                let mut retired: Retired<usize> = Retired::new();
+                let mut free: Vec<usize> = vec![1];
+                let view = [HoldsView::new(&slots)];
+                // Block 0 for generation 1.
+                blocks[0].store(1, Relaxed);
+                let mut cur = publish(&mut w, b"obj", 0);
+                let mut cur_block = 0;
+                for _ in 0..20_000 {
+                    w.unpublish(cur.0, cur.1).unwrap();
+                    if is_held(&view, cur.1) {
+                        retired.retire(cur.1, cur_block);
+                    } else {
+                        free.push(cur_block);
+                    }
+                    free.extend(retired.collect(&view));
+                    let b = loop {
+                        if let Some(b) = free.pop() {
+                            break b;
+                        }
+                        // Every block pinned: wait for the reader's release.
+                        std::thread::yield_now();
+                        free.extend(retired.collect(&view));
+                    };
+                    // Free (poison), then reuse for the next generation.
+                    blocks[b].store(POISON, Relaxed);
+                    let g = st.header.next_generation.load(Relaxed);
+                    blocks[b].store(g, Release);
+                    cur_block = b;
+                    cur = publish(&mut w, b"obj", b as u64);
+                    assert_eq!(cur.1, g);
+                }
+                done.store(true, Relaxed);
+            });
+            sc.spawn(|| {
+                let dir = st.dir();
+                let mut holds = Holds::new(&slots);
+                let mut got = 0u64;
+                while !done.load(Relaxed) {
+                    if let Get::Held(h) = holds.get(&dir, b"obj", 1).unwrap() {
+                        let b = h.snapshot.object_id as usize;
+                        for _ in 0..4 {
+                            let tag = blocks[b].load(Acquire);
+                            assert_eq!(tag, h.snapshot.generation, "freed or reused block");
+                        }
+                        got += 1;
+                        holds.release(h).unwrap();
+                    }
+                }
+                assert!(got > 0);
+            });
+        });
     }
 }

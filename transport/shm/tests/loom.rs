@@ -11,7 +11,9 @@ use loom::sync::Arc;
 use loom::thread;
 
 use vovp_shm::layout::{DirHeader, Entry, HoldSlot};
-use vovp_shm::{is_held, Directory, DirectoryWriter, Get, Holds, HoldsView, Lookup, Publish, Retired};
+use vovp_shm::{
+    is_held, Directory, DirectoryWriter, Get, Holds, HoldsView, Lookup, Publish, Retired,
+};
 
 /// Two objects' memory. Value = the generation that owns it (a generation tag).
 struct Memory([UnsafeCell<u64>; 2]);
@@ -68,7 +70,14 @@ fn seqlock_read_is_never_torn() {
                     assert!(v == 1 || v == 2, "object id {v}");
                     assert_eq!(snap.generation, v, "generation from another version");
                     assert_eq!(
-                        [snap.segment as u64, snap.offset, snap.size, snap.meta_offset, snap.meta_len, snap.flags],
+                        [
+                            snap.segment as u64,
+                            snap.offset,
+                            snap.size,
+                            snap.meta_offset,
+                            snap.meta_len,
+                            snap.flags
+                        ],
                         [v; 6],
                         "torn entry"
                     );
