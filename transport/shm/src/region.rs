@@ -31,8 +31,16 @@ fn check_capacity(n: usize) -> Result<()> {
     Ok(())
 }
 
-/// A sealed, owner-only memfd of `len` bytes, mapped read-write.
-fn create(name: &str, len: u64) -> Result<(File, MmapRaw)> {
+/// A sealed, owner-only memfd of `len` bytes, mapped read-write. With `store_only_writes`
+/// it is also sealed `F_SEAL_FUTURE_WRITE` after the store's own writable mapping exists:
+/// a read-only fd alone does not stop a same-user client from reopening
+/// `/proc/self/fd/N` read-write, but that seal makes every later writable mapping and
+/// `write(2)` fail, whoever asks.
+fn create(name: &str, len: u64, store_only_writes: bool) -> Result<(File, MmapRaw)> {
+    let seal_err = |e: memfd::Error| ShmError::Io {
+        op: "sealing the memfd",
+        source: std::io::Error::other(e),
+    };
     let memfd = memfd::MemfdOptions::default()
         .close_on_exec(true)
         .allow_sealing(true)
@@ -42,23 +50,20 @@ fn create(name: &str, len: u64) -> Result<(File, MmapRaw)> {
             source: std::io::Error::other(e),
         })?;
     memfd.as_file().set_len(len).map_err(io("ftruncate"))?;
-    memfd
-        .add_seals(&[
-            memfd::FileSeal::SealShrink,
-            memfd::FileSeal::SealGrow,
-            memfd::FileSeal::SealSeal,
-        ])
-        .map_err(|e| ShmError::Io {
-            op: "sealing the memfd",
-            source: std::io::Error::other(e),
-        })?;
+    // Mapped before the write seal: the seal forbids new writable mappings, not this one.
+    let map = MmapOptions::new()
+        .len(len as usize)
+        .map_raw(memfd.as_file())
+        .map_err(io("mmap"))?;
+    let mut seals = vec![memfd::FileSeal::SealShrink, memfd::FileSeal::SealGrow];
+    if store_only_writes {
+        seals.push(memfd::FileSeal::SealFutureWrite);
+    }
+    seals.push(memfd::FileSeal::SealSeal);
+    memfd.add_seals(&seals).map_err(seal_err)?;
     let file = memfd.into_file();
     rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(0o600))
         .map_err(|e| io("fchmod")(e.into()))?;
-    let map = MmapOptions::new()
-        .len(len as usize)
-        .map_raw(&file)
-        .map_err(io("mmap"))?;
     Ok((file, map))
 }
 
@@ -140,7 +145,7 @@ impl DirectoryRegion {
     pub fn create(capacity: usize) -> Result<Self> {
         check_capacity(capacity)?;
         let len = (HEADER_SIZE + capacity * ENTRY_SIZE) as u64;
-        let (file, map) = create("vovp-directory", len)?;
+        let (file, map) = create("vovp-directory", len, true)?;
         let read_only = File::from(
             rustix::fs::open(
                 format!("/proc/self/fd/{}", file.as_raw_fd()),
@@ -255,7 +260,7 @@ impl HoldRegion {
     pub fn create(slots: usize, client_id: u64) -> Result<Self> {
         check_capacity(slots)?;
         let len = (HEADER_SIZE + slots * SLOT_SIZE) as u64;
-        let (file, map) = create("vovp-holds", len)?;
+        let (file, map) = create("vovp-holds", len, false)?;
         let region = HoldRegion { file, map, slots };
         // SAFETY: the map is exactly this long.
         let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&region.map, slots) };
@@ -324,5 +329,206 @@ impl HoldMap {
         // SAFETY: `check_header` checked the length covers `slots` slots.
         let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
         Holds::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::{Lookup, Publish};
+    use crate::hold::{is_held, Get};
+    use std::io::Write;
+
+    fn publish(region: &mut DirectoryRegion, name: &[u8], v: u64) -> (usize, u64) {
+        region
+            .writer()
+            .publish(&Publish {
+                name,
+                object_id: v,
+                segment: 1,
+                offset: v * 8,
+                size: 8,
+                meta_offset: 0,
+                meta_len: 0,
+                flags: 0,
+            })
+            .unwrap()
+    }
+
+    /// A plain memfd holding `bytes`, for hand-made (bad) headers.
+    fn raw_memfd(bytes: &[u8], len: u64) -> File {
+        let mut f = memfd::MemfdOptions::default()
+            .create("vovp-test")
+            .unwrap()
+            .into_file();
+        f.set_len(len).unwrap();
+        f.write_all(bytes).unwrap();
+        f
+    }
+
+    fn header_bytes(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn directory_round_trip_through_the_read_only_fd() {
+        let mut region = DirectoryRegion::create(16).unwrap();
+        assert_eq!(region.capacity(), 16);
+        let (_, g) = publish(&mut region, b"alpha", 3);
+        let map = DirectoryMap::open(region.read_only_fd()).unwrap();
+        let Lookup::Found(s) = map.reader().lookup(b"alpha") else {
+            panic!("not found through the client mapping")
+        };
+        assert_eq!((s.generation, s.object_id, s.offset), (g, 3, 24));
+        assert_eq!(region.reader().lookup(b"alpha"), Lookup::Found(s));
+        // Later writes show through the client's mapping: same pages.
+        publish(&mut region, b"beta", 4);
+        assert!(matches!(map.reader().lookup(b"beta"), Lookup::Found(_)));
+    }
+
+    #[test]
+    fn directory_fd_cannot_be_mapped_or_reopened_writable() {
+        let region = DirectoryRegion::create(4).unwrap();
+        let ro = region.read_only_fd();
+        let mode = rustix::fs::fcntl_getfl(ro).unwrap() & rustix::fs::OFlags::RWMODE;
+        assert_eq!(mode, rustix::fs::OFlags::RDONLY);
+        assert!(
+            MmapOptions::new().len(64).map_raw(ro).is_err(),
+            "writable map of a read-only fd"
+        );
+        // Reopening through /proc may succeed, but the future-write seal refuses any new
+        // writable mapping and any write(2).
+        if let Ok(fd) = rustix::fs::open(
+            format!("/proc/self/fd/{}", ro.as_raw_fd()),
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            let mut rw = File::from(fd);
+            assert!(
+                MmapOptions::new().len(64).map_raw(&rw).is_err(),
+                "writable map after reopen"
+            );
+            assert!(rw.write_all(b"x").is_err(), "write(2) after reopen");
+        }
+        // Not even the store's own read-write fd can make a new writable mapping.
+        assert!(MmapOptions::new().len(64).map_raw(region.fd()).is_err());
+    }
+
+    #[test]
+    fn hold_table_round_trip() {
+        let mut dir = DirectoryRegion::create(8).unwrap();
+        let (_, g) = publish(&mut dir, b"a", 1);
+        let region = HoldRegion::create(4, 42).unwrap();
+        assert_eq!(region.slots(), 4);
+        let mut map = HoldMap::open(region.fd()).unwrap();
+        let client_dir = DirectoryMap::open(dir.read_only_fd()).unwrap();
+        let mut holds = map.holds();
+        let Get::Held(h) = holds.get(&client_dir.reader(), b"a", 1).unwrap() else {
+            panic!("no hold")
+        };
+        assert!(
+            is_held(&[region.view()], g),
+            "the store sees the client's hold"
+        );
+        holds.release(h).unwrap();
+        assert!(!is_held(&[region.view()], g));
+    }
+
+    #[test]
+    fn bad_capacities_are_refused() {
+        for n in [0, 3, MAX_CAPACITY * 2] {
+            assert!(matches!(
+                DirectoryRegion::create(n),
+                Err(ShmError::BadCapacity { requested, .. }) if requested == n
+            ));
+            assert!(matches!(
+                HoldRegion::create(n, 1),
+                Err(ShmError::BadCapacity { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn bad_headers_are_refused() {
+        // The wrong kind of region.
+        let holds = HoldRegion::create(4, 1).unwrap();
+        assert!(matches!(
+            DirectoryMap::open(holds.fd()),
+            Err(ShmError::BadMagic {
+                what: "directory",
+                ..
+            })
+        ));
+        let dir = DirectoryRegion::create(4).unwrap();
+        let f = File::from(
+            rustix::fs::open(
+                format!("/proc/self/fd/{}", dir.read_only_fd().as_raw_fd()),
+                rustix::fs::OFlags::RDONLY,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap(),
+        );
+        assert!(HoldMap::open(&f).is_err(), "a directory is no hold table");
+        // Shorter than a header.
+        assert!(matches!(
+            DirectoryMap::open(&raw_memfd(&[], 10)),
+            Err(ShmError::RegionTooSmall { len: 10, .. })
+        ));
+        let good = |cap: u64| {
+            [
+                DIR_MAGIC,
+                u64::from(LAYOUT_VERSION) | (ENTRY_SIZE as u64) << 32,
+                cap,
+                NAME_MAX as u64,
+                HEADER_SIZE as u64,
+            ]
+        };
+        let len = (HEADER_SIZE + 2 * ENTRY_SIZE) as u64;
+        assert!(DirectoryMap::open(&raw_memfd(&header_bytes(&good(2)), len)).is_ok());
+        // Claims more entries than the region holds.
+        assert!(matches!(
+            DirectoryMap::open(&raw_memfd(&header_bytes(&good(4)), len)),
+            Err(ShmError::RegionTooSmall { .. })
+        ));
+        // A capacity that is no power of two, or absurd.
+        for cap in [0, 3, u64::MAX] {
+            assert!(matches!(
+                DirectoryMap::open(&raw_memfd(&header_bytes(&good(cap)), len)),
+                Err(ShmError::BadCapacity { .. })
+            ));
+        }
+        let mut w = good(2);
+        w[1] = 2 | (ENTRY_SIZE as u64) << 32;
+        assert!(matches!(
+            DirectoryMap::open(&raw_memfd(&header_bytes(&w), len)),
+            Err(ShmError::VersionMismatch { found: 2, .. })
+        ));
+        let mut w = good(2);
+        w[1] = u64::from(LAYOUT_VERSION) | 128 << 32;
+        assert!(matches!(
+            DirectoryMap::open(&raw_memfd(&header_bytes(&w), len)),
+            Err(ShmError::LayoutMismatch {
+                what: "element size",
+                ..
+            })
+        ));
+        let mut w = good(2);
+        w[4] = 128;
+        assert!(matches!(
+            DirectoryMap::open(&raw_memfd(&header_bytes(&w), len)),
+            Err(ShmError::LayoutMismatch {
+                what: "first element offset",
+                ..
+            })
+        ));
+        let mut w = good(2);
+        w[3] = 100;
+        assert!(matches!(
+            DirectoryMap::open(&raw_memfd(&header_bytes(&w), len)),
+            Err(ShmError::LayoutMismatch {
+                what: "name_max",
+                ..
+            })
+        ));
     }
 }
