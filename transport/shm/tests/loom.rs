@@ -1,5 +1,7 @@
 //! loom model checks of the seqlocked directory read and the hold/validate/free protocol.
-//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p vovp-shm --release --test loom`.
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p vovp-shm --release --test loom`. Each model
+//! runs with at most [`PREEMPTIONS`] preemptions (bounded, so it finishes in under two minutes on two
+//! cores; `LOOM_MAX_PREEMPTIONS` overrides it).
 //!
 //! Object memory is a `loom::cell::UnsafeCell`: the store writing it (free/reuse) while a
 //! reader that holds it reads it is a data race loom reports as a failure. So "a reader never
@@ -14,6 +16,22 @@ use vovp_shm::layout::{DirHeader, Entry, HoldSlot};
 use vovp_shm::{
     is_held, Directory, DirectoryWriter, Get, Holds, HoldsView, Lookup, Publish, Retired,
 };
+
+/// Preemption bound per execution for the hold models, unless `LOOM_MAX_PREEMPTIONS` says
+/// otherwise (about 90 s each in release on two cores).
+const PREEMPTIONS: usize = 2;
+
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    model_bounded(PREEMPTIONS, f)
+}
+
+fn model_bounded<F: Fn() + Sync + Send + 'static>(bound: usize, f: F) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(bound);
+    }
+    b.check(f);
+}
 
 /// Two objects' memory. Value = the generation that owns it (a generation tag).
 struct Memory([UnsafeCell<u64>; 2]);
@@ -59,8 +77,12 @@ fn publish(w: &mut DirectoryWriter<'_>, name: &[u8], v: u64) -> (usize, u64) {
 /// version (or nothing), never words of two.
 #[test]
 fn seqlock_read_is_never_torn() {
-    loom::model(|| {
-        let s = shared(2, 1);
+    // One preemption already lets the writer run a whole rewrite in the middle of a read
+    // (the torn case the re-check must catch); the entry's many words make two take minutes.
+    model_bounded(1, || {
+        let s = shared(1, 1);
+        // Version 1 is published before the reader starts; the race is the rewrite.
+        let (i, g) = publish(&mut DirectoryWriter::new(&s.header, &s.entries), b"a", 1);
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
@@ -86,7 +108,6 @@ fn seqlock_read_is_never_torn() {
         });
         {
             let mut w = DirectoryWriter::new(&s.header, &s.entries);
-            let (i, g) = publish(&mut w, b"a", 1);
             w.unpublish(i, g).expect("unpublish");
             let (_, g2) = publish(&mut w, b"a", 2);
             assert_eq!(g2, 2);
@@ -95,13 +116,15 @@ fn seqlock_read_is_never_torn() {
     });
 }
 
-/// The store unpublishes and frees (writes the memory) unless the hold scan sees a hold; a
-/// reader gets, reads, releases. loom fails on any read racing the free; the reader also
-/// checks the generation tag in the memory.
+/// The required model: a reader doing lookup → hold → re-validate → read → release, racing
+/// the store doing remove → `is_held` → free and reuse (the memory rewritten for a new object
+/// published under the same name, in the same entry) or, when held, a deferred free after the
+/// reader is done. loom fails on any read of the memory racing the store's write; the reader
+/// also checks the generation tag the memory carries against the hold it accepted.
 #[test]
 fn hold_never_sees_freed_memory() {
-    loom::model(|| {
-        let s = shared(2, 1);
+    model(|| {
+        let s = shared(1, 1);
         let (index, generation) = {
             let mut w = DirectoryWriter::new(&s.header, &s.entries);
             s.memory.0[0].with_mut(|p| unsafe { *p = 1 });
@@ -114,25 +137,28 @@ fn hold_never_sees_freed_memory() {
             let mut holds = Holds::new(&r.slots);
             if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
                 let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
-                assert_eq!(tag, h.snapshot.generation, "reused memory");
+                assert_eq!(
+                    tag, h.snapshot.generation,
+                    "freed or reused memory accepted"
+                );
                 holds.release(h).expect("release");
             }
         });
         let mut retired = Retired::new();
-        {
-            let mut w = DirectoryWriter::new(&s.header, &s.entries);
-            w.unpublish(index, generation).expect("unpublish");
-            let views = [HoldsView::new(&s.slots)];
-            if is_held(&views, generation) {
-                retired.retire(generation, 0usize);
-            } else {
-                // Free and reuse at once.
-                s.memory.0[0].with_mut(|p| unsafe { *p = 0xdead });
-            }
+        let mut w = DirectoryWriter::new(&s.header, &s.entries);
+        w.unpublish(index, generation).expect("unpublish");
+        let views = [HoldsView::new(&s.slots)];
+        if is_held(&views, generation) {
+            retired.retire(generation, 0usize);
+        } else {
+            // Free and reuse at once: a new object (generation 2) in the same memory, under
+            // the same name, in the same (only) entry.
+            s.memory.0[0].with_mut(|p| unsafe { *p = 2 });
+            let (i2, g2) = publish(&mut w, b"a", 0);
+            assert_eq!((i2, g2), (index, 2));
         }
         reader.join().unwrap();
         // After the reader is done, a deferred free goes through.
-        let views = [HoldsView::new(&s.slots)];
         for cell in retired.collect(&views) {
             s.memory.0[cell].with_mut(|p| unsafe { *p = 0xdead });
         }
@@ -141,13 +167,12 @@ fn hold_never_sees_freed_memory() {
 }
 
 /// Deferred free concurrent with the release: the store retires, then polls `collect` until
-/// the reader's release lets it reuse the memory for a new object under the same name,
-/// while the reader gets twice. Checks release → collect ordering and generation tags across
-/// reuse.
+/// the reader's release lets it reuse the memory for a new object under the same name.
+/// Checks release → collect ordering (the reader's read happens before the reuse).
 #[test]
 fn deferred_free_waits_for_release_then_reuses() {
-    loom::model(|| {
-        let s = shared(2, 1);
+    model(|| {
+        let s = shared(1, 1);
         let (index, generation) = {
             let mut w = DirectoryWriter::new(&s.header, &s.entries);
             s.memory.0[0].with_mut(|p| unsafe { *p = 1 });
@@ -157,12 +182,10 @@ fn deferred_free_waits_for_release_then_reuses() {
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
             let mut holds = Holds::new(&r.slots);
-            for _ in 0..2 {
-                if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
-                    let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
-                    assert_eq!(tag, h.snapshot.generation, "freed or reused memory");
-                    holds.release(h).expect("release");
-                }
+            if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
+                let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
+                assert_eq!(tag, h.snapshot.generation, "freed or reused memory");
+                holds.release(h).expect("release");
             }
         });
         let mut w = DirectoryWriter::new(&s.header, &s.entries);
