@@ -405,8 +405,8 @@ mod tests {
         let (i, g) = publish(&mut w, b"a", 1);
         let (alive, dead) = (table(2), table(2));
         let mut dying = Holds::new(&dead);
-        let h = held(dying.get(&st.dir(), b"a", 1).unwrap());
-        std::mem::forget(h); // the client dies holding it: never released
+        // The client dies holding it: never released (a `Hold` has no destructor).
+        let _never_released = held(dying.get(&st.dir(), b"a", 1).unwrap());
         drop(dying);
         w.unpublish(i, g).unwrap();
         let mut retired = Retired::new();

@@ -119,11 +119,11 @@ fn check_header(
 }
 
 /// # Safety
-/// `map` is at least `HEADER_SIZE + n * size_of::<E>()` bytes and lives as long as `'a`.
+/// `map` is at least `HEADER_SIZE + n * size_of::<E>()` bytes and outlives the returned references.
 /// Every type here is `#[repr(C)]` over `AtomicU64`s, valid for any bit pattern, and atomics
 /// in memory shared with other processes are what they are for. On a read-only mapping only
 /// loads are made, which std permits for lock-free atomics ("atomic accesses to read-only memory").
-unsafe fn parts<'a, H, E>(map: &'a MmapRaw, n: usize) -> (&'a H, &'a [E]) {
+unsafe fn parts<H, E>(map: &MmapRaw, n: usize) -> (&H, &[E]) {
     let base = map.as_ptr();
     (
         &*(base as *const H),
