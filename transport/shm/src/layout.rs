@@ -1,7 +1,7 @@
 //! Byte layouts shared by the store and every client. Every word is a little-endian `u64`
 //! accessed atomically (no byte is ever read or written non-atomically, so a reader racing
 //! the writer reads stale or mixed words, never undefined behaviour; the seqlock throws mixed
-//! reads away). ARCHITECTURE.md, "Shared directory and hold tables", has the tables.
+//! reads away). ARCHITECTURE.md, "Shared directory and hold tables (vovp-shm, not yet wired)", has the tables.
 
 use crate::sync::AtomicU64;
 
@@ -229,4 +229,78 @@ pub(crate) fn name_word(name: &[u8], i: usize) -> u64 {
         w[..end - start].copy_from_slice(&name[start..end]);
     }
     u64::from_le_bytes(w)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// The offsets ARCHITECTURE.md and the crate docs promise.
+    #[test]
+    fn documented_offsets() {
+        assert_eq!(
+            [
+                offset_of!(DirHeader, magic),
+                offset_of!(DirHeader, version_entry_size),
+                offset_of!(DirHeader, capacity),
+                offset_of!(DirHeader, name_max),
+                offset_of!(DirHeader, entries_offset),
+                offset_of!(DirHeader, live),
+                offset_of!(DirHeader, next_generation),
+            ],
+            [0, 8, 16, 24, 32, 40, 48]
+        );
+        assert_eq!(
+            [
+                offset_of!(Entry, seq),
+                offset_of!(Entry, state),
+                offset_of!(Entry, hash),
+                offset_of!(Entry, object_id),
+                offset_of!(Entry, generation),
+                offset_of!(Entry, segment_name_len),
+                offset_of!(Entry, offset),
+                offset_of!(Entry, size),
+                offset_of!(Entry, meta_offset),
+                offset_of!(Entry, meta_len),
+                offset_of!(Entry, flags),
+                offset_of!(Entry, stamp),
+                offset_of!(Entry, reserved),
+                offset_of!(Entry, name),
+            ],
+            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 128]
+        );
+        assert_eq!(
+            [
+                offset_of!(HoldHeader, magic),
+                offset_of!(HoldHeader, version_slot_size),
+                offset_of!(HoldHeader, slots),
+                offset_of!(HoldHeader, slots_offset),
+                offset_of!(HoldHeader, client_id),
+                offset_of!(HoldHeader, reserved),
+            ],
+            [0, 8, 16, 24, 32, 40]
+        );
+        assert_eq!(
+            [
+                offset_of!(HoldSlot, generation),
+                offset_of!(HoldSlot, object_id),
+                offset_of!(HoldSlot, stamp),
+            ],
+            [0, 8, 16]
+        );
+    }
+
+    #[test]
+    fn name_hash_and_words_are_fixed() {
+        // FNV-1a test vectors: part of the shared layout, must never change silently.
+        assert_eq!(name_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(name_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(
+            name_word(b"abcdefghij", 1),
+            u64::from_le_bytes(*b"ij\0\0\0\0\0\0")
+        );
+        assert_eq!(name_word(b"abc", 3), 0);
+        assert_eq!(DIR_MAGIC.to_le_bytes(), *b"VOVPDIR1");
+    }
 }

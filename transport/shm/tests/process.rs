@@ -79,7 +79,8 @@ fn child() {
             assert_eq!((s.object_id, s.offset, s.size), (77, 4096, 64));
             let mut holds_map = HoldMap::open(&fd(HOLD_FD)).expect("mapping the hold table");
             let mut holds = holds_map.holds();
-            let Get::Held(_never_released) = holds.get(&dir.reader(), b"shared", 1).expect("get") else {
+            let Get::Held(_never_released) = holds.get(&dir.reader(), b"shared", 1).expect("get")
+            else {
                 panic!("no hold")
             };
             // Dies holding it (exit runs no destructors, and a `Hold` has none): the parent
