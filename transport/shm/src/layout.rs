@@ -1,0 +1,306 @@
+//! Byte layouts shared by the store and every client. Every word is a little-endian `u64`
+//! accessed atomically (no byte is ever read or written non-atomically, so a reader racing
+//! the writer reads stale or mixed words, never undefined behaviour; the seqlock throws mixed
+//! reads away). ARCHITECTURE.md, "Shared directory and hold tables (vovp-shm, not yet wired)", has the tables.
+
+use crate::sync::AtomicU64;
+
+/// `"VOVPDIR1"` as a little-endian word.
+pub const DIR_MAGIC: u64 = u64::from_le_bytes(*b"VOVPDIR1");
+/// `"VOVPHLD1"` as a little-endian word.
+pub const HOLD_MAGIC: u64 = u64::from_le_bytes(*b"VOVPHLD1");
+/// Bumped on any change of these layouts or of [`name_hash`].
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Longest name an entry holds inline: the store's own limit (`vovp::MAX_NAME_LEN`), so every
+/// object can be published.
+pub const NAME_MAX: usize = 256;
+pub(crate) const NAME_WORDS: usize = NAME_MAX / 8;
+
+/// Bytes of a directory or hold-table header; the entries or slots follow it.
+pub const HEADER_SIZE: usize = 64;
+/// Bytes of one directory entry (six cache lines).
+pub const ENTRY_SIZE: usize = 384;
+/// Bytes of one hold slot.
+pub const SLOT_SIZE: usize = 32;
+/// Largest directory (entries) and hold table (slots) this build accepts.
+pub const MAX_CAPACITY: usize = 1 << 24;
+
+/// Entry states (the `state` word).
+pub const STATE_EMPTY: u64 = 0;
+pub const STATE_LIVE: u64 = 1;
+pub const STATE_TOMBSTONE: u64 = 2;
+
+fn zero_words<const N: usize>() -> [AtomicU64; N] {
+    std::array::from_fn(|_| AtomicU64::new(0))
+}
+
+/// The directory's header. Written by the store before the fd is handed out, except `live`
+/// and `next_generation` (store-only bookkeeping; readers ignore them).
+#[repr(C)]
+pub struct DirHeader {
+    pub magic: AtomicU64,
+    /// `LAYOUT_VERSION | ENTRY_SIZE << 32`.
+    pub version_entry_size: AtomicU64,
+    /// Number of entries, a power of two.
+    pub capacity: AtomicU64,
+    pub name_max: AtomicU64,
+    /// Offset of entry 0 from the start of the region.
+    pub entries_offset: AtomicU64,
+    /// Live entries.
+    pub live: AtomicU64,
+    /// The next generation the store hands out; generations are unique for the directory's life.
+    pub next_generation: AtomicU64,
+    pub reserved: AtomicU64,
+}
+
+impl DirHeader {
+    pub fn new() -> Self {
+        let [magic, version_entry_size, capacity, name_max, entries_offset, live, next_generation, reserved] =
+            zero_words::<8>();
+        DirHeader {
+            magic,
+            version_entry_size,
+            capacity,
+            name_max,
+            entries_offset,
+            live,
+            next_generation,
+            reserved,
+        }
+    }
+}
+
+impl Default for DirHeader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One directory entry. Every word but `stamp` is covered by `seq` (the seqlock): even =
+/// stable, odd = the store is writing it.
+#[repr(C)]
+pub struct Entry {
+    pub seq: AtomicU64,
+    pub state: AtomicU64,
+    /// [`name_hash`] of the name.
+    pub hash: AtomicU64,
+    /// The store's object id (informational: holds key on `generation`).
+    pub object_id: AtomicU64,
+    /// Unique per publication for the directory's life, never 0: what a hold names.
+    pub generation: AtomicU64,
+    /// `segment (u32) | name_len << 32`.
+    pub segment_name_len: AtomicU64,
+    /// Data: `offset .. offset + size` in `segment`.
+    pub offset: AtomicU64,
+    pub size: AtomicU64,
+    /// Metadata bytes: `meta_offset .. meta_offset + meta_len` in the same segment.
+    pub meta_offset: AtomicU64,
+    pub meta_len: AtomicU64,
+    /// Store-defined flags (e.g. ephemeral); carried, not interpreted here.
+    pub flags: AtomicU64,
+    /// The store's LRU stamp as last folded in. Outside the seqlock: the store updates it
+    /// without making readers retry; it is advisory.
+    pub stamp: AtomicU64,
+    pub reserved: [AtomicU64; 4],
+    /// The name's bytes, zero-padded, packed little-endian into words.
+    pub name: [AtomicU64; NAME_WORDS],
+}
+
+impl Entry {
+    pub fn new() -> Self {
+        let [seq, state, hash, object_id, generation, segment_name_len, offset, size, meta_offset, meta_len, flags, stamp] =
+            zero_words::<12>();
+        Entry {
+            seq,
+            state,
+            hash,
+            object_id,
+            generation,
+            segment_name_len,
+            offset,
+            size,
+            meta_offset,
+            meta_len,
+            flags,
+            stamp,
+            reserved: zero_words(),
+            name: zero_words(),
+        }
+    }
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A hold table's header, written by the store when it creates the table.
+#[repr(C)]
+pub struct HoldHeader {
+    pub magic: AtomicU64,
+    /// `LAYOUT_VERSION | SLOT_SIZE << 32`.
+    pub version_slot_size: AtomicU64,
+    pub slots: AtomicU64,
+    pub slots_offset: AtomicU64,
+    /// The store's id for the client (informational).
+    pub client_id: AtomicU64,
+    pub reserved: [AtomicU64; 3],
+}
+
+impl HoldHeader {
+    pub fn new() -> Self {
+        let [magic, version_slot_size, slots, slots_offset, client_id] = zero_words::<5>();
+        HoldHeader {
+            magic,
+            version_slot_size,
+            slots,
+            slots_offset,
+            client_id,
+            reserved: zero_words(),
+        }
+    }
+}
+
+impl Default for HoldHeader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One hold: written only by its client, read by the store.
+#[repr(C)]
+pub struct HoldSlot {
+    /// The generation held; 0 = free. The only word the free/evict decision reads.
+    pub generation: AtomicU64,
+    /// Informational (STATS, `list`): the object id of the held entry.
+    pub object_id: AtomicU64,
+    /// The client's access time (monotonic ns) for the store's LRU fold. Kept after release.
+    pub stamp: AtomicU64,
+    pub reserved: AtomicU64,
+}
+
+impl HoldSlot {
+    pub fn new() -> Self {
+        let [generation, object_id, stamp, reserved] = zero_words::<4>();
+        HoldSlot {
+            generation,
+            object_id,
+            stamp,
+            reserved,
+        }
+    }
+}
+
+impl Default for HoldSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(not(loom))]
+const _: () = {
+    assert!(std::mem::size_of::<DirHeader>() == HEADER_SIZE);
+    assert!(std::mem::size_of::<HoldHeader>() == HEADER_SIZE);
+    assert!(std::mem::size_of::<Entry>() == ENTRY_SIZE);
+    assert!(std::mem::size_of::<HoldSlot>() == SLOT_SIZE);
+};
+
+/// FNV-1a, 64-bit. Written out here rather than taken from std because it is part of the
+/// shared layout: the store and every client (daemon, Rust client, Python native core, built
+/// at different times) must agree on it bit for bit, which std's `DefaultHasher` does not
+/// promise. Changing it means bumping [`LAYOUT_VERSION`].
+pub fn name_hash(name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Word `i` of the zero-padded name.
+pub(crate) fn name_word(name: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    let start = i * 8;
+    if start < name.len() {
+        let end = (start + 8).min(name.len());
+        w[..end - start].copy_from_slice(&name[start..end]);
+    }
+    u64::from_le_bytes(w)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// The offsets ARCHITECTURE.md and the crate docs promise.
+    #[test]
+    fn documented_offsets() {
+        assert_eq!(
+            [
+                offset_of!(DirHeader, magic),
+                offset_of!(DirHeader, version_entry_size),
+                offset_of!(DirHeader, capacity),
+                offset_of!(DirHeader, name_max),
+                offset_of!(DirHeader, entries_offset),
+                offset_of!(DirHeader, live),
+                offset_of!(DirHeader, next_generation),
+            ],
+            [0, 8, 16, 24, 32, 40, 48]
+        );
+        assert_eq!(
+            [
+                offset_of!(Entry, seq),
+                offset_of!(Entry, state),
+                offset_of!(Entry, hash),
+                offset_of!(Entry, object_id),
+                offset_of!(Entry, generation),
+                offset_of!(Entry, segment_name_len),
+                offset_of!(Entry, offset),
+                offset_of!(Entry, size),
+                offset_of!(Entry, meta_offset),
+                offset_of!(Entry, meta_len),
+                offset_of!(Entry, flags),
+                offset_of!(Entry, stamp),
+                offset_of!(Entry, reserved),
+                offset_of!(Entry, name),
+            ],
+            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 128]
+        );
+        assert_eq!(
+            [
+                offset_of!(HoldHeader, magic),
+                offset_of!(HoldHeader, version_slot_size),
+                offset_of!(HoldHeader, slots),
+                offset_of!(HoldHeader, slots_offset),
+                offset_of!(HoldHeader, client_id),
+                offset_of!(HoldHeader, reserved),
+            ],
+            [0, 8, 16, 24, 32, 40]
+        );
+        assert_eq!(
+            [
+                offset_of!(HoldSlot, generation),
+                offset_of!(HoldSlot, object_id),
+                offset_of!(HoldSlot, stamp),
+            ],
+            [0, 8, 16]
+        );
+    }
+
+    #[test]
+    fn name_hash_and_words_are_fixed() {
+        // FNV-1a test vectors: part of the shared layout, must never change silently.
+        assert_eq!(name_hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(name_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(
+            name_word(b"abcdefghij", 1),
+            u64::from_le_bytes(*b"ij\0\0\0\0\0\0")
+        );
+        assert_eq!(name_word(b"abc", 3), 0);
+        assert_eq!(DIR_MAGIC.to_le_bytes(), *b"VOVPDIR1");
+    }
+}

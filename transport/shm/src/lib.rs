@@ -1,0 +1,68 @@
+//! vovp's shared object directory and per-client hold tables (issue 13), in memfd-backed
+//! shared memory, with no sockets and no actors so that the daemon, the Rust client and the
+//! Python native core can all use it. **Not yet wired into the daemon, the embedded engine or
+//! the clients: nothing depends on this crate yet.**
+//!
+//! * [`directory`]: name → object location, written only by the store under per-entry
+//!   seqlocks, read by clients through a read-only mapping.
+//! * [`hold`]: each client's hold table (hazard pointers keyed on generations), the store's
+//!   [`hold::is_held`] check and [`hold::Retired`] list for frees deferred while held.
+//! * `region` (not under loom): creating and mapping the memfds, with header checks. The
+//!   directory's memfd is sealed `F_SEAL_FUTURE_WRITE` once the store has mapped it, so the
+//!   read-only fd clients get cannot be turned into a writable mapping, not even by reopening
+//!   `/proc/self/fd/N`.
+//!
+//! # Byte layouts
+//!
+//! Every field is a little-endian `u64` accessed only atomically ([`layout`]).
+//!
+//! * Directory header, 64 B: `magic` "VOVPDIR1" @0, `LAYOUT_VERSION | ENTRY_SIZE << 32` @8,
+//!   `capacity` (power of two) @16, `name_max` (256) @24, `entries_offset` (64) @32, `live`
+//!   @40 and `next_generation` @48 (store bookkeeping), reserved @56.
+//! * Entry `i`, 384 B at `64 + 384 i`: `seq` @0, `state` (0 empty, 1 live, 2 tombstone) @8,
+//!   `hash` (FNV-1a) @16, `object_id` @24, `generation` @32, `segment | name_len << 32` @40,
+//!   `offset` @48, `size` @56, `meta_offset` @64, `meta_len` @72, `flags` @80, `stamp` @88
+//!   (outside the seqlock), reserved @96..128, name bytes @128..384.
+//! * Hold table header, 64 B: `magic` "VOVPHLD1" @0, `LAYOUT_VERSION | SLOT_SIZE << 32` @8,
+//!   `slots` @16, `slots_offset` (64) @24, `client_id` @32, reserved @40..64.
+//! * Hold slot `i`, 32 B at `64 + 32 i`: `generation` (0 = free) @0, `object_id` @8, `stamp`
+//!   @16, reserved @24.
+//!
+//! # Why a reader never sees freed memory
+//!
+//! A get stores the snapshot's generation into a hold slot, runs `fence(SeqCst)`, and reloads
+//! the entry's `seq`; it uses the object only if `seq` is unchanged. The store, before freeing
+//! or reusing an object's memory, unpublishes it (a seqlocked write: `seq` moves on), runs
+//! `fence(SeqCst)`, and scans every live table for the generation. The two fences are totally
+//! ordered: if the store's is first, the reader's reload sees the new `seq` and the reader
+//! never touches the object; if the reader's is first, the store's scan sees the hold (or its
+//! `Release` clear, which makes the reader's reads happen before the free), so the store
+//! defers. Generations are never reused, so a stale hold pins nothing newer and a stale
+//! snapshot never validates. The loom models (`tests/loom.rs`) check this exhaustively within
+//! a preemption bound: `RUSTFLAGS="--cfg loom" cargo test -p vovp-shm --release --test loom`.
+//! ARCHITECTURE.md, "Shared directory and hold tables (vovp-shm, not yet wired)", has the
+//! full tables.
+
+pub mod directory;
+pub mod error;
+pub mod hold;
+pub mod layout;
+#[cfg(not(loom))]
+mod region;
+mod sync;
+
+pub use directory::{Directory, DirectoryWriter, Lookup, Publish, Snapshot};
+pub use error::{Result, ShmError};
+pub use hold::{is_held, Get, HeldSlot, Hold, Holds, HoldsView, Retired};
+#[cfg(not(loom))]
+pub use region::{DirectoryMap, DirectoryRegion, HoldMap, HoldRegion};
+
+/// A monotonic access stamp in nanoseconds (vDSO clock read, no syscall), never 0.
+#[cfg(not(loom))]
+pub fn now_stamp() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+        .max(1)
+}
