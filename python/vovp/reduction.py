@@ -92,7 +92,10 @@ _holds: dict = {}
 _holds_cv = threading.Condition()
 _seq = itertools.count(1)
 # Ack listener of this process: (socket, abstract address) once started.
-_ack = {"sock": None, "addr": None, "pid": None, "exit_hook": None}
+_ack = {"sock": None, "addr": None, "pid": None, "exit_hook": None,
+        # Holds the ack thread is dropping right now, and the pid whose exit drain has run
+        # (from then on the ack thread drops nothing: see _drain_holds).
+        "dropping": 0, "closed": None}
 _ack_lock = threading.Lock()
 # Socket used by receivers to send acks.
 _ack_out = {"sock": None, "pid": None}
@@ -108,7 +111,7 @@ def _after_fork_in_child():
     _ack_lock = threading.Lock()
     _clients.clear()
     _holds.clear()
-    _ack.update(sock=None, addr=None, pid=None)
+    _ack.update(sock=None, addr=None, pid=None, dropping=0, closed=None)
     _ack_out.update(sock=None, pid=None)
 
 
@@ -343,12 +346,22 @@ def _ack_loop(sock):
         except OSError:
             return
         with _holds_cv:
+            if _ack["closed"] == os.getpid():
+                return  # past the exit drain: the main thread dropped what was left
             dropped = [_holds.pop(seq, None)
                        for (seq,) in _U64.iter_unpack(data[:len(data) // 8 * 8])]
-            _holds_cv.notify_all()
+            _ack["dropping"] += 1
         # Released here, outside the condition's lock (dropping them may run release
         # callbacks); and no local may keep the last one alive while this thread blocks.
-        dropped.clear()
+        # Counted until done: _drain_holds waits for it, because a torch tensor dropped by
+        # this (daemon) thread while the interpreter finalizes aborts the process (torch's
+        # deleter takes the GIL, the finalizing interpreter ends the thread inside C++).
+        try:
+            dropped.clear()
+        finally:
+            with _holds_cv:
+                _ack["dropping"] -= 1
+                _holds_cv.notify_all()
 
 
 def _send_ack(addr, seq):
@@ -386,6 +399,17 @@ def _drain_holds():
             if not others:
                 break
             _holds_cv.wait(0.1)
+        # From here on the ack thread drops nothing; a drop it has begun is waited for (it
+        # takes microseconds; bounded all the same). What is left is dropped below, by this
+        # thread, while the interpreter is still whole.
+        _ack["closed"] = os.getpid()
+        left = list(_holds.values())
+        _holds.clear()
+        _holds_cv.notify_all()
+        end = time.monotonic() + 1.0
+        while _ack["dropping"] and time.monotonic() < end:
+            _holds_cv.wait(0.05)
+    left.clear()
 
 
 def pending_sends() -> int:
