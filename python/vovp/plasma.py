@@ -911,7 +911,7 @@ class PlasmaClient:
         try:
             if self._relay is None:
                 with _translated():
-                    self._relay = _NotificationRelay(self._path, self._vovp)
+                    self._relay = _NotificationRelay(self._vovp)
         finally:
             self._lock.release()
 
@@ -1094,7 +1094,7 @@ class _NotificationRelay:
     draining the daemon, which drops subscribers that fall 4096 notifications behind.
     """
 
-    def __init__(self, path, vovp_client):
+    def __init__(self, vovp_client):
         self.user, self._feed = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._queue = collections.deque()
         self._cv = threading.Condition()
