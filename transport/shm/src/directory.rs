@@ -42,6 +42,25 @@ pub struct Snapshot {
     pub flags: u64,
 }
 
+impl Snapshot {
+    /// Entry `e`'s words as they are now, under sequence number `seq`. Inside a seqlock read
+    /// the caller re-checks `seq` afterwards; the store (the only writer) can read at will.
+    fn of(e: &Entry, index: usize, seq: u64) -> Snapshot {
+        Snapshot {
+            index,
+            seq,
+            object_id: e.object_id.load(Relaxed),
+            generation: e.generation.load(Relaxed),
+            segment: e.segment_name_len.load(Relaxed) as u32,
+            offset: e.offset.load(Relaxed),
+            size: e.size.load(Relaxed),
+            meta_offset: e.meta_offset.load(Relaxed),
+            meta_len: e.meta_len.load(Relaxed),
+            flags: e.flags.load(Relaxed),
+        }
+    }
+}
+
 /// What a lookup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
@@ -134,24 +153,12 @@ fn read_entry(e: &Entry, index: usize, hash: u64, name: &[u8]) -> Option<Probe> 
                 if e.hash.load(Relaxed) != hash {
                     Probe::Other
                 } else {
-                    let seg_len = e.segment_name_len.load(Relaxed);
-                    let len = (seg_len >> 32) as usize;
+                    let len = (e.segment_name_len.load(Relaxed) >> 32) as usize;
                     let same = len == name.len()
                         && (0..name.len().div_ceil(8))
                             .all(|i| e.name[i].load(Relaxed) == name_word(name, i));
                     if same {
-                        Probe::Match(Snapshot {
-                            index,
-                            seq: s1,
-                            object_id: e.object_id.load(Relaxed),
-                            generation: e.generation.load(Relaxed),
-                            segment: seg_len as u32,
-                            offset: e.offset.load(Relaxed),
-                            size: e.size.load(Relaxed),
-                            meta_offset: e.meta_offset.load(Relaxed),
-                            meta_len: e.meta_len.load(Relaxed),
-                            flags: e.flags.load(Relaxed),
-                        })
+                        Probe::Match(Snapshot::of(e, index, s1))
                     } else {
                         Probe::Other
                     }
@@ -309,19 +316,7 @@ impl<'a> DirectoryWriter<'a> {
         if e.state.load(Relaxed) != STATE_LIVE {
             return None;
         }
-        let seg_len = e.segment_name_len.load(Relaxed);
-        Some(Snapshot {
-            index,
-            seq: e.seq.load(Relaxed),
-            object_id: e.object_id.load(Relaxed),
-            generation: e.generation.load(Relaxed),
-            segment: seg_len as u32,
-            offset: e.offset.load(Relaxed),
-            size: e.size.load(Relaxed),
-            meta_offset: e.meta_offset.load(Relaxed),
-            meta_len: e.meta_len.load(Relaxed),
-            flags: e.flags.load(Relaxed),
-        })
+        Some(Snapshot::of(e, index, e.seq.load(Relaxed)))
     }
 }
 

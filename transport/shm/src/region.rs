@@ -203,6 +203,30 @@ impl DirectoryRegion {
     }
 }
 
+enum Access {
+    ReadOnly,
+    ReadWrite,
+}
+
+/// Maps all of a region fd handed over by the other side, after checking that it holds at
+/// least a header; returns the map and its length.
+fn map_whole(file: &File, access: Access) -> Result<(MmapRaw, u64)> {
+    let len = file_len(file)?;
+    if len < HEADER_SIZE as u64 {
+        return Err(ShmError::RegionTooSmall {
+            len,
+            needed: HEADER_SIZE as u64,
+        });
+    }
+    let mut options = MmapOptions::new();
+    options.len(len as usize);
+    let map = match access {
+        Access::ReadOnly => options.map_raw_read_only(file),
+        Access::ReadWrite => options.map_raw(file),
+    };
+    Ok((map.map_err(io("mmap"))?, len))
+}
+
 /// A client's read-only mapping of the directory.
 pub struct DirectoryMap {
     map: MmapRaw,
@@ -212,17 +236,7 @@ pub struct DirectoryMap {
 impl DirectoryMap {
     /// Maps the fd the store handed over, checking its header against this build's layout.
     pub fn open(file: &File) -> Result<Self> {
-        let len = file_len(file)?;
-        if len < HEADER_SIZE as u64 {
-            return Err(ShmError::RegionTooSmall {
-                len,
-                needed: HEADER_SIZE as u64,
-            });
-        }
-        let map = MmapOptions::new()
-            .len(len as usize)
-            .map_raw_read_only(file)
-            .map_err(io("mmap"))?;
+        let (map, len) = map_whole(file, Access::ReadOnly)?;
         // SAFETY: at least HEADER_SIZE bytes are mapped; no entries taken yet.
         let (h, _) = unsafe { parts::<DirHeader, Entry>(&map, 0) };
         let words = [
@@ -301,17 +315,7 @@ pub struct HoldMap {
 
 impl HoldMap {
     pub fn open(file: &File) -> Result<Self> {
-        let len = file_len(file)?;
-        if len < HEADER_SIZE as u64 {
-            return Err(ShmError::RegionTooSmall {
-                len,
-                needed: HEADER_SIZE as u64,
-            });
-        }
-        let map = MmapOptions::new()
-            .len(len as usize)
-            .map_raw(file)
-            .map_err(io("mmap"))?;
+        let (map, len) = map_whole(file, Access::ReadWrite)?;
         // SAFETY: at least HEADER_SIZE bytes are mapped.
         let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&map, 0) };
         let words = [
