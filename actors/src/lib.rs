@@ -9,6 +9,7 @@ pub mod copy;
 mod error;
 pub mod memory_room;
 pub mod segment;
+pub mod shared;
 pub mod table;
 pub mod table_actor;
 mod types;

@@ -8,7 +8,7 @@
 //! last holder releases. An unsealed object lives only while its creator holds it: the creator's
 //! release (or disconnect) aborts it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use vovp_gpu::DeviceBlock;
 
 use crate::allocator::HostBlock;
+use crate::shared::{Published, Shared, SharedFds};
 use crate::types::*;
 use crate::Error;
 
@@ -82,9 +83,17 @@ struct Entry {
     named: bool,
     creator: HolderId,
     refcount: u32,
-    /// Position in its pool's LRU while evictable (sealed, named, unreferenced).
+    /// Position in its pool's LRU while evictable (sealed, named, unreferenced, not parked).
     lru_tick: Option<u64>,
     last_access: SystemTime,
+    /// Where it is in the shared directory, while published.
+    published: Option<Published>,
+    /// The generation of its last publication (0: never published): what clients' hold
+    /// tables name it by, and so what must be unheld before its memory goes.
+    shm_generation: u64,
+    /// Out of the LRU and the directory because a hold table still named it when the table
+    /// was about to free or evict it; [`ObjectTable::collect_parked`] looks again.
+    parked: bool,
 }
 
 impl Entry {
@@ -153,11 +162,34 @@ pub struct ObjectTable {
     /// When set, changes are recorded in `events` for subscribers.
     pub record_events: bool,
     events: Vec<Notification>,
+    /// The shared directory and the clients' hold tables, when the store publishes.
+    shared: Option<Shared>,
+    /// Keys of parked entries.
+    parked: HashSet<usize>,
 }
 
 impl ObjectTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A table that publishes its sealed host objects in `shared` (clients then get them
+    /// without a message while their hold tables pin them).
+    pub fn with_shared(shared: Shared) -> Self {
+        ObjectTable {
+            shared: Some(shared),
+            ..Self::default()
+        }
+    }
+
+    /// Gives `holder` its hold table and the directory to map (`None`: not publishing).
+    pub fn attach_shared(&mut self, holder: HolderId) -> Option<Result<SharedFds, Error>> {
+        Some(self.shared.as_mut()?.attach(holder))
+    }
+
+    /// The directory's read-only fd, when publishing.
+    pub fn shared_directory(&self) -> Option<&std::fs::File> {
+        self.shared.as_ref().map(Shared::directory_fd)
     }
 
     fn key_of(&self, id: ObjectId) -> Option<usize> {
@@ -168,8 +200,10 @@ impl ObjectTable {
         }
     }
 
+    /// LRU positions are monotonic nanoseconds (kept unique), so the access stamps clients
+    /// leave in their hold tables fold into the same order.
     fn next_tick(&mut self) -> u64 {
-        self.tick += 1;
+        self.tick = (self.tick + 1).max(vovp_shm::now_stamp());
         self.tick
     }
 
@@ -226,6 +260,9 @@ impl ObjectTable {
             refcount: 1,
             lru_tick: None,
             last_access: SystemTime::now(),
+            published: None,
+            shm_generation: 0,
+            parked: false,
         });
         let r = e.object_ref();
         self.by_name.insert(name, key);
@@ -269,7 +306,123 @@ impl ObjectTable {
         e.sealed = true;
         e.last_access = SystemTime::now();
         self.record(NotificationKind::Sealed, key);
+        self.publish_key(key);
         Ok(self.wake_waiters(name, key))
+    }
+
+    /// Publishes a sealed, named, non-ephemeral host object in the shared directory. Its
+    /// metadata must already be in its block, after the data padded to [`ALIGNMENT`] (the
+    /// table actor writes it there at create). Unpublished objects are still served over the
+    /// socket, so a full directory costs speed only.
+    fn publish_key(&mut self, key: usize) {
+        let Some(shared) = self.shared.as_mut() else {
+            return;
+        };
+        let e = &mut self.objects[key];
+        let Block::Host(h) = e.block else {
+            return;
+        };
+        if !e.sealed || !e.named || e.ephemeral || e.parked || e.published.is_some() {
+            return;
+        }
+        let Some(meta_offset) = e
+            .size
+            .checked_next_multiple_of(ALIGNMENT)
+            .and_then(|d| h.offset.checked_add(d))
+        else {
+            return;
+        };
+        let published = shared.publish(&vovp_shm::Publish {
+            name: e.name.as_str().as_bytes(),
+            object_id: e.id.get(),
+            segment: h.segment,
+            offset: h.offset,
+            size: e.size,
+            meta_offset,
+            meta_len: e.metadata.len() as u64,
+            flags: 0,
+        });
+        if let Some(p) = published {
+            e.published = Some(p);
+            e.shm_generation = p.generation;
+        }
+    }
+
+    fn unpublish_key(&mut self, key: usize) {
+        if let (Some(shared), Some(p)) = (self.shared.as_mut(), self.objects[key].published.take())
+        {
+            shared.unpublish(p);
+        }
+    }
+
+    /// Whether a hold table names the entry's last publication (after it was unpublished).
+    fn shared_held(&self, key: usize) -> bool {
+        let g = self.objects[key].shm_generation;
+        g != 0 && self.shared.as_ref().is_some_and(|s| s.is_held(g))
+    }
+
+    /// Every generation held now (fence first: call after unpublishing).
+    fn held_generations(&self) -> HashSet<u64> {
+        self.shared.as_ref().map(Shared::held).unwrap_or_default()
+    }
+
+    /// Takes the entry out of the LRU and the directory until no hold table names it.
+    fn park(&mut self, key: usize) {
+        let e = &mut self.objects[key];
+        e.parked = true;
+        let pool = e.block.pool();
+        let reserved = e.block.reserved();
+        if let Some(t) = e.lru_tick.take() {
+            self.unlink_lru(pool, t, reserved);
+        }
+        self.parked.insert(key);
+    }
+
+    /// The entry's memory goes now, or, while a hold table still names it, once none does.
+    fn free_or_park(&mut self, key: usize) -> Option<Freed> {
+        self.unpublish_key(key);
+        if self.shared_held(key) {
+            self.park(key);
+            return None;
+        }
+        Some(self.remove(key))
+    }
+
+    /// Looks again at the parked entries: those no hold table names any more are freed
+    /// (deleted ones) or published again and back in the LRU (ones whose eviction a hold
+    /// prevented). Run when memory is short, when a client goes, and on the table actor's
+    /// timer while any entry is parked.
+    pub fn collect_parked(&mut self) -> Vec<Freed> {
+        if self.parked.is_empty() {
+            return Vec::new();
+        }
+        let held = self.held_generations();
+        let ready: Vec<usize> = self
+            .parked
+            .iter()
+            .copied()
+            .filter(|&k| !held.contains(&self.objects[k].shm_generation))
+            .collect();
+        let mut freed = Vec::new();
+        for key in ready {
+            self.parked.remove(&key);
+            let e = &mut self.objects[key];
+            e.parked = false;
+            if e.refcount > 0 {
+                self.publish_key(key);
+            } else if e.named && e.sealed && !e.ephemeral {
+                self.publish_key(key);
+                self.enter_lru(key);
+            } else {
+                freed.push(self.remove(key));
+            }
+        }
+        freed
+    }
+
+    /// Entries waiting for clients' holds to go.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
     }
 
     fn wake_waiters(&mut self, name: &ObjectName, key: usize) -> Vec<CompletedGet> {
@@ -459,18 +612,27 @@ impl ObjectTable {
             if e.named && e.sealed {
                 self.record(NotificationKind::Deleted, key);
             }
-            return Some(self.remove(key));
+            return self.free_or_park(key);
         }
-        let pool = e.block.pool();
-        let reserved = e.block.reserved();
-        let tick = self.next_tick();
-        self.objects[key].lru_tick = Some(tick);
-        self.lru.entry(pool).or_default().insert(tick, key);
-        *self.evictable.entry(pool).or_insert(0) += reserved;
+        if !e.parked {
+            self.enter_lru(key);
+        }
         None
     }
 
+    fn enter_lru(&mut self, key: usize) {
+        let tick = self.next_tick();
+        let e = &mut self.objects[key];
+        let pool = e.block.pool();
+        let reserved = e.block.reserved();
+        e.lru_tick = Some(tick);
+        self.lru.entry(pool).or_default().insert(tick, key);
+        *self.evictable.entry(pool).or_insert(0) += reserved;
+    }
+
     fn remove(&mut self, key: usize) -> Freed {
+        self.unpublish_key(key);
+        self.parked.remove(&key);
         let e = self.objects.remove(key);
         if e.named {
             self.by_name.remove(&e.name);
@@ -493,13 +655,18 @@ impl ObjectTable {
             return Err(Error::NotSealed(name.to_string()));
         }
         self.record(NotificationKind::Deleted, key);
-        if self.objects[key].refcount == 0 {
+        self.unpublish_key(key);
+        if self.objects[key].refcount == 0 && !self.shared_held(key) {
             return Ok(Some(self.remove(key)));
         }
         let e = &mut self.objects[key];
         e.named = false;
         let n = e.name.clone();
         self.by_name.remove(&n);
+        if self.objects[key].refcount == 0 {
+            // Held through a hold table only: gone once no table names it.
+            self.park(key);
+        }
         Ok(None)
     }
 
@@ -507,6 +674,10 @@ impl ObjectTable {
     /// unsealed objects it created aborted, its waiting gets cancelled.
     pub fn release_holder(&mut self, holder: HolderId) -> Vec<Freed> {
         let mut freed = Vec::new();
+        // Its hold table goes first: a dead client's holds pin nothing.
+        if self.shared.as_mut().is_some_and(|s| s.detach(holder)) {
+            freed.extend(self.collect_parked());
+        }
         let waiting: Vec<WaiterId> = self
             .pending
             .iter()
@@ -537,27 +708,91 @@ impl ObjectTable {
 
     /// Evicts least-recently-used unreferenced sealed objects of `pool` until at least `bytes`
     /// are freed or none is left.
+    ///
+    /// Objects a client's hold table names are skipped. Candidates are unpublished, then
+    /// checked again (a client may have taken a hold between the first look and the
+    /// unpublish): those now held are parked instead of evicted, and the next candidates
+    /// tried, so every round either evicts, parks or stops.
     pub fn evict(&mut self, pool: Pool, bytes: u64) -> Vec<Freed> {
+        self.fold_access_stamps();
+        let mut held = self.held_generations();
         let mut freed = Vec::new();
         let mut total = 0;
         while total < bytes {
-            let Some((_, key)) = self.lru.get_mut(&pool).and_then(|l| l.pop_first()) else {
-                break;
-            };
-            let e = &mut self.objects[key];
-            let reserved = e.block.reserved();
-            e.lru_tick = None;
-            if let Some(b) = self.evictable.get_mut(&pool) {
-                *b -= reserved;
+            let need = bytes - total;
+            let mut candidates = Vec::new();
+            let mut candidate_bytes = 0;
+            for &key in self.lru.get(&pool).into_iter().flat_map(|l| l.values()) {
+                let e = &self.objects[key];
+                if e.shm_generation != 0 && held.contains(&e.shm_generation) {
+                    continue;
+                }
+                candidates.push(key);
+                candidate_bytes += e.block.reserved();
+                if candidate_bytes >= need {
+                    break;
+                }
             }
-            self.record(NotificationKind::Evicted, key);
-            let f = self.remove(key);
-            total += reserved;
-            self.evicted_objects += 1;
-            self.evicted_bytes += f.block.reserved();
-            freed.push(f);
+            if candidates.is_empty() {
+                break;
+            }
+            for &key in &candidates {
+                self.unpublish_key(key);
+            }
+            let held_now = self.held_generations();
+            for key in candidates {
+                let g = self.objects[key].shm_generation;
+                if g != 0 && held_now.contains(&g) {
+                    self.park(key);
+                    held.insert(g);
+                    continue;
+                }
+                let e = &mut self.objects[key];
+                let reserved = e.block.reserved();
+                if let Some(t) = e.lru_tick.take() {
+                    self.unlink_lru(pool, t, reserved);
+                }
+                self.record(NotificationKind::Evicted, key);
+                let f = self.remove(key);
+                total += reserved;
+                self.evicted_objects += 1;
+                self.evicted_bytes += f.block.reserved();
+                freed.push(f);
+            }
         }
         freed
+    }
+
+    /// Moves objects that clients got through their hold tables since they entered the LRU
+    /// to where those gets put them (a get without a message leaves only a stamp).
+    fn fold_access_stamps(&mut self) {
+        let Some(stamps) = self.shared.as_ref().map(Shared::stamps) else {
+            return;
+        };
+        let now = vovp_shm::now_stamp();
+        for (object_id, stamp) in stamps {
+            let Some(key) = self.key_of(ObjectId::from_raw(object_id)) else {
+                continue;
+            };
+            // A client's stamp is not trusted to lie in the future.
+            let stamp = stamp.min(now);
+            let e = &self.objects[key];
+            let Some(old) = e.lru_tick.filter(|&t| t < stamp) else {
+                continue;
+            };
+            let pool = e.block.pool();
+            let Some(l) = self.lru.get_mut(&pool) else {
+                continue;
+            };
+            let mut tick = stamp;
+            while l.contains_key(&tick) {
+                tick += 1;
+            }
+            l.remove(&old);
+            l.insert(tick, key);
+            self.tick = self.tick.max(tick);
+            self.objects[key].lru_tick = Some(tick);
+        }
     }
 
     /// True when `name` is sealed and present.
@@ -568,13 +803,31 @@ impl ObjectTable {
     }
 
     pub fn list(&self) -> Vec<ObjectInfo> {
-        let mut v: Vec<ObjectInfo> = self.by_name.values().map(|&k| self.info(k)).collect();
+        let holds = self.hold_counts();
+        let mut v: Vec<ObjectInfo> = self
+            .by_name
+            .values()
+            .map(|&k| self.info(k, &holds))
+            .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
 
-    fn info(&self, key: usize) -> ObjectInfo {
+    /// Holds through hold tables, per generation (a snapshot).
+    fn hold_counts(&self) -> HashMap<u64, u32> {
+        self.shared
+            .as_ref()
+            .map(|s| s.hold_counts())
+            .unwrap_or_default()
+    }
+
+    /// `holds`: [`ObjectTable::hold_counts`]; an object's reference count includes them.
+    fn info(&self, key: usize, holds: &HashMap<u64, u32>) -> ObjectInfo {
         let e = &self.objects[key];
+        let shared = match e.shm_generation {
+            0 => 0,
+            g => holds.get(&g).copied().unwrap_or(0),
+        };
         ObjectInfo {
             id: e.id,
             name: e.name.clone(),
@@ -582,7 +835,7 @@ impl ObjectTable {
             device: e.block.location().device(),
             sealed: e.sealed,
             ephemeral: e.ephemeral,
-            refcount: e.refcount,
+            refcount: e.refcount + shared,
             last_access: e.last_access,
             metadata: e.metadata.clone(),
         }
@@ -600,6 +853,7 @@ impl ObjectTable {
         max_bytes: usize,
         entry_bytes: impl Fn(&ObjectInfo) -> usize,
     ) -> (Vec<ObjectInfo>, Option<u64>) {
+        let holds = self.hold_counts();
         let mut page = Vec::new();
         let mut bytes = 0usize;
         let end = self.objects.capacity();
@@ -610,7 +864,7 @@ impl ObjectTable {
             }
             if let Some(e) = self.objects.get(key) {
                 if e.named {
-                    let info = self.info(key);
+                    let info = self.info(key, &holds);
                     bytes = bytes.saturating_add(entry_bytes(&info));
                     page.push(info);
                 }
@@ -622,17 +876,33 @@ impl ObjectTable {
 
     /// Counters (capacity and used bytes are the allocator's and are filled by the caller).
     pub fn stats(&self) -> StoreStats {
+        let holds = self.hold_counts();
+        let holding = self
+            .shared
+            .as_ref()
+            .map(Shared::holders_holding)
+            .unwrap_or_default();
+        let holders = self.holders.len()
+            + holding
+                .iter()
+                .filter(|h| !self.holders.contains_key(h))
+                .count();
         let mut s = StoreStats {
             objects: self.by_name.len() as u64,
             pending_delete: (self.objects.len() - self.by_name.len()) as u64,
-            holders: self.holders.len() as u64,
+            holders: holders as u64,
             creates: self.creates,
             evicted_objects: self.evicted_objects,
             evicted_bytes: self.evicted_bytes,
             ..Default::default()
         };
         for (_, e) in &self.objects {
-            s.references += e.refcount as u64;
+            let shared = match e.shm_generation {
+                0 => 0,
+                g => holds.get(&g).copied().unwrap_or(0) as u64,
+            };
+            s.shared_holds += shared;
+            s.references += e.refcount as u64 + shared;
             if e.named {
                 if e.sealed {
                     s.sealed += 1;
@@ -663,7 +933,7 @@ impl ObjectTable {
                     e.name, e.refcount
                 ));
             }
-            let should_be_evictable = e.sealed && e.named && e.refcount == 0;
+            let should_be_evictable = e.sealed && e.named && e.refcount == 0 && !e.parked;
             if should_be_evictable != e.lru_tick.is_some() {
                 return Err(format!("{:?}: LRU membership wrong", e.name));
             }

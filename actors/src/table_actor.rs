@@ -17,12 +17,18 @@ use crate::allocator::{
     AllocFailure, Allocate, AllocatorActor, Free, HostUsage, OwnerGone, Usage, Writer,
 };
 use crate::segment::Segment;
+use crate::shared::{Shared, SharedConfig, SharedFds};
 use crate::table::{Block, CompletedGet, Freed, GetResults, ObjectTable, Pool, WaiterId};
 use crate::types::*;
 use crate::Error;
 
 /// Notifications buffered per subscriber before it is dropped as too slow.
 const SUBSCRIBER_BUFFER: usize = 4096;
+
+/// How often parked objects (kept because a client's hold table names them) are looked at
+/// again: a release through a hold table sends no message, so a deferred delete's memory
+/// comes back within this long of the last release (at once when memory runs short).
+const PARKED_RESCAN: Duration = Duration::from_millis(5);
 
 /// The eviction/refcount actor.
 #[derive(Actor)]
@@ -34,21 +40,101 @@ pub struct ObjectTableActor {
     subscribers: Vec<mpsc::Sender<Notification>>,
     /// The host blocks charged for CUDA objects' metadata, by (device, pool, offset).
     cuda_metadata: std::collections::HashMap<(u32, u32, u64), crate::allocator::HostBlock>,
+    /// Arenas this actor wrote metadata into, so the next write needs no allocator ask
+    /// (weak: the allocator decides when an arena goes).
+    arenas: std::collections::HashMap<u32, std::sync::Weak<Segment>>,
+    /// A [`CollectParked`] is on its way.
+    rescan_scheduled: bool,
 }
 
 impl ObjectTableActor {
+    /// `shared`: publish sealed host objects in a shared directory, read by clients through
+    /// their hold tables (`None`: every get is a message).
     pub fn new(
         allocator: ActorRef<AllocatorActor>,
         gpu: ActorRef<GpuActor>,
         segments: Arc<[Arc<Segment>]>,
-    ) -> Self {
-        ObjectTableActor {
-            table: ObjectTable::new(),
+        shared: Option<SharedConfig>,
+    ) -> Result<Self, Error> {
+        let table = match shared {
+            Some(c) => ObjectTable::with_shared(Shared::new(c)?),
+            None => ObjectTable::new(),
+        };
+        Ok(ObjectTableActor {
+            table,
             allocator,
             gpu,
             segments,
             subscribers: Vec::new(),
             cuda_metadata: std::collections::HashMap::new(),
+            arenas: std::collections::HashMap::new(),
+            rescan_scheduled: false,
+        })
+    }
+
+    /// Writes a host object's metadata into its block, after the data padded to
+    /// [`ALIGNMENT`] (where `allocate` made room): where readers of the shared directory
+    /// find it. The store writes it, not the creator, so it is what the store was told.
+    async fn place_metadata(&mut self, block: &Block, size: u64, metadata: &[u8]) {
+        let Block::Host(h) = block else {
+            return;
+        };
+        if metadata.is_empty() {
+            return;
+        }
+        let segment = match self
+            .segments
+            .get(h.segment as usize)
+            .filter(|s| s.id() == h.segment)
+        {
+            Some(s) => Some(s.clone()),
+            None => match self
+                .arenas
+                .get(&h.segment)
+                .and_then(std::sync::Weak::upgrade)
+            {
+                Some(s) => Some(s),
+                None => {
+                    let s = self
+                        .allocator
+                        .ask(crate::allocator::SegmentById(h.segment))
+                        .await
+                        .ok()
+                        .flatten();
+                    if let Some(s) = &s {
+                        self.arenas.retain(|_, w| w.strong_count() > 0);
+                        self.arenas.insert(h.segment, Arc::downgrade(s));
+                    }
+                    s
+                }
+            },
+        };
+        let at = size
+            .checked_next_multiple_of(ALIGNMENT)
+            .and_then(|d| h.offset.checked_add(d));
+        match (segment, at) {
+            (Some(seg), Some(at)) => match seg.ptr(at, metadata.len() as u64) {
+                // SAFETY: inside the object's own block, past its data: nobody else writes it
+                // (the creator's buffer covers only the data).
+                Some(p) => unsafe {
+                    std::ptr::copy_nonoverlapping(metadata.as_ptr(), p, metadata.len())
+                },
+                None => tracing::error!("metadata outside segment {}", h.segment),
+            },
+            _ => tracing::error!("no segment {} for an object's metadata", h.segment),
+        }
+    }
+
+    /// Frees what `collect_parked` lets go, and keeps the timer going while anything is
+    /// parked.
+    async fn after_change(&mut self, ctx: &ActorRef<Self>) {
+        if self.table.parked() > 0 && !self.rescan_scheduled {
+            self.rescan_scheduled = true;
+            let me = ctx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(PARKED_RESCAN).await;
+                let _ = me.tell(CollectParked).await;
+            });
         }
     }
 
@@ -128,6 +214,12 @@ impl ObjectTableActor {
                 Ok(block) => return Ok(block),
                 Err(f) => f,
             };
+            // Objects kept only by hold tables that have let go since: free them first.
+            let parked = self.table.collect_parked();
+            if !parked.is_empty() {
+                self.free(parked).await;
+                continue;
+            }
             // Usage is asked only on failure: the hot path is one message to the allocator.
             let (capacity, used) = self.pool_usage(pool).await?.unwrap_or((0, 0));
             let evictable = self.table.evictable_bytes(pool);
@@ -294,7 +386,7 @@ pub struct Create {
 impl Message<Create> for ObjectTableActor {
     type Reply = Result<ObjectRef, Error>;
 
-    async fn handle(&mut self, m: Create, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(&mut self, m: Create, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name)?;
         let device = m.options.device.unwrap_or(Device::Cpu);
@@ -332,6 +424,7 @@ impl Message<Create> for ObjectTableActor {
         if let (Block::Cuda(d), Some(h)) = (block, cuda_metadata) {
             self.cuda_metadata.insert((d.device, d.pool, d.offset), h);
         }
+        self.place_metadata(&block, m.size, &m.metadata).await;
         let r = self.table.insert(
             m.name,
             m.size,
@@ -343,6 +436,7 @@ impl Message<Create> for ObjectTableActor {
         if r.is_err() {
             self.free_blocks([block]).await;
         }
+        self.after_change(ctx.actor_ref()).await;
         r
     }
 }
@@ -401,7 +495,7 @@ pub struct PutInline {
 impl Message<PutInline> for ObjectTableActor {
     type Reply = Result<ObjectRef, Error>;
 
-    async fn handle(&mut self, m: PutInline, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(&mut self, m: PutInline, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name)?;
         let size = m.data.len() as u64;
@@ -409,6 +503,7 @@ impl Message<PutInline> for ObjectTableActor {
         let block = self
             .allocate(size, m.metadata.len(), Device::Cpu, Writer::Store)
             .await?;
+        self.place_metadata(&block, size, &m.metadata).await;
         let r = self.table.insert(
             m.name.clone(),
             size,
@@ -432,6 +527,7 @@ impl Message<PutInline> for ObjectTableActor {
             self.free(freed.into_iter().collect()).await;
         }
         self.publish();
+        self.after_change(ctx.actor_ref()).await;
         Ok(r)
     }
 }
@@ -498,7 +594,7 @@ pub struct Release {
 impl Message<Release> for ObjectTableActor {
     type Reply = Option<Error>;
 
-    async fn handle(&mut self, m: Release, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(&mut self, m: Release, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let mut first_err = None;
         let mut freed = Vec::new();
         for id in m.ids {
@@ -511,6 +607,7 @@ impl Message<Release> for ObjectTableActor {
         }
         self.free(freed).await;
         self.publish();
+        self.after_change(ctx.actor_ref()).await;
         first_err
     }
 }
@@ -523,10 +620,11 @@ pub struct Delete {
 impl Message<Delete> for ObjectTableActor {
     type Reply = Result<(), Error>;
 
-    async fn handle(&mut self, m: Delete, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(&mut self, m: Delete, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let freed = self.table.delete(&m.name)?;
         self.free(freed.into_iter().collect()).await;
         self.publish();
+        self.after_change(ctx.actor_ref()).await;
         Ok(())
     }
 }
@@ -582,11 +680,12 @@ pub struct Evict {
 impl Message<Evict> for ObjectTableActor {
     type Reply = u64;
 
-    async fn handle(&mut self, m: Evict, _: &mut Context<Self, Self::Reply>) -> u64 {
+    async fn handle(&mut self, m: Evict, ctx: &mut Context<Self, Self::Reply>) -> u64 {
         let freed = self.table.evict(Pool::Host, m.bytes);
         let bytes = freed.iter().map(|f| f.block.reserved()).sum();
         self.free(freed).await;
         self.publish();
+        self.after_change(ctx.actor_ref()).await;
         bytes
     }
 }
@@ -614,7 +713,7 @@ pub struct ReleaseHolder {
 impl Message<ReleaseHolder> for ObjectTableActor {
     type Reply = ();
 
-    async fn handle(&mut self, m: ReleaseHolder, _: &mut Context<Self, Self::Reply>) {
+    async fn handle(&mut self, m: ReleaseHolder, ctx: &mut Context<Self, Self::Reply>) {
         let freed = self.table.release_holder(m.holder);
         if !freed.is_empty() {
             tracing::debug!("holder {} gone: {} objects freed", m.holder, freed.len());
@@ -622,6 +721,53 @@ impl Message<ReleaseHolder> for ObjectTableActor {
         self.free(freed).await;
         let _ = self.allocator.tell(OwnerGone(m.holder)).await;
         self.publish();
+        self.after_change(ctx.actor_ref()).await;
+    }
+}
+
+/// Internal (the parked timer): free or re-publish parked objects no hold table names now.
+pub struct CollectParked;
+
+impl Message<CollectParked> for ObjectTableActor {
+    type Reply = ();
+
+    async fn handle(&mut self, _: CollectParked, ctx: &mut Context<Self, Self::Reply>) {
+        self.rescan_scheduled = false;
+        let freed = self.table.collect_parked();
+        self.free(freed).await;
+        self.after_change(ctx.actor_ref()).await;
+    }
+}
+
+/// A holder's hold table and the shared directory's fd, to hand to a client (`None`: the store
+/// does not publish).
+pub struct AttachShared {
+    pub holder: HolderId,
+}
+
+impl Message<AttachShared> for ObjectTableActor {
+    type Reply = Result<Option<SharedFds>, Error>;
+
+    async fn handle(&mut self, m: AttachShared, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.table.attach_shared(m.holder).transpose()
+    }
+}
+
+/// The shared directory's read-only fd, duplicated (the embedded engine reads it as a
+/// client does); `None`: the store does not publish.
+pub struct SharedDirectory;
+
+impl Message<SharedDirectory> for ObjectTableActor {
+    type Reply = Option<std::fs::File>;
+
+    async fn handle(
+        &mut self,
+        _: SharedDirectory,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        self.table
+            .shared_directory()
+            .and_then(|f| f.try_clone().ok())
     }
 }
 

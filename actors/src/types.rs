@@ -181,6 +181,9 @@ pub struct StoreStats {
     pub references: u64,
     /// Holders (connections, sessions) that hold at least one reference.
     pub holders: u64,
+    /// References held through clients' hold tables (gets without a message); also counted
+    /// in `references`.
+    pub shared_holds: u64,
     pub creates: u64,
     pub evicted_objects: u64,
     pub evicted_bytes: u64,

@@ -31,6 +31,10 @@ pub struct Config {
     pub client_arenas: bool,
     /// Most host objects held at once (at most, and by default, [`crate::MAX_OBJECTS`]).
     pub max_objects: u32,
+    /// Publish sealed host objects in a shared directory that clients read with no message,
+    /// pinning what they get in hold tables of their own (ARCHITECTURE.md, "Shared directory
+    /// and hold tables"). Off: every get is a message to the store.
+    pub shared_reads: bool,
 }
 
 impl Config {
@@ -44,6 +48,7 @@ impl Config {
             lazy_pages: false,
             client_arenas: true,
             max_objects: crate::MAX_OBJECTS as u32,
+            shared_reads: true,
         }
     }
 }

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use vovp_actors::allocator::AllocatorActor;
 use vovp_actors::copy::parallel_copy;
 use vovp_actors::segment::Segment;
+use vovp_actors::shared::SharedConfig;
 use vovp_actors::table_actor::ObjectTableActor;
 use vovp_actors::{CreateOptions, Device, HolderId, ObjectInfo, StoreStats};
 use vovp_gpu::GpuActor;
@@ -157,7 +158,14 @@ impl Engine {
         );
         let gpu = spawn_gpu_actor(config.gpu.clone())?;
         let table = ObjectTableActor::spawn_with_mailbox(
-            ObjectTableActor::new(allocator.clone(), gpu.clone(), segments.clone()),
+            ObjectTableActor::new(
+                allocator.clone(),
+                gpu.clone(),
+                segments.clone(),
+                config
+                    .shared_reads
+                    .then(|| SharedConfig::for_objects(config.max_objects as u64)),
+            )?,
             mailbox::unbounded(),
         );
         let core = Arc::new(Core {

@@ -25,6 +25,7 @@ pub use view::{ObjectBuffer, ObjectSink, ObjectView};
 pub use vovp_actors::allocator::SegmentGrant;
 pub use vovp_actors::copy::parallel_copy;
 pub use vovp_actors::segment::Segment;
+pub use vovp_actors::shared::SharedFds;
 /// The one error type of vovp (the store's and its clients'), defined with the actors so the
 /// store produces these values itself.
 pub use vovp_actors::Error;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use vovp_actors::allocator::{SegmentFor, SegmentGrant, Writer};
 use vovp_actors::segment::Segment;
+use vovp_actors::shared::SharedFds;
 use vovp_actors::table_actor as msg;
 use vovp_actors::{
     CreateOptions, HolderId, Location, Notification, ObjectId, ObjectInfo, ObjectName, ObjectRef,
@@ -310,6 +311,17 @@ impl Session {
             .await
             .map_err(|_| Error::ShuttingDown)?
             .ok_or_else(|| Error::NotFound(format!("segment {id} (its objects are gone)")))
+    }
+
+    /// This session's hold table and the shared directory, for a client to map (`None`: the
+    /// store does not publish; every get is then a message). Asking again gives the same table.
+    pub async fn attach_shared(&self) -> Result<Option<SharedFds>, Error> {
+        self.table()
+            .ask(msg::AttachShared {
+                holder: self.inner.holder,
+            })
+            .await
+            .map_err(Error::from)
     }
 
     /// Checks the object table's internal invariants (tests).

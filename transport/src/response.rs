@@ -28,6 +28,9 @@ pub enum Response {
         segment: Arc<vovp::Segment>,
         writable: bool,
     },
+    /// SHARED's: [`Reply::Shared`], with the directory's and the hold table's fds riding on
+    /// it when the store publishes.
+    Shared(Option<vovp::SharedFds>),
     /// SUBSCRIBE's: an empty reply, then the connection streams these notifications.
     Subscribed(tokio::sync::mpsc::Receiver<vovp::Notification>),
     /// Nothing is written back (RELEASE with NO_REPLY).
@@ -52,6 +55,10 @@ impl Response {
             Response::Segment { segment, writable } => Reply::Segment {
                 size: segment.len(),
                 writable: *writable,
+            }
+            .encode(opcode, request_id, buf),
+            Response::Shared(fds) => Reply::Shared {
+                published: fds.is_some(),
             }
             .encode(opcode, request_id, buf),
             Response::Subscribed(_) => Reply::Empty.encode(opcode, request_id, buf),

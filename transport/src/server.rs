@@ -462,6 +462,19 @@ async fn connection_loop(
                     };
                     send_with_fd(io, reply, &[fd]).await?;
                 }
+                Response::Shared(ref fds) => {
+                    let (res, back) = io.flush(out).await;
+                    out = back;
+                    res?;
+                    let mut reply = Vec::new();
+                    response.encode(header.opcode, header.request_id, &mut reply);
+                    match fds {
+                        Some(f) => {
+                            send_with_fd(io, reply, &[f.directory.as_fd(), f.holds.as_fd()]).await?
+                        }
+                        None => send_with_fd(io, reply, &[]).await?,
+                    }
+                }
                 Response::Subscribed(rx) => {
                     response_empty(header, &mut out);
                     let (res, back) = io.flush(out).await;
@@ -872,6 +885,7 @@ impl ConnectionActor {
             }
             .into(),
             Request::Subscribe => Response::Subscribed(session.subscribe().await?),
+            Request::Shared => Response::Shared(session.attach_shared().await?),
             Request::Segment { id } => {
                 let grant = session.segment(id).await?;
                 Response::Segment {

@@ -52,6 +52,20 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         names: u64,
     },
+    /// One side of the shared-reads stress test for SECONDS on names `s0..sNAMES`. `reader`:
+    /// gets (through the shared directory where it can), keeps a few views and re-checks every
+    /// held view's tag and checksum on every round, so memory freed or reused under a hold
+    /// shows; exits 3 at the first bad object. `writer`: deletes and re-puts names with new
+    /// generations, and puts fillers that force eviction. Prints `ops=N found=M` at the end.
+    SharedStress {
+        role: String,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 64)]
+        names: u64,
+    },
     /// Create a CUDA object of N bytes on cuda:D, copy a host buffer filled with BYTE into it,
     /// seal. Prints nothing.
     PutCuda {
@@ -148,6 +162,15 @@ fn run(args: Args) -> Result<(), Error> {
             writeln!(out, "created").map_err(io)?;
             out.flush().map_err(io)?;
             std::thread::sleep(Duration::from_secs(seconds));
+        }
+        Command::SharedStress {
+            role,
+            seconds,
+            seed,
+            names,
+        } => {
+            let (ops, found) = shared_stress(&client, &role, seconds, seed, names)?;
+            writeln!(out, "ops={ops} found={found}").map_err(io)?;
         }
         Command::Hammer {
             seconds,
@@ -354,6 +377,126 @@ fn cuda_bandwidth(client: &Client, bytes: u64, device: u32, runs: u32) -> Result
 }
 
 /// Random mixed operations on `names` shared names; unexpected errors end it with an error.
+/// A stress object: `name index, generation, length` (u64 each), then bytes that depend on all
+/// three, then an FNV-1a checksum of everything before it.
+fn stress_object(index: u64, generation: u64, len: usize) -> Vec<u8> {
+    let len = len.max(32);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&index.to_le_bytes());
+    v.extend_from_slice(&generation.to_le_bytes());
+    v.extend_from_slice(&(len as u64).to_le_bytes());
+    for j in 24..len - 8 {
+        v.push((index.wrapping_mul(131) ^ generation.wrapping_mul(7)).wrapping_add(j as u64) as u8);
+    }
+    let sum = fnv(&v);
+    v.extend_from_slice(&sum.to_le_bytes());
+    v
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Checks a stress object got under name index `index`: why it is bad, if it is.
+fn check_stress_object(bytes: &[u8], index: u64) -> Result<(), String> {
+    let word = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+    };
+    let (Some(i), Some(g), Some(len)) = (word(0), word(8), word(16)) else {
+        return Err(format!("only {} bytes", bytes.len()));
+    };
+    if i != index || len != bytes.len() as u64 {
+        return Err(format!(
+            "tag says name {i}, {len} bytes; got under name {index}, {} bytes",
+            bytes.len()
+        ));
+    }
+    if stress_object(i, g, bytes.len()) != bytes {
+        return Err(format!("name {i} generation {g}: bytes or checksum wrong"));
+    }
+    Ok(())
+}
+
+fn shared_stress(
+    client: &Client,
+    role: &str,
+    seconds: u64,
+    seed: u64,
+    names: u64,
+) -> Result<(u64, u64), Error> {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let (mut ops, mut found) = (0, 0);
+    let mut held: Vec<(u64, ObjectView)> = Vec::new();
+    let mut generation = seed << 40;
+    while Instant::now() < deadline {
+        ops += 1;
+        let index = next() % names;
+        let name = format!("s{index}");
+        match role {
+            "reader" => {
+                if let Some(v) = client.get(&[&name], None)?.pop().flatten() {
+                    found += 1;
+                    held.push((index, v));
+                }
+                for (i, v) in &held {
+                    if let Err(why) = check_stress_object(v, *i) {
+                        eprintln!("CORRUPT s{i}: {why}");
+                        std::process::exit(3);
+                    }
+                }
+                while held.len() > (next() % 8) as usize {
+                    let k = next() as usize % held.len();
+                    held.swap_remove(k);
+                }
+            }
+            _ => {
+                match next() % 4 {
+                    0 => match client.delete(&name) {
+                        Ok(()) | Err(Error::NotFound(_) | Error::NotSealed(_)) => {}
+                        Err(e) => return Err(e),
+                    },
+                    1 => {
+                        // A filler: memory runs short and the LRU evicts.
+                        let filler = format!("fill{}-{}", seed, next() % 16);
+                        let _ = client.delete(&filler);
+                        let size = (next() % 200_000) as usize;
+                        match client.put(&filler, &vec![0xEE; size], b"", CreateOptions::default())
+                        {
+                            Ok(()) | Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    _ => {
+                        generation += 1;
+                        let len = 32 + (next() % 120_000) as usize;
+                        let data = stress_object(index, generation, len);
+                        match client.put(&name, &data, b"stress", CreateOptions::default()) {
+                            Ok(()) => found += 1,
+                            Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    drop(held);
+    // Queued releases reach the daemon before the count is printed.
+    client.stats()?;
+    Ok((ops, found))
+}
+
 fn hammer(client: &Client, seconds: u64, seed: u64, names: u64) -> Result<u64, Error> {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {

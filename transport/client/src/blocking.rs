@@ -91,6 +91,8 @@ struct ClientInner {
     closer: Mutex<Option<UnixStream>>,
     /// [`ClientOptions::defer_cuda_mapping`], for the mappings of a reconnect.
     defer_cuda: bool,
+    /// Map the shared directory on connect and reconnect (not [`ClientOptions::no_shared_reads`]).
+    shared_reads: bool,
     /// [`ClientOptions::release_delay`]: dropped views' releases are queued, not sent.
     flusher: Option<Arc<Flusher>>,
 }
@@ -244,7 +246,7 @@ impl ClientInner {
         match conn.exchange(&self.core, req) {
             Err(Error::Connection(why)) if self.core.reconnect && !self.is_closed() => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
-                let (stream, mut maps) = handshake(&self.core.path)?;
+                let (stream, mut maps) = handshake(&self.core.path, self.shared_reads)?;
                 maps.defer_cuda = self.defer_cuda;
                 if let Ok(mut c) = self.closer.lock() {
                     *c = stream.try_clone().ok();
@@ -294,7 +296,7 @@ impl Client {
     }
 
     pub fn connect_with(path: impl AsRef<Path>, options: ClientOptions) -> Result<Client, Error> {
-        let (stream, mut maps) = handshake(path.as_ref())?;
+        let (stream, mut maps) = handshake(path.as_ref(), !options.no_shared_reads)?;
         maps.defer_cuda = options.defer_cuda_mapping;
         let closer = stream.try_clone().ok();
         let inner = Arc::new_cyclic(|me| ClientInner {
@@ -303,6 +305,7 @@ impl Client {
             closed: AtomicBool::new(false),
             closer: Mutex::new(closer),
             defer_cuda: options.defer_cuda_mapping,
+            shared_reads: !options.no_shared_reads,
             flusher: options
                 .release_delay
                 .map(|delay| Flusher::start(me.clone(), delay)),
@@ -509,7 +512,7 @@ impl Client {
 
     /// Opens a notification stream (its own connection, as Plasma's subscribe did).
     pub fn subscribe(&self) -> Result<Subscription, Error> {
-        let (stream, _maps) = handshake(&self.inner.core.path)?;
+        let (stream, _maps) = handshake(&self.inner.core.path, false)?;
         let mut conn = Conn::new(stream);
         // Not through `Core::frame`: the queued releases belong to the main connection.
         let id = conn.wire.push(&Request::Subscribe, 0);
@@ -520,6 +523,27 @@ impl Client {
             stream: conn.stream,
             pending: Vec::new(),
         })
+    }
+
+    /// GET over the socket (names not served by the shared directory, or all of them).
+    fn get_over_socket(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        let req = requests::get(names, timeout)?;
+        let (reply, answered) = self.inner.call_in_session(&req)?;
+        let objects = reply.objects()?;
+        let sink = self.sink(answered.1);
+        // Kept until the views hold the segments they point into.
+        let _pins = match self.inner.pin_segments(&answered, objects.iter().flatten()) {
+            Ok(pins) => pins,
+            Err(e) => {
+                objects.iter().flatten().for_each(|r| sink.release(r.id));
+                return Err(e);
+            }
+        };
+        answered.0.views(objects, sink)
     }
 }
 
@@ -569,24 +593,32 @@ impl Store for Client {
         self.put_and_view(name, data, metadata, options).map(drop)
     }
 
+    /// Names published in the shared directory are got with no message (a hold in this
+    /// connection's table); the rest, if any, in one GET.
     fn get(
         &self,
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let req = requests::get(names, timeout)?;
-        let (reply, answered) = self.inner.call_in_session(&req)?;
-        let objects = reply.objects()?;
-        let sink = self.sink(answered.1);
-        // Kept until the views hold the segments they point into.
-        let _pins = match self.inner.pin_segments(&answered, objects.iter().flatten()) {
-            Ok(pins) => pins,
-            Err(e) => {
-                objects.iter().flatten().for_each(|r| sink.release(r.id));
-                return Err(e);
-            }
-        };
-        answered.0.views(objects, sink)
+        let maps = self.inner.core.session.maps();
+        if maps.shared.is_none() || self.inner.is_closed() {
+            return self.get_over_socket(names, timeout);
+        }
+        let mut views: Vec<Option<ObjectView>> =
+            names.iter().map(|n| maps.shared_view(n)).collect();
+        let missing: Vec<usize> = (0..names.len()).filter(|&i| views[i].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(views);
+        }
+        let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
+        // On an error the views got so far drop here, releasing their holds.
+        for (i, v) in missing
+            .into_iter()
+            .zip(self.get_over_socket(&rest, timeout)?)
+        {
+            views[i] = v;
+        }
+        Ok(views)
     }
 
     fn contains(&self, name: &str) -> Result<bool, Error> {

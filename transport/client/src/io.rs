@@ -15,6 +15,7 @@ use vovp_proto::{Header, Reply, Request, HEADER_LEN};
 
 use crate::core::frame_complete;
 use crate::mapping::Mappings;
+use crate::shared::SharedReads;
 
 pub(crate) fn conn_err(e: std::io::Error) -> Error {
     use std::io::ErrorKind as K;
@@ -120,8 +121,9 @@ pub(crate) fn spin_until_readable(fd: BorrowedFd<'_>) {
     }
 }
 
-/// Connects and performs the HELLO handshake (receiving and mapping the segment fds).
-pub(crate) fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
+/// Connects and performs the HELLO handshake (receiving and mapping the segment fds); with
+/// `shared`, also maps the store's shared directory and this connection's hold table (SHARED).
+pub(crate) fn handshake(path: &Path, shared: bool) -> Result<(UnixStream, Mappings), Error> {
     let stream = UnixStream::connect(path)
         .map_err(|e| Error::Connection(format!("cannot connect to {}: {e}", path.display())))?;
     let mut hello = Vec::new();
@@ -149,11 +151,35 @@ pub(crate) fn handshake(path: &Path) -> Result<(UnixStream, Mappings), Error> {
             capacity,
             max_inline,
             segments,
-        } => Ok((
-            stream,
-            Mappings::from_hello(capacity, max_inline, segments, fds)?,
-        )),
+        } => {
+            let mut maps = Mappings::from_hello(capacity, max_inline, segments, fds)?;
+            if shared {
+                maps.shared = attach_shared(stream.as_fd())?.map(std::sync::Arc::new);
+            }
+            Ok((stream, maps))
+        }
         Reply::Failure(f) => Err(f.into()),
+        other => Err(crate::core::unexpected(&other)),
+    }
+}
+
+/// SHARED, right after HELLO (request id 0, before any numbered request): the directory and
+/// the hold table mapped, or `None` when the store does not publish or they cannot be mapped
+/// here (then every get is a message, which is always correct).
+fn attach_shared(fd: BorrowedFd<'_>) -> Result<Option<SharedReads>, Error> {
+    let mut frame = Vec::new();
+    Request::Shared.encode(0, 0, &mut frame);
+    write_all(fd, &frame)?;
+    let (frame, fds) = read_frame_with_fds(fd)?;
+    match Reply::decode_for(&Request::Shared, &frame[HEADER_LEN..])? {
+        Reply::Shared { published: true } => match SharedReads::map(fds) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) => {
+                tracing::warn!("vovp: not using the shared directory: {e}");
+                Ok(None)
+            }
+        },
+        Reply::Shared { published: false } | Reply::Failure(_) => Ok(None),
         other => Err(crate::core::unexpected(&other)),
     }
 }

@@ -15,6 +15,7 @@ pub mod fdpass;
 mod io;
 mod mapping;
 mod nonblocking;
+mod shared;
 
 pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
 pub use nonblocking::AsyncClient;
@@ -39,6 +40,11 @@ pub struct ClientOptions {
     /// daemon for each release costs as much as the request). None (the default): each
     /// release is sent when its view drops (when the connection is free). Blocking client only.
     pub release_delay: Option<std::time::Duration>,
+    /// Do not map the store's shared directory: every get is a message (as before issue 13;
+    /// for comparison and for debugging). Off by default: gets of sealed host objects read the
+    /// directory and record a hold in this connection's hold table, with no message, and fall
+    /// back to the socket for everything else. Blocking client only.
+    pub no_shared_reads: bool,
 }
 
 /// Milliseconds since the epoch (for display).

@@ -12,6 +12,8 @@ use vovp::{
 };
 use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
 
+use crate::shared::{object_ref, HoldSink, SharedReads};
+
 /// One shared-memory segment mapped into this process: read-only unless it is one of this
 /// client's own arenas (the daemon decides, by the fd it hands over).
 pub(crate) struct MappedSegment {
@@ -90,6 +92,9 @@ pub(crate) struct Mappings {
     pub(crate) capacity: u64,
     /// [`crate::ClientOptions::defer_cuda_mapping`].
     pub(crate) defer_cuda: bool,
+    /// The store's shared directory and this connection's hold table, when both sides use
+    /// them ([`crate::ClientOptions::shared_reads`]).
+    pub(crate) shared: Option<Arc<SharedReads>>,
 }
 
 /// Where an object is in this process: (host address or null, device address or 0, owner).
@@ -123,7 +128,30 @@ impl Mappings {
             max_inline,
             capacity,
             defer_cuda: false,
+            shared: None,
         })
+    }
+
+    /// A view of `name` got through the shared directory, with no message: `None` when the
+    /// socket must answer (not published, busy, hold table full, segment not mapped here).
+    pub(crate) fn shared_view(&self, name: &str) -> Option<ObjectView> {
+        let shared = self.shared.as_ref()?;
+        let hold = shared.hold(name)?;
+        let (slot, snapshot) = (hold.slot, hold.snapshot);
+        let made = self.segment(snapshot.segment).and_then(|seg| {
+            // SAFETY: `seg` is a live mapping of the hold's segment, `seg.len()` bytes long.
+            let r = unsafe { object_ref(name, &hold, seg.map.as_ptr(), seg.len()) }?;
+            let sink = Arc::new(HoldSink {
+                shared: shared.clone(),
+                slot,
+                snapshot,
+            });
+            self.view(r, sink).ok()
+        });
+        if made.is_none() {
+            shared.release(slot, snapshot);
+        }
+        made
     }
 
     fn locate(&self, r: &ObjectRef) -> Result<Located, Error> {

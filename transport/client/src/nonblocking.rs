@@ -150,7 +150,7 @@ impl ObjectSink for AsyncViewSink {
 /// Connects and handshakes off the async runtime (the handshake is blocking socket I/O).
 async fn async_handshake(path: &Path) -> Result<(tokio::net::UnixStream, Mappings), Error> {
     let path = path.to_owned();
-    let (std_stream, maps) = tokio::task::spawn_blocking(move || handshake(&path))
+    let (std_stream, maps) = tokio::task::spawn_blocking(move || handshake(&path, false))
         .await
         .map_err(|e| Error::Internal(e.to_string()))??;
     std_stream.set_nonblocking(true).map_err(conn_err)?;

@@ -55,6 +55,7 @@ codes! {
         /// Server to client only (request id 0): never a request, never replied to.
         Notify = 0x0E, "NOTIFY";
         Segment = 0x0F, "SEGMENT";
+        Shared = 0x10, "SHARED";
     }
 }
 

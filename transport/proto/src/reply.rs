@@ -45,6 +45,11 @@ pub enum Reply {
         size: u64,
         writable: bool,
     },
+    /// SHARED's: whether the store publishes; when it does, two fds ride on the reply (the
+    /// directory, read-only; the connection's hold table, read-write).
+    Shared {
+        published: bool,
+    },
     /// Any request's error reply.
     Failure(Failure),
 }
@@ -62,7 +67,7 @@ pub struct Failure {
 /// STATS's fields in wire order, with the accessor of each: written once for the encoder, the
 /// decoder and the PROTOCOL.md check.
 type StatsField = (&'static str, fn(&mut (StoreStats, u64)) -> &mut u64);
-pub const STATS_FIELDS: [StatsField; 12] = [
+pub const STATS_FIELDS: [StatsField; 13] = [
     ("capacity", |s| &mut s.0.capacity),
     ("used_bytes", |s| &mut s.0.used_bytes),
     ("objects", |s| &mut s.0.objects),
@@ -75,6 +80,7 @@ pub const STATS_FIELDS: [StatsField; 12] = [
     ("evicted_objects", |s| &mut s.0.evicted_objects),
     ("evicted_bytes", |s| &mut s.0.evicted_bytes),
     ("connections", |s| &mut s.1),
+    ("shared_holds", |s| &mut s.0.shared_holds),
 ];
 
 impl Reply {
@@ -163,6 +169,9 @@ impl Reply {
             }
             Reply::Segment { size, writable } => {
                 w.u64(*size).u8(*writable as u8);
+            }
+            Reply::Shared { published } => {
+                w.u8(*published as u8);
             }
         }
     }
@@ -273,6 +282,9 @@ impl Reply {
             Opcode::Segment => Reply::Segment {
                 size: r.u64()?,
                 writable: r.u8()? != 0,
+            },
+            Opcode::Shared => Reply::Shared {
+                published: r.u8()? != 0,
             },
             Opcode::Notify => return Err(DecodeError::NotARequest(opcode)),
         };

@@ -66,6 +66,9 @@ pub enum Request<'a> {
     Segment {
         id: u32,
     },
+    /// The shared directory (read-only fd) and this connection's hold table (read-write fd),
+    /// for gets without a message.
+    Shared,
 }
 
 impl Request<'_> {
@@ -85,6 +88,7 @@ impl Request<'_> {
             Request::Stats => Opcode::Stats,
             Request::Subscribe => Opcode::Subscribe,
             Request::Segment { .. } => Opcode::Segment,
+            Request::Shared => Opcode::Shared,
         }
     }
 
@@ -141,7 +145,7 @@ impl Request<'_> {
             Request::Segment { id } => {
                 w.u32(*id);
             }
-            Request::Stats | Request::Subscribe => {}
+            Request::Stats | Request::Subscribe | Request::Shared => {}
         }
         w.finish();
     }
@@ -192,6 +196,7 @@ impl Request<'_> {
             Request::Stats => Request::Stats,
             Request::Subscribe => Request::Subscribe,
             Request::Segment { id } => Request::Segment { id },
+            Request::Shared => Request::Shared,
         }
     }
 }
@@ -275,6 +280,7 @@ impl<'a> Request<'a> {
             Opcode::Stats => Request::Stats,
             Opcode::Subscribe => Request::Subscribe,
             Opcode::Segment => Request::Segment { id: r.u32()? },
+            Opcode::Shared => Request::Shared,
             Opcode::Notify => return Err(DecodeError::NotARequest(opcode)),
         };
         r.finish()?;

@@ -103,6 +103,7 @@ fn request() -> impl Strategy<Value = Request<'static>> {
         Just(Request::Stats),
         Just(Request::Subscribe),
         any::<u32>().prop_map(|id| Request::Segment { id }),
+        Just(Request::Shared),
     ]
 }
 
@@ -201,7 +202,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             Opcode::List,
             vec![]
         )),
-        prop::collection::vec(any::<u64>(), 12).prop_map(|f| {
+        prop::collection::vec(any::<u64>(), 13).prop_map(|f| {
             let stats = StoreStats {
                 capacity: f[0],
                 used_bytes: f[1],
@@ -214,6 +215,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
                 creates: f[8],
                 evicted_objects: f[9],
                 evicted_bytes: f[10],
+                shared_holds: f[12],
             };
             (
                 Reply::Stats {
@@ -229,6 +231,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             Opcode::Segment,
             vec![]
         )),
+        any::<bool>().prop_map(|published| (Reply::Shared { published }, Opcode::Shared, vec![])),
         (failure(), prop::sample::select(Opcode::ALL)).prop_map(|(f, op)| (f, op, vec![])),
     ]
 }

@@ -67,6 +67,17 @@ impl<'a> Holds<'a> {
         Holds { slots, free }
     }
 
+    /// A table whose free-slot list the caller kept from an earlier [`Holds::into_free`]
+    /// (an owner that keeps the mapping keeps the list, instead of rescanning every slot).
+    pub fn with_free(slots: &'a [HoldSlot], free: Vec<u32>) -> Self {
+        Holds { slots, free }
+    }
+
+    /// The free-slot list, for [`Holds::with_free`].
+    pub fn into_free(self) -> Vec<u32> {
+        self.free
+    }
+
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }

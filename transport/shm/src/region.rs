@@ -307,10 +307,12 @@ impl HoldRegion {
     }
 }
 
-/// A client's read-write mapping of its hold table.
+/// A client's read-write mapping of its hold table, with the free-slot list only the client
+/// keeps.
 pub struct HoldMap {
     map: MmapRaw,
     slots: usize,
+    free: Vec<u32>,
 }
 
 impl HoldMap {
@@ -325,10 +327,24 @@ impl HoldMap {
             h.slots_offset.load(Relaxed),
         ];
         let slots = check_header("hold table", len, words, HOLD_MAGIC, SLOT_SIZE)?;
-        Ok(HoldMap { map, slots })
+        // SAFETY: `check_header` checked the length covers `slots` slots.
+        let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&map, slots) };
+        let free = Holds::new(s).into_free();
+        Ok(HoldMap { map, slots, free })
     }
 
-    /// The client's hold operations (one `Holds` per table at a time: it keeps the free list).
+    /// Runs `f` on the client's hold operations. `&mut self`: one at a time, as the free list
+    /// requires; the list stays here between calls, so no call rescans the table.
+    pub fn with_holds<R>(&mut self, f: impl FnOnce(&mut Holds<'_>) -> R) -> R {
+        // SAFETY: `check_header` checked the length covers `slots` slots.
+        let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
+        let mut holds = Holds::with_free(s, std::mem::take(&mut self.free));
+        let r = f(&mut holds);
+        self.free = holds.into_free();
+        r
+    }
+
+    /// The client's hold operations, rebuilt from the table (rescans every slot).
     pub fn holds(&mut self) -> Holds<'_> {
         // SAFETY: `check_header` checked the length covers `slots` slots.
         let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };

@@ -47,6 +47,11 @@ struct Args {
     /// OUT_OF_MEMORY instead.
     #[arg(long)]
     lazy_pages: bool,
+    /// Do not publish objects in the shared directory: every get is a message to the daemon
+    /// (as Plasma's were). By default clients get sealed host objects by reading the
+    /// directory and recording a hold in a table of their own, with no message.
+    #[arg(long)]
+    no_shared_reads: bool,
     /// Per-GPU capacity, e.g. `0:8G,1:8G`.
     #[arg(long)]
     gpu_memory: Option<String>,
@@ -134,6 +139,7 @@ fn main() -> ExitCode {
     engine.prefault = args.prefault;
     engine.overcommit = args.overcommit;
     engine.lazy_pages = args.lazy_pages;
+    engine.shared_reads = !args.no_shared_reads;
     if let Some(spec) = &args.gpu_memory {
         match vovp_gpu::parse_gpu_memory(spec) {
             Ok(c) => engine.gpu.capacities = c,

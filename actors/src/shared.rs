@@ -1,0 +1,167 @@
+//! The store's side of the shared object directory and the clients' hold tables (vovp-shm):
+//! what the object table publishes on seal and takes back before freeing, and the scans that
+//! tell it whether any client still holds an object through its table. Kept apart from the
+//! table so its life-cycle code reads the same with the directory on or off.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::sync::atomic::{fence, Ordering};
+
+use vovp_shm::{DirectoryRegion, HoldRegion, HoldsView, Publish};
+
+use crate::types::HolderId;
+use crate::Error;
+
+/// Sizes of the shared directory and of each client's hold table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedConfig {
+    /// Directory entries (a power of two). Objects beyond what fits are simply not published:
+    /// gets of them take the socket path.
+    pub directory_entries: usize,
+    /// Hold slots per client (a power of two): the objects one client can hold at once
+    /// through its table; more holds take the socket path.
+    pub hold_slots: usize,
+}
+
+impl SharedConfig {
+    /// A directory about twice the object limit (short probe chains), within 2^10..2^20
+    /// entries (384 MiB of address space at most, resident only where entries were written).
+    pub fn for_objects(max_objects: u64) -> Self {
+        let entries = max_objects
+            .saturating_mul(2)
+            .clamp(1 << 10, 1 << 20)
+            .next_power_of_two() as usize;
+        SharedConfig {
+            directory_entries: entries,
+            hold_slots: 4096,
+        }
+    }
+}
+
+/// Where a published object is in the directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    pub index: usize,
+    pub generation: u64,
+}
+
+/// What a client gets to map: the directory (read-only fd) and its own hold table.
+#[derive(Debug)]
+pub struct SharedFds {
+    pub directory: File,
+    pub holds: File,
+    pub hold_slots: usize,
+}
+
+/// The directory and the live clients' hold tables.
+pub struct Shared {
+    directory: DirectoryRegion,
+    tables: HashMap<HolderId, HoldRegion>,
+    hold_slots: usize,
+}
+
+impl Shared {
+    pub fn new(config: SharedConfig) -> Result<Self, Error> {
+        let directory = DirectoryRegion::create(config.directory_entries)
+            .map_err(|e| Error::Memory(format!("creating the shared directory: {e}")))?;
+        Ok(Shared {
+            directory,
+            tables: HashMap::new(),
+            hold_slots: config.hold_slots,
+        })
+    }
+
+    /// Gives `holder` a hold table (a second ask gives the same one) and the fds to map.
+    pub fn attach(&mut self, holder: HolderId) -> Result<SharedFds, Error> {
+        let table = match self.tables.entry(holder) {
+            std::collections::hash_map::Entry::Occupied(t) => t.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(
+                HoldRegion::create(self.hold_slots, holder.get())
+                    .map_err(|e| Error::Memory(format!("creating a hold table: {e}")))?,
+            ),
+        };
+        let dup = |f: &File, what: &str| {
+            f.try_clone()
+                .map_err(|e| Error::Memory(format!("duplicating the {what} fd: {e}")))
+        };
+        Ok(SharedFds {
+            directory: dup(self.directory.read_only_fd(), "directory")?,
+            holds: dup(table.fd(), "hold table")?,
+            hold_slots: table.slots(),
+        })
+    }
+
+    /// The holder is gone: its holds no longer pin anything.
+    pub fn detach(&mut self, holder: HolderId) -> bool {
+        self.tables.remove(&holder).is_some()
+    }
+
+    /// The directory's read-only fd (the embedded engine maps it to read like a client).
+    pub fn directory_fd(&self) -> &File {
+        self.directory.read_only_fd()
+    }
+
+    /// Publishes a sealed host object; `None` when it cannot be (directory full): its gets then
+    /// take the socket path, which is always correct.
+    pub fn publish(&mut self, p: &Publish<'_>) -> Option<Published> {
+        match self.directory.writer().publish(p) {
+            Ok((index, generation)) => Some(Published { index, generation }),
+            Err(e) => {
+                tracing::debug!("not published in the shared directory: {e}");
+                None
+            }
+        }
+    }
+
+    /// Takes an object out of the directory: no new hold on it can validate after this.
+    pub fn unpublish(&mut self, p: Published) {
+        if let Err(e) = self.directory.writer().unpublish(p.index, p.generation) {
+            // Only a table bug gets here: the table unpublishes each publication once.
+            tracing::error!("shared directory out of step with the table: {e}");
+        }
+    }
+
+    /// Whether any client's table names `generation`. The caller unpublished it first; the
+    /// fence orders that against the clients' hold-then-revalidate (vovp-shm's argument).
+    pub fn is_held(&self, generation: u64) -> bool {
+        fence(Ordering::SeqCst);
+        self.tables
+            .values()
+            .any(|t: &HoldRegion| t.view().holds(generation))
+    }
+
+    /// Every generation some table names now (after the fence, as [`Shared::is_held`]).
+    pub fn held(&self) -> HashSet<u64> {
+        fence(Ordering::SeqCst);
+        self.views()
+            .flat_map(|v| v.scan().map(|s| s.generation))
+            .collect()
+    }
+
+    /// Holds per generation (STATS, `list`). A snapshot.
+    pub fn hold_counts(&self) -> HashMap<u64, u32> {
+        let mut counts = HashMap::new();
+        for s in self.views().flat_map(|v| v.scan()) {
+            *counts.entry(s.generation).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Holders with at least one hold now.
+    pub fn holders_holding(&self) -> HashSet<HolderId> {
+        self.tables
+            .iter()
+            .filter(|(_, t)| t.view().scan().next().is_some())
+            .map(|(h, _)| *h)
+            .collect()
+    }
+
+    /// (object id, access stamp) of every slot's last get, held or released (the LRU fold).
+    pub fn stamps(&self) -> Vec<(u64, u64)> {
+        self.views().flat_map(|v| v.stamps()).collect()
+    }
+
+    fn views(&self) -> impl Iterator<Item = HoldsView<'_>> {
+        self.tables.values().map(HoldRegion::view)
+    }
+}
