@@ -26,9 +26,8 @@ pub fn bin(name: &str) -> PathBuf {
         .expect("target dir")
         .to_path_buf();
     let path = dir.join(name);
-    if !path.exists() {
-        build_binaries(&dir);
-    }
+    // Always (once per test process; a no-op when fresh): a stale binary would test old code.
+    build_binaries(&dir);
     assert!(
         path.exists(),
         "{} is missing after building it",

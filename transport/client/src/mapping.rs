@@ -82,12 +82,20 @@ enum SegmentSlot {
     WhileViewed(Weak<MappedSegment>),
 }
 
+/// Other clients' arenas kept mapped after their last view here goes, most recent first: a
+/// get through the shared directory needs the object's segment mapped already (else it asks
+/// over the socket), and re-mapping per get would cost more than the get. Bounded, because an
+/// arena whose owner has gone stays alive (punched, so not resident) while anyone maps it.
+const RECENT_ARENAS: usize = 32;
+
 /// Largest put sent inline even when the daemon allows more (see [`vovp::CLIENT_INLINE_PUT`]).
 const INLINE_PUT_PREFERRED: usize = vovp::CLIENT_INLINE_PUT;
 
 /// One connection's mappings and what its HELLO said.
 pub(crate) struct Mappings {
     segments: Mutex<HashMap<u32, SegmentSlot>>,
+    /// The last [`RECENT_ARENAS`] other clients' arenas mapped, kept alive.
+    recent: Mutex<std::collections::VecDeque<Arc<MappedSegment>>>,
     pub(crate) max_inline: u32,
     pub(crate) capacity: u64,
     /// [`crate::ClientOptions::defer_cuda_mapping`].
@@ -125,6 +133,7 @@ impl Mappings {
         }
         Ok(Mappings {
             segments: Mutex::new(map),
+            recent: Mutex::new(std::collections::VecDeque::new()),
             max_inline,
             capacity,
             defer_cuda: false,
@@ -191,6 +200,10 @@ impl Mappings {
         let slot = if id == 0 || seg.writable {
             SegmentSlot::Kept(seg)
         } else {
+            if let Ok(mut recent) = self.recent.lock() {
+                recent.push_front(seg.clone());
+                recent.truncate(RECENT_ARENAS);
+            }
             SegmentSlot::WhileViewed(Arc::downgrade(&seg))
         };
         if let Ok(mut map) = self.segments.lock() {

@@ -1,0 +1,239 @@
+//! Gets without a message (issue 13): the daemon's shared directory and the clients' hold
+//! tables, across real processes. Each test checks what the fast path must not change: the
+//! bytes, the reference counts STATS and `list` show, deferred deletes, eviction, a dead
+//! client's holds.
+
+use std::time::{Duration, Instant};
+
+use vovp::{CreateOptions, Store};
+use vovp_client::{Client, ClientOptions};
+use vovp_tests::{read_line, wait_until, Daemon};
+
+const T: Duration = Duration::from_secs(20);
+
+fn no_shared(d: &Daemon) -> Client {
+    Client::connect_with(
+        &d.socket,
+        ClientOptions {
+            no_shared_reads: true,
+            ..Default::default()
+        },
+    )
+    .expect("connect")
+}
+
+#[test]
+fn a_get_of_a_published_object_sends_no_message_and_still_counts_as_a_reference() {
+    let d = Daemon::start("64M");
+    let writer = d.client();
+    writer
+        .put("a", b"published bytes", b"meta", CreateOptions::default())
+        .unwrap();
+    let reader = d.client();
+    let before = reader.last_request_id();
+    let v = reader.get_one("a", None).unwrap();
+    assert_eq!(reader.last_request_id(), before, "the get sent a request");
+    assert_eq!(&v[..], b"published bytes");
+    assert_eq!(v.metadata(), b"meta");
+
+    let s = writer.stats().unwrap();
+    assert_eq!((s.shared_holds, s.references, s.holders), (1, 1, 1));
+    let listed = writer.list().unwrap();
+    assert_eq!(listed[0].refcount, 1, "list counts the hold");
+
+    drop(v);
+    let s = writer.stats().unwrap();
+    assert_eq!((s.shared_holds, s.references, s.holders), (0, 0, 0));
+
+    // A name that is not there still goes over the socket (and waits there).
+    let before = reader.last_request_id();
+    assert!(reader.get_one("missing", None).is_err());
+    assert!(reader.last_request_id() > before);
+}
+
+#[test]
+fn the_daemon_and_the_client_can_each_turn_shared_reads_off() {
+    let d = Daemon::start_with("64M", &["--no-shared-reads"]);
+    let c = d.client();
+    c.put("a", b"x", b"", CreateOptions::default()).unwrap();
+    let before = c.last_request_id();
+    assert_eq!(&c.get_one("a", None).unwrap()[..], b"x");
+    assert!(c.last_request_id() > before);
+    assert_eq!(c.stats().unwrap().shared_holds, 0);
+
+    let d = Daemon::start("64M");
+    let c = no_shared(&d);
+    c.put("a", b"x", b"", CreateOptions::default()).unwrap();
+    let before = c.last_request_id();
+    let v = c.get_one("a", None).unwrap();
+    assert!(c.last_request_id() > before);
+    let s = c.stats().unwrap();
+    assert_eq!((s.shared_holds, s.references), (0, 1));
+    drop(v);
+}
+
+#[test]
+fn delete_while_held_through_a_hold_table_waits_for_the_release() {
+    let d = Daemon::start("64M");
+    let writer = d.client();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    writer
+        .put("x", &data, b"", CreateOptions::default())
+        .unwrap();
+    let reader = d.client();
+    let v = reader.get_one("x", None).unwrap();
+    assert_eq!(writer.stats().unwrap().shared_holds, 1);
+
+    writer.delete("x").unwrap();
+    assert!(!writer.contains("x").unwrap(), "the name goes at once");
+    let s = writer.stats().unwrap();
+    assert_eq!((s.objects, s.pending_delete), (0, 1));
+    // New objects (the same name too) must not get the held memory.
+    for i in 0..50 {
+        let name = if i == 0 { "x".to_string() } else { format!("y{i}") };
+        writer
+            .put(&name, &vec![0xAB; 100_000], b"", CreateOptions::default())
+            .unwrap();
+    }
+    assert!(v[..] == data[..], "held bytes changed after delete");
+    drop(v);
+    wait_until(T, || writer.stats().unwrap().pending_delete == 0);
+    assert_eq!(&reader.get_one("x", None).unwrap()[..100], &[0xAB; 100][..]);
+}
+
+#[test]
+fn a_killed_clients_holds_are_dropped_with_it() {
+    let d = Daemon::start("64M");
+    let c = no_shared(&d);
+    c.put("held", &[7u8; 5000], b"", CreateOptions::default())
+        .unwrap();
+    let mut holder = d.fixture_spawn(&["hold", "held"]);
+    assert_eq!(read_line(&mut holder), "holding");
+    let s = c.stats().unwrap();
+    assert_eq!((s.shared_holds, s.references), (1, 1), "{s:?}");
+    c.delete("held").unwrap();
+    assert_eq!(c.stats().unwrap().pending_delete, 1);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_until(T, || {
+        let s = c.stats().unwrap();
+        (s.shared_holds, s.references, s.pending_delete, s.used_bytes) == (0, 0, 0, 0)
+    });
+}
+
+#[test]
+fn eviction_spares_objects_held_through_hold_tables() {
+    let d = Daemon::start("2M");
+    let writer = no_shared(&d);
+    let kept: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    writer
+        .put("kept", &kept, b"", CreateOptions::default())
+        .unwrap();
+    let reader = d.client();
+    let v = reader.get_one("kept", None).unwrap();
+    // Ten times the store's size: everything unheld is evicted, over and over.
+    for i in 0..100 {
+        writer
+            .put(&format!("f{i}"), &[i as u8; 200_000], b"", CreateOptions::default())
+            .unwrap();
+    }
+    assert!(writer.stats().unwrap().evicted_objects > 80);
+    assert!(writer.contains("kept").unwrap());
+    assert!(v[..] == kept[..]);
+    drop(v);
+}
+
+#[test]
+fn gets_without_a_message_still_count_for_lru() {
+    let d = Daemon::start("1M");
+    let writer = no_shared(&d);
+    let reader = d.client();
+    writer
+        .put("old", &[1; 300_000], b"", CreateOptions::default())
+        .unwrap();
+    writer
+        .put("newer", &[2; 300_000], b"", CreateOptions::default())
+        .unwrap();
+    // Both are got once (the first get maps the writer's arena, over the socket), `newer`
+    // last; then `old` again: through the directory, with no message.
+    drop(reader.get_one("old", None).unwrap());
+    drop(reader.get_one("newer", None).unwrap());
+    let before = reader.last_request_id();
+    drop(reader.get_one("old", None).unwrap());
+    assert_eq!(reader.last_request_id(), before);
+    // Room for one more only if one goes: the least recently used, which is now `newer`.
+    writer
+        .put("third", &[3; 500_000], b"", CreateOptions::default())
+        .unwrap();
+    assert!(writer.contains("old").unwrap());
+    assert!(!writer.contains("newer").unwrap());
+}
+
+/// Readers getting (mostly through their hold tables) and re-checking what they hold, writers
+/// deleting, re-putting and forcing eviction, readers SIGKILLed at random and replaced; every
+/// reader checks a tag and a checksum of every object it holds on every round. At the end
+/// every hold and reference is gone.
+#[test]
+fn stress_readers_deleters_evictors_and_kills_never_see_freed_or_reused_memory() {
+    let d = Daemon::start("8M");
+    let seconds = 12u64;
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let spawn = |role: &str, seed: u64, secs: u64| {
+        d.fixture_spawn(&[
+            "shared-stress",
+            role,
+            "--seconds",
+            &secs.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ])
+    };
+    let mut writers: Vec<_> = (1..=2).map(|s| spawn("writer", s, seconds)).collect();
+    let mut readers: Vec<_> = (10..13).map(|s| spawn("reader", s, seconds)).collect();
+    let observer = no_shared(&d);
+    let (mut kills, mut seed, mut max_holds) = (0, 100, 0);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+        max_holds = max_holds.max(observer.stats().unwrap().shared_holds);
+        let k = (seed as usize) % readers.len();
+        if let Ok(Some(status)) = readers[k].try_wait() {
+            let out = readers.swap_remove(k).wait_with_output().unwrap();
+            panic!(
+                "reader exited early ({status}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        readers[k].kill().unwrap();
+        readers[k].wait().unwrap();
+        kills += 1;
+        seed += 1;
+        let left = deadline.saturating_duration_since(Instant::now()).as_secs() + 1;
+        readers[k] = spawn("reader", seed, left);
+    }
+    let mut found = 0;
+    for p in readers.drain(..).chain(writers.drain(..)) {
+        let out = p.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = String::from_utf8_lossy(&out.stdout);
+        found += line
+            .trim()
+            .rsplit("found=")
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    assert!(kills >= 20, "{kills} kills");
+    assert!(found > 1000, "only {found} objects found");
+    assert!(max_holds > 0, "no reader ever held through its hold table");
+    let s = observer.stats().unwrap();
+    assert!(s.evicted_objects > 0, "nothing was evicted: {s:?}");
+    wait_until(T, || {
+        let s = observer.stats().unwrap();
+        (s.shared_holds, s.references, s.pending_delete) == (0, 0, 0)
+    });
+}
