@@ -245,8 +245,12 @@ impl ObjectTableActor {
             };
             let freed = self.table.evict(pool, target);
             if freed.is_empty() {
-                // Unreachable while the LRU and its byte count agree; never loop on it.
-                return Err(oom(available));
+                // Everything evictable is held through clients' hold tables (or, never while
+                // the LRU and its byte count agree, nothing was): never loop on it.
+                return Err(match failure {
+                    AllocFailure::TooManyAllocations { limit } => Error::TooManyObjects { limit },
+                    AllocFailure::NoSpace => oom(available),
+                });
             }
             tracing::debug!(
                 "evicted {} objects to make room for {size} bytes",

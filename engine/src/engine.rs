@@ -345,7 +345,60 @@ impl AsyncStore for EngineHandle {
         Ok(())
     }
 
+    /// Names published in the shared directory are got with no message to the table actor (a
+    /// hold in this session's table); the rest, if any, in one ask.
     async fn get(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        let Some(reader) = self.session.shared_reader().await else {
+            return self.get_from_table(names, timeout).await;
+        };
+        let segments = self.session.segments();
+        let mut views: Vec<Option<ObjectView>> = names
+            .iter()
+            .map(|n| crate::shared_reads::view(&reader, segments, n))
+            .collect();
+        let missing: Vec<usize> = (0..names.len()).filter(|&i| views[i].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(views);
+        }
+        let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
+        // On an error the views got so far drop here, releasing their holds.
+        for (i, v) in missing
+            .into_iter()
+            .zip(self.get_from_table(&rest, timeout).await?)
+        {
+            views[i] = v;
+        }
+        Ok(views)
+    }
+
+    async fn contains(&self, name: &str) -> Result<bool, Error> {
+        self.session.contains(name).await
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), Error> {
+        self.session.delete(name).await
+    }
+
+    async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
+        self.session.list().await
+    }
+
+    async fn evict(&self, bytes: u64) -> Result<u64, Error> {
+        self.session.evict(bytes).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        self.session.stats().await
+    }
+}
+
+impl EngineHandle {
+    /// Gets through the table actor (names the shared directory did not serve).
+    async fn get_from_table(
         &self,
         names: &[&str],
         timeout: Option<Duration>,
@@ -371,26 +424,6 @@ impl AsyncStore for EngineHandle {
             Some(e) => Err(e),
             None => Ok(views),
         }
-    }
-
-    async fn contains(&self, name: &str) -> Result<bool, Error> {
-        self.session.contains(name).await
-    }
-
-    async fn delete(&self, name: &str) -> Result<(), Error> {
-        self.session.delete(name).await
-    }
-
-    async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        self.session.list().await
-    }
-
-    async fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        self.session.evict(bytes).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, Error> {
-        self.session.stats().await
     }
 }
 

@@ -11,6 +11,7 @@ mod engine;
 mod limits;
 pub mod memory_room;
 mod session;
+mod shared_reads;
 mod store;
 pub mod tensor;
 mod view;

@@ -48,6 +48,9 @@ struct Inner {
     core: Arc<Core>,
     holder: HolderId,
     kind: Kind,
+    /// This session's mapping of the shared directory and of its hold table, made on its
+    /// first get (`None` inside: the store does not publish, or mapping failed).
+    shared: std::sync::OnceLock<Option<Arc<vovp_shm::SharedReader>>>,
 }
 
 /// Options of [`Session::put_inline`].
@@ -75,7 +78,12 @@ impl Session {
     fn new(core: Arc<Core>, kind: Kind) -> Self {
         let holder = core.new_holder();
         Session {
-            inner: Arc::new(Inner { core, holder, kind }),
+            inner: Arc::new(Inner {
+                core,
+                holder,
+                kind,
+                shared: std::sync::OnceLock::new(),
+            }),
         }
     }
 
@@ -322,6 +330,27 @@ impl Session {
             })
             .await
             .map_err(Error::from)
+    }
+
+    /// This session's reader of the shared directory (its own hold table), mapped on first
+    /// use; `None` when the store does not publish.
+    pub(crate) async fn shared_reader(&self) -> Option<Arc<vovp_shm::SharedReader>> {
+        if let Some(r) = self.inner.shared.get() {
+            return r.clone();
+        }
+        let reader = match self.attach_shared().await {
+            Ok(Some(fds)) => match vovp_shm::SharedReader::open(&fds.directory, &fds.holds) {
+                Ok(r) => Some(Arc::new(r)),
+                Err(e) => {
+                    tracing::warn!("not using the shared directory: {e}");
+                    None
+                }
+            },
+            Ok(None) => None,
+            // The engine is stopping: this get fails over the actor path anyway.
+            Err(_) => return None,
+        };
+        self.inner.shared.get_or_init(|| reader).clone()
     }
 
     /// Checks the object table's internal invariants (tests).

@@ -81,6 +81,7 @@ STATS_FIELDS = (
     "evicted_objects",
     "evicted_bytes",
     "connections",
+    "shared_holds",
 )
 
 # --- precompiled structs -------------------------------------------------------------------
@@ -101,7 +102,7 @@ LOC_CUDA_S = struct.Struct("<IIQ64s")
 OBJREF_HOST = struct.Struct("<QQBIQI")
 HELLO_REPLY = struct.Struct("<HQII")
 HELLO_SEGMENT = struct.Struct("<IQ")
-STATS_REPLY = struct.Struct("<12Q")
+STATS_REPLY = struct.Struct("<%dQ" % len(STATS_FIELDS))
 # Request prefixes that end right where a variable-length name starts.
 GET1_PREFIX = struct.Struct("<IBBHQqIH")  # header, timeout_ms, n = 1, name length
 NAME_PREFIX = struct.Struct("<IBBHQH")  # header, name length (SEAL/ABORT/CONTAINS/DELETE)

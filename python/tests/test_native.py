@@ -301,7 +301,7 @@ def test_close_releases_everything_and_refuses_calls(daemon, client):
 
 
 def test_release_delay_queues_releases_for_the_flusher(daemon, client):
-    n = N.Client(daemon.socket, release_delay=3.0)
+    n = N.Client(daemon.socket, release_delay=3.0, shared_reads=False)
     put_bytes(n, "q1", b"1")
     put_bytes(n, "q2", b"2")
     [a] = n.get(["q1"])

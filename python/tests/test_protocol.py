@@ -118,8 +118,8 @@ def test_decode_get_reply():
 
 
 def test_decode_stats_and_list():
-    vals = list(range(1, 13))
-    buf = _reply(P.STATS, 3, b"\x00" + struct.pack("<12Q", *vals))
+    vals = list(range(1, len(P.STATS_FIELDS) + 1))
+    buf = _reply(P.STATS, 3, b"\x00" + struct.pack("<%dQ" % len(vals), *vals))
     st = P.decode_stats(buf, P.check_reply(buf, P.STATS, 3))
     assert list(st) == list(P.STATS_FIELDS) and list(st.values()) == vals
     entry = (struct.pack("<H", 1) + b"a" + struct.pack("<QQBIBBIQ", 9, 10, 1, 0, 1, 0, 2, 5000)

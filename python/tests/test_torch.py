@@ -244,7 +244,14 @@ def test_put_tensors_get_tensors(client, daemon):
     other.flush()
     before = other._requests_sent()
     got = other.get_tensors(list(tensors))
-    assert other._requests_sent() - before == 1  # one request: a GET of six names
+    # Small host objects: all six come from the shared directory, with no request at all.
+    assert other._requests_sent() - before == 0
+    # Without shared reads: one request, a GET of six names.
+    socket_only = daemon.client(shared_reads=False)
+    before = socket_only._requests_sent()
+    again = socket_only.get_tensors(list(tensors))
+    assert socket_only._requests_sent() - before == 1
+    del again
     for (name, t), g in zip(tensors.items(), got):
         if name == "np":
             assert isinstance(g, np.ndarray) and g.tolist() == [0, 1, 2, 3]

@@ -269,10 +269,15 @@ class Client:
     writable because torch has no read-only tensors - do not write to sealed objects.
     Do not use arrays from a client after ``close()``: the daemon is then free to reuse the
     memory.
+
+    ``shared_reads`` (default on): gets of sealed host objects read the store's shared
+    directory and record a hold in this client's own hold table, with no message to the
+    daemon; everything else, and every get with ``shared_reads=False``, is a request.
     """
 
     def __init__(self, path: str = None, connect_timeout: float = 0.0,
-                 release_delay: float = RELEASE_DELAY, reconnect: bool = False):
+                 release_delay: float = RELEASE_DELAY, reconnect: bool = False,
+                 shared_reads: bool = True):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
@@ -283,7 +288,7 @@ class Client:
         self._closed = True  # until HELLO succeeded
         self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
         self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
-                           float(release_delay or 0.0))
+                           float(release_delay or 0.0), bool(shared_reads))
         self._guard = _Guarded(self)
         self._closed = False
         self.capacity = self._n.capacity
@@ -1148,14 +1153,14 @@ _last_init = {"ref": None, "path": None, "pid": None}
 
 
 def init_client(path: str = None, connect_timeout: float = 0.0,
-                reconnect: bool = False) -> Client:
+                reconnect: bool = False, shared_reads: bool = True) -> Client:
     """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
 
     The client becomes this process's default for ``vovp.init_reduction()``.
     ``reconnect=True``: if the daemon goes away (restarted, killed), the next call connects
     again and is retried once; objects that died with the old daemon are not found, arrays
-    got before keep their (old, intact) memory."""
-    client = Client(path, connect_timeout, reconnect=reconnect)
+    got before keep their (old, intact) memory. ``shared_reads``: see ``Client``."""
+    client = Client(path, connect_timeout, reconnect=reconnect, shared_reads=shared_reads)
     _last_init.update(ref=weakref.ref(client), path=client.path, pid=os.getpid())
     return client
 

@@ -90,7 +90,11 @@ fn delete_while_held_through_a_hold_table_waits_for_the_release() {
     assert_eq!((s.objects, s.pending_delete), (0, 1));
     // New objects (the same name too) must not get the held memory.
     for i in 0..50 {
-        let name = if i == 0 { "x".to_string() } else { format!("y{i}") };
+        let name = if i == 0 {
+            "x".to_string()
+        } else {
+            format!("y{i}")
+        };
         writer
             .put(&name, &vec![0xAB; 100_000], b"", CreateOptions::default())
             .unwrap();
@@ -134,7 +138,12 @@ fn eviction_spares_objects_held_through_hold_tables() {
     // Ten times the store's size: everything unheld is evicted, over and over.
     for i in 0..100 {
         writer
-            .put(&format!("f{i}"), &[i as u8; 200_000], b"", CreateOptions::default())
+            .put(
+                &format!("f{i}"),
+                &[i as u8; 200_000],
+                b"",
+                CreateOptions::default(),
+            )
             .unwrap();
     }
     assert!(writer.stats().unwrap().evicted_objects > 80);

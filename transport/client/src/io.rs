@@ -15,7 +15,6 @@ use vovp_proto::{Header, Reply, Request, HEADER_LEN};
 
 use crate::core::frame_complete;
 use crate::mapping::Mappings;
-use crate::shared::SharedReads;
 
 pub(crate) fn conn_err(e: std::io::Error) -> Error {
     use std::io::ErrorKind as K;
@@ -166,13 +165,13 @@ pub(crate) fn handshake(path: &Path, shared: bool) -> Result<(UnixStream, Mappin
 /// SHARED, right after HELLO (request id 0, before any numbered request): the directory and
 /// the hold table mapped, or `None` when the store does not publish or they cannot be mapped
 /// here (then every get is a message, which is always correct).
-fn attach_shared(fd: BorrowedFd<'_>) -> Result<Option<SharedReads>, Error> {
+fn attach_shared(fd: BorrowedFd<'_>) -> Result<Option<vovp_shm::SharedReader>, Error> {
     let mut frame = Vec::new();
     Request::Shared.encode(0, 0, &mut frame);
     write_all(fd, &frame)?;
     let (frame, fds) = read_frame_with_fds(fd)?;
     match Reply::decode_for(&Request::Shared, &frame[HEADER_LEN..])? {
-        Reply::Shared { published: true } => match SharedReads::map(fds) {
+        Reply::Shared { published: true } => match crate::shared::map(fds) {
             Ok(s) => Ok(Some(s)),
             Err(e) => {
                 tracing::warn!("vovp: not using the shared directory: {e}");

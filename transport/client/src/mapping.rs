@@ -12,7 +12,8 @@ use vovp::{
 };
 use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
 
-use crate::shared::{object_ref, HoldSink, SharedReads};
+use crate::shared::{object_ref, HoldSink};
+use vovp_shm::SharedReader;
 
 /// One shared-memory segment mapped into this process: read-only unless it is one of this
 /// client's own arenas (the daemon decides, by the fd it hands over).
@@ -102,7 +103,7 @@ pub(crate) struct Mappings {
     pub(crate) defer_cuda: bool,
     /// The store's shared directory and this connection's hold table, when both sides use
     /// them ([`crate::ClientOptions::shared_reads`]).
-    pub(crate) shared: Option<Arc<SharedReads>>,
+    pub(crate) shared: Option<Arc<SharedReader>>,
 }
 
 /// Where an object is in this process: (host address or null, device address or 0, owner).
@@ -158,7 +159,7 @@ impl Mappings {
             self.view(r, sink).ok()
         });
         if made.is_none() {
-            shared.release(slot, snapshot);
+            let _ = shared.release(slot, snapshot);
         }
         made
     }

@@ -16,6 +16,7 @@
 //! the store freed. The release is a `Release` store of 0 that the scan loads with `Acquire`,
 //! so everything the client read from the object happens before the store reuses it.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
 use crate::directory::{Directory, Lookup, Snapshot};
@@ -50,10 +51,12 @@ pub enum Get {
 }
 
 /// The client's side of its hold table. The free-slot list is private to the client (the
-/// store never writes the table), so finding a slot costs no shared-memory traffic.
+/// store never writes the table), so finding a slot costs no shared-memory traffic. It is a
+/// queue, not a stack: a released slot is reused last, so the access stamp it keeps for the
+/// store's LRU fold survives as many gets as the table has slots.
 pub struct Holds<'a> {
     slots: &'a [HoldSlot],
-    free: Vec<u32>,
+    free: VecDeque<u32>,
 }
 
 impl<'a> Holds<'a> {
@@ -61,7 +64,6 @@ impl<'a> Holds<'a> {
     /// holds (a table re-opened by the same client) and are left alone.
     pub fn new(slots: &'a [HoldSlot]) -> Self {
         let free = (0..slots.len() as u32)
-            .rev()
             .filter(|&i| slots[i as usize].generation.load(Relaxed) == 0)
             .collect();
         Holds { slots, free }
@@ -69,12 +71,12 @@ impl<'a> Holds<'a> {
 
     /// A table whose free-slot list the caller kept from an earlier [`Holds::into_free`]
     /// (an owner that keeps the mapping keeps the list, instead of rescanning every slot).
-    pub fn with_free(slots: &'a [HoldSlot], free: Vec<u32>) -> Self {
+    pub fn with_free(slots: &'a [HoldSlot], free: VecDeque<u32>) -> Self {
         Holds { slots, free }
     }
 
     /// The free-slot list, for [`Holds::with_free`].
-    pub fn into_free(self) -> Vec<u32> {
+    pub fn into_free(self) -> VecDeque<u32> {
         self.free
     }
 
@@ -117,7 +119,7 @@ impl<'a> Holds<'a> {
         if snapshot.generation == 0 {
             return Ok(None);
         }
-        let Some(&slot) = self.free.last() else {
+        let Some(&slot) = self.free.front() else {
             return Err(ShmError::HoldTableFull {
                 slots: self.slots.len(),
             });
@@ -130,7 +132,7 @@ impl<'a> Holds<'a> {
         // unpublish-then-scan (module docs).
         fence(SeqCst);
         if dir.still_valid(&snapshot) {
-            self.free.pop();
+            self.free.pop_front();
             return Ok(Some(Hold {
                 slot: slot as usize,
                 snapshot,
@@ -155,7 +157,7 @@ impl<'a> Holds<'a> {
             });
         }
         s.generation.store(0, Release);
-        self.free.push(hold.slot as u32);
+        self.free.push_back(hold.slot as u32);
         Ok(())
     }
 }

@@ -48,12 +48,16 @@ pub mod error;
 pub mod hold;
 pub mod layout;
 #[cfg(not(loom))]
+mod reader;
+#[cfg(not(loom))]
 mod region;
 mod sync;
 
 pub use directory::{Directory, DirectoryWriter, Lookup, Publish, Snapshot};
 pub use error::{Result, ShmError};
 pub use hold::{is_held, Get, HeldSlot, Hold, Holds, HoldsView, Retired};
+#[cfg(not(loom))]
+pub use reader::SharedReader;
 #[cfg(not(loom))]
 pub use region::{DirectoryMap, DirectoryRegion, HoldMap, HoldRegion};
 

@@ -312,7 +312,7 @@ impl HoldRegion {
 pub struct HoldMap {
     map: MmapRaw,
     slots: usize,
-    free: Vec<u32>,
+    free: std::collections::VecDeque<u32>,
 }
 
 impl HoldMap {
