@@ -462,3 +462,39 @@ fn an_object_as_large_as_the_store_fits() {
     ));
     drop(held);
 }
+
+/// The embedded engine's gets of sealed host objects come from the shared directory (a hold
+/// in the session's own table, no actor message) and count as references all the same; a
+/// delete while held waits for the release; `Config::shared_reads = false` turns it off.
+#[test]
+fn embedded_gets_through_the_shared_directory() {
+    let e = engine(1 << 20);
+    put(&e, "a", 1000, 5);
+    let reader = e.session();
+    let v = reader.get_one("a", None).unwrap();
+    assert!(v.iter().all(|&b| b == 5) && v.metadata() == b"meta");
+    let s = e.stats().unwrap();
+    assert_eq!((s.shared_holds, s.references), (1, 1));
+    e.delete("a").unwrap();
+    assert_eq!(e.stats().unwrap().pending_delete, 1);
+    // The held memory is not handed to new objects while held.
+    for i in 0..20 {
+        put(&e, &format!("b{i}"), 1000, 9);
+    }
+    assert!(v.iter().all(|&b| b == 5));
+    drop(v);
+    wait_for(|| e.stats().unwrap().pending_delete == 0);
+    assert_eq!(e.stats().unwrap().shared_holds, 0);
+    futures_executor::block_on(e.check_invariants()).unwrap();
+    e.shutdown();
+
+    let mut config = Config::with_capacity(1 << 20);
+    config.shared_reads = false;
+    let e = Engine::spawn(config).unwrap();
+    put(&e, "a", 10, 1);
+    let v = e.session().get_one("a", None).unwrap();
+    let s = e.stats().unwrap();
+    assert_eq!((s.shared_holds, s.references), (0, 1));
+    drop(v);
+    e.shutdown();
+}

@@ -52,6 +52,27 @@ fn a_get_of_a_published_object_sends_no_message_and_still_counts_as_a_reference(
 }
 
 #[test]
+fn the_async_client_gets_through_the_directory_too() {
+    let d = Daemon::start("64M");
+    let observer = no_shared(&d);
+    observer
+        .put("a", b"async bytes", b"", CreateOptions::default())
+        .unwrap();
+    vovp_tests::runtime().block_on(async {
+        use vovp::AsyncStore;
+        let c = vovp_client::AsyncClient::connect(&d.socket).await.unwrap();
+        let mut got = c.get(&["a", "b"], None).await.unwrap();
+        assert!(got[1].is_none(), "a missing name still comes back as None");
+        let v = got.remove(0).unwrap();
+        assert_eq!(&v[..], b"async bytes");
+        let s = observer.stats().unwrap();
+        assert_eq!((s.shared_holds, s.references), (1, 1));
+        drop(v);
+        assert_eq!(observer.stats().unwrap().shared_holds, 0);
+    });
+}
+
+#[test]
 fn the_daemon_and_the_client_can_each_turn_shared_reads_off() {
     let d = Daemon::start_with("64M", &["--no-shared-reads"]);
     let c = d.client();

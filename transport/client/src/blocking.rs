@@ -600,24 +600,17 @@ impl Store for Client {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let maps = self.inner.core.session.maps();
-        if maps.shared.is_none() || self.inner.is_closed() {
+        if self.inner.is_closed() {
             return self.get_over_socket(names, timeout);
         }
-        let mut views: Vec<Option<ObjectView>> =
-            names.iter().map(|n| maps.shared_view(n)).collect();
-        let missing: Vec<usize> = (0..names.len()).filter(|&i| views[i].is_none()).collect();
+        let (mut views, missing) = core::shared_part(&self.inner.core.session.maps(), names);
         if missing.is_empty() {
             return Ok(views);
         }
         let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
         // On an error the views got so far drop here, releasing their holds.
-        for (i, v) in missing
-            .into_iter()
-            .zip(self.get_over_socket(&rest, timeout)?)
-        {
-            views[i] = v;
-        }
+        let got = self.get_over_socket(&rest, timeout)?;
+        core::fill_in(&mut views, missing, got);
         Ok(views)
     }
 

@@ -97,6 +97,28 @@ impl Session {
     }
 }
 
+/// The part of a get the shared directory serves: a view per name it has (no message), and the
+/// positions of the names left for one GET ([`fill_in`] merges its results back).
+pub(crate) fn shared_part(
+    maps: &Mappings,
+    names: &[&str],
+) -> (Vec<Option<vovp::ObjectView>>, Vec<usize>) {
+    let views: Vec<_> = names.iter().map(|n| maps.shared_view(n)).collect();
+    let missing = (0..names.len()).filter(|&i| views[i].is_none()).collect();
+    (views, missing)
+}
+
+/// Puts a GET's results for the names at `missing` into their places.
+pub(crate) fn fill_in(
+    views: &mut [Option<vovp::ObjectView>],
+    missing: Vec<usize>,
+    got: Vec<Option<vovp::ObjectView>>,
+) {
+    for (i, v) in missing.into_iter().zip(got) {
+        views[i] = v;
+    }
+}
+
 /// The mappings and generation of the connection that answered a call (a reply's locations
 /// only make sense in those mappings).
 pub(crate) type Answered = (Arc<Mappings>, u64);

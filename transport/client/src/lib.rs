@@ -43,7 +43,7 @@ pub struct ClientOptions {
     /// Do not map the store's shared directory: every get is a message (as before issue 13;
     /// for comparison and for debugging). Off by default: gets of sealed host objects read the
     /// directory and record a hold in this connection's hold table, with no message, and fall
-    /// back to the socket for everything else. Blocking client only.
+    /// back to the socket for everything else.
     pub no_shared_reads: bool,
 }
 

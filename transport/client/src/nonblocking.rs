@@ -94,6 +94,8 @@ impl AsyncConn {
 struct AsyncInner {
     core: Core,
     conn: tokio::sync::Mutex<AsyncConn>,
+    /// Map the shared directory on connect and reconnect.
+    shared_reads: bool,
 }
 
 impl AsyncInner {
@@ -148,9 +150,12 @@ impl ObjectSink for AsyncViewSink {
 }
 
 /// Connects and handshakes off the async runtime (the handshake is blocking socket I/O).
-async fn async_handshake(path: &Path) -> Result<(tokio::net::UnixStream, Mappings), Error> {
+async fn async_handshake(
+    path: &Path,
+    shared: bool,
+) -> Result<(tokio::net::UnixStream, Mappings), Error> {
     let path = path.to_owned();
-    let (std_stream, maps) = tokio::task::spawn_blocking(move || handshake(&path, false))
+    let (std_stream, maps) = tokio::task::spawn_blocking(move || handshake(&path, shared))
         .await
         .map_err(|e| Error::Internal(e.to_string()))??;
     std_stream.set_nonblocking(true).map_err(conn_err)?;
@@ -175,9 +180,11 @@ impl AsyncClient {
         options: ClientOptions,
     ) -> Result<AsyncClient, Error> {
         let path = path.as_ref().to_owned();
-        let (stream, maps) = async_handshake(&path).await?;
+        let shared_reads = !options.no_shared_reads;
+        let (stream, maps) = async_handshake(&path, shared_reads).await?;
         Ok(AsyncClient {
             inner: Arc::new(AsyncInner {
+                shared_reads,
                 core: Core::new(path, maps, options.reconnect),
                 conn: tokio::sync::Mutex::new(AsyncConn::new(stream)),
             }),
@@ -202,7 +209,7 @@ impl AsyncClient {
         match conn.exchange(core, req).await {
             Err(Error::Connection(why)) if core.reconnect => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
-                let (stream, maps) = async_handshake(&core.path).await?;
+                let (stream, maps) = async_handshake(&core.path, self.inner.shared_reads).await?;
                 conn.stream = stream;
                 let answered = core.reconnected(&mut conn.wire, maps);
                 let reply = conn.exchange(core, req).await?;
@@ -291,24 +298,20 @@ impl AsyncStore for AsyncClient {
         Ok(())
     }
 
+    /// As the blocking client's: the shared directory first, one GET for the rest.
     async fn get(
         &self,
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let req = requests::get(names, timeout)?;
-        let (reply, answered) = self.call_in_session(&req).await?;
-        let objects = reply.objects()?;
-        let sink = self.sink(answered.1);
-        // Kept until the views hold the segments they point into.
-        let _pins = match self.pin_segments(&answered, objects.iter().flatten()).await {
-            Ok(pins) => pins,
-            Err(e) => {
-                objects.iter().flatten().for_each(|r| sink.release(r.id));
-                return Err(e);
-            }
-        };
-        answered.0.views(objects, sink)
+        let (mut views, missing) = core::shared_part(&self.inner.core.session.maps(), names);
+        if missing.is_empty() {
+            return Ok(views);
+        }
+        let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
+        let got = self.get_over_socket(&rest, timeout).await?;
+        core::fill_in(&mut views, missing, got);
+        Ok(views)
     }
 
     async fn contains(&self, name: &str) -> Result<bool, Error> {
@@ -336,5 +339,28 @@ impl AsyncStore for AsyncClient {
 
     async fn stats(&self) -> Result<StoreStats, Error> {
         Ok(self.call(&Request::Stats).await?.stats()?.0)
+    }
+}
+
+impl AsyncClient {
+    /// GET over the socket (names the shared directory did not serve).
+    async fn get_over_socket(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        let req = requests::get(names, timeout)?;
+        let (reply, answered) = self.call_in_session(&req).await?;
+        let objects = reply.objects()?;
+        let sink = self.sink(answered.1);
+        // Kept until the views hold the segments they point into.
+        let _pins = match self.pin_segments(&answered, objects.iter().flatten()).await {
+            Ok(pins) => pins,
+            Err(e) => {
+                objects.iter().flatten().for_each(|r| sink.release(r.id));
+                return Err(e);
+            }
+        };
+        answered.0.views(objects, sink)
     }
 }
