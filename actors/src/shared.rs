@@ -24,12 +24,15 @@ pub struct SharedConfig {
 }
 
 impl SharedConfig {
-    /// A directory about twice the object limit (short probe chains), within 2^10..2^20
-    /// entries (384 MiB of address space at most, resident only where entries were written).
-    pub fn for_objects(max_objects: u64) -> Self {
-        let entries = max_objects
-            .saturating_mul(2)
-            .clamp(1 << 10, 1 << 20)
+    /// A directory of one entry per 4 KiB of store (at most twice the object limit), within
+    /// 2^10..2^16 entries: 384 KiB to 24 MiB, which is also what it can cost resident (entries
+    /// are spread by hash, so a few live objects touch as many pages). A store of many more
+    /// small objects than that publishes only the first three quarters' worth; the rest are
+    /// got over the socket.
+    pub fn for_store(capacity: u64, max_objects: u64) -> Self {
+        let entries = (capacity / 4096)
+            .min(max_objects.saturating_mul(2))
+            .clamp(1 << 10, 1 << 16)
             .next_power_of_two() as usize;
         SharedConfig {
             directory_entries: entries,
@@ -104,7 +107,14 @@ impl Shared {
     /// Publishes a sealed host object; `None` when it cannot be (directory full): its gets then
     /// take the socket path, which is always correct.
     pub fn publish(&mut self, p: &Publish<'_>) -> Option<Published> {
-        match self.directory.writer().publish(p) {
+        let most = self.directory.capacity() / 4 * 3;
+        let mut writer = self.directory.writer();
+        // Three quarters full at most: linear probing stays short (and a full table would
+        // make every publish scan all of it).
+        if writer.live() >= most {
+            return None;
+        }
+        match writer.publish(p) {
             Ok((index, generation)) => Some(Published { index, generation }),
             Err(e) => {
                 tracing::debug!("not published in the shared directory: {e}");

@@ -890,7 +890,16 @@ fn memfd_bytes(pid: u32) -> u64 {
     };
     let mut seen = std::collections::HashMap::new();
     for e in dir.flatten() {
-        if !std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:")) {
+        // Object memory only: the shared directory and the hold tables are the store's own
+        // (bounded by their fixed sizes), not objects counted against -m.
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy();
+        if !target.starts_with("/memfd:")
+            || target.starts_with("/memfd:vovp-directory")
+            || target.starts_with("/memfd:vovp-holds")
+        {
             continue;
         }
         // stat through the /proc link reaches the memfd itself (st_blocks: 512 bytes). The
