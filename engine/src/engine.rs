@@ -162,9 +162,9 @@ impl Engine {
                 allocator.clone(),
                 gpu.clone(),
                 segments.clone(),
-                config.shared_reads.then(|| {
-                    SharedConfig::for_store(config.capacity, config.max_objects as u64)
-                }),
+                config
+                    .shared_reads
+                    .then(|| SharedConfig::for_store(config.capacity, config.max_objects as u64)),
             )?,
             mailbox::unbounded(),
         );

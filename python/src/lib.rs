@@ -220,9 +220,20 @@ impl Client {
     ) -> PyResult<Vec<Option<Object>>> {
         let inner = self.usable()?;
         let timeout = timeout_of(timeout)?;
-        py.allow_threads(|| {
-            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            let views = inner.get(&refs, timeout)?;
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        // What the shared directory serves costs no wait: done with the GIL held (releasing
+        // and retaking it would cost more than the get). The rest waits without it.
+        let (mut views, missing) = inner.get_shared(&refs);
+        if !missing.is_empty() {
+            let rest: Vec<&str> = missing.iter().map(|&i| refs[i]).collect();
+            let got = py
+                .allow_threads(|| inner.get(&rest, timeout))
+                .map_err(to_py)?;
+            for (i, v) in missing.into_iter().zip(got) {
+                views[i] = v;
+            }
+        }
+        let objects = |views: Vec<Option<ObjectView>>| {
             views
                 .into_iter()
                 .map(|v| match v {
@@ -231,8 +242,13 @@ impl Client {
                     Some(v) => Ok(Some(Object::new(v))),
                 })
                 .collect::<Result<Vec<_>, Error>>()
-        })
-        .map_err(to_py)
+        };
+        if writable {
+            // A private mapping may be made: a syscall, without the GIL.
+            py.allow_threads(|| objects(views)).map_err(to_py)
+        } else {
+            objects(views).map_err(to_py)
+        }
     }
 
     /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
@@ -671,6 +687,17 @@ impl Object {
     #[getter]
     fn place(&self) -> Option<(u32, u64)> {
         place_of(self.location)
+    }
+    /// (id, name, address, size, place): what the Python layer's lease records, in one call.
+    #[getter]
+    fn lease_fields(&self) -> (u64, &str, usize, u64, Option<(u32, u64)>) {
+        (
+            self.id,
+            &self.name,
+            self.address_now(),
+            self.size,
+            place_of(self.location),
+        )
     }
     /// Address of the bytes in this process (host objects; the writable mapping's once
     /// made writable).

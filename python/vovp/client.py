@@ -75,13 +75,12 @@ class _Lease(weakref.ref):
         self = weakref.ref.__new__(cls, owner, _lease_died)
         self.key = id(owner)
         self.client = client
-        self.oid = obj.id
-        self.name = obj.name
         # Host: address of the first byte in this process. CUDA: the device address.
-        self.start = owner.ptr if cuda else obj.address
-        self.size = obj.size
         # Where the store keeps it: (segment id, offset) for host objects (None for CUDA).
-        self.segment, self.offset = obj.place or (None, None)
+        self.oid, self.name, self.start, self.size, place = obj.lease_fields
+        if cuda:
+            self.start = owner.ptr
+        self.segment, self.offset = place or (None, None)
         self.cuda = cuda
         self.obj = weakref.ref(obj)
         self.generation = client._generation
@@ -93,6 +92,11 @@ class _Lease(weakref.ref):
     def __init__(self, owner, *args, **kwargs):
         super().__init__(owner, _lease_died)
 
+
+# Forks of this process so far (a child's clients see their parent's count change): cheaper
+# on every call than comparing os.getpid().
+_FORKS = [0]
+os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 
 # id(owner) -> _Lease. Module-level so lookups by address see every client's objects.
 _LEASES: dict = {}
@@ -282,6 +286,7 @@ class Client:
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
         self._pid = os.getpid()
+        self._forks = _FORKS[0]
         self._reconnect = reconnect
         self._release_delay = release_delay
         self._generation = 0
@@ -336,7 +341,7 @@ class Client:
 
     @property
     def _native(self):
-        if self._closed or os.getpid() != self._pid:
+        if self._closed or _FORKS[0] != self._forks:
             self._check_usable()
         return self._guard
 
@@ -1020,6 +1025,8 @@ class _Guarded:
 
 def _name(name) -> str:
     """An object name as the native core takes it (validated there: InvalidName)."""
+    if type(name) is str:
+        return name
     if isinstance(name, (bytes, bytearray, memoryview)):
         try:
             return bytes(name).decode("utf-8")

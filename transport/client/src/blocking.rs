@@ -525,6 +525,20 @@ impl Client {
         })
     }
 
+    /// The part of a get the shared directory serves now: a view per name it has (no message,
+    /// never blocks), and the positions of the names left for [`Store::get`]. For a caller
+    /// that must not block while holding something (the Python core holds the GIL for this
+    /// part only).
+    pub fn get_shared(&self, names: &[&str]) -> (Vec<Option<ObjectView>>, Vec<usize>) {
+        if self.inner.is_closed() {
+            return (
+                names.iter().map(|_| None).collect(),
+                (0..names.len()).collect(),
+            );
+        }
+        core::shared_part(&self.inner.core.session.maps(), names)
+    }
+
     /// GET over the socket (names not served by the shared directory, or all of them).
     fn get_over_socket(
         &self,
@@ -600,10 +614,7 @@ impl Store for Client {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        if self.inner.is_closed() {
-            return self.get_over_socket(names, timeout);
-        }
-        let (mut views, missing) = core::shared_part(&self.inner.core.session.maps(), names);
+        let (mut views, missing) = self.get_shared(names);
         if missing.is_empty() {
             return Ok(views);
         }

@@ -3,31 +3,58 @@
 //! client (and through it the Python one) and the embedded engine use.
 
 use std::fs::File;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Once};
 
 use crate::directory::Snapshot;
 use crate::error::{Result, ShmError};
 use crate::hold::{Get, Hold};
 use crate::region::{DirectoryMap, HoldMap};
 
+/// Forks of this process since the first reader was opened (bumped in the child).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn forked_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// The directory and one hold table, mapped.
 pub struct SharedReader {
     directory: DirectoryMap,
     holds: Mutex<HoldMap>,
+    /// [`FORKS`] when opened. A forked child shares the parent's hold table (a `MAP_SHARED`
+    /// mapping) but has a copy of its free-slot list: its holds would overwrite the parent's,
+    /// and its releases clear them. So in a child the reader does nothing; gets go the socket
+    /// way, as if nothing were published.
+    forks: u64,
 }
 
 impl SharedReader {
     /// Maps the directory's (read-only) fd and the hold table's fd, checking both headers.
     pub fn open(directory: &File, holds: &File) -> Result<Self> {
+        static AT_FORK: Once = Once::new();
+        // SAFETY: registers a handler that only bumps an atomic (async-signal-safe).
+        AT_FORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(forked_child));
+        });
         Ok(SharedReader {
             directory: DirectoryMap::open(directory)?,
             holds: Mutex::new(HoldMap::open(holds)?),
+            forks: FORKS.load(Ordering::Relaxed),
         })
+    }
+
+    /// Whether this process is the one that opened the reader (not a forked child).
+    fn ours(&self) -> bool {
+        FORKS.load(Ordering::Relaxed) == self.forks
     }
 
     /// A validated hold on `name`: no syscall, no message. `None` when the store must answer
     /// instead (not published, an entry being rewritten, a full hold table).
     pub fn hold(&self, name: &str) -> Option<Hold> {
+        if !self.ours() {
+            return None;
+        }
         let mut holds = self.holds.lock().ok()?;
         let dir = self.directory.reader();
         let stamp = crate::now_stamp();
@@ -39,10 +66,15 @@ impl SharedReader {
 
     /// Clears the hold on `snapshot` in `slot` (the object may be freed from then on).
     pub fn release(&self, slot: usize, snapshot: Snapshot) -> Result<()> {
-        let mut holds = self.holds.lock().map_err(|_| ShmError::NotHeld {
+        let not_held = || ShmError::NotHeld {
             slot,
             generation: snapshot.generation,
-        })?;
+        };
+        if !self.ours() {
+            // The parent's hold, not ours to clear.
+            return Err(not_held());
+        }
+        let mut holds = self.holds.lock().map_err(|_| not_held())?;
         holds.with_holds(|h| h.release(Hold { slot, snapshot }))
     }
 }
