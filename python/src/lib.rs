@@ -812,6 +812,17 @@ impl Buffer {
     fn address(&self) -> usize {
         self.ptr
     }
+    /// As `Object.lease_fields`.
+    #[getter]
+    fn lease_fields(&self) -> (u64, &str, usize, u64, Option<(u32, u64)>) {
+        (
+            self.id,
+            &self.name,
+            self.ptr,
+            self.size,
+            place_of(self.location),
+        )
+    }
     #[getter]
     fn location(&self) -> (&'static str, Option<u32>) {
         location_of(self.location)

@@ -179,21 +179,25 @@ fn gets_without_a_message_still_count_for_lru() {
     let writer = no_shared(&d);
     let reader = d.client();
     writer
-        .put("old", &[1; 300_000], b"", CreateOptions::default())
+        .put("old", &[1; 400_000], b"", CreateOptions::default())
         .unwrap();
     writer
-        .put("newer", &[2; 300_000], b"", CreateOptions::default())
+        .put("newer", &[2; 400_000], b"", CreateOptions::default())
         .unwrap();
     // Both are got once (the first get maps the writer's arena, over the socket), `newer`
     // last; then `old` again: through the directory, with no message.
     drop(reader.get_one("old", None).unwrap());
     drop(reader.get_one("newer", None).unwrap());
+    // Their releases are one-way frames: a request behind them makes sure they are done (the
+    // LRU position of `newer` is its release's).
+    reader.stats().unwrap();
     let before = reader.last_request_id();
     drop(reader.get_one("old", None).unwrap());
     assert_eq!(reader.last_request_id(), before);
-    // Room for one more only if one goes: the least recently used, which is now `newer`.
+    // Room for one more only if one goes (eviction frees the LRU objects until the new one's
+    // size is free: one of them): the least recently used, which is now `newer`.
     writer
-        .put("third", &[3; 500_000], b"", CreateOptions::default())
+        .put("third", &[3; 400_000], b"", CreateOptions::default())
         .unwrap();
     assert!(writer.contains("old").unwrap());
     assert!(!writer.contains("newer").unwrap());
@@ -205,7 +209,7 @@ fn gets_without_a_message_still_count_for_lru() {
 /// every hold and reference is gone.
 #[test]
 fn stress_readers_deleters_evictors_and_kills_never_see_freed_or_reused_memory() {
-    let d = Daemon::start("8M");
+    let d = Daemon::start("4M");
     let seconds = 12u64;
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let spawn = |role: &str, seed: u64, secs: u64| {
