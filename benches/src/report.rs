@@ -292,7 +292,88 @@ impl Report {
                 )
             });
         }
+        self.shared_read_targets(&mut t);
         self.targets = t;
+    }
+
+    /// Issue 12's remaining targets and issue 13's (gets without a message, creates), and
+    /// issue 11's "the drop-in no worse than the native client".
+    fn shared_read_targets(&self, t: &mut Vec<Target>) {
+        for clients in [1, 2] {
+            t.push(ratio_target(
+                self.row(&format!("py.small.get.64.{clients}")),
+                &format!(
+                    "Python 64 B get+release, {clients} client process(es): ≥ 10× Plasma's op/s"
+                ),
+                |r| r >= 10.0,
+            ));
+        }
+        t.push(ratio_target(
+            self.row("py.small.put.64.1"),
+            "Python 64 B put, 1 client process: ≥ 5× Plasma's op/s",
+            |r| r >= 5.0,
+        ));
+        t.push(ratio_target(
+            self.row(&format!("py.put.{MIB}")),
+            "Python put 1 MiB: ≥ 1.5× Plasma's GB/s",
+            |r| r >= 1.5,
+        ));
+        t.push(ratio_target(
+            self.row("py.handoff.64"),
+            "put in A → first byte in B, 64 B: ≤ 0.5× Plasma's time",
+            |r| r <= 0.5,
+        ));
+        for (key, what, most) in [
+            ("rust.client.get.64", "Rust client get+release 64 B", 2.0),
+            (
+                "rust.engine.get.64",
+                "embedded Engine get+release 64 B",
+                0.5,
+            ),
+        ] {
+            let name = format!("{what}: ≤ {most} µs median");
+            t.push(match self.row(key).and_then(Row::vovp_median) {
+                Some(us) => Target {
+                    name,
+                    pass: Some(us <= most),
+                    detail: format!("{} µs", fmt_value(us)),
+                },
+                None => not_measured(name),
+            });
+        }
+        let name = "Python get latency within 5 µs of the Rust client's (1 KiB)".to_string();
+        t.push(
+            match (
+                self.row("py.get.1024").and_then(Row::vovp_median),
+                self.row("rust.client.get.1024").and_then(Row::vovp_median),
+            ) {
+                (Some(py), Some(rs)) => Target {
+                    name,
+                    pass: Some(py - rs <= 5.0),
+                    detail: format!("Python {} µs, Rust {} µs", fmt_value(py), fmt_value(rs)),
+                },
+                _ => not_measured(name),
+            },
+        );
+        for clients in [1, 2] {
+            let name = format!(
+                "vovp.plasma 64 B get+release, {clients} client(s): no worse than the native client"
+            );
+            let native = self
+                .row(&format!("py.small.get.64.{clients}"))
+                .and_then(Row::vovp_median);
+            let dropin = self
+                .row(&format!("py.dropin.small.get.64.{clients}"))
+                .and_then(Row::vovp_median);
+            t.push(match (dropin, native) {
+                (Some(d), Some(n)) => Target {
+                    name,
+                    pass: Some(d >= n),
+                    detail: format!("{} vs {} op/s: {:.2}×", fmt_value(d), fmt_value(n), d / n),
+                },
+                _ => not_measured(name),
+            });
+        }
     }
 
     /// The tables (one per group), the machine limits, the targets and the checks, in markdown.

@@ -355,23 +355,14 @@ impl AsyncStore for EngineHandle {
         let Some(reader) = self.session.shared_reader().await else {
             return self.get_from_table(names, timeout).await;
         };
-        let segments = self.session.segments();
-        let mut views: Vec<Option<ObjectView>> = names
-            .iter()
-            .map(|n| crate::shared_reads::view(&reader, segments, n))
-            .collect();
-        let missing: Vec<usize> = (0..names.len()).filter(|&i| views[i].is_none()).collect();
+        let (mut views, missing) = self.shared_part(&reader, names);
         if missing.is_empty() {
             return Ok(views);
         }
         let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
         // On an error the views got so far drop here, releasing their holds.
-        for (i, v) in missing
-            .into_iter()
-            .zip(self.get_from_table(&rest, timeout).await?)
-        {
-            views[i] = v;
-        }
+        let got = self.get_from_table(&rest, timeout).await?;
+        fill_in(&mut views, missing, got);
         Ok(views)
     }
 
@@ -396,7 +387,29 @@ impl AsyncStore for EngineHandle {
     }
 }
 
+/// Puts the table's results for the names at `missing` into their places.
+fn fill_in(views: &mut [Option<ObjectView>], missing: Vec<usize>, got: Vec<Option<ObjectView>>) {
+    for (i, v) in missing.into_iter().zip(got) {
+        views[i] = v;
+    }
+}
+
 impl EngineHandle {
+    /// The views the shared directory serves now, and the positions of the other names.
+    fn shared_part(
+        &self,
+        reader: &Arc<vovp_shm::SharedReader>,
+        names: &[&str],
+    ) -> (Vec<Option<ObjectView>>, Vec<usize>) {
+        let segments = self.session.segments();
+        let views: Vec<Option<ObjectView>> = names
+            .iter()
+            .map(|n| crate::shared_reads::view(reader, segments, n))
+            .collect();
+        let missing = (0..names.len()).filter(|&i| views[i].is_none()).collect();
+        (views, missing)
+    }
+
     /// Gets through the table actor (names the shared directory did not serve).
     async fn get_from_table(
         &self,
@@ -457,6 +470,17 @@ impl Store for EngineHandle {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
+        // Once the session's reader is mapped, what it serves needs no executor at all.
+        if let Some(reader) = self.session.shared_reader_now() {
+            let (mut views, missing) = self.shared_part(&reader, names);
+            if missing.is_empty() {
+                return Ok(views);
+            }
+            let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
+            let got = block_on(self.get_from_table(&rest, timeout))?;
+            fill_in(&mut views, missing, got);
+            return Ok(views);
+        }
         block_on(AsyncStore::get(self, names, timeout))
     }
     fn contains(&self, name: &str) -> Result<bool, Error> {

@@ -332,6 +332,11 @@ impl Session {
             .map_err(Error::from)
     }
 
+    /// The session's reader if it is mapped already (no wait).
+    pub(crate) fn shared_reader_now(&self) -> Option<Arc<vovp_shm::SharedReader>> {
+        self.inner.shared.get().cloned().flatten()
+    }
+
     /// This session's reader of the shared directory (its own hold table), mapped on first
     /// use; `None` when the store does not publish.
     pub(crate) async fn shared_reader(&self) -> Option<Arc<vovp_shm::SharedReader>> {

@@ -251,6 +251,36 @@ impl Client {
         }
     }
 
+    /// One name: `get([name], timeout, writable)[0]` without the lists (every single get).
+    #[pyo3(signature = (name, timeout = None, writable = false))]
+    fn get1(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        timeout: Option<f64>,
+        writable: bool,
+    ) -> PyResult<Option<Object>> {
+        let inner = self.usable()?;
+        let timeout = timeout_of(timeout)?;
+        // As `get`: the shared directory with the GIL held, the socket without it.
+        let view = match inner.get_shared(&[name]).0.pop().flatten() {
+            Some(v) => Some(v),
+            None => py
+                .allow_threads(|| inner.get(&[name], timeout))
+                .map_err(to_py)?
+                .pop()
+                .flatten(),
+        };
+        match view {
+            None => Ok(None),
+            Some(v) if writable => py
+                .allow_threads(|| Object::writable(inner, v))
+                .map(Some)
+                .map_err(to_py),
+            Some(v) => Ok(Some(Object::new(v))),
+        }
+    }
+
     /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
     /// call). `keep`: return the stored object's view, else its object id.
     #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false))]

@@ -93,6 +93,11 @@ class _Lease(weakref.ref):
         super().__init__(owner, _lease_died)
 
 
+def _new_lease(owner, client, obj, cuda=False):
+    # __new__ alone: weakref.ref's __init__ does nothing more, and every get pays for a call.
+    return _Lease.__new__(_Lease, owner, client, obj, cuda)
+
+
 # Forks of this process so far (a child's clients see their parent's count change): cheaper
 # on every call than comparing os.getpid().
 _FORKS = [0]
@@ -408,7 +413,7 @@ class Client:
                 f"{obj.name!r} is a CUDA object: it has no host memory to map (get it with "
                 "get_tensor, which returns a CUDA tensor)", 10)
         owner = np.asarray(obj)
-        lease = _Lease(owner, self, obj)
+        lease = _new_lease(owner, self, obj)
         _LEASES[lease.key] = lease
         return owner
 
@@ -427,7 +432,7 @@ class Client:
                 obj.release()
                 raise
         owner = C.DeviceBuffer(obj.cuda_ptr, obj.size, obj.location[1], None, obj)
-        lease = _Lease(owner, self, obj, cuda=True)
+        lease = _new_lease(owner, self, obj, cuda=True)
         _LEASES[lease.key] = lease
         return owner
 
@@ -516,12 +521,17 @@ class Client:
         negative = forever. Raises ObjectNotFound when it is still missing.
         With ``with_metadata=True`` returns ``(memoryview, metadata bytes)``.
         """
-        obj = self._get1(name, timeout, writable)
+        # _get1 written out: this is every get's path.
+        obj = self._native.get1(name if type(name) is str else _name(name),
+                                None if timeout is None else _timeout(timeout), writable)
+        if obj is None:
+            raise ObjectNotFound(f"no sealed object named {name!r}", 1)
         mv = memoryview(self._owner(obj))
         return (mv, obj.metadata) if with_metadata else mv
 
     def _get1(self, name, timeout, writable=False):
-        [obj] = self._native.get([_name(name)], _timeout(timeout), writable)
+        obj = self._native.get1(_name(name), None if timeout is None else _timeout(timeout),
+                                writable)
         if obj is None:
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
         return obj
