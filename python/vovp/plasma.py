@@ -563,11 +563,14 @@ class PlasmaClient:
         """(entry, anchor) of an object the store just gave us: ``found`` = (memoryview
         holding the vovp reference, vovp metadata)."""
         mv, meta = found
+        return self._entry_of(name, np.frombuffer(mv, np.uint8), meta)
+
+    def _entry_of(self, name, anchor, meta):
+        """(entry, anchor) for ``anchor``, a uint8 array that holds the vovp reference."""
         if meta:
-            data_size, created, pickled, ours = _parse_header(meta, mv.nbytes)
+            data_size, created, pickled, ours = _parse_header(meta, anchor.nbytes)
         else:  # no header (and no metadata): all data
-            data_size, created, pickled, ours = mv.nbytes, None, False, False
-        anchor = np.frombuffer(mv, np.uint8)
+            data_size, created, pickled, ours = anchor.nbytes, None, False, False
         entry = _entry(anchor, name, True, data_size, created, pickled, None if ours else meta)
         self._insert(entry)
         return entry, anchor
@@ -585,12 +588,17 @@ class PlasmaClient:
                 got = self._in_use_anchor(entry, timeout_ms)
                 if got is not None:
                     return got
-            timeout = None if timeout_ms == 0 else (-1 if timeout_ms < 0 else timeout_ms / 1000)
+            timeout = None if timeout_ms == 0 else (3.15e9 if timeout_ms < 0 else timeout_ms / 1000)
+            vc = self._vovp
             try:
-                [found] = self._vovp.get_buffers([name], timeout)
+                # vovp.Client's own single get, without its memoryview: the owner array is
+                # the anchor (it holds the reference).
+                obj = vc._native.get1(name, timeout, False)
+                if obj is None:
+                    return None
+                return self._entry_of(name, vc._owner(obj), obj.metadata)
             except E.VovpError as err:
                 raise _plasma_error(err) from err
-            return None if found is None else self._new_entry(name, found)
         finally:
             lock.release()
 
