@@ -22,7 +22,7 @@ pub trait Store: Send + Sync {
     ) -> Result<ObjectBuffer, Error>;
     fn seal(&self, name: &str) -> Result<(), Error>;
     fn abort(&self, name: &str) -> Result<(), Error>;
-    /// Creates, copies (in parallel above 1 MiB) and seals in one call; keeps no reference.
+    /// Creates, copies (in parallel above 1 MB) and seals in one call; keeps no reference.
     fn put(
         &self,
         name: &str,
