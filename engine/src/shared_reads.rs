@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use vovp_actors::{Location, ObjectId, ObjectName, ObjectRef};
+use vovp_actors::{ObjectId, ObjectRef};
 use vovp_shm::{SharedReader, Snapshot};
 
 use crate::view::{Mapped, ObjectSink, ObjectView};
@@ -43,16 +43,7 @@ fn object_of(segments: &[Arc<Segment>], name: &str, s: &Snapshot) -> Option<(Obj
     // SAFETY: inside the segment (`ptr` checked the range), in the held object's block,
     // written at create and immutable since its seal; the hold pins it.
     let metadata = unsafe { std::slice::from_raw_parts(meta, s.meta_len as usize) };
-    let r = ObjectRef {
-        id: ObjectId::from_raw(s.object_id),
-        name: ObjectName::new(name).ok()?,
-        size: s.size,
-        metadata: Arc::from(metadata),
-        location: Location::Host {
-            segment: s.segment,
-            offset: s.offset,
-        },
-    };
+    let r = ObjectRef::published(name, s, metadata)?;
     let mapped = Mapped {
         ptr,
         device_ptr: 0,

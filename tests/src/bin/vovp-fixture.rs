@@ -428,13 +428,7 @@ fn shared_stress(
     seed: u64,
     names: u64,
 ) -> Result<(u64, u64), Error> {
-    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(seed);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let (mut ops, mut found) = (0, 0);
     let mut held: Vec<(u64, ObjectView)> = Vec::new();
@@ -497,14 +491,19 @@ fn shared_stress(
     Ok((ops, found))
 }
 
-fn hammer(client: &Client, seconds: u64, seed: u64, names: u64) -> Result<u64, Error> {
+/// A small deterministic generator (xorshift64) for the fixture's random operations.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
+    move || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         rng
-    };
+    }
+}
+
+fn hammer(client: &Client, seconds: u64, seed: u64, names: u64) -> Result<u64, Error> {
+    let mut next = xorshift(seed);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut held = Vec::new();
     let mut ops = 0;
@@ -516,7 +515,7 @@ fn hammer(client: &Client, seconds: u64, seed: u64, names: u64) -> Result<u64, E
             0 => match client.create(&name, size, b"", CreateOptions::default()) {
                 Ok(mut b) => {
                     b.as_mut_slice().fill(fill);
-                    if next() % 3 == 0 {
+                    if next().is_multiple_of(3) {
                         drop(b);
                     } else {
                         held.push(b.seal()?);

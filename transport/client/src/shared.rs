@@ -8,7 +8,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use vovp::{Error, Location, ObjectId, ObjectName, ObjectRef, ObjectSink};
+use vovp::{Error, ObjectId, ObjectRef, ObjectSink};
 use vovp_shm::{Hold, SharedReader, Snapshot};
 
 /// Maps the two fds of a SHARED reply (directory first, then the hold table).
@@ -40,16 +40,7 @@ pub(crate) unsafe fn object_ref(
     let metadata = unsafe {
         std::slice::from_raw_parts(base.add(s.meta_offset as usize), s.meta_len as usize)
     };
-    Some(ObjectRef {
-        id: ObjectId::from_raw(s.object_id),
-        name: ObjectName::new(name).ok()?,
-        size: s.size,
-        metadata: Arc::from(metadata),
-        location: Location::Host {
-            segment: s.segment,
-            offset: s.offset,
-        },
-    })
+    ObjectRef::published(name, s, metadata)
 }
 
 /// A view's release for an object got through the hold table: clear its slot, no message.
