@@ -641,6 +641,7 @@ impl AllocatorActor {
             if let Some(seg) = self.segments.get_mut(&id) {
                 given += seg.punch_freed();
             }
+            self.drop_if_done(id);
         }
         given
     }
@@ -667,7 +668,10 @@ impl AllocatorActor {
     }
 
     /// Drops a client segment with no object left once it cannot be reused: its owner is gone,
-    /// or it is an arena of one big object's size.
+    /// or it is an arena of one big object's size whose pages were given back. An emptied big
+    /// arena stays while its pages are warm, because the likeliest next create of its owner is
+    /// another object of that size (a training loop's batches): put into the warm arena, a
+    /// 1 GiB put runs at memcpy speed instead of taking 262 144 fresh page faults (5× slower).
     fn drop_if_done(&mut self, id: u32) {
         let standard = self.arena_size.next_multiple_of(2 << 20);
         let Some(seg) = self.segments.get(&id) else {
@@ -676,7 +680,7 @@ impl AllocatorActor {
         if id == 0 || seg.alloc.live_allocations() > 0 {
             return;
         }
-        if seg.orphaned || seg.segment.len() > standard {
+        if seg.orphaned || (seg.segment.len() > standard && seg.resident() == 0) {
             if let Some(seg) = self.segments.remove(&id) {
                 // Clients that still map it (holding no object in it) keep only address space.
                 seg.segment.punch(0, seg.segment.len());
@@ -885,14 +889,32 @@ mod tests {
         assert_eq!(s.segment, 0);
         assert!(c1.segment != 0 && c2.segment != 0 && c1.segment != c2.segment);
         assert_eq!(c1b.segment, c1.segment, "one arena serves many objects");
-        // A big object gets an arena of its own size, dropped with it.
+        // A big object gets an arena of its own size, kept warm when it empties so that the
+        // next object of that size reuses it, and dropped once its pages are given back.
         let big = a
             .allocate(40 << 20, Writer::Client(HolderId::from_raw(1)))
             .unwrap();
         assert!(big.segment != c1.segment);
         let segments = a.usage().segments;
         a.free(big);
-        assert_eq!(a.usage().segments, segments - 1);
+        assert_eq!(
+            a.usage().segments,
+            segments,
+            "an emptied big arena stays while warm"
+        );
+        let warm = a.usage().resident;
+        let again = a
+            .allocate(40 << 20, Writer::Client(HolderId::from_raw(1)))
+            .unwrap();
+        assert_eq!(again.segment, big.segment, "the next big object reuses it");
+        assert_eq!(a.usage().resident, warm, "into pages already backed");
+        a.free(again);
+        assert!(a.give_back(u64::MAX, 0) >= 40 << 20);
+        assert_eq!(
+            a.usage().segments,
+            segments - 1,
+            "given back, it is dropped"
+        );
         // A client gone: its arenas go with their last object.
         a.owner_gone(HolderId::from_raw(1));
         a.free(c1);
