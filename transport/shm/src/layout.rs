@@ -10,7 +10,7 @@ pub const DIR_MAGIC: u64 = u64::from_le_bytes(*b"VOVPDIR1");
 /// `"VOVPHLD1"` as a little-endian word.
 pub const HOLD_MAGIC: u64 = u64::from_le_bytes(*b"VOVPHLD1");
 /// Bumped on any change of these layouts or of [`name_hash`].
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 1;
 
 /// Longest name an entry holds inline: the store's own limit (`vovp::MAX_NAME_LEN`), so every
 /// object can be published.
@@ -146,23 +146,18 @@ pub struct HoldHeader {
     pub slots_offset: AtomicU64,
     /// The store's id for the client (informational).
     pub client_id: AtomicU64,
-    /// How many slots hold something, kept by the client: the store skips scanning a table
-    /// whose count is 0 (most tables, most of the time), so a free costs a load per client
-    /// instead of a scan of every slot. A client that under-counts only exposes itself.
-    pub holding: AtomicU64,
-    pub reserved: [AtomicU64; 2],
+    pub reserved: [AtomicU64; 3],
 }
 
 impl HoldHeader {
     pub fn new() -> Self {
-        let [magic, version_slot_size, slots, slots_offset, client_id, holding] = zero_words::<6>();
+        let [magic, version_slot_size, slots, slots_offset, client_id] = zero_words::<5>();
         HoldHeader {
             magic,
             version_slot_size,
             slots,
             slots_offset,
             client_id,
-            holding,
             reserved: zero_words(),
         }
     }
@@ -282,10 +277,9 @@ mod tests {
                 offset_of!(HoldHeader, slots),
                 offset_of!(HoldHeader, slots_offset),
                 offset_of!(HoldHeader, client_id),
-                offset_of!(HoldHeader, holding),
                 offset_of!(HoldHeader, reserved),
             ],
-            [0, 8, 16, 24, 32, 40, 48]
+            [0, 8, 16, 24, 32, 40]
         );
         assert_eq!(
             [

@@ -24,8 +24,7 @@
 //!   `offset` @48, `size` @56, `meta_offset` @64, `meta_len` @72, `flags` @80, `stamp` @88
 //!   (outside the seqlock), reserved @96..128, name bytes @128..384.
 //! * Hold table header, 64 B: `magic` "VOVPHLD1" @0, `LAYOUT_VERSION | SLOT_SIZE << 32` @8,
-//!   `slots` @16, `slots_offset` (64) @24, `client_id` @32, `holding` (slots in use, kept by
-//!   the client; 0 lets the store skip the table) @40, reserved @48..64.
+//!   `slots` @16, `slots_offset` (64) @24, `client_id` @32, reserved @40..64.
 //! * Hold slot `i`, 32 B at `64 + 32 i`: `generation` (0 = free) @0, `object_id` @8, `stamp`
 //!   @16, reserved @24.
 //!

@@ -12,7 +12,7 @@ use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 
-use vovp_shm::layout::{DirHeader, Entry, HoldHeader, HoldSlot};
+use vovp_shm::layout::{DirHeader, Entry, HoldSlot};
 use vovp_shm::{
     is_held, Directory, DirectoryWriter, Get, Holds, HoldsView, Lookup, Publish, Retired,
 };
@@ -42,8 +42,6 @@ struct Shared {
     header: DirHeader,
     entries: Vec<Entry>,
     slots: Vec<HoldSlot>,
-    /// The hold table's header: its `holding` count, as the daemon's tables have one.
-    hold_header: HoldHeader,
     memory: Memory,
 }
 
@@ -56,7 +54,6 @@ fn shared(entries: usize, slots: usize) -> Arc<Shared> {
         header,
         entries: (0..entries).map(|_| Entry::new()).collect(),
         slots: (0..slots).map(|_| HoldSlot::new()).collect(),
-        hold_header: HoldHeader::new(),
         memory: Memory([UnsafeCell::new(0), UnsafeCell::new(0)]),
     })
 }
@@ -137,7 +134,7 @@ fn hold_never_sees_freed_memory() {
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots).counted(&r.hold_header.holding);
+            let mut holds = Holds::new(&r.slots);
             if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
                 let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
                 assert_eq!(
@@ -150,7 +147,7 @@ fn hold_never_sees_freed_memory() {
         let mut retired = Retired::new();
         let mut w = DirectoryWriter::new(&s.header, &s.entries);
         w.unpublish(index, generation).expect("unpublish");
-        let views = [HoldsView::new(&s.slots).counted(&s.hold_header.holding)];
+        let views = [HoldsView::new(&s.slots)];
         if is_held(&views, generation) {
             retired.retire(generation, 0usize);
         } else {
@@ -184,7 +181,7 @@ fn deferred_free_waits_for_release_then_reuses() {
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots).counted(&r.hold_header.holding);
+            let mut holds = Holds::new(&r.slots);
             if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
                 let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
                 assert_eq!(tag, h.snapshot.generation, "freed or reused memory");
@@ -195,7 +192,7 @@ fn deferred_free_waits_for_release_then_reuses() {
         w.unpublish(index, generation).expect("unpublish");
         let mut retired = Retired::new();
         retired.retire(generation, 0usize);
-        let views = [HoldsView::new(&s.slots).counted(&s.hold_header.holding)];
+        let views = [HoldsView::new(&s.slots)];
         let cell = loop {
             if let Some(c) = retired.collect(&views).pop() {
                 break c;
