@@ -3,7 +3,7 @@
 //! and kameo spawns its actors with `tokio::spawn`, so the engine's actors, the connection
 //! actors and the socket tasks share that runtime and no message crosses a thread.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
@@ -76,7 +76,8 @@ impl Default for ConnectionLimits {
 
 /// fds kept back from connections (segments, the listener, logs, CUDA, dup'd sockets).
 const FD_RESERVE: u64 = 64;
-/// Each connection costs two fds (the io_uring stream and a clone for SCM_RIGHTS and polls).
+/// Each connection costs two fds: its socket and its hold table (memfd, kept so a second
+/// SHARED gets the same table).
 const FDS_PER_CONNECTION: u64 = 2;
 const MAX_CONNECTIONS_CAP: u64 = 16 * 1024;
 
@@ -315,7 +316,6 @@ async fn serve_connection(
     // Non-blocking: io_uring does not care, and the raw sendmsg of HELLO's fds must never
     // block the event loop (it waits for writability there instead).
     stream.set_nonblocking(true)?;
-    let raw = stream.try_clone()?;
     let stream = tokio_uring::net::UnixStream::from_std(stream);
     // The connection's holder: every reference it takes is recorded under it.
     let session = engine.client_session();
@@ -326,7 +326,6 @@ async fn serve_connection(
     });
     let io = ConnIo {
         stream: &stream,
-        raw: &raw,
         limits,
     };
     let result = connection_loop(&io, &conn, &session).await;
@@ -336,14 +335,20 @@ async fn serve_connection(
     result
 }
 
-/// The socket of one connection, as io_uring stream and as plain fd, and its limits.
+/// The socket of one connection and its limits.
 struct ConnIo<'a> {
     stream: &'a tokio_uring::net::UnixStream,
-    raw: &'a StdUnixStream,
     limits: &'a ConnectionLimits,
 }
 
 impl ConnIo<'_> {
+    /// The socket as a plain fd, for what io_uring's stream lacks (SCM_RIGHTS, polls).
+    /// Borrowed, not dup'd: a connection costs one fd, so more connections fit the fd limit.
+    fn raw(&self) -> BorrowedFd<'_> {
+        // SAFETY: the stream owns this fd and outlives the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.stream.as_raw_fd()) }
+    }
+
     /// Writes `out` whole within the write timeout; gives the buffer back cleared.
     async fn flush(&self, out: Vec<u8>) -> (Result<(), TransportError>, Vec<u8>) {
         if out.is_empty() {
@@ -536,7 +541,7 @@ async fn connection_loop(
         match res {
             // The peer shut down its sending side. Only a closed connection is a dead peer: a
             // half-closed one may still read replies and still holds its references.
-            Ok(0) => return wait_for_hangup(io.raw).await,
+            Ok(0) => return wait_for_hangup(io.raw()).await,
             Ok(_) => inbuf.extend_from_slice(&rbuf),
             Err(e) => return Err(e.into()),
         }
@@ -600,7 +605,7 @@ async fn answer(
                 return r.unwrap_or_else(stopping);
             }
             _ = tokio::time::sleep(LIVENESS_CHECK), if !released => {
-                if peer_hung_up(io.raw) {
+                if peer_hung_up(io.raw()) {
                     released = true;
                     session.release_all();
                 }
@@ -612,9 +617,9 @@ async fn answer(
 /// True when the peer has closed the connection: both directions (POLLHUP) or with an error.
 /// A peer that only shut down its writing side (`shutdown(SHUT_WR)`: POLLRDHUP without
 /// POLLHUP) is alive and still reads its replies.
-fn peer_hung_up(raw: &StdUnixStream) -> bool {
+fn peer_hung_up(raw: BorrowedFd<'_>) -> bool {
     use rustix::event::{poll, PollFd, PollFlags};
-    let mut fds = [PollFd::new(raw, PollFlags::empty())];
+    let mut fds = [PollFd::new(&raw, PollFlags::empty())];
     match poll(&mut fds, Some(&rustix::event::Timespec::default())) {
         Ok(_) => fds[0]
             .revents()
@@ -626,7 +631,7 @@ fn peer_hung_up(raw: &StdUnixStream) -> bool {
 
 /// After the peer shut down its writing side: keep its references until it closes the
 /// connection entirely (it may still be using the objects it got).
-async fn wait_for_hangup(raw: &StdUnixStream) -> Result<(), TransportError> {
+async fn wait_for_hangup(raw: BorrowedFd<'_>) -> Result<(), TransportError> {
     while !peer_hung_up(raw) {
         tokio::time::sleep(LIVENESS_CHECK).await;
     }
@@ -661,13 +666,13 @@ async fn send_with_fd(
     reply: Vec<u8>,
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> Result<(), TransportError> {
-    let sent = match vovp_client::fdpass::send_with_fds(io.raw.as_fd(), &reply, fds) {
+    let sent = match vovp_client::fdpass::send_with_fds(io.raw(), &reply, fds) {
         Ok(n) => n,
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             // SAFETY: the AsyncFd owns its own dup of the socket, open for its whole life.
             let waiter = unsafe {
                 tokio::io::unix::AsyncFd::register_with_interest(
-                    io.raw.try_clone()?,
+                    io.raw().try_clone_to_owned()?,
                     tokio::io::Interest::WRITABLE,
                 )
             }
