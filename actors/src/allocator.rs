@@ -34,6 +34,23 @@ pub struct HostBlock {
     allocation: Allocation,
 }
 
+#[cfg(test)]
+impl HostBlock {
+    /// A block of `size` bytes at the start of a fresh allocator, labelled as `segment`
+    /// (for tests of what holds blocks, not of the allocator).
+    pub(crate) fn for_tests(segment: u32, size: u64) -> HostBlock {
+        let mut a = SegmentAllocator::new(size.max(ALIGNMENT) * 2);
+        let (offset, reserved, allocation) = a.allocate(size).expect("room");
+        HostBlock {
+            segment,
+            offset,
+            reserved,
+            charged: size,
+            allocation,
+        }
+    }
+}
+
 impl std::fmt::Debug for HostBlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostBlock")

@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod copy;
 mod error;
+pub mod lends;
 pub mod memory_room;
 pub mod segment;
 pub mod shared;

@@ -26,6 +26,19 @@ use crate::Error;
 pub enum Block {
     Host(HostBlock),
     Cuda(DeviceBlock),
+    /// Part of a block lent to a client (LEND), which wrote the object there itself: freeing
+    /// it gives the lend back one object, and the lend's block goes when its last object does.
+    Lent(LentBlock),
+}
+
+/// Where an object published from a lend lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LentBlock {
+    pub lend: u64,
+    pub segment: u32,
+    pub offset: u64,
+    /// Data padded to 64 bytes plus metadata, rounded to 64: what it occupies of the lend.
+    pub charged: u64,
 }
 
 impl Block {
@@ -36,12 +49,16 @@ impl Block {
                 offset: h.offset,
             },
             Block::Cuda(d) => Location::Cuda(*d),
+            Block::Lent(l) => Location::Host {
+                segment: l.segment,
+                offset: l.offset,
+            },
         }
     }
 
     pub fn pool(&self) -> Pool {
         match self {
-            Block::Host(_) => Pool::Host,
+            Block::Host(_) | Block::Lent(_) => Pool::Host,
             Block::Cuda(d) => Pool::Cuda(d.device),
         }
     }
@@ -51,6 +68,7 @@ impl Block {
         match self {
             Block::Host(h) => h.charged,
             Block::Cuda(d) => d.size,
+            Block::Lent(l) => l.charged,
         }
     }
 }
@@ -319,8 +337,10 @@ impl ObjectTable {
             return;
         };
         let e = &mut self.objects[key];
-        let Block::Host(h) = e.block else {
-            return;
+        let (segment, offset) = match e.block {
+            Block::Host(h) => (h.segment, h.offset),
+            Block::Lent(l) => (l.segment, l.offset),
+            Block::Cuda(_) => return,
         };
         if !e.sealed || !e.named || e.ephemeral || e.parked || e.published.is_some() {
             return;
@@ -328,15 +348,15 @@ impl ObjectTable {
         let Some(meta_offset) = e
             .size
             .checked_next_multiple_of(ALIGNMENT)
-            .and_then(|d| h.offset.checked_add(d))
+            .and_then(|d| offset.checked_add(d))
         else {
             return;
         };
         let published = shared.publish(&vovp_shm::Publish {
             name: e.name.as_str().as_bytes(),
             object_id: e.id.get(),
-            segment: h.segment,
-            offset: h.offset,
+            segment,
+            offset,
             size: e.size,
             meta_offset,
             meta_len: e.metadata.len() as u64,

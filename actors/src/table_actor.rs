@@ -16,6 +16,7 @@ use vovp_gpu::{AllocateDevice, FreeDevice, GpuActor, GpuError, GpuUsage};
 use crate::allocator::{
     AllocFailure, Allocate, AllocatorActor, Free, HostUsage, OwnerGone, Usage, Writer,
 };
+use crate::lends::Lends;
 use crate::segment::Segment;
 use crate::shared::{Shared, SharedConfig, SharedFds};
 use crate::table::{Block, CompletedGet, Freed, GetResults, ObjectTable, Pool, WaiterId};
@@ -45,6 +46,8 @@ pub struct ObjectTableActor {
     arenas: std::collections::HashMap<u32, std::sync::Weak<Segment>>,
     /// A [`CollectParked`] is on its way.
     rescan_scheduled: bool,
+    /// Parts of clients' arenas lent to them (LEND / PUBLISH).
+    lends: Lends,
 }
 
 impl ObjectTableActor {
@@ -69,6 +72,7 @@ impl ObjectTableActor {
             cuda_metadata: std::collections::HashMap::new(),
             arenas: std::collections::HashMap::new(),
             rescan_scheduled: false,
+            lends: Lends::new(),
         })
     }
 
@@ -76,34 +80,36 @@ impl ObjectTableActor {
     /// [`ALIGNMENT`] (where `allocate` made room): where readers of the shared directory
     /// find it. The store writes it, not the creator, so it is what the store was told.
     async fn place_metadata(&mut self, block: &Block, size: u64, metadata: &[u8]) {
-        let Block::Host(h) = block else {
-            return;
+        let (segment_id, offset) = match block {
+            Block::Host(h) => (h.segment, h.offset),
+            Block::Lent(l) => (l.segment, l.offset),
+            Block::Cuda(_) => return,
         };
         if metadata.is_empty() {
             return;
         }
         let segment = match self
             .segments
-            .get(h.segment as usize)
-            .filter(|s| s.id() == h.segment)
+            .get(segment_id as usize)
+            .filter(|s| s.id() == segment_id)
         {
             Some(s) => Some(s.clone()),
             None => match self
                 .arenas
-                .get(&h.segment)
+                .get(&segment_id)
                 .and_then(std::sync::Weak::upgrade)
             {
                 Some(s) => Some(s),
                 None => {
                     let s = self
                         .allocator
-                        .ask(crate::allocator::SegmentById(h.segment))
+                        .ask(crate::allocator::SegmentById(segment_id))
                         .await
                         .ok()
                         .flatten();
                     if let Some(s) = &s {
                         self.arenas.retain(|_, w| w.strong_count() > 0);
-                        self.arenas.insert(h.segment, Arc::downgrade(s));
+                        self.arenas.insert(segment_id, Arc::downgrade(s));
                     }
                     s
                 }
@@ -111,7 +117,7 @@ impl ObjectTableActor {
         };
         let at = size
             .checked_next_multiple_of(ALIGNMENT)
-            .and_then(|d| h.offset.checked_add(d));
+            .and_then(|d| offset.checked_add(d));
         match (segment, at) {
             (Some(seg), Some(at)) => match seg.ptr(at, metadata.len() as u64) {
                 // SAFETY: inside the object's own block, past its data: nobody else writes it
@@ -119,9 +125,9 @@ impl ObjectTableActor {
                 Some(p) => unsafe {
                     std::ptr::copy_nonoverlapping(metadata.as_ptr(), p, metadata.len())
                 },
-                None => tracing::error!("metadata outside segment {}", h.segment),
+                None => tracing::error!("metadata outside segment {segment_id}"),
             },
-            _ => tracing::error!("no segment {} for an object's metadata", h.segment),
+            _ => tracing::error!("no segment {segment_id} for an object's metadata"),
         }
     }
 
@@ -308,6 +314,7 @@ impl ObjectTableActor {
         for block in blocks {
             match block {
                 Block::Host(h) => host.push(h),
+                Block::Lent(l) => host.extend(self.lends.freed(&l)),
                 Block::Cuda(d) => {
                     if let Some(meta) = self.cuda_metadata.remove(&(d.device, d.pool, d.offset)) {
                         host.push(meta);
@@ -404,7 +411,7 @@ impl Message<Create> for ObjectTableActor {
                     .await?
                 {
                     Block::Host(h) => Some(h),
-                    Block::Cuda(_) => None,
+                    Block::Cuda(_) | Block::Lent(_) => None,
                 }
             }
             _ => None,
@@ -524,6 +531,93 @@ impl Message<PutInline> for ObjectTableActor {
                 return Err(Error::Memory("allocation outside its segment".into()));
             }
         }
+        let done = self.table.seal(&m.name, m.holder, Some(r.id))?;
+        self.deliver(done).await;
+        if !m.keep_reference {
+            let freed = self.table.release(r.id, m.holder)?;
+            self.free(freed.into_iter().collect()).await;
+        }
+        self.publish();
+        self.after_change(ctx.actor_ref()).await;
+        Ok(r)
+    }
+}
+
+/// Lend `holder` a part of its own arena (its previous lend takes no new object).
+pub struct TakeLend {
+    pub holder: HolderId,
+    /// The block the client wants to write next (data padded to 64 bytes, then metadata).
+    pub at_least: u64,
+    /// The store's lend size ([`crate::lends::lend_size`]).
+    pub size: u64,
+}
+
+impl Message<TakeLend> for ObjectTableActor {
+    type Reply = Result<Lend, Error>;
+
+    async fn handle(&mut self, m: TakeLend, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let max = crate::lends::max_object(m.size);
+        if m.at_least > max {
+            return Err(Error::TooLarge(format!(
+                "a lend is for objects of up to {max} bytes, not {}: use CREATE",
+                m.at_least
+            )));
+        }
+        // Retired first, so that an emptied lend's memory can serve the new one.
+        if let Some(old) = self.lends.retire(m.holder) {
+            let _ = self.allocator.tell(Free(vec![old])).await;
+        }
+        match self
+            .allocate(m.size, 0, Device::Cpu, Writer::Client(m.holder))
+            .await?
+        {
+            Block::Host(h) => Ok(self.lends.insert(m.holder, h)),
+            other => {
+                self.free_blocks([other]).await;
+                Err(Error::Internal("a lend outside host memory".into()))
+            }
+        }
+    }
+}
+
+/// Make the bytes a client wrote into its lend a sealed object (create + seal in one message).
+pub struct Publish {
+    pub holder: HolderId,
+    pub lend: u64,
+    pub offset: u64,
+    pub name: ObjectName,
+    pub size: u64,
+    pub metadata: Arc<[u8]>,
+    pub ephemeral: bool,
+    /// Keep the creator's reference (the reply's object id must be released later).
+    pub keep_reference: bool,
+}
+
+impl Message<Publish> for ObjectTableActor {
+    type Reply = Result<ObjectRef, Error>;
+
+    async fn handle(&mut self, m: Publish, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        check_metadata(&m.metadata)?;
+        self.table.check_name_free(&m.name)?;
+        let lent = self
+            .lends
+            .claim(m.holder, m.lend, m.offset, m.size, m.metadata.len() as u64)?;
+        let block = Block::Lent(lent);
+        self.place_metadata(&block, m.size, &m.metadata).await;
+        let r = match self.table.insert(
+            m.name.clone(),
+            m.size,
+            m.metadata,
+            block,
+            m.ephemeral,
+            m.holder,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                self.free_blocks([block]).await;
+                return Err(e);
+            }
+        };
         let done = self.table.seal(&m.name, m.holder, Some(r.id))?;
         self.deliver(done).await;
         if !m.keep_reference {
@@ -723,6 +817,9 @@ impl Message<ReleaseHolder> for ObjectTableActor {
             tracing::debug!("holder {} gone: {} objects freed", m.holder, freed.len());
         }
         self.free(freed).await;
+        if let Some(lend) = self.lends.retire(m.holder) {
+            let _ = self.allocator.tell(Free(vec![lend])).await;
+        }
         let _ = self.allocator.tell(OwnerGone(m.holder)).await;
         self.publish();
         self.after_change(ctx.actor_ref()).await;

@@ -150,6 +150,21 @@ pub struct ObjectRef {
     pub location: Location,
 }
 
+/// A part of a client's own arena lent to it (LEND): the client writes objects into it itself
+/// and makes each one a sealed object with one PUBLISH, so a put costs no CREATE round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lend {
+    /// Names the lend in PUBLISH.
+    pub id: u64,
+    pub segment: u32,
+    /// Where the lent range starts in the segment (64-byte aligned), and its length.
+    pub offset: u64,
+    pub size: u64,
+    /// The largest block (data padded to 64 bytes, then the metadata) a lend is made for;
+    /// bigger objects go through CREATE.
+    pub max_object: u64,
+}
+
 /// One row of `list`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {

@@ -23,6 +23,10 @@ pub use session::{PutOptions, Session, Subscription};
 pub use store::{AsyncStore, Store};
 pub use tensor::{DType, Tensor, TensorMeta, TensorView};
 pub use view::{ObjectBuffer, ObjectSink, ObjectView};
+/// The arithmetic of lends (LEND / PUBLISH), the same for the store and its clients.
+pub mod lends {
+    pub use vovp_actors::lends::{block_len, lend_size, max_object};
+}
 pub use vovp_actors::allocator::SegmentGrant;
 pub use vovp_actors::copy::parallel_copy;
 pub use vovp_actors::segment::Segment;
@@ -31,7 +35,7 @@ pub use vovp_actors::shared::SharedFds;
 /// store produces these values itself.
 pub use vovp_actors::Error;
 pub use vovp_actors::{
-    CreateOptions, Device, HolderId, Location, Notification, NotificationKind, ObjectId,
+    CreateOptions, Device, HolderId, Lend, Location, Notification, NotificationKind, ObjectId,
     ObjectInfo, ObjectName, ObjectRef, StoreStats, ALIGNMENT, MAX_METADATA_LEN, MAX_NAME_LEN,
     MAX_OBJECTS,
 };

@@ -13,8 +13,8 @@ use vovp_actors::segment::Segment;
 use vovp_actors::shared::SharedFds;
 use vovp_actors::table_actor as msg;
 use vovp_actors::{
-    CreateOptions, HolderId, Location, Notification, ObjectId, ObjectInfo, ObjectName, ObjectRef,
-    StoreStats,
+    CreateOptions, HolderId, Lend, Location, Notification, ObjectId, ObjectInfo, ObjectName,
+    ObjectRef, StoreStats,
 };
 
 use crate::engine::{block_on, Core};
@@ -192,6 +192,61 @@ impl Session {
                 holder: self.inner.holder,
                 name: object_name(name)?,
                 data,
+                metadata: Arc::from(metadata),
+                ephemeral: options.ephemeral,
+                keep_reference: options.keep_reference,
+            })
+            .await?)
+    }
+
+    /// Lends this session a part of its own arena to write objects into itself, each made a
+    /// sealed object by one [`Session::publish`]; its previous lend takes no new object.
+    /// `at_least`: the block it wants to write next (data padded to 64 bytes, then metadata).
+    /// Only for clients in other processes, and only by a store of 64 MiB or more with client
+    /// arenas (not `--prefault`): otherwise [`Error::Config`], and the client creates instead.
+    pub async fn lend(&self, at_least: u64) -> Result<Lend, Error> {
+        let config = &self.inner.core.config;
+        let size = match (self.inner.kind, config.client_arenas && !config.prefault) {
+            (Kind::Client, true) => vovp_actors::lends::lend_size(config.capacity),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::Config(
+                "this store lends no arena (embedded, --prefault, or under 64 MiB): use CREATE"
+                    .into(),
+            )
+        })?;
+        Ok(self
+            .table()
+            .ask(msg::TakeLend {
+                holder: self.inner.holder,
+                at_least,
+                size,
+            })
+            .await?)
+    }
+
+    /// Makes the `size` bytes this session wrote at `offset` of its lend `lend` a sealed
+    /// object named `name` (the metadata goes after the data padded to 64 bytes, which the
+    /// store writes). The range must lie in the lend and overlap no live object published from
+    /// it ([`Error::Protocol`] otherwise).
+    pub async fn publish(
+        &self,
+        lend: u64,
+        offset: u64,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        options: PutOptions,
+    ) -> Result<ObjectRef, Error> {
+        Ok(self
+            .table()
+            .ask(msg::Publish {
+                holder: self.inner.holder,
+                lend,
+                offset,
+                name: object_name(name)?,
+                size,
                 metadata: Arc::from(metadata),
                 ephemeral: options.ephemeral,
                 keep_reference: options.keep_reference,

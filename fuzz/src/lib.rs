@@ -141,6 +141,18 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     req("evict", Request::Evict { bytes: 1 << 20 });
     req("stats", Request::Stats);
     req("subscribe", Request::Subscribe);
+    req("lend", Request::Lend { at_least: 1 << 16 });
+    req(
+        "publish",
+        Request::Publish {
+            lend: 1,
+            offset: 4096,
+            name: "lent/a".into(),
+            flags: 2,
+            metadata: b"meta".to_vec().into(),
+            size: 1 << 16,
+        },
+    );
     let long_name = "n".repeat(MAX_NAME_LEN + 1);
     req("contains-long-name", Request::Contains {
             name: long_name.into(),

@@ -66,7 +66,8 @@ CHILD = textwrap.dedent("""
 
 
 def test_delete_while_a_killed_process_held_it(client, daemon, subprocess_env):
-    a = np.arange(20_000, dtype=np.int64)  # put inline: segment 0, mapped by all
+    # Under 64 KiB, put inline: segment 0, mapped by all (bigger puts go to the putter's lend).
+    a = np.arange(8_000, dtype=np.int64)
     client.put_tensor("big", a)
     child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.socket],
                              stdout=subprocess.PIPE, env=subprocess_env)
@@ -78,7 +79,7 @@ def test_delete_while_a_killed_process_held_it(client, daemon, subprocess_env):
         assert client.stats()["pending_delete"] == 1
         # The held memory is not reused while the child holds it.
         for i in range(20):
-            client.put_tensor(f"fill{i}", np.full(20_000, -1, dtype=np.int64))
+            client.put_tensor(f"fill{i}", np.full(8_000, -1, dtype=np.int64))
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
         assert wait_for(lambda: client.stats()["shared_holds"] == 0

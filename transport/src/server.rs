@@ -642,18 +642,23 @@ fn response_empty(header: Header, out: &mut Vec<u8>) {
     Reply::Empty.encode(header.opcode, header.request_id, out);
 }
 
-/// Sends HELLO's reply with segment 0's read-only fd attached: every client may read the
-/// store's own segment; none may write it (the store copies inline puts in itself).
+/// Sends HELLO's reply with segment 0's fd attached: every client may read the store's own
+/// segment; none may write it (the store copies inline puts in itself) unless the store has
+/// no client arenas (`--prefault`), where every object lives there and its creator writes it
+/// (read-write for everyone, as Plasma's store was). The client tells by the fd's access mode.
 async fn send_hello(
     io: &ConnIo<'_>,
     conn: &kameo::actor::ActorRef<ConnectionActor>,
     reply: Vec<u8>,
 ) -> Result<(), TransportError> {
-    let segments = conn
+    let (segments, writable) = conn
         .ask(SegmentFds)
         .await
         .map_err(|_| TransportError::Setup("store stopping".into()))?;
-    let fds: Vec<_> = segments.iter().map(|s| s.read_only_fd()).collect();
+    let fds: Vec<_> = segments
+        .iter()
+        .map(|s| if writable { s.fd() } else { s.read_only_fd() })
+        .collect();
     send_with_fd(io, reply, &fds).await
 }
 
@@ -846,6 +851,26 @@ impl ConnectionActor {
                 )
                 .into()
             }
+            Request::Lend { at_least } => Reply::Lent(session.lend(at_least).await?).into(),
+            Request::Publish {
+                lend,
+                offset,
+                name,
+                flags,
+                metadata,
+                size,
+            } => {
+                let options = PutOptions {
+                    ephemeral: flags & CREATE_EPHEMERAL != 0,
+                    keep_reference: flags & PUT_KEEP_REFERENCE != 0,
+                };
+                Reply::Object(
+                    session
+                        .publish(lend, offset, &name, size, &metadata, options)
+                        .await?,
+                )
+                .into()
+            }
             Request::Get { timeout_ms, names } => {
                 let wait = match timeout_ms {
                     t if t < 0 => Some(Duration::MAX),
@@ -924,10 +949,16 @@ impl Message<Disconnect> for ConnectionActor {
 }
 
 impl Message<SegmentFds> for ConnectionActor {
-    type Reply = Vec<Arc<vovp::Segment>>;
+    /// Segment 0, and whether clients write it (no client arenas: `--prefault`).
+    type Reply = (Vec<Arc<vovp::Segment>>, bool);
 
     async fn handle(&mut self, _: SegmentFds, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        self.session.segments().iter().take(1).cloned().collect()
+        let config = self.session.config();
+        let shared_writable = config.prefault || !config.client_arenas;
+        (
+            self.session.segments().iter().take(1).cloned().collect(),
+            shared_writable,
+        )
     }
 }
 

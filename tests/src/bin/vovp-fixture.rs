@@ -43,6 +43,15 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         seconds: u64,
     },
+    /// Put COUNT objects PREFIX0.. of SIZE bytes (object i filled with byte i, metadata "m{i}"),
+    /// keeping a reference to each; print "put LAST_REQUEST_ID" and sleep.
+    PutHold {
+        prefix: String,
+        count: u32,
+        size: u64,
+        #[arg(long, default_value_t = 3600)]
+        seconds: u64,
+    },
     /// Mixed operations for SECONDS on shared names; prints the operation count.
     Hammer {
         #[arg(long, default_value_t = 3)]
@@ -160,6 +169,27 @@ fn run(args: Args) -> Result<(), Error> {
             let mut b = client.create(&name, size, b"", CreateOptions::default())?;
             b.as_mut_slice().fill(0xAB);
             writeln!(out, "created").map_err(io)?;
+            out.flush().map_err(io)?;
+            std::thread::sleep(Duration::from_secs(seconds));
+        }
+        Command::PutHold {
+            prefix,
+            count,
+            size,
+            seconds,
+        } => {
+            let mut kept = Vec::new();
+            for i in 0..count {
+                let data = vec![i as u8; size as usize];
+                let meta = format!("m{i}");
+                kept.push(client.put_and_view(
+                    &format!("{prefix}{i}"),
+                    &data,
+                    meta.as_bytes(),
+                    CreateOptions::default(),
+                )?);
+            }
+            writeln!(out, "put {}", client.last_request_id()).map_err(io)?;
             out.flush().map_err(io)?;
             std::thread::sleep(Duration::from_secs(seconds));
         }

@@ -15,6 +15,7 @@ use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
 
 use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
+use crate::lent::{Lends, Reserved};
 use crate::mapping::MappedSegment;
 use crate::ClientOptions;
 
@@ -95,6 +96,8 @@ struct ClientInner {
     shared_reads: bool,
     /// [`ClientOptions::release_delay`]: dropped views' releases are queued, not sent.
     flusher: Option<Arc<Flusher>>,
+    /// The part of its arena the store lent this client (puts without CREATE).
+    lends: Lends,
 }
 
 /// Deferred releases are sent at once when this many are queued.
@@ -284,6 +287,91 @@ impl ClientInner {
     }
 }
 
+impl ClientInner {
+    /// Puts through a lend: the bytes are written into this client's lend and one PUBLISH
+    /// makes them a sealed object. `None`: not through a lend (too small or too big for one,
+    /// a store that lends nothing, the lend busy); the caller puts another way.
+    fn put_lent(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: &CreateOptions,
+        keep: bool,
+    ) -> Option<Result<(Reply, Answered), Error>> {
+        if options.device.is_some_and(|d| d != vovp::Device::Cpu) {
+            return None;
+        }
+        let need = self.lends.wants(data.len(), metadata.len())?;
+        let generation = self.core.session.generation();
+        let reserved = self
+            .lends
+            .reserve(need, generation, &mut |at_least| self.take_lend(at_least))?;
+        let result = self.publish_reserved(&reserved, name, data, metadata, options, keep);
+        self.lends.done(reserved.lend);
+        Some(result)
+    }
+
+    fn publish_reserved(
+        &self,
+        r: &Reserved,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: &CreateOptions,
+        keep: bool,
+    ) -> Result<(Reply, Answered), Error> {
+        // SAFETY: `r` is a range of this client's own lend, mapped writable and kept mapped by
+        // `r`, reserved for this put alone (block_len(data, metadata) bytes from `ptr`).
+        let dst = unsafe { std::slice::from_raw_parts_mut(r.ptr, data.len()) };
+        parallel_copy(dst, data);
+        let mut flags = if options.ephemeral {
+            vovp_proto::CREATE_EPHEMERAL
+        } else {
+            0
+        };
+        if keep {
+            flags |= vovp_proto::PUT_KEEP_REFERENCE;
+        }
+        let req = requests::publish(r.lend, r.offset, name, flags, metadata, data.len() as u64)?;
+        let (reply, answered) = self.call_in_session(&req)?;
+        if answered.1 != r.generation {
+            // Reconnected in between: the new daemon knows no such lend (it answered NOT_FOUND).
+            return Err(Error::Connection(
+                "the daemon went away during a put; put again".into(),
+            ));
+        }
+        Ok((reply, answered))
+    }
+
+    /// LEND: a new lend of at least `at_least` bytes, its segment mapped writable, and the
+    /// connection generation it belongs to.
+    fn take_lend(&self, at_least: u64) -> Result<(vovp::Lend, Arc<MappedSegment>, u64), Error> {
+        let (reply, answered) = self.call_in_session(&Request::Lend { at_least })?;
+        let lend = match reply {
+            Reply::Lent(l) => l,
+            other => return Err(core::unexpected(&other)),
+        };
+        let segment = match answered.0.segment(lend.segment) {
+            Some(s) => s,
+            None => {
+                let mut conn = self.lock()?;
+                let s = Arc::new(conn.map_segment(&self.core, lend.segment)?);
+                answered.0.insert_segment(lend.segment, s.clone());
+                s
+            }
+        };
+        let end = lend.offset.checked_add(lend.size);
+        if !segment.is_writable() || end.is_none_or(|e| e > segment.len()) {
+            return Err(Error::Protocol(format!(
+                "lend {} ({} bytes at {}) is not writable in segment {}",
+                lend.id, lend.size, lend.offset, lend.segment
+            )));
+        }
+        Ok((lend, segment, answered.1))
+    }
+}
+
 /// A blocking connection to a `vovp-engine`. Cheap to clone; thread-safe (one request at a time).
 #[derive(Clone)]
 pub struct Client {
@@ -309,6 +397,7 @@ impl Client {
             flusher: options
                 .release_delay
                 .map(|delay| Flusher::start(me.clone(), delay)),
+            lends: Lends::default(),
         });
         Ok(Client { inner })
     }
@@ -441,6 +530,9 @@ impl Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<u64, Error> {
+        if let Some(r) = self.inner.put_lent(name, data, metadata, &options, false) {
+            return Ok(r?.0.object()?.id.get());
+        }
         let maps = self.inner.core.session.maps();
         if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
             let req = requests::put(name, flags, metadata, data)?;
@@ -499,6 +591,10 @@ impl Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectView, Error> {
+        if let Some(r) = self.inner.put_lent(name, data, metadata, &options, true) {
+            let (reply, answered) = r?;
+            return self.view_of(reply.object()?, answered);
+        }
         let maps = self.inner.core.session.maps();
         if let Some(flags) = maps.inline_flags(data.len(), &options, true) {
             let req = requests::put(name, flags, metadata, data)?;
@@ -599,6 +695,9 @@ impl Store for Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
+        if let Some(r) = self.inner.put_lent(name, data, metadata, &options, false) {
+            return r?.0.object().map(drop);
+        }
         let maps = self.inner.core.session.maps();
         if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
             let req = requests::put(name, flags, metadata, data)?;

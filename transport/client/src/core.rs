@@ -333,6 +333,25 @@ pub(crate) mod requests {
         Ok(Request::Get { timeout_ms, names })
     }
 
+    pub(crate) fn publish<'a>(
+        lend: u64,
+        offset: u64,
+        name: &'a str,
+        flags: u32,
+        metadata: &'a [u8],
+        size: u64,
+    ) -> Result<Request<'a>, Error> {
+        check_name(name)?;
+        Ok(Request::Publish {
+            lend,
+            offset,
+            name: name.into(),
+            flags,
+            metadata: metadata.into(),
+            size,
+        })
+    }
+
     pub(crate) fn seal(name: &str) -> Result<Request<'_>, Error> {
         check_name(name)?;
         Ok(Request::Seal { name: name.into() })

@@ -13,11 +13,13 @@ mod blocking;
 mod core;
 pub mod fdpass;
 mod io;
+mod lent;
 mod mapping;
 mod nonblocking;
 mod shared;
 
 pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
+pub use lent::CLIENT_LEND_MIN;
 pub use nonblocking::AsyncClient;
 
 /// How a [`Client`] or [`AsyncClient`] connects.

@@ -49,6 +49,11 @@ impl MappedSegment {
         })
     }
 
+    /// Whether this is one of this client's own arenas, mapped read-write.
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable
+    }
+
     pub(crate) fn len(&self) -> u64 {
         self.map.len() as u64
     }
@@ -126,10 +131,13 @@ impl Mappings {
         }
         let mut map = HashMap::with_capacity(segments.len());
         for ((id, size), fd) in segments.into_iter().zip(fds) {
-            // The store's own segment: this client may only read it.
+            // The store's own segment: read-only, unless the store has no client arenas
+            // (`--prefault`) and creates every object there: then its fd is read-write.
+            let writable = rustix::fs::fcntl_getfl(&fd)
+                .is_ok_and(|f| f & rustix::fs::OFlags::ACCMODE == rustix::fs::OFlags::RDWR);
             map.insert(
                 id,
-                SegmentSlot::Kept(Arc::new(MappedSegment::map(fd, size, false)?)),
+                SegmentSlot::Kept(Arc::new(MappedSegment::map(fd, size, writable)?)),
             );
         }
         Ok(Mappings {

@@ -56,6 +56,8 @@ codes! {
         Notify = 0x0E, "NOTIFY";
         Segment = 0x0F, "SEGMENT";
         Shared = 0x10, "SHARED";
+        Lend = 0x11, "LEND";
+        Publish = 0x12, "PUBLISH";
     }
 }
 

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::time::{Duration, UNIX_EPOCH};
 
-use vovp::{ObjectId, ObjectInfo, ObjectRef, StoreStats};
+use vovp::{Lend, ObjectId, ObjectInfo, ObjectRef, StoreStats};
 
 use crate::wire::{object_name, FrameWriter, Reader};
 use crate::{DecodeError, Opcode, Request, Status, REPLY_BIT, STATUS_OK, VERSION};
@@ -22,8 +22,10 @@ pub enum Reply {
         max_inline: u32,
         segments: Vec<(u32, u64)>,
     },
-    /// CREATE, PUT.
+    /// CREATE, PUT, PUBLISH.
     Object(ObjectRef),
+    /// LEND: where the lent range is.
+    Lent(Lend),
     /// GET: one entry per name asked, `None` where not found.
     Objects(Vec<Option<ObjectRef>>),
     /// CONTAINS.
@@ -173,6 +175,10 @@ impl Reply {
             Reply::Shared { published } => {
                 w.u8(*published as u8);
             }
+            Reply::Lent(l) => {
+                w.u64(l.id).u32(l.segment).u64(l.offset).u64(l.size);
+                w.u64(l.max_object);
+            }
         }
     }
 
@@ -228,7 +234,14 @@ impl Reply {
                     segments,
                 }
             }
-            Opcode::Create | Opcode::Put => Reply::Object(r.object(one_name()?)?),
+            Opcode::Create | Opcode::Put | Opcode::Publish => Reply::Object(r.object(one_name()?)?),
+            Opcode::Lend => Reply::Lent(Lend {
+                id: r.u64()?,
+                segment: r.u32()?,
+                offset: r.u64()?,
+                size: r.u64()?,
+                max_object: r.u64()?,
+            }),
             Opcode::Get => {
                 let n = r.count(1)?;
                 if n != names.len() {
@@ -297,7 +310,9 @@ impl Reply {
     /// Decodes the payload of the reply to `request` (which names its objects).
     pub fn decode_for(request: &Request<'_>, payload: &[u8]) -> Result<Reply, DecodeError> {
         let names: &[Cow<'_, str>] = match request {
-            Request::Create { name, .. } | Request::Put { name, .. } => std::slice::from_ref(name),
+            Request::Create { name, .. }
+            | Request::Put { name, .. }
+            | Request::Publish { name, .. } => std::slice::from_ref(name),
             Request::Get { names, .. } => names,
             _ => &[],
         };

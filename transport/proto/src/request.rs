@@ -69,6 +69,21 @@ pub enum Request<'a> {
     /// The shared directory (read-only fd) and this connection's hold table (read-write fd),
     /// for gets without a message.
     Shared,
+    /// A part of this client's own arena to create objects in without a message; the
+    /// previous lend, if any, takes no more objects.
+    Lend {
+        at_least: u64,
+    },
+    /// Seals the bytes this client wrote at `offset` of its lend `lend` as object `name`
+    /// (create + seal in one message, no data in the frame). `flags` as PUT's.
+    Publish {
+        lend: u64,
+        offset: u64,
+        name: Cow<'a, str>,
+        flags: u32,
+        metadata: Cow<'a, [u8]>,
+        size: u64,
+    },
 }
 
 impl Request<'_> {
@@ -89,6 +104,8 @@ impl Request<'_> {
             Request::Subscribe => Opcode::Subscribe,
             Request::Segment { .. } => Opcode::Segment,
             Request::Shared => Opcode::Shared,
+            Request::Lend { .. } => Opcode::Lend,
+            Request::Publish { .. } => Opcode::Publish,
         }
     }
 
@@ -145,6 +162,20 @@ impl Request<'_> {
             Request::Segment { id } => {
                 w.u32(*id);
             }
+            Request::Lend { at_least } => {
+                w.u64(*at_least);
+            }
+            Request::Publish {
+                lend,
+                offset,
+                name,
+                flags,
+                metadata,
+                size,
+            } => {
+                w.u64(*lend).u64(*offset).str(name).u32(*flags);
+                w.bytes(metadata).u64(*size);
+            }
             Request::Stats | Request::Subscribe | Request::Shared => {}
         }
         w.finish();
@@ -197,6 +228,22 @@ impl Request<'_> {
             Request::Subscribe => Request::Subscribe,
             Request::Segment { id } => Request::Segment { id },
             Request::Shared => Request::Shared,
+            Request::Lend { at_least } => Request::Lend { at_least },
+            Request::Publish {
+                lend,
+                offset,
+                name,
+                flags,
+                metadata,
+                size,
+            } => Request::Publish {
+                lend,
+                offset,
+                name: own(name),
+                flags,
+                metadata: own_bytes(metadata),
+                size,
+            },
         }
     }
 }
@@ -281,6 +328,15 @@ impl<'a> Request<'a> {
             Opcode::Subscribe => Request::Subscribe,
             Opcode::Segment => Request::Segment { id: r.u32()? },
             Opcode::Shared => Request::Shared,
+            Opcode::Lend => Request::Lend { at_least: r.u64()? },
+            Opcode::Publish => Request::Publish {
+                lend: r.u64()?,
+                offset: r.u64()?,
+                name: name(&mut r)?,
+                flags: r.u32()?,
+                metadata: Cow::Borrowed(r.bytes()?),
+                size: r.u64()?,
+            },
             Opcode::Notify => return Err(DecodeError::NotARequest(opcode)),
         };
         r.finish()?;

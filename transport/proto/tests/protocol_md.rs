@@ -71,6 +71,15 @@ fn sample(op: Opcode) -> Request<'static> {
         Opcode::Shared => Request::Shared,
         Opcode::Subscribe => Request::Subscribe,
         Opcode::Segment => Request::Segment { id: 3 },
+        Opcode::Lend => Request::Lend { at_least: 4096 },
+        Opcode::Publish => Request::Publish {
+            lend: 1,
+            offset: 128,
+            name: "a".into(),
+            flags: CREATE_EPHEMERAL,
+            metadata: b"m".to_vec().into(),
+            size: 100,
+        },
         Opcode::Notify => unreachable!("not a request"),
     }
 }

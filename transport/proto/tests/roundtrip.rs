@@ -104,6 +104,23 @@ fn request() -> impl Strategy<Value = Request<'static>> {
         Just(Request::Subscribe),
         any::<u32>().prop_map(|id| Request::Segment { id }),
         Just(Request::Shared),
+        any::<u64>().prop_map(|at_least| Request::Lend { at_least }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            name(),
+            any::<u32>(),
+            bytes(64),
+            any::<u64>()
+        )
+            .prop_map(move |(lend, offset, n, flags, m, size)| Request::Publish {
+                lend,
+                offset,
+                name: owned(n),
+                flags,
+                metadata: m.into(),
+                size,
+            }),
     ]
 }
 
@@ -174,7 +191,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             )),
         (
             name(),
-            prop::sample::select(&[Opcode::Create, Opcode::Put][..])
+            prop::sample::select(&[Opcode::Create, Opcode::Put, Opcode::Publish][..])
         )
             .prop_flat_map(|(n, op)| object(n.clone()).prop_map(move |r| (
                 Reply::Object(r),
@@ -232,6 +249,17 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             vec![]
         )),
         any::<bool>().prop_map(|published| (Reply::Shared { published }, Opcode::Shared, vec![])),
+        prop::collection::vec(any::<u64>(), 5).prop_map(|f| (
+            Reply::Lent(vovp::Lend {
+                id: f[0],
+                segment: f[1] as u32,
+                offset: f[2],
+                size: f[3],
+                max_object: f[4],
+            }),
+            Opcode::Lend,
+            vec![]
+        )),
         (failure(), prop::sample::select(Opcode::ALL)).prop_map(|(f, op)| (f, op, vec![])),
     ]
 }

@@ -540,6 +540,10 @@ mod tests {
         let blocks: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
         let slots = table(4);
         let done = AtomicBool::new(false);
+        // Validated gets so far: the store goes on until the reader has made some (on a loaded
+        // machine the reader thread may start after 20,000 rounds), for at most 20 s.
+        let gets = AtomicU64::new(0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         const POISON: u64 = u64::MAX;
         std::thread::scope(|sc| {
             sc.spawn(|| {
@@ -551,7 +555,11 @@ mod tests {
                 blocks[0].store(1, Relaxed);
                 let mut cur = publish(&mut w, b"obj", 0);
                 let mut cur_block = 0;
-                for _ in 0..20_000 {
+                let mut round = 0u64;
+                while round < 20_000
+                    || (gets.load(Relaxed) < 1_000 && std::time::Instant::now() < deadline)
+                {
+                    round += 1;
                     w.unpublish(cur.0, cur.1).unwrap();
                     if is_held(&view, cur.1) {
                         retired.retire(cur.1, cur_block);
@@ -589,6 +597,7 @@ mod tests {
                             assert_eq!(tag, h.snapshot.generation, "freed or reused block");
                         }
                         got += 1;
+                        gets.store(got, Relaxed);
                         holds.release(h).unwrap();
                     }
                 }

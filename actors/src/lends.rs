@@ -1,0 +1,263 @@
+//! Lends: parts of a client's own arena lent to it, so that a put costs no CREATE round trip.
+//! The client writes each object at an offset of its lend (data padded to 64 bytes, then room
+//! for the metadata) and PUBLISHes it: one message creates and seals it. Plain data structure
+//! (the table actor owns one), unit-testable without a runtime.
+//!
+//! Memory: a lend is one allocator block, charged whole to the budget while it lives. Objects
+//! published from it do not own memory of their own: freeing one gives the lend back one
+//! object, and the lend's block goes back to the allocator when the lend is retired (its holder
+//! took a new one or went away) and its last object is gone — a slab's trade-off, bounded by
+//! the lend's size (a fiftieth of the store or less, see [`lend_size`]).
+//!
+//! Trust: the client says where it wrote; the store checks that the range lies inside a lend
+//! of that client and overlaps no live object published from it, so a client can only name
+//! memory it may write anyway (its own arena) and never two objects in one place.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::allocator::HostBlock;
+use crate::table::LentBlock;
+use crate::types::{HolderId, Lend, ALIGNMENT};
+use crate::Error;
+
+/// The size of the lends of a store of `capacity` bytes, `None` when the store is too small to
+/// lend (under 64 MiB a lend would be a large share of it, and eviction, which can only give
+/// back whole lends, would lose its precision). A lend is 1/64 of the store, from 1 MiB to
+/// 16 MiB; objects up to a quarter of it go into lends.
+pub fn lend_size(capacity: u64) -> Option<u64> {
+    const MIN: u64 = 1 << 20;
+    const MAX: u64 = 16 << 20;
+    let size = capacity / 64;
+    (size >= MIN).then(|| size.min(MAX) / ALIGNMENT * ALIGNMENT)
+}
+
+/// The largest block (data padded to 64 bytes, then metadata) a lend of `size` is made for.
+pub fn max_object(size: u64) -> u64 {
+    size / 4
+}
+
+/// The bytes an object of `size` data bytes and `metadata_len` metadata bytes takes in a lend,
+/// and in any host block: data padded to [`ALIGNMENT`], then the metadata (`None`: overflow).
+pub fn block_len(size: u64, metadata_len: u64) -> Option<u64> {
+    size.checked_next_multiple_of(ALIGNMENT)?
+        .checked_add(metadata_len)?
+        .checked_next_multiple_of(ALIGNMENT)
+}
+
+struct LendState {
+    holder: HolderId,
+    block: HostBlock,
+    /// Live objects published from it: start → end (absolute offsets in the segment).
+    objects: BTreeMap<u64, u64>,
+    /// Live objects, including empty ones (which take no range).
+    live: u32,
+    /// Takes no new object (its holder took a new lend or went away); freed with its last one.
+    retired: bool,
+}
+
+/// Every lend of the store, and each holder's current one.
+#[derive(Default)]
+pub struct Lends {
+    by_id: HashMap<u64, LendState>,
+    current: HashMap<HolderId, u64>,
+    next_id: u64,
+}
+
+impl Lends {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Retires `holder`'s current lend (it is about to take another, or is gone); its block
+    /// when nothing published from it is alive.
+    pub fn retire(&mut self, holder: HolderId) -> Option<HostBlock> {
+        let id = self.current.remove(&holder)?;
+        let state = self.by_id.get_mut(&id)?;
+        state.retired = true;
+        self.free_if_done(id)
+    }
+
+    /// Records `block` as `holder`'s new current lend (retire the old one first).
+    pub fn insert(&mut self, holder: HolderId, block: HostBlock) -> Lend {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.by_id.insert(
+            id,
+            LendState {
+                holder,
+                block,
+                objects: BTreeMap::new(),
+                live: 0,
+                retired: false,
+            },
+        );
+        self.current.insert(holder, id);
+        Lend {
+            id,
+            segment: block.segment,
+            offset: block.offset,
+            size: block.charged,
+            max_object: max_object(block.charged),
+        }
+    }
+
+    /// Checks and records an object of `size` data bytes and `metadata_len` metadata bytes that
+    /// `holder` wrote at `offset` of lend `lend`. A retired lend still takes objects written
+    /// before it was retired (another thread of the client may publish late).
+    pub fn claim(
+        &mut self,
+        holder: HolderId,
+        lend: u64,
+        offset: u64,
+        size: u64,
+        metadata_len: u64,
+    ) -> Result<LentBlock, Error> {
+        let state = self
+            .by_id
+            .get_mut(&lend)
+            .filter(|s| s.holder == holder)
+            .ok_or_else(|| Error::NotFound(format!("lend {lend} (not this client's, or gone)")))?;
+        let len = block_len(size, metadata_len)
+            .ok_or_else(|| Error::Protocol(format!("PUBLISH of {size} bytes overflows")))?;
+        let start = state.block.offset;
+        let end = start + state.block.charged;
+        let inside = offset.is_multiple_of(ALIGNMENT)
+            && offset >= start
+            && offset.checked_add(len).is_some_and(|e| e <= end);
+        if !inside {
+            return Err(Error::Protocol(format!(
+                "PUBLISH at offset {offset} ({len} bytes) is not a 64-byte aligned range of lend \
+                 {lend} ({start}..{end})"
+            )));
+        }
+        if len > 0 {
+            let before = state.objects.range(..offset + len).next_back();
+            if before.is_some_and(|(_, &e)| e > offset) {
+                return Err(Error::Protocol(format!(
+                    "PUBLISH at offset {offset} overlaps an object already published from lend \
+                     {lend}"
+                )));
+            }
+            state.objects.insert(offset, offset + len);
+        }
+        state.live += 1;
+        Ok(LentBlock {
+            lend,
+            segment: state.block.segment,
+            offset,
+            charged: len,
+        })
+    }
+
+    /// An object published from a lend is gone (or never made it into the table): the lend's
+    /// block, when it was the last object of a retired lend.
+    pub fn freed(&mut self, b: &LentBlock) -> Option<HostBlock> {
+        let state = self.by_id.get_mut(&b.lend)?;
+        if b.charged > 0 {
+            state.objects.remove(&b.offset);
+        }
+        state.live = state.live.saturating_sub(1);
+        self.free_if_done(b.lend)
+    }
+
+    fn free_if_done(&mut self, id: u64) -> Option<HostBlock> {
+        let state = self.by_id.get(&id)?;
+        if state.retired && state.live == 0 {
+            return self.by_id.remove(&id).map(|s| s.block);
+        }
+        None
+    }
+
+    /// Lends alive (current or waiting for their last object).
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn h(n: u64) -> HolderId {
+        HolderId::from_raw(n)
+    }
+
+    #[test]
+    fn lend_size_follows_the_store_and_small_stores_lend_nothing() {
+        assert_eq!(lend_size(63 * MIB), None);
+        assert_eq!(lend_size(64 * MIB), Some(MIB));
+        assert_eq!(lend_size(256 * MIB), Some(4 * MIB));
+        assert_eq!(lend_size(64 << 30), Some(16 * MIB));
+        assert_eq!(max_object(4 * MIB), MIB);
+        assert_eq!(block_len(100, 0), Some(128));
+        assert_eq!(block_len(64, 1), Some(128));
+        assert_eq!(block_len(0, 0), Some(0));
+        assert_eq!(block_len(u64::MAX - 10, 0), None);
+    }
+
+    #[test]
+    fn only_the_holder_publishes_only_free_aligned_ranges_inside_its_lend() {
+        let mut lends = Lends::new();
+        let lend = lends.insert(h(1), HostBlock::for_tests(3, 4096));
+        let start = lend.offset;
+        assert!(matches!(
+            lends.claim(h(2), lend.id, start, 10, 0),
+            Err(Error::NotFound(_))
+        ));
+        assert!(lends.claim(h(1), lend.id + 1, start, 10, 0).is_err());
+        for (offset, size) in [(start + 1, 10), (start + 4096 - 64, 65), (u64::MAX - 63, 1)] {
+            assert!(
+                matches!(
+                    lends.claim(h(1), lend.id, offset, size, 0),
+                    Err(Error::Protocol(_))
+                ),
+                "{offset} {size}"
+            );
+        }
+        let a = lends.claim(h(1), lend.id, start + 128, 100, 20).unwrap();
+        assert_eq!((a.segment, a.offset, a.charged), (3, start + 128, 192));
+        // Overlaps on either side, or inside.
+        for (offset, size) in [(start + 64, 65), (start + 128, 1), (start + 256, 64)] {
+            assert!(
+                lends.claim(h(1), lend.id, offset, size, 0).is_err(),
+                "{offset}"
+            );
+        }
+        // Touching is not overlapping.
+        lends.claim(h(1), lend.id, start + 64, 64, 0).unwrap();
+        let b = lends.claim(h(1), lend.id, start + 320, 64, 0).unwrap();
+        let empty = lends.claim(h(1), lend.id, start + 320, 0, 0).unwrap();
+        // A freed object's range may be published again.
+        assert!(lends.freed(&a).is_none(), "the current lend stays");
+        lends.claim(h(1), lend.id, start + 128, 192, 0).unwrap();
+        let _ = (b, empty);
+    }
+
+    #[test]
+    fn a_retired_lend_goes_with_its_last_object_and_takes_late_publishes_until_then() {
+        let mut lends = Lends::new();
+        let first = lends.insert(h(1), HostBlock::for_tests(1, 4096));
+        let a = lends.claim(h(1), first.id, first.offset, 64, 0).unwrap();
+        assert!(lends.retire(h(1)).is_none(), "an object still lives in it");
+        let second = lends.insert(h(1), HostBlock::for_tests(2, 4096));
+        // A put that reserved its range before the new lend still publishes into the old one.
+        let late = lends
+            .claim(h(1), first.id, first.offset + 64, 64, 0)
+            .unwrap();
+        assert_eq!(lends.len(), 2);
+        assert!(lends.freed(&a).is_none());
+        let block = lends.freed(&late).expect("the retired lend's last object");
+        assert_eq!(block.segment, 1);
+        assert!(lends.claim(h(1), first.id, first.offset, 64, 0).is_err());
+        // The holder going away retires its current lend: empty, so it goes at once.
+        assert_eq!(lends.retire(h(1)).map(|b| b.segment), Some(2));
+        assert!(lends.is_empty());
+        let _ = second;
+    }
+}

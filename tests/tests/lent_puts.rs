@@ -1,0 +1,257 @@
+//! Puts through a lend (issue 13's creates without a round trip): the store lends each client a
+//! part of its own arena, the client writes an object there and one PUBLISH creates and seals
+//! it. Real daemon, writers in other processes; each test checks what must not change: the
+//! bytes and metadata readers get, the memory the store charges, a dead writer's objects, and
+//! that a client can only publish ranges of its own lend.
+
+use std::time::Duration;
+
+use vovp::{CreateOptions, Store};
+use vovp_client::CLIENT_LEND_MIN;
+use vovp_tests::{read_line, wait_until, Daemon, Raw};
+
+const T: Duration = Duration::from_secs(20);
+const MIB: u64 = 1 << 20;
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+        .collect()
+}
+
+#[test]
+fn a_put_through_a_lend_is_one_message_and_other_clients_read_it() {
+    let d = Daemon::start("256M");
+    let writer = d.client();
+    let a = pattern(300_000, 1);
+    let b = pattern(CLIENT_LEND_MIN, 2);
+    let before = writer.last_request_id();
+    writer
+        .put("a", &a, b"meta-a", CreateOptions::default())
+        .unwrap();
+    assert_eq!(
+        writer.last_request_id(),
+        before + 3,
+        "LEND, SEGMENT (the writer's first arena), PUBLISH"
+    );
+    writer
+        .put("b", &b, b"meta-b", CreateOptions::default())
+        .unwrap();
+    assert_eq!(
+        writer.last_request_id(),
+        before + 4,
+        "one PUBLISH, no CREATE/SEAL"
+    );
+
+    let reader = d.client();
+    let va = reader.get_one("a", None).unwrap();
+    assert_eq!((&va[..], va.metadata()), (&a[..], &b"meta-a"[..]));
+    let vb = reader.get_one("b", None).unwrap();
+    assert_eq!((&vb[..], vb.metadata()), (&b[..], &b"meta-b"[..]));
+    // Both live in the writer's lend: one arena, next to each other.
+    assert_eq!(va.location().device(), vovp::Device::Cpu);
+
+    // Same rules as any put: the name is taken, a second put of it fails and changes nothing.
+    let err = writer
+        .put("a", &b, b"", CreateOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, vovp::Error::AlreadyExists(_)), "{err}");
+    drop((va, vb));
+    assert_eq!(&reader.get_one("a", None).unwrap()[..], &a[..]);
+    let s = reader.stats().unwrap();
+    assert_eq!((s.objects, s.sealed, s.references), (2, 2, 0));
+}
+
+#[test]
+fn a_lend_is_charged_whole_and_given_back_with_its_last_object() {
+    // 256 MiB: lends of 4 MiB, for objects up to 1 MiB; 8 objects of 500,032 bytes fill one.
+    let d = Daemon::start("256M");
+    let writer = d.client();
+    for i in 0..9 {
+        writer
+            .put(
+                &format!("o{i}"),
+                &pattern(500_000, i),
+                b"",
+                CreateOptions::default(),
+            )
+            .unwrap();
+    }
+    let observer = d.client();
+    let used = || observer.stats().unwrap().used_bytes;
+    assert_eq!(used(), 8 * MIB, "two lends of 4 MiB, charged whole");
+    // Deleting the first lend's objects gives it back (the writer has moved on to another).
+    for i in 0..8 {
+        observer.delete(&format!("o{i}")).unwrap();
+    }
+    wait_until(T, || used() == 4 * MIB);
+    // The current lend stays while its owner is connected, then goes with its last object.
+    drop(writer);
+    assert_eq!(
+        &observer.get_one("o8", None).unwrap()[..],
+        &pattern(500_000, 8)[..]
+    );
+    observer.delete("o8").unwrap();
+    wait_until(T, || used() == 0);
+}
+
+#[test]
+fn a_killed_writer_leaves_its_published_objects_whole_and_its_lend_goes_with_them() {
+    let d = Daemon::start("256M");
+    let mut child = d.fixture_spawn(&["put-hold", "k", "12", "200000"]);
+    let line = read_line(&mut child);
+    assert!(line.starts_with("put "), "{line}");
+    let observer = d.client();
+    assert_eq!(
+        observer.stats().unwrap().references,
+        12,
+        "the writer holds each object"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until(T, || observer.stats().unwrap().references == 0);
+    for i in 0..12u8 {
+        let v = observer.get_one(&format!("k{i}"), None).unwrap();
+        assert!(v.iter().all(|&x| x == i), "k{i} was changed");
+        assert_eq!(v.metadata(), format!("m{i}").as_bytes());
+    }
+    for i in 0..12 {
+        observer.delete(&format!("k{i}")).unwrap();
+    }
+    wait_until(T, || observer.stats().unwrap().used_bytes == 0);
+}
+
+#[test]
+fn puts_through_lends_evict_older_objects_when_the_store_is_full() {
+    // 64 MiB: lends of 1 MiB, for objects up to 256 KiB. 3x the capacity in 200 KB objects.
+    let d = Daemon::start("64M");
+    let writer = d.client();
+    let n = 1000;
+    for i in 0..n {
+        writer
+            .put(
+                &format!("e{i}"),
+                &pattern(200_000, i),
+                b"",
+                CreateOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("put {i}: {e}"));
+    }
+    let s = writer.stats().unwrap();
+    assert!(s.used_bytes <= 64 * MIB, "{s:?}");
+    assert!(s.evicted_objects > 0);
+    for i in n - 100..n {
+        let v = writer.get_one(&format!("e{i}"), None).unwrap();
+        assert_eq!(&v[..], &pattern(200_000, i)[..], "e{i}");
+    }
+    assert!(!writer.contains("e0").unwrap(), "the oldest were evicted");
+}
+
+#[test]
+fn a_store_that_lends_nothing_still_takes_every_put() {
+    // Under 64 MiB the store lends nothing (eviction could only give back whole lends); with
+    // --prefault there are no client arenas. Puts go inline or through CREATE as before.
+    for extra in [&[][..], &["--prefault"][..]] {
+        let memory = if extra.is_empty() { "16M" } else { "128M" };
+        let d = Daemon::start_with(memory, extra);
+        let c = d.client();
+        for i in 0..3 {
+            let data = pattern(300_000, i);
+            c.put(&format!("p{i}"), &data, b"m", CreateOptions::default())
+                .unwrap();
+            assert_eq!(&c.get_one(&format!("p{i}"), None).unwrap()[..], &data[..]);
+        }
+    }
+}
+
+// -- hostile PUBLISH ----------------------------------------------------------------------------
+
+fn lend(raw: &mut Raw, id: u64, at_least: u64) -> (u8, Vec<u8>) {
+    raw.send(&Raw::frame(1, 0x11, id, &at_least.to_le_bytes()));
+    let (op, rid, p) = raw.reply_payload().expect("LEND reply");
+    assert_eq!((op, rid), (0x91, id));
+    (p[0], p)
+}
+
+fn publish(raw: &mut Raw, id: u64, lend: u64, offset: u64, name: &str, size: u64) -> u8 {
+    let mut p = lend.to_le_bytes().to_vec();
+    p.extend(offset.to_le_bytes());
+    p.extend(vovp_tests::name_payload(name.as_bytes()));
+    p.extend(0u32.to_le_bytes()); // flags
+    p.extend(0u32.to_le_bytes()); // metadata: empty bytes
+    p.extend(size.to_le_bytes());
+    raw.send(&Raw::frame(1, 0x12, id, &p));
+    let (op, rid, status) = raw.reply().expect("PUBLISH reply");
+    assert_eq!((op, rid), (0x92, id));
+    status
+}
+
+#[test]
+fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
+    const NOT_FOUND: u8 = 1;
+    const MALFORMED: u8 = 12;
+    const TOO_LARGE: u8 = 15;
+    let d = Daemon::start("256M");
+    let mut raw = Raw::connect(&d);
+    raw.hello();
+    let (status, p) = lend(&mut raw, 2, 4096);
+    assert_eq!(status, 0);
+    let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
+    let (id, offset, size, max) = (u64_at(1), u64_at(13), u64_at(21), u64_at(29));
+    assert_eq!((size, max), (4 * MIB, MIB));
+
+    assert_eq!(publish(&mut raw, 3, id + 1, offset, "x", 10), NOT_FOUND);
+    assert_eq!(
+        publish(&mut raw, 4, id, offset + 1, "x", 10),
+        MALFORMED,
+        "unaligned"
+    );
+    assert_eq!(
+        publish(&mut raw, 5, id, u64::MAX - 63, "x", 10),
+        MALFORMED,
+        "overflow"
+    );
+    assert_eq!(
+        publish(&mut raw, 6, id, offset + size - 64, "x", 65),
+        MALFORMED,
+        "past"
+    );
+    assert_eq!(
+        publish(&mut raw, 7, id, offset, "x", u64::MAX - 10),
+        MALFORMED
+    );
+    assert_eq!(publish(&mut raw, 8, id, offset + 64, "x", 100), 0);
+    assert_eq!(
+        publish(&mut raw, 9, id, offset, "y", 100),
+        MALFORMED,
+        "overlaps x"
+    );
+    assert_eq!(
+        publish(&mut raw, 10, id, offset + 128, "y", 1),
+        MALFORMED,
+        "inside x"
+    );
+    assert_eq!(
+        publish(&mut raw, 11, id, offset + 192, "x", 1),
+        2,
+        "the name is taken"
+    );
+    assert_eq!(publish(&mut raw, 12, id, offset + 192, "y", 1), 0);
+    assert_eq!(lend(&mut raw, 13, max + 1).0, TOO_LARGE);
+
+    // Another client cannot publish into this client's lend.
+    let mut other = Raw::connect(&d);
+    other.hello();
+    assert_eq!(
+        publish(&mut other, 2, id, offset + 1024, "z", 10),
+        NOT_FOUND
+    );
+
+    // And the store serves everyone as before.
+    let c = d.client();
+    assert_eq!(c.get_one("y", None).unwrap().len(), 1);
+    assert_eq!(c.get_one("x", None).unwrap().len(), 100);
+    c.put("after", &pattern(100_000, 9), b"", CreateOptions::default())
+        .unwrap();
+    assert!(c.contains("after").unwrap());
+}
