@@ -44,6 +44,16 @@ pub fn block_len(size: u64, metadata_len: u64) -> Option<u64> {
         .checked_next_multiple_of(ALIGNMENT)
 }
 
+fn lend_of(id: u64, block: &HostBlock) -> Lend {
+    Lend {
+        id,
+        segment: block.segment,
+        offset: block.offset,
+        size: block.charged,
+        max_object: max_object(block.charged),
+    }
+}
+
 struct LendState {
     holder: HolderId,
     block: HostBlock,
@@ -77,6 +87,15 @@ impl Lends {
         self.free_if_done(id)
     }
 
+    /// `holder`'s current lend again, from its start, when nothing published from it is alive
+    /// any more: its pages are warm in the client (a put/delete cycle then writes the same
+    /// memory over and over, as CREATE's exact-fit reuse does, instead of fresh pages).
+    pub fn reuse_empty(&mut self, holder: HolderId) -> Option<Lend> {
+        let id = *self.current.get(&holder)?;
+        let state = self.by_id.get(&id).filter(|s| s.live == 0)?;
+        Some(lend_of(id, &state.block))
+    }
+
     /// Records `block` as `holder`'s new current lend (retire the old one first).
     pub fn insert(&mut self, holder: HolderId, block: HostBlock) -> Lend {
         self.next_id += 1;
@@ -92,13 +111,7 @@ impl Lends {
             },
         );
         self.current.insert(holder, id);
-        Lend {
-            id,
-            segment: block.segment,
-            offset: block.offset,
-            size: block.charged,
-            max_object: max_object(block.charged),
-        }
+        lend_of(id, &block)
     }
 
     /// Checks and records an object of `size` data bytes and `metadata_len` metadata bytes that
@@ -255,6 +268,11 @@ mod tests {
         let block = lends.freed(&late).expect("the retired lend's last object");
         assert_eq!(block.segment, 1);
         assert!(lends.claim(h(1), first.id, first.offset, 64, 0).is_err());
+        // An empty current lend is handed out again (warm pages), from its start.
+        assert_eq!(lends.reuse_empty(h(1)), Some(second));
+        let c = lends.claim(h(1), second.id, second.offset, 64, 0).unwrap();
+        assert_eq!(lends.reuse_empty(h(1)), None, "an object lives in it");
+        assert!(lends.freed(&c).is_none());
         // The holder going away retires its current lend: empty, so it goes at once.
         assert_eq!(lends.retire(h(1)).map(|b| b.segment), Some(2));
         assert!(lends.is_empty());

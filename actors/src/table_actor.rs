@@ -563,6 +563,13 @@ impl Message<TakeLend> for ObjectTableActor {
                 m.at_least
             )));
         }
+        if let Some(again) = self
+            .lends
+            .reuse_empty(m.holder)
+            .filter(|l| l.size == m.size)
+        {
+            return Ok(again);
+        }
         // Retired first, so that an emptied lend's memory can serve the new one.
         if let Some(old) = self.lends.retire(m.holder) {
             let _ = self.allocator.tell(Free(vec![old])).await;

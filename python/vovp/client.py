@@ -49,9 +49,14 @@ from .errors import (
 
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
-# Objects up to this size go in one PUT frame; larger ones through CREATE + copy + SEAL (the
-# Rust client's choice, transport/src/client.rs INLINE_PUT_PREFERRED).
+# Objects up to this size go to the native put in any case (it sends those under 64 KiB in one
+# PUT frame, the rest through its lend: copy + one PUBLISH); larger ones through CREATE + copy
+# + SEAL unless LEND_LIMIT takes them (the Rust client's CLIENT_INLINE_PUT).
 INLINE_LIMIT = 256 << 10
+# Contiguous, little-endian objects up to this size go to the native put too: the largest a
+# lend takes (a quarter of the largest lend, 16 MiB); the native core falls back to CREATE +
+# copy + SEAL itself where its lend cannot take one (a smaller store, --prefault).
+LEND_LIMIT = 4 << 20
 # Garbage-collected references are released within this many seconds: the native core queues
 # their RELEASEs, which ride in front of the next request or are sent by a small thread after
 # this delay if the client stays idle (``release_delay=0``: each is sent when its view drops).
@@ -620,8 +625,11 @@ class Client:
         writable = writable or torch_in
         name = _name(name)
         size = src.nbytes
-        if size <= self._inline_limit:
-            if src.dtype is not store_dt or not src.flags.c_contiguous:
+        as_is = src.dtype is store_dt and src.flags.c_contiguous
+        # (A hand-off's put, _seal_later, keeps CREATE + copy + a SEAL whose reply is read
+        # later: it waits for one round trip, as a PUBLISH would.)
+        if size <= self._inline_limit or (as_is and size <= LEND_LIMIT and not _seal_later):
+            if not as_is:
                 src = np.ascontiguousarray(src, dtype=store_dt)
             obj = self._native.put(name, src.ctypes.data, size, meta, ephemeral, True, writable)
             owner = self._owner(obj)

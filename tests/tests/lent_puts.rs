@@ -255,3 +255,38 @@ fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
         .unwrap();
     assert!(c.contains("after").unwrap());
 }
+
+#[test]
+fn a_get_keeps_every_arena_it_needs_mapped_while_it_maps_more() {
+    // Objects from 33 writers live in 33 arenas. A reader (over the socket, so every get maps
+    // what it needs) keeps the last 32 foreign arenas it mapped; a GET of an object in the
+    // oldest of them and one in a 33rd must not lose the first while mapping the second (it
+    // did: "unknown segment", first seen in the soak once puts went into lends).
+    let d = Daemon::start("256M");
+    let writers: Vec<_> = (0..33).map(|_| d.client()).collect();
+    for (i, w) in writers.iter().enumerate() {
+        w.put(
+            &format!("w{i}"),
+            &pattern(100_000, i as u32),
+            b"",
+            CreateOptions::default(),
+        )
+        .unwrap();
+    }
+    let reader = vovp_client::Client::connect_with(
+        &d.socket,
+        vovp_client::ClientOptions {
+            no_shared_reads: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for i in 0..32 {
+        drop(reader.get_one(&format!("w{i}"), None).unwrap());
+    }
+    let got = reader.get(&["w0", "w32"], None).unwrap();
+    for (v, i) in got.iter().zip([0u32, 32]) {
+        let v = v.as_ref().expect("found");
+        assert_eq!(&v[..], &pattern(100_000, i)[..], "w{i}");
+    }
+}

@@ -263,16 +263,17 @@ impl ClientInner {
         }
     }
 
-    /// Maps the segments of `refs` that are not mapped yet, asking the daemon for their fds
-    /// (read-write only for this client's own arenas). The returned mappings keep them alive
-    /// until the caller's views hold them. `answered`: the connection the refs came from.
+    /// Holds the segments of `refs` that are mapped and maps those that are not, asking the
+    /// daemon for their fds (read-write only for this client's own arenas): the returned
+    /// mappings keep them all alive until the caller's views hold them. `answered`: the
+    /// connection the refs came from.
     fn pin_segments<'r>(
         &self,
         (maps, generation): &Answered,
         refs: impl IntoIterator<Item = &'r ObjectRef>,
     ) -> Result<Vec<Arc<MappedSegment>>, Error> {
-        let mut pins = Vec::new();
-        for segment in maps.missing_segments(refs) {
+        let (mut pins, missing) = maps.segments_of(refs);
+        for segment in missing {
             let mut conn = self.lock()?;
             if self.core.session.generation() != *generation {
                 return Err(Error::Connection(
@@ -308,7 +309,13 @@ impl ClientInner {
             .lends
             .reserve(need, generation, &mut |at_least| self.take_lend(at_least))?;
         let result = self.publish_reserved(&reserved, name, data, metadata, options, keep);
-        self.lends.done(reserved.lend);
+        // NOT_FOUND from PUBLISH is about the lend (never the name): the store no longer
+        // has it, so put another way (the bytes are copied again, once).
+        let gone = matches!(result, Err(Error::NotFound(_)));
+        self.lends.done(reserved.lend, gone);
+        if gone {
+            return None;
+        }
         Some(result)
     }
 

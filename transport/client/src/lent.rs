@@ -61,6 +61,37 @@ pub(crate) struct Reserved {
 pub(crate) type TakeLend<'a> =
     dyn FnMut(u64) -> Result<(Lend, Arc<MappedSegment>, u64), vovp::Error> + 'a;
 
+/// Maps a new lend's pages into this process on a thread of its own (`MADV_POPULATE_WRITE`):
+/// the store allocated them at LEND, but each page's first write here would still fault (and
+/// clear it) inside a put. A lend handed out again is warm already. Best effort: an older
+/// kernel without the advice just leaves the faults to the puts.
+fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend) {
+    const PAGE: u64 = 4096;
+    let Ok(base) = segment.writable_base() else {
+        return;
+    };
+    let start = lend.offset / PAGE * PAGE;
+    let end = (lend.offset + lend.size).div_ceil(PAGE) * PAGE;
+    let end = end.min(segment.len());
+    let (addr, len) = (base as usize + start as usize, (end - start) as usize);
+    let keep = segment.clone();
+    let _ = std::thread::Builder::new()
+        .name("vovp-lend-populate".into())
+        .spawn(move || {
+            // SAFETY: whole pages of this client's own read-write mapping, kept mapped by
+            // `keep`; populating writes nothing (it maps and clears the pages the store
+            // allocated, as a first write would).
+            let _ = unsafe {
+                rustix::mm::madvise(
+                    addr as *mut std::ffi::c_void,
+                    len,
+                    rustix::mm::Advice::LinuxPopulateWrite,
+                )
+            };
+            drop(keep);
+        });
+}
+
 #[derive(Default)]
 pub(crate) struct Lends {
     slot: Mutex<LendSlot>,
@@ -102,9 +133,16 @@ impl Lends {
         match &slot.current {
             Some(c) if fits(c) => {}
             Some(c) if c.writing > 0 => return None,
-            _ => match take(need) {
+            // Until the store said how big a lend's objects may be, ask for any lend (the
+            // reply says): asking for `need` would be refused, and asked again, for every put
+            // too big for a lend.
+            _ => match take(if slot.max_object.is_some() { need } else { 0 }) {
                 Ok((lend, segment, generation)) => {
                     slot.max_object = Some(lend.max_object);
+                    let again = slot.current.as_ref().is_some_and(|c| c.lend.id == lend.id);
+                    if !again {
+                        populate_in_background(&segment, &lend);
+                    }
                     slot.current = Some(Current {
                         generation,
                         cursor: lend.offset,
@@ -113,19 +151,22 @@ impl Lends {
                         writing: 0,
                     });
                 }
-                // MALFORMED (a store that lends nothing, or a daemon without LEND): for good.
-                Err(vovp::Error::Protocol(_) | vovp::Error::Config(_)) => {
-                    slot.refused = true;
-                    return None;
-                }
+                // The store may have retired the current lend before failing (a full store):
+                // nothing more may be written into it, it may be freed.
                 Err(e) => {
-                    tracing::debug!("vovp: no lend ({e}); creating instead");
+                    slot.current = None;
+                    // MALFORMED (a store that lends nothing, or a daemon without LEND): for good.
+                    if matches!(e, vovp::Error::Protocol(_) | vovp::Error::Config(_)) {
+                        slot.refused = true;
+                    } else {
+                        tracing::debug!("vovp: no lend ({e}); creating instead");
+                    }
                     return None;
                 }
             },
         }
         let c = slot.current.as_mut()?;
-        if !fits(c) {
+        if need > c.lend.max_object || !fits(c) {
             return None;
         }
         let offset = c.cursor;
@@ -144,10 +185,14 @@ impl Lends {
     }
 
     /// The put that reserved a range of lend `lend` has written it (and published it or not).
-    pub(crate) fn done(&self, lend: u64) {
+    /// `gone`: the store answered that it knows no such lend; it is forgotten here too.
+    pub(crate) fn done(&self, lend: u64, gone: bool) {
         if let Ok(mut slot) = self.slot.lock() {
             if let Some(c) = slot.current.as_mut().filter(|c| c.lend.id == lend) {
                 c.writing = c.writing.saturating_sub(1);
+                if gone && c.writing == 0 {
+                    slot.current = None;
+                }
             }
         }
     }

@@ -225,21 +225,32 @@ impl Mappings {
         }
     }
 
-    /// Host segments among `refs` that are not mapped here.
-    pub(crate) fn missing_segments<'r>(
+    /// The host segments of `refs`: those mapped here, held (`pins`) so that they stay mapped
+    /// until the caller's views hold them, and the ids of those that are not (to map). Holding
+    /// the mapped ones matters: mapping the missing ones pushes older foreign arenas out of the
+    /// last-32 list, and one of `refs` may be in such an arena with no view holding it.
+    pub(crate) fn segments_of<'r>(
         &self,
         refs: impl IntoIterator<Item = &'r ObjectRef>,
-    ) -> Vec<u32> {
-        let mut missing: Vec<u32> = refs
+    ) -> (Vec<Arc<MappedSegment>>, Vec<u32>) {
+        let mut ids: Vec<u32> = refs
             .into_iter()
             .filter_map(|r| match r.location {
-                Location::Host { segment, .. } if self.segment(segment).is_none() => Some(segment),
+                Location::Host { segment, .. } => Some(segment),
                 _ => None,
             })
             .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        missing
+        ids.sort_unstable();
+        ids.dedup();
+        let mut pins = Vec::with_capacity(ids.len());
+        ids.retain(|&id| match self.segment(id) {
+            Some(seg) => {
+                pins.push(seg);
+                false
+            }
+            None => true,
+        });
+        (pins, ids)
     }
 
     pub(crate) fn view(

@@ -225,8 +225,8 @@ impl AsyncClient {
         (maps, generation): &Answered,
         refs: impl IntoIterator<Item = &'r ObjectRef>,
     ) -> Result<Vec<Arc<MappedSegment>>, Error> {
-        let mut pins = Vec::new();
-        for segment in maps.missing_segments(refs) {
+        let (mut pins, missing) = maps.segments_of(refs);
+        for segment in missing {
             let mut conn = self.inner.conn.lock().await;
             if self.inner.core.session.generation() != *generation {
                 return Err(Error::Connection(
