@@ -290,3 +290,75 @@ fn a_get_keeps_every_arena_it_needs_mapped_while_it_maps_more() {
         assert_eq!(&v[..], &pattern(100_000, i)[..], "w{i}");
     }
 }
+
+#[test]
+fn the_async_client_puts_through_its_lend_too() {
+    use vovp::AsyncStore;
+    let d = Daemon::start("256M");
+    let observer = d.client();
+    vovp_tests::runtime().block_on(async {
+        let c = vovp_client::AsyncClient::connect(&d.socket).await.unwrap();
+        for i in 0..10u32 {
+            c.put(
+                &format!("a{i}"),
+                &pattern(200_000, i),
+                b"m",
+                CreateOptions::default(),
+            )
+            .await
+            .unwrap();
+        }
+        // One lend of 4 MiB took all ten (no CREATE: each object its own allocation would
+        // charge 200,000 bytes rounded up, not a share of one lend).
+        assert_eq!(observer.stats().unwrap().used_bytes, 4 * MIB);
+        let err = c
+            .put("a3", &pattern(100_000, 0), b"", CreateOptions::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, vovp::Error::AlreadyExists(_)), "{err}");
+    });
+    for i in 0..10u32 {
+        let v = observer.get_one(&format!("a{i}"), None).unwrap();
+        assert_eq!(
+            (&v[..], v.metadata()),
+            (&pattern(200_000, i)[..], &b"m"[..])
+        );
+    }
+}
+
+#[test]
+fn threads_sharing_one_client_never_write_over_each_other() {
+    // Four threads put through one client's lend at once: reservations must not overlap, a
+    // lend is replaced only when no put writes into it, and every object reads back whole.
+    let d = Daemon::start("256M");
+    let c = d.client();
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let c = c.clone();
+            s.spawn(move || {
+                for i in 0..50u32 {
+                    let seed = t * 1000 + i;
+                    c.put(
+                        &format!("t{t}-{i}"),
+                        &pattern(100_000 + i as usize * 64, seed),
+                        &seed.to_le_bytes(),
+                        CreateOptions::default(),
+                    )
+                    .unwrap();
+                }
+            });
+        }
+    });
+    let reader = d.client();
+    for t in 0..4u32 {
+        for i in 0..50u32 {
+            let seed = t * 1000 + i;
+            let v = reader.get_one(&format!("t{t}-{i}"), None).unwrap();
+            assert_eq!(v.metadata(), seed.to_le_bytes());
+            assert!(
+                v[..] == pattern(100_000 + i as usize * 64, seed)[..],
+                "t{t}-{i}"
+            );
+        }
+    }
+}

@@ -15,7 +15,7 @@ use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
 
 use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
-use crate::lent::{Lends, Reserved};
+use crate::lent::{self, Lends, Lent, Reservation, Reserved};
 use crate::mapping::MappedSegment;
 use crate::ClientOptions;
 
@@ -305,15 +305,19 @@ impl ClientInner {
         }
         let need = self.lends.wants(data.len(), metadata.len())?;
         let generation = self.core.session.generation();
-        let reserved = self
-            .lends
-            .reserve(need, generation, &mut |at_least| self.take_lend(at_least))?;
+        let mut reserved = match self.lends.reserve(need, generation) {
+            Reservation::Got(r) => r,
+            Reservation::No => return None,
+            Reservation::Lend(asked) => {
+                let lent = self.take_lend(asked.at_least);
+                asked.install(lent)?
+            }
+        };
         let result = self.publish_reserved(&reserved, name, data, metadata, options, keep);
         // NOT_FOUND from PUBLISH is about the lend (never the name): the store no longer
         // has it, so put another way (the bytes are copied again, once).
-        let gone = matches!(result, Err(Error::NotFound(_)));
-        self.lends.done(reserved.lend, gone);
-        if gone {
+        if matches!(result, Err(Error::NotFound(_))) {
+            reserved.lend_gone();
             return None;
         }
         Some(result)
@@ -328,19 +332,7 @@ impl ClientInner {
         options: &CreateOptions,
         keep: bool,
     ) -> Result<(Reply, Answered), Error> {
-        // SAFETY: `r` is a range of this client's own lend, mapped writable and kept mapped by
-        // `r`, reserved for this put alone (block_len(data, metadata) bytes from `ptr`).
-        let dst = unsafe { std::slice::from_raw_parts_mut(r.ptr, data.len()) };
-        parallel_copy(dst, data);
-        let mut flags = if options.ephemeral {
-            vovp_proto::CREATE_EPHEMERAL
-        } else {
-            0
-        };
-        if keep {
-            flags |= vovp_proto::PUT_KEEP_REFERENCE;
-        }
-        let req = requests::publish(r.lend, r.offset, name, flags, metadata, data.len() as u64)?;
+        let req = r.write(name, data, metadata, options, keep)?;
         let (reply, answered) = self.call_in_session(&req)?;
         if answered.1 != r.generation {
             // Reconnected in between: the new daemon knows no such lend (it answered NOT_FOUND).
@@ -353,12 +345,9 @@ impl ClientInner {
 
     /// LEND: a new lend of at least `at_least` bytes, its segment mapped writable, and the
     /// connection generation it belongs to.
-    fn take_lend(&self, at_least: u64) -> Result<(vovp::Lend, Arc<MappedSegment>, u64), Error> {
+    fn take_lend(&self, at_least: u64) -> Result<Lent, Error> {
         let (reply, answered) = self.call_in_session(&Request::Lend { at_least })?;
-        let lend = match reply {
-            Reply::Lent(l) => l,
-            other => return Err(core::unexpected(&other)),
-        };
+        let lend = reply.lent()?;
         let segment = match answered.0.segment(lend.segment) {
             Some(s) => s,
             None => {
@@ -368,13 +357,7 @@ impl ClientInner {
                 s
             }
         };
-        let end = lend.offset.checked_add(lend.size);
-        if !segment.is_writable() || end.is_none_or(|e| e > segment.len()) {
-            return Err(Error::Protocol(format!(
-                "lend {} ({} bytes at {}) is not writable in segment {}",
-                lend.id, lend.size, lend.offset, lend.segment
-            )));
-        }
+        lent::check(&lend, &segment)?;
         Ok((lend, segment, answered.1))
     }
 }

@@ -391,6 +391,7 @@ pub(crate) trait Expect {
     fn list(self) -> Result<(Vec<ObjectInfo>, u64), Error>;
     fn stats(self) -> Result<(StoreStats, u64), Error>;
     fn empty(self) -> Result<(), Error>;
+    fn lent(self) -> Result<vovp::Lend, Error>;
 }
 
 impl Expect for Reply {
@@ -433,6 +434,12 @@ impl Expect for Reply {
     fn empty(self) -> Result<(), Error> {
         match self {
             Reply::Empty => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn lent(self) -> Result<vovp::Lend, Error> {
+        match self {
+            Reply::Lent(l) => Ok(l),
             other => Err(unexpected(&other)),
         }
     }

@@ -9,8 +9,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use vovp::Lend;
+use vovp::{parallel_copy, CreateOptions, Error, Lend};
+use vovp_proto::Request;
 
+use crate::core::requests;
 use crate::mapping::MappedSegment;
 
 /// Puts smaller than this go inline (PUT: the bytes ride in the frame, the daemon copies them
@@ -36,30 +38,157 @@ struct Current {
     writing: u32,
 }
 
+impl Current {
+    /// The next `need` bytes, for one put.
+    fn take(&mut self, need: u64, slot: &Arc<Mutex<LendSlot>>) -> Option<Reserved> {
+        let end = self.lend.offset + self.lend.size;
+        if need > self.lend.max_object || self.cursor + need > end {
+            return None;
+        }
+        let base = self.segment.writable_base().ok()?;
+        let offset = self.cursor;
+        self.cursor += need;
+        self.writing += 1;
+        Some(Reserved {
+            lend: self.lend.id,
+            offset,
+            generation: self.generation,
+            // SAFETY: inside the lend, which lies inside the mapped segment (checked when the
+            // lend was taken).
+            ptr: unsafe { base.add(offset as usize) },
+            _segment: self.segment.clone(),
+            slot: slot.clone(),
+            gone: false,
+        })
+    }
+}
+
 /// The lend state of one client.
 #[derive(Default)]
 pub(crate) struct LendSlot {
     current: Option<Current>,
+    /// A LEND is on its way (one at a time; other puts meanwhile go another way).
+    lending: bool,
+    /// The id of the last lend, to tell a lend handed out again (warm) from a new one.
+    last_id: Option<u64>,
     /// The largest block the store lends for (learnt from its first lend).
     max_object: Option<u64>,
     /// The store lends nothing (embedded, `--prefault`, a small store, an old daemon).
     refused: bool,
 }
 
-/// A range of the current lend reserved for one put; give it back with [`Lends::done`].
+/// A range of the current lend reserved for one put. Dropping it ends the put's use of the
+/// lend (also when a driver's future is cancelled), so the lend can be replaced again.
 pub(crate) struct Reserved {
     pub lend: u64,
     pub offset: u64,
     pub generation: u64,
     /// Where to write the data.
-    pub ptr: *mut u8,
+    ptr: *mut u8,
     /// Keeps the mapping alive while writing.
-    pub _segment: Arc<MappedSegment>,
+    _segment: Arc<MappedSegment>,
+    slot: Arc<Mutex<LendSlot>>,
+    /// The store said it has no such lend: forget it.
+    gone: bool,
 }
 
-/// What a reservation needs from the driver: a new lend, mapped writable.
-pub(crate) type TakeLend<'a> =
-    dyn FnMut(u64) -> Result<(Lend, Arc<MappedSegment>, u64), vovp::Error> + 'a;
+// SAFETY: the pointer is into a shared mapping that `_segment` keeps alive; the range is this
+// put's alone, and only `write` (which takes `&self` once, in the put's own task) writes it.
+unsafe impl Send for Reserved {}
+unsafe impl Sync for Reserved {}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if let Ok(mut slot) = self.slot.lock() {
+            if let Some(c) = slot.current.as_mut().filter(|c| c.lend.id == self.lend) {
+                c.writing = c.writing.saturating_sub(1);
+                if self.gone && c.writing == 0 {
+                    slot.current = None;
+                }
+            }
+        }
+    }
+}
+
+impl Reserved {
+    /// The store answered that it has no such lend: forget it when this put ends.
+    pub(crate) fn lend_gone(&mut self) {
+        self.gone = true;
+    }
+
+    /// Writes the object's bytes into the reserved range; the PUBLISH that makes it an object.
+    pub(crate) fn write<'a>(
+        &self,
+        name: &'a str,
+        data: &[u8],
+        metadata: &'a [u8],
+        options: &CreateOptions,
+        keep: bool,
+    ) -> Result<Request<'a>, Error> {
+        // SAFETY: a range of this client's own lend, mapped writable and kept mapped by `self`,
+        // reserved for this put alone (block_len(data, metadata) bytes from `ptr`).
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr, data.len()) };
+        parallel_copy(dst, data);
+        let mut flags = 0;
+        if options.ephemeral {
+            flags |= vovp_proto::CREATE_EPHEMERAL;
+        }
+        if keep {
+            flags |= vovp_proto::PUT_KEEP_REFERENCE;
+        }
+        requests::publish(
+            self.lend,
+            self.offset,
+            name,
+            flags,
+            metadata,
+            data.len() as u64,
+        )
+    }
+}
+
+/// A lend must lie inside a segment this client may write.
+pub(crate) fn check(lend: &Lend, segment: &MappedSegment) -> Result<(), Error> {
+    let end = lend.offset.checked_add(lend.size);
+    if !segment.is_writable() || end.is_none_or(|e| e > segment.len()) {
+        return Err(Error::Protocol(format!(
+            "lend {} ({} bytes at {}) is not writable in segment {}",
+            lend.id, lend.size, lend.offset, lend.segment
+        )));
+    }
+    Ok(())
+}
+
+/// What [`Lends::reserve`] answers.
+pub(crate) enum Reservation {
+    Got(Reserved),
+    /// Send LEND for `at_least` bytes, then hand the outcome to [`LendAsked::install`].
+    Lend(LendAsked),
+    /// No lend now: put another way.
+    No,
+}
+
+/// A LEND to send (`at_least`); its outcome goes to [`LendAsked::install`]. Dropped without
+/// it (an error before the reply, a cancelled future), the client may ask again later.
+pub(crate) struct LendAsked {
+    pub at_least: u64,
+    need: u64,
+    slot: Arc<Mutex<LendSlot>>,
+    installed: bool,
+}
+
+impl Drop for LendAsked {
+    fn drop(&mut self) {
+        if !self.installed {
+            if let Ok(mut slot) = self.slot.lock() {
+                slot.lending = false;
+            }
+        }
+    }
+}
+
+/// A new lend, its segment mapped writable, and the connection generation it belongs to.
+pub(crate) type Lent = (Lend, Arc<MappedSegment>, u64);
 
 /// Maps a new lend's pages into this process on a thread of its own (`MADV_POPULATE_WRITE`):
 /// the store allocated them at LEND, but each page's first write here would still fault (and
@@ -94,7 +223,7 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend) {
 
 #[derive(Default)]
 pub(crate) struct Lends {
-    slot: Mutex<LendSlot>,
+    slot: Arc<Mutex<LendSlot>>,
 }
 
 impl Lends {
@@ -112,16 +241,14 @@ impl Lends {
         Some(need)
     }
 
-    /// Reserves `need` bytes for a put on connection `generation`, taking a new lend through
-    /// `take` when the current one is full and nobody writes into it. `None`: no lend now
-    /// (the caller creates instead); the store refusing to lend at all is remembered.
-    pub(crate) fn reserve(
-        &self,
-        need: u64,
-        generation: u64,
-        take: &mut TakeLend<'_>,
-    ) -> Option<Reserved> {
-        let mut slot = self.slot.lock().ok()?;
+    /// Reserves `need` bytes for a put on connection `generation`, or says to ask for a new
+    /// lend when the current one is full and no put writes into it (the store retires the old
+    /// one when it lends the next, so it is forgotten here first: nothing is written into a
+    /// lend the store may free).
+    pub(crate) fn reserve(&self, need: u64, generation: u64) -> Reservation {
+        let Ok(mut slot) = self.slot.lock() else {
+            return Reservation::No;
+        };
         if slot
             .current
             .as_ref()
@@ -129,70 +256,58 @@ impl Lends {
         {
             slot.current = None;
         }
-        let fits = |c: &Current| c.cursor + need <= c.lend.offset + c.lend.size;
-        match &slot.current {
-            Some(c) if fits(c) => {}
-            Some(c) if c.writing > 0 => return None,
-            // Until the store said how big a lend's objects may be, ask for any lend (the
-            // reply says): asking for `need` would be refused, and asked again, for every put
-            // too big for a lend.
-            _ => match take(if slot.max_object.is_some() { need } else { 0 }) {
-                Ok((lend, segment, generation)) => {
-                    slot.max_object = Some(lend.max_object);
-                    let again = slot.current.as_ref().is_some_and(|c| c.lend.id == lend.id);
-                    if !again {
-                        populate_in_background(&segment, &lend);
-                    }
-                    slot.current = Some(Current {
-                        generation,
-                        cursor: lend.offset,
-                        lend,
-                        segment,
-                        writing: 0,
-                    });
-                }
-                // The store may have retired the current lend before failing (a full store):
-                // nothing more may be written into it, it may be freed.
-                Err(e) => {
-                    slot.current = None;
-                    // MALFORMED (a store that lends nothing, or a daemon without LEND): for good.
-                    if matches!(e, vovp::Error::Protocol(_) | vovp::Error::Config(_)) {
-                        slot.refused = true;
-                    } else {
-                        tracing::debug!("vovp: no lend ({e}); creating instead");
-                    }
-                    return None;
-                }
-            },
+        if let Some(r) = slot.current.as_mut().and_then(|c| c.take(need, &self.slot)) {
+            return Reservation::Got(r);
         }
-        let c = slot.current.as_mut()?;
-        if need > c.lend.max_object || !fits(c) {
-            return None;
+        if slot.lending || slot.current.as_ref().is_some_and(|c| c.writing > 0) {
+            return Reservation::No;
         }
-        let offset = c.cursor;
-        c.cursor += need;
-        c.writing += 1;
-        let base = c.segment.writable_base().ok()?;
-        Some(Reserved {
-            lend: c.lend.id,
-            offset,
-            generation: c.generation,
-            // SAFETY: inside the lend, which lies inside the mapped segment (checked when the
-            // lend was taken).
-            ptr: unsafe { base.add(offset as usize) },
-            _segment: c.segment.clone(),
+        slot.current = None;
+        slot.lending = true;
+        // Until the store said how big a lend's objects may be, ask for any lend (the reply
+        // says): asking for `need` would be refused, and asked again, for every put too big.
+        let at_least = if slot.max_object.is_some() { need } else { 0 };
+        Reservation::Lend(LendAsked {
+            at_least,
+            need,
+            slot: self.slot.clone(),
+            installed: false,
         })
     }
+}
 
-    /// The put that reserved a range of lend `lend` has written it (and published it or not).
-    /// `gone`: the store answered that it knows no such lend; it is forgotten here too.
-    pub(crate) fn done(&self, lend: u64, gone: bool) {
-        if let Ok(mut slot) = self.slot.lock() {
-            if let Some(c) = slot.current.as_mut().filter(|c| c.lend.id == lend) {
-                c.writing = c.writing.saturating_sub(1);
-                if gone && c.writing == 0 {
-                    slot.current = None;
+impl LendAsked {
+    /// The outcome of this LEND; then reserves the put's bytes in the new lend.
+    pub(crate) fn install(mut self, lent: Result<Lent, vovp::Error>) -> Option<Reserved> {
+        let slot_ref = self.slot.clone();
+        let mut slot = slot_ref.lock().ok()?;
+        // Under the same lock as the new lend goes in: no other put may ask for one between.
+        slot.lending = false;
+        self.installed = true;
+        match lent {
+            Ok((lend, segment, generation)) => {
+                slot.max_object = Some(lend.max_object);
+                if slot.last_id != Some(lend.id) {
+                    populate_in_background(&segment, &lend);
                 }
+                slot.last_id = Some(lend.id);
+                let current = slot.current.insert(Current {
+                    generation,
+                    cursor: lend.offset,
+                    lend,
+                    segment,
+                    writing: 0,
+                });
+                current.take(self.need, &slot_ref)
+            }
+            Err(e) => {
+                // MALFORMED (a store that lends nothing, or a daemon without LEND): for good.
+                if matches!(e, vovp::Error::Protocol(_) | vovp::Error::Config(_)) {
+                    slot.refused = true;
+                } else {
+                    tracing::debug!("vovp: no lend ({e}); putting another way");
+                }
+                None
             }
         }
     }

@@ -14,6 +14,7 @@ use vovp_proto::{Header, Reply, Request, HEADER_LEN, LIST_END};
 
 use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
+use crate::lent::{self, Lends, Lent, Reservation};
 use crate::mapping::{MappedSegment, Mappings};
 use crate::ClientOptions;
 
@@ -96,6 +97,8 @@ struct AsyncInner {
     conn: tokio::sync::Mutex<AsyncConn>,
     /// Map the shared directory on connect and reconnect.
     shared_reads: bool,
+    /// The part of its arena the store lent this client (puts without CREATE).
+    lends: Lends,
 }
 
 impl AsyncInner {
@@ -187,6 +190,7 @@ impl AsyncClient {
                 shared_reads,
                 core: Core::new(path, maps, options.reconnect),
                 conn: tokio::sync::Mutex::new(AsyncConn::new(stream)),
+                lends: Lends::default(),
             }),
         })
     }
@@ -240,6 +244,65 @@ impl AsyncClient {
         Ok(pins)
     }
 
+    /// As the blocking client's: a put through this client's lend (copy, one PUBLISH);
+    /// `None` when it does not go through a lend.
+    async fn put_lent(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: &CreateOptions,
+    ) -> Option<Result<(), Error>> {
+        if options.device.is_some_and(|d| d != vovp::Device::Cpu) {
+            return None;
+        }
+        let lends = &self.inner.lends;
+        let need = lends.wants(data.len(), metadata.len())?;
+        let generation = self.inner.core.session.generation();
+        let mut reserved = match lends.reserve(need, generation) {
+            Reservation::Got(r) => r,
+            Reservation::No => return None,
+            Reservation::Lend(asked) => {
+                let lent = self.take_lend(asked.at_least).await;
+                asked.install(lent)?
+            }
+        };
+        let result = async {
+            let req = reserved.write(name, data, metadata, options, false)?;
+            let (reply, answered) = self.call_in_session(&req).await?;
+            if answered.1 != reserved.generation {
+                return Err(Error::Connection(
+                    "the daemon went away during a put; put again".into(),
+                ));
+            }
+            reply.object().map(drop)
+        }
+        .await;
+        // NOT_FOUND from PUBLISH is about the lend: put another way.
+        if matches!(result, Err(Error::NotFound(_))) {
+            reserved.lend_gone();
+            return None;
+        }
+        Some(result)
+    }
+
+    /// LEND, and the lend's segment mapped writable.
+    async fn take_lend(&self, at_least: u64) -> Result<Lent, Error> {
+        let (reply, answered) = self.call_in_session(&Request::Lend { at_least }).await?;
+        let lend = reply.lent()?;
+        let segment = match answered.0.segment(lend.segment) {
+            Some(s) => s,
+            None => {
+                let mut conn = self.inner.conn.lock().await;
+                let s = Arc::new(conn.map_segment(&self.inner.core, lend.segment).await?);
+                answered.0.insert_segment(lend.segment, s.clone());
+                s
+            }
+        };
+        lent::check(&lend, &segment)?;
+        Ok((lend, segment, answered.1))
+    }
+
     fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
         Arc::new(AsyncViewSink {
             inner: self.inner.clone(),
@@ -286,6 +349,9 @@ impl AsyncStore for AsyncClient {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
+        if let Some(r) = self.put_lent(name, data, metadata, &options).await {
+            return r;
+        }
         let maps = self.inner.core.session.maps();
         if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
             let req = requests::put(name, flags, metadata, data)?;
