@@ -360,6 +360,27 @@ impl ObjectTableActor {
         self.table.record_events = !self.subscribers.is_empty();
     }
 
+    /// The end of a put (inline or published from a lend): seals the object just inserted as
+    /// `r`, answers the gets waiting for it, and drops the putter's reference unless it keeps
+    /// one.
+    async fn seal_put(
+        &mut self,
+        r: &ObjectRef,
+        holder: HolderId,
+        keep_reference: bool,
+        me: &ActorRef<Self>,
+    ) -> Result<(), Error> {
+        let done = self.table.seal(&r.name, holder, Some(r.id))?;
+        self.deliver(done).await;
+        if !keep_reference {
+            let freed = self.table.release(r.id, holder)?;
+            self.free(freed.into_iter().collect()).await;
+        }
+        self.publish();
+        self.after_change(me).await;
+        Ok(())
+    }
+
     fn host_slice(&mut self, r: &ObjectRef) -> Option<&mut [u8]> {
         let Location::Host { segment, offset } = r.location else {
             return None;
@@ -531,14 +552,8 @@ impl Message<PutInline> for ObjectTableActor {
                 return Err(Error::Memory("allocation outside its segment".into()));
             }
         }
-        let done = self.table.seal(&m.name, m.holder, Some(r.id))?;
-        self.deliver(done).await;
-        if !m.keep_reference {
-            let freed = self.table.release(r.id, m.holder)?;
-            self.free(freed.into_iter().collect()).await;
-        }
-        self.publish();
-        self.after_change(ctx.actor_ref()).await;
+        self.seal_put(&r, m.holder, m.keep_reference, ctx.actor_ref())
+            .await?;
         Ok(r)
     }
 }
@@ -625,14 +640,8 @@ impl Message<Publish> for ObjectTableActor {
                 return Err(e);
             }
         };
-        let done = self.table.seal(&m.name, m.holder, Some(r.id))?;
-        self.deliver(done).await;
-        if !m.keep_reference {
-            let freed = self.table.release(r.id, m.holder)?;
-            self.free(freed.into_iter().collect()).await;
-        }
-        self.publish();
-        self.after_change(ctx.actor_ref()).await;
+        self.seal_put(&r, m.holder, m.keep_reference, ctx.actor_ref())
+            .await?;
         Ok(r)
     }
 }

@@ -713,9 +713,12 @@ class PlasmaClient:
             if self._live(name) is not None:
                 raise PlasmaObjectExists(f"object {object_id!r} already exists")
             try:
-                if total <= self._inline:
+                one_piece = len(pieces) == 1 and not metadata
+                if total <= self._inline or (one_piece and total <= _vc.LEND_LIMIT):
                     # One PUT frame: assembling a few hundred KiB costs less than a round trip.
-                    if len(pieces) == 1 and not metadata:
+                    # One piece up to a lend's largest object: the native put copies it into
+                    # this client's lend and sends one PUBLISH (no CREATE round trip).
+                    if one_piece:
                         blob = pieces[0][1]  # (put_raw_buffer, create_and_seal: no copy here)
                     else:
                         blob = bytearray(total)

@@ -642,6 +642,14 @@ fn response_empty(header: Header, out: &mut Vec<u8>) {
     Reply::Empty.encode(header.opcode, header.request_id, out);
 }
 
+/// PUT's and PUBLISH's flags.
+fn put_options(flags: u32) -> PutOptions {
+    PutOptions {
+        ephemeral: flags & CREATE_EPHEMERAL != 0,
+        keep_reference: flags & PUT_KEEP_REFERENCE != 0,
+    }
+}
+
 /// Sends HELLO's reply with segment 0's fd attached: every client may read the store's own
 /// segment; none may write it (the store copies inline puts in itself) unless the store has
 /// no client arenas (`--prefault`), where every object lives there and its creator writes it
@@ -840,10 +848,7 @@ impl ConnectionActor {
                 metadata,
                 data,
             } => {
-                let options = PutOptions {
-                    ephemeral: flags & CREATE_EPHEMERAL != 0,
-                    keep_reference: flags & PUT_KEEP_REFERENCE != 0,
-                };
+                let options = put_options(flags);
                 Reply::Object(
                     session
                         .put_inline(&name, data.into_owned(), &metadata, options)
@@ -860,10 +865,7 @@ impl ConnectionActor {
                 metadata,
                 size,
             } => {
-                let options = PutOptions {
-                    ephemeral: flags & CREATE_EPHEMERAL != 0,
-                    keep_reference: flags & PUT_KEEP_REFERENCE != 0,
-                };
+                let options = put_options(flags);
                 Reply::Object(
                     session
                         .publish(lend, offset, &name, size, &metadata, options)
