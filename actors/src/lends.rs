@@ -7,7 +7,7 @@
 //! published from it do not own memory of their own: freeing one gives the lend back one
 //! object, and the lend's block goes back to the allocator when the lend is retired (its holder
 //! took a new one or went away) and its last object is gone — a slab's trade-off, bounded by
-//! the lend's size (a fiftieth of the store or less, see [`lend_size`]).
+//! the lend's size (1/64 of the store, at most 16 MiB, see [`lend_size`]).
 //!
 //! Trust: the client says where it wrote; the store checks that the range lies inside a lend
 //! of that client and overlaps no live object published from it, so a client can only name

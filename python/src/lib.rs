@@ -137,7 +137,7 @@ impl Client {
     #[new]
     /// `release_delay` (seconds, 0 = none): dropped objects' RELEASEs ride in front of the
     /// next request, or are sent after this delay if the client stays idle.
-    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0, shared_reads = true))]
+    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0, shared_reads = true, lend_puts = false))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -145,6 +145,7 @@ impl Client {
         reconnect: bool,
         release_delay: f64,
         shared_reads: bool,
+        lend_puts: bool,
     ) -> PyResult<Self> {
         let wait = timeout_of(Some(connect_timeout))?.unwrap_or_default();
         // CUDA objects are mapped when the Python layer asks (`Object.map_cuda`), after its
@@ -154,6 +155,7 @@ impl Client {
             defer_cuda_mapping: true,
             release_delay: timeout_of(Some(release_delay))?.filter(|d| !d.is_zero()),
             no_shared_reads: !shared_reads,
+            lend_puts,
         };
         let inner = py
             .allow_threads(|| {

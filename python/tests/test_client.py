@@ -599,3 +599,33 @@ def test_large_list_reply(client):
     assert len(entries) == 3000
     assert all(e["shape"] == (2,) for e in entries)
     assert client.stats()["objects"] == 3000
+
+
+def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subprocess_env):
+    # lend_puts=True: puts of 64 KiB..4 MiB are copied into this client's lend and made
+    # objects by one PUBLISH (the first also asks for the lend and maps its arena).
+    c = vovp.Client(daemon.socket, lend_puts=True)
+    a = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    b = np.arange(1 << 15, dtype=np.int64)  # 256 KiB
+    c.put_tensor("a", a)
+    before = c._requests_sent()
+    kept = c.put_tensor("b", b)
+    assert c._requests_sent() == before + 1, "one PUBLISH"
+    assert np.array_equal(kept, b)
+    child = textwrap.dedent("""
+        import sys, numpy as np, vovp
+        c = vovp.Client(sys.argv[1])
+        a, b = c.get_tensor("a"), c.get_tensor("b")
+        assert a.dtype == np.float32 and np.array_equal(a, np.arange(1 << 18, dtype=np.float32))
+        assert b.dtype == np.int64 and np.array_equal(b, np.arange(1 << 15, dtype=np.int64))
+    """)
+    subprocess.run([sys.executable, "-c", child, daemon.socket], env=subprocess_env,
+                   check=True, timeout=60)
+    # A default client asks for no lend: its 1 MiB put is CREATE + copy + SEAL.
+    d = vovp.Client(daemon.socket)
+    d.put_tensor("c", a)
+    before = d._requests_sent()
+    d.put_tensor("d", a)
+    assert d._requests_sent() == before + 2
+    c.close()
+    d.close()

@@ -287,11 +287,16 @@ class Client:
     ``shared_reads`` (default on): gets of sealed host objects read the store's shared
     directory and record a hold in this client's own hold table, with no message to the
     daemon; everything else, and every get with ``shared_reads=False``, is a request.
+
+    ``lend_puts`` (default off): puts of 64 KiB up to 4 MiB are copied into a part of this
+    client's own arena the store lends it and made objects with one message (no CREATE round
+    trip). The lend (1/64 of the store, at most 16 MiB) is charged to the store whole while
+    this client is connected, and its memory comes back only with its last object.
     """
 
     def __init__(self, path: str = None, connect_timeout: float = 0.0,
                  release_delay: float = RELEASE_DELAY, reconnect: bool = False,
-                 shared_reads: bool = True):
+                 shared_reads: bool = True, lend_puts: bool = False):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
@@ -303,7 +308,8 @@ class Client:
         self._closed = True  # until HELLO succeeded
         self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
         self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
-                           float(release_delay or 0.0), bool(shared_reads))
+                           float(release_delay or 0.0), bool(shared_reads), bool(lend_puts))
+        self._lend_limit = LEND_LIMIT if lend_puts else 0
         self._guard = _Guarded(self)
         self._closed = False
         self.capacity = self._n.capacity
@@ -628,7 +634,7 @@ class Client:
         as_is = src.dtype is store_dt and src.flags.c_contiguous
         # (A hand-off's put, _seal_later, keeps CREATE + copy + a SEAL whose reply is read
         # later: it waits for one round trip, as a PUBLISH would.)
-        if size <= self._inline_limit or (as_is and size <= LEND_LIMIT and not _seal_later):
+        if size <= self._inline_limit or (as_is and size <= self._lend_limit and not _seal_later):
             if not as_is:
                 src = np.ascontiguousarray(src, dtype=store_dt)
             obj = self._native.put(name, src.ctypes.data, size, meta, ephemeral, True, writable)
@@ -1178,14 +1184,17 @@ _last_init = {"ref": None, "path": None, "pid": None}
 
 
 def init_client(path: str = None, connect_timeout: float = 0.0,
-                reconnect: bool = False, shared_reads: bool = True) -> Client:
+                reconnect: bool = False, shared_reads: bool = True,
+                lend_puts: bool = False) -> Client:
     """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
 
     The client becomes this process's default for ``vovp.init_reduction()``.
     ``reconnect=True``: if the daemon goes away (restarted, killed), the next call connects
     again and is retried once; objects that died with the old daemon are not found, arrays
-    got before keep their (old, intact) memory. ``shared_reads``: see ``Client``."""
-    client = Client(path, connect_timeout, reconnect=reconnect, shared_reads=shared_reads)
+    got before keep their (old, intact) memory. ``shared_reads``, ``lend_puts``: see
+    ``Client``."""
+    client = Client(path, connect_timeout, reconnect=reconnect, shared_reads=shared_reads,
+                    lend_puts=lend_puts)
     _last_init.update(ref=weakref.ref(client), path=client.path, pid=os.getpid())
     return client
 

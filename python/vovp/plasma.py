@@ -405,12 +405,14 @@ _SWEEP_MIN = 1024
 class PlasmaClient:
     """A connection to the store with Plasma's client semantics (made by ``connect``)."""
 
-    def __init__(self, store_socket_name: str, deferred_release: bool = True):
+    def __init__(self, store_socket_name: str, deferred_release: bool = True,
+                 lend_puts: bool = False):
         # Plasma told the store of a release at once; vovp's own client lets releases ride
         # with its next request (or sends them within 2 ms), which saves a message per get.
         delay = _vc.RELEASE_DELAY if deferred_release else 0
         with _translated():
-            self._vovp = _vc.Client(store_socket_name, release_delay=delay)
+            self._vovp = _vc.Client(store_socket_name, release_delay=delay, lend_puts=lend_puts)
+        self._lend_limit = _vc.LEND_LIMIT if lend_puts else 0
         self._path = store_socket_name
         self._lock = threading.Lock()
         self._in_use: dict = {}  # vovp name -> _InUse (live or dead, see _insert)
@@ -714,7 +716,7 @@ class PlasmaClient:
                 raise PlasmaObjectExists(f"object {object_id!r} already exists")
             try:
                 one_piece = len(pieces) == 1 and not metadata
-                if total <= self._inline or (one_piece and total <= _vc.LEND_LIMIT):
+                if total <= self._inline or (one_piece and total <= self._lend_limit):
                     # One PUT frame: assembling a few hundred KiB costs less than a round trip.
                     # One piece up to a lend's largest object: the native put copies it into
                     # this client's lend and sends one PUBLISH (no CREATE round trip).
@@ -1168,7 +1170,8 @@ class _NotificationRelay:
 # --- connecting and starting a store ---------------------------------------------------------------
 
 
-def connect(store_socket_name, num_retries=-1, deferred_release=True) -> PlasmaClient:
+def connect(store_socket_name, num_retries=-1, deferred_release=True,
+            lend_puts=False) -> PlasmaClient:
     """Connect to the store serving ``store_socket_name``; tries ``num_retries`` times, 0.1 s
     apart (-1: 50 times, Plasma's default). PlasmaConnectionError (an IOError) if it cannot.
 
@@ -1176,12 +1179,12 @@ def connect(store_socket_name, num_retries=-1, deferred_release=True) -> PlasmaC
     sends them, with this client's next request or within 2 ms when it stays idle, which
     saves a message (and a wake-up of the store) per get; other clients may find a dropped
     object still referenced (not yet evictable) for those 2 ms. ``False`` sends each release
-    at once, as Plasma did.
+    at once, as Plasma did. ``lend_puts`` (not in Plasma): see ``vovp.Client``.
     """
     attempts = 50 if num_retries < 0 else max(1, int(num_retries))
     for attempt in range(attempts):
         try:
-            return PlasmaClient(os.fspath(store_socket_name), deferred_release)
+            return PlasmaClient(os.fspath(store_socket_name), deferred_release, lend_puts)
         except PlasmaConnectionError:
             if attempt + 1 == attempts:
                 raise

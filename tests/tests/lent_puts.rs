@@ -11,6 +11,18 @@ use vovp_client::CLIENT_LEND_MIN;
 use vovp_tests::{read_line, wait_until, Daemon, Raw};
 
 const T: Duration = Duration::from_secs(20);
+
+/// A client that puts through lends (they are opt-in: `ClientOptions::lend_puts`).
+fn lender(d: &Daemon) -> vovp_client::Client {
+    vovp_client::Client::connect_with(
+        &d.socket,
+        vovp_client::ClientOptions {
+            lend_puts: true,
+            ..Default::default()
+        },
+    )
+    .expect("connect")
+}
 const MIB: u64 = 1 << 20;
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -22,7 +34,7 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 #[test]
 fn a_put_through_a_lend_is_one_message_and_other_clients_read_it() {
     let d = Daemon::start("256M");
-    let writer = d.client();
+    let writer = lender(&d);
     let a = pattern(300_000, 1);
     let b = pattern(CLIENT_LEND_MIN, 2);
     let before = writer.last_request_id();
@@ -66,7 +78,7 @@ fn a_put_through_a_lend_is_one_message_and_other_clients_read_it() {
 fn a_lend_is_charged_whole_and_given_back_with_its_last_object() {
     // 256 MiB: lends of 4 MiB, for objects up to 1 MiB; 8 objects of 500,032 bytes fill one.
     let d = Daemon::start("256M");
-    let writer = d.client();
+    let writer = lender(&d);
     for i in 0..9 {
         writer
             .put(
@@ -98,7 +110,7 @@ fn a_lend_is_charged_whole_and_given_back_with_its_last_object() {
 #[test]
 fn a_killed_writer_leaves_its_published_objects_whole_and_its_lend_goes_with_them() {
     let d = Daemon::start("256M");
-    let mut child = d.fixture_spawn(&["put-hold", "k", "12", "200000"]);
+    let mut child = d.fixture_spawn(&["--lend-puts", "put-hold", "k", "12", "200000"]);
     let line = read_line(&mut child);
     assert!(line.starts_with("put "), "{line}");
     let observer = d.client();
@@ -125,7 +137,7 @@ fn a_killed_writer_leaves_its_published_objects_whole_and_its_lend_goes_with_the
 fn puts_through_lends_evict_older_objects_when_the_store_is_full() {
     // 64 MiB: lends of 1 MiB, for objects up to 256 KiB. 3x the capacity in 200 KB objects.
     let d = Daemon::start("64M");
-    let writer = d.client();
+    let writer = lender(&d);
     let n = 1000;
     for i in 0..n {
         writer
@@ -154,7 +166,7 @@ fn a_store_that_lends_nothing_still_takes_every_put() {
     for extra in [&[][..], &["--prefault"][..]] {
         let memory = if extra.is_empty() { "16M" } else { "128M" };
         let d = Daemon::start_with(memory, extra);
-        let c = d.client();
+        let c = lender(&d);
         for i in 0..3 {
             let data = pattern(300_000, i);
             c.put(&format!("p{i}"), &data, b"m", CreateOptions::default())
@@ -248,7 +260,7 @@ fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
     );
 
     // And the store serves everyone as before.
-    let c = d.client();
+    let c = lender(&d);
     assert_eq!(c.get_one("y", None).unwrap().len(), 1);
     assert_eq!(c.get_one("x", None).unwrap().len(), 100);
     c.put("after", &pattern(100_000, 9), b"", CreateOptions::default())
@@ -263,7 +275,7 @@ fn a_get_keeps_every_arena_it_needs_mapped_while_it_maps_more() {
     // oldest of them and one in a 33rd must not lose the first while mapping the second (it
     // did: "unknown segment", first seen in the soak once puts went into lends).
     let d = Daemon::start("256M");
-    let writers: Vec<_> = (0..33).map(|_| d.client()).collect();
+    let writers: Vec<_> = (0..33).map(|_| lender(&d)).collect();
     for (i, w) in writers.iter().enumerate() {
         w.put(
             &format!("w{i}"),
@@ -297,7 +309,15 @@ fn the_async_client_puts_through_its_lend_too() {
     let d = Daemon::start("256M");
     let observer = d.client();
     vovp_tests::runtime().block_on(async {
-        let c = vovp_client::AsyncClient::connect(&d.socket).await.unwrap();
+        let c = vovp_client::AsyncClient::connect_with(
+            &d.socket,
+            vovp_client::ClientOptions {
+                lend_puts: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
         for i in 0..10u32 {
             c.put(
                 &format!("a{i}"),
@@ -331,7 +351,7 @@ fn threads_sharing_one_client_never_write_over_each_other() {
     // Four threads put through one client's lend at once: reservations must not overlap, a
     // lend is replaced only when no put writes into it, and every object reads back whole.
     let d = Daemon::start("256M");
-    let c = d.client();
+    let c = lender(&d);
     std::thread::scope(|s| {
         for t in 0..4u32 {
             let c = c.clone();
@@ -361,4 +381,37 @@ fn threads_sharing_one_client_never_write_over_each_other() {
             );
         }
     }
+}
+
+#[test]
+fn lends_are_opt_in() {
+    // A default client never asks for a lend: its puts are inline (PUT) or CREATE + SEAL, and
+    // the store charges each object alone.
+    let d = Daemon::start("256M");
+    let c = d.client();
+    let before = c.last_request_id();
+    c.put("small", &pattern(100_000, 1), b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(c.last_request_id(), before + 1, "one inline PUT");
+    let s = c.stats().unwrap();
+    assert_eq!(s.used_bytes, 100_032, "the object alone, no lend");
+}
+
+#[test]
+fn with_prefault_clients_write_their_creates_in_segment_0_and_private_views_stay_private() {
+    // --prefault: no client arenas, every object in segment 0, which the daemon hands its own
+    // uid's clients read-write (as Plasma's store did) so that a CREATE of any size can be
+    // written. A writable view of someone else's object is still a private copy-on-write one.
+    let d = Daemon::start_with("128M", &["--prefault"]);
+    let a = d.client();
+    let data = pattern(300_000, 3);
+    a.put("big", &data, b"", CreateOptions::default()).unwrap();
+    let b = d.client();
+    let v = b.get_one("big", None).unwrap();
+    let (ptr, _keep) = b.private_view(&v).unwrap().expect("a host object");
+    // SAFETY: the private mapping covers the object's bytes and is kept by `_keep`.
+    unsafe { std::ptr::write_bytes(ptr, 0xEE, 1000) };
+    assert_eq!(&v[..], &data[..], "the write stayed in the private mapping");
+    let c = d.client();
+    assert_eq!(&c.get_one("big", None).unwrap()[..], &data[..]);
 }

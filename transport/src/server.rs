@@ -316,6 +316,9 @@ async fn serve_connection(
     // Non-blocking: io_uring does not care, and the raw sendmsg of HELLO's fds must never
     // block the event loop (it waits for writability there instead).
     stream.set_nonblocking(true)?;
+    // A client of the daemon's own uid (`--allow-uid` lets others in).
+    let own_uid = rustix::net::sockopt::socket_peercred(&stream)
+        .is_ok_and(|c| c.uid == rustix::process::getuid());
     let stream = tokio_uring::net::UnixStream::from_std(stream);
     // The connection's holder: every reference it takes is recorded under it.
     let session = engine.client_session();
@@ -323,6 +326,7 @@ async fn serve_connection(
         session: session.clone(),
         shared,
         greeted: false,
+        own_uid,
     });
     let io = ConnIo {
         stream: &stream,
@@ -769,6 +773,8 @@ pub struct ConnectionActor {
     session: Session,
     shared: Arc<Shared>,
     greeted: bool,
+    /// The peer runs as the daemon's uid.
+    own_uid: bool,
 }
 
 /// A decoded request from the socket.
@@ -951,12 +957,14 @@ impl Message<Disconnect> for ConnectionActor {
 }
 
 impl Message<SegmentFds> for ConnectionActor {
-    /// Segment 0, and whether clients write it (no client arenas: `--prefault`).
+    /// Segment 0, and whether this client writes it: with no client arenas (`--prefault`)
+    /// every object lives there and its creator writes it, as in Plasma's store; never a
+    /// client of another uid (`--allow-uid`), which keeps read-only fds only.
     type Reply = (Vec<Arc<vovp::Segment>>, bool);
 
     async fn handle(&mut self, _: SegmentFds, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let config = self.session.config();
-        let shared_writable = config.prefault || !config.client_arenas;
+        let shared_writable = (config.prefault || !config.client_arenas) && self.own_uid;
         (
             self.session.segments().iter().take(1).cloned().collect(),
             shared_writable,

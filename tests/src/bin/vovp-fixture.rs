@@ -21,6 +21,9 @@ use vovp_client::Client;
 struct Args {
     #[arg(short = 's', long = "socket", default_value = "/tmp/vovp.sock")]
     socket: PathBuf,
+    /// Put through a lend (`ClientOptions::lend_puts`).
+    #[arg(long)]
+    lend_puts: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -140,7 +143,13 @@ fn timeout(ms: u64) -> Option<Duration> {
 }
 
 fn run(args: Args) -> Result<(), Error> {
-    let client = Client::connect(&args.socket)?;
+    let client = Client::connect_with(
+        &args.socket,
+        vovp_client::ClientOptions {
+            lend_puts: args.lend_puts,
+            ..Default::default()
+        },
+    )?;
     let mut out = std::io::stdout().lock();
     let io = |e: std::io::Error| Error::Internal(e.to_string());
     match args.command {

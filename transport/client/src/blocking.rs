@@ -387,7 +387,7 @@ impl Client {
             flusher: options
                 .release_delay
                 .map(|delay| Flusher::start(me.clone(), delay)),
-            lends: Lends::default(),
+            lends: Lends::new(options.lend_puts),
         });
         Ok(Client { inner })
     }

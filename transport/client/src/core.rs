@@ -265,7 +265,8 @@ pub(crate) fn map_segment_reply(
     };
     let mut fds = fds.into_iter();
     match (fds.next(), fds.next()) {
-        (Some(fd), None) => MappedSegment::map(fd, size, writable),
+        // SEGMENT hands out the read-write fd only for the asking client's own arenas.
+        (Some(fd), None) => MappedSegment::map(fd, size, writable, true),
         _ => Err(Error::Protocol(
             "a SEGMENT reply must carry exactly one fd".into(),
         )),

@@ -6,6 +6,8 @@
 //! A lend is replaced (LEND again, which retires the old one) only while no put is writing
 //! into it: the store frees a retired lend once its objects are gone, and a put still writing
 //! into it would then write memory the store may have handed out again.
+//!
+//! Opt-in ([`crate::ClientOptions::lend_puts`]): see ARCHITECTURE.md, "Lends", for why.
 
 use std::sync::{Arc, Mutex};
 
@@ -100,7 +102,12 @@ unsafe impl Sync for Reserved {}
 impl Drop for Reserved {
     fn drop(&mut self) {
         if let Ok(mut slot) = self.slot.lock() {
-            if let Some(c) = slot.current.as_mut().filter(|c| c.lend.id == self.lend) {
+            // Lend ids start again with a new daemon: the connection generation tells them apart.
+            if let Some(c) = slot
+                .current
+                .as_mut()
+                .filter(|c| c.lend.id == self.lend && c.generation == self.generation)
+            {
                 c.writing = c.writing.saturating_sub(1);
                 if self.gone && c.writing == 0 {
                     slot.current = None;
@@ -150,7 +157,7 @@ impl Reserved {
 /// A lend must lie inside a segment this client may write.
 pub(crate) fn check(lend: &Lend, segment: &MappedSegment) -> Result<(), Error> {
     let end = lend.offset.checked_add(lend.size);
-    if !segment.is_writable() || end.is_none_or(|e| e > segment.len()) {
+    if !segment.is_own() || end.is_none_or(|e| e > segment.len()) {
         return Err(Error::Protocol(format!(
             "lend {} ({} bytes at {}) is not writable in segment {}",
             lend.id, lend.size, lend.offset, lend.segment
@@ -227,6 +234,18 @@ pub(crate) struct Lends {
 }
 
 impl Lends {
+    /// Lends for a client that opted in ([`crate::ClientOptions::lend_puts`]); otherwise one
+    /// that never asks for one.
+    pub(crate) fn new(enabled: bool) -> Self {
+        let lends = Lends::default();
+        if let Ok(mut slot) = lends.slot.lock() {
+            slot.refused = !enabled;
+        }
+        lends
+    }
+}
+
+impl Lends {
     /// Whether a put of `size` data bytes and `metadata_len` metadata bytes should go through a
     /// lend: big enough to be worth it, small enough for one, and a store that lends.
     pub(crate) fn wants(&self, size: usize, metadata_len: usize) -> Option<u64> {
@@ -249,12 +268,13 @@ impl Lends {
         let Ok(mut slot) = self.slot.lock() else {
             return Reservation::No;
         };
-        if slot
-            .current
-            .as_ref()
-            .is_some_and(|c| c.generation != generation)
-        {
-            slot.current = None;
+        // A lend belongs to one connection: a caller on an older one puts another way; a
+        // newer connection forgets the old lend once no put writes into it.
+        match slot.current.as_ref().map(|c| (c.generation, c.writing)) {
+            Some((g, _)) if g > generation => return Reservation::No,
+            Some((g, 0)) if g < generation => slot.current = None,
+            Some((g, _)) if g < generation => return Reservation::No,
+            _ => {}
         }
         if let Some(r) = slot.current.as_mut().and_then(|c| c.take(need, &self.slot)) {
             return Reservation::Got(r);

@@ -20,6 +20,9 @@ use vovp_shm::SharedReader;
 pub(crate) struct MappedSegment {
     map: MmapRaw,
     writable: bool,
+    /// One of this client's own arenas (writes in place are its own objects' bytes). Segment
+    /// 0 may be writable (`--prefault`) but is everyone's: private views of it stay private.
+    own: bool,
     /// The segment's fd, kept for a private copy-on-write mapping made on demand
     /// ([`crate::Client::private_view`]).
     file: File,
@@ -31,7 +34,8 @@ unsafe impl Send for MappedSegment {}
 unsafe impl Sync for MappedSegment {}
 
 impl MappedSegment {
-    pub(crate) fn map(fd: OwnedFd, size: u64, writable: bool) -> Result<Self, Error> {
+    /// `own`: one of this client's arenas (else the store's segment 0, writable or not).
+    pub(crate) fn map(fd: OwnedFd, size: u64, writable: bool, own: bool) -> Result<Self, Error> {
         let file = File::from(fd);
         let mut opts = MmapOptions::new();
         opts.len(usize::try_from(size).map_err(|_| Error::Protocol("segment size".into()))?);
@@ -44,14 +48,15 @@ impl MappedSegment {
         Ok(MappedSegment {
             map,
             writable,
+            own: own && writable,
             file,
             private: OnceLock::new(),
         })
     }
 
     /// Whether this is one of this client's own arenas, mapped read-write.
-    pub(crate) fn is_writable(&self) -> bool {
-        self.writable
+    pub(crate) fn is_own(&self) -> bool {
+        self.own
     }
 
     pub(crate) fn len(&self) -> u64 {
@@ -60,9 +65,10 @@ impl MappedSegment {
 
     /// Start of a writable mapping of the segment: the shared one for this client's own
     /// arenas, else a private copy-on-write one (writes stay in this process; a read-only fd
-    /// may be mapped so), made on first use.
+    /// may be mapped so), made on first use — also for segment 0 when the store hands it out
+    /// read-write (`--prefault`): others' objects there are not this client's to change.
     pub(crate) fn writable_base(&self) -> Result<*mut u8, Error> {
-        if self.writable {
+        if self.own {
             return Ok(self.map.as_mut_ptr());
         }
         if let Some(m) = self.private.get() {
@@ -137,7 +143,7 @@ impl Mappings {
                 .is_ok_and(|f| f & rustix::fs::OFlags::ACCMODE == rustix::fs::OFlags::RDWR);
             map.insert(
                 id,
-                SegmentSlot::Kept(Arc::new(MappedSegment::map(fd, size, writable)?)),
+                SegmentSlot::Kept(Arc::new(MappedSegment::map(fd, size, writable, false)?)),
             );
         }
         Ok(Mappings {

@@ -190,7 +190,7 @@ impl AsyncClient {
                 shared_reads,
                 core: Core::new(path, maps, options.reconnect),
                 conn: tokio::sync::Mutex::new(AsyncConn::new(stream)),
-                lends: Lends::default(),
+                lends: Lends::new(options.lend_puts),
             }),
         })
     }
