@@ -605,9 +605,9 @@ def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subproce
     # lend_puts=True: puts of 64 KiB..4 MiB are copied into this client's lend and made
     # objects by one PUBLISH (the first also asks for the lend and maps its arena).
     c = vovp.Client(daemon.socket, lend_puts=True)
-    a = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    a = np.arange(1 << 17, dtype=np.float32)  # 512 KiB (a 256 MiB store lends up to 1 MiB)
     b = np.arange(1 << 15, dtype=np.int64)  # 256 KiB
-    c.put_tensor("a", a)
+    kept_a = c.put_tensor("a", a)  # (kept: a dropped result's release would be a frame too)
     before = c._requests_sent()
     kept = c.put_tensor("b", b)
     assert c._requests_sent() == before + 1, "one PUBLISH"
@@ -616,16 +616,18 @@ def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subproce
         import sys, numpy as np, vovp
         c = vovp.Client(sys.argv[1])
         a, b = c.get_tensor("a"), c.get_tensor("b")
-        assert a.dtype == np.float32 and np.array_equal(a, np.arange(1 << 18, dtype=np.float32))
+        assert a.dtype == np.float32 and np.array_equal(a, np.arange(1 << 17, dtype=np.float32))
         assert b.dtype == np.int64 and np.array_equal(b, np.arange(1 << 15, dtype=np.int64))
     """)
     subprocess.run([sys.executable, "-c", child, daemon.socket], env=subprocess_env,
                    check=True, timeout=60)
-    # A default client asks for no lend: its 1 MiB put is CREATE + copy + SEAL.
+    assert c.stats()["used_bytes"] == 4 << 20, "both in one lend of 4 MiB"
+    # A default client asks for no lend: its 512 KiB put is CREATE + copy + SEAL.
     d = vovp.Client(daemon.socket)
-    d.put_tensor("c", a)
+    kept_c = d.put_tensor("c", a)
     before = d._requests_sent()
-    d.put_tensor("d", a)
+    kept_d = d.put_tensor("d", a)
     assert d._requests_sent() == before + 2
+    del kept_a, kept_c, kept_d
     c.close()
     d.close()
