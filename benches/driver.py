@@ -31,11 +31,13 @@ import os
 import sys
 import time
 import traceback
-
-LEND_PUTS = os.environ.get("VOVP_BENCH_LEND_PUTS") == "1"
 import warnings
 
 import numpy as np
+
+# VOVP_BENCH_LEND_PUTS=1: the vovp adapters opt in to puts through a lend (BENCHMARKS.md,
+# finding 9); off by default, as for users.
+LEND_PUTS = os.environ.get("VOVP_BENCH_LEND_PUTS") == "1"
 
 # pyarrow 11 warns on every Plasma call that Plasma is deprecated.
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -99,8 +101,6 @@ class VovpStore:
     def __init__(self, path):
         import vovp
 
-        # VOVP_BENCH_LEND_PUTS=1: the client opts in to puts through a lend (BENCHMARKS.md,
-        # finding 9); off by default, as for users.
         self.c = vovp.init_client(path, lend_puts=LEND_PUTS)
 
     def key(self, name):

@@ -356,7 +356,13 @@ pub fn worker_main(args: Vec<String>) -> ExitCode {
         }
     };
     let tag = format!("soak worker {} (seed {})", args.slot, args.seed);
-    let result = Client::connect(&args.socket)
+    // Every other writer puts through a lend (ClientOptions::lend_puts), so both put paths
+    // and their mix in one store are soaked.
+    let options = vovp_client::ClientOptions {
+        lend_puts: args.slot % 2 == 1,
+        ..Default::default()
+    };
+    let result = Client::connect_with(&args.socket, options)
         .map_err(Fail::from)
         .and_then(|client| {
             if args.subscriber {
@@ -415,7 +421,8 @@ fn mixed(client: &Client, a: &WorkerArgs, counters: &Counters) -> Result<(), Fai
         let name = soak_name(rng.below(a.names));
         let op = rng.below(100);
         match op {
-            // Put: inline up to 256 KiB, else CREATE, write into the arena, SEAL (sometimes
+            // Put: inline up to 256 KiB (64 KiB and more through the lend for lend_puts
+            // workers), else CREATE, write into the arena, SEAL (sometimes
             // slowly, so that kills land mid-create).
             0..=24 => {
                 let size = random_size(&mut rng, a.max_size);

@@ -526,15 +526,15 @@ def test_cuda_tensor_without_daemon_gpu_memory_is_a_clear_error_or_works(client)
 
 def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
     small = {f"s{i}": torch.full((4,), i) for i in range(100)}  # more than one batch of 64
-    small["big"] = torch.ones(1 << 17)  # 512 KiB: through this client's lend
+    small["big"] = torch.ones(1 << 17)  # 512 KiB: CREATE + copy + SEAL
     small["arr"] = np.arange(3)
     gc.collect()
     client.flush()
     before = client._requests_sent()
     stored = client.put_tensors(small)
-    # One PUT per small tensor (101, sent in two pipelined writes) and for the big one LEND,
-    # SEGMENT (the lend is in this client's first arena; objects of segment 0 need none) and
-    # PUBLISH: nothing else (no per-tensor extra requests).
+    # One PUT per small tensor (101, sent in two pipelined writes) and for the big one CREATE,
+    # SEGMENT (it opened this client's first arena; objects of segment 0 need none) and SEAL:
+    # nothing else (no per-tensor extra requests).
     from vovp.client import find_lease
 
     assert find_lease(stored["big"]).segment != 0

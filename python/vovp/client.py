@@ -49,9 +49,9 @@ from .errors import (
 
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
-# Objects up to this size go to the native put in any case (it sends those under 64 KiB in one
-# PUT frame, the rest through its lend: copy + one PUBLISH); larger ones through CREATE + copy
-# + SEAL unless LEND_LIMIT takes them (the Rust client's CLIENT_INLINE_PUT).
+# Objects up to this size go to the native put in any case (one PUT frame; with lend_puts,
+# those of 64 KiB or more through its lend: copy + one PUBLISH); larger ones through CREATE +
+# copy + SEAL unless LEND_LIMIT takes them (the Rust client's CLIENT_INLINE_PUT).
 INLINE_LIMIT = 256 << 10
 # Contiguous, little-endian objects up to this size go to the native put too: the largest a
 # lend takes (a quarter of the largest lend, 16 MiB); the native core falls back to CREATE +

@@ -97,8 +97,8 @@ fn the_daemon_and_the_client_can_each_turn_shared_reads_off() {
 fn delete_while_held_through_a_hold_table_waits_for_the_release() {
     let d = Daemon::start("64M");
     let writer = d.client();
-    // Inline puts (under the lend size): segment 0, which every reader has mapped, so the get
-    // is a hold; the new puts below could reuse the freed block.
+    // Inline puts: segment 0, which every reader has mapped, so the get is a hold; the new
+    // puts below could reuse the freed block.
     let data: Vec<u8> = (0..60_000u32).map(|i| (i % 251) as u8).collect();
     writer
         .put("x", &data, b"", CreateOptions::default())

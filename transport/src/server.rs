@@ -657,7 +657,8 @@ fn put_options(flags: u32) -> PutOptions {
 /// Sends HELLO's reply with segment 0's fd attached: every client may read the store's own
 /// segment; none may write it (the store copies inline puts in itself) unless the store has
 /// no client arenas (`--prefault`), where every object lives there and its creator writes it
-/// (read-write for everyone, as Plasma's store was). The client tells by the fd's access mode.
+/// (read-write for clients of the daemon's own uid, as Plasma's store was; see `SegmentFds`).
+/// The client tells by the fd's access mode.
 async fn send_hello(
     io: &ConnIo<'_>,
     conn: &kameo::actor::ActorRef<ConnectionActor>,

@@ -352,6 +352,11 @@ impl ClientInner {
             Some(s) => s,
             None => {
                 let mut conn = self.lock()?;
+                if self.core.session.generation() != answered.1 {
+                    return Err(Error::Connection(
+                        "the daemon went away while mapping a lend".into(),
+                    ));
+                }
                 let s = Arc::new(conn.map_segment(&self.core, lend.segment)?);
                 answered.0.insert_segment(lend.segment, s.clone());
                 s

@@ -321,8 +321,16 @@ impl LendAsked {
                 current.take(self.need, &slot_ref)
             }
             Err(e) => {
-                // MALFORMED (a store that lends nothing, or a daemon without LEND): for good.
-                if matches!(e, vovp::Error::Protocol(_) | vovp::Error::Config(_)) {
+                // The store's answer that it lends nothing (MALFORMED), or a daemon without
+                // LEND (UNKNOWN_OPCODE): for good. Anything else: maybe next time.
+                let refusal = match &e {
+                    vovp::Error::Protocol(m) => {
+                        m.starts_with("MALFORMED") || m.starts_with("UNKNOWN_OPCODE")
+                    }
+                    vovp::Error::Config(_) => true,
+                    _ => false,
+                };
+                if refusal {
                     slot.refused = true;
                 } else {
                     tracing::debug!("vovp: no lend ({e}); putting another way");

@@ -294,6 +294,11 @@ impl AsyncClient {
             Some(s) => s,
             None => {
                 let mut conn = self.inner.conn.lock().await;
+                if self.inner.core.session.generation() != answered.1 {
+                    return Err(Error::Connection(
+                        "the daemon went away while mapping a lend".into(),
+                    ));
+                }
                 let s = Arc::new(conn.map_segment(&self.inner.core, lend.segment).await?);
                 answered.0.insert_segment(lend.segment, s.clone());
                 s
