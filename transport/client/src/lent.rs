@@ -75,7 +75,8 @@ pub(crate) struct LendSlot {
     last_id: Option<u64>,
     /// The largest block the store lends for (learnt from its first lend).
     max_object: Option<u64>,
-    /// The store lends nothing (embedded, `--prefault`, a small store, an old daemon).
+    /// No lend is asked for: the client did not opt in, or the store lends nothing
+    /// (`--prefault`, a small store, an old daemon).
     refused: bool,
 }
 
@@ -243,9 +244,7 @@ impl Lends {
         }
         lends
     }
-}
 
-impl Lends {
     /// Whether a put of `size` data bytes and `metadata_len` metadata bytes should go through a
     /// lend: big enough to be worth it, small enough for one, and a store that lends.
     pub(crate) fn wants(&self, size: usize, metadata_len: usize) -> Option<u64> {
