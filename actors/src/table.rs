@@ -337,10 +337,8 @@ impl ObjectTable {
             return;
         };
         let e = &mut self.objects[key];
-        let (segment, offset) = match e.block {
-            Block::Host(h) => (h.segment, h.offset),
-            Block::Lent(l) => (l.segment, l.offset),
-            Block::Cuda(_) => return,
+        let Location::Host { segment, offset } = e.block.location() else {
+            return;
         };
         if !e.sealed || !e.named || e.ephemeral || e.parked || e.published.is_some() {
             return;

@@ -80,10 +80,12 @@ impl ObjectTableActor {
     /// [`ALIGNMENT`] (where `allocate` made room): where readers of the shared directory
     /// find it. The store writes it, not the creator, so it is what the store was told.
     async fn place_metadata(&mut self, block: &Block, size: u64, metadata: &[u8]) {
-        let (segment_id, offset) = match block {
-            Block::Host(h) => (h.segment, h.offset),
-            Block::Lent(l) => (l.segment, l.offset),
-            Block::Cuda(_) => return,
+        let Location::Host {
+            segment: segment_id,
+            offset,
+        } = block.location()
+        else {
+            return;
         };
         if metadata.is_empty() {
             return;
@@ -204,7 +206,7 @@ impl ObjectTableActor {
         // What eviction must free: the bytes the object is charged (`None` only for sizes near
         // 2^64, which nothing can hold).
         let needed = match pool {
-            Pool::Host => bytes.and_then(|b| b.checked_next_multiple_of(ALIGNMENT)),
+            Pool::Host => crate::lends::block_len(size, metadata_len as u64),
             Pool::Cuda(_) => bytes,
         };
         let oom = |available| Error::OutOfMemory {

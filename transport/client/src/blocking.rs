@@ -16,7 +16,7 @@ use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
 use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
 use crate::lent::{self, Lends, Lent, Reservation, Reserved};
-use crate::mapping::MappedSegment;
+use crate::mapping::{MappedSegment, Mappings};
 use crate::ClientOptions;
 
 /// A writable address of an object's bytes and what keeps its mapping alive.
@@ -274,17 +274,27 @@ impl ClientInner {
     ) -> Result<Vec<Arc<MappedSegment>>, Error> {
         let (mut pins, missing) = maps.segments_of(refs);
         for segment in missing {
-            let mut conn = self.lock()?;
-            if self.core.session.generation() != *generation {
-                return Err(Error::Connection(
-                    "the daemon went away while mapping an object".into(),
-                ));
-            }
-            let seg = Arc::new(conn.map_segment(&self.core, segment)?);
-            maps.insert_segment(segment, seg.clone());
-            pins.push(seg);
+            pins.push(self.map_segment_of(maps, *generation, segment)?);
         }
         Ok(pins)
+    }
+
+    /// Maps segment `segment` (SEGMENT) into `maps`, those of connection `generation`.
+    fn map_segment_of(
+        &self,
+        maps: &Mappings,
+        generation: u64,
+        segment: u32,
+    ) -> Result<Arc<MappedSegment>, Error> {
+        let mut conn = self.lock()?;
+        if self.core.session.generation() != generation {
+            return Err(Error::Connection(
+                "the daemon went away while mapping a segment".into(),
+            ));
+        }
+        let seg = Arc::new(conn.map_segment(&self.core, segment)?);
+        maps.insert_segment(segment, seg.clone());
+        Ok(seg)
     }
 }
 
@@ -350,17 +360,7 @@ impl ClientInner {
         let lend = reply.lent()?;
         let segment = match answered.0.segment(lend.segment) {
             Some(s) => s,
-            None => {
-                let mut conn = self.lock()?;
-                if self.core.session.generation() != answered.1 {
-                    return Err(Error::Connection(
-                        "the daemon went away while mapping a lend".into(),
-                    ));
-                }
-                let s = Arc::new(conn.map_segment(&self.core, lend.segment)?);
-                answered.0.insert_segment(lend.segment, s.clone());
-                s
-            }
+            None => self.map_segment_of(&answered.0, answered.1, lend.segment)?,
         };
         lent::check(&lend, &segment)?;
         Ok((lend, segment, answered.1))

@@ -231,17 +231,27 @@ impl AsyncClient {
     ) -> Result<Vec<Arc<MappedSegment>>, Error> {
         let (mut pins, missing) = maps.segments_of(refs);
         for segment in missing {
-            let mut conn = self.inner.conn.lock().await;
-            if self.inner.core.session.generation() != *generation {
-                return Err(Error::Connection(
-                    "the daemon went away while mapping an object".into(),
-                ));
-            }
-            let seg = Arc::new(conn.map_segment(&self.inner.core, segment).await?);
-            maps.insert_segment(segment, seg.clone());
-            pins.push(seg);
+            pins.push(self.map_segment_of(maps, *generation, segment).await?);
         }
         Ok(pins)
+    }
+
+    /// As the blocking client's `map_segment_of`, on the async connection.
+    async fn map_segment_of(
+        &self,
+        maps: &Mappings,
+        generation: u64,
+        segment: u32,
+    ) -> Result<Arc<MappedSegment>, Error> {
+        let mut conn = self.inner.conn.lock().await;
+        if self.inner.core.session.generation() != generation {
+            return Err(Error::Connection(
+                "the daemon went away while mapping a segment".into(),
+            ));
+        }
+        let seg = Arc::new(conn.map_segment(&self.inner.core, segment).await?);
+        maps.insert_segment(segment, seg.clone());
+        Ok(seg)
     }
 
     /// As the blocking client's: a put through this client's lend (copy, one PUBLISH);
@@ -293,15 +303,8 @@ impl AsyncClient {
         let segment = match answered.0.segment(lend.segment) {
             Some(s) => s,
             None => {
-                let mut conn = self.inner.conn.lock().await;
-                if self.inner.core.session.generation() != answered.1 {
-                    return Err(Error::Connection(
-                        "the daemon went away while mapping a lend".into(),
-                    ));
-                }
-                let s = Arc::new(conn.map_segment(&self.inner.core, lend.segment).await?);
-                answered.0.insert_segment(lend.segment, s.clone());
-                s
+                self.map_segment_of(&answered.0, answered.1, lend.segment)
+                    .await?
             }
         };
         lent::check(&lend, &segment)?;
