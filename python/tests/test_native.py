@@ -26,6 +26,13 @@ def refcount(client, name):
     return next((e["refcount"] for e in client.list() if e["name"] == name), None)
 
 
+def exporter(arr):
+    """The object numpy made ``arr`` from: its base (numpy 2 keeps the ``__array_struct__``
+    capsule beside it, as the tuple ``(exporter, capsule)``)."""
+    base = arr.base
+    return base[0] if type(base) is tuple else base
+
+
 def put_bytes(native, name, data: bytes, metadata=b"", keep=False):
     arr = np.frombuffer(data, np.uint8)
     return native.put(name, arr.ctypes.data, arr.nbytes, metadata, keep=keep)
@@ -36,7 +43,7 @@ def test_put_get_is_zero_copy_and_read_only(daemon, client):
     put_bytes(n, "a", bytes(range(200)), b"meta")
     [obj] = n.get(["a"])
     arr = np.asarray(obj)
-    assert arr.base is obj and not arr.flags.writeable and not arr.flags.owndata
+    assert exporter(arr) is obj and not arr.flags.writeable and not arr.flags.owndata
     assert arr.tobytes() == bytes(range(200)) and obj.metadata == b"meta"
     assert obj.name == "a" and obj.size == 200 and obj.location == ("host", None)
     assert arr.ctypes.data == obj.address
@@ -79,7 +86,7 @@ def test_create_seal_and_abort_by_dropping(daemon, client):
     n = N.Client(daemon.socket)
     buf = n.create("c", 16, b"m", ephemeral=False)
     arr = np.asarray(buf)
-    assert arr.flags.writeable and arr.base is buf
+    assert arr.flags.writeable and exporter(arr) is buf
     arr[:] = np.arange(16, dtype=np.uint8)
     assert not client.contains("c")  # unsealed: invisible to others
     n.seal("c")

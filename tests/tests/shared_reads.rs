@@ -176,6 +176,44 @@ fn eviction_spares_objects_held_through_hold_tables() {
 }
 
 #[test]
+fn a_view_outlives_its_client_handle_and_keeps_its_hold() {
+    // As a view got over the socket does: dropping the Client must not close the connection
+    // under a live view, or the store would drop the hold table and evict or reuse the bytes.
+    let d = Daemon::start("2M");
+    let writer = no_shared(&d);
+    let kept: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    writer
+        .put("kept", &kept, b"", CreateOptions::default())
+        .unwrap();
+    let reader = d.client();
+    let before = reader.last_request_id();
+    let v = reader.get_one("kept", None).unwrap();
+    assert_eq!(reader.last_request_id(), before, "not a shared read");
+    drop(reader);
+    for i in 0..100 {
+        writer
+            .put(
+                &format!("f{i}"),
+                &[i as u8; 200_000],
+                b"",
+                CreateOptions::default(),
+            )
+            .unwrap();
+    }
+    let s = writer.stats().unwrap();
+    assert!(s.evicted_objects > 80, "{s:?}");
+    assert_eq!((s.shared_holds, s.holders), (1, 1), "{s:?}");
+    assert!(writer.contains("kept").unwrap());
+    assert!(v[..] == kept[..]);
+    // The last view closes the connection: its hold goes with it.
+    drop(v);
+    wait_until(T, || {
+        let s = writer.stats().unwrap();
+        (s.shared_holds, s.holders) == (0, 0)
+    });
+}
+
+#[test]
 fn gets_without_a_message_still_count_for_lru() {
     let d = Daemon::start("1M");
     let writer = no_shared(&d);

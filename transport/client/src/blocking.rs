@@ -17,6 +17,7 @@ use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
 use crate::lent::{self, Lends, Lent, Reservation, Reserved};
 use crate::mapping::{MappedSegment, Mappings};
+use crate::shared::Connection;
 use crate::ClientOptions;
 
 /// A writable address of an object's bytes and what keeps its mapping alive.
@@ -627,7 +628,8 @@ impl Client {
                 (0..names.len()).collect(),
             );
         }
-        core::shared_part(&self.inner.core.session.maps(), names)
+        let connection: Connection = self.inner.clone();
+        core::shared_part(&self.inner.core.session.maps(), names, &connection)
     }
 
     /// GET over the socket (names not served by the shared directory, or all of them).

@@ -15,6 +15,7 @@ use vovp::{CreateOptions, Device, Error, ObjectInfo, ObjectName, ObjectRef, Stor
 use vovp_proto::{Header, Reply, Request, CREATE_EPHEMERAL, FLAG_NO_REPLY, HEADER_LEN, REPLY_BIT};
 
 use crate::mapping::{MappedSegment, Mappings};
+use crate::shared::Connection;
 
 /// One connection's framing state: the last request id, the bytes to send next, and the
 /// requests sent whose replies are still to be read in front of the next one's.
@@ -102,8 +103,12 @@ impl Session {
 pub(crate) fn shared_part(
     maps: &Mappings,
     names: &[&str],
+    connection: &Connection,
 ) -> (Vec<Option<vovp::ObjectView>>, Vec<usize>) {
-    let views: Vec<_> = names.iter().map(|n| maps.shared_view(n)).collect();
+    let views: Vec<_> = names
+        .iter()
+        .map(|n| maps.shared_view(n, connection))
+        .collect();
     let missing = (0..names.len()).filter(|&i| views[i].is_none()).collect();
     (views, missing)
 }

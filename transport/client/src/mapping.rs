@@ -12,7 +12,7 @@ use vovp::{
 };
 use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
 
-use crate::shared::{object_ref, HoldSink};
+use crate::shared::{object_ref, Connection, HoldSink};
 use vovp_shm::SharedReader;
 
 /// One shared-memory segment mapped into this process: read-only unless it is one of this
@@ -158,7 +158,7 @@ impl Mappings {
 
     /// A view of `name` got through the shared directory, with no message: `None` when the
     /// socket must answer (not published, busy, hold table full, segment not mapped here).
-    pub(crate) fn shared_view(&self, name: &str) -> Option<ObjectView> {
+    pub(crate) fn shared_view(&self, name: &str, connection: &Connection) -> Option<ObjectView> {
         let shared = self.shared.as_ref()?;
         let hold = shared.hold(name)?;
         let (slot, snapshot) = (hold.slot, hold.snapshot);
@@ -169,6 +169,7 @@ impl Mappings {
                 shared: shared.clone(),
                 slot,
                 snapshot,
+                _connection: connection.clone(),
             });
             self.view(r, sink).ok()
         });

@@ -16,6 +16,7 @@ use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
 use crate::lent::{self, Lends, Lent, Reservation};
 use crate::mapping::{MappedSegment, Mappings};
+use crate::shared::Connection;
 use crate::ClientOptions;
 
 struct AsyncConn {
@@ -378,7 +379,9 @@ impl AsyncStore for AsyncClient {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let (mut views, missing) = core::shared_part(&self.inner.core.session.maps(), names);
+        let connection: Connection = self.inner.clone();
+        let (mut views, missing) =
+            core::shared_part(&self.inner.core.session.maps(), names, &connection);
         if missing.is_empty() {
             return Ok(views);
         }

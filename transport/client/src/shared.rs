@@ -4,6 +4,7 @@
 //! hold. Anything the fast path cannot serve (a name not published, an entry being rewritten,
 //! a full hold table, a segment not mapped here) goes over the socket, with the same semantics.
 
+use std::any::Any;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -48,7 +49,15 @@ pub(crate) struct HoldSink {
     pub(crate) shared: Arc<SharedReader>,
     pub(crate) slot: usize,
     pub(crate) snapshot: Snapshot,
+    /// The client's connection, kept open while the view lives: the store honours a hold
+    /// table only while its connection is open (it drops the whole table when the client
+    /// goes), so a view that outlives its client handle must keep the connection, as a view
+    /// got over the socket does through its release path.
+    pub(crate) _connection: Connection,
 }
+
+/// What keeps a client's connection open (its shared inner state).
+pub(crate) type Connection = Arc<dyn Any + Send + Sync>;
 
 impl ObjectSink for HoldSink {
     fn release(&self, _id: ObjectId) {
