@@ -616,24 +616,30 @@ class PlasmaClient:
             if self._closed:
                 raise PlasmaConnectionError("this PlasmaClient is disconnected")
             entry = self._in_use.get(name)
-            if entry is not None:
+            # (A sealed entry whose anchor died is left for the store, without a call.)
+            if entry is not None and (not entry.sealed or entry() is not None):
                 got = self._in_use_anchor(entry, timeout_ms)
                 if got is not None:
                     return got
             timeout = None if timeout_ms == 0 else (3.15e9 if timeout_ms < 0 else timeout_ms / 1000)
             vc = self._vovp
+            if vc._closed or _vc._FORKS[0] != vc._forks:
+                vc._check_usable()
             try:
                 # vovp.Client's single get, without its memoryview and lease: the anchor is
                 # numpy's array over the native object, which holds the reference (and keeps
                 # its connection open while it lives, also past this client). A lease (the
                 # index of vovp.Client.release and find_lease) cost a quarter of a get:
                 # _find_anchor makes one when an address is looked up.
-                obj = vc._native.get1(name, timeout, False)
+                # (The native call itself, as vovp.Client.get_buffer makes it.)
+                obj = vc._n.get1(name, timeout, False)
                 if obj is None:
                     return None
                 anchor = np.asarray(obj) if obj.is_host else vc._owner(obj)  # (raises)
                 return self._entry_of(name, anchor, obj.metadata)
             except E.VovpError as err:
+                if isinstance(err, E.ConnectionError):
+                    vc._connection_lost()
                 raise _plasma_error(err) from err
         finally:
             lock.release()
