@@ -3,6 +3,7 @@
 //! * the allocator alone (`SegmentAllocator`: TLSF-style offset allocation, no actor), empty and
 //!   with 10,000 live blocks of mixed sizes;
 //! * one actor round trip: `contains` on an embedded `EngineHandle` (the cheapest message);
+//! * a sealed object's get+release, which the shared directory serves with no message;
 //! * the embedded life cycle of a small object: create + write + seal + get + release, 64 B.
 //!
 //!     cargo bench -p vovp-bench --bench engine
@@ -59,6 +60,13 @@ fn engine(c: &mut Criterion) {
         .expect("put");
     g.bench_function("contains (one actor round trip)", |b| {
         b.iter(|| black_box(h.contains(black_box("present")).expect("contains")))
+    });
+    // A sealed object's get+release: the shared directory and a hold, no actor message.
+    g.bench_function("get+release 64B (shared directory)", |b| {
+        b.iter(|| {
+            let got = h.get_one(black_box("present"), None).expect("get");
+            black_box(got[0]);
+        })
     });
     // Ephemeral, so dropping the last view deletes the object and the same name can be created
     // again in the next iteration (the release is queued ahead of the next create).

@@ -483,6 +483,19 @@ impl Store for EngineHandle {
         }
         block_on(AsyncStore::get(self, names, timeout))
     }
+    fn get_one(&self, name: &str, timeout: Option<Duration>) -> Result<ObjectView, Error> {
+        // Every single get: straight from the shared directory when it has the name, without
+        // the lists `get` builds (a fifth of this path's time).
+        if let Some(reader) = self.session.shared_reader_now() {
+            if let Some(v) = crate::shared_reads::view(&reader, self.session.segments(), name) {
+                return Ok(v);
+            }
+        }
+        Store::get(self, &[name], timeout)?
+            .pop()
+            .flatten()
+            .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
     fn contains(&self, name: &str) -> Result<bool, Error> {
         block_on(AsyncStore::contains(self, name))
     }
