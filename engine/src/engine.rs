@@ -402,9 +402,10 @@ impl EngineHandle {
         names: &[&str],
     ) -> (Vec<Option<ObjectView>>, Vec<usize>) {
         let segments = self.session.segments();
+        let session = self.session.sink();
         let views: Vec<Option<ObjectView>> = names
             .iter()
-            .map(|n| crate::shared_reads::view(reader, segments, n))
+            .map(|n| crate::shared_reads::view(reader, segments, n, &session))
             .collect();
         let missing = (0..names.len()).filter(|&i| views[i].is_none()).collect();
         (views, missing)
@@ -487,7 +488,8 @@ impl Store for EngineHandle {
         // Every single get: straight from the shared directory when it has the name, without
         // the lists `get` builds (a fifth of this path's time).
         if let Some(reader) = self.session.shared_reader_now() {
-            if let Some(v) = crate::shared_reads::view(&reader, self.session.segments(), name) {
+            let (segments, session) = (self.session.segments(), self.session.sink());
+            if let Some(v) = crate::shared_reads::view(&reader, segments, name, &session) {
                 return Ok(v);
             }
         }

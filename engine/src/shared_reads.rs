@@ -12,11 +12,14 @@ use crate::view::{Mapped, ObjectSink, ObjectView};
 use crate::{Error, Segment};
 
 /// A view of `name` through `reader`, if the directory has it in one of `segments` (the
-/// engine's own: embedded objects live in segment 0).
+/// engine's own: embedded objects live in segment 0). `session` is the session the hold is
+/// made for, kept alive by the view: the store honours a hold table only while its holder
+/// lives (the session's last drop releases everything it held, its hold table included).
 pub(crate) fn view(
     reader: &Arc<SharedReader>,
     segments: &[Arc<Segment>],
     name: &str,
+    session: &Arc<dyn ObjectSink>,
 ) -> Option<ObjectView> {
     let hold = reader.hold(name)?;
     let (slot, snapshot) = (hold.slot, hold.snapshot);
@@ -25,6 +28,7 @@ pub(crate) fn view(
             reader: reader.clone(),
             slot,
             snapshot,
+            _session: session.clone(),
         });
         ObjectView::from_mapped(r, mapped, sink)
     });
@@ -57,6 +61,8 @@ struct HoldSink {
     reader: Arc<SharedReader>,
     slot: usize,
     snapshot: Snapshot,
+    /// The holder, alive while the view is (see [`view`]).
+    _session: Arc<dyn ObjectSink>,
 }
 
 impl ObjectSink for HoldSink {

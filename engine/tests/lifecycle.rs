@@ -463,6 +463,30 @@ fn an_object_as_large_as_the_store_fits() {
     drop(held);
 }
 
+/// A view got through the shared directory keeps its session, as any view does: dropping the
+/// session handle must not release the hold under it (else the delete below would free the
+/// bytes and the puts after it reuse them).
+#[test]
+fn a_view_outlives_its_session_handle_and_keeps_its_hold() {
+    let e = engine(1 << 20);
+    put(&e, "a", 1000, 5);
+    let reader = e.session();
+    let v = reader.get_one("a", None).unwrap();
+    drop(reader);
+    assert_eq!(e.stats().unwrap().shared_holds, 1);
+    e.delete("a").unwrap();
+    for i in 0..20 {
+        put(&e, &format!("b{i}"), 1000, 9);
+    }
+    let s = e.stats().unwrap();
+    assert_eq!((s.shared_holds, s.pending_delete), (1, 1), "{s:?}");
+    assert!(v.iter().all(|&b| b == 5));
+    drop(v);
+    wait_for(|| e.stats().unwrap().pending_delete == 0);
+    assert_eq!(e.stats().unwrap().shared_holds, 0);
+    e.shutdown();
+}
+
 /// The embedded engine's gets of sealed host objects come from the shared directory (a hold
 /// in the session's own table, no actor message) and count as references all the same; a
 /// delete while held waits for the release; `Config::shared_reads = false` turns it off.

@@ -126,6 +126,9 @@ fn array_struct(
     const ALIGNED: i32 = 0x100;
     const NOTSWAPPED: i32 = 0x200;
     const WRITEABLE: i32 = 0x400;
+    if ptr == 0 && size != 0 {
+        return Err(PyValueError::new_err("no host address to export"));
+    }
     let shape = isize::try_from(size).map_err(|_| PyValueError::new_err("object too large"))?;
     let flags = C_CONTIGUOUS | ALIGNED | NOTSWAPPED | if readonly { 0 } else { WRITEABLE };
     let value = ArrayStruct {
@@ -137,7 +140,8 @@ fn array_struct(
             flags,
             shape: std::ptr::null_mut(),
             strides: std::ptr::null_mut(),
-            // numpy refuses a NULL data pointer even for 0 bytes; any aligned non-null does.
+            // For NULL numpy would allocate a buffer of its own; for 0 bytes any aligned
+            // non-null address stands in.
             data: (if ptr == 0 { 64 } else { ptr }) as *mut c_void,
             descr: std::ptr::null_mut(),
         },
@@ -677,6 +681,16 @@ enum Put {
     Id(u64),
 }
 
+/// A CUDA object has no host bytes to export.
+fn host_only(location: Location, name: &str) -> PyResult<()> {
+    if matches!(location.device(), vovp::Device::Cpu) {
+        return Ok(());
+    }
+    Err(to_py(Error::GpuUnavailable(format!(
+        "{name:?} is a CUDA object: it has no host memory to map"
+    ))))
+}
+
 /// Where an object is: ("host", None) or ("cuda", device).
 fn location_of(l: Location) -> (&'static str, Option<u32>) {
     match l.device() {
@@ -755,17 +769,6 @@ impl Object {
             let _ = self.writable.set((ptr as usize, keep));
         }
         Ok(())
-    }
-
-    /// A CUDA object has no host bytes to export.
-    fn host_only(&self) -> PyResult<()> {
-        if matches!(self.location.device(), vovp::Device::Cpu) {
-            return Ok(());
-        }
-        Err(to_py(Error::GpuUnavailable(format!(
-            "{:?} is a CUDA object: it has no host memory to map",
-            self.name
-        ))))
     }
 
     fn address_now(&self) -> usize {
@@ -857,7 +860,7 @@ impl Object {
     }
     #[getter]
     fn __array_struct__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
-        self.host_only()?;
+        host_only(self.location, &self.name)?;
         array_struct(
             py,
             self.address_now(),
@@ -867,7 +870,7 @@ impl Object {
     }
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.host_only()?;
+        host_only(self.location, &self.name)?;
         array_interface(
             py,
             self.address_now(),
@@ -975,6 +978,7 @@ impl Buffer {
     }
     #[getter]
     fn __array_struct__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        host_only(self.location, &self.name)?;
         array_struct(py, self.ptr, self.size, false)
     }
     /// Whether this is a host object (the Python layer's check before making an array).
@@ -984,6 +988,7 @@ impl Buffer {
     }
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        host_only(self.location, &self.name)?;
         array_interface(py, self.ptr, self.size, false)
     }
     /// Drops the creator's reference (which aborts an unsealed object); False if gone already.
@@ -1140,9 +1145,17 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     static COUNT_FORKS: std::sync::Once = std::sync::Once::new();
     // SAFETY: the handler only bumps an atomic, which is async-signal-safe as a fork child
     // handler must be.
+    let mut registered = true;
     COUNT_FORKS.call_once(|| unsafe {
-        libc::pthread_atfork(None, None, Some(count_fork_in_child));
+        registered = libc::pthread_atfork(None, None, Some(count_fork_in_child)) == 0;
     });
+    if !registered {
+        // (Only ENOMEM.) Without the handler a forked child could not tell its parent's
+        // objects from its own: refuse to load rather than talk on the parent's socket.
+        return Err(PyValueError::new_err(
+            "vovp._native: pthread_atfork failed (out of memory)",
+        ));
+    }
     m.add_function(wrap_pyfunction!(open_pools, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_of, m)?)?;

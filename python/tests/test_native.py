@@ -27,8 +27,8 @@ def refcount(client, name):
 
 
 def exporter(arr):
-    """The object numpy made ``arr`` from: its base (numpy 2 keeps the ``__array_struct__``
-    capsule beside it, as the tuple ``(exporter, capsule)``)."""
+    """The object numpy made ``arr`` from: its base (numpy >= 1.23 keeps the
+    ``__array_struct__`` capsule beside it, as the tuple ``(exporter, capsule)``)."""
     base = arr.base
     return base[0] if type(base) is tuple else base
 

@@ -194,6 +194,31 @@ def test_a_buffer_outlives_its_client(store):
     assert wait_for(lambda: vovp.Client(store).list()[0]["refcount"] == 0, timeout=5)
 
 
+def test_a_get_in_a_forked_child_is_a_plasma_error(pc):
+    """A client used in a forked child refuses (it would talk on its parent's socket) with the
+    drop-in's own error type, an ArrowException, on the single-get path as on the others."""
+    oid = pc.put(np.arange(10))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what the get raised, then leave without cleanup
+        try:
+            pc.get_buffers([oid], timeout_ms=0)
+            verdict = b"no error"
+        except plasma.ArrowException as err:
+            verdict = type(err).__name__.encode()
+        except BaseException as err:  # noqa: BLE001
+            verdict = b"wrong type: " + type(err).__name__.encode()
+        os.write(w, verdict)
+        os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    verdict = os.read(r, 200).decode()
+    os.close(r)
+    assert status == 0 and verdict == "PlasmaConnectionError", verdict
+    # The parent's client is untouched.
+    assert np.array_equal(pc.get(oid), np.arange(10))
+
+
 def test_dying_client_releases_everything(store, subprocess_env):
     code = ("import sys, os, vovp.plasma as p; c = p.connect(sys.argv[1]); "
             "oid = p.ObjectID(b'k' * 20); c.create_and_seal(oid, b'x' * 100); "

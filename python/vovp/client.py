@@ -12,7 +12,7 @@ Every reference the daemon grants comes back as a native ``Object`` (or ``Buffer
 object this client created) that holds it and releases it when garbage collected. Its bytes
 are exported to numpy (``__array_struct__``, also ``__array_interface__``): the *owner*,
 ``numpy.asarray(obj)``, is a 1-D uint8 array over the shared mapping whose ``.base`` is the
-native object (numpy 2: the tuple of it and the capsule). numpy stops collapsing ``.base``
+native object (numpy >= 1.23: the tuple of it and the capsule). numpy stops collapsing ``.base``
 chains at the first base that is not an ndarray, so every array derived from a returned one
 (slices, reshapes, ``torch.from_numpy``, ``memoryview(arr)``) keeps the owner, hence the native
 object, hence the reference, alive; when the last one goes the Rust view's ``Drop`` releases

@@ -412,6 +412,8 @@ def _find_anchor(addr, cuda):
     if cuda:
         return None
     for client in list(_CLIENTS):
+        if client._closed or client._vovp._closed:
+            continue  # (the connection's end released everything)
         for entry in list(client._in_use.values()):
             anchor = entry()
             if anchor is None or not isinstance(anchor, np.ndarray):
@@ -419,6 +421,9 @@ def _find_anchor(addr, cuda):
             start = anchor.__array_interface__["data"][0]
             if not (start <= addr < start + anchor.nbytes or addr == start):
                 continue
+            if id(anchor) in _vc._LEASES:
+                return None  # leased already (and released: vovp.client skipped it)
+            # (numpy >= 1.23 keeps the __array_struct__ capsule beside the object in .base.)
             native = anchor.base[0] if type(anchor.base) is tuple else anchor.base
             if not isinstance(native, _vc.N.Object):
                 continue  # (leased anchors were found by vovp.client already)
@@ -623,23 +628,25 @@ class PlasmaClient:
                     return got
             timeout = None if timeout_ms == 0 else (3.15e9 if timeout_ms < 0 else timeout_ms / 1000)
             vc = self._vovp
-            if vc._closed or _vc._FORKS[0] != vc._forks:
-                vc._check_usable()
             try:
-                # vovp.Client's single get, without its memoryview and lease: the anchor is
-                # numpy's array over the native object, which holds the reference (and keeps
-                # its connection open while it lives, also past this client). A lease (the
-                # index of vovp.Client.release and find_lease) cost a quarter of a get:
-                # _find_anchor makes one when an address is looked up.
-                # (The native call itself, as vovp.Client.get_buffer makes it.)
-                obj = vc._n.get1(name, timeout, False)
+                # vovp.Client's single get, written out (its checks, then the native call)
+                # and without its memoryview and lease: the anchor is numpy's array over the
+                # native object, which holds the reference (and keeps its connection open
+                # while it lives, also past this client). A lease (the index of
+                # vovp.Client.release and find_lease) cost a quarter of a get: _find_anchor
+                # makes one when an address is looked up.
+                if vc._closed or _vc._FORKS[0] != vc._forks:
+                    vc._check_usable()
+                try:
+                    obj = vc._n.get1(name, timeout, False)
+                except E.ConnectionError:
+                    vc._connection_lost()
+                    raise
                 if obj is None:
                     return None
                 anchor = np.asarray(obj) if obj.is_host else vc._owner(obj)  # (raises)
                 return self._entry_of(name, anchor, obj.metadata)
             except E.VovpError as err:
-                if isinstance(err, E.ConnectionError):
-                    vc._connection_lost()
                 raise _plasma_error(err) from err
         finally:
             lock.release()
