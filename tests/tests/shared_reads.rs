@@ -148,17 +148,8 @@ fn a_killed_clients_holds_are_dropped_with_it() {
     });
 }
 
-#[test]
-fn eviction_spares_objects_held_through_hold_tables() {
-    let d = Daemon::start("2M");
-    let writer = no_shared(&d);
-    let kept: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
-    writer
-        .put("kept", &kept, b"", CreateOptions::default())
-        .unwrap();
-    let reader = d.client();
-    let v = reader.get_one("kept", None).unwrap();
-    // Ten times the store's size: everything unheld is evicted, over and over.
+/// Puts 100 objects of 200 KB into a 2 MB store: everything unheld is evicted, over and over.
+fn fill_ten_times_over(writer: &Client) {
     for i in 0..100 {
         writer
             .put(
@@ -169,6 +160,19 @@ fn eviction_spares_objects_held_through_hold_tables() {
             )
             .unwrap();
     }
+}
+
+#[test]
+fn eviction_spares_objects_held_through_hold_tables() {
+    let d = Daemon::start("2M");
+    let writer = no_shared(&d);
+    let kept: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    writer
+        .put("kept", &kept, b"", CreateOptions::default())
+        .unwrap();
+    let reader = d.client();
+    let v = reader.get_one("kept", None).unwrap();
+    fill_ten_times_over(&writer);
     assert!(writer.stats().unwrap().evicted_objects > 80);
     assert!(writer.contains("kept").unwrap());
     assert!(v[..] == kept[..]);
@@ -190,16 +194,7 @@ fn a_view_outlives_its_client_handle_and_keeps_its_hold() {
     let v = reader.get_one("kept", None).unwrap();
     assert_eq!(reader.last_request_id(), before, "not a shared read");
     drop(reader);
-    for i in 0..100 {
-        writer
-            .put(
-                &format!("f{i}"),
-                &[i as u8; 200_000],
-                b"",
-                CreateOptions::default(),
-            )
-            .unwrap();
-    }
+    fill_ten_times_over(&writer);
     let s = writer.stats().unwrap();
     assert!(s.evicted_objects > 80, "{s:?}");
     assert_eq!((s.shared_holds, s.holders), (1, 1), "{s:?}");
