@@ -31,6 +31,7 @@ connection per process.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -274,13 +275,31 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     n = d.shape[0]
     parts = min(workers, max(1, nbytes // PARALLEL_COPY_MIN), n)
     bounds = [n * i // parts for i in range(parts + 1)]
+    # Slabs are claimed (like vovp::parallel_copy's chunks): the calling thread copies slabs
+    # too and then waits only for slabs a pool thread is copying, never for a sleeping pool
+    # thread to wake up and start (after a pause that wake-up cost more than it saved).
+    claims = itertools.count()
+    done = [threading.Event() for _ in range(parts)]
+    errors = []
+
+    def copy_claimed():
+        while (i := next(claims)) < parts:  # next() on a count is atomic under the GIL
+            try:
+                np.copyto(d[bounds[i]:bounds[i + 1]], s[bounds[i]:bounds[i + 1]],
+                          casting="equiv")
+            except BaseException as e:  # noqa: BLE001 (re-raised by the caller below)
+                errors.append(e)
+            finally:
+                done[i].set()
+
     pool = _copy_pool()
-    futs = [pool.submit(np.copyto, d[bounds[i]:bounds[i + 1]], s[bounds[i]:bounds[i + 1]],
-                        casting="equiv") for i in range(1, parts)]
-    # The calling thread copies the first slab itself instead of idling.
-    np.copyto(d[bounds[0]:bounds[1]], s[bounds[0]:bounds[1]], casting="equiv")
-    for f in futs:
-        f.result()
+    for _ in range(1, parts):
+        pool.submit(copy_claimed)
+    copy_claimed()
+    for e in done:
+        e.wait()
+    if errors:
+        raise errors[0]
 
 
 # --- client ------------------------------------------------------------------------------------
