@@ -35,9 +35,9 @@ import warnings
 
 import numpy as np
 
-# VOVP_BENCH_LEND_PUTS=1: the vovp adapters opt in to puts through a lend (BENCHMARKS.md,
-# finding 9); off by default, as for users.
-LEND_PUTS = os.environ.get("VOVP_BENCH_LEND_PUTS") == "1"
+# VOVP_BENCH_LEND_PUTS=0: the vovp adapters opt out of puts through a lend (BENCHMARKS.md,
+# finding 9); on by default, as for users.
+LEND_PUTS = os.environ.get("VOVP_BENCH_LEND_PUTS", "1") != "0"
 
 # pyarrow 11 warns on every Plasma call that Plasma is deprecated.
 warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -87,6 +87,11 @@ impl Lends {
         self.free_if_done(id)
     }
 
+    /// Every holder's current lend: (holder, lend id).
+    pub fn current(&self) -> Vec<(HolderId, u64)> {
+        self.current.iter().map(|(h, id)| (*h, *id)).collect()
+    }
+
     /// `holder`'s current lend again, from its start, when nothing published from it is alive
     /// any more: its pages are warm in the client (a put/delete cycle then writes the same
     /// memory over and over, as CREATE's exact-fit reuse does, instead of fresh pages).

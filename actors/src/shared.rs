@@ -112,6 +112,26 @@ impl Shared {
         })
     }
 
+    /// Whether `holder` has a hold table (where a lend's revocation is signalled).
+    pub fn has_table(&self, holder: HolderId) -> bool {
+        self.tables.contains_key(&holder)
+    }
+
+    /// Marks `holder`'s lend `lend` taken back; `true` when no put of it writes into the lend,
+    /// so it may be retired now (vovp-shm's `lend` handshake). `false` without a hold table.
+    pub fn revoke_lend(&self, holder: HolderId, lend: u64) -> bool {
+        self.tables
+            .get(&holder)
+            .is_some_and(|t| t.lend_revoker().revoke(lend))
+    }
+
+    /// Clears `holder`'s revocation mark: it asked for a new lend, so it writes into none.
+    pub fn clear_lend_revocation(&self, holder: HolderId) {
+        if let Some(t) = self.tables.get(&holder) {
+            t.lend_revoker().clear();
+        }
+    }
+
     /// The holder is gone: its holds no longer pin anything.
     pub fn detach(&mut self, holder: HolderId) -> bool {
         self.tables.remove(&holder).is_some()

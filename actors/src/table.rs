@@ -205,6 +205,27 @@ impl ObjectTable {
         Some(self.shared.as_mut()?.attach(holder))
     }
 
+    /// Whether `holder` has a hold table: only such a client can be lent memory, because a
+    /// lend is taken back through it.
+    pub fn has_hold_table(&self, holder: HolderId) -> bool {
+        self.shared.as_ref().is_some_and(|s| s.has_table(holder))
+    }
+
+    /// Takes `holder`'s lend `lend` back if no put of it writes into the lend: `true` when it
+    /// may be retired now.
+    pub fn revoke_lend(&self, holder: HolderId, lend: u64) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.revoke_lend(holder, lend))
+    }
+
+    /// `holder` asked for a new lend: no revocation mark stands in its way.
+    pub fn clear_lend_revocation(&self, holder: HolderId) {
+        if let Some(s) = self.shared.as_ref() {
+            s.clear_lend_revocation(holder);
+        }
+    }
+
     /// The directory's read-only fd, when publishing.
     pub fn shared_directory(&self) -> Option<&std::fs::File> {
         self.shared.as_ref().map(Shared::directory_fd)

@@ -213,6 +213,7 @@ impl ObjectTableActor {
             requested: size,
             available,
         };
+        let mut lends_revoked = false;
         loop {
             let failure = match (bytes, needed) {
                 (Some(bytes), Some(_)) => self.try_allocate(bytes, device, writer).await?,
@@ -227,6 +228,15 @@ impl ObjectTableActor {
             if !parked.is_empty() {
                 self.free(parked).await;
                 continue;
+            }
+            // Then lends no put is writing into, once per allocation: an empty one is memory
+            // nobody uses, and a retired one goes back with its last object, so eviction of
+            // objects published from it frees memory again.
+            if pool == Pool::Host && !lends_revoked {
+                lends_revoked = true;
+                if self.revoke_idle_lends().await {
+                    continue;
+                }
             }
             // Usage is asked only on failure: the hot path is one message to the allocator.
             let (capacity, used) = self.pool_usage(pool).await?.unwrap_or((0, 0));
@@ -267,6 +277,23 @@ impl ObjectTableActor {
             // Frees reach the allocator before the retry: one sender, one FIFO mailbox.
             self.free(freed).await;
         }
+    }
+
+    /// Takes back every lend no put is writing into (the clients see it on their next put and
+    /// ask for a new one); `true` when that freed memory (lends with no live object).
+    async fn revoke_idle_lends(&mut self) -> bool {
+        let mut freed = Vec::new();
+        for (holder, lend) in self.lends.current() {
+            if self.table.revoke_lend(holder, lend) {
+                freed.extend(self.lends.retire(holder));
+            }
+        }
+        if freed.is_empty() {
+            return false;
+        }
+        tracing::debug!("took back {} idle lends to make room", freed.len());
+        let _ = self.allocator.tell(Free(freed)).await;
+        true
     }
 
     /// One allocation attempt: the block, or why it failed (`Err` of the outer result: the
@@ -580,6 +607,17 @@ impl Message<TakeLend> for ObjectTableActor {
                 m.at_least
             )));
         }
+        // A lend is taken back through the client's hold table (when the store is short of
+        // memory), so a client without one gets none.
+        if !self.table.has_hold_table(m.holder) {
+            return Err(Error::Config(
+                "lends need this connection's hold table (SHARED; the daemon runs with \
+                 --no-shared-reads, or the client opted out): use CREATE"
+                    .into(),
+            ));
+        }
+        // The client asks for a lend only while none of its puts writes into one.
+        self.table.clear_lend_revocation(m.holder);
         if let Some(again) = self
             .lends
             .reuse_empty(m.holder)

@@ -356,10 +356,10 @@ pub fn worker_main(args: Vec<String>) -> ExitCode {
         }
     };
     let tag = format!("soak worker {} (seed {})", args.slot, args.seed);
-    // Every other writer puts through a lend (ClientOptions::lend_puts), so both put paths
+    // Every other writer opts out of lends (ClientOptions::no_lend_puts), so both put paths
     // and their mix in one store are soaked.
     let options = vovp_client::ClientOptions {
-        lend_puts: args.slot % 2 == 1,
+        no_lend_puts: args.slot % 2 == 0,
         ..Default::default()
     };
     let result = Client::connect_with(&args.socket, options)

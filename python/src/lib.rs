@@ -226,7 +226,7 @@ impl Client {
     #[new]
     /// `release_delay` (seconds, 0 = none): dropped objects' RELEASEs ride in front of the
     /// next request, or are sent after this delay if the client stays idle.
-    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0, shared_reads = true, lend_puts = false))]
+    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0, shared_reads = true, lend_puts = true))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -244,7 +244,7 @@ impl Client {
             defer_cuda_mapping: true,
             release_delay: timeout_of(Some(release_delay))?.filter(|d| !d.is_zero()),
             no_shared_reads: !shared_reads,
-            lend_puts,
+            no_lend_puts: !lend_puts,
         };
         let inner = py
             .allow_threads(|| {

@@ -602,9 +602,9 @@ def test_large_list_reply(client):
 
 
 def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subprocess_env):
-    # lend_puts=True: puts of 64 KiB..4 MiB are copied into this client's lend and made
-    # objects by one PUBLISH (the first also asks for the lend and maps its arena).
-    c = vovp.Client(daemon.socket, lend_puts=True)
+    # By default puts of 64 KiB..4 MiB are copied into this client's lend and made objects by
+    # one PUBLISH (the first also asks for the lend and maps its arena).
+    c = vovp.Client(daemon.socket)
     a = np.arange(1 << 17, dtype=np.float32)  # 512 KiB (a 256 MiB store lends up to 1 MiB)
     b = np.arange(1 << 15, dtype=np.int64)  # 256 KiB
     kept_a = c.put_tensor("a", a)  # (kept: a dropped result's release would be a frame too)
@@ -622,8 +622,8 @@ def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subproce
     subprocess.run([sys.executable, "-c", child, daemon.socket], env=subprocess_env,
                    check=True, timeout=60)
     assert c.stats()["used_bytes"] == 4 << 20, "both in one lend of 4 MiB"
-    # A default client asks for no lend: its 512 KiB put is CREATE + copy + SEAL.
-    d = vovp.Client(daemon.socket)
+    # A client that opts out asks for no lend: its 512 KiB put is CREATE + copy + SEAL.
+    d = vovp.Client(daemon.socket, lend_puts=False)
     kept_c = d.put_tensor("c", a)
     before = d._requests_sent()
     kept_d = d.put_tensor("d", a)

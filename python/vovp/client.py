@@ -318,15 +318,15 @@ class Client:
     directory and record a hold in this client's own hold table, with no message to the
     daemon; everything else, and every get with ``shared_reads=False``, is a request.
 
-    ``lend_puts`` (default off): puts of 64 KiB up to 4 MiB are copied into a part of this
+    ``lend_puts`` (default on): puts of 64 KiB up to 4 MiB are copied into a part of this
     client's own arena the store lends it and made objects with one message (no CREATE round
-    trip). The lend (1/64 of the store, at most 16 MiB) is charged to the store whole while
-    this client is connected, and its memory comes back only with its last object.
+    trip). The store takes an idle lend (1/64 of the store, at most 16 MiB) back when it is
+    short of memory; a lend's memory comes back with its last object. Needs ``shared_reads``.
     """
 
     def __init__(self, path: str = None, connect_timeout: float = 0.0,
                  release_delay: float = RELEASE_DELAY, reconnect: bool = False,
-                 shared_reads: bool = True, lend_puts: bool = False):
+                 shared_reads: bool = True, lend_puts: bool = True):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
@@ -339,7 +339,7 @@ class Client:
         self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
         self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
                            float(release_delay or 0.0), bool(shared_reads), bool(lend_puts))
-        self._lend_limit = LEND_LIMIT if lend_puts else 0
+        self._lend_limit = LEND_LIMIT if lend_puts and shared_reads else 0
         self._guard = _Guarded(self)
         self._closed = False
         self.capacity = self._n.capacity
@@ -1221,7 +1221,7 @@ _last_init = {"ref": None, "path": None, "pid": None}
 
 def init_client(path: str = None, connect_timeout: float = 0.0,
                 reconnect: bool = False, shared_reads: bool = True,
-                lend_puts: bool = False) -> Client:
+                lend_puts: bool = True) -> Client:
     """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
 
     The client becomes this process's default for ``vovp.init_reduction()``.

@@ -440,7 +440,7 @@ class PlasmaClient:
     """A connection to the store with Plasma's client semantics (made by ``connect``)."""
 
     def __init__(self, store_socket_name: str, deferred_release: bool = True,
-                 lend_puts: bool = False):
+                 lend_puts: bool = True):
         # Plasma told the store of a release at once; vovp's own client lets releases ride
         # with its next request (or sends them within 2 ms), which saves a message per get.
         delay = _vc.RELEASE_DELAY if deferred_release else 0
@@ -1218,7 +1218,7 @@ class _NotificationRelay:
 
 
 def connect(store_socket_name, num_retries=-1, deferred_release=True,
-            lend_puts=False) -> PlasmaClient:
+            lend_puts=True) -> PlasmaClient:
     """Connect to the store serving ``store_socket_name``; tries ``num_retries`` times, 0.1 s
     apart (-1: 50 times, Plasma's default). PlasmaConnectionError (an IOError) if it cannot.
 
@@ -1226,7 +1226,8 @@ def connect(store_socket_name, num_retries=-1, deferred_release=True,
     sends them, with this client's next request or within 2 ms when it stays idle, which
     saves a message (and a wake-up of the store) per get; other clients may find a dropped
     object still referenced (not yet evictable) for those 2 ms. ``False`` sends each release
-    at once, as Plasma did. ``lend_puts`` (not in Plasma): see ``vovp.Client``.
+    at once, as Plasma did. ``lend_puts`` (not in Plasma; default on, ``False`` opts out): see
+    ``vovp.Client``.
     """
     attempts = 50 if num_retries < 0 else max(1, int(num_retries))
     for attempt in range(attempts):

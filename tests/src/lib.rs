@@ -247,6 +247,12 @@ impl Raw {
         self.send(&Self::frame(1, 0x01, 1, &7u32.to_le_bytes()));
         assert_eq!(self.reply(), Some((0x81, 1, 0)));
     }
+    /// SHARED: the store makes this connection a hold table (whose fds this plain read drops),
+    /// which a LEND needs.
+    pub fn shared(&mut self, id: u64) {
+        self.send(&Self::frame(1, 0x10, id, &[]));
+        assert_eq!(self.reply(), Some((0x90, id, 0)));
+    }
     /// True when the daemon has closed the connection (end of file or an error on read).
     pub fn closed(&mut self) -> bool {
         use std::io::Read;

@@ -12,16 +12,9 @@ use vovp_tests::{read_line, wait_until, Daemon, Raw};
 
 const T: Duration = Duration::from_secs(20);
 
-/// A client that puts through lends (they are opt-in: `ClientOptions::lend_puts`).
+/// A client that puts through lends (the default; `ClientOptions::no_lend_puts` opts out).
 fn lender(d: &Daemon) -> vovp_client::Client {
-    vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            lend_puts: true,
-            ..Default::default()
-        },
-    )
-    .expect("connect")
+    vovp_client::Client::connect(&d.socket).expect("connect")
 }
 const MIB: u64 = 1 << 20;
 
@@ -110,7 +103,7 @@ fn a_lend_is_charged_whole_and_given_back_with_its_last_object() {
 #[test]
 fn a_killed_writer_leaves_its_published_objects_whole_and_its_lend_goes_with_them() {
     let d = Daemon::start("256M");
-    let mut child = d.fixture_spawn(&["--lend-puts", "put-hold", "k", "12", "200000"]);
+    let mut child = d.fixture_spawn(&["put-hold", "k", "12", "200000"]);
     let line = read_line(&mut child);
     assert!(line.starts_with("put "), "{line}");
     let observer = d.client();
@@ -206,6 +199,7 @@ fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
     let d = Daemon::start("256M");
     let mut raw = Raw::connect(&d);
     raw.hello();
+    raw.shared(10);
     let (status, p) = lend(&mut raw, 2, 4096);
     assert_eq!(status, 0);
     let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
@@ -309,15 +303,7 @@ fn the_async_client_puts_through_its_lend_too() {
     let d = Daemon::start("256M");
     let observer = d.client();
     vovp_tests::runtime().block_on(async {
-        let c = vovp_client::AsyncClient::connect_with(
-            &d.socket,
-            vovp_client::ClientOptions {
-                lend_puts: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        let c = vovp_client::AsyncClient::connect(&d.socket).await.unwrap();
         for i in 0..10u32 {
             c.put(
                 &format!("a{i}"),
@@ -384,17 +370,105 @@ fn threads_sharing_one_client_never_write_over_each_other() {
 }
 
 #[test]
-fn lends_are_opt_in() {
-    // A default client never asks for a lend: its puts are inline (PUT) or CREATE + SEAL, and
-    // the store charges each object alone.
+fn lends_are_the_default_and_a_client_can_opt_out() {
     let d = Daemon::start("256M");
     let c = d.client();
     let before = c.last_request_id();
-    c.put("small", &pattern(100_000, 1), b"", CreateOptions::default())
+    c.put("lent", &pattern(100_000, 1), b"", CreateOptions::default())
         .unwrap();
-    assert_eq!(c.last_request_id(), before + 1, "one inline PUT");
-    let s = c.stats().unwrap();
-    assert_eq!(s.used_bytes, 100_032, "the object alone, no lend");
+    assert_eq!(
+        c.last_request_id(),
+        before + 3,
+        "LEND, SEGMENT (the client's arena), PUBLISH"
+    );
+    assert_eq!(
+        c.stats().unwrap().used_bytes,
+        4 * MIB,
+        "one lend, charged whole"
+    );
+    // An opted-out client puts inline (PUT) or with CREATE + SEAL, each object charged alone.
+    let o = vovp_client::Client::connect_with(
+        &d.socket,
+        vovp_client::ClientOptions {
+            no_lend_puts: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let before = o.last_request_id();
+    o.put(
+        "inline",
+        &pattern(100_000, 2),
+        b"",
+        CreateOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(o.last_request_id(), before + 1, "one inline PUT");
+    assert_eq!(o.stats().unwrap().used_bytes, 4 * MIB + 100_032);
+}
+
+#[test]
+fn a_connection_without_a_hold_table_gets_no_lend() {
+    // A lend is taken back through the hold table, so without shared reads there is none.
+    let d = Daemon::start_with("256M", &["--no-shared-reads"]);
+    let c = d.client();
+    let before = c.last_request_id();
+    c.put("p", &pattern(100_000, 1), b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(c.last_request_id(), before + 1, "one inline PUT, no LEND");
+    assert_eq!(c.stats().unwrap().used_bytes, 100_032, "no lend charged");
+    // Asked anyway (by hand), the store refuses, saying why.
+    let mut raw = Raw::connect(&d);
+    raw.hello();
+    let (status, body) = lend(&mut raw, 2, 0);
+    assert_ne!(status, 0, "lent without a hold table");
+    assert!(
+        String::from_utf8_lossy(&body).contains("hold table"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
+#[test]
+fn the_store_takes_back_an_idle_lend_when_short_of_memory() {
+    // 64 MiB: lends of 1 MiB. A's current lend is empty but charged whole.
+    let d = Daemon::start("64M");
+    let a = lender(&d);
+    a.put("x", &pattern(100_000, 1), b"", CreateOptions::default())
+        .unwrap();
+    a.delete("x").unwrap();
+    let b = vovp_client::Client::connect_with(
+        &d.socket,
+        vovp_client::ClientOptions {
+            no_lend_puts: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(b.stats().unwrap().used_bytes, MIB, "A's idle lend");
+    // B's object fits only in memory A's lend holds: the store takes the lend back.
+    let big = 64 * MIB - MIB / 2;
+    let mut buf = b
+        .create("big", big, b"", CreateOptions::default())
+        .unwrap_or_else(|e| panic!("the idle lend was not taken back: {e}"));
+    buf.as_mut_slice()[..4].copy_from_slice(b"big!");
+    let view = buf.seal().unwrap();
+    let s = b.stats().unwrap();
+    assert_eq!(s.used_bytes, big, "A's lend is gone: {s:?}");
+    // A's next put finds its lend taken back and puts another way (no room for a new lend
+    // while B holds its object), and nothing of B's is touched.
+    a.put("y", &pattern(100_000, 2), b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(&a.get_one("y", None).unwrap()[..], &pattern(100_000, 2)[..]);
+    assert_eq!(&b.get_one("big", None).unwrap()[..4], b"big!");
+    // Once B lets go, A's puts go through a lend again.
+    drop(view);
+    b.delete("big").unwrap();
+    let before = a.last_request_id();
+    a.put("z", &pattern(100_000, 3), b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(a.last_request_id(), before + 2, "LEND, PUBLISH");
+    assert_eq!(&b.get_one("z", None).unwrap()[..], &pattern(100_000, 3)[..]);
 }
 
 #[test]

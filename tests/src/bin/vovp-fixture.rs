@@ -21,9 +21,9 @@ use vovp_client::Client;
 struct Args {
     #[arg(short = 's', long = "socket", default_value = "/tmp/vovp.sock")]
     socket: PathBuf,
-    /// Put through a lend (`ClientOptions::lend_puts`).
+    /// Do not put through a lend (`ClientOptions::no_lend_puts`).
     #[arg(long)]
-    lend_puts: bool,
+    no_lend_puts: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -146,7 +146,7 @@ fn run(args: Args) -> Result<(), Error> {
     let client = Client::connect_with(
         &args.socket,
         vovp_client::ClientOptions {
-            lend_puts: args.lend_puts,
+            no_lend_puts: args.no_lend_puts,
             ..Default::default()
         },
     )?;

@@ -315,6 +315,8 @@ impl ClientInner {
             return None;
         }
         let need = self.lends.wants(data.len(), metadata.len())?;
+        // A lend is taken back through the hold table: no table, no lend.
+        self.core.session.maps().shared.as_ref()?;
         let generation = self.core.session.generation();
         let mut reserved = match self.lends.reserve(need, generation) {
             Reservation::Got(r) => r,
@@ -364,7 +366,12 @@ impl ClientInner {
             None => self.map_segment_of(&answered.0, answered.1, lend.segment)?,
         };
         lent::check(&lend, &segment)?;
-        Ok((lend, segment, answered.1))
+        // The store lends only to connections with a hold table; one without is refused
+        // before asking (`put_lent`), so this is a daemon out of step: put another way.
+        let shared = answered.0.shared.clone().ok_or_else(|| {
+            Error::Config("a lend without a hold table to take it back through".into())
+        })?;
+        Ok((lend, segment, answered.1, shared))
     }
 }
 
@@ -393,7 +400,7 @@ impl Client {
             flusher: options
                 .release_delay
                 .map(|delay| Flusher::start(me.clone(), delay)),
-            lends: Lends::new(options.lend_puts),
+            lends: Lends::new(!options.no_lend_puts && !options.no_shared_reads),
         });
         Ok(Client { inner })
     }

@@ -5,14 +5,19 @@
 //!
 //! A lend is replaced (LEND again, which retires the old one) only while no put is writing
 //! into it: the store frees a retired lend once its objects are gone, and a put still writing
-//! into it would then write memory the store may have handed out again.
+//! into it would then write memory the store may have handed out again. For the same reason
+//! each put announces itself in the connection's hold table before writing and withdraws only
+//! after PUBLISH's reply (`vovp_shm::lend`): the store, short of memory, takes back a lend only
+//! while no put writes into it, and a put that finds its lend taken back asks for a new one.
 //!
-//! Opt-in ([`crate::ClientOptions::lend_puts`]): see ARCHITECTURE.md, "Lends", for why.
+//! On by default ([`crate::ClientOptions::no_lend_puts`] opts out); a connection without a hold table
+//! (`no_shared_reads`, a daemon with `--no-shared-reads`) gets no lend.
 
 use std::sync::{Arc, Mutex};
 
 use vovp::{parallel_copy, CreateOptions, Error, Lend};
 use vovp_proto::Request;
+use vovp_shm::SharedReader;
 
 use crate::core::requests;
 use crate::mapping::MappedSegment;
@@ -34,20 +39,29 @@ struct Current {
     generation: u64,
     lend: Lend,
     segment: Arc<MappedSegment>,
+    /// The connection's hold table, where puts announce themselves (see the module doc).
+    shared: Arc<SharedReader>,
     /// Next free offset (absolute in the segment).
     cursor: u64,
     /// Puts writing into it now.
     writing: u32,
+    /// The store took it back: no new put writes into it.
+    revoked: bool,
 }
 
 impl Current {
-    /// The next `need` bytes, for one put.
+    /// The next `need` bytes, for one put; announced in the hold table (so the store cannot
+    /// take the lend back under it) unless the store already took it back.
     fn take(&mut self, need: u64, slot: &Arc<Mutex<LendSlot>>) -> Option<Reserved> {
         let end = self.lend.offset + self.lend.size;
-        if need > self.lend.max_object || self.cursor + need > end {
+        if self.revoked || need > self.lend.max_object || self.cursor + need > end {
             return None;
         }
         let base = self.segment.writable_base().ok()?;
+        if !self.shared.begin_lend_write(self.lend.id) {
+            self.revoked = true;
+            return None;
+        }
         let offset = self.cursor;
         self.cursor += need;
         self.writing += 1;
@@ -59,6 +73,7 @@ impl Current {
             // lend was taken).
             ptr: unsafe { base.add(offset as usize) },
             _segment: self.segment.clone(),
+            shared: self.shared.clone(),
             slot: slot.clone(),
             gone: false,
         })
@@ -90,6 +105,8 @@ pub(crate) struct Reserved {
     ptr: *mut u8,
     /// Keeps the mapping alive while writing.
     _segment: Arc<MappedSegment>,
+    /// Where this put announced itself; withdrawn when it is dropped.
+    shared: Arc<SharedReader>,
     slot: Arc<Mutex<LendSlot>>,
     /// The store said it has no such lend: forget it.
     gone: bool,
@@ -102,6 +119,9 @@ unsafe impl Sync for Reserved {}
 
 impl Drop for Reserved {
     fn drop(&mut self) {
+        // The put is over (its PUBLISH answered, or abandoned): the store may take the lend
+        // back from now on as far as this put is concerned.
+        self.shared.end_lend_write();
         if let Ok(mut slot) = self.slot.lock() {
             // Lend ids start again with a new daemon: the connection generation tells them apart.
             if let Some(c) = slot
@@ -195,8 +215,9 @@ impl Drop for LendAsked {
     }
 }
 
-/// A new lend, its segment mapped writable, and the connection generation it belongs to.
-pub(crate) type Lent = (Lend, Arc<MappedSegment>, u64);
+/// A new lend, its segment mapped writable, the connection generation it belongs to, and that
+/// connection's hold table.
+pub(crate) type Lent = (Lend, Arc<MappedSegment>, u64, Arc<SharedReader>);
 
 /// Maps a new lend's pages into this process on a thread of its own (`MADV_POPULATE_WRITE`):
 /// the store allocated them at LEND, but each page's first write here would still fault (and
@@ -235,7 +256,7 @@ pub(crate) struct Lends {
 }
 
 impl Lends {
-    /// Lends for a client that opted in ([`crate::ClientOptions::lend_puts`]); otherwise one
+    /// Lends for a client that did not opt out ([`crate::ClientOptions::no_lend_puts`]); otherwise one
     /// that never asks for one.
     pub(crate) fn new(enabled: bool) -> Self {
         let lends = Lends::default();
@@ -304,7 +325,7 @@ impl LendAsked {
         slot.lending = false;
         self.installed = true;
         match lent {
-            Ok((lend, segment, generation)) => {
+            Ok((lend, segment, generation, shared)) => {
                 slot.max_object = Some(lend.max_object);
                 if slot.last_id != Some(lend.id) {
                     populate_in_background(&segment, &lend);
@@ -315,7 +336,9 @@ impl LendAsked {
                     cursor: lend.offset,
                     lend,
                     segment,
+                    shared,
                     writing: 0,
+                    revoked: false,
                 });
                 current.take(self.need, &slot_ref)
             }

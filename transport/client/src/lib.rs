@@ -47,14 +47,14 @@ pub struct ClientOptions {
     /// directory and record a hold in this connection's hold table, with no message, and fall
     /// back to the socket for everything else.
     pub no_shared_reads: bool,
-    /// Put objects from 64 KiB to a lend's largest (4 MiB on stores of 1 GiB or more) through
-    /// a part of this client's own arena the store lends it: the client copies the bytes there
-    /// and one PUBLISH creates and seals the object (one round trip where CREATE + SEAL take
-    /// two; no bytes through the socket). Off by default: a lend is charged to the store whole
-    /// while this client is connected (1/64 of the store, up to 16 MiB, even when idle), and
-    /// its memory comes back only with its last object, so evicting objects published from a
-    /// lend frees memory a lend at a time. See ARCHITECTURE.md, "Lends".
-    pub lend_puts: bool,
+    /// Do not put through a lend. By default objects from 64 KiB to a lend's largest (4 MiB on
+    /// stores of 1 GiB or more) go through a part of this client's own arena the store lends
+    /// it: the client copies the bytes there and one PUBLISH creates and seals the object (one
+    /// round trip where CREATE + SEAL take two; no bytes through the socket). The store takes
+    /// an idle lend back when it is short of memory; a lend's memory comes back with its last
+    /// object. Needs the hold table, so `no_shared_reads` implies this. See ARCHITECTURE.md,
+    /// "Lends".
+    pub no_lend_puts: bool,
 }
 
 /// Milliseconds since the epoch (for display).

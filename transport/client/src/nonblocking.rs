@@ -191,7 +191,7 @@ impl AsyncClient {
                 shared_reads,
                 core: Core::new(path, maps, options.reconnect),
                 conn: tokio::sync::Mutex::new(AsyncConn::new(stream)),
-                lends: Lends::new(options.lend_puts),
+                lends: Lends::new(!options.no_lend_puts && !options.no_shared_reads),
             }),
         })
     }
@@ -269,6 +269,8 @@ impl AsyncClient {
         }
         let lends = &self.inner.lends;
         let need = lends.wants(data.len(), metadata.len())?;
+        // A lend is taken back through the hold table: no table, no lend.
+        self.inner.core.session.maps().shared.as_ref()?;
         let generation = self.inner.core.session.generation();
         let mut reserved = match lends.reserve(need, generation) {
             Reservation::Got(r) => r,
@@ -309,7 +311,12 @@ impl AsyncClient {
             }
         };
         lent::check(&lend, &segment)?;
-        Ok((lend, segment, answered.1))
+        // The store lends only to connections with a hold table; one without is refused
+        // before asking (`put_lent`), so this is a daemon out of step: put another way.
+        let shared = answered.0.shared.clone().ok_or_else(|| {
+            Error::Config("a lend without a hold table to take it back through".into())
+        })?;
+        Ok((lend, segment, answered.1, shared))
     }
 
     fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {

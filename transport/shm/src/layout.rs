@@ -1,7 +1,7 @@
 //! Byte layouts shared by the store and every client. Every word is a little-endian `u64`
 //! accessed atomically (no byte is ever read or written non-atomically, so a reader racing
 //! the writer reads stale or mixed words, never undefined behaviour; the seqlock throws mixed
-//! reads away). ARCHITECTURE.md, "Shared directory and hold tables (vovp-shm, not yet wired)", has the tables.
+//! reads away). ARCHITECTURE.md, "Shared directory and hold tables", has the tables.
 
 use crate::sync::AtomicU64;
 
@@ -10,7 +10,7 @@ pub const DIR_MAGIC: u64 = u64::from_le_bytes(*b"VOVPDIR1");
 /// `"VOVPHLD1"` as a little-endian word.
 pub const HOLD_MAGIC: u64 = u64::from_le_bytes(*b"VOVPHLD1");
 /// Bumped on any change of these layouts or of [`name_hash`].
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Longest name an entry holds inline: the store's own limit (`vovp::MAX_NAME_LEN`), so every
 /// object can be published.
@@ -146,19 +146,26 @@ pub struct HoldHeader {
     pub slots_offset: AtomicU64,
     /// The store's id for the client (informational).
     pub client_id: AtomicU64,
-    pub reserved: [AtomicU64; 3],
+    /// Puts of this client writing into its lend now (written by the client; [`crate::lend`]).
+    pub lend_writers: AtomicU64,
+    /// The id of the client's lend the store has taken back, 0 if none (written by the store).
+    pub lend_revoked: AtomicU64,
+    pub reserved: AtomicU64,
 }
 
 impl HoldHeader {
     pub fn new() -> Self {
-        let [magic, version_slot_size, slots, slots_offset, client_id] = zero_words::<5>();
+        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, reserved] =
+            zero_words::<8>();
         HoldHeader {
             magic,
             version_slot_size,
             slots,
             slots_offset,
             client_id,
-            reserved: zero_words(),
+            lend_writers,
+            lend_revoked,
+            reserved,
         }
     }
 }
@@ -277,9 +284,11 @@ mod tests {
                 offset_of!(HoldHeader, slots),
                 offset_of!(HoldHeader, slots_offset),
                 offset_of!(HoldHeader, client_id),
+                offset_of!(HoldHeader, lend_writers),
+                offset_of!(HoldHeader, lend_revoked),
                 offset_of!(HoldHeader, reserved),
             ],
-            [0, 8, 16, 24, 32, 40]
+            [0, 8, 16, 24, 32, 40, 48, 56]
         );
         assert_eq!(
             [

@@ -1,12 +1,13 @@
 //! vovp's shared object directory and per-client hold tables (issue 13), in memfd-backed
-//! shared memory, with no sockets and no actors so that the daemon, the Rust client and the
-//! Python native core can all use it. **Not yet wired into the daemon, the embedded engine or
-//! the clients: nothing depends on this crate yet.**
+//! shared memory, with no sockets and no actors so that the daemon, the Rust client (and
+//! through it the Python native core) and the embedded engine all use the same code.
 //!
 //! * [`directory`]: name → object location, written only by the store under per-entry
 //!   seqlocks, read by clients through a read-only mapping.
 //! * [`hold`]: each client's hold table (hazard pointers keyed on generations), the store's
 //!   [`hold::is_held`] check and [`hold::Retired`] list for frees deferred while held.
+//! * [`lend`]: the handshake over two hold-table header words by which the store takes back a
+//!   lend no put is writing into.
 //! * `region` (not under loom): creating and mapping the memfds, with header checks. The
 //!   directory's memfd is sealed `F_SEAL_FUTURE_WRITE` once the store has mapped it, so the
 //!   read-only fd clients get cannot be turned into a writable mapping, not even by reopening
@@ -24,7 +25,8 @@
 //!   `offset` @48, `size` @56, `meta_offset` @64, `meta_len` @72, `flags` @80, `stamp` @88
 //!   (outside the seqlock), reserved @96..128, name bytes @128..384.
 //! * Hold table header, 64 B: `magic` "VOVPHLD1" @0, `LAYOUT_VERSION | SLOT_SIZE << 32` @8,
-//!   `slots` @16, `slots_offset` (64) @24, `client_id` @32, reserved @40..64.
+//!   `slots` @16, `slots_offset` (64) @24, `client_id` @32, `lend_writers` (client) @40,
+//!   `lend_revoked` (store) @48, reserved @56.
 //! * Hold slot `i`, 32 B at `64 + 32 i`: `generation` (0 = free) @0, `object_id` @8, `stamp`
 //!   @16, reserved @24.
 //!
@@ -40,13 +42,13 @@
 //! defers. Generations are never reused, so a stale hold pins nothing newer and a stale
 //! snapshot never validates. The loom models (`tests/loom.rs`) check this exhaustively within
 //! a preemption bound: `RUSTFLAGS="--cfg loom" cargo test -p vovp-shm --release --test loom`.
-//! ARCHITECTURE.md, "Shared directory and hold tables (vovp-shm, not yet wired)", has the
-//! full tables.
+//! ARCHITECTURE.md, "Shared directory and hold tables", has the full tables.
 
 pub mod directory;
 pub mod error;
 pub mod hold;
 pub mod layout;
+pub mod lend;
 #[cfg(not(loom))]
 mod reader;
 #[cfg(not(loom))]
@@ -56,6 +58,7 @@ mod sync;
 pub use directory::{Directory, DirectoryWriter, Lookup, Publish, Snapshot};
 pub use error::{Result, ShmError};
 pub use hold::{is_held, Get, HeldSlot, Hold, Holds, HoldsView, Retired};
+pub use lend::{LendRevoker, LendWriters};
 #[cfg(not(loom))]
 pub use reader::SharedReader;
 #[cfg(not(loom))]

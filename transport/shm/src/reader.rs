@@ -77,4 +77,28 @@ impl SharedReader {
         let mut holds = self.holds.lock().map_err(|_| not_held())?;
         holds.with_holds(|h| h.release(Hold { slot, snapshot }))
     }
+
+    /// Announces a put about to write into lend `lend` ([`crate::lend`]); `false` when the
+    /// store has taken that lend back (or in a forked child, which must not write the parent's
+    /// lend): then nothing may be written into it.
+    pub fn begin_lend_write(&self, lend: u64) -> bool {
+        if !self.ours() {
+            return false;
+        }
+        match self.holds.lock() {
+            Ok(holds) => holds.lend_writers().begin(lend),
+            Err(_) => false,
+        }
+    }
+
+    /// Ends a put that [`SharedReader::begin_lend_write`] let write (after its PUBLISH's reply,
+    /// or when it gave up).
+    pub fn end_lend_write(&self) {
+        if !self.ours() {
+            return;
+        }
+        // A poisoned lock still guards a valid mapping; the count must come down.
+        let holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        holds.lend_writers().end();
+    }
 }

@@ -16,6 +16,7 @@ use crate::layout::{
     DirHeader, Entry, HoldHeader, HoldSlot, DIR_MAGIC, ENTRY_SIZE, HEADER_SIZE, HOLD_MAGIC,
     LAYOUT_VERSION, MAX_CAPACITY, NAME_MAX, SLOT_SIZE,
 };
+use crate::lend::{LendRevoker, LendWriters};
 
 fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> ShmError {
     move |source| ShmError::Io { op, source }
@@ -299,6 +300,13 @@ impl HoldRegion {
         self.slots
     }
 
+    /// The store's side of the lend handshake ([`crate::lend`]).
+    pub fn lend_revoker(&self) -> LendRevoker<'_> {
+        // SAFETY: the map was created `HEADER_SIZE + slots * SLOT_SIZE` long.
+        let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
+        LendRevoker::new(h)
+    }
+
     /// The store's view; uses the store's own slot count, never the (client-writable) header.
     pub fn view(&self) -> HoldsView<'_> {
         // SAFETY: the map was created `HEADER_SIZE + slots * SLOT_SIZE` long.
@@ -342,6 +350,13 @@ impl HoldMap {
         let r = f(&mut holds);
         self.free = holds.into_free();
         r
+    }
+
+    /// The client's side of the lend handshake ([`crate::lend`]).
+    pub fn lend_writers(&self) -> LendWriters<'_> {
+        // SAFETY: at least HEADER_SIZE bytes are mapped (checked at open).
+        let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, 0) };
+        LendWriters::new(h)
     }
 
     /// The client's hold operations, rebuilt from the table (rescans every slot).
@@ -455,6 +470,30 @@ mod tests {
     }
 
     #[test]
+    fn a_lend_is_taken_back_only_while_no_put_writes_into_it() {
+        let region = HoldRegion::create(4, 7).unwrap();
+        let client = HoldMap::open(region.fd()).unwrap();
+        let (writers, store) = (client.lend_writers(), region.lend_revoker());
+        // A put writing into lend 3 keeps it from being taken back.
+        assert!(writers.begin(3));
+        assert!(!store.revoke(3), "revoked while a put writes into it");
+        // Once that put ended, the next put sees the mark and writes nothing.
+        writers.end();
+        assert!(!writers.begin(3), "wrote into a lend the store took back");
+        assert!(
+            store.revoke(3),
+            "no put writes: the store may retire the lend"
+        );
+        // The mark names one lend only; clearing it (a new LEND) lets puts write again.
+        assert!(writers.begin(4));
+        writers.end();
+        store.clear();
+        assert!(writers.begin(3));
+        writers.end();
+        assert!(store.revoke(4));
+    }
+
+    #[test]
     fn bad_capacities_are_refused() {
         for n in [0, 3, MAX_CAPACITY * 2] {
             assert!(matches!(
@@ -518,10 +557,10 @@ mod tests {
             ));
         }
         let mut w = good(2);
-        w[1] = 2 | (ENTRY_SIZE as u64) << 32;
+        w[1] = u64::from(LAYOUT_VERSION + 1) | (ENTRY_SIZE as u64) << 32;
         assert!(matches!(
             DirectoryMap::open(&raw_memfd(&header_bytes(&w), len)),
-            Err(ShmError::VersionMismatch { found: 2, .. })
+            Err(ShmError::VersionMismatch { found, .. }) if found == LAYOUT_VERSION + 1
         ));
         let mut w = good(2);
         w[1] = u64::from(LAYOUT_VERSION) | 128 << 32;

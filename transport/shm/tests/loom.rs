@@ -12,9 +12,10 @@ use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 
-use vovp_shm::layout::{DirHeader, Entry, HoldSlot};
+use vovp_shm::layout::{DirHeader, Entry, HoldHeader, HoldSlot};
 use vovp_shm::{
-    is_held, Directory, DirectoryWriter, Get, Holds, HoldsView, Lookup, Publish, Retired,
+    is_held, Directory, DirectoryWriter, Get, Holds, HoldsView, LendRevoker, LendWriters, Lookup,
+    Publish, Retired,
 };
 
 /// Preemption bound per execution for the hold models, unless `LOOM_MAX_PREEMPTIONS` says
@@ -204,5 +205,53 @@ fn deferred_free_waits_for_release_then_reuses() {
         let (_, g2) = publish(&mut w, b"a", cell as u64);
         assert_eq!(g2, 2);
         reader.join().unwrap();
+    });
+}
+
+/// Taking a lend back: a client putting into its lend (begin → write → end, twice, as a put
+/// loop does) races the store revoking the lend and, when that says no put writes, freeing and
+/// reusing its memory. loom fails on any client write racing the store's; the client also
+/// checks that no write of its own was ever overwritten while it was writing.
+#[test]
+fn a_revoked_lend_is_never_written() {
+    struct Lend {
+        header: HoldHeader,
+        memory: UnsafeCell<u64>,
+    }
+    // SAFETY: accesses are ordered by the protocol under test; loom checks that claim.
+    unsafe impl Sync for Lend {}
+    model(|| {
+        let lend = Arc::new(Lend {
+            header: HoldHeader::new(),
+            memory: UnsafeCell::new(0),
+        });
+        let c = lend.clone();
+        let client = thread::spawn(move || {
+            let writers = LendWriters::new(&c.header);
+            for put in 1..=2u64 {
+                if !writers.begin(1) {
+                    return; // taken back: the client asks for a new lend, writes nothing here
+                }
+                c.memory.with_mut(|p| unsafe { *p = put });
+                let back = c.memory.with(|p| unsafe { *p });
+                assert_eq!(
+                    back, put,
+                    "the store wrote the lend while a put was writing it"
+                );
+                writers.end();
+            }
+        });
+        let revoker = LendRevoker::new(&lend.header);
+        let freed = loop {
+            if revoker.revoke(1) {
+                break true;
+            }
+            thread::yield_now();
+        };
+        if freed {
+            // Retired and freed: the memory goes to another object of the same client.
+            lend.memory.with_mut(|p| unsafe { *p = 99 });
+        }
+        client.join().unwrap();
     });
 }
