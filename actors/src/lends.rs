@@ -87,9 +87,13 @@ impl Lends {
         self.free_if_done(id)
     }
 
-    /// Every holder's current lend: (holder, lend id).
-    pub fn current(&self) -> Vec<(HolderId, u64)> {
-        self.current.iter().map(|(h, id)| (*h, *id)).collect()
+    /// Every holder's current lend that holds no live object: (holder, lend id).
+    pub fn current_empty(&self) -> Vec<(HolderId, u64)> {
+        self.current
+            .iter()
+            .filter(|(_, id)| self.by_id.get(id).is_some_and(|s| s.live == 0))
+            .map(|(h, id)| (*h, *id))
+            .collect()
     }
 
     /// `holder`'s current lend again, from its start, when nothing published from it is alive

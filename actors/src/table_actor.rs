@@ -213,7 +213,6 @@ impl ObjectTableActor {
             requested: size,
             available,
         };
-        let mut lends_revoked = false;
         loop {
             let failure = match (bytes, needed) {
                 (Some(bytes), Some(_)) => self.try_allocate(bytes, device, writer).await?,
@@ -229,14 +228,12 @@ impl ObjectTableActor {
                 self.free(parked).await;
                 continue;
             }
-            // Then lends no put is writing into, once per allocation: an empty one is memory
-            // nobody uses, and a retired one goes back with its last object, so eviction of
-            // objects published from it frees memory again.
-            if pool == Pool::Host && !lends_revoked {
-                lends_revoked = true;
-                if self.revoke_idle_lends().await {
-                    continue;
-                }
+            // Then empty lends no put is writing into: memory nobody uses. Lends with objects
+            // stay (an active client's lend taken back at every shortage would make each of
+            // its puts take a whole new lend); once eviction has taken their last object they
+            // are empty, and this gives them back on the next turn.
+            if pool == Pool::Host && self.revoke_empty_lends().await {
+                continue;
             }
             // Usage is asked only on failure: the hot path is one message to the allocator.
             let (capacity, used) = self.pool_usage(pool).await?.unwrap_or((0, 0));
@@ -279,11 +276,11 @@ impl ObjectTableActor {
         }
     }
 
-    /// Takes back every lend no put is writing into (the clients see it on their next put and
-    /// ask for a new one); `true` when that freed memory (lends with no live object).
-    async fn revoke_idle_lends(&mut self) -> bool {
+    /// Takes back every empty lend no put is writing into (its client sees it on its next put
+    /// and asks for a new one); `true` when that freed memory.
+    async fn revoke_empty_lends(&mut self) -> bool {
         let mut freed = Vec::new();
-        for (holder, lend) in self.lends.current() {
+        for (holder, lend) in self.lends.current_empty() {
             if self.table.revoke_lend(holder, lend) {
                 freed.extend(self.lends.retire(holder));
             }
@@ -291,7 +288,7 @@ impl ObjectTableActor {
         if freed.is_empty() {
             return false;
         }
-        tracing::debug!("took back {} idle lends to make room", freed.len());
+        tracing::debug!("took back {} empty lends to make room", freed.len());
         let _ = self.allocator.tell(Free(freed)).await;
         true
     }

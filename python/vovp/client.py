@@ -320,8 +320,9 @@ class Client:
 
     ``lend_puts`` (default on): puts of 64 KiB up to 4 MiB are copied into a part of this
     client's own arena the store lends it and made objects with one message (no CREATE round
-    trip). The store takes an idle lend (1/64 of the store, at most 16 MiB) back when it is
-    short of memory; a lend's memory comes back with its last object. Needs ``shared_reads``.
+    trip). The store takes an empty, idle lend (1/64 of the store, at most 16 MiB) back when
+    it is short of memory; a lend's memory comes back with its last object. Needs
+    ``shared_reads``.
     """
 
     def __init__(self, path: str = None, connect_timeout: float = 0.0,

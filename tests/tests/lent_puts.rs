@@ -471,6 +471,71 @@ fn the_store_takes_back_an_idle_lend_when_short_of_memory() {
     assert_eq!(&b.get_one("z", None).unwrap()[..], &pattern(100_000, 3)[..]);
 }
 
+/// A client that puts with CREATE / PUT only.
+fn opted_out(d: &Daemon) -> vovp_client::Client {
+    vovp_client::Client::connect_with(
+        &d.socket,
+        vovp_client::ClientOptions {
+            no_lend_puts: true,
+            ..Default::default()
+        },
+    )
+    .expect("connect")
+}
+
+#[test]
+fn evicting_the_objects_of_an_idle_lend_gives_its_memory_back() {
+    // 64 MiB: lends of 1 MiB. A's current lend holds one object nobody references.
+    let d = Daemon::start("64M");
+    let a = lender(&d);
+    a.put("x", &pattern(100_000, 1), b"", CreateOptions::default())
+        .unwrap();
+    let b = opted_out(&d);
+    // Only A's lend can make room: evicting x alone frees nothing while the lend is current,
+    // but leaves it empty, and the store then takes it back. (Just over what is free: the
+    // store's estimate of what eviction can free counts x's bytes, not the rest of its lend.)
+    let big = 63 * MIB + 64 * 1024;
+    let buf = b
+        .create("big", big, b"", CreateOptions::default())
+        .unwrap_or_else(|e| panic!("evicting x did not give A's lend back: {e}"));
+    assert!(!b.contains("x").unwrap(), "x was evicted");
+    assert_eq!(b.stats().unwrap().used_bytes, big);
+    drop(buf);
+}
+
+#[test]
+fn an_active_lend_is_left_alone_when_eviction_finds_room_elsewhere() {
+    let d = Daemon::start("64M");
+    let b = opted_out(&d);
+    for i in 0..10 {
+        b.put(
+            &format!("old{i}"),
+            &pattern(4 << 20, i),
+            b"",
+            CreateOptions::default(),
+        )
+        .unwrap();
+    }
+    let a = lender(&d);
+    a.put("x", &pattern(100_000, 1), b"", CreateOptions::default())
+        .unwrap();
+    // B's create evicts B's older objects; A's lend (with x in it) stays A's.
+    let buf = b
+        .create("big", 30 * MIB, b"", CreateOptions::default())
+        .unwrap();
+    assert!(!b.contains("old0").unwrap(), "the oldest were evicted");
+    assert!(b.contains("x").unwrap());
+    let before = a.last_request_id();
+    a.put("y", &pattern(100_000, 2), b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(
+        a.last_request_id(),
+        before + 1,
+        "one PUBLISH into the same lend"
+    );
+    drop(buf);
+}
+
 #[test]
 fn with_prefault_clients_write_their_creates_in_segment_0_and_private_views_stay_private() {
     // --prefault: no client arenas, every object in segment 0, which the daemon hands its own

@@ -51,9 +51,9 @@ pub struct ClientOptions {
     /// stores of 1 GiB or more) go through a part of this client's own arena the store lends
     /// it: the client copies the bytes there and one PUBLISH creates and seals the object (one
     /// round trip where CREATE + SEAL take two; no bytes through the socket). The store takes
-    /// an idle lend back when it is short of memory; a lend's memory comes back with its last
-    /// object. Needs the hold table, so `no_shared_reads` implies this. See ARCHITECTURE.md,
-    /// "Lends".
+    /// an empty, idle lend back when it is short of memory; a lend's memory comes back with
+    /// its last object. Needs the hold table, so `no_shared_reads` implies this. See
+    /// ARCHITECTURE.md, "Lends".
     pub no_lend_puts: bool,
 }
 
