@@ -6,7 +6,7 @@
 //! Memory: a lend is one allocator block, charged whole to the budget while it lives. Objects
 //! published from it do not own memory of their own: freeing one gives the lend back one
 //! object, and the lend's block goes back to the allocator when the lend is retired (its holder
-//! took a new one or went away) and its last object is gone — a slab's trade-off, bounded by
+//! took a new one or went away, or the store took it back) and its last object is gone — a slab's trade-off, bounded by
 //! the lend's size (1/64 of the store, at most 16 MiB, see [`lend_size`]).
 //!
 //! Trust: the client says where it wrote; the store checks that the range lies inside a lend
@@ -61,7 +61,8 @@ struct LendState {
     objects: BTreeMap<u64, u64>,
     /// Live objects, including empty ones (which take no range).
     live: u32,
-    /// Takes no new object (its holder took a new lend or went away); freed with its last one.
+    /// Takes no new object (its holder took a new lend or went away, or the store took it
+    /// back); freed with its last one.
     retired: bool,
 }
 

@@ -112,9 +112,12 @@ impl Shared {
         })
     }
 
-    /// Whether `holder` has a hold table (where a lend's revocation is signalled).
-    pub fn has_table(&self, holder: HolderId) -> bool {
-        self.tables.contains_key(&holder)
+    /// Whether `holder` has mapped its hold table and declared that it counts its puts into
+    /// its lend there (vovp-shm's `lend` handshake): only such a client may be lent memory.
+    pub fn takes_part_in_lends(&self, holder: HolderId) -> bool {
+        self.tables
+            .get(&holder)
+            .is_some_and(|t| t.lend_revoker().client_takes_part())
     }
 
     /// Marks `holder`'s lend `lend` taken back; `true` when no put of it writes into the lend,

@@ -205,10 +205,12 @@ impl ObjectTable {
         Some(self.shared.as_mut()?.attach(holder))
     }
 
-    /// Whether `holder` has a hold table: only such a client can be lent memory, because a
-    /// lend is taken back through it.
-    pub fn has_hold_table(&self, holder: HolderId) -> bool {
-        self.shared.as_ref().is_some_and(|s| s.has_table(holder))
+    /// Whether `holder` has a hold table and takes part in the lend handshake there: only such
+    /// a client can be lent memory, because a lend is taken back through it.
+    pub fn takes_part_in_lends(&self, holder: HolderId) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.takes_part_in_lends(holder))
     }
 
     /// Takes `holder`'s lend `lend` back if no put of it writes into the lend: `true` when it

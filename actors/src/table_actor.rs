@@ -605,11 +605,12 @@ impl Message<TakeLend> for ObjectTableActor {
             )));
         }
         // A lend is taken back through the client's hold table (when the store is short of
-        // memory), so a client without one gets none.
-        if !self.table.has_hold_table(m.holder) {
+        // memory), so a client without one, or one that does not count its puts there, gets
+        // none.
+        if !self.table.takes_part_in_lends(m.holder) {
             return Err(Error::Config(
-                "lends need this connection's hold table (SHARED; the daemon runs with \
-                 --no-shared-reads, or the client opted out): use CREATE"
+                "lends need this connection's hold table, mapped and taking part in the lend \
+                 handshake (SHARED; not with --no-shared-reads): use CREATE"
                     .into(),
             ));
         }

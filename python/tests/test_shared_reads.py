@@ -66,8 +66,8 @@ CHILD = textwrap.dedent("""
 
 
 def test_delete_while_a_killed_process_held_it(client, daemon, subprocess_env):
-    # Put inline: segment 0, mapped by all (objects over 256 KiB, or of 64 KiB and more from a
-    # lend_puts client, go to the putter's arena).
+    # Put inline: segment 0, mapped by all (objects over 256 KiB, or of 64 KiB and more put
+    # through a lend, go to the putter's arena).
     a = np.arange(8_000, dtype=np.int64)
     client.put_tensor("big", a)
     child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.socket],

@@ -52,7 +52,7 @@ from .errors import (
 
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
-# Objects up to this size go to the native put in any case (one PUT frame; with lend_puts,
+# Objects up to this size go to the native put in any case (one PUT frame; through a lend,
 # those of 64 KiB or more through its lend: copy + one PUBLISH); larger ones through CREATE +
 # copy + SEAL unless LEND_LIMIT takes them (the Rust client's CLIENT_INLINE_PUT).
 INLINE_LIMIT = 256 << 10

@@ -247,11 +247,30 @@ impl Raw {
         self.send(&Self::frame(1, 0x01, 1, &7u32.to_le_bytes()));
         assert_eq!(self.reply(), Some((0x81, 1, 0)));
     }
-    /// SHARED: the store makes this connection a hold table (whose fds this plain read drops),
-    /// which a LEND needs.
-    pub fn shared(&mut self, id: u64) {
+    /// SHARED: the store makes this connection a hold table. With `take_part`, this writes
+    /// into the table what a client writes when it counts its puts into its lend there
+    /// (vovp-shm's `lend` handshake), which a LEND needs; the fds are then dropped.
+    pub fn shared(&mut self, id: u64, take_part: bool) {
+        use std::io::Read;
         self.send(&Self::frame(1, 0x10, id, &[]));
-        assert_eq!(self.reply(), Some((0x90, id, 0)));
+        let mut h = [0u8; 16];
+        let mut fds = Vec::new();
+        let mut got = 0;
+        while got < h.len() {
+            let n = vovp_client::fdpass::recv_with_fds(&self.0, &mut h[got..], &mut fds)
+                .expect("SHARED reply");
+            assert!(n > 0, "closed during SHARED");
+            got += n;
+        }
+        let len = u32::from_le_bytes(h[..4].try_into().unwrap()) as usize - 12;
+        let mut p = vec![0u8; len];
+        self.0.read_exact(&mut p).expect("SHARED payload");
+        assert_eq!((h[5], p[0]), (0x90, 0), "SHARED answered");
+        assert_eq!(fds.len(), 2, "directory and hold table");
+        if take_part {
+            let word = u64::from_le_bytes(*b"VOVPLEND").to_le_bytes();
+            rustix::io::pwrite(&fds[1], &word, 56).expect("write the hold table header");
+        }
     }
     /// True when the daemon has closed the connection (end of file or an error on read).
     pub fn closed(&mut self) -> bool {

@@ -199,7 +199,7 @@ fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
     let d = Daemon::start("256M");
     let mut raw = Raw::connect(&d);
     raw.hello();
-    raw.shared(10);
+    raw.shared(10, true);
     let (status, p) = lend(&mut raw, 2, 4096);
     assert_eq!(status, 0);
     let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
@@ -430,6 +430,23 @@ fn a_connection_without_a_hold_table_gets_no_lend() {
 }
 
 #[test]
+fn a_connection_that_does_not_count_its_puts_gets_no_lend() {
+    // A hold table alone is not enough: a client that never counts its puts into its lend
+    // (an older client, one that did not map the table) would have the lend freed under
+    // them, so the store lends only once the client has declared it takes part.
+    let d = Daemon::start("256M");
+    let mut raw = Raw::connect(&d);
+    raw.hello();
+    raw.shared(2, false);
+    let (status, _) = lend(&mut raw, 3, 0);
+    assert_ne!(status, 0, "lent to a client that does not take part");
+    let mut raw = Raw::connect(&d);
+    raw.hello();
+    raw.shared(2, true);
+    assert_eq!(lend(&mut raw, 3, 0).0, 0, "declared: lent");
+}
+
+#[test]
 fn the_store_takes_back_an_idle_lend_when_short_of_memory() {
     // 64 MiB: lends of 1 MiB. A's current lend is empty but charged whole.
     let d = Daemon::start("64M");
@@ -461,9 +478,11 @@ fn the_store_takes_back_an_idle_lend_when_short_of_memory() {
         .unwrap();
     assert_eq!(&a.get_one("y", None).unwrap()[..], &pattern(100_000, 2)[..]);
     assert_eq!(&b.get_one("big", None).unwrap()[..4], b"big!");
-    // Once B lets go, A's puts go through a lend again.
+    // Once B lets go, A's puts go through a lend again (after the client's pause between
+    // LENDs the store could not grant: 100 ms).
     drop(view);
     b.delete("big").unwrap();
+    std::thread::sleep(Duration::from_millis(150));
     let before = a.last_request_id();
     a.put("z", &pattern(100_000, 3), b"", CreateOptions::default())
         .unwrap();

@@ -10,14 +10,14 @@
 //! after PUBLISH's reply (`vovp_shm::lend`): the store, short of memory, takes back a lend only
 //! while no put writes into it, and a put that finds its lend taken back asks for a new one.
 //!
-//! On by default ([`crate::ClientOptions::no_lend_puts`] opts out); a connection without a hold table
-//! (`no_shared_reads`, a daemon with `--no-shared-reads`) gets no lend.
+//! On by default ([`crate::ClientOptions::no_lend_puts`] opts out); a connection without a
+//! hold table (`no_shared_reads`, a daemon with `--no-shared-reads`) gets no lend.
 
 use std::sync::{Arc, Mutex};
 
 use vovp::{parallel_copy, CreateOptions, Error, Lend};
 use vovp_proto::Request;
-use vovp_shm::SharedReader;
+use vovp_shm::{LendWrite, SharedReader};
 
 use crate::core::requests;
 use crate::mapping::MappedSegment;
@@ -52,20 +52,27 @@ struct Current {
 impl Current {
     /// The next `need` bytes, for one put; announced in the hold table (so the store cannot
     /// take the lend back under it) unless the store already took it back.
-    fn take(&mut self, need: u64, slot: &Arc<Mutex<LendSlot>>) -> Option<Reserved> {
+    fn take(&mut self, need: u64, slot: &Arc<Mutex<LendSlot>>) -> Result<Reserved, NoRange> {
         let end = self.lend.offset + self.lend.size;
         if self.revoked || need > self.lend.max_object || self.cursor + need > end {
-            return None;
+            return Err(NoRange::Full);
         }
-        let base = self.segment.writable_base().ok()?;
-        if !self.shared.begin_lend_write(self.lend.id) {
-            self.revoked = true;
-            return None;
+        let base = self
+            .segment
+            .writable_base()
+            .map_err(|_| NoRange::Unusable)?;
+        match self.shared.begin_lend_write(self.lend.id) {
+            LendWrite::Granted => {}
+            LendWrite::Revoked => {
+                self.revoked = true;
+                return Err(NoRange::Full);
+            }
+            LendWrite::Unusable => return Err(NoRange::Unusable),
         }
         let offset = self.cursor;
         self.cursor += need;
         self.writing += 1;
-        Some(Reserved {
+        Ok(Reserved {
             lend: self.lend.id,
             offset,
             generation: self.generation,
@@ -80,6 +87,19 @@ impl Current {
     }
 }
 
+/// Why [`Current::take`] gave no range.
+enum NoRange {
+    /// Full, too small, or taken back by the store: a new lend would do.
+    Full,
+    /// This process cannot announce its writes (a forked child): no lend at all.
+    Unusable,
+}
+
+/// After a LEND the store could not grant (short of memory), puts go another way this long
+/// before asking again: under sustained memory pressure every put would otherwise pay a
+/// failing LEND round trip first.
+const LEND_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The lend state of one client.
 #[derive(Default)]
 pub(crate) struct LendSlot {
@@ -90,9 +110,11 @@ pub(crate) struct LendSlot {
     last_id: Option<u64>,
     /// The largest block the store lends for (learnt from its first lend).
     max_object: Option<u64>,
-    /// No lend is asked for: the client did not opt in, or the store lends nothing
-    /// (`--prefault`, a small store, an old daemon).
+    /// No lend is asked for: the client opted out, or the store lends nothing
+    /// (`--prefault`, a small store, `--no-shared-reads`, an old daemon).
     refused: bool,
+    /// No LEND before this (the last one failed for want of memory).
+    retry_after: Option<std::time::Instant>,
 }
 
 /// A range of the current lend reserved for one put. Dropping it ends the put's use of the
@@ -223,7 +245,12 @@ pub(crate) type Lent = (Lend, Arc<MappedSegment>, u64, Arc<SharedReader>);
 /// the store allocated them at LEND, but each page's first write here would still fault (and
 /// clear it) inside a put. A lend handed out again is warm already. Best effort: an older
 /// kernel without the advice just leaves the faults to the puts.
-fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend) {
+///
+/// Populating faults pages in for writing, so it counts as a put writing into the lend (the
+/// handshake of `vovp_shm::lend`): the store cannot take the lend back while it runs, and it
+/// does not run on a lend already taken back, whose pages the store may have given back to
+/// the machine (faulting them in again would put them outside the store's memory budget).
+fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, shared: &Arc<SharedReader>) {
     const PAGE: u64 = 4096;
     let Ok(base) = segment.writable_base() else {
         return;
@@ -233,9 +260,13 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend) {
     let end = end.min(segment.len());
     let (addr, len) = (base as usize + start as usize, (end - start) as usize);
     let keep = segment.clone();
+    let (shared, id) = (shared.clone(), lend.id);
     let _ = std::thread::Builder::new()
         .name("vovp-lend-populate".into())
         .spawn(move || {
+            if shared.begin_lend_write(id) != LendWrite::Granted {
+                return;
+            }
             // SAFETY: whole pages of this client's own read-write mapping, kept mapped by
             // `keep`; populating writes nothing (it maps and clears the pages the store
             // allocated, as a first write would).
@@ -246,6 +277,7 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend) {
                     rustix::mm::Advice::LinuxPopulateWrite,
                 )
             };
+            shared.end_lend_write();
             drop(keep);
         });
 }
@@ -256,8 +288,8 @@ pub(crate) struct Lends {
 }
 
 impl Lends {
-    /// Lends for a client that did not opt out ([`crate::ClientOptions::no_lend_puts`]); otherwise one
-    /// that never asks for one.
+    /// Lends for a client that did not opt out ([`crate::ClientOptions::no_lend_puts`]);
+    /// otherwise one that never asks for one.
     pub(crate) fn new(enabled: bool) -> Self {
         let lends = Lends::default();
         if let Ok(mut slot) = lends.slot.lock() {
@@ -296,10 +328,20 @@ impl Lends {
             Some((g, _)) if g < generation => return Reservation::No,
             _ => {}
         }
-        if let Some(r) = slot.current.as_mut().and_then(|c| c.take(need, &self.slot)) {
-            return Reservation::Got(r);
+        if let Some(c) = slot.current.as_mut() {
+            match c.take(need, &self.slot) {
+                Ok(r) => return Reservation::Got(r),
+                Err(NoRange::Unusable) => return Reservation::No,
+                Err(NoRange::Full) => {}
+            }
         }
         if slot.lending || slot.current.as_ref().is_some_and(|c| c.writing > 0) {
+            return Reservation::No;
+        }
+        if slot
+            .retry_after
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
             return Reservation::No;
         }
         slot.current = None;
@@ -328,9 +370,10 @@ impl LendAsked {
             Ok((lend, segment, generation, shared)) => {
                 slot.max_object = Some(lend.max_object);
                 if slot.last_id != Some(lend.id) {
-                    populate_in_background(&segment, &lend);
+                    populate_in_background(&segment, &lend, &shared);
                 }
                 slot.last_id = Some(lend.id);
+                slot.retry_after = None;
                 let current = slot.current.insert(Current {
                     generation,
                     cursor: lend.offset,
@@ -340,7 +383,7 @@ impl LendAsked {
                     writing: 0,
                     revoked: false,
                 });
-                current.take(self.need, &slot_ref)
+                current.take(self.need, &slot_ref).ok()
             }
             Err(e) => {
                 // The store's answer that it lends nothing (MALFORMED), or a daemon without
@@ -356,6 +399,7 @@ impl LendAsked {
                     slot.refused = true;
                 } else {
                     tracing::debug!("vovp: no lend ({e}); putting another way");
+                    slot.retry_after = Some(std::time::Instant::now() + LEND_RETRY);
                 }
                 None
             }

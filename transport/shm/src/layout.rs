@@ -9,6 +9,9 @@ use crate::sync::AtomicU64;
 pub const DIR_MAGIC: u64 = u64::from_le_bytes(*b"VOVPDIR1");
 /// `"VOVPHLD1"` as a little-endian word.
 pub const HOLD_MAGIC: u64 = u64::from_le_bytes(*b"VOVPHLD1");
+/// What a client writes into its hold table's `lend_client` word: it takes part in the lend
+/// handshake ([`crate::lend`]).
+pub const LEND_CLIENT: u64 = u64::from_le_bytes(*b"VOVPLEND");
 /// Bumped on any change of these layouts or of [`name_hash`].
 pub const LAYOUT_VERSION: u32 = 2;
 
@@ -150,12 +153,14 @@ pub struct HoldHeader {
     pub lend_writers: AtomicU64,
     /// The id of the client's lend the store has taken back, 0 if none (written by the store).
     pub lend_revoked: AtomicU64,
-    pub reserved: AtomicU64,
+    /// [`LEND_CLIENT`] once the client has mapped the table and takes part in the lend
+    /// handshake (written by the client; the store lends to no one else).
+    pub lend_client: AtomicU64,
 }
 
 impl HoldHeader {
     pub fn new() -> Self {
-        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, reserved] =
+        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, lend_client] =
             zero_words::<8>();
         HoldHeader {
             magic,
@@ -165,7 +170,7 @@ impl HoldHeader {
             client_id,
             lend_writers,
             lend_revoked,
-            reserved,
+            lend_client,
         }
     }
 }
@@ -286,7 +291,7 @@ mod tests {
                 offset_of!(HoldHeader, client_id),
                 offset_of!(HoldHeader, lend_writers),
                 offset_of!(HoldHeader, lend_revoked),
-                offset_of!(HoldHeader, reserved),
+                offset_of!(HoldHeader, lend_client),
             ],
             [0, 8, 16, 24, 32, 40, 48, 56]
         );

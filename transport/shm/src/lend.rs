@@ -12,7 +12,11 @@
 //!   store has not processed yet may still name the lend.
 //! * **revoke** (store): store the lend's id in `lend_revoked`, `fence(SeqCst)`, then load
 //!   `lend_writers` (`Acquire`); only if it is 0 may the store retire the lend (and free it once
-//!   its objects are gone).
+//!   its objects are gone). Otherwise it withdraws the mark (a compare-exchange back to 0):
+//!   nothing was retired, and a put that saw the mark meanwhile only went another way.
+//! * A client declares that it takes part by writing [`LEND_CLIENT`] into `lend_client` when
+//!   it maps its table; the store lends to no connection whose table lacks it (one that never
+//!   counted its writers would see its lend freed under its puts).
 //!
 //! The two SeqCst fences are totally ordered (the same argument as the holds'): if the store's
 //! comes first, the client's load sees the revocation and it never writes; if the client's comes
@@ -23,9 +27,9 @@
 //! (never decrements, or decrements while writing) can only keep its own lend, or corrupt its
 //! own objects: its arena holds nothing of anyone else's.
 
-use std::sync::atomic::Ordering::{Acquire, Release, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
-use crate::layout::HoldHeader;
+use crate::layout::{HoldHeader, LEND_CLIENT};
 use crate::sync::fence;
 
 /// The client's side: puts writing into its lend.
@@ -36,6 +40,11 @@ pub struct LendWriters<'a> {
 impl<'a> LendWriters<'a> {
     pub fn new(header: &'a HoldHeader) -> Self {
         LendWriters { header }
+    }
+
+    /// Declares that this client counts its writers (see the module doc).
+    pub fn declare(&self) {
+        self.header.lend_client.store(LEND_CLIENT, Release);
     }
 
     /// Announces a put about to write into lend `lend`; `false` (announcing nothing) when the
@@ -67,13 +76,27 @@ impl<'a> LendRevoker<'a> {
         LendRevoker { header }
     }
 
-    /// Marks lend `lend` taken back; `true` when no put is writing into it, so the store may
-    /// retire it now. `false`: a put is writing (the client will see the mark on its next put
-    /// and ask for a new lend; try again later).
+    /// Whether the client declared that it takes part in the handshake.
+    pub fn client_takes_part(&self) -> bool {
+        self.header.lend_client.load(Acquire) == LEND_CLIENT
+    }
+
+    /// Takes lend `lend` back if no put is writing into it: `true` when the store may retire
+    /// it now. `false`: a put is writing, and the mark is withdrawn again (try later).
     pub fn revoke(&self, lend: u64) -> bool {
+        if self.header.lend_writers.load(Relaxed) != 0 {
+            return false; // a put is writing: no need to mark (the check below decides)
+        }
         self.header.lend_revoked.store(lend, SeqCst);
         fence(SeqCst);
-        self.header.lend_writers.load(Acquire) == 0
+        if self.header.lend_writers.load(Acquire) == 0 {
+            return true;
+        }
+        let _ = self
+            .header
+            .lend_revoked
+            .compare_exchange(lend, 0, SeqCst, Relaxed);
+        false
     }
 
     /// Clears the mark (the client asked for a new lend, so it writes into none now).

@@ -26,7 +26,8 @@
 //!   (outside the seqlock), reserved @96..128, name bytes @128..384.
 //! * Hold table header, 64 B: `magic` "VOVPHLD1" @0, `LAYOUT_VERSION | SLOT_SIZE << 32` @8,
 //!   `slots` @16, `slots_offset` (64) @24, `client_id` @32, `lend_writers` (client) @40,
-//!   `lend_revoked` (store) @48, reserved @56.
+//!   `lend_revoked` (store) @48, `lend_client` ("VOVPLEND" once the client takes part in the
+//!   lend handshake) @56.
 //! * Hold slot `i`, 32 B at `64 + 32 i`: `generation` (0 = free) @0, `object_id` @8, `stamp`
 //!   @16, reserved @24.
 //!
@@ -60,7 +61,7 @@ pub use error::{Result, ShmError};
 pub use hold::{is_held, Get, HeldSlot, Hold, Holds, HoldsView, Retired};
 pub use lend::{LendRevoker, LendWriters};
 #[cfg(not(loom))]
-pub use reader::SharedReader;
+pub use reader::{LendWrite, SharedReader};
 #[cfg(not(loom))]
 pub use region::{DirectoryMap, DirectoryRegion, HoldMap, HoldRegion};
 

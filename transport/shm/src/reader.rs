@@ -18,6 +18,18 @@ extern "C" fn forked_child() {
     FORKS.fetch_add(1, Ordering::Relaxed);
 }
 
+/// What [`SharedReader::begin_lend_write`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LendWrite {
+    /// Write, then end the write after PUBLISH's reply.
+    Granted,
+    /// The store took the lend back: write nothing into it; a new lend may be asked for.
+    Revoked,
+    /// This reader cannot announce writes (a forked child, a poisoned lock): put another way,
+    /// and ask for no lend.
+    Unusable,
+}
+
 /// The directory and one hold table, mapped.
 pub struct SharedReader {
     directory: DirectoryMap,
@@ -37,9 +49,12 @@ impl SharedReader {
         AT_FORK.call_once(|| unsafe {
             libc::pthread_atfork(None, None, Some(forked_child));
         });
+        let holds = HoldMap::open(holds)?;
+        // This client counts its puts into its lend (`begin_lend_write`): the store may lend.
+        holds.lend_writers().declare();
         Ok(SharedReader {
             directory: DirectoryMap::open(directory)?,
-            holds: Mutex::new(HoldMap::open(holds)?),
+            holds: Mutex::new(holds),
             forks: FORKS.load(Ordering::Relaxed),
         })
     }
@@ -78,16 +93,17 @@ impl SharedReader {
         holds.with_holds(|h| h.release(Hold { slot, snapshot }))
     }
 
-    /// Announces a put about to write into lend `lend` ([`crate::lend`]); `false` when the
-    /// store has taken that lend back (or in a forked child, which must not write the parent's
-    /// lend): then nothing may be written into it.
-    pub fn begin_lend_write(&self, lend: u64) -> bool {
+    /// Announces a put about to write into lend `lend` ([`crate::lend`]). Only
+    /// [`LendWrite::Granted`] lets it write (and then [`SharedReader::end_lend_write`] must
+    /// follow).
+    pub fn begin_lend_write(&self, lend: u64) -> LendWrite {
         if !self.ours() {
-            return false;
+            return LendWrite::Unusable;
         }
         match self.holds.lock() {
-            Ok(holds) => holds.lend_writers().begin(lend),
-            Err(_) => false,
+            Ok(holds) if holds.lend_writers().begin(lend) => LendWrite::Granted,
+            Ok(_) => LendWrite::Revoked,
+            Err(_) => LendWrite::Unusable,
         }
     }
 

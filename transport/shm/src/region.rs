@@ -474,16 +474,22 @@ mod tests {
         let region = HoldRegion::create(4, 7).unwrap();
         let client = HoldMap::open(region.fd()).unwrap();
         let (writers, store) = (client.lend_writers(), region.lend_revoker());
-        // A put writing into lend 3 keeps it from being taken back.
+        assert!(!store.client_takes_part(), "an undeclared client");
+        writers.declare();
+        assert!(store.client_takes_part());
+        // A put writing into lend 3 keeps it from being taken back, and the failed attempt
+        // leaves no mark behind: the next put still writes.
         assert!(writers.begin(3));
         assert!(!store.revoke(3), "revoked while a put writes into it");
-        // Once that put ended, the next put sees the mark and writes nothing.
         writers.end();
-        assert!(!writers.begin(3), "wrote into a lend the store took back");
+        assert!(writers.begin(3), "a failed take-back left its mark");
+        writers.end();
+        // Taken back while no put writes: the next put sees the mark and writes nothing.
         assert!(
             store.revoke(3),
             "no put writes: the store may retire the lend"
         );
+        assert!(!writers.begin(3), "wrote into a lend the store took back");
         // The mark names one lend only; clearing it (a new LEND) lets puts write again.
         assert!(writers.begin(4));
         writers.end();
