@@ -315,8 +315,11 @@ impl ClientInner {
             return None;
         }
         let need = self.lends.wants(data.len(), metadata.len())?;
-        // A lend is taken back through the hold table: no table, no lend.
-        self.core.session.maps().shared.as_ref()?;
+        // A lend is taken back through the hold table: no table (or a forked child, which
+        // cannot announce its writes there), no lend.
+        if !self.core.session.maps().shared.as_ref()?.can_announce() {
+            return None;
+        }
         let generation = self.core.session.generation();
         let mut reserved = match self.lends.reserve(need, generation) {
             Reservation::Got(r) => r,

@@ -246,11 +246,12 @@ pub(crate) type Lent = (Lend, Arc<MappedSegment>, u64, Arc<SharedReader>);
 /// clear it) inside a put. A lend handed out again is warm already. Best effort: an older
 /// kernel without the advice just leaves the faults to the puts.
 ///
-/// Populating faults pages in for writing, so it counts as a put writing into the lend (the
-/// handshake of `vovp_shm::lend`): the store cannot take the lend back while it runs, and it
-/// does not run on a lend already taken back, whose pages the store may have given back to
-/// the machine (faulting them in again would put them outside the store's memory budget).
-fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, shared: &Arc<SharedReader>) {
+/// Populating faults pages in for writing, so it runs as a put writing into the lend would:
+/// under `populating`, an empty reservation announced in the hold table (the handshake of
+/// `vovp_shm::lend`) before the lend could be taken back, and withdrawn when it is done. Else
+/// it could fault in pages of a lend the store took back and gave back to the machine
+/// (outside the store's memory budget).
+fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, populating: Reserved) {
     const PAGE: u64 = 4096;
     let Ok(base) = segment.writable_base() else {
         return;
@@ -260,16 +261,14 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, shared: &Ar
     let end = end.min(segment.len());
     let (addr, len) = (base as usize + start as usize, (end - start) as usize);
     let keep = segment.clone();
-    let (shared, id) = (shared.clone(), lend.id);
+    // (A failed spawn drops the reservation at once, withdrawing it.)
     let _ = std::thread::Builder::new()
         .name("vovp-lend-populate".into())
         .spawn(move || {
-            if shared.begin_lend_write(id) != LendWrite::Granted {
-                return;
-            }
             // SAFETY: whole pages of this client's own read-write mapping, kept mapped by
             // `keep`; populating writes nothing (it maps and clears the pages the store
-            // allocated, as a first write would).
+            // allocated, as a first write would), and `populating` keeps the lend this
+            // client's until it is done.
             let _ = unsafe {
                 rustix::mm::madvise(
                     addr as *mut std::ffi::c_void,
@@ -277,7 +276,7 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, shared: &Ar
                     rustix::mm::Advice::LinuxPopulateWrite,
                 )
             };
-            shared.end_lend_write();
+            drop(populating);
             drop(keep);
         });
 }
@@ -369,9 +368,7 @@ impl LendAsked {
         match lent {
             Ok((lend, segment, generation, shared)) => {
                 slot.max_object = Some(lend.max_object);
-                if slot.last_id != Some(lend.id) {
-                    populate_in_background(&segment, &lend, &shared);
-                }
+                let fresh = slot.last_id != Some(lend.id);
                 slot.last_id = Some(lend.id);
                 slot.retry_after = None;
                 let current = slot.current.insert(Current {
@@ -383,6 +380,14 @@ impl LendAsked {
                     writing: 0,
                     revoked: false,
                 });
+                if fresh {
+                    // The populate is a writer like a put (an empty reservation, announced
+                    // now under the lock): the store cannot take the lend back under it, and
+                    // this client asks for no new lend while it runs.
+                    if let Ok(populating) = current.take(0, &slot_ref) {
+                        populate_in_background(&current.segment, &current.lend, populating);
+                    }
+                }
                 current.take(self.need, &slot_ref).ok()
             }
             Err(e) => {

@@ -269,8 +269,19 @@ impl AsyncClient {
         }
         let lends = &self.inner.lends;
         let need = lends.wants(data.len(), metadata.len())?;
-        // A lend is taken back through the hold table: no table, no lend.
-        self.inner.core.session.maps().shared.as_ref()?;
+        // A lend is taken back through the hold table: no table (or a forked child, which
+        // cannot announce its writes there), no lend.
+        if !self
+            .inner
+            .core
+            .session
+            .maps()
+            .shared
+            .as_ref()?
+            .can_announce()
+        {
+            return None;
+        }
         let generation = self.inner.core.session.generation();
         let mut reserved = match lends.reserve(need, generation) {
             Reservation::Got(r) => r,

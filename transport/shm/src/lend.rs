@@ -84,8 +84,9 @@ impl<'a> LendRevoker<'a> {
     /// Takes lend `lend` back if no put is writing into it: `true` when the store may retire
     /// it now. `false`: a put is writing, and the mark is withdrawn again (try later).
     pub fn revoke(&self, lend: u64) -> bool {
+        // A put is writing now: leave no mark at all (a stale read only means "not now").
         if self.header.lend_writers.load(Relaxed) != 0 {
-            return false; // a put is writing: no need to mark (the check below decides)
+            return false;
         }
         self.header.lend_revoked.store(lend, SeqCst);
         fence(SeqCst);

@@ -93,6 +93,13 @@ impl SharedReader {
         holds.with_holds(|h| h.release(Hold { slot, snapshot }))
     }
 
+    /// Whether this process may announce puts into a lend (not a forked child of the one that
+    /// opened the reader: the child shares the parent's connection and hold table, and a LEND
+    /// it sent would retire the lend the parent may be writing into).
+    pub fn can_announce(&self) -> bool {
+        self.ours()
+    }
+
     /// Announces a put about to write into lend `lend` ([`crate::lend`]). Only
     /// [`LendWrite::Granted`] lets it write (and then [`SharedReader::end_lend_write`] must
     /// follow).
