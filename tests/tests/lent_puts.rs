@@ -18,6 +18,18 @@ fn lender(d: &Daemon) -> vovp_client::Client {
 }
 const MIB: u64 = 1 << 20;
 
+/// A client that puts with CREATE / PUT only.
+fn opted_out(d: &Daemon) -> vovp_client::Client {
+    vovp_client::Client::connect_with(
+        &d.socket,
+        vovp_client::ClientOptions {
+            no_lend_puts: true,
+            ..Default::default()
+        },
+    )
+    .expect("connect")
+}
+
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
@@ -387,14 +399,7 @@ fn lends_are_the_default_and_a_client_can_opt_out() {
         "one lend, charged whole"
     );
     // An opted-out client puts inline (PUT) or with CREATE + SEAL, each object charged alone.
-    let o = vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            no_lend_puts: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let o = opted_out(&d);
     let before = o.last_request_id();
     o.put(
         "inline",
@@ -454,14 +459,7 @@ fn the_store_takes_back_an_idle_lend_when_short_of_memory() {
     a.put("x", &pattern(100_000, 1), b"", CreateOptions::default())
         .unwrap();
     a.delete("x").unwrap();
-    let b = vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            no_lend_puts: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let b = opted_out(&d);
     assert_eq!(b.stats().unwrap().used_bytes, MIB, "A's idle lend");
     // B's object fits only in memory A's lend holds: the store takes the lend back.
     let big = 64 * MIB - MIB / 2;
@@ -488,18 +486,6 @@ fn the_store_takes_back_an_idle_lend_when_short_of_memory() {
         .unwrap();
     assert_eq!(a.last_request_id(), before + 2, "LEND, PUBLISH");
     assert_eq!(&b.get_one("z", None).unwrap()[..], &pattern(100_000, 3)[..]);
-}
-
-/// A client that puts with CREATE / PUT only.
-fn opted_out(d: &Daemon) -> vovp_client::Client {
-    vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            no_lend_puts: true,
-            ..Default::default()
-        },
-    )
-    .expect("connect")
 }
 
 #[test]
