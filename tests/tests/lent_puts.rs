@@ -30,6 +30,25 @@ fn opted_out(d: &Daemon) -> vovp_client::Client {
     .expect("connect")
 }
 
+/// `create` of `size` bytes, retried while the store answers OUT_OF_MEMORY for up to `T`: a
+/// lend is taken back only while no put writes into it, and a new lend's background populate
+/// counts as one for a few milliseconds after LEND (longer on a loaded machine).
+fn create_once_lends_idle(
+    c: &vovp_client::Client,
+    name: &str,
+    size: u64,
+) -> Result<vovp::ObjectBuffer, vovp::Error> {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        match c.create(name, size, b"", CreateOptions::default()) {
+            Err(vovp::Error::OutOfMemory { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => return other,
+        }
+    }
+}
+
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
@@ -463,8 +482,7 @@ fn the_store_takes_back_an_idle_lend_when_short_of_memory() {
     assert_eq!(b.stats().unwrap().used_bytes, MIB, "A's idle lend");
     // B's object fits only in memory A's lend holds: the store takes the lend back.
     let big = 64 * MIB - MIB / 2;
-    let mut buf = b
-        .create("big", big, b"", CreateOptions::default())
+    let mut buf = create_once_lends_idle(&b, "big", big)
         .unwrap_or_else(|e| panic!("the idle lend was not taken back: {e}"));
     buf.as_mut_slice()[..4].copy_from_slice(b"big!");
     let view = buf.seal().unwrap();
@@ -500,8 +518,7 @@ fn evicting_the_objects_of_an_idle_lend_gives_its_memory_back() {
     // but leaves it empty, and the store then takes it back. (Just over what is free: the
     // store's estimate of what eviction can free counts x's bytes, not the rest of its lend.)
     let big = 63 * MIB + 64 * 1024;
-    let buf = b
-        .create("big", big, b"", CreateOptions::default())
+    let buf = create_once_lends_idle(&b, "big", big)
         .unwrap_or_else(|e| panic!("evicting x did not give A's lend back: {e}"));
     assert!(!b.contains("x").unwrap(), "x was evicted");
     assert_eq!(b.stats().unwrap().used_bytes, big);
