@@ -260,15 +260,14 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, populating:
     let end = (lend.offset + lend.size).div_ceil(PAGE) * PAGE;
     let end = end.min(segment.len());
     let (addr, len) = (base as usize + start as usize, (end - start) as usize);
-    let keep = segment.clone();
     // (A failed spawn drops the reservation at once, withdrawing it.)
     let _ = std::thread::Builder::new()
         .name("vovp-lend-populate".into())
         .spawn(move || {
-            // SAFETY: whole pages of this client's own read-write mapping, kept mapped by
-            // `keep`; populating writes nothing (it maps and clears the pages the store
-            // allocated, as a first write would), and `populating` keeps the lend this
-            // client's until it is done.
+            // SAFETY: whole pages of this client's own read-write mapping, kept mapped (and
+            // the lend this client's) by `populating` until it is done; populating writes
+            // nothing (it maps and clears the pages the store allocated, as a first write
+            // would).
             let _ = unsafe {
                 rustix::mm::madvise(
                     addr as *mut std::ffi::c_void,
@@ -277,7 +276,6 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, populating:
                 )
             };
             drop(populating);
-            drop(keep);
         });
 }
 

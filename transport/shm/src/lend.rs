@@ -53,7 +53,7 @@ impl<'a> LendWriters<'a> {
         self.header.lend_writers.fetch_add(1, SeqCst);
         fence(SeqCst);
         if self.header.lend_revoked.load(SeqCst) == lend {
-            self.header.lend_writers.fetch_sub(1, Release);
+            self.end();
             return false;
         }
         true
