@@ -9,6 +9,7 @@ pub mod copy;
 mod error;
 pub mod lends;
 pub mod memory_room;
+pub mod pipelined;
 pub mod segment;
 pub mod shared;
 pub mod table;

@@ -135,6 +135,16 @@ impl Shared {
         }
     }
 
+    /// (holder, pipelined puts it says it sent) of every table with a nonzero count
+    /// (vovp-shm's `sent`).
+    pub fn puts_sent(&self) -> Vec<(HolderId, u64)> {
+        self.tables
+            .iter()
+            .map(|(h, t)| (*h, t.puts_sent()))
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+
     /// The holder is gone: its holds no longer pin anything.
     pub fn detach(&mut self, holder: HolderId) -> bool {
         self.tables.remove(&holder).is_some()

@@ -228,6 +228,15 @@ impl ObjectTable {
         }
     }
 
+    /// (holder, pipelined puts it says it sent) of every client with a hold table and a
+    /// nonzero count ([`crate::pipelined`]).
+    pub fn puts_sent(&self) -> Vec<(HolderId, u64)> {
+        self.shared
+            .as_ref()
+            .map(Shared::puts_sent)
+            .unwrap_or_default()
+    }
+
     /// The directory's read-only fd, when publishing.
     pub fn shared_directory(&self) -> Option<&std::fs::File> {
         self.shared.as_ref().map(Shared::directory_fd)

@@ -17,6 +17,7 @@ use crate::allocator::{
     AllocFailure, Allocate, AllocatorActor, Free, HostUsage, OwnerGone, Usage, Writer,
 };
 use crate::lends::Lends;
+use crate::pipelined::PipelinedPuts;
 use crate::segment::Segment;
 use crate::shared::{Shared, SharedConfig, SharedFds};
 use crate::table::{Block, CompletedGet, Freed, GetResults, ObjectTable, Pool, WaiterId};
@@ -48,9 +49,16 @@ pub struct ObjectTableActor {
     rescan_scheduled: bool,
     /// Parts of clients' arenas lent to them (LEND / PUBLISH).
     lends: Lends,
+    /// Pipelined puts applied, and misses waiting for more of them.
+    pipelined: PipelinedPuts,
 }
 
 impl ObjectTableActor {
+    /// How many pipelined puts this actor has applied, ever ([`crate::pipelined`]).
+    pub fn pipelined_puts_applied(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.pipelined.total()
+    }
+
     /// `shared`: publish sealed host objects in a shared directory, read by clients through
     /// their hold tables (`None`: every get is a message).
     pub fn new(
@@ -73,6 +81,7 @@ impl ObjectTableActor {
             arenas: std::collections::HashMap::new(),
             rescan_scheduled: false,
             lends: Lends::new(),
+            pipelined: PipelinedPuts::default(),
         })
     }
 
@@ -548,12 +557,26 @@ pub struct PutInline {
     pub ephemeral: bool,
     /// Keep the creator's reference (the reply's object id must be released later).
     pub keep_reference: bool,
+    /// Sent without waiting for the reply: counted as applied, whatever the outcome
+    /// ([`crate::pipelined`]).
+    pub pipelined: bool,
 }
 
 impl Message<PutInline> for ObjectTableActor {
     type Reply = Result<ObjectRef, Error>;
 
     async fn handle(&mut self, m: PutInline, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let (holder, pipelined) = (m.holder, m.pipelined);
+        let r = self.put_inline(m, ctx.actor_ref()).await;
+        if pipelined {
+            self.pipelined.applied_one(holder);
+        }
+        r
+    }
+}
+
+impl ObjectTableActor {
+    async fn put_inline(&mut self, m: PutInline, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name)?;
         let size = m.data.len() as u64;
@@ -578,9 +601,45 @@ impl Message<PutInline> for ObjectTableActor {
                 return Err(Error::Memory("allocation outside its segment".into()));
             }
         }
-        self.seal_put(&r, m.holder, m.keep_reference, ctx.actor_ref())
-            .await?;
+        self.seal_put(&r, m.holder, m.keep_reference, me).await?;
         Ok(r)
+    }
+}
+
+/// A pipelined put of `holder` that failed before reaching the table (its request was
+/// refused on the way): done, as far as waiting misses are concerned.
+pub struct PipelinedPutRefused {
+    pub holder: HolderId,
+}
+
+impl Message<PipelinedPutRefused> for ObjectTableActor {
+    type Reply = ();
+
+    async fn handle(&mut self, m: PipelinedPutRefused, _: &mut Context<Self, Self::Reply>) {
+        self.pipelined.applied_one(m.holder);
+    }
+}
+
+/// Before `holder` is told that a name is missing: the other clients' pipelined puts sent
+/// before (their hold tables' counts) that are not applied yet. `None`: none, answer now;
+/// else the receiver fires once they are all applied (or their clients gone).
+pub struct AwaitSentPuts {
+    pub holder: HolderId,
+}
+
+impl Message<AwaitSentPuts> for ObjectTableActor {
+    type Reply = Option<oneshot::Receiver<()>>;
+
+    async fn handle(
+        &mut self,
+        m: AwaitSentPuts,
+        _: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        let sent = self.table.puts_sent();
+        if sent.is_empty() {
+            return None;
+        }
+        self.pipelined.barrier(m.holder, sent)
     }
 }
 
@@ -867,6 +926,7 @@ impl Message<ReleaseHolder> for ObjectTableActor {
 
     async fn handle(&mut self, m: ReleaseHolder, ctx: &mut Context<Self, Self::Reply>) {
         let freed = self.table.release_holder(m.holder);
+        self.pipelined.forget(m.holder);
         if !freed.is_empty() {
             tracing::debug!("holder {} gone: {} objects freed", m.holder, freed.len());
         }

@@ -32,6 +32,8 @@ pub(crate) struct EngineActors {
 pub(crate) struct Core {
     pub(crate) actors: EngineActors,
     pub(crate) segments: Arc<[Arc<Segment>]>,
+    /// Pipelined puts the table actor applied, ever (`vovp_actors::pipelined`).
+    pub(crate) pipelined_puts_applied: Arc<AtomicU64>,
     next_holder: AtomicU64,
     pub(crate) config: Config,
     /// Set by `Engine::spawn`: the private runtime thread and its stop signal.
@@ -157,17 +159,16 @@ impl Engine {
             .with_backing(!config.lazy_pages),
         );
         let gpu = spawn_gpu_actor(config.gpu.clone())?;
-        let table = ObjectTableActor::spawn_with_mailbox(
-            ObjectTableActor::new(
-                allocator.clone(),
-                gpu.clone(),
-                segments.clone(),
-                config
-                    .shared_reads
-                    .then(|| SharedConfig::for_store(config.capacity, config.max_objects as u64)),
-            )?,
-            mailbox::unbounded(),
-        );
+        let table = ObjectTableActor::new(
+            allocator.clone(),
+            gpu.clone(),
+            segments.clone(),
+            config
+                .shared_reads
+                .then(|| SharedConfig::for_store(config.capacity, config.max_objects as u64)),
+        )?;
+        let pipelined_puts_applied = table.pipelined_puts_applied();
+        let table = ObjectTableActor::spawn_with_mailbox(table, mailbox::unbounded());
         let core = Arc::new(Core {
             actors: EngineActors {
                 table,
@@ -175,6 +176,7 @@ impl Engine {
                 gpu,
             },
             segments,
+            pipelined_puts_applied,
             next_holder: AtomicU64::new(1),
             config,
             runtime: Mutex::new(None),
@@ -329,7 +331,7 @@ impl AsyncStore for EngineHandle {
         if data.len() <= INLINE_PUT_LIMIT {
             let options = PutOptions {
                 ephemeral: options.ephemeral,
-                keep_reference: false,
+                ..Default::default()
             };
             self.session
                 .put_inline(name, data.to_vec(), metadata, options)

@@ -60,7 +60,15 @@ pub struct PutOptions {
     pub ephemeral: bool,
     /// Keep the creator's reference: the returned id must be released later.
     pub keep_reference: bool,
+    /// The client sent it without waiting for the reply, after counting it in its hold table
+    /// (vovp-shm's `sent`): the store counts it applied whatever the outcome.
+    pub pipelined: bool,
 }
+
+/// How long a "missing" answer waits for other clients' pipelined puts sent before the
+/// question (vovp-shm's `sent`). A bound, not a delay: the wait ends as soon as they are
+/// applied; only a client that counts puts it never sends makes it run out.
+const SENT_PUTS_WAIT: Duration = Duration::from_millis(200);
 
 fn object_name(name: &str) -> Result<ObjectName, Error> {
     ObjectName::new(name)
@@ -180,23 +188,66 @@ impl Session {
         metadata: &[u8],
         options: PutOptions,
     ) -> Result<ObjectRef, Error> {
-        if data.len() > MAX_INLINE_PUT {
-            return Err(Error::TooLarge(format!(
-                "inline PUT of {} bytes; the limit is {MAX_INLINE_PUT}: use CREATE and SEAL",
-                data.len()
-            )));
-        }
+        let name = match (data.len() > MAX_INLINE_PUT, object_name(name)) {
+            (false, Ok(name)) => name,
+            (too_large, checked) => {
+                if options.pipelined {
+                    self.table()
+                        .tell(msg::PipelinedPutRefused {
+                            holder: self.inner.holder,
+                        })
+                        .await?;
+                }
+                return Err(match checked {
+                    Err(e) if !too_large => e,
+                    _ => Error::TooLarge(format!(
+                        "inline PUT of {} bytes; the limit is {MAX_INLINE_PUT}: use CREATE and SEAL",
+                        data.len()
+                    )),
+                });
+            }
+        };
         Ok(self
             .table()
             .ask(msg::PutInline {
                 holder: self.inner.holder,
-                name: object_name(name)?,
+                name,
                 data,
                 metadata: Arc::from(metadata),
                 ephemeral: options.ephemeral,
                 keep_reference: options.keep_reference,
+                pipelined: options.pipelined,
             })
             .await?)
+    }
+
+    /// The count of pipelined puts applied, read before a question that may answer
+    /// "missing" ([`Session::settle_sent_puts`]).
+    fn applied_puts(&self) -> u64 {
+        self.inner
+            .core
+            .pipelined_puts_applied
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// After a question answered "missing": waits (up to [`SENT_PUTS_WAIT`]) for the
+    /// pipelined puts other clients sent before it (vovp-shm's `sent`). `true`: ask again,
+    /// because it waited or because some pipelined put was applied since `applied_before`
+    /// (read before the question: that put may be the one it missed).
+    async fn settle_sent_puts(&self, applied_before: u64) -> Result<bool, Error> {
+        let pending = self
+            .table()
+            .ask(msg::AwaitSentPuts {
+                holder: self.inner.holder,
+            })
+            .await?;
+        match pending {
+            None => Ok(self.applied_puts() != applied_before),
+            Some(applied) => {
+                let _ = tokio::time::timeout(SENT_PUTS_WAIT, applied).await;
+                Ok(true)
+            }
+        }
     }
 
     /// Lends this session a part of its own arena to write objects into itself, each made a
@@ -267,6 +318,29 @@ impl Session {
             .iter()
             .map(|n| object_name(n.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
+        let applied_before = self.applied_puts();
+        let mut got = self.get_names(names.clone(), wait).await?;
+        // Not waiting, something missing: maybe a pipelined put of another client is still on
+        // its way (vovp-shm's `sent`); once it is applied, ask again for what was missing.
+        if wait.is_none_or(|w| w.is_zero())
+            && got.iter().any(Option::is_none)
+            && self.settle_sent_puts(applied_before).await?
+        {
+            let missing: Vec<usize> = (0..got.len()).filter(|&i| got[i].is_none()).collect();
+            let again = missing.iter().map(|&i| names[i].clone()).collect();
+            let found = self.get_names(again, None).await?;
+            for (i, r) in missing.into_iter().zip(found) {
+                got[i] = r;
+            }
+        }
+        Ok(got)
+    }
+
+    async fn get_names(
+        &self,
+        names: Vec<ObjectName>,
+        wait: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectRef>>, Error> {
         let rx = self
             .table()
             .ask(msg::Get {
@@ -309,13 +383,29 @@ impl Session {
     /// Is `name` present and sealed?
     pub async fn contains(&self, name: &str) -> Result<bool, Error> {
         let name = object_name(name)?;
-        Ok(self.table().ask(msg::Contains { name }).await?)
+        let applied_before = self.applied_puts();
+        let found = self
+            .table()
+            .ask(msg::Contains { name: name.clone() })
+            .await?;
+        if !found && self.settle_sent_puts(applied_before).await? {
+            return Ok(self.table().ask(msg::Contains { name }).await?);
+        }
+        Ok(found)
     }
 
     /// Deletes a sealed object: the name is free at once, the memory goes with its last holder.
     pub async fn delete(&self, name: &str) -> Result<(), Error> {
         let name = object_name(name)?;
-        Ok(self.table().ask(msg::Delete { name }).await?)
+        let applied_before = self.applied_puts();
+        match self.table().ask(msg::Delete { name: name.clone() }).await {
+            Err(kameo::error::SendError::HandlerError(Error::NotFound(_)))
+                if self.settle_sent_puts(applied_before).await? =>
+            {
+                Ok(self.table().ask(msg::Delete { name }).await?)
+            }
+            r => Ok(r?),
+        }
     }
 
     /// Every named object, sorted by name.

@@ -226,7 +226,8 @@ impl Client {
     #[new]
     /// `release_delay` (seconds, 0 = none): dropped objects' RELEASEs ride in front of the
     /// next request, or are sent after this delay if the client stays idle.
-    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0, shared_reads = true, lend_puts = true))]
+    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0, shared_reads = true, lend_puts = true, pipelined_puts = true))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -235,6 +236,7 @@ impl Client {
         release_delay: f64,
         shared_reads: bool,
         lend_puts: bool,
+        pipelined_puts: bool,
     ) -> PyResult<Self> {
         let wait = timeout_of(Some(connect_timeout))?.unwrap_or_default();
         // CUDA objects are mapped when the Python layer asks (`Object.map_cuda`), after its
@@ -245,6 +247,7 @@ impl Client {
             release_delay: timeout_of(Some(release_delay))?.filter(|d| !d.is_zero()),
             no_shared_reads: !shared_reads,
             no_lend_puts: !lend_puts,
+            no_pipelined_puts: !pipelined_puts,
         };
         let inner = py
             .allow_threads(|| {
@@ -373,8 +376,9 @@ impl Client {
     }
 
     /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
-    /// call). `keep`: return the stored object's view, else its object id.
-    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false))]
+    /// call). `keep`: return the stored object's view, else (`wait`) its object id, else
+    /// None: a small put is then sent without waiting for the store's answer (`sync`).
+    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false, wait = true))]
     #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
@@ -386,6 +390,7 @@ impl Client {
         ephemeral: bool,
         keep: bool,
         writable: bool,
+        wait: bool,
     ) -> PyResult<PyObject> {
         let inner = self.usable()?;
         if addr == 0 && size != 0 {
@@ -408,16 +413,21 @@ impl Client {
                 } else {
                     Ok(Put::Kept(Box::new(Object::new(v))))
                 }
-            } else {
+            } else if wait {
                 inner
                     .put_id(&name, data, &metadata, options(ephemeral))
                     .map(Put::Id)
+            } else {
+                inner
+                    .put(&name, data, &metadata, options(ephemeral))
+                    .map(|()| Put::Sent)
             }
         })
         .map_err(to_py)
         .and_then(|p| match p {
             Put::Kept(o) => Ok(Py::new(py, *o)?.into_any()),
             Put::Id(id) => Ok(id.into_pyobject(py)?.into_any().unbind()),
+            Put::Sent => Ok(py.None()),
         })
     }
 
@@ -499,6 +509,13 @@ impl Client {
                 Err(e) => Ok(to_py(e).into_value(py).into_any()),
             })
             .collect()
+    }
+
+    /// Waits for the store's answer to every put sent without waiting; raises the first
+    /// failure.
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.sync()).map_err(to_py)
     }
 
     /// SEAL without waiting for the reply (read in front of the next request's).
@@ -679,6 +696,8 @@ impl Subscription {
 enum Put {
     Kept(Box<Object>),
     Id(u64),
+    /// Stored, or sent without waiting: no id.
+    Sent,
 }
 
 /// A CUDA object has no host bytes to export.

@@ -323,11 +323,21 @@ class Client:
     trip). The store takes an empty, idle lend (1/64 of the store, at most 16 MiB) back when
     it is short of memory; a lend's memory comes back with its last object. Needs
     ``shared_reads``.
+
+    ``pipelined_puts`` (default on): ``put`` of up to 64 KiB returns once its request is
+    written, without waiting for the store's answer (a write, not a round trip). A name
+    already published still fails at once; any process that learns of the name after ``put``
+    returned finds the object (the store waits for such puts before answering "missing");
+    this client's own later calls come after it. A put that fails in the store anyway (a name
+    taken meanwhile, full memory) raises from this client's next call that waits for the
+    store (which then does not run), or from ``sync()``. ``put(..., wait=True)`` waits for
+    the answer and returns the object id. Needs ``shared_reads``.
     """
 
     def __init__(self, path: str = None, connect_timeout: float = 0.0,
                  release_delay: float = RELEASE_DELAY, reconnect: bool = False,
-                 shared_reads: bool = True, lend_puts: bool = True):
+                 shared_reads: bool = True, lend_puts: bool = True,
+                 pipelined_puts: bool = True):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
         self._path = path
@@ -339,7 +349,8 @@ class Client:
         self._closed = True  # until HELLO succeeded
         self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
         self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
-                           float(release_delay or 0.0), bool(shared_reads), bool(lend_puts))
+                           float(release_delay or 0.0), bool(shared_reads), bool(lend_puts),
+                           bool(pipelined_puts))
         self._lend_limit = LEND_LIMIT if lend_puts and shared_reads else 0
         self._guard = _Guarded(self)
         self._closed = False
@@ -543,17 +554,28 @@ class Client:
         if lease is not None:
             _claim(lease)
 
-    def put(self, name, data, metadata=b"", ephemeral: bool = False) -> int:
-        """Store ``data`` (any bytes-like object) as a sealed object; returns its object id.
+    def put(self, name, data, metadata=b"", ephemeral: bool = False, wait: bool = False):
+        """Store ``data`` (any bytes-like object) as a sealed object.
 
         The client keeps no reference: the object lives until deleted (or evicted when nobody
         holds it). ``ephemeral=True`` objects vanish when their last reference is released,
         so with ``put`` (which holds none) only a GET racing the put would see them.
+
+        Returns None; a put of up to 64 KiB may return before the store answered (see
+        ``pipelined_puts`` in ``Client``; ``sync()`` waits for the answers). ``wait=True``:
+        wait for the store's answer and return the object id.
         """
         name = _name(name)
         metadata = _metadata(metadata)
         src = _byte_array(data)
-        return self._native.put(name, src.ctypes.data, src.nbytes, metadata, ephemeral)
+        return self._native.put(name, src.ctypes.data, src.nbytes, metadata, ephemeral,
+                                False, False, bool(wait))
+
+    def sync(self) -> None:
+        """Wait for the store's answer to every put that did not wait for it; raises the
+        first that failed (each failure is raised once: here or by the next call that waits
+        for the store)."""
+        self._native.sync()
 
     def get_buffer(self, name, timeout=None, writable: bool = False,
                    with_metadata: bool = False):
@@ -1222,16 +1244,16 @@ _last_init = {"ref": None, "path": None, "pid": None}
 
 def init_client(path: str = None, connect_timeout: float = 0.0,
                 reconnect: bool = False, shared_reads: bool = True,
-                lend_puts: bool = True) -> Client:
+                lend_puts: bool = True, pipelined_puts: bool = True) -> Client:
     """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
 
     The client becomes this process's default for ``vovp.init_reduction()``.
     ``reconnect=True``: if the daemon goes away (restarted, killed), the next call connects
     again and is retried once; objects that died with the old daemon are not found, arrays
-    got before keep their (old, intact) memory. ``shared_reads``, ``lend_puts``: see
-    ``Client``."""
+    got before keep their (old, intact) memory. ``shared_reads``, ``lend_puts``,
+    ``pipelined_puts``: see ``Client``."""
     client = Client(path, connect_timeout, reconnect=reconnect, shared_reads=shared_reads,
-                    lend_puts=lend_puts)
+                    lend_puts=lend_puts, pipelined_puts=pipelined_puts)
     _last_init.update(ref=weakref.ref(client), path=client.path, pid=os.getpid())
     return client
 

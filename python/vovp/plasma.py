@@ -775,7 +775,7 @@ class PlasmaClient:
                             n = memoryview(piece).nbytes
                             blob[off:off + n] = piece
                         blob[data_size:] = metadata
-                    oid = self._vovp.put(name, blob, metadata=header)
+                    oid = self._vovp.put(name, blob, metadata=header, wait=True)
                     _remember_creation(name, header, None, created, oid)
                 else:
                     owner = self._vovp.create(name, total, header)

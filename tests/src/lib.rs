@@ -249,8 +249,8 @@ impl Raw {
     }
     /// SHARED: the store makes this connection a hold table. With `take_part`, this writes
     /// into the table what a client writes when it counts its puts into its lend there
-    /// (vovp-shm's `lend` handshake), which a LEND needs; the fds are then dropped.
-    pub fn shared(&mut self, id: u64, take_part: bool) {
+    /// (vovp-shm's `lend` handshake), which a LEND needs. Returns the hold table's fd.
+    pub fn shared(&mut self, id: u64, take_part: bool) -> std::os::fd::OwnedFd {
         use std::io::Read;
         self.send(&Self::frame(1, 0x10, id, &[]));
         let mut h = [0u8; 16];
@@ -271,6 +271,7 @@ impl Raw {
             let word = u64::from_le_bytes(*b"VOVPLEND").to_le_bytes();
             rustix::io::pwrite(&fds[1], &word, 56).expect("write the hold table header");
         }
+        fds.pop().expect("the hold table")
     }
     /// True when the daemon has closed the connection (end of file or an error on read).
     pub fn closed(&mut self) -> bool {

@@ -18,7 +18,7 @@ use vovp::{CreateOptions, EngineHandle, ObjectId, PutOptions, Session};
 
 use vovp_proto::{
     encode_notification, Header, Opcode, Reply, Request, Status, CREATE_EPHEMERAL, FLAG_NO_REPLY,
-    HEADER_LEN, LIST_END, LIST_PAGE_BYTES, MAX_INLINE, PUT_KEEP_REFERENCE,
+    HEADER_LEN, LIST_END, LIST_PAGE_BYTES, MAX_INLINE, PUT_KEEP_REFERENCE, PUT_PIPELINED,
 };
 
 use crate::response::{error_response, Response, TransportError};
@@ -331,6 +331,7 @@ async fn serve_connection(
     let io = ConnIo {
         stream: &stream,
         limits,
+        peer_closed: std::cell::Cell::new(false),
     };
     let result = connection_loop(&io, &conn, &session).await;
     // Whatever the reason the connection ended, everything it held goes back.
@@ -343,6 +344,10 @@ async fn serve_connection(
 struct ConnIo<'a> {
     stream: &'a tokio_uring::net::UnixStream,
     limits: &'a ConnectionLimits,
+    /// The peer closed its socket while requests of it were still to be read: they are still
+    /// carried out (a put sent without waiting must not be lost because its client exited
+    /// right after), their replies dropped.
+    peer_closed: std::cell::Cell<bool>,
 }
 
 impl ConnIo<'_> {
@@ -354,13 +359,19 @@ impl ConnIo<'_> {
     }
 
     /// Writes `out` whole within the write timeout; gives the buffer back cleared.
-    async fn flush(&self, out: Vec<u8>) -> (Result<(), TransportError>, Vec<u8>) {
-        if out.is_empty() {
+    async fn flush(&self, mut out: Vec<u8>) -> (Result<(), TransportError>, Vec<u8>) {
+        if out.is_empty() || self.peer_closed.get() {
+            out.clear();
             return (Ok(()), out);
         }
         match tokio::time::timeout(self.limits.write_timeout, self.stream.write_all(out)).await {
             Ok((res, mut back)) => {
                 back.clear();
+                let gone = res.as_ref().err().and_then(std::io::Error::raw_os_error);
+                if matches!(gone, Some(libc::EPIPE | libc::ECONNRESET)) {
+                    self.peer_closed.set(true);
+                    return (Ok(()), back);
+                }
                 (res.map_err(TransportError::from), back)
             }
             Err(_) => (Err(self.stalled()), Vec::new()),
@@ -651,6 +662,7 @@ fn put_options(flags: u32) -> PutOptions {
     PutOptions {
         ephemeral: flags & CREATE_EPHEMERAL != 0,
         keep_reference: flags & PUT_KEEP_REFERENCE != 0,
+        pipelined: flags & PUT_PIPELINED != 0,
     }
 }
 

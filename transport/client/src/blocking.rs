@@ -13,7 +13,7 @@ use vovp::{
 };
 use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
 
-use crate::core::{self, requests, Answered, Core, Expect, Wire};
+use crate::core::{self, requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, conn_err, handshake};
 use crate::lent::{self, Lends, Lent, Reservation, Reserved};
 use crate::mapping::{MappedSegment, Mappings};
@@ -40,6 +40,7 @@ impl Conn {
 
     /// Sends the batch `core` frames for `req` and reads `req`'s reply.
     fn exchange(&mut self, core: &Core, req: &Request<'_>) -> Result<Reply, Error> {
+        self.settle_puts()?;
         let id = core.frame(&mut self.wire, req);
         io::write_all(self.stream.as_fd(), &self.wire.out)?;
         self.drain_unread()?;
@@ -54,20 +55,64 @@ impl Conn {
         core::decode_reply(&h, &self.payload, id, req)
     }
 
-    /// Reads the replies of SEALs sent without waiting. A failed one can only be reported
-    /// now, as a warning (the receiver's GET then times out); a broken stream is an error.
-    fn drain_unread(&mut self) -> Result<(), Error> {
-        for (id, name) in std::mem::take(&mut self.wire.unread) {
-            match self.read_reply(
-                id,
-                &Request::Seal {
-                    name: name.as_str().into(),
-                },
-            ) {
-                Ok(_) => {}
-                Err(e @ (Error::Connection(_) | Error::Protocol(_))) => return Err(e),
-                Err(e) => tracing::warn!("vovp: deferred seal of {name:?} failed: {e}"),
+    /// Reads the reply of the oldest request sent without waiting. A failed SEAL can only be
+    /// reported now, as a warning (the receiver's GET then times out); a failed put is this
+    /// call's error, and so is a broken stream.
+    fn read_unread(&mut self) -> Result<(), Error> {
+        let Some(u) = self.wire.unread.pop_front() else {
+            return Ok(());
+        };
+        let Unread {
+            id,
+            name: owned,
+            kind,
+        } = u;
+        let name = owned.as_str().into();
+        let req = match kind {
+            UnreadKind::Seal => Request::Seal { name },
+            UnreadKind::Put => Request::Put {
+                name,
+                flags: 0,
+                metadata: Default::default(),
+                data: Default::default(),
+            },
+        };
+        match (self.read_reply(id, &req), kind) {
+            (Ok(_), _) => Ok(()),
+            (Err(e @ (Error::Connection(_) | Error::Protocol(_))), _) => Err(e),
+            (Err(e), UnreadKind::Put) => {
+                tracing::warn!("vovp: the put of {owned:?}, sent without waiting, failed: {e}");
+                Err(e)
             }
+            (Err(e), UnreadKind::Seal) => {
+                tracing::warn!("vovp: deferred seal of {owned:?} failed: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads every reply still owed, in order; stops at the first failed put (the rest stay
+    /// owed, for the next call).
+    fn drain_unread(&mut self) -> Result<(), Error> {
+        while !self.wire.unread.is_empty() {
+            self.read_unread()?;
+        }
+        Ok(())
+    }
+
+    /// Reads the replies of pipelined puts still owed: one that failed is reported here,
+    /// before the caller sends its request (a call that fails this way did not run).
+    fn settle_puts(&mut self) -> Result<(), Error> {
+        if self.wire.unread.iter().any(|u| u.kind == UnreadKind::Put) {
+            self.drain_unread()?;
+        }
+        Ok(())
+    }
+
+    /// Reads the owed replies that have arrived, without waiting for the others.
+    fn drain_arrived(&mut self) -> Result<(), Error> {
+        while !self.wire.unread.is_empty() && io::readable_now(self.stream.as_fd()) {
+            self.read_unread()?;
         }
         Ok(())
     }
@@ -84,6 +129,29 @@ impl Conn {
     }
 }
 
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // Pipelined puts whose answers are still owed: read them (a failure is logged by
+        // `read_unread`), so a client dropped right after its puts leaves none unaccounted.
+        if let Ok(conn) = self.conn.get_mut() {
+            if !self.closed.load(Ordering::Acquire)
+                && conn.wire.unread.iter().any(|u| u.kind == UnreadKind::Put)
+            {
+                while !conn.wire.unread.is_empty() {
+                    if let Err(Error::Connection(_) | Error::Protocol(_)) = conn.read_unread() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Requests sent without waiting whose replies may stay unread: past this a pipelined put
+/// first reads them all. Small, so the replies always fit in the socket's receive buffer
+/// (the daemon never blocks writing them while the client blocks writing puts).
+const MAX_UNREAD: usize = 32;
+
 struct ClientInner {
     core: Core,
     conn: Mutex<Conn>,
@@ -99,6 +167,8 @@ struct ClientInner {
     flusher: Option<Arc<Flusher>>,
     /// The part of its arena the store lent this client (puts without CREATE).
     lends: Lends,
+    /// Small puts are sent without waiting (not [`ClientOptions::no_pipelined_puts`]).
+    pipelined_puts: bool,
 }
 
 /// Deferred releases are sent at once when this many are queued.
@@ -359,6 +429,67 @@ impl ClientInner {
         Ok((reply, answered))
     }
 
+    /// An inline PUT sent without waiting for its reply (read before the next call that
+    /// waits for the store, or by [`Client::sync`]): a put then costs a write, not a round
+    /// trip. Counted in the hold table first, so no other client is told the name is missing
+    /// while the PUT is on its way (vovp-shm's `sent`). `None`: not this way (opted out, no
+    /// hold table, a forked child, a broken connection that a waiting call may reconnect).
+    fn put_pipelined(
+        &self,
+        name: &str,
+        flags: u32,
+        metadata: &[u8],
+        data: &[u8],
+    ) -> Option<Result<(), Error>> {
+        if !self.pipelined_puts {
+            return None;
+        }
+        let maps = self.core.session.maps();
+        let shared = maps.shared.as_ref()?;
+        if !shared.can_announce() {
+            return None;
+        }
+        // A name published already is taken: say so now, as a waiting put would. (A name
+        // taken but not yet published fails in the store, reported later.)
+        if shared.is_published(name) {
+            return Some(Err(Error::AlreadyExists(name.to_owned())));
+        }
+        let req = match requests::put(name, flags | vovp_proto::PUT_PIPELINED, metadata, data) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut conn = match self.lock() {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        let sent = (|| {
+            // Replies owed stay few: read those that came, and wait for them past the cap.
+            if conn.wire.unread.len() >= MAX_UNREAD {
+                conn.drain_unread()?;
+            } else {
+                conn.drain_arrived()?;
+            }
+            if !shared.count_sent_put() {
+                return Ok(false);
+            }
+            let id = self.core.frame(&mut conn.wire, &req);
+            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+            conn.wire.unread.push_back(Unread {
+                id,
+                name: name.to_owned(),
+                kind: UnreadKind::Put,
+            });
+            Ok(true)
+        })();
+        match sent {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => None,
+            // The waiting way reconnects when it may.
+            Err(Error::Connection(_)) if self.core.reconnect => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// LEND: a new lend of at least `at_least` bytes, its segment mapped writable, and the
     /// connection generation it belongs to.
     fn take_lend(&self, at_least: u64) -> Result<Lent, Error> {
@@ -404,6 +535,7 @@ impl Client {
                 .release_delay
                 .map(|delay| Flusher::start(me.clone(), delay)),
             lends: Lends::new(!options.no_lend_puts && !options.no_shared_reads),
+            pipelined_puts: !options.no_pipelined_puts && !options.no_shared_reads,
         });
         Ok(Client { inner })
     }
@@ -464,11 +596,24 @@ impl Client {
         let id = self.inner.core.frame(&mut conn.wire, &req);
         let conn = &mut *conn;
         io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-        conn.wire.unread.push((id, name.to_owned()));
+        conn.wire.unread.push_back(Unread {
+            id,
+            name: name.to_owned(),
+            kind: UnreadKind::Seal,
+        });
         Ok(())
     }
 
-    /// SEALs sent by [`Client::seal_later`] whose replies have not been read yet.
+    /// Waits for the store's answer to every put sent without waiting (see
+    /// [`ClientOptions::no_pipelined_puts`]): `Ok` once all were applied, else the first
+    /// failure (each failure is reported once: by this or by the next call that waits for the
+    /// store).
+    pub fn sync(&self) -> Result<(), Error> {
+        self.inner.lock()?.drain_unread()
+    }
+
+    /// Requests sent without waiting (SEALs by [`Client::seal_later`], pipelined puts) whose
+    /// replies have not been read yet.
     pub fn unread_replies(&self) -> usize {
         self.inner
             .conn
@@ -508,6 +653,7 @@ impl Client {
             .collect::<Result<Vec<_>, _>>()?;
         let (replies, answered) = {
             let mut conn = self.inner.lock()?;
+            conn.settle_puts()?;
             let answered = self.inner.core.session.current();
             self.inner.core.begin(&mut conn.wire);
             let ids: Vec<u64> = reqs.iter().map(|r| conn.wire.push(r, 0)).collect();
@@ -707,6 +853,9 @@ impl Store for Client {
         }
         let maps = self.inner.core.session.maps();
         if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
+            if let Some(sent) = self.inner.put_pipelined(name, flags, metadata, data) {
+                return sent;
+            }
             let req = requests::put(name, flags, metadata, data)?;
             return self.inner.call(&req)?.object().map(drop);
         }

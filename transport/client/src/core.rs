@@ -22,8 +22,25 @@ use crate::shared::Connection;
 pub(crate) struct Wire {
     next_id: u64,
     pub(crate) out: Vec<u8>,
-    /// (request id, name) of SEALs sent without waiting ([`crate::Client::seal_later`]).
-    pub(crate) unread: Vec<(u64, String)>,
+    /// Requests sent without waiting, oldest first: their replies come in this order, in
+    /// front of any later request's.
+    pub(crate) unread: std::collections::VecDeque<Unread>,
+}
+
+/// A request sent without waiting for its reply.
+pub(crate) struct Unread {
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    pub(crate) kind: UnreadKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UnreadKind {
+    /// [`crate::Client::seal_later`]: a failure is only logged.
+    Seal,
+    /// A pipelined put ([`crate::Client::sync`]): a failure is reported by the next call that
+    /// waits for the store.
+    Put,
 }
 
 impl Wire {
@@ -31,7 +48,7 @@ impl Wire {
         Wire {
             next_id: 0,
             out: Vec::new(),
-            unread: Vec::new(),
+            unread: std::collections::VecDeque::new(),
         }
     }
 
@@ -509,7 +526,11 @@ mod tests {
         let core = core();
         let mut wire = Wire::new();
         core.frame(&mut wire, &Request::Stats);
-        wire.unread.push((1, "x".into()));
+        wire.unread.push_back(Unread {
+            id: 1,
+            name: "x".into(),
+            kind: UnreadKind::Seal,
+        });
         core.defer_release(4, 0);
         let maps = Mappings::from_hello(2 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
         let (maps, generation) = core.reconnected(&mut wire, maps);

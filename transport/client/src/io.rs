@@ -120,6 +120,16 @@ pub(crate) fn spin_until_readable(fd: BorrowedFd<'_>) {
     }
 }
 
+/// Whether a byte can be read now without blocking (or the stream ended or failed: the read
+/// then says why).
+pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    let mut probe = [0u8; 1];
+    !matches!(
+        rustix::net::recv(fd, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT),
+        Err(Errno::AGAIN)
+    )
+}
+
 /// Connects and performs the HELLO handshake (receiving and mapping the segment fds); with
 /// `shared`, also maps the store's shared directory and this connection's hold table (SHARED).
 pub(crate) fn handshake(path: &Path, shared: bool) -> Result<(UnixStream, Mappings), Error> {

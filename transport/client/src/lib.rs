@@ -55,6 +55,18 @@ pub struct ClientOptions {
     /// its last object. Needs the hold table, so `no_shared_reads` implies this. See
     /// ARCHITECTURE.md, "Lends".
     pub no_lend_puts: bool,
+    /// Wait for the store's answer to every put. By default a [`Client`]'s `put` of an
+    /// object small enough to ride in the request (64 KiB, no reference kept) returns once
+    /// the request is written, without waiting for the reply: a put costs a write, not a
+    /// round trip. What stays true: a name already published fails at once
+    /// (`AlreadyExists`); any other process that learns of the name after `put` returned and
+    /// asks for it is answered after the put was applied (the put is counted in the hold
+    /// table first; ARCHITECTURE.md, "Pipelined puts"); this client's own later requests
+    /// come after it. What changes: a put that fails in the store (a name taken meanwhile,
+    /// full memory) is reported by this client's next call that waits for the store, which
+    /// then does not run, or by [`Client::sync`]. Needs the hold table, so `no_shared_reads`
+    /// implies this. Blocking client only ([`AsyncClient`] always waits).
+    pub no_pipelined_puts: bool,
 }
 
 /// Milliseconds since the epoch (for display).

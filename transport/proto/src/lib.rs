@@ -53,6 +53,9 @@ pub const LIST_END: u64 = u64::MAX;
 pub const CREATE_EPHEMERAL: u32 = 1;
 /// PUT flag: the putter keeps one reference to the sealed object.
 pub const PUT_KEEP_REFERENCE: u32 = 2;
+/// PUT flag: sent without waiting for the reply, after the client counted it in its hold
+/// table's `puts_sent` (vovp-shm's `sent`): the store counts it applied, whatever the outcome.
+pub const PUT_PIPELINED: u32 = 4;
 
 /// Bytes one LIST entry takes on the wire (what [`Reply::List`] encodes per entry), so the
 /// daemon can cut a page at [`LIST_PAGE_BYTES`] before encoding it.

@@ -13,7 +13,7 @@ pub const HOLD_MAGIC: u64 = u64::from_le_bytes(*b"VOVPHLD1");
 /// handshake ([`crate::lend`]).
 pub const LEND_CLIENT: u64 = u64::from_le_bytes(*b"VOVPLEND");
 /// Bumped on any change of these layouts or of [`name_hash`].
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Longest name an entry holds inline: the store's own limit (`vovp::MAX_NAME_LEN`), so every
 /// object can be published.
@@ -21,7 +21,7 @@ pub const NAME_MAX: usize = 256;
 pub(crate) const NAME_WORDS: usize = NAME_MAX / 8;
 
 /// Bytes of a directory or hold-table header; the entries or slots follow it.
-pub const HEADER_SIZE: usize = 64;
+pub const HEADER_SIZE: usize = 128;
 /// Bytes of one directory entry (six cache lines).
 pub const ENTRY_SIZE: usize = 384;
 /// Bytes of one hold slot.
@@ -54,13 +54,13 @@ pub struct DirHeader {
     pub live: AtomicU64,
     /// The next generation the store hands out; generations are unique for the directory's life.
     pub next_generation: AtomicU64,
-    pub reserved: AtomicU64,
+    pub reserved: [AtomicU64; 9],
 }
 
 impl DirHeader {
     pub fn new() -> Self {
-        let [magic, version_entry_size, capacity, name_max, entries_offset, live, next_generation, reserved] =
-            zero_words::<8>();
+        let [magic, version_entry_size, capacity, name_max, entries_offset, live, next_generation] =
+            zero_words::<7>();
         DirHeader {
             magic,
             version_entry_size,
@@ -69,7 +69,7 @@ impl DirHeader {
             entries_offset,
             live,
             next_generation,
-            reserved,
+            reserved: zero_words(),
         }
     }
 }
@@ -156,12 +156,16 @@ pub struct HoldHeader {
     /// [`LEND_CLIENT`] once the client has mapped the table and takes part in the lend
     /// handshake (written by the client; the store lends to no one else).
     pub lend_client: AtomicU64,
+    /// Puts this client sent without waiting for their replies, ever (written by the client
+    /// before each is sent; [`crate::sent`]).
+    pub puts_sent: AtomicU64,
+    pub reserved: [AtomicU64; 7],
 }
 
 impl HoldHeader {
     pub fn new() -> Self {
-        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, lend_client] =
-            zero_words::<8>();
+        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, lend_client, puts_sent] =
+            zero_words::<9>();
         HoldHeader {
             magic,
             version_slot_size,
@@ -171,6 +175,8 @@ impl HoldHeader {
             lend_writers,
             lend_revoked,
             lend_client,
+            puts_sent,
+            reserved: zero_words(),
         }
     }
 }

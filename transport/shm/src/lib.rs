@@ -54,6 +54,8 @@ pub mod lend;
 mod reader;
 #[cfg(not(loom))]
 mod region;
+#[cfg(not(loom))]
+pub mod sent;
 mod sync;
 
 pub use directory::{Directory, DirectoryWriter, Lookup, Publish, Snapshot};
@@ -64,6 +66,8 @@ pub use lend::{LendRevoker, LendWriters};
 pub use reader::{LendWrite, SharedReader};
 #[cfg(not(loom))]
 pub use region::{DirectoryMap, DirectoryRegion, HoldMap, HoldRegion};
+#[cfg(not(loom))]
+pub use sent::SentPuts;
 
 /// A monotonic access stamp in nanoseconds (vDSO clock read, no syscall), never 0.
 #[cfg(not(loom))]

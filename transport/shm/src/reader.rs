@@ -100,6 +100,31 @@ impl SharedReader {
         self.ours()
     }
 
+    /// Whether `name` is published now: a hit is authoritative for "the name is taken" (as of
+    /// the lookup), a miss is not (ask the store).
+    pub fn is_published(&self, name: &str) -> bool {
+        self.ours()
+            && matches!(
+                self.directory.reader().lookup(name.as_bytes()),
+                crate::directory::Lookup::Found(_)
+            )
+    }
+
+    /// Counts a put about to be sent without waiting for its reply ([`crate::sent`]); `false`
+    /// (nothing counted) in a forked child or on a poisoned lock: send it the waiting way.
+    pub fn count_sent_put(&self) -> bool {
+        if !self.ours() {
+            return false;
+        }
+        match self.holds.lock() {
+            Ok(holds) => {
+                holds.sent_puts().count();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Announces a put about to write into lend `lend` ([`crate::lend`]). Only
     /// [`LendWrite::Granted`] lets it write (and then [`SharedReader::end_lend_write`] must
     /// follow).

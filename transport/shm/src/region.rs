@@ -307,6 +307,13 @@ impl HoldRegion {
         LendRevoker::new(h)
     }
 
+    /// How many pipelined puts the client says it sent ([`crate::sent`]).
+    pub fn puts_sent(&self) -> u64 {
+        // SAFETY: the map was created `HEADER_SIZE + slots * SLOT_SIZE` long.
+        let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
+        crate::sent::SentPuts::new(h).sent()
+    }
+
     /// The store's view; uses the store's own slot count, never the (client-writable) header.
     pub fn view(&self) -> HoldsView<'_> {
         // SAFETY: the map was created `HEADER_SIZE + slots * SLOT_SIZE` long.
@@ -357,6 +364,13 @@ impl HoldMap {
         // SAFETY: at least HEADER_SIZE bytes are mapped (checked at open).
         let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, 0) };
         LendWriters::new(h)
+    }
+
+    /// The client's side of the pipelined-put count ([`crate::sent`]).
+    pub fn sent_puts(&self) -> crate::sent::SentPuts<'_> {
+        // SAFETY: at least HEADER_SIZE bytes are mapped (checked at open).
+        let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, 0) };
+        crate::sent::SentPuts::new(h)
     }
 
     /// The client's hold operations, rebuilt from the table (rescans every slot).

@@ -101,6 +101,8 @@ fn run(args: Args) -> Result<(), Error> {
                 ..Default::default()
             };
             client.put(&name, &bytes, b"", options)?;
+            // A small put returns before the store answered: report its outcome before exiting.
+            client.sync()?;
         }
         Command::Get { name, timeout_ms } => {
             let v = client.get_one(&name, timeout(timeout_ms))?;

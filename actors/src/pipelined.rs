@@ -1,0 +1,145 @@
+//! Pipelined puts: which of them the store has applied, and who waits for that before it may
+//! answer "not found" (vovp-shm's `sent` has the argument).
+//!
+//! A client sends a small PUT flagged pipelined and returns before the reply; it counted the
+//! put in its hold table first. The store counts here the flagged puts it applied (failed ones
+//! too: they are done). A question that would answer "missing" first takes a [`Barrier`]: the
+//! other clients whose sent count is ahead of what the store applied, with that count as the
+//! target. The store answers once every target is reached, or its client is gone, or the
+//! caller's bound ran out.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::types::HolderId;
+
+/// Pipelined puts applied per client, and the questions waiting for more.
+#[derive(Default)]
+pub struct PipelinedPuts {
+    applied: HashMap<HolderId, u64>,
+    waiting: Vec<Barrier>,
+    /// Pipelined puts applied, all clients together, readable outside the actor: a caller
+    /// that read it before its question and finds it moved after a miss asks again (a put
+    /// may have been applied between the question and its barrier).
+    total: Arc<AtomicU64>,
+}
+
+/// A question waiting until these clients' puts are applied.
+struct Barrier {
+    /// (client, the sent count to reach).
+    targets: Vec<(HolderId, u64)>,
+    /// `None` once answered.
+    done: Option<oneshot::Sender<()>>,
+}
+
+impl PipelinedPuts {
+    /// A barrier for `sent` (every client's sent count, from the hold tables), except the
+    /// asking client's own puts (its connection's order already puts them first). `None`:
+    /// nothing sent is unapplied, answer now.
+    pub fn barrier(
+        &mut self,
+        asking: HolderId,
+        sent: Vec<(HolderId, u64)>,
+    ) -> Option<oneshot::Receiver<()>> {
+        let targets: Vec<_> = sent
+            .into_iter()
+            .filter(|&(h, n)| h != asking && n > self.applied(h))
+            .collect();
+        if targets.is_empty() {
+            return None;
+        }
+        let (done, rx) = oneshot::channel();
+        self.waiting.push(Barrier {
+            targets,
+            done: Some(done),
+        });
+        Some(rx)
+    }
+
+    /// The count of all pipelined puts applied (see the field).
+    pub fn total(&self) -> Arc<AtomicU64> {
+        self.total.clone()
+    }
+
+    fn applied(&self, holder: HolderId) -> u64 {
+        self.applied.get(&holder).copied().unwrap_or(0)
+    }
+
+    /// `holder`'s next pipelined put is applied (or failed).
+    pub fn applied_one(&mut self, holder: HolderId) {
+        *self.applied.entry(holder).or_insert(0) += 1;
+        self.total.fetch_add(1, Ordering::Release);
+        if !self.waiting.is_empty() {
+            self.release_reached();
+        }
+    }
+
+    /// `holder` is gone: nothing more of it will be applied, and nobody waits for it.
+    pub fn forget(&mut self, holder: HolderId) {
+        self.applied.remove(&holder);
+        for b in &mut self.waiting {
+            b.targets.retain(|&(h, _)| h != holder);
+        }
+        self.release_reached();
+    }
+
+    /// Answers every barrier whose targets are all reached; drops those nobody waits for any
+    /// more (the asker's bound ran out).
+    fn release_reached(&mut self) {
+        let applied = &self.applied;
+        self.waiting.retain_mut(|b| {
+            b.targets
+                .retain(|&(h, n)| applied.get(&h).copied().unwrap_or(0) < n);
+            if b.targets.is_empty() {
+                if let Some(done) = b.done.take() {
+                    let _ = done.send(());
+                }
+                return false;
+            }
+            b.done.as_ref().is_some_and(|d| !d.is_closed())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(n: u64) -> HolderId {
+        HolderId::from_raw(n)
+    }
+
+    #[test]
+    fn a_barrier_waits_for_other_clients_puts_only() {
+        let mut p = PipelinedPuts::default();
+        let (a, b) = (holder(1), holder(2));
+        // Nothing sent: no barrier; the asker's own puts never make one.
+        assert!(p.barrier(a, vec![]).is_none());
+        assert!(p.barrier(a, vec![(a, 3)]).is_none());
+        let mut rx = p
+            .barrier(a, vec![(a, 3), (b, 2)])
+            .expect("b's puts are unapplied");
+        p.applied_one(b);
+        assert!(
+            rx.try_recv().is_err(),
+            "one of b's two puts is still unapplied"
+        );
+        p.applied_one(b);
+        assert!(rx.try_recv().is_ok());
+        // Applied already: no barrier.
+        assert!(p.barrier(a, vec![(b, 2)]).is_none());
+    }
+
+    #[test]
+    fn a_client_that_goes_away_releases_the_barriers_on_it() {
+        let mut p = PipelinedPuts::default();
+        let mut rx = p
+            .barrier(holder(1), vec![(holder(2), 5)])
+            .expect("unapplied");
+        p.forget(holder(2));
+        assert!(rx.try_recv().is_ok());
+    }
+}
