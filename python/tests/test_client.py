@@ -138,8 +138,8 @@ def test_array_likes_and_writable(client):
 
 
 def test_raw_put_get_buffer(client):
-    oid = client.put("raw", b"hello world", metadata=b"meta")
-    assert isinstance(oid, int)
+    assert client.put("raw", b"hello world", metadata=b"meta") is None  # sent, not awaited
+    assert isinstance(client.put("raw-id", b"x", wait=True), int)
     mv, meta = client.get_buffer("raw", with_metadata=True)
     assert bytes(mv) == b"hello world" and meta == b"meta"
     assert mv.readonly
@@ -629,5 +629,67 @@ def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subproce
     kept_d = d.put_tensor("d", a)
     assert d._requests_sent() == before + 2
     del kept_a, kept_c, kept_d
+    c.close()
+    d.close()
+
+
+PIPELINED_PUTTER = textwrap.dedent("""
+    import sys, vovp
+    c = vovp.Client(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        c.put(f"pp{i}", bytes([i % 256]) * 64)  # returns before the store answered
+        print(i, flush=True)  # the name reaches the parent only after put returned
+    # (exits without sync: the daemon still carries out every put it was sent)
+""")
+
+
+def test_pipelined_puts_are_found_by_another_process_told_after_put_returned(
+        daemon, subprocess_env):
+    # A small put returns once its request is written. The store waits for such puts sent
+    # before another client's question before it answers "missing", so a process told the
+    # name after put returned finds the object with a non-waiting get.
+    c = vovp.Client(daemon.socket)
+    n = 300
+    child = subprocess.Popen([sys.executable, "-c", PIPELINED_PUTTER, daemon.socket, str(n)],
+                             env=subprocess_env, stdout=subprocess.PIPE, text=True)
+    for i in range(n):
+        assert int(child.stdout.readline()) == i
+        if i % 2:
+            assert c.contains(f"pp{i}"), f"pp{i} missing after its put returned"
+        else:
+            assert bytes(c.get_buffer(f"pp{i}"))[:1] == bytes([i % 256])
+    assert child.wait(timeout=60) == 0
+    c.close()
+
+
+def test_a_pipelined_put_that_fails_is_raised_by_sync(daemon):
+    creator = vovp.Client(daemon.socket)
+    buf = creator.create("taken", 16)  # unsealed: not in the shared directory
+    c = vovp.Client(daemon.socket)
+    c.put("taken", b"mine")  # returns; fails in the store
+    c.put("fine", b"ok")
+    assert c.contains("fine")  # unrelated calls are not failed for it
+    with pytest.raises(vovp.ObjectExists):
+        c.sync()
+    c.sync()  # reported once
+    # A name already published fails at once; wait=True raises like any call.
+    with pytest.raises(vovp.ObjectExists):
+        c.put("fine", b"again")
+    with pytest.raises(vovp.ObjectExists):
+        c.put("taken", b"mine", wait=True)
+    del buf
+    creator.close()
+    c.close()
+
+
+def test_pipelined_puts_can_be_turned_off(daemon):
+    c = vovp.Client(daemon.socket, pipelined_puts=False)
+    assert c.put("w", b"waited") is None
+    assert c._n.unread_replies == 0, "waited for the answer"
+    d = vovp.Client(daemon.socket)
+    d.put("p", b"x")
+    assert d._n.unread_replies == 1
+    d.sync()
+    assert d._n.unread_replies == 0
     c.close()
     d.close()

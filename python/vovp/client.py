@@ -329,9 +329,9 @@ class Client:
     already published still fails at once; any process that learns of the name after ``put``
     returned finds the object (the store waits for such puts before answering "missing");
     this client's own later calls come after it. A put that fails in the store anyway (a name
-    taken meanwhile, full memory) raises from this client's next call that waits for the
-    store (which then does not run), or from ``sync()``. ``put(..., wait=True)`` waits for
-    the answer and returns the object id. Needs ``shared_reads``.
+    taken meanwhile by a racing put, full memory) is logged and raised by ``sync()``, not by
+    the ``put``. ``put(..., wait=True)`` waits for the answer (raising its error) and
+    returns the object id. Needs ``shared_reads``.
     """
 
     def __init__(self, path: str = None, connect_timeout: float = 0.0,
@@ -573,8 +573,7 @@ class Client:
 
     def sync(self) -> None:
         """Wait for the store's answer to every put that did not wait for it; raises the
-        first that failed (each failure is raised once: here or by the next call that waits
-        for the store)."""
+        first that failed since the last ``sync`` (each failure is raised by one ``sync``)."""
         self._native.sync()
 
     def get_buffer(self, name, timeout=None, writable: bool = False,

@@ -27,6 +27,9 @@ struct Conn {
     stream: UnixStream,
     wire: Wire,
     payload: Vec<u8>,
+    /// The first pipelined put that failed and that [`Client::sync`] has not reported yet,
+    /// with how many failed in all.
+    failed_puts: Option<(Error, u64)>,
 }
 
 impl Conn {
@@ -35,12 +38,12 @@ impl Conn {
             stream,
             wire: Wire::new(),
             payload: Vec::new(),
+            failed_puts: None,
         }
     }
 
     /// Sends the batch `core` frames for `req` and reads `req`'s reply.
     fn exchange(&mut self, core: &Core, req: &Request<'_>) -> Result<Reply, Error> {
-        self.settle_puts()?;
         let id = core.frame(&mut self.wire, req);
         io::write_all(self.stream.as_fd(), &self.wire.out)?;
         self.drain_unread()?;
@@ -56,8 +59,9 @@ impl Conn {
     }
 
     /// Reads the reply of the oldest request sent without waiting. A failed SEAL can only be
-    /// reported now, as a warning (the receiver's GET then times out); a failed put is this
-    /// call's error, and so is a broken stream.
+    /// reported now, as a warning (the receiver's GET then times out); a failed put is logged
+    /// and kept for [`Client::sync`] (another call of this client is not the place: it would
+    /// fail for something it did not do). A broken stream is this call's error.
     fn read_unread(&mut self) -> Result<(), Error> {
         let Some(u) = self.wire.unread.pop_front() else {
             return Ok(());
@@ -82,7 +86,11 @@ impl Conn {
             (Err(e @ (Error::Connection(_) | Error::Protocol(_))), _) => Err(e),
             (Err(e), UnreadKind::Put) => {
                 tracing::warn!("vovp: the put of {owned:?}, sent without waiting, failed: {e}");
-                Err(e)
+                match &mut self.failed_puts {
+                    Some((_, n)) => *n += 1,
+                    None => self.failed_puts = Some((e, 1)),
+                }
+                Ok(())
             }
             (Err(e), UnreadKind::Seal) => {
                 tracing::warn!("vovp: deferred seal of {owned:?} failed: {e}");
@@ -91,20 +99,10 @@ impl Conn {
         }
     }
 
-    /// Reads every reply still owed, in order; stops at the first failed put (the rest stay
-    /// owed, for the next call).
+    /// Reads every reply still owed, in order.
     fn drain_unread(&mut self) -> Result<(), Error> {
         while !self.wire.unread.is_empty() {
             self.read_unread()?;
-        }
-        Ok(())
-    }
-
-    /// Reads the replies of pipelined puts still owed: one that failed is reported here,
-    /// before the caller sends its request (a call that fails this way did not run).
-    fn settle_puts(&mut self) -> Result<(), Error> {
-        if self.wire.unread.iter().any(|u| u.kind == UnreadKind::Put) {
-            self.drain_unread()?;
         }
         Ok(())
     }
@@ -137,11 +135,7 @@ impl Drop for ClientInner {
             if !self.closed.load(Ordering::Acquire)
                 && conn.wire.unread.iter().any(|u| u.kind == UnreadKind::Put)
             {
-                while !conn.wire.unread.is_empty() {
-                    if let Err(Error::Connection(_) | Error::Protocol(_)) = conn.read_unread() {
-                        break;
-                    }
-                }
+                let _ = conn.drain_unread();
             }
         }
     }
@@ -449,8 +443,18 @@ impl ClientInner {
         if !shared.can_announce() {
             return None;
         }
-        // A name published already is taken: say so now, as a waiting put would. (A name
-        // taken but not yet published fails in the store, reported later.)
+        // What the store would refuse whatever its state is refused here, now, as a waiting
+        // put's would be: a bad name, too much metadata, a name published already. (A name
+        // taken but not yet published fails in the store: `sync` reports it.)
+        if let Err(e) = vovp::ObjectName::new(name) {
+            return Some(Err(e));
+        }
+        if metadata.len() > vovp::MAX_METADATA_LEN {
+            return Some(Err(Error::MetadataTooLarge {
+                len: metadata.len(),
+                max: vovp::MAX_METADATA_LEN,
+            }));
+        }
         if shared.is_published(name) {
             return Some(Err(Error::AlreadyExists(name.to_owned())));
         }
@@ -605,11 +609,20 @@ impl Client {
     }
 
     /// Waits for the store's answer to every put sent without waiting (see
-    /// [`ClientOptions::no_pipelined_puts`]): `Ok` once all were applied, else the first
-    /// failure (each failure is reported once: by this or by the next call that waits for the
-    /// store).
+    /// [`ClientOptions::no_pipelined_puts`]): `Ok` when all of them since the last `sync`
+    /// were applied, else the first that failed (logged with the others as they were read;
+    /// each failure is reported by one `sync`).
     pub fn sync(&self) -> Result<(), Error> {
-        self.inner.lock()?.drain_unread()
+        let mut conn = self.inner.lock()?;
+        conn.drain_unread()?;
+        match conn.failed_puts.take() {
+            None => Ok(()),
+            Some((e, 1)) => Err(e),
+            Some((e, n)) => {
+                tracing::warn!("vovp: {n} puts sent without waiting failed; the first: {e}");
+                Err(e)
+            }
+        }
     }
 
     /// Requests sent without waiting (SEALs by [`Client::seal_later`], pipelined puts) whose
@@ -653,7 +666,6 @@ impl Client {
             .collect::<Result<Vec<_>, _>>()?;
         let (replies, answered) = {
             let mut conn = self.inner.lock()?;
-            conn.settle_puts()?;
             let answered = self.inner.core.session.current();
             self.inner.core.begin(&mut conn.wire);
             let ids: Vec<u64> = reqs.iter().map(|r| conn.wire.push(r, 0)).collect();

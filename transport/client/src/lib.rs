@@ -62,10 +62,10 @@ pub struct ClientOptions {
     /// (`AlreadyExists`); any other process that learns of the name after `put` returned and
     /// asks for it is answered after the put was applied (the put is counted in the hold
     /// table first; ARCHITECTURE.md, "Pipelined puts"); this client's own later requests
-    /// come after it. What changes: a put that fails in the store (a name taken meanwhile,
-    /// full memory) is reported by this client's next call that waits for the store, which
-    /// then does not run, or by [`Client::sync`]. Needs the hold table, so `no_shared_reads`
-    /// implies this. Blocking client only ([`AsyncClient`] always waits).
+    /// come after it. What changes: a put that fails in the store (a name taken meanwhile by
+    /// a racing put, full memory) is logged when its reply is read and reported by
+    /// [`Client::sync`], not by the `put` (nor by unrelated later calls). Needs the hold table,
+    /// so `no_shared_reads` implies this. Blocking client only ([`AsyncClient`] always waits).
     pub no_pipelined_puts: bool,
 }
 

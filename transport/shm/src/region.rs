@@ -592,7 +592,7 @@ mod tests {
             })
         ));
         let mut w = good(2);
-        w[4] = 128;
+        w[4] = 64;
         assert!(matches!(
             DirectoryMap::open(&raw_memfd(&header_bytes(&w), len)),
             Err(ShmError::LayoutMismatch {
