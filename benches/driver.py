@@ -38,6 +38,9 @@ import numpy as np
 # VOVP_BENCH_LEND_PUTS=0: the vovp adapters opt out of puts through a lend (BENCHMARKS.md,
 # finding 9); on by default, as for users.
 LEND_PUTS = os.environ.get("VOVP_BENCH_LEND_PUTS", "1") != "0"
+# VOVP_BENCH_PIPELINED_PUTS=0: the native vovp adapter's puts wait for the store's answer
+# (README, "Small puts without a round trip"), for A/B runs.
+PIPELINED_PUTS = os.environ.get("VOVP_BENCH_PIPELINED_PUTS", "1") != "0"
 
 # pyarrow 11 warns on every Plasma call that Plasma is deprecated.
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -101,7 +104,7 @@ class VovpStore:
     def __init__(self, path):
         import vovp
 
-        self.c = vovp.init_client(path, lend_puts=LEND_PUTS)
+        self.c = vovp.init_client(path, lend_puts=LEND_PUTS, pipelined_puts=PIPELINED_PUTS)
 
     def key(self, name):
         return name
