@@ -100,7 +100,8 @@ fn a_failed_put_is_reported_by_sync_and_not_by_unrelated_calls() {
         c.contains("after").unwrap(),
         "puts after the failed one were applied"
     );
-    // A name already published fails at once, nothing sent.
+    // A name already published fails at once, nothing sent; so does a name this client put
+    // a moment ago whose answer is still owed (the second put waits for it).
     put(&c, "p", b"1").unwrap();
     c.sync().unwrap();
     assert!(matches!(
@@ -108,6 +109,15 @@ fn a_failed_put_is_reported_by_sync_and_not_by_unrelated_calls() {
         Err(vovp::Error::AlreadyExists(_))
     ));
     assert_eq!(c.unread_replies(), 0);
+    for i in 0..200 {
+        let name = format!("twice{i}");
+        put(&c, &name, b"1").unwrap();
+        assert!(
+            matches!(put(&c, &name, b"2"), Err(vovp::Error::AlreadyExists(_))),
+            "second put of {name}"
+        );
+    }
+    c.sync().unwrap();
 }
 
 /// `vovp put` exits right after its put (the CLI syncs, but the daemon must not lose a put

@@ -444,8 +444,9 @@ impl ClientInner {
             return None;
         }
         // What the store would refuse whatever its state is refused here, now, as a waiting
-        // put's would be: a bad name, too much metadata, a name published already. (A name
-        // taken but not yet published fails in the store: `sync` reports it.)
+        // put's would be: a bad name, too much metadata, a name published already or put by
+        // this client a moment ago. (A name another client took but has not published yet
+        // fails in the store: `sync` reports it.)
         if let Err(e) = vovp::ObjectName::new(name) {
             return Some(Err(e));
         }
@@ -454,9 +455,6 @@ impl ClientInner {
                 len: metadata.len(),
                 max: vovp::MAX_METADATA_LEN,
             }));
-        }
-        if shared.is_published(name) {
-            return Some(Err(Error::AlreadyExists(name.to_owned())));
         }
         let req = match requests::put(name, flags | vovp_proto::PUT_PIPELINED, metadata, data) {
             Ok(r) => r,
@@ -473,7 +471,14 @@ impl ClientInner {
             } else {
                 conn.drain_arrived()?;
             }
-            if !shared.count_sent_put() {
+            // (After reading the replies that came: a put answered is in the directory.)
+            if shared.is_published(name) {
+                return Err(Error::AlreadyExists(name.to_owned()));
+            }
+            // This client's own put of the name is still unanswered: wait, so a second put of
+            // it fails here as it would have without pipelining.
+            let own = |u: &Unread| u.kind == UnreadKind::Put && u.name == name;
+            if conn.wire.unread.iter().any(own) || !shared.count_sent_put() {
                 return Ok(false);
             }
             let id = self.core.frame(&mut conn.wire, &req);
