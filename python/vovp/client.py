@@ -324,9 +324,10 @@ class Client:
     it is short of memory; a lend's memory comes back with its last object. Needs
     ``shared_reads``.
 
-    ``pipelined_puts`` (default on): ``put`` of up to 64 KiB returns once its request is
-    written, without waiting for the store's answer (a write, not a round trip). A name
-    already published still fails at once; any process that learns of the name after ``put``
+    ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``)
+    returns once its request is written, without waiting for the store's answer (a write,
+    not a round trip). A name already published (or just put by this client) still fails at
+    once; any process that learns of the name after ``put``
     returned finds the object (the store waits for such puts before answering "missing");
     this client's own later calls come after it. A put that fails in the store anyway (a name
     taken meanwhile by a racing put, full memory) is logged and raised by ``sync()``, not by
@@ -561,7 +562,7 @@ class Client:
         holds it). ``ephemeral=True`` objects vanish when their last reference is released,
         so with ``put`` (which holds none) only a GET racing the put would see them.
 
-        Returns None; a put of up to 64 KiB may return before the store answered (see
+        Returns None; a put below 64 KiB may return before the store answered (see
         ``pipelined_puts`` in ``Client``; ``sync()`` waits for the answers). ``wait=True``:
         wait for the store's answer and return the object id.
         """
