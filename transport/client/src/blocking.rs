@@ -582,6 +582,8 @@ impl Client {
     /// Closes the connection now (the daemon releases every reference it held), even while
     /// views or clones of this client live: later calls fail with `Error::Connection` and
     /// never reconnect, and dropped views send nothing. Wakes a thread waiting in a GET.
+    /// Puts sent without waiting are still applied by the daemon, but their failures are not
+    /// read any more: [`Client::sync`] first to see them.
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
         // Another thread is mid-request: shutting the socket down (through a clone of it)
