@@ -320,12 +320,10 @@ impl Session {
             .collect::<Result<Vec<_>, _>>()?;
         let applied_before = self.applied_puts();
         let mut got = self.get_names(names.clone(), wait).await?;
-        // Not waiting, something missing: maybe a pipelined put of another client is still on
-        // its way (vovp-shm's `sent`); once it is applied, ask again for what was missing.
-        if wait.is_none_or(|w| w.is_zero())
-            && got.iter().any(Option::is_none)
-            && self.settle_sent_puts(applied_before).await?
-        {
+        // Something missing (at once, or when the wait ran out): maybe a pipelined put of
+        // another client is still on its way (vovp-shm's `sent`); once it is applied, ask
+        // again for what was missing.
+        if got.iter().any(Option::is_none) && self.settle_sent_puts(applied_before).await? {
             let missing: Vec<usize> = (0..got.len()).filter(|&i| got[i].is_none()).collect();
             let again = missing.iter().map(|&i| names[i].clone()).collect();
             let found = self.get_names(again, None).await?;
