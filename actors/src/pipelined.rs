@@ -16,6 +16,11 @@ use tokio::sync::oneshot;
 
 use crate::types::HolderId;
 
+/// The most pipelined puts a client of this build has sent and not had answered (its cap on
+/// owed replies is 32), with room to spare. A hold table claiming more is not believed: a
+/// client writing its own count could otherwise make every miss wait.
+pub const MAX_IN_FLIGHT: u64 = 64;
+
 /// Pipelined puts applied per client, and the questions waiting for more.
 #[derive(Default)]
 pub struct PipelinedPuts {
@@ -44,9 +49,17 @@ impl PipelinedPuts {
         asking: HolderId,
         sent: Vec<(HolderId, u64)>,
     ) -> Option<oneshot::Receiver<()>> {
+        // Barriers whose askers stopped waiting (their bound ran out) go now: with no put
+        // applied meanwhile, nothing else would drop them.
+        self.waiting
+            .retain(|b| b.done.as_ref().is_some_and(|d| !d.is_closed()));
         let targets: Vec<_> = sent
             .into_iter()
-            .filter(|&(h, n)| h != asking && n > self.applied(h))
+            .filter(|&(h, n)| {
+                let unapplied = n.saturating_sub(self.applied(h));
+                // More than a client keeps in flight: a count that is not true; ignored.
+                h != asking && unapplied > 0 && unapplied <= MAX_IN_FLIGHT
+            })
             .collect();
         if targets.is_empty() {
             return None;
@@ -131,6 +144,17 @@ mod tests {
         assert!(rx.try_recv().is_ok());
         // Applied already: no barrier.
         assert!(p.barrier(a, vec![(b, 2)]).is_none());
+    }
+
+    #[test]
+    fn a_count_beyond_what_a_client_keeps_in_flight_is_not_believed() {
+        let mut p = PipelinedPuts::default();
+        assert!(p
+            .barrier(holder(1), vec![(holder(2), MAX_IN_FLIGHT + 1)])
+            .is_none());
+        assert!(p
+            .barrier(holder(1), vec![(holder(2), MAX_IN_FLIGHT)])
+            .is_some());
     }
 
     #[test]

@@ -66,9 +66,12 @@ pub struct PutOptions {
 }
 
 /// How long a "missing" answer waits for other clients' pipelined puts sent before the
-/// question (vovp-shm's `sent`). A bound, not a delay: the wait ends as soon as they are
-/// applied; only a client that counts puts it never sends makes it run out.
+/// question (vovp-shm's `sent`), per round. A bound, not a delay: the wait ends as soon as
+/// they are applied. A round that runs out while the store applied pipelined puts (a store
+/// busy or stalled, not a client that counts puts it never sends) is followed by another, up
+/// to [`SENT_PUTS_ROUNDS`].
 const SENT_PUTS_WAIT: Duration = Duration::from_millis(200);
+const SENT_PUTS_ROUNDS: u32 = 5;
 
 fn object_name(name: &str) -> Result<ObjectName, Error> {
     ObjectName::new(name)
@@ -243,8 +246,14 @@ impl Session {
             .await?;
         match pending {
             None => Ok(self.applied_puts() != applied_before),
-            Some(applied) => {
-                let _ = tokio::time::timeout(SENT_PUTS_WAIT, applied).await;
+            Some(mut applied) => {
+                for _ in 0..SENT_PUTS_ROUNDS {
+                    let before = self.applied_puts();
+                    match tokio::time::timeout(SENT_PUTS_WAIT, &mut applied).await {
+                        Err(_) if self.applied_puts() != before => continue,
+                        _ => break,
+                    }
+                }
                 Ok(true)
             }
         }

@@ -693,3 +693,31 @@ def test_pipelined_puts_can_be_turned_off(daemon):
     assert d._n.unread_replies == 0
     c.close()
     d.close()
+
+
+def test_a_forked_child_dropping_the_client_leaves_the_parents_replies(daemon):
+    # Replies owed to pipelined puts belong to the process that sent them: a forked child
+    # that drops its copy of the client must not read them from the shared socket.
+    c = vovp.Client(daemon.socket)
+    for i in range(5):
+        c.put(f"f{i}", b"x" * 64)
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        try:
+            del c  # the child's copy of the client goes (its native core is dropped)
+            gc.collect()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung dropping its copy of the client (reading the parent's "
+                    "replies)")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    c.sync()  # the parent still reads its own replies, in order
+    assert c.contains("f4")
+    c.put("after-fork", b"y", wait=True)
+    c.close()

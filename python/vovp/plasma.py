@@ -311,19 +311,9 @@ def _remember_seal(name, created_ms):
 _CREATED_AT: collections.OrderedDict = collections.OrderedDict()
 
 
-# Creation times of headerless objects put without waiting (no object id yet): paired with
-# the id found under the name by the next list().
-_CREATED_UNPAIRED: collections.OrderedDict = collections.OrderedDict()
-
-
-def _remember_creation(name, header, holder, created_ms, object_id=None, sent=False):
+def _remember_creation(name, header, holder, created_ms, object_id=None):
     if header:
         return  # the header has it
-    if sent:
-        _CREATED_UNPAIRED[name] = created_ms
-        while len(_CREATED_UNPAIRED) > _SEALED_AT_MAX:
-            _CREATED_UNPAIRED.popitem(last=False)
-        return
     if object_id is None:
         lease = _vc.find_lease(holder)
         if lease is None:
@@ -785,10 +775,10 @@ class PlasmaClient:
                             n = memoryview(piece).nbytes
                             blob[off:off + n] = piece
                         blob[data_size:] = metadata
-                    # Sent without waiting for the store's answer when small (vovp.Client's
-                    # pipelined_puts): a name already stored still fails here, at once.
-                    oid = self._vovp.put(name, blob, metadata=header)
-                    _remember_creation(name, header, None, created, oid, sent=oid is None)
+                    # wait=True: Plasma raises PlasmaStoreFull / PlasmaObjectExists from the
+                    # put itself; a pipelined put would report them only at sync().
+                    oid = self._vovp.put(name, blob, metadata=header, wait=True)
+                    _remember_creation(name, header, None, created, oid)
                 else:
                     owner = self._vovp.create(name, total, header)
                     _remember_creation(name, header, owner, created)
@@ -914,12 +904,7 @@ class PlasmaClient:
                 metadata_size = len(e["metadata"])
             last_access_ms = int(e["last_access"] * 1000)
             if created is None:
-                created = _CREATED_AT.get((name, e["id"]))
-                if created is None and name in _CREATED_UNPAIRED:
-                    created = _CREATED_UNPAIRED.pop(name)
-                    _CREATED_AT[(name, e["id"])] = created
-                if created is None:
-                    created = last_access_ms
+                created = _CREATED_AT.get((name, e["id"]), last_access_ms)
             if not e["sealed"]:
                 duration = -1
             else:

@@ -159,7 +159,8 @@ fn puts_of_a_client_that_goes_away_at_once_are_all_stored() {
 }
 
 /// A client that counts puts it never sends only delays other clients' misses, by the store's
-/// bound (200 ms), and only while it is connected.
+/// bound (200 ms when nothing is applied meanwhile), only while it is connected, and not at
+/// all with a count no real client reaches.
 #[test]
 fn a_client_that_counts_puts_it_never_sends_delays_misses_boundedly() {
     let d = Daemon::start("64M");
@@ -175,7 +176,17 @@ fn a_client_that_counts_puts_it_never_sends_delays_misses_boundedly() {
         waited >= Duration::from_millis(150) && waited < Duration::from_secs(5),
         "{waited:?}"
     );
+    // A count beyond what any client keeps in flight is not believed: no wait.
+    rustix::io::pwrite(&holds, &1000u64.to_le_bytes(), 64).expect("write puts_sent");
+    let t = Instant::now();
+    assert!(!c.contains("nothing").unwrap());
+    assert!(
+        t.elapsed() < Duration::from_millis(150),
+        "{:?}",
+        t.elapsed()
+    );
     // Gone: no wait at all.
+    rustix::io::pwrite(&holds, &5u64.to_le_bytes(), 64).expect("write puts_sent");
     drop(liar);
     vovp_tests::wait_until(Duration::from_secs(10), || {
         let t = Instant::now();

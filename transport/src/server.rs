@@ -367,8 +367,11 @@ impl ConnIo<'_> {
         match tokio::time::timeout(self.limits.write_timeout, self.stream.write_all(out)).await {
             Ok((res, mut back)) => {
                 back.clear();
+                // Closed, not merely shut for reading (which keeps the write timeout's
+                // backpressure): carry on without replies.
                 let gone = res.as_ref().err().and_then(std::io::Error::raw_os_error);
-                if matches!(gone, Some(libc::EPIPE | libc::ECONNRESET)) {
+                if matches!(gone, Some(libc::EPIPE | libc::ECONNRESET)) && peer_hung_up(self.raw())
+                {
                     self.peer_closed.set(true);
                     return (Ok(()), back);
                 }

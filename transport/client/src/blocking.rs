@@ -130,16 +130,30 @@ impl Conn {
 impl Drop for ClientInner {
     fn drop(&mut self) {
         // Pipelined puts whose answers are still owed: read them (a failure is logged by
-        // `read_unread`), so a client dropped right after its puts leaves none unaccounted.
+        // `read_unread`), for a bounded time. Only in the process that sent them: a forked
+        // child shares the socket, and what it read would be missing in the parent.
+        let ours = self
+            .core
+            .session
+            .maps()
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.can_announce());
         if let Ok(conn) = self.conn.get_mut() {
-            if !self.closed.load(Ordering::Acquire)
+            if ours
+                && !self.closed.load(Ordering::Acquire)
                 && conn.wire.unread.iter().any(|u| u.kind == UnreadKind::Put)
+                && conn.stream.set_read_timeout(Some(DROP_READ_LIMIT)).is_ok()
             {
                 let _ = conn.drain_unread();
             }
         }
     }
 }
+
+/// How long a dropped client waits for each owed reply (a daemon that stopped answering
+/// must not hang the dropping thread; the daemon applies what was sent anyway).
+const DROP_READ_LIMIT: Duration = Duration::from_secs(2);
 
 /// Requests sent without waiting whose replies may stay unread: past this a pipelined put
 /// first reads them all. Small, so the replies always fit in the socket's receive buffer
@@ -320,6 +334,23 @@ impl ClientInner {
                     *c = stream.try_clone().ok();
                 }
                 conn.stream = stream;
+                // Puts sent without waiting and never answered went with the old daemon (as
+                // every object it held): `sync` says so.
+                let lost = conn
+                    .wire
+                    .unread
+                    .iter()
+                    .filter(|u| u.kind == UnreadKind::Put);
+                let lost = lost.count() as u64;
+                if lost > 0 {
+                    let e = Error::Connection(format!(
+                        "{lost} puts sent without waiting were lost with the old connection"
+                    ));
+                    match &mut conn.failed_puts {
+                        Some((_, n)) => *n += lost,
+                        None => conn.failed_puts = Some((e, lost)),
+                    }
+                }
                 let answered = self.core.reconnected(&mut conn.wire, maps);
                 let reply = conn.exchange(&self.core, req)?;
                 Ok((reply, answered))
@@ -438,11 +469,6 @@ impl ClientInner {
         if !self.pipelined_puts {
             return None;
         }
-        let maps = self.core.session.maps();
-        let shared = maps.shared.as_ref()?;
-        if !shared.can_announce() {
-            return None;
-        }
         // What the store would refuse whatever its state is refused here, now, as a waiting
         // put's would be: a bad name, too much metadata, a name published already or put by
         // this client a moment ago. (A name another client took but has not published yet
@@ -464,6 +490,13 @@ impl ClientInner {
             Ok(c) => c,
             Err(e) => return Some(Err(e)),
         };
+        // The mappings of the connection this lock guards (a reconnect replaces both under
+        // it): the count must go into the hold table of the connection the PUT goes out on.
+        let maps = self.core.session.maps();
+        let shared = maps.shared.as_ref()?;
+        if !shared.can_announce() {
+            return None;
+        }
         let sent = (|| {
             // Replies owed stay few: read those that came, and wait for them past the cap.
             if conn.wire.unread.len() >= MAX_UNREAD {
