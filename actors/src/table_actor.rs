@@ -428,16 +428,6 @@ impl ObjectTableActor {
     }
 }
 
-fn check_metadata(metadata: &[u8]) -> Result<(), Error> {
-    if metadata.len() > MAX_METADATA_LEN {
-        return Err(Error::MetadataTooLarge {
-            len: metadata.len(),
-            max: MAX_METADATA_LEN,
-        });
-    }
-    Ok(())
-}
-
 /// Create an unsealed object; the creator holds one reference and writes the bytes.
 pub struct Create {
     pub holder: HolderId,
@@ -635,11 +625,7 @@ impl Message<AwaitSentPuts> for ObjectTableActor {
         m: AwaitSentPuts,
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
-        let sent = self.table.puts_sent();
-        if sent.is_empty() {
-            return None;
-        }
-        self.pipelined.barrier(m.holder, sent)
+        self.pipelined.barrier(m.holder, self.table.puts_sent())
     }
 }
 

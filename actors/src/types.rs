@@ -12,6 +12,18 @@ use crate::Error;
 pub const MAX_NAME_LEN: usize = 256;
 /// Largest metadata blob stored with an object (tensor headers are far smaller).
 pub const MAX_METADATA_LEN: usize = 64 * 1024;
+
+/// [`Error::MetadataTooLarge`] past [`MAX_METADATA_LEN`]: the store's check, which a client
+/// that does not wait for the store's answer makes itself.
+pub fn check_metadata(metadata: &[u8]) -> Result<(), Error> {
+    if metadata.len() > MAX_METADATA_LEN {
+        return Err(Error::MetadataTooLarge {
+            len: metadata.len(),
+            max: MAX_METADATA_LEN,
+        });
+    }
+    Ok(())
+}
 /// Most objects the store holds at once (named or waiting for their last holder).
 pub const MAX_OBJECTS: u64 = crate::allocator::MAX_ALLOCS_PER_SEGMENT as u64;
 /// Every object's data starts on this boundary (cache line; enough for any dtype and AVX-512).

@@ -35,8 +35,8 @@ pub use vovp_actors::shared::SharedFds;
 /// store produces these values itself.
 pub use vovp_actors::Error;
 pub use vovp_actors::{
-    CreateOptions, Device, HolderId, Lend, Location, Notification, NotificationKind, ObjectId,
-    ObjectInfo, ObjectName, ObjectRef, StoreStats, ALIGNMENT, MAX_METADATA_LEN, MAX_NAME_LEN,
-    MAX_OBJECTS,
+    check_metadata, CreateOptions, Device, HolderId, Lend, Location, Notification,
+    NotificationKind, ObjectId, ObjectInfo, ObjectName, ObjectRef, StoreStats, ALIGNMENT,
+    MAX_METADATA_LEN, MAX_NAME_LEN, MAX_OBJECTS,
 };
 pub use vovp_gpu::{DeviceBlock, GpuConfig};

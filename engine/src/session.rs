@@ -191,9 +191,18 @@ impl Session {
         metadata: &[u8],
         options: PutOptions,
     ) -> Result<ObjectRef, Error> {
-        let name = match (data.len() > MAX_INLINE_PUT, object_name(name)) {
-            (false, Ok(name)) => name,
-            (too_large, checked) => {
+        let checked = if data.len() > MAX_INLINE_PUT {
+            Err(Error::TooLarge(format!(
+                "inline PUT of {} bytes; the limit is {MAX_INLINE_PUT}: use CREATE and SEAL",
+                data.len()
+            )))
+        } else {
+            object_name(name)
+        };
+        let name = match checked {
+            Ok(name) => name,
+            Err(e) => {
+                // Refused before the table saw it: still done, for misses waiting on it.
                 if options.pipelined {
                     self.table()
                         .tell(msg::PipelinedPutRefused {
@@ -201,13 +210,7 @@ impl Session {
                         })
                         .await?;
                 }
-                return Err(match checked {
-                    Err(e) if !too_large => e,
-                    _ => Error::TooLarge(format!(
-                        "inline PUT of {} bytes; the limit is {MAX_INLINE_PUT}: use CREATE and SEAL",
-                        data.len()
-                    )),
-                });
+                return Err(e);
             }
         };
         Ok(self
@@ -343,6 +346,25 @@ impl Session {
         Ok(got)
     }
 
+    /// `ask`, and once more if its answer is `missing` and other clients' pipelined puts sent
+    /// before it may have changed that ([`Session::settle_sent_puts`]).
+    async fn again_if_missing<T, F, Fut>(
+        &self,
+        ask: F,
+        missing: impl Fn(&Result<T, Error>) -> bool,
+    ) -> Result<T, Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let applied_before = self.applied_puts();
+        let answer = ask().await;
+        if missing(&answer) && self.settle_sent_puts(applied_before).await? {
+            return ask().await;
+        }
+        answer
+    }
+
     async fn get_names(
         &self,
         names: Vec<ObjectName>,
@@ -390,29 +412,22 @@ impl Session {
     /// Is `name` present and sealed?
     pub async fn contains(&self, name: &str) -> Result<bool, Error> {
         let name = object_name(name)?;
-        let applied_before = self.applied_puts();
-        let found = self
-            .table()
-            .ask(msg::Contains { name: name.clone() })
-            .await?;
-        if !found && self.settle_sent_puts(applied_before).await? {
-            return Ok(self.table().ask(msg::Contains { name }).await?);
-        }
-        Ok(found)
+        let ask = || async {
+            Ok(self
+                .table()
+                .ask(msg::Contains { name: name.clone() })
+                .await?)
+        };
+        self.again_if_missing(ask, |found| matches!(found, Ok(false)))
+            .await
     }
 
     /// Deletes a sealed object: the name is free at once, the memory goes with its last holder.
     pub async fn delete(&self, name: &str) -> Result<(), Error> {
         let name = object_name(name)?;
-        let applied_before = self.applied_puts();
-        match self.table().ask(msg::Delete { name: name.clone() }).await {
-            Err(kameo::error::SendError::HandlerError(Error::NotFound(_)))
-                if self.settle_sent_puts(applied_before).await? =>
-            {
-                Ok(self.table().ask(msg::Delete { name }).await?)
-            }
-            r => Ok(r?),
-        }
+        let ask = || async { Ok(self.table().ask(msg::Delete { name: name.clone() }).await?) };
+        self.again_if_missing(ask, |r| matches!(r, Err(Error::NotFound(_))))
+            .await
     }
 
     /// Every named object, sorted by name.

@@ -327,9 +327,9 @@ class Client:
     ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``)
     returns once its request is written, without waiting for the store's answer (a write,
     not a round trip). A name already published (or just put by this client) still fails at
-    once; any process that learns of the name after ``put``
-    returned finds the object (the store waits for such puts before answering "missing");
-    this client's own later calls come after it. A put that fails in the store anyway (a name
+    once; any process that learns of the name after ``put`` returned finds the object (the
+    store waits for such puts before answering "missing"); this client's own later calls come
+    after it. A put that fails in the store anyway (a name
     taken meanwhile by a racing put, full memory) is logged and raised by ``sync()``, not by
     the ``put``. ``put(..., wait=True)`` waits for the answer (raising its error) and
     returns the object id. Needs ``shared_reads``.

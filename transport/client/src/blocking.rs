@@ -86,16 +86,22 @@ impl Conn {
             (Err(e @ (Error::Connection(_) | Error::Protocol(_))), _) => Err(e),
             (Err(e), UnreadKind::Put) => {
                 tracing::warn!("vovp: the put of {owned:?}, sent without waiting, failed: {e}");
-                match &mut self.failed_puts {
-                    Some((_, n)) => *n += 1,
-                    None => self.failed_puts = Some((e, 1)),
-                }
+                self.record_failed_puts(e, 1);
                 Ok(())
             }
             (Err(e), UnreadKind::Seal) => {
                 tracing::warn!("vovp: deferred seal of {owned:?} failed: {e}");
                 Ok(())
             }
+        }
+    }
+
+    /// Keeps `e` for [`Client::sync`] (unless an earlier failure is kept) and counts `n` more
+    /// failed pipelined puts.
+    fn record_failed_puts(&mut self, e: Error, n: u64) {
+        match &mut self.failed_puts {
+            Some((_, count)) => *count += n,
+            None => self.failed_puts = Some((e, n)),
         }
     }
 
@@ -346,10 +352,7 @@ impl ClientInner {
                     let e = Error::Connection(format!(
                         "{lost} puts sent without waiting were lost with the old connection"
                     ));
-                    match &mut conn.failed_puts {
-                        Some((_, n)) => *n += lost,
-                        None => conn.failed_puts = Some((e, lost)),
-                    }
+                    conn.record_failed_puts(e, lost);
                 }
                 let answered = self.core.reconnected(&mut conn.wire, maps);
                 let reply = conn.exchange(&self.core, req)?;
@@ -476,11 +479,8 @@ impl ClientInner {
         if let Err(e) = vovp::ObjectName::new(name) {
             return Some(Err(e));
         }
-        if metadata.len() > vovp::MAX_METADATA_LEN {
-            return Some(Err(Error::MetadataTooLarge {
-                len: metadata.len(),
-                max: vovp::MAX_METADATA_LEN,
-            }));
+        if let Err(e) = vovp::check_metadata(metadata) {
+            return Some(Err(e));
         }
         let req = match requests::put(name, flags | vovp_proto::PUT_PIPELINED, metadata, data) {
             Ok(r) => r,

@@ -38,8 +38,7 @@ pub(crate) struct Unread {
 pub(crate) enum UnreadKind {
     /// [`crate::Client::seal_later`]: a failure is only logged.
     Seal,
-    /// A pipelined put ([`crate::Client::sync`]): a failure is reported by the next call that
-    /// waits for the store.
+    /// A pipelined put: a failure is logged and kept for [`crate::Client::sync`].
     Put,
 }
 

@@ -111,12 +111,8 @@ const REPLY_SPIN: Duration = Duration::from_micros(50);
 /// keeps the poll from starving the daemon when both share a CPU.
 pub(crate) fn spin_until_readable(fd: BorrowedFd<'_>) {
     let start = Instant::now();
-    let mut probe = [0u8; 1];
-    while start.elapsed() < REPLY_SPIN {
-        match rustix::net::recv(fd, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
-            Err(Errno::AGAIN) => rustix::thread::sched_yield(),
-            _ => return,
-        }
+    while start.elapsed() < REPLY_SPIN && !readable_now(fd) {
+        rustix::thread::sched_yield();
     }
 }
 
