@@ -379,6 +379,35 @@ def test_deferred_release_reaches_idle_daemon(client, daemon):
     watcher.close()
 
 
+def test_deferred_release_sent_after_a_waiting_get(daemon):
+    """A view dropped while another thread waits in a GET: the flusher never waits for the
+    busy connection (its wake-up would sit on the GET's return), but tries again and sends
+    the release once the GET is over, with no further request from this client."""
+    c = daemon.client(release_delay=0.002)
+    watcher = daemon.client()
+    a = c.put_tensor("held-during-wait", np.zeros(4))
+    waited = []
+
+    def wait_for_missing():
+        t = time.monotonic()
+        with pytest.raises(vovp.ObjectNotFound):
+            c.get_buffer("never-put", timeout=0.6)
+        waited.append(time.monotonic() - t)
+
+    th = threading.Thread(target=wait_for_missing)
+    th.start()
+    time.sleep(0.1)  # the GET is waiting in the daemon, holding the connection
+    del a
+    gc.collect()
+    time.sleep(0.1)
+    assert watcher.stats()["references"] == 1  # queued behind the waiting GET
+    th.join()
+    assert waited and waited[0] >= 0.5
+    assert wait_for(lambda: watcher.stats()["references"] == 0, timeout=1)
+    c.close()
+    watcher.close()
+
+
 def test_immediate_release_mode(daemon):
     c = daemon.client(release_delay=0)
     watcher = daemon.client()

@@ -236,14 +236,26 @@ impl Flusher {
             }
             *due = false;
             drop(due);
-            std::thread::sleep(delay);
-            let Some(client) = inner.upgrade() else {
-                return;
-            };
-            client.flush_deferred();
+            let mut pause = delay;
+            loop {
+                std::thread::sleep(pause);
+                let Some(client) = inner.upgrade() else {
+                    return;
+                };
+                // Never wait for the connection: a call in flight (a GET waiting for its
+                // object) would hand the lock to this thread on return, and that wake-up sits
+                // on the caller's path. Its releases usually rode with that call anyway.
+                if client.try_flush_deferred() {
+                    break;
+                }
+                pause = (pause * 2).min(MAX_FLUSH_RETRY);
+            }
         }
     }
 }
+
+/// The flusher's longest wait between tries while the connection stays busy.
+const MAX_FLUSH_RETRY: Duration = Duration::from_millis(20);
 
 /// A view's way back to its client: releases go out only while the connection it came from
 /// is still the current one.
@@ -304,6 +316,27 @@ impl ClientInner {
         conn.wire.out.clear();
         conn.wire.push_releases(&ids);
         let _ = io::write_all(conn.stream.as_fd(), &conn.wire.out);
+    }
+
+    /// The flusher's send: `false` while the connection is busy with a call (queued releases
+    /// then ride with the next request or a later try); `true` when nothing is left to send.
+    fn try_flush_deferred(&self) -> bool {
+        if !self.core.has_deferred() || self.is_closed() {
+            return true;
+        }
+        let mut conn = match self.conn.try_lock() {
+            Ok(conn) => conn,
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+            Err(std::sync::TryLockError::Poisoned(_)) => return true,
+        };
+        let ids = self.core.take_deferred();
+        if !ids.is_empty() {
+            let conn = &mut *conn;
+            conn.wire.out.clear();
+            conn.wire.push_releases(&ids);
+            let _ = io::write_all(conn.stream.as_fd(), &conn.wire.out);
+        }
+        true
     }
 
     /// The connection, locked, unless the client was closed.

@@ -172,6 +172,14 @@ impl Core {
             .unwrap_or_default()
     }
 
+    /// Whether releases are queued (the flusher's check before it takes the connection).
+    pub(crate) fn has_deferred(&self) -> bool {
+        self.deferred_releases
+            .lock()
+            .map(|v| !v.is_empty())
+            .unwrap_or(false)
+    }
+
     /// Queues the release of `id` for the next request, if it belongs to connection
     /// `generation` (a reference of an older connection died with it).
     pub(crate) fn defer_release(&self, id: u64, generation: u64) {

@@ -37,7 +37,9 @@ pub struct ClientOptions {
     /// Blocking client only.
     pub defer_cuda_mapping: bool,
     /// Dropped views' RELEASEs are queued: they ride in front of the next request (same
-    /// write), or a small thread sends them after this delay if the client stays idle. On a
+    /// write), or a small thread sends them after this delay if the client stays idle (if a
+    /// call is in flight then, such as a GET waiting for its object, within 20 ms of its end:
+    /// the thread never waits for the connection, so the call's return never waits for it). On a
     /// small machine this halves the cost of a get whose view is dropped at once (waking the
     /// daemon for each release costs as much as the request). None (the default): each
     /// release is sent when its view drops (when the connection is free). Blocking client only.
