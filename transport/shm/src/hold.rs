@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use crate::directory::{Directory, Lookup, Snapshot};
 use crate::error::{Result, ShmError};
 use crate::layout::HoldSlot;
-use crate::sync::fence;
+use crate::sync::{fence, AtomicU64};
 
 /// How many times a get retries after its entry changed under it before giving up.
 /// Under loom one retry covers the retry path; more only multiplies the interleavings.
@@ -57,6 +57,8 @@ pub enum Get {
 pub struct Holds<'a> {
     slots: &'a [HoldSlot],
     free: VecDeque<u32>,
+    /// The table header's `holding` count, when the table has one ([`Holds::counted`]).
+    holding: Option<&'a AtomicU64>,
 }
 
 impl<'a> Holds<'a> {
@@ -66,13 +68,30 @@ impl<'a> Holds<'a> {
         let free = (0..slots.len() as u32)
             .filter(|&i| slots[i as usize].generation.load(Relaxed) == 0)
             .collect();
-        Holds { slots, free }
+        Holds {
+            slots,
+            free,
+            holding: None,
+        }
+    }
+
+    /// Keeps `holding` equal to the number of slots in use (the table header's count, which
+    /// lets the store skip a table that holds nothing; see [`HoldsView::counted`]). The count
+    /// is raised before a hold's fence and lowered after its release, so whenever a slot
+    /// names a generation the count is not 0.
+    pub fn counted(mut self, holding: &'a AtomicU64) -> Self {
+        self.holding = Some(holding);
+        self
     }
 
     /// A table whose free-slot list the caller kept from an earlier [`Holds::into_free`]
     /// (an owner that keeps the mapping keeps the list, instead of rescanning every slot).
     pub fn with_free(slots: &'a [HoldSlot], free: VecDeque<u32>) -> Self {
-        Holds { slots, free }
+        Holds {
+            slots,
+            free,
+            holding: None,
+        }
     }
 
     /// The free-slot list, for [`Holds::with_free`].
@@ -128,6 +147,10 @@ impl<'a> Holds<'a> {
         s.object_id.store(snapshot.object_id, Relaxed);
         s.stamp.store(stamp, Relaxed);
         s.generation.store(snapshot.generation, Relaxed);
+        if let Some(n) = self.holding {
+            // Before the fence, like the slot: the store's load after its own fence sees it.
+            n.fetch_add(1, Relaxed);
+        }
         // Orders the hold's store before the re-validation's load against the store's
         // unpublish-then-scan (module docs).
         fence(SeqCst);
@@ -140,6 +163,9 @@ impl<'a> Holds<'a> {
         }
         // Never used the object: no ordering needed for the clear.
         s.generation.store(0, Relaxed);
+        if let Some(n) = self.holding {
+            n.fetch_sub(1, Relaxed);
+        }
         Ok(None)
     }
 
@@ -157,6 +183,11 @@ impl<'a> Holds<'a> {
             });
         }
         s.generation.store(0, Release);
+        if let Some(n) = self.holding {
+            // After the clear, `Release`: a store that reads 0 here has synchronised with it
+            // (RMWs continue the release sequence), so the client's reads happen before a free.
+            n.fetch_sub(1, Release);
+        }
         self.free.push_back(hold.slot as u32);
         Ok(())
     }
@@ -168,6 +199,7 @@ impl<'a> Holds<'a> {
 #[derive(Clone, Copy)]
 pub struct HoldsView<'a> {
     slots: &'a [HoldSlot],
+    holding: Option<&'a AtomicU64>,
 }
 
 /// One non-empty slot, as scanned.
@@ -181,12 +213,29 @@ pub struct HeldSlot {
 
 impl<'a> HoldsView<'a> {
     pub fn new(slots: &'a [HoldSlot]) -> Self {
-        HoldsView { slots }
+        HoldsView {
+            slots,
+            holding: None,
+        }
+    }
+
+    /// Reads the table's `holding` count before scanning it: 0 means no slot can name
+    /// anything, so the scan is skipped. Why that is safe: a get raises the count before its
+    /// fence, so a store whose fence comes later loads the raised count (or a later value);
+    /// the count is back at 0 only after every hold's release, whose `Release` decrement the
+    /// `Acquire` load synchronises with. A client that under-counts can only lose its own
+    /// holds' protection: it alone reads through them.
+    pub fn counted(mut self, holding: &'a AtomicU64) -> Self {
+        self.holding = Some(holding);
+        self
     }
 
     /// Whether any slot names `generation`. Call [`is_held`] (which fences first) unless
     /// a fence(SeqCst) already separates this scan from the unpublish.
     pub fn holds(&self, generation: u64) -> bool {
+        if self.holding.is_some_and(|n| n.load(Acquire) == 0) {
+            return false;
+        }
         generation != 0
             && self
                 .slots
@@ -326,6 +375,36 @@ mod tests {
             Get::Held(h) => h,
             other => panic!("not held: {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_holding_count_follows_holds_and_lets_the_store_skip_empty_tables() {
+        let st = store(8);
+        let (ia, ga) = publish(&mut st.writer(), b"a", 1);
+        let (_, gb) = publish(&mut st.writer(), b"b", 2);
+        let slots = table(4);
+        let holding = AtomicU64::new(0);
+        let mut holds = Holds::new(&slots).counted(&holding);
+        let view = [HoldsView::new(&slots).counted(&holding)];
+        let a = held(holds.get(&st.dir(), b"a", 1).unwrap());
+        let b = held(holds.get(&st.dir(), b"b", 1).unwrap());
+        assert_eq!(holding.load(Relaxed), 2);
+        assert!(is_held(&view, ga) && is_held(&view, gb));
+        holds.release(a).unwrap();
+        assert_eq!(holding.load(Relaxed), 1);
+        assert!(!is_held(&view, ga) && is_held(&view, gb));
+        holds.release(b).unwrap();
+        assert_eq!(holding.load(Relaxed), 0);
+        assert!(!is_held(&view, gb));
+        // A get of a name no longer published takes no slot and leaves the count alone.
+        st.writer().unpublish(ia, ga).unwrap();
+        assert_eq!(holds.get(&st.dir(), b"a", 1).unwrap(), Get::Missing);
+        assert_eq!(holding.load(Relaxed), 0);
+        // The count is the client's word: one that says 0 while a slot names a generation
+        // (a client lying about itself) has that hold ignored; an uncounted view still sees it.
+        slots[3].generation.store(gb, Relaxed);
+        assert!(!is_held(&view, gb));
+        assert!(is_held(&[HoldsView::new(&slots)], gb));
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub const HOLD_MAGIC: u64 = u64::from_le_bytes(*b"VOVPHLD1");
 /// handshake ([`crate::lend`]).
 pub const LEND_CLIENT: u64 = u64::from_le_bytes(*b"VOVPLEND");
 /// Bumped on any change of these layouts or of [`name_hash`].
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Longest name an entry holds inline: the store's own limit (`vovp::MAX_NAME_LEN`), so every
 /// object can be published.
@@ -159,13 +159,17 @@ pub struct HoldHeader {
     /// Puts this client sent without waiting for their replies, ever (written by the client
     /// before each is sent; [`crate::sent`]).
     pub puts_sent: AtomicU64,
-    pub reserved: [AtomicU64; 7],
+    /// How many slots hold something, kept by the client: the store skips scanning a table
+    /// whose count is 0 (most tables, most of the time), so a free costs a load per client
+    /// instead of a scan of every slot. A client that under-counts only exposes itself.
+    pub holding: AtomicU64,
+    pub reserved: [AtomicU64; 6],
 }
 
 impl HoldHeader {
     pub fn new() -> Self {
-        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, lend_client, puts_sent] =
-            zero_words::<9>();
+        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, lend_client, puts_sent, holding] =
+            zero_words::<10>();
         HoldHeader {
             magic,
             version_slot_size,
@@ -176,6 +180,7 @@ impl HoldHeader {
             lend_revoked,
             lend_client,
             puts_sent,
+            holding,
             reserved: zero_words(),
         }
     }
@@ -298,8 +303,10 @@ mod tests {
                 offset_of!(HoldHeader, lend_writers),
                 offset_of!(HoldHeader, lend_revoked),
                 offset_of!(HoldHeader, lend_client),
+                offset_of!(HoldHeader, puts_sent),
+                offset_of!(HoldHeader, holding),
             ],
-            [0, 8, 16, 24, 32, 40, 48, 56]
+            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72]
         );
         assert_eq!(
             [

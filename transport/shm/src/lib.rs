@@ -17,18 +17,19 @@
 //!
 //! Every field is a little-endian `u64` accessed only atomically ([`layout`]).
 //!
-//! * Directory header, 64 B: `magic` "VOVPDIR1" @0, `LAYOUT_VERSION | ENTRY_SIZE << 32` @8,
-//!   `capacity` (power of two) @16, `name_max` (256) @24, `entries_offset` (64) @32, `live`
-//!   @40 and `next_generation` @48 (store bookkeeping), reserved @56.
-//! * Entry `i`, 384 B at `64 + 384 i`: `seq` @0, `state` (0 empty, 1 live, 2 tombstone) @8,
+//! * Directory header, 128 B: `magic` "VOVPDIR1" @0, `LAYOUT_VERSION | ENTRY_SIZE << 32` @8,
+//!   `capacity` (power of two) @16, `name_max` (256) @24, `entries_offset` (128) @32, `live`
+//!   @40 and `next_generation` @48 (store bookkeeping), reserved @56..128.
+//! * Entry `i`, 384 B at `128 + 384 i`: `seq` @0, `state` (0 empty, 1 live, 2 tombstone) @8,
 //!   `hash` (FNV-1a) @16, `object_id` @24, `generation` @32, `segment | name_len << 32` @40,
 //!   `offset` @48, `size` @56, `meta_offset` @64, `meta_len` @72, `flags` @80, `stamp` @88
 //!   (outside the seqlock), reserved @96..128, name bytes @128..384.
-//! * Hold table header, 64 B: `magic` "VOVPHLD1" @0, `LAYOUT_VERSION | SLOT_SIZE << 32` @8,
-//!   `slots` @16, `slots_offset` (64) @24, `client_id` @32, `lend_writers` (client) @40,
+//! * Hold table header, 128 B: `magic` "VOVPHLD1" @0, `LAYOUT_VERSION | SLOT_SIZE << 32` @8,
+//!   `slots` @16, `slots_offset` (128) @24, `client_id` @32, `lend_writers` (client) @40,
 //!   `lend_revoked` (store) @48, `lend_client` ("VOVPLEND" once the client takes part in the
-//!   lend handshake) @56.
-//! * Hold slot `i`, 32 B at `64 + 32 i`: `generation` (0 = free) @0, `object_id` @8, `stamp`
+//!   lend handshake) @56, `puts_sent` (client) @64, `holding` (slots in use, kept by the
+//!   client; 0 lets the store skip the table) @72, reserved @80..128.
+//! * Hold slot `i`, 32 B at `128 + 32 i`: `generation` (0 = free) @0, `object_id` @8, `stamp`
 //!   @16, reserved @24.
 //!
 //! # Why a reader never sees freed memory

@@ -317,8 +317,8 @@ impl HoldRegion {
     /// The store's view; uses the store's own slot count, never the (client-writable) header.
     pub fn view(&self) -> HoldsView<'_> {
         // SAFETY: the map was created `HEADER_SIZE + slots * SLOT_SIZE` long.
-        let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
-        HoldsView::new(s)
+        let (h, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
+        HoldsView::new(s).counted(&h.holding)
     }
 }
 
@@ -352,8 +352,8 @@ impl HoldMap {
     /// requires; the list stays here between calls, so no call rescans the table.
     pub fn with_holds<R>(&mut self, f: impl FnOnce(&mut Holds<'_>) -> R) -> R {
         // SAFETY: `check_header` checked the length covers `slots` slots.
-        let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
-        let mut holds = Holds::with_free(s, std::mem::take(&mut self.free));
+        let (h, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
+        let mut holds = Holds::with_free(s, std::mem::take(&mut self.free)).counted(&h.holding);
         let r = f(&mut holds);
         self.free = holds.into_free();
         r
@@ -376,8 +376,8 @@ impl HoldMap {
     /// The client's hold operations, rebuilt from the table (rescans every slot).
     pub fn holds(&mut self) -> Holds<'_> {
         // SAFETY: `check_header` checked the length covers `slots` slots.
-        let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
-        Holds::new(s)
+        let (h, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
+        Holds::new(s).counted(&h.holding)
     }
 }
 

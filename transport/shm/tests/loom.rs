@@ -43,6 +43,8 @@ struct Shared {
     header: DirHeader,
     entries: Vec<Entry>,
     slots: Vec<HoldSlot>,
+    /// The hold table's header: its `holding` count, as the daemon's tables have one.
+    hold_header: HoldHeader,
     memory: Memory,
 }
 
@@ -55,6 +57,7 @@ fn shared(entries: usize, slots: usize) -> Arc<Shared> {
         header,
         entries: (0..entries).map(|_| Entry::new()).collect(),
         slots: (0..slots).map(|_| HoldSlot::new()).collect(),
+        hold_header: HoldHeader::new(),
         memory: Memory([UnsafeCell::new(0), UnsafeCell::new(0)]),
     })
 }
@@ -135,7 +138,7 @@ fn hold_never_sees_freed_memory() {
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots);
+            let mut holds = Holds::new(&r.slots).counted(&r.hold_header.holding);
             if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
                 let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
                 assert_eq!(
@@ -148,7 +151,7 @@ fn hold_never_sees_freed_memory() {
         let mut retired = Retired::new();
         let mut w = DirectoryWriter::new(&s.header, &s.entries);
         w.unpublish(index, generation).expect("unpublish");
-        let views = [HoldsView::new(&s.slots)];
+        let views = [HoldsView::new(&s.slots).counted(&s.hold_header.holding)];
         if is_held(&views, generation) {
             retired.retire(generation, 0usize);
         } else {
@@ -182,7 +185,7 @@ fn deferred_free_waits_for_release_then_reuses() {
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots);
+            let mut holds = Holds::new(&r.slots).counted(&r.hold_header.holding);
             if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
                 let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
                 assert_eq!(tag, h.snapshot.generation, "freed or reused memory");
@@ -193,7 +196,7 @@ fn deferred_free_waits_for_release_then_reuses() {
         w.unpublish(index, generation).expect("unpublish");
         let mut retired = Retired::new();
         retired.retire(generation, 0usize);
-        let views = [HoldsView::new(&s.slots)];
+        let views = [HoldsView::new(&s.slots).counted(&s.hold_header.holding)];
         let cell = loop {
             if let Some(c) = retired.collect(&views).pop() {
                 break c;
