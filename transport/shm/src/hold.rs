@@ -57,40 +57,36 @@ pub enum Get {
 pub struct Holds<'a> {
     slots: &'a [HoldSlot],
     free: VecDeque<u32>,
-    /// The table header's `holding` count, when the table has one ([`Holds::counted`]).
-    holding: Option<&'a AtomicU64>,
+    /// The table header's `holding` count: kept equal to the number of slots in use, so the
+    /// store may skip the table when it is 0 ([`HoldsView::counted`]). Raised before a hold's
+    /// fence, lowered after its release, so whenever a slot names a generation it is not 0.
+    /// Not optional: a client path that forgot it would leave 0 there while holding, and the
+    /// store would free what it holds.
+    holding: &'a AtomicU64,
 }
 
 impl<'a> Holds<'a> {
-    /// Takes over a table; slots that are not 0 are taken to be this client's own earlier
-    /// holds (a table re-opened by the same client) and are left alone.
-    pub fn new(slots: &'a [HoldSlot]) -> Self {
+    /// Takes over a table and its header's `holding` count; slots that are not 0 are taken to
+    /// be this client's own earlier holds (a table re-opened by the same client, already
+    /// counted) and are left alone.
+    pub fn new(slots: &'a [HoldSlot], holding: &'a AtomicU64) -> Self {
         let free = (0..slots.len() as u32)
             .filter(|&i| slots[i as usize].generation.load(Relaxed) == 0)
             .collect();
         Holds {
             slots,
             free,
-            holding: None,
+            holding,
         }
-    }
-
-    /// Keeps `holding` equal to the number of slots in use (the table header's count, which
-    /// lets the store skip a table that holds nothing; see [`HoldsView::counted`]). The count
-    /// is raised before a hold's fence and lowered after its release, so whenever a slot
-    /// names a generation the count is not 0.
-    pub fn counted(mut self, holding: &'a AtomicU64) -> Self {
-        self.holding = Some(holding);
-        self
     }
 
     /// A table whose free-slot list the caller kept from an earlier [`Holds::into_free`]
     /// (an owner that keeps the mapping keeps the list, instead of rescanning every slot).
-    pub fn with_free(slots: &'a [HoldSlot], free: VecDeque<u32>) -> Self {
+    pub fn with_free(slots: &'a [HoldSlot], free: VecDeque<u32>, holding: &'a AtomicU64) -> Self {
         Holds {
             slots,
             free,
-            holding: None,
+            holding,
         }
     }
 
@@ -147,10 +143,8 @@ impl<'a> Holds<'a> {
         s.object_id.store(snapshot.object_id, Relaxed);
         s.stamp.store(stamp, Relaxed);
         s.generation.store(snapshot.generation, Relaxed);
-        if let Some(n) = self.holding {
-            // Before the fence, like the slot: the store's load after its own fence sees it.
-            n.fetch_add(1, Relaxed);
-        }
+        // Before the fence, like the slot: the store's load after its own fence sees it.
+        self.holding.fetch_add(1, Relaxed);
         // Orders the hold's store before the re-validation's load against the store's
         // unpublish-then-scan (module docs).
         fence(SeqCst);
@@ -163,9 +157,8 @@ impl<'a> Holds<'a> {
         }
         // Never used the object: no ordering needed for the clear.
         s.generation.store(0, Relaxed);
-        if let Some(n) = self.holding {
-            n.fetch_sub(1, Relaxed);
-        }
+        let was = self.holding.fetch_sub(1, Relaxed);
+        debug_assert!(was > 0, "holding count out of step");
         Ok(None)
     }
 
@@ -183,11 +176,10 @@ impl<'a> Holds<'a> {
             });
         }
         s.generation.store(0, Release);
-        if let Some(n) = self.holding {
-            // After the clear, `Release`: a store that reads 0 here has synchronised with it
-            // (RMWs continue the release sequence), so the client's reads happen before a free.
-            n.fetch_sub(1, Release);
-        }
+        // After the clear, `Release`: a store that reads 0 here has synchronised with it
+        // (RMWs continue the release sequence), so the client's reads happen before a free.
+        let was = self.holding.fetch_sub(1, Release);
+        debug_assert!(was > 0, "holding count out of step");
         self.free.push_back(hold.slot as u32);
         Ok(())
     }
@@ -195,7 +187,8 @@ impl<'a> Holds<'a> {
 
 /// The store's read-only view of one client's hold table. The store never trusts the table's
 /// contents for anything but "is this generation held" (a bogus value can only pin what it
-/// names, which a client can do with GET anyway), and never reads its header after creating it.
+/// names, which a client can do with GET anyway). Of the header it reads only the `holding`
+/// count ([`HoldsView::counted`]), whose only effect is skipping this client's own table.
 #[derive(Clone, Copy)]
 pub struct HoldsView<'a> {
     slots: &'a [HoldSlot],
@@ -384,7 +377,7 @@ mod tests {
         let (_, gb) = publish(&mut st.writer(), b"b", 2);
         let slots = table(4);
         let holding = AtomicU64::new(0);
-        let mut holds = Holds::new(&slots).counted(&holding);
+        let mut holds = Holds::new(&slots, &holding);
         let view = [HoldsView::new(&slots).counted(&holding)];
         let a = held(holds.get(&st.dir(), b"a", 1).unwrap());
         let b = held(holds.get(&st.dir(), b"b", 1).unwrap());
@@ -400,6 +393,16 @@ mod tests {
         st.writer().unpublish(ia, ga).unwrap();
         assert_eq!(holds.get(&st.dir(), b"a", 1).unwrap(), Get::Missing);
         assert_eq!(holding.load(Relaxed), 0);
+        // A hold rejected by its re-validation (the entry changed after the lookup) gives
+        // its count back.
+        let Lookup::Found(stale) = st.dir().lookup(b"b") else {
+            panic!("b is published");
+        };
+        let ib = stale.index;
+        st.writer().unpublish(ib, gb).unwrap();
+        assert_eq!(holds.hold(&st.dir(), stale, 1).unwrap(), None);
+        assert_eq!(holding.load(Relaxed), 0);
+        assert_eq!(holds.in_use(), 0);
         // The count is the client's word: one that says 0 while a slot names a generation
         // (a client lying about itself) has that hold ignored; an uncounted view still sees it.
         slots[3].generation.store(gb, Relaxed);
@@ -412,7 +415,8 @@ mod tests {
         let st = store(8);
         let (_, gen) = publish(&mut st.writer(), b"a", 1);
         let slots = table(4);
-        let mut holds = Holds::new(&slots);
+        let n = AtomicU64::new(0);
+        let mut holds = Holds::new(&slots, &n);
         let view = [HoldsView::new(&slots)];
         assert!(!is_held(&view, gen));
         let h = held(holds.get(&st.dir(), b"a", 5).unwrap());
@@ -449,7 +453,8 @@ mod tests {
     fn get_of_a_missing_or_busy_name() {
         let st = store(4);
         let slots = table(2);
-        let mut holds = Holds::new(&slots);
+        let n = AtomicU64::new(0);
+        let mut holds = Holds::new(&slots, &n);
         assert_eq!(holds.get(&st.dir(), b"nope", 1).unwrap(), Get::Missing);
         let (i, _) = publish(&mut st.writer(), b"b", 1);
         let seq = st.entries[i].seq.load(Relaxed);
@@ -466,7 +471,8 @@ mod tests {
         let (ia, ga) = publish(&mut w, b"a", 1);
         let (ib, gb) = publish(&mut w, b"b", 2);
         let (t1, t2) = (table(2), table(2));
-        let (mut c1, mut c2) = (Holds::new(&t1), Holds::new(&t2));
+        let (n1, n2) = (AtomicU64::new(0), AtomicU64::new(0));
+        let (mut c1, mut c2) = (Holds::new(&t1, &n1), Holds::new(&t2, &n2));
         let ha1 = held(c1.get(&st.dir(), b"a", 1).unwrap());
         let ha2 = held(c2.get(&st.dir(), b"a", 1).unwrap());
         let views = [HoldsView::new(&t1), HoldsView::new(&t2)];
@@ -496,7 +502,8 @@ mod tests {
         let mut w = st.writer();
         let (i, g) = publish(&mut w, b"a", 1);
         let (alive, dead) = (table(2), table(2));
-        let mut dying = Holds::new(&dead);
+        let n = AtomicU64::new(0);
+        let mut dying = Holds::new(&dead, &n);
         // The client dies holding it: never released (a `Hold` has no destructor).
         let _never_released = held(dying.get(&st.dir(), b"a", 1).unwrap());
         drop(dying);
@@ -519,7 +526,8 @@ mod tests {
         let mut w = st.writer();
         let (i, g1) = publish(&mut w, b"a", 1);
         let slots = table(2);
-        let mut holds = Holds::new(&slots);
+        let n = AtomicU64::new(0);
+        let mut holds = Holds::new(&slots, &n);
         let Lookup::Found(stale) = st.dir().lookup(b"a") else {
             panic!("not found")
         };
@@ -550,7 +558,8 @@ mod tests {
         let mut w = st.writer();
         let (i, g1) = publish(&mut w, b"a", 1);
         let slots = table(1);
-        let mut holds = Holds::new(&slots);
+        let n = AtomicU64::new(0);
+        let mut holds = Holds::new(&slots, &n);
         let h = held(holds.get(&st.dir(), b"a", 1).unwrap());
         w.unpublish(i, g1).unwrap();
         let (_, g2) = publish(&mut w, b"a", 2);
@@ -565,7 +574,8 @@ mod tests {
         let st = store(4);
         publish(&mut st.writer(), b"a", 1);
         let slots = table(2);
-        let mut holds = Holds::new(&slots);
+        let n = AtomicU64::new(0);
+        let mut holds = Holds::new(&slots, &n);
         let h1 = held(holds.get(&st.dir(), b"a", 1).unwrap());
         let h2 = held(holds.get(&st.dir(), b"a", 1).unwrap());
         assert!(matches!(
@@ -598,8 +608,9 @@ mod tests {
         let st = store(4);
         let (_, g) = publish(&mut st.writer(), b"a", 1);
         let slots = table(3);
-        let h = held(Holds::new(&slots).get(&st.dir(), b"a", 1).unwrap());
-        let mut again = Holds::new(&slots);
+        let n = AtomicU64::new(0);
+        let h = held(Holds::new(&slots, &n).get(&st.dir(), b"a", 1).unwrap());
+        let mut again = Holds::new(&slots, &n);
         assert_eq!(again.in_use(), 1);
         let h2 = held(again.get(&st.dir(), b"a", 1).unwrap());
         assert_ne!(h2.slot, h.slot, "a live slot is not handed out again");
@@ -618,6 +629,7 @@ mod tests {
         let st = store(4);
         let blocks: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
         let slots = table(4);
+        let n = AtomicU64::new(0);
         let done = AtomicBool::new(false);
         // Validated gets so far: the store goes on until the reader has made some (on a loaded
         // machine the reader thread may start after 20,000 rounds), for at most 20 s.
@@ -629,7 +641,7 @@ mod tests {
                 let mut w = st.writer();
                 let mut retired: Retired<usize> = Retired::new();
                 let mut free: Vec<usize> = vec![1];
-                let view = [HoldsView::new(&slots)];
+                let view = [HoldsView::new(&slots).counted(&n)];
                 // Block 0 for generation 1.
                 blocks[0].store(1, Relaxed);
                 let mut cur = publish(&mut w, b"obj", 0);
@@ -666,7 +678,7 @@ mod tests {
             });
             sc.spawn(|| {
                 let dir = st.dir();
-                let mut holds = Holds::new(&slots);
+                let mut holds = Holds::new(&slots, &n);
                 let mut got = 0u64;
                 while !done.load(Relaxed) {
                     if let Get::Held(h) = holds.get(&dir, b"obj", 1).unwrap() {

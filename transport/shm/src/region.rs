@@ -314,7 +314,8 @@ impl HoldRegion {
         crate::sent::SentPuts::new(h).sent()
     }
 
-    /// The store's view; uses the store's own slot count, never the (client-writable) header.
+    /// The store's view; uses the store's own slot count, never the (client-writable) header's,
+    /// and of the header only the `holding` count (which can only expose the client's own holds).
     pub fn view(&self) -> HoldsView<'_> {
         // SAFETY: the map was created `HEADER_SIZE + slots * SLOT_SIZE` long.
         let (h, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
@@ -343,8 +344,8 @@ impl HoldMap {
         ];
         let slots = check_header("hold table", len, words, HOLD_MAGIC, SLOT_SIZE)?;
         // SAFETY: `check_header` checked the length covers `slots` slots.
-        let (_, s) = unsafe { parts::<HoldHeader, HoldSlot>(&map, slots) };
-        let free = Holds::new(s).into_free();
+        let (h, s) = unsafe { parts::<HoldHeader, HoldSlot>(&map, slots) };
+        let free = Holds::new(s, &h.holding).into_free();
         Ok(HoldMap { map, slots, free })
     }
 
@@ -353,7 +354,7 @@ impl HoldMap {
     pub fn with_holds<R>(&mut self, f: impl FnOnce(&mut Holds<'_>) -> R) -> R {
         // SAFETY: `check_header` checked the length covers `slots` slots.
         let (h, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
-        let mut holds = Holds::with_free(s, std::mem::take(&mut self.free)).counted(&h.holding);
+        let mut holds = Holds::with_free(s, std::mem::take(&mut self.free), &h.holding);
         let r = f(&mut holds);
         self.free = holds.into_free();
         r
@@ -377,7 +378,7 @@ impl HoldMap {
     pub fn holds(&mut self) -> Holds<'_> {
         // SAFETY: `check_header` checked the length covers `slots` slots.
         let (h, s) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
-        Holds::new(s).counted(&h.holding)
+        Holds::new(s, &h.holding)
     }
 }
 

@@ -138,7 +138,7 @@ fn hold_never_sees_freed_memory() {
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots).counted(&r.hold_header.holding);
+            let mut holds = Holds::new(&r.slots, &r.hold_header.holding);
             if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
                 let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
                 assert_eq!(
@@ -185,7 +185,7 @@ fn deferred_free_waits_for_release_then_reuses() {
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots).counted(&r.hold_header.holding);
+            let mut holds = Holds::new(&r.slots, &r.hold_header.holding);
             if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
                 let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
                 assert_eq!(tag, h.snapshot.generation, "freed or reused memory");
