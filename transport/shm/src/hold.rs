@@ -143,8 +143,10 @@ impl<'a> Holds<'a> {
         s.object_id.store(snapshot.object_id, Relaxed);
         s.stamp.store(stamp, Relaxed);
         s.generation.store(snapshot.generation, Relaxed);
-        // Before the fence, like the slot: the store's load after its own fence sees it.
-        self.holding.fetch_add(1, Relaxed);
+        // Before the fence, like the slot: the store's load after its own fence sees it. A
+        // plain store of the client's own count (it is the table's only writer), not a
+        // read-modify-write, so no locked instruction on every get and release.
+        self.holding.store(self.in_use() as u64 + 1, Relaxed);
         // Orders the hold's store before the re-validation's load against the store's
         // unpublish-then-scan (module docs).
         fence(SeqCst);
@@ -157,8 +159,10 @@ impl<'a> Holds<'a> {
         }
         // Never used the object: no ordering needed for the clear.
         s.generation.store(0, Relaxed);
-        let was = self.holding.fetch_sub(1, Relaxed);
-        debug_assert!(was > 0, "holding count out of step");
+        // `Release`, as every store that can lower the count to 0: the store's `Acquire` load
+        // of that 0 then synchronises with it, and through program order with every earlier
+        // release of this client.
+        self.holding.store(self.in_use() as u64, Release);
         Ok(None)
     }
 
@@ -176,11 +180,10 @@ impl<'a> Holds<'a> {
             });
         }
         s.generation.store(0, Release);
-        // After the clear, `Release`: a store that reads 0 here has synchronised with it
-        // (RMWs continue the release sequence), so the client's reads happen before a free.
-        let was = self.holding.fetch_sub(1, Release);
-        debug_assert!(was > 0, "holding count out of step");
         self.free.push_back(hold.slot as u32);
+        // After the clear, `Release`: a store that reads 0 here has synchronised with it, so
+        // the client's reads of the object happen before a free.
+        self.holding.store(self.in_use() as u64, Release);
         Ok(())
     }
 }
@@ -215,9 +218,10 @@ impl<'a> HoldsView<'a> {
     /// Reads the table's `holding` count before scanning it: 0 means no slot can name
     /// anything, so the scan is skipped. Why that is safe: a get raises the count before its
     /// fence, so a store whose fence comes later loads the raised count (or a later value);
-    /// the count is back at 0 only after every hold's release, whose `Release` decrement the
-    /// `Acquire` load synchronises with. A client that under-counts can only lose its own
-    /// holds' protection: it alone reads through them.
+    /// every store of the count that can write 0 is a `Release` made after the slots' clears,
+    /// so an `Acquire` load of 0 synchronises with it and, through the client's program order,
+    /// with every release before it. A client that under-counts can only lose its own holds'
+    /// protection: it alone reads through them.
     pub fn counted(mut self, holding: &'a AtomicU64) -> Self {
         self.holding = Some(holding);
         self
