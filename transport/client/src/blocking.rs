@@ -105,6 +105,17 @@ impl Conn {
         }
     }
 
+    /// Writes one-way RELEASE frames for `ids` now (nothing for none). A failed write is left
+    /// for the next call to find: a release has no reply to wait for.
+    fn send_releases(&mut self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.wire.out.clear();
+        self.wire.push_releases(ids);
+        let _ = io::write_all(self.stream.as_fd(), &self.wire.out);
+    }
+
     /// Reads every reply still owed, in order.
     fn drain_unread(&mut self) -> Result<(), Error> {
         while !self.wire.unread.is_empty() {
@@ -282,12 +293,9 @@ impl ObjectSink for ViewSink {
         // Never block in Drop: send now if the connection is free, else queue for the next call.
         match self.inner.conn.try_lock() {
             Ok(mut conn) => {
-                let conn = &mut *conn;
-                conn.wire.out.clear();
                 let mut ids = self.inner.core.take_deferred();
                 ids.push(id);
-                conn.wire.push_releases(&ids);
-                let _ = io::write_all(conn.stream.as_fd(), &conn.wire.out);
+                conn.send_releases(&ids);
             }
             Err(_) => self.inner.core.defer_release(id, self.generation),
         }
@@ -308,14 +316,7 @@ impl ClientInner {
         let Ok(mut conn) = self.lock() else {
             return;
         };
-        let ids = self.core.take_deferred();
-        if ids.is_empty() {
-            return;
-        }
-        let conn = &mut *conn;
-        conn.wire.out.clear();
-        conn.wire.push_releases(&ids);
-        let _ = io::write_all(conn.stream.as_fd(), &conn.wire.out);
+        conn.send_releases(&self.core.take_deferred());
     }
 
     /// The flusher's send: `false` while the connection is busy with a call (queued releases
@@ -329,13 +330,7 @@ impl ClientInner {
             Err(std::sync::TryLockError::WouldBlock) => return false,
             Err(std::sync::TryLockError::Poisoned(_)) => return true,
         };
-        let ids = self.core.take_deferred();
-        if !ids.is_empty() {
-            let conn = &mut *conn;
-            conn.wire.out.clear();
-            conn.wire.push_releases(&ids);
-            let _ = io::write_all(conn.stream.as_fd(), &conn.wire.out);
-        }
+        conn.send_releases(&self.core.take_deferred());
         true
     }
 
@@ -375,12 +370,9 @@ impl ClientInner {
                 conn.stream = stream;
                 // Puts sent without waiting and never answered went with the old daemon (as
                 // every object it held): `sync` says so.
-                let lost = conn
-                    .wire
-                    .unread
-                    .iter()
-                    .filter(|u| u.kind == UnreadKind::Put);
-                let lost = lost.count() as u64;
+                let lost = (conn.wire.unread.iter())
+                    .filter(|u| u.kind == UnreadKind::Put)
+                    .count() as u64;
                 if lost > 0 {
                     let e = Error::Connection(format!(
                         "{lost} puts sent without waiting were lost with the old connection"

@@ -73,11 +73,7 @@ impl<'a> Holds<'a> {
         let free = (0..slots.len() as u32)
             .filter(|&i| slots[i as usize].generation.load(Relaxed) == 0)
             .collect();
-        Holds {
-            slots,
-            free,
-            holding,
-        }
+        Holds::with_free(slots, free, holding)
     }
 
     /// A table whose free-slot list the caller kept from an earlier [`Holds::into_free`]
