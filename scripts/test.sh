@@ -33,3 +33,12 @@ VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \
 # Plasma's own tests (pyarrow 11's test_plasma.py) against vovp.plasma; fails on any failure or
 # unexpected skip.
 ./scripts/plasma-conformance.sh
+
+# The drop-in's own tests once more with pyarrow importable (the benchmark venv): its buffers
+# are then pyarrow.Buffers over the native object, another path than the PlasmaBuffers above.
+BENCH_PY="$(bash benches/setup.sh | sed -n 's/^VENV_PYTHON=//p')"
+VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \
+    VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
+    VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
+    "$BENCH_PY" -m pytest python/tests/test_plasma_dropin.py -q -rs \
+    --deselect python/tests/test_plasma_dropin.py::test_buffers_without_pyarrow_are_plasma_buffers

@@ -531,6 +531,26 @@ def test_gets_of_an_object_in_use_share_one_reference(pc, store):
     watcher.close()
 
 
+def test_views_of_get_buffers_are_found_by_address_and_released_by_vovp(pc, store):
+    # vovp's own calls take a drop-in buffer's views (init_reduction sends such arrays by name,
+    # vovp.Client.release gives their reference back): the drop-in's gets make no lease, so
+    # the object is found by address. With pyarrow the anchor is the native object itself.
+    watcher = vovp.Client(store)
+    oid = pc.put_raw_buffer(b"abcdefgh", metadata=b"meta")
+    [buf] = pc.get_buffers([oid])
+    view = np.frombuffer(buf, np.uint8)[2:]
+    lease = vovp.client.find_lease(view)
+    assert lease is not None and lease.name == oid.name and lease.size == 8 + len(b"meta")
+    assert vovp.client.find_lease(view) is lease  # made once, then indexed
+    assert watcher.stats()["references"] == 1
+    assert pc._vovp.release(view) is True
+    assert pc._vovp.release(view) is False  # one reference, released once
+    pc._vovp.flush()
+    assert watcher.stats()["references"] == 0
+    assert vovp.client.find_lease(np.arange(3)) is None  # not store memory
+    watcher.close()
+
+
 def test_entries_of_objects_no_longer_used_do_not_pile_up(pc):
     ids = [plasma.ObjectID.from_random() for _ in range(2500)]
     for oid in ids:

@@ -34,17 +34,20 @@ References. Plasma counts references in the client: ``create`` counts two (the r
 and one that ``seal`` gives back, so dropping the buffer before sealing does not abort the
 object), each object returned by a get counts one, and when the count of an object reaches zero
 the client releases it in the store. A ``PlasmaClient`` here has one ``_InUse`` entry per object
-it uses, and the client's single vovp reference to it (a ``vovp.Client`` memoryview / owner
-array) is held by the entry's *anchor*: one ``np.frombuffer`` over it that every buffer handed
-out for the object is made from (a view, a ``pyarrow.Buffer`` over it). numpy stops collapsing
-``.base`` chains at an array whose base is not an array, so every array, memoryview, slice or
-Arrow buffer made from a handed-out buffer keeps the anchor alive, and with it the reference:
-the count is the anchor's own reference count, and the vovp reference goes with the last of
-them ("release on drop"; buffers keep their object alive, also once the PlasmaClient is
-garbage, though not past ``disconnect``, which ends the connection). The entry itself is a weakref to its anchor, plus, from ``create`` to
-``seal``, a strong reference to the creator's array (the count ``seal`` gives back). So a get
-costs no bookkeeping per buffer, and a second get of an object in use is served from its anchor
-without asking the store, as in Plasma. An entry whose anchor has died is dead: the next get of
+it uses, and the client's single vovp reference to it is held by the entry's *anchor*, which
+every buffer handed out for the object is made from. A get's anchor is the native core's object
+view itself (``vovp._native.Object``) when pyarrow is importable, its buffers
+``pyarrow.foreign_buffer`` over its address with it as their base; without pyarrow it is numpy's
+array over that object, its buffers views of the array; a created object's anchor is an array
+over the creator's writable buffer. Every array, memoryview, slice or Arrow buffer made from a
+handed-out buffer keeps the anchor alive (numpy stops collapsing ``.base`` chains at an array
+whose base is not an array; an Arrow slice keeps its parent), and with it the reference: the
+count is the anchor's own reference count, and the vovp reference goes with the last of them
+("release on drop"; buffers keep their object alive, also once the PlasmaClient is garbage,
+though not past ``disconnect``, which ends the connection). The entry itself is a weakref to
+its anchor, plus, from ``create`` to ``seal``, a strong reference to the creator's array (the
+count ``seal`` gives back). So a get costs no bookkeeping per buffer, and a second get of an
+object in use is served from its anchor without asking the store, as in Plasma. An entry whose anchor has died is dead: the next get of
 the object replaces it, and dead entries are swept when the table has doubled (nothing runs
 inside garbage collection, so nothing there waits for the client's lock).
 
@@ -355,9 +358,42 @@ if pa is not None:
     PlasmaBuffer = pa.Buffer  # noqa: F811 (what create/get return when pyarrow is there)
 
     _wrap = pa.py_buffer  # (no Python function in between: it is on every get's path)
+    # A pyarrow.Buffer over (address, size) whose base (kept alive by it) is the native object.
+    _foreign = pa.foreign_buffer
 else:
     def _wrap(view):
         return view.view(PlasmaBuffer)
+
+    _foreign = None
+
+# The native core's sealed-object view (vovp._native.Object): with pyarrow, a get's anchor is
+# the native object itself and its buffers are pyarrow.Buffers made with foreign_buffer, which
+# skips numpy's array (np.asarray of the object cost a fifth of a get). Everything else an
+# anchor serves (metadata, hash, unpickling) takes an array over it made when needed.
+_NativeObject = _vc.N.Object
+
+
+def _as_array(anchor):
+    """A uint8 array over an anchor's bytes (object + metadata)."""
+    return np.asarray(anchor) if type(anchor) is _NativeObject else anchor
+
+
+def _data_buffer(entry, anchor):
+    """The buffer handed out for an object's data (``get_buffers``)."""
+    ds = entry.data_size
+    if type(anchor) is _NativeObject:
+        return _foreign(anchor.address, ds, anchor)
+    return _wrap(anchor if ds == len(anchor) else anchor[:ds])
+
+
+def _metadata_buffer(entry, anchor):
+    """The buffer handed out for an object's Plasma metadata (``get_metadata``)."""
+    if entry.foreign_meta is not None:
+        return _wrap(np.frombuffer(entry.foreign_meta, np.uint8))
+    ds = entry.data_size
+    if type(anchor) is _NativeObject:
+        return _foreign(anchor.address + ds, anchor.size - ds, anchor)
+    return _wrap(anchor[ds:])
 
 
 class _InUse(weakref.ref):
@@ -416,16 +452,19 @@ def _find_anchor(addr, cuda):
             continue  # (the connection's end released everything)
         for entry in list(client._in_use.values()):
             anchor = entry()
-            if anchor is None or not isinstance(anchor, np.ndarray):
+            if type(anchor) is _NativeObject:
+                start, size, native = anchor.address, anchor.size, anchor
+            elif isinstance(anchor, np.ndarray):
+                start, size = anchor.__array_interface__["data"][0], anchor.nbytes
+                # (numpy >= 1.23 keeps the __array_struct__ capsule beside the object in .base.)
+                native = anchor.base[0] if type(anchor.base) is tuple else anchor.base
+            else:
                 continue
-            start = anchor.__array_interface__["data"][0]
-            if not (start <= addr < start + anchor.nbytes or addr == start):
+            if not (start <= addr < start + size or addr == start):
                 continue
             if id(anchor) in _vc._LEASES:
                 return None  # leased already (and released: vovp.client skipped it)
-            # (numpy >= 1.23 keeps the __array_struct__ capsule beside the object in .base.)
-            native = anchor.base[0] if type(anchor.base) is tuple else anchor.base
-            if not isinstance(native, _vc.N.Object):
+            if not isinstance(native, _NativeObject):
                 continue  # (leased anchors were found by vovp.client already)
             lease = _vc._new_lease(anchor, client._vovp, native)
             _vc._LEASES[lease.key] = lease
@@ -475,9 +514,14 @@ class PlasmaClient:
         in_use = self._in_use
         in_use[entry.name] = entry  # (replacing a dead entry, if any)
         if len(in_use) >= self._sweep_at:
-            for name in [n for n, e in in_use.items() if not e.live()]:
-                del in_use[name]
-            self._sweep_at = max(_SWEEP_MIN, 2 * len(in_use))
+            self._sweep()
+
+    def _sweep(self):
+        """Drop the dead entries; the next sweep is when the table has doubled."""
+        in_use = self._in_use
+        for name in [n for n, e in in_use.items() if not e.live()]:
+            del in_use[name]
+        self._sweep_at = max(_SWEEP_MIN, 2 * len(in_use))
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -600,16 +644,20 @@ class PlasmaClient:
         """(entry, anchor) of an object the store just gave us: ``found`` = (memoryview
         holding the vovp reference, vovp metadata)."""
         mv, meta = found
-        return self._entry_of(name, np.frombuffer(mv, np.uint8), meta)
+        return self._entry_of(name, np.frombuffer(mv, np.uint8), mv.nbytes, meta)
 
-    def _entry_of(self, name, anchor, meta):
-        """(entry, anchor) for ``anchor``, a uint8 array that holds the vovp reference."""
+    def _entry_of(self, name, anchor, size, meta):
+        """(entry, anchor) for ``anchor`` (a uint8 array, or the native object, that holds
+        the vovp reference) of ``size`` bytes."""
         if meta:
-            data_size, created, pickled, ours = _parse_header(meta, anchor.nbytes)
+            data_size, created, pickled, ours = _parse_header(meta, size)
         else:  # no header (and no metadata): all data
-            data_size, created, pickled, ours = anchor.nbytes, None, False, False
+            data_size, created, pickled, ours = size, None, False, False
         entry = _entry(anchor, name, True, data_size, created, pickled, None if ours else meta)
-        self._insert(entry)
+        in_use = self._in_use
+        in_use[name] = entry  # (replacing a dead entry, if any)
+        if len(in_use) >= self._sweep_at:
+            self._sweep()
         return entry, anchor
 
     def _fetch1(self, name, timeout_ms):
@@ -630,11 +678,11 @@ class PlasmaClient:
             vc = self._vovp
             try:
                 # vovp.Client's single get, written out (its checks, then the native call)
-                # and without its memoryview and lease: the anchor is numpy's array over the
-                # native object, which holds the reference (and keeps its connection open
-                # while it lives, also past this client). A lease (the index of
-                # vovp.Client.release and find_lease) cost a quarter of a get: _find_anchor
-                # makes one when an address is looked up.
+                # and without its memoryview and lease: the anchor is the native object (or,
+                # without pyarrow, numpy's array over it), which holds the reference (and
+                # keeps its connection open while it lives, also past this client). A lease
+                # (the index of vovp.Client.release and find_lease) cost a quarter of a get:
+                # _find_anchor makes one when an address is looked up.
                 if vc._closed or _vc._FORKS[0] != vc._forks:
                     vc._check_usable()
                 try:
@@ -644,8 +692,10 @@ class PlasmaClient:
                     raise
                 if obj is None:
                     return None
-                anchor = np.asarray(obj) if obj.is_host else vc._owner(obj)  # (raises)
-                return self._entry_of(name, anchor, obj.metadata)
+                if not obj.is_host:
+                    vc._owner(obj)  # (raises GpuUnavailable, releasing the reference)
+                anchor = obj if _foreign is not None else np.asarray(obj)
+                return self._entry_of(name, anchor, obj.size, obj.metadata)
             except E.VovpError as err:
                 raise _plasma_error(err) from err
         finally:
@@ -694,20 +744,17 @@ class PlasmaClient:
                                  int(timeout_ms))
             if found is None:
                 return [None]
-            entry, anchor = found
-            ds = entry.data_size
-            return [_wrap(anchor if ds == len(anchor) else anchor[:ds])]
+            return [_data_buffer(*found)]
         out = []
         for found in self._anchors_for(object_ids, timeout_ms):
             if found is None:
                 out.append((None, None) if with_meta else None)
                 continue
             entry, anchor = found
-            ds = entry.data_size
-            data = _wrap(anchor if ds == len(anchor) else anchor[:ds])
+            data = _data_buffer(entry, anchor)
             if with_meta:
                 meta = entry.foreign_meta if entry.foreign_meta is not None else \
-                    anchor[ds:].tobytes()
+                    _as_array(anchor)[entry.data_size:].tobytes()
                 out.append((meta, data))
             else:
                 out.append(data)
@@ -720,11 +767,7 @@ class PlasmaClient:
             if found is None:
                 out.append(None)
                 continue
-            entry, anchor = found
-            if entry.foreign_meta is not None:
-                out.append(_wrap(np.frombuffer(entry.foreign_meta, np.uint8)))
-            else:
-                out.append(_wrap(anchor[entry.data_size:]))
+            out.append(_metadata_buffer(*found))
         return out
 
     def contains(self, object_id) -> bool:
@@ -744,7 +787,7 @@ class PlasmaClient:
         entry, anchor = found
         h = hashlib.blake2b(digest_size=8)
         h.update(struct.pack("<Q", entry.data_size))
-        h.update(anchor)
+        h.update(_as_array(anchor))
         if entry.foreign_meta is not None:
             h.update(entry.foreign_meta)
         return h.digest()
@@ -1047,7 +1090,7 @@ class PlasmaClient:
 def _unpickle(key, entry, anchor):
     if not entry.pickled:
         raise ArrowInvalid(f"object {key!r} was not stored by put(); read it with get_buffers()")
-    data = anchor[:entry.data_size]
+    data = _as_array(anchor)[:entry.data_size]
     try:
         magic, nbuf, plen = _PICKLE_HEAD.unpack_from(data, 0)
         if magic != _PICKLE_MAGIC:
