@@ -6,7 +6,8 @@ both daemons with the same memory limit and reads the JSON this script writes. B
 driven from this one script through thin adapters (``VovpStore``, ``PlasmaStore``) with the same
 process layout and the same timing code, so a ratio compares the stores, not the languages. The
 drop-in pass (``py.dropin.*``) drives vovp through ``vovp.plasma`` with the same ``PlasmaStore``
-adapter that drives pyarrow's Plasma.
+adapter that drives pyarrow's Plasma, then (``py.dropin_vs_native.*``) interleaves that adapter
+with vovp's own client on the same daemon.
 Repetitions interleave the stores (vovp, Plasma, Plasma, vovp, ...: the first store alternates so
 neither always runs on a warmer machine).
 
@@ -225,10 +226,11 @@ def same_bytes(view, expect):
 # --- workers (parallel clients and hand-off peers) -------------------------------------------
 
 
-def worker_main(idx, conn, paths, barrier, peer, vovp_adapter):
-    """A client process: connects to both stores and runs the commands it receives."""
+def worker_main(idx, conn, sides, barrier, peer):
+    """A client process: opens both sides' stores ({side: open_store's arguments}) and runs
+    the commands it receives."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    stores = {k: open_store(k, p, vovp_adapter) for k, p in paths.items()}
+    stores = {side: open_store(*spec) for side, spec in sides.items()}
     while True:
         cmd, args = conn.recv()
         if cmd == "exit":
@@ -250,7 +252,11 @@ def worker_main(idx, conn, paths, barrier, peer, vovp_adapter):
 
 
 class Workers:
-    def __init__(self, paths, n, vovp_adapter=NATIVE):
+    def __init__(self, paths, n, vovp_adapter=NATIVE, sides=None):
+        """``n`` client processes. The "vovp" side is driven by ``vovp_adapter``, the "plasma"
+        side is Plasma, unless ``sides`` ({side: open_store's arguments}) says otherwise."""
+        if sides is None:
+            sides = {k: (k, p, vovp_adapter) for k, p in paths.items()}
         ctx = mp.get_context("spawn")  # no inherited connections or threads
         self.barrier = ctx.Barrier(n)
         peer_a, peer_b = ctx.Pipe()
@@ -259,7 +265,7 @@ class Workers:
             parent, child = ctx.Pipe()
             peer = peer_a if i == 0 else peer_b if i == 1 else None
             p = ctx.Process(target=worker_main,
-                            args=(i, child, paths, self.barrier, peer, vovp_adapter),
+                            args=(i, child, sides, self.barrier, peer),
                             daemon=True)
             p.start()
             self.conns.append(parent)
@@ -321,12 +327,12 @@ def small_phases(store, prefix, size, ops, barrier=None):
     return times
 
 
-def bench_small(stores, workers, cfg, out):
+def bench_small(stores, workers, cfg, out, base_label="Plasma", sizes=SMALL_SIZES):
     ops, reps = cfg["small_ops"], cfg["small_reps"]
     samples = {}  # (phase, size, clients) -> {"vovp": [...], "base": [...]}
     for rep in range(reps):
         for kind in order(rep):
-            for size in SMALL_SIZES:
+            for size in sizes:
                 for clients in (1, N_CLIENTS):
                     prefix = f"small-{rep}-{size}-{clients}"
                     if clients == 1:
@@ -349,7 +355,7 @@ def bench_small(stores, workers, cfg, out):
         out.append(dict(
             key=f"py.small.{phase}.{size}.{clients}", group="Python: small objects",
             name=f"{names[phase]} {size_label(size)}, {clients} client{'s' if clients > 1 else ''}",
-            unit="op/s", higher_is_better=True, base_label="Plasma", **s))
+            unit="op/s", higher_is_better=True, base_label=base_label, **s))
 
 
 # --- (2) large objects ---------------------------------------------------------------------------
@@ -614,7 +620,8 @@ def bench_eviction(stores, capacity, cfg, out, checks):
 def bench_dropin(paths, plasma_store, cfg, out, checks):
     """Small objects, large puts, get latency and hand-off again, with the "vovp" side driven
     through vovp.plasma by the Plasma adapter: the ratio a Plasma user gets by changing the
-    import. Rows are keyed py.dropin.* and grouped apart from the native client's."""
+    import. Rows are keyed py.dropin.* and grouped apart from the native client's. Then the
+    small objects once more, the drop-in against the native client (py.dropin_vs_native.*)."""
     stores = {"vovp": open_store("vovp", paths["vovp"], DROPIN), "plasma": plasma_store}
     stores["vovp"].clear()
     workers = Workers(paths, N_CLIENTS, DROPIN)
@@ -636,6 +643,27 @@ def bench_dropin(paths, plasma_store, cfg, out, checks):
         if c["store"] == "vovp":
             c["name"] = c["name"].replace("vovp:", "vovp.plasma:")
             checks.append(c)
+    # The drop-in against vovp's own client, interleaved in the same repetitions on the same
+    # daemon: the passes above are each interleaved with Plasma only, and run minutes apart on
+    # a machine whose speed moves (the native 2-client get+release went 605k -> 330k op/s
+    # between two quick runs), so comparing their op/s (or their ratios to Plasma, whose own
+    # op/s moves as much) mostly measures the machine. 64 B only, three times the repetitions:
+    # the two differ by ~10% and a repetition's speed by more.
+    sides = {"vovp": ("vovp", paths["vovp"], DROPIN), "plasma": ("vovp", paths["vovp"], NATIVE)}
+    stores = {side: open_store(*spec) for side, spec in sides.items()}
+    workers = Workers(paths, N_CLIENTS, sides=sides)
+    rows = []
+    try:
+        bench_small(stores, workers, dict(cfg, small_reps=3 * cfg["small_reps"]), rows,
+                    base_label="native client", sizes=[64])
+    finally:
+        workers.close()
+        stores["vovp"].clear()
+    for r in rows:
+        r["key"] = "py.dropin_vs_native." + r["key"][len("py."):]
+        r["group"] = "Python, vovp.plasma drop-in against vovp's own client (one daemon)"
+        r["name"] = r["name"] + " (vovp.plasma / native)"
+        out.append(r)
 
 
 # --- (7) PyTorch: torch.multiprocessing's own sharing as the baseline ------------------------------

@@ -902,6 +902,18 @@ impl Object {
     fn is_host(&self) -> bool {
         matches!(self.location.device(), vovp::Device::Cpu)
     }
+    /// (address, size, metadata) of a host object, None for a CUDA one: what `vovp.plasma`'s
+    /// get reads, in one call rather than four (each was ~1.5% of that get).
+    #[getter]
+    fn host_fields<'py>(&self, py: Python<'py>) -> Option<(usize, u64, Bound<'py, PyBytes>)> {
+        self.is_host().then(|| {
+            (
+                self.address_now(),
+                self.size,
+                PyBytes::new(py, &self.metadata),
+            )
+        })
+    }
     #[getter]
     fn readonly(&self) -> bool {
         self.writable.get().is_none()

@@ -239,6 +239,23 @@ def test_get_cuda_object_without_driver(scripted, no_driver):
     c.close()
 
 
+def test_plasma_dropin_get_of_a_cuda_object_without_driver(scripted, no_driver):
+    # vovp.plasma's get reads the native object's fields itself (not through vovp.Client): a
+    # CUDA object has no host bytes to hand out, so it is the same clear error, with the
+    # reference given back, and the connection keeps serving host objects.
+    from vovp import plasma
+
+    pc = plasma.connect(scripted.socket)
+    with pytest.raises(vovp.GpuUnavailable) as e:
+        pc.get_buffers(["gpu"], timeout_ms=0)
+    assert isinstance(e.value, plasma.ArrowException) and "CUDA object" in e.value.message
+    first = scripted.next_oid
+    assert wait_for(lambda: first in scripted.released)
+    [buf] = pc.get_buffers(["host"], timeout_ms=0)
+    assert buf.to_pybytes() == bytes(range(8))
+    pc.disconnect()
+
+
 def test_cuda_tensor_interface_shape():
     # No driver needed: CudaTensor is plain data around an owner.
     owner = C.DeviceBuffer(0x7000, 24, 0, None)

@@ -519,7 +519,8 @@ class PlasmaClient:
     def _sweep(self):
         """Drop the dead entries; the next sweep is when the table has doubled."""
         in_use = self._in_use
-        for name in [n for n, e in in_use.items() if not e.live()]:
+        # (e.live() written out: a sweep visits an entry per get made since the last one.)
+        for name in [n for n, e in in_use.items() if e.holder is None and e() is None]:
             del in_use[name]
         self._sweep_at = max(_SWEEP_MIN, 2 * len(in_use))
 
@@ -660,9 +661,11 @@ class PlasmaClient:
             self._sweep()
         return entry, anchor
 
-    def _fetch1(self, name, timeout_ms):
-        """(entry, anchor) or None (not available) for one name; see ``_fetch``. (Every
-        get's path: written out rather than through _fetch's lists.)"""
+    def _fetch1(self, name, timeout_ms, data=False):
+        """(entry, anchor) for one name, or with ``data=True`` the buffer ``get_buffers``
+        hands out for its data; None when not available. See ``_fetch``. (Every get's path:
+        written out rather than through _fetch's lists, and the buffer made here, not by the
+        caller from a tuple: each Python call there was 2-3% of a get.)"""
         lock = self._lock
         lock.acquire()
         try:
@@ -673,7 +676,7 @@ class PlasmaClient:
             if entry is not None and (not entry.sealed or entry() is not None):
                 got = self._in_use_anchor(entry, timeout_ms)
                 if got is not None:
-                    return got
+                    return _data_buffer(*got) if data else got
             timeout = None if timeout_ms == 0 else (3.15e9 if timeout_ms < 0 else timeout_ms / 1000)
             vc = self._vovp
             try:
@@ -692,12 +695,27 @@ class PlasmaClient:
                     raise
                 if obj is None:
                     return None
-                if not obj.is_host:
+                fields = obj.host_fields
+                if fields is None:
                     vc._owner(obj)  # (raises GpuUnavailable, releasing the reference)
+                address, size, meta = fields
+                if meta:  # (_entry_of, written out)
+                    ds, created, pickled, ours = _parse_header(meta, size)
+                else:
+                    ds, created, pickled, ours = size, None, False, False
                 anchor = obj if _foreign is not None else np.asarray(obj)
-                return self._entry_of(name, anchor, obj.size, obj.metadata)
+                entry = _entry(anchor, name, True, ds, created, pickled, None if ours else meta)
+                in_use = self._in_use
+                in_use[name] = entry
+                if len(in_use) >= self._sweep_at:
+                    self._sweep()
             except E.VovpError as err:
                 raise _plasma_error(err) from err
+            if not data:
+                return entry, anchor
+            if _foreign is not None:
+                return _foreign(address, ds, obj)
+            return _wrap(anchor if ds == size else anchor[:ds])
         finally:
             lock.release()
 
@@ -740,11 +758,8 @@ class PlasmaClient:
         if type(object_ids) is list and len(object_ids) == 1 and not with_meta:
             # The common case, without the lists: one get.
             key = object_ids[0]
-            found = self._fetch1(key._name if type(key) is ObjectID else _name_of(key),
-                                 int(timeout_ms))
-            if found is None:
-                return [None]
-            return [_data_buffer(*found)]
+            return [self._fetch1(key._name if type(key) is ObjectID else _name_of(key),
+                                 int(timeout_ms), True)]
         out = []
         for found in self._anchors_for(object_ids, timeout_ms):
             if found is None:
