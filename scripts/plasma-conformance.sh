@@ -9,8 +9,11 @@
 # in $VOVP_ENGINE_BIN (default target/debug/vovp-engine). Extra arguments go to pytest.
 #
 # test_use_huge_pages runs where /mnt/hugepages exists (Plasma's own condition) and must then
-# pass; elsewhere the test skips itself. VOVP_PLASMA_HUGEPAGES=1 (root) sets it up for the run:
-# mounts hugetlbfs on /mnt/hugepages, reserves 1000 more 2 MiB pages, and undoes both at exit.
+# pass; elsewhere the test skips itself ("requires hugepage support"). Where huge pages can be
+# reserved this script sets that up for the run: as root, it mounts hugetlbfs on /mnt/hugepages
+# and reserves 1000 more 2 MiB pages (the test's store is 2 GB), and undoes both at exit.
+# VOVP_PLASMA_HUGEPAGES: auto (default) does so where it can and says why not where it cannot;
+# 1 fails the run where it cannot; 0 never touches huge pages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -26,22 +29,51 @@ SRC="$("$PY" -c 'import os, pyarrow; print(os.path.join(os.path.dirname(pyarrow.
     echo "plasma-conformance: needs pyarrow 11.0.0 (the last release with Plasma)" >&2; exit 1; }
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/vovp-plasma-conformance.XXXXXX")"
-HUGE_UNDO=""
-cleanup() {
-    rm -rf "$WORK"
+HUGE_UNDO=""  # nr_hugepages to restore once /mnt/hugepages (ours) is unmounted
+HUGE_WHY=""
+undo_huge() {
     if [ -n "$HUGE_UNDO" ]; then
         umount /mnt/hugepages && rmdir /mnt/hugepages
         echo "$HUGE_UNDO" >/proc/sys/vm/nr_hugepages
+        HUGE_UNDO=""
     fi
 }
+cleanup() {
+    rm -rf "$WORK"
+    undo_huge
+}
 trap cleanup EXIT
-if [ "${VOVP_PLASMA_HUGEPAGES:-0}" = 1 ] && [ ! -e /mnt/hugepages ]; then
-    before="$(cat /proc/sys/vm/nr_hugepages)"
-    mkdir /mnt/hugepages
-    mount -t hugetlbfs none /mnt/hugepages
+free_huge_pages() { awk '/^HugePages_Free:/ {print $2}' /proc/meminfo; }
+setup_huge() { # 0 when /mnt/hugepages is ready with 1000 free pages; else HUGE_WHY says why
+    if [ "$(id -u)" != 0 ]; then HUGE_WHY="not root"; return 1; fi
+    local before
+    if ! before="$(cat /proc/sys/vm/nr_hugepages 2>/dev/null)"; then
+        HUGE_WHY="no /proc/sys/vm/nr_hugepages"; return 1
+    fi
+    if ! mkdir /mnt/hugepages 2>/dev/null; then HUGE_WHY="cannot create /mnt/hugepages"; return 1; fi
+    if ! mount -t hugetlbfs none /mnt/hugepages 2>/dev/null; then
+        rmdir /mnt/hugepages
+        HUGE_WHY="cannot mount hugetlbfs"; return 1
+    fi
     HUGE_UNDO="$before"
-    echo $((before + 1000)) >/proc/sys/vm/nr_hugepages
-    echo "plasma-conformance: $(grep HugePages_Free /proc/meminfo) on /mnt/hugepages" >&2
+    echo $((before + 1000)) >/proc/sys/vm/nr_hugepages 2>/dev/null || true
+    local free
+    free="$(free_huge_pages)"
+    if [ "${free:-0}" -lt 1000 ]; then
+        HUGE_WHY="only ${free:-0} free 2 MiB pages after asking the kernel for 1000 more"
+        undo_huge; return 1
+    fi
+}
+HUGE="${VOVP_PLASMA_HUGEPAGES:-auto}"
+if [ "$HUGE" != 0 ] && [ ! -e /mnt/hugepages ]; then
+    if setup_huge; then
+        echo "plasma-conformance: $(free_huge_pages) free huge pages on /mnt/hugepages" >&2
+    elif [ "$HUGE" = 1 ]; then
+        echo "plasma-conformance: VOVP_PLASMA_HUGEPAGES=1 but huge pages cannot be set up: $HUGE_WHY" >&2
+        exit 1
+    else
+        echo "plasma-conformance: huge pages cannot be reserved here ($HUGE_WHY): test_use_huge_pages skips itself" >&2
+    fi
 fi
 {
     echo "import vovp.plasma as plasma_mod"
