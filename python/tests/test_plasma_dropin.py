@@ -547,6 +547,26 @@ def test_views_of_get_buffers_are_found_by_address_and_released_by_vovp(pc, stor
     assert pc._vovp.release(view) is False  # one reference, released once
     pc._vovp.flush()
     assert watcher.stats()["references"] == 0
+    # The released anchor no longer serves gets (its bytes are not this client's any more):
+    # the next get asks the store for a reference of its own.
+    [again] = pc.get_buffers([oid])
+    assert again.to_pybytes() == b"abcdefgh" and watcher.stats()["references"] == 1
+    assert pc.list()[oid]["ref_count"] == 1
+    del again
+    pc._vovp.flush()
+    assert watcher.stats()["references"] == 0
+    # The same through a batched get (its anchors are arrays over vovp.Client's owners).
+    other = pc.put_raw_buffer(b"xyz")
+    [b1, b2] = pc.get_buffers([oid, other])
+    assert watcher.stats()["references"] == 2
+    assert pc._vovp.release(np.frombuffer(b1, np.uint8)) is True
+    pc._vovp.flush()
+    assert watcher.stats()["references"] == 1
+    [b3] = pc.get_buffers([oid])
+    assert b3.to_pybytes() == b"abcdefgh" and watcher.stats()["references"] == 2
+    del b1, b2, b3
+    pc._vovp.flush()
+    assert watcher.stats()["references"] == 0
     assert vovp.client.find_lease(np.arange(3)) is None  # not store memory
     watcher.close()
 

@@ -405,9 +405,33 @@ class _InUse(weakref.ref):
                  "foreign_meta")
 
     def live(self) -> bool:
-        """Whether this client still uses the object (a buffer lives, or it is being
-        created)."""
-        return self.holder is not None or self() is not None
+        """Whether this client still uses the object (a buffer lives and its reference was
+        not given back early, or it is being created)."""
+        if self.holder is not None:
+            return True
+        anchor = self()
+        return anchor is not None and not _released(anchor)
+
+
+def _released(anchor) -> bool:
+    """Whether the reference an anchor holds was given back before the anchor died
+    (``vovp.Client.release`` of a view finds it by address): its bytes are no longer this
+    client's, so the object must be asked of the store again."""
+    x = anchor
+    # Down the .base chain to the native object: at most anchor array, memoryview, owner array,
+    # (object, capsule), object.
+    for _ in range(6):
+        if type(x) is _NativeObject:
+            return x.released
+        if type(x) is tuple:
+            x = x[0]  # (numpy >= 1.23 keeps the __array_struct__ capsule beside the object)
+        elif isinstance(x, memoryview):
+            x = x.obj
+        elif isinstance(x, np.ndarray):
+            x = x.base
+        else:
+            return False  # a created object's (its creator's buffer): never released early
+    return False
 
 
 def _entry(anchor, name, sealed, data_size, created_ms, pickled, foreign_meta=None):
@@ -622,7 +646,7 @@ class PlasmaClient:
         name = entry.name
         if entry.sealed:
             anchor = entry()
-            if anchor is None:
+            if anchor is None or _released(anchor):
                 return None  # dead: asked again, a new entry replaces it
             return entry, (_read_only(anchor) if entry.writable else anchor)
         if timeout_ms < 0:
