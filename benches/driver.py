@@ -130,6 +130,9 @@ class VovpStore:
     def contains(self, k):
         return self.c.contains(k)
 
+    def close(self):
+        self.c.close()
+
     def clear(self):
         for e in self.c.list():
             try:
@@ -181,6 +184,9 @@ class PlasmaStore:
 
     def contains(self, k):
         return self.c.contains(k)
+
+    def close(self):
+        self.c.disconnect()
 
     def clear(self):
         ids = list(self.c.list().keys())
@@ -634,6 +640,7 @@ def bench_dropin(paths, plasma_store, cfg, out, checks):
     finally:
         workers.close()
         stores["vovp"].clear()
+        stores["vovp"].close()
     for r in rows:
         r["key"] = "py.dropin." + r["key"][len("py."):]
         r["group"] = r["group"].replace("Python: ", "Python, vovp.plasma drop-in: ")
@@ -659,6 +666,8 @@ def bench_dropin(paths, plasma_store, cfg, out, checks):
     finally:
         workers.close()
         stores["vovp"].clear()
+        for st in stores.values():
+            st.close()
     for r in rows:
         r["key"] = "py.dropin_vs_native." + r["key"][len("py."):]
         r["group"] = "Python, vovp.plasma drop-in against vovp's own client (one daemon)"
