@@ -23,12 +23,18 @@ fi
 # from PyPI. Editable: the extension is built into python/vovp/, so the tests (which import vovp
 # from the source tree, as do the children they spawn) run this build.
 "$VENV/bin/pip" install --quiet --no-deps -e ./python
-# VOVP_REQUIRE_TORCH=1: a torch test skipped because torch cannot be imported fails the run
-# (python/tests/conftest.py). -rs lists every skip that remains (GPU-only tests).
-VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \
-    VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
-    VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
-    "$VENV/bin/python" -m pytest python/tests -q -rs
+# pytest under interpreter $1 against the binaries built above. VOVP_REQUIRE_TORCH=1: a torch
+# test skipped because torch cannot be imported fails the run (python/tests/conftest.py).
+python_tests() {
+    local python=$1
+    shift
+    VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \
+        VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
+        VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
+        "$python" -m pytest "$@"
+}
+# -rs lists every skip that remains (GPU-only tests).
+python_tests "$VENV/bin/python" python/tests -q -rs
 
 # Plasma's own tests (pyarrow 11's test_plasma.py) against vovp.plasma; fails on any failure or
 # unexpected skip.
@@ -37,8 +43,5 @@ VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \
 # The drop-in's own tests once more with pyarrow importable (the benchmark venv): its buffers
 # are then pyarrow.Buffers over the native object, another path than the PlasmaBuffers above.
 BENCH_PY="$(bash benches/setup.sh | sed -n 's/^VENV_PYTHON=//p')"
-VOVP_REQUIRE_TORCH="${VOVP_REQUIRE_TORCH:-1}" \
-    VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_CLI_BIN="$PWD/target/debug/vovp" \
-    VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
-    "$BENCH_PY" -m pytest python/tests/test_plasma_dropin.py -q -rs \
+python_tests "$BENCH_PY" python/tests/test_plasma_dropin.py -q -rs \
     -k "not test_buffers_without_pyarrow_are_plasma_buffers"

@@ -543,7 +543,9 @@ class PlasmaClient:
     def _sweep(self):
         """Drop the dead entries; the next sweep is when the table has doubled."""
         in_use = self._in_use
-        # (e.live() written out: a sweep visits an entry per get made since the last one.)
+        # Entries whose anchor died (not e.live(), which also asks whether a live anchor's
+        # reference was released early: such an entry is replaced by the next get, and this
+        # test runs for an entry per get made since the last sweep).
         for name in [n for n, e in in_use.items() if e.holder is None and e() is None]:
             del in_use[name]
         self._sweep_at = max(_SWEEP_MIN, 2 * len(in_use))
@@ -679,10 +681,7 @@ class PlasmaClient:
         else:  # no header (and no metadata): all data
             data_size, created, pickled, ours = size, None, False, False
         entry = _entry(anchor, name, True, data_size, created, pickled, None if ours else meta)
-        in_use = self._in_use
-        in_use[name] = entry  # (replacing a dead entry, if any)
-        if len(in_use) >= self._sweep_at:
-            self._sweep()
+        self._insert(entry)
         return entry, anchor
 
     def _fetch1(self, name, timeout_ms, data=False):
@@ -723,23 +722,15 @@ class PlasmaClient:
                 if fields is None:
                     vc._owner(obj)  # (raises GpuUnavailable, releasing the reference)
                 address, size, meta = fields
-                if meta:  # (_entry_of, written out)
-                    ds, created, pickled, ours = _parse_header(meta, size)
-                else:
-                    ds, created, pickled, ours = size, None, False, False
                 anchor = obj if _foreign is not None else np.asarray(obj)
-                entry = _entry(anchor, name, True, ds, created, pickled, None if ours else meta)
-                in_use = self._in_use
-                in_use[name] = entry
-                if len(in_use) >= self._sweep_at:
-                    self._sweep()
+                entry, _ = self._entry_of(name, anchor, size, meta)
             except E.VovpError as err:
                 raise _plasma_error(err) from err
             if not data:
                 return entry, anchor
-            if _foreign is not None:
-                return _foreign(address, ds, obj)
-            return _wrap(anchor if ds == size else anchor[:ds])
+            if _foreign is not None:  # (_data_buffer's case, with the address read above)
+                return _foreign(address, entry.data_size, obj)
+            return _data_buffer(entry, anchor)
         finally:
             lock.release()
 
