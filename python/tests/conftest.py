@@ -18,6 +18,11 @@ from pathlib import Path
 
 import pytest
 
+# vovp.cluster's tests run a Ray cluster of several nodes on this machine. Ray reads this once,
+# when it is imported: without it Ray replaces 127.0.0.1 with the machine's interface address
+# and the nodes' traffic leaves loopback (or cannot connect at all in a sandbox).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 PYTHON_DIR = Path(__file__).resolve().parents[1]
 REPO = Path(__file__).resolve().parents[2]
 # Test the source tree (and let spawned children, which inherit sys.path, find it too).

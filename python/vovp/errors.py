@@ -29,6 +29,7 @@ __all__ = [
     "ConnectionError",
     "TooManyObjects",
     "InvalidArgument",
+    "ObjectLost",
     "STATUS_ERRORS",
     "error_from_status",
 ]
@@ -177,6 +178,11 @@ class InternalError(VovpError):
     """A daemon bug (status 17)."""
 
     status = 17
+
+
+class ObjectLost(VovpError):
+    """vovp.cluster: every node that held the object is gone (Ray reports it dead, or its
+    agent and store died); the message names the nodes. Never a store reply status."""
 
 
 STATUS_ERRORS: dict[int, type[VovpError]] = {

@@ -1,0 +1,242 @@
+"""vovp.cluster on a real Ray cluster: three Ray nodes on this machine
+(``ray.cluster_utils.Cluster``, each with its own raylet, object store and vovp-engine).
+
+One cluster for the whole module (Ray needs seconds to start); the test that removes a node
+adds its own node first. Work on a node runs in Ray tasks pinned there: separate processes
+that reach the node's store only through ``vovp.cluster``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import ray
+import torch
+from ray import cloudpickle
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+import vovp
+import vovp.cluster as vc
+from conftest import ENGINE, PYTHON_DIR
+
+# Tasks defined here run in Ray workers, which cannot import this test module: ship them by
+# value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+NODE_ARGS = dict(num_cpus=2, object_store_memory=80 << 20, node_ip_address="127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not ENGINE.is_file():
+        pytest.fail(f"vovp-engine binary not found at {ENGINE}", pytrace=False)
+    c = Cluster(initialize_head=True, connect=False, head_node_args=dict(
+        NODE_ARGS, include_dashboard=False, _system_config={"health_check_period_ms": 500,
+                                   "health_check_failure_threshold": 4}))
+    for _ in range(2):
+        c.add_node(**NODE_ARGS)
+    port = c.address.rsplit(":", 1)[1]
+    sock_dir = tempfile.mkdtemp(prefix="vc-", dir="/tmp")
+    try:
+        ray.init(address=f"127.0.0.1:{port}")
+        c.wait_for_nodes()
+        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="256M",
+                engine=str(ENGINE), stall_timeout=10.0)
+        yield c
+    finally:
+        try:
+            vc.shutdown()
+        finally:
+            ray.shutdown()
+            c.shutdown()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def on(node, fn, *args):
+    """Run ``fn(*args)`` in a Ray task pinned to ``node``; its result."""
+    task = ray.remote(num_cpus=0, max_retries=0, scheduling_strategy=(
+        NodeAffinitySchedulingStrategy(node, soft=False)))(fn)
+    return task.remote(*args)
+
+
+def others(cluster):
+    me = vc.node_id()
+    return [n for n in vc.nodes() if n != me]
+
+
+def fetch_and_report(name):
+    t = vc.fetch(name, timeout=30)
+    return type(t).__module__, np.asarray(t).tolist() if np.asarray(t).size < 64 else \
+        float(np.asarray(t, dtype=np.float64).sum()), vc.agent_stats()["transfers"]
+
+
+def plain_get(name):
+    """Another process on the node, with a plain client of the node's store."""
+    c = vovp.init_client(vc.client().path)
+    return float(np.asarray(c.get_tensor(name), dtype=np.float64).sum())
+
+
+def test_publish_here_fetch_there_then_local_by_name(cluster):
+    a = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+    vc.publish("w1", a)
+    b = others(cluster)[0]
+    before = vc.agent_stats(b)["transfers"]
+    module, total, _ = ray.get(on(b, fetch_and_report, "w1"))
+    assert module == "numpy" and total == float(a.sum())
+    # A second process on b: its store has it, by name, with no second transfer.
+    assert ray.get(on(b, plain_get, "w1")) == float(a.sum())
+    assert ray.get(on(b, fetch_and_report, "w1"))[1] == float(a.sum())
+    assert vc.agent_stats(b)["transfers"] == before + 1
+    # The owner offered it exactly once.
+    assert vc.agent_stats()["offers"] >= 1
+
+
+def test_torch_in_torch_out_across_nodes(cluster):
+    t = torch.arange(12, dtype=torch.int64).reshape(3, 4)
+    vc.publish("t1", t)
+    module, values, _ = ray.get(on(others(cluster)[1], fetch_and_report, "t1"))
+    assert module.startswith("torch")
+    assert values == t.tolist()
+
+
+def test_concurrent_fetches_on_one_node_make_one_transfer(cluster):
+    a = np.random.default_rng(1).random(4 << 20)  # 32 MiB
+    vc.publish("big", a)
+    b = others(cluster)[0]
+    before = vc.agent_stats(b)["transfers"]
+    results = ray.get([on(b, fetch_and_report, "big") for _ in range(4)])
+    assert all(r[1] == pytest.approx(float(a.sum())) for r in results)
+    assert vc.agent_stats(b)["transfers"] == before + 1
+
+
+def test_fetch_waits_for_publish_and_times_out(cluster):
+    b = others(cluster)[0]
+    ref = on(b, fetch_and_report, "late")
+    time.sleep(0.5)
+    vc.publish("late", np.ones(10))
+    assert ray.get(ref)[1] == [1.0] * 10
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        vc.fetch("never", timeout=1.0)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(vovp.ObjectNotFound):
+        vc.fetch("never")
+
+
+def test_publish_twice_is_object_exists_and_unpublish_removes_everywhere(cluster):
+    vc.publish("u1", np.zeros(4))
+    b = others(cluster)[0]
+    ray.get(on(b, fetch_and_report, "u1"))
+    with pytest.raises(vovp.ObjectExists):
+        ray.get(on(b, vc.publish, "u1", np.ones(4)))
+    assert vc.unpublish("u1")
+    assert "u1" not in vc.names()
+    assert not ray.get(on(b, lambda: vc.client().contains("u1")))
+    assert not vc.client().contains("u1")
+    vc.publish("u1", np.ones(4))  # the name is free again
+    assert ray.get(on(b, fetch_and_report, "u1"))[1] == [1.0] * 4
+
+
+def test_broadcast_reaches_every_node_without_the_owner_sending_each(cluster):
+    a = np.arange(1 << 20, dtype=np.float32)
+    vc.publish("bc", a)
+    before = {n: vc.agent_stats(n) for n in vc.nodes()}
+    got = vc.broadcast("bc")
+    assert sorted(got) == sorted(others(cluster))
+    for n in vc.nodes():
+        assert ray.get(on(n, lambda: vc.client().contains("bc")))
+        after = vc.agent_stats(n)
+        if n != vc.node_id():
+            assert after["transfers"] == before[n]["transfers"] + 1
+    assert vc.broadcast("bc") == []  # nothing left to send
+
+
+def test_dist_tensor_pull_push_across_partitions(cluster):
+    n, d = 1000, 4
+    ref = np.zeros((n, d), np.float32)
+    for partition in ("range", np.random.default_rng(2).integers(0, 3, n)):
+        name = f"feat-{type(partition).__name__}"
+        t = vc.DistTensor(name, (n, d), np.float32, partition=partition)
+        ids = np.random.default_rng(3).permutation(n)
+        rows = np.random.default_rng(4).random((n, d), dtype=np.float32)
+        t.push(ids, rows)
+        expect = ref.copy()
+        expect[ids] = rows
+        q = np.random.default_rng(5).integers(0, n, 300)
+        assert np.array_equal(t.pull(q), expect[q])
+        # add with repeated ids, from another node's process
+        add_ids = np.array([0, 0, n - 1, 500, 500, 500])
+        ray.get(on(others(cluster)[0], _push_add, name, add_ids))
+        np.add.at(expect, add_ids, np.ones((len(add_ids), d), np.float32))
+        assert np.array_equal(t[np.arange(n)], expect)
+        # a handler, DistDGL-style
+        t.push([7, 8], np.full((2, d), 2, np.float32), op=_times)
+        expect[[7, 8]] *= 2
+        assert np.array_equal(t.pull([8, 7]), expect[[8, 7]])
+        # each node's trainers read their rows zero-copy from their own store
+        for node in vc.nodes():
+            local_ids, local = ray.get(on(node, _local_rows, name))
+            assert np.array_equal(local, expect[local_ids])
+        t.delete()
+
+
+def _push_add(name, ids):
+    t = vc.DistTensor(name)
+    t.push(ids, np.ones((len(ids), t.shape[1]), t.dtype), op="add")
+
+
+def _times(target, name, ids, rows):
+    target[name][ids] *= rows
+
+
+def _local_rows(name):
+    t = vc.DistTensor(name)
+    return t.local_ids(), np.array(t.local_partition())
+
+
+def test_dist_tensor_torch_and_bad_ids(cluster):
+    t = vc.DistTensor("ft", (10, 2), torch.float32)
+    t[torch.tensor([1, 9])] = torch.ones(2, 2)
+    out = t[torch.tensor([9, 0])]
+    assert isinstance(out, torch.Tensor) and out.tolist() == [[1, 1], [0, 0]]
+    with pytest.raises(IndexError):
+        t.pull([10])
+    with pytest.raises(vovp.InvalidArgument):
+        t.push([1], np.ones((2, 2)))
+    t.delete()
+
+
+def test_node_removed_is_object_lost_promptly(cluster):
+    extra = cluster.add_node(**NODE_ARGS)
+    cluster.wait_for_nodes()
+    node = extra.node_id
+    ray.get(on(node, vc.publish, "doomed", np.arange(100)))
+    ray.get(on(node, vc.publish, "kept", np.arange(5)))
+    vc.fetch("kept")  # a copy on the head
+    cluster.remove_node(extra)
+    t0 = time.monotonic()
+    with pytest.raises(vovp.ObjectLost, match=node):
+        vc.fetch("doomed", timeout=30)
+    assert time.monotonic() - t0 < 15
+    assert np.array_equal(vc.fetch("kept"), np.arange(5))
+    # A node that (re)joins gets a new agent and an empty store.
+    again = cluster.add_node(**NODE_ARGS)
+    cluster.wait_for_nodes()
+    assert ray.get(on(again.node_id, lambda: vc.client().list())) == []
+    assert ray.get(on(again.node_id, fetch_and_report, "kept"))[1] == list(range(5))
+
+
+def test_import_without_ray_says_how_to_install():
+    code = "import sys; sys.modules['ray'] = None; import vovp.cluster"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(PYTHON_DIR)))
+    assert p.returncode != 0
+    assert 'pip install "vovp[cluster]"' in p.stderr

@@ -1,0 +1,329 @@
+"""A node's agent: the one Ray actor per node (``vovp-agent-<node id>``, pinned to that node)
+that owns the node's side of the cluster.
+
+It connects to the node's ``vovp-engine`` (or starts one, which dies with it), pulls objects
+other nodes hold into the local store (one transfer per name, however many local processes ask
+at once), offers local objects to other nodes' agents (``_stream``), and keeps the node's
+DistTensor partitions (the creator's writable view, so pushes apply in place).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import ray
+
+from ..client import Client, copy_into
+from ..errors import (
+    ConnectionError as VovpConnectionError,
+    InvalidArgument,
+    ObjectExists,
+    ObjectLost,
+    ObjectNotFound,
+    VovpError,
+)
+from . import _stream
+from ._directory import DIRECTORY_NAME, NAMESPACE
+
+AGENT_PREFIX = "vovp-agent-"
+
+
+def agent_name(node_id: str) -> str:
+    return AGENT_PREFIX + node_id
+
+
+def socket_for(template: str, node_id: str) -> str:
+    """The store's socket on ``node_id``: ``{node}`` in the template becomes the node id's
+    first 12 hex digits (nodes of one machine share /tmp; a socket path is at most 107 bytes)."""
+    return template.replace("{node}", node_id[:12])
+
+
+def alive_nodes() -> set:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+def _die_with_parent():
+    # PR_SET_PDEATHSIG: the engine gets SIGTERM when the agent's process dies, even by SIGKILL
+    # (Ray kills actors that way), so a store started by an agent never outlives it.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+class Agent:
+    def __init__(self, node_id: str, config: dict):
+        self.node_id = node_id
+        self._config = config
+        self._transport = config.get("transport", "stream")
+        self._stall = float(config.get("stall_timeout", 30.0))
+        self.socket = socket_for(config["socket"], node_id)
+        self._engine = None
+        self._client = self._connect_or_start()
+        self._server = _stream.StreamServer(ray.util.get_node_ip_address(), self._stall)
+        self._directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+        self._parts: dict[str, tuple] = {}  # DistTensor name -> (writable view, lock)
+        self._counters = {"transfers": 0, "bytes_received": 0, "offers": 0}
+
+    # -- the node's store ----------------------------------------------------------------------
+
+    def _connect_or_start(self) -> Client:
+        try:
+            return Client(self.socket)
+        except VovpConnectionError:
+            pass
+        if not self._config.get("start", True):
+            raise VovpConnectionError(f"no vovp-engine answers at {self.socket} on node "
+                                      f"{self.node_id} (vovp.cluster.init(start=False))")
+        binary = self._config.get("engine")
+        if not binary or not os.access(binary, os.X_OK):
+            binary = shutil.which("vovp-engine")
+        if binary is None:
+            raise VovpError(f"node {self.node_id}: no vovp-engine to start (not on PATH, and "
+                            f"{self._config.get('engine')!r} is not executable there); pass "
+                            "engine= to vovp.cluster.init or run a daemon and pass socket=")
+        log = open(self.socket + ".log", "ab")
+        self._engine = subprocess.Popen(
+            [binary, "-m", str(self._config.get("memory", "1G")), "-s", self.socket,
+             *self._config.get("engine_args", ())],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+        log.close()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return Client(self.socket)
+            except VovpConnectionError:
+                if self._engine.poll() is not None or time.monotonic() > deadline:
+                    self._engine.kill()
+                    raise VovpError(f"node {self.node_id}: vovp-engine at {self.socket} did "
+                                    f"not start (exit {self._engine.poll()}); see "
+                                    f"{self.socket}.log") from None
+                time.sleep(0.02)
+
+    def info(self) -> dict:
+        return {"node": self.node_id, "socket": self.socket, "pid": os.getpid(),
+                "engine_pid": None if self._engine is None else self._engine.pid,
+                "address": self._server.address}
+
+    def stats(self) -> dict:
+        with self._lock:
+            out = dict(self._counters)
+        out["bytes_sent"] = self._server.bytes_sent
+        return out
+
+    def stop(self) -> None:
+        """Stop serving; stop the engine this agent started (before Ray kills the agent)."""
+        self._server.close()
+        self._client.close()
+        if self._engine is not None and self._engine.poll() is None:
+            self._engine.terminate()
+            try:
+                self._engine.wait(10)
+            except subprocess.TimeoutExpired:
+                self._engine.kill()
+
+    # -- fetch: bring a name into this node's store --------------------------------------------
+
+    def ensure(self, name: str, timeout=None, source=None) -> dict:
+        """Make ``name`` present in this node's store, pulling it from a holder (``source``
+        first when given) unless it is here already. Concurrent calls for one name share one
+        transfer. Returns {"transferred": bool, "version": int | None}."""
+        while True:
+            if self._client.contains(name):
+                return {"transferred": False, "version": None}
+            with self._lock:
+                pending = self._inflight.get(name)
+                leader = pending is None
+                if leader:
+                    pending = self._inflight[name] = Future()
+            if leader:
+                break
+            try:
+                return pending.result()
+            except (TimeoutError, ObjectNotFound):
+                continue  # the leader's own wait ran out; ours may not have: try again
+        try:
+            result = self._pull(name, timeout, source)
+            pending.set_result(result)
+            return result
+        except BaseException as e:
+            pending.set_exception(e)
+            raise
+        finally:
+            with self._lock:
+                del self._inflight[name]
+
+    def _pull(self, name, timeout, source):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        entry = ray.get(self._directory.lookup.remote(name, timeout))
+        if entry is None:
+            if self._client.contains(name):  # published and put here meanwhile
+                return {"transferred": False, "version": None}
+            if timeout is None:
+                raise ObjectNotFound(f"{name!r} is not published in the vovp cluster", 1)
+            raise TimeoutError(f"{name!r} was not published within {timeout} s")
+        lost = []
+        holders = [h for h in entry.holders if h != self.node_id]
+        random.shuffle(holders)  # spread readers over every copy, not just the owner's
+        if source in holders:
+            holders.remove(source)
+            holders.insert(0, source)
+        alive = alive_nodes()
+        for holder in holders:
+            if holder not in alive:
+                lost.append(holder)
+                continue
+            try:
+                moved = self._pull_from(holder, entry, deadline)
+            except (_stream.TransferBroken, ray.exceptions.RayActorError) as e:
+                # Broken mid-way: the holder's agent (and with it, its store) or its node died,
+                # or the holder stalled. Only a dead holder is a lost copy; else say why.
+                if self._holder_alive(holder):
+                    raise VovpError(f"transfer of {name!r} from node {holder} failed: {e}") \
+                        from None
+                lost.append(holder)
+                self._directory.drop_holder.remote(name, holder, entry.version)
+                continue
+            if moved is None:  # evicted (or deleted) there
+                self._directory.drop_holder.remote(name, holder, entry.version)
+                continue
+            ray.get(self._directory.add_holder.remote(name, self.node_id, entry.version))
+            with self._lock:
+                self._counters["transfers"] += moved
+                self._counters["bytes_received"] += entry.size * moved
+            return {"transferred": bool(moved), "version": entry.version}
+        if lost:
+            raise ObjectLost(f"{name!r} is lost: it was held only by node(s) "
+                             f"{', '.join(lost)}, which died (Ray reports them dead or their "
+                             "vovp agent is gone)")
+        raise ObjectLost(f"{name!r} is lost: no node holds a copy any more (evicted from every "
+                         "store that had it)")
+
+    def _holder_alive(self, holder) -> bool:
+        """Whether ``holder``'s agent still answers (a dead node's agent does not)."""
+        if holder not in alive_nodes():
+            return False
+        try:
+            ray.get(ray.get_actor(agent_name(holder), namespace=NAMESPACE).info.remote(),
+                    timeout=self._stall)
+            return True
+        except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+
+    def _pull_from(self, holder, entry, deadline):
+        """Copy ``entry`` from ``holder`` into this store: 1 when it moved, 0 when it was
+        here already, None when ``holder`` does not have it."""
+        agent = ray.get_actor(agent_name(holder), namespace=NAMESPACE)
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            if self._transport == "ray":
+                offer = ray.get(agent.read.remote(entry.name), timeout=left)
+            else:
+                offer = ray.get(agent.offer.remote(entry.name), timeout=left)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"{entry.name!r}: node {holder} did not answer in time") \
+                from None
+        if offer is None:
+            return None
+        size, metadata = offer[0], offer[1]
+        try:
+            dst = self._client.create(entry.name, size, metadata)
+        except ObjectExists:
+            return 0
+        try:
+            if self._transport == "ray":
+                copy_into(dst, offer[2])
+            else:
+                _stream.receive(offer[2], offer[3], memoryview(dst), self._stall)
+            self._client.seal(entry.name)
+        except BaseException:
+            # Nothing half-made stays visible: an unsealed object is invisible to GET, and the
+            # abort frees it.
+            self._client.abort(entry.name)
+            raise
+        self._client.release(dst)
+        return 1
+
+    def offer(self, name: str):
+        """Offer the local copy of ``name`` to one stream transfer: (size, metadata, address,
+        ticket), or None when this store does not have it."""
+        try:
+            view, metadata = self._client.get_buffer(name, with_metadata=True)
+        except ObjectNotFound:
+            return None
+        with self._lock:
+            self._counters["offers"] += 1
+        ticket = self._server.offer(view, lambda: self._client.release(view))
+        return (view.nbytes, metadata, self._server.address, ticket)
+
+    def read(self, name: str):
+        """transport="ray": the object's bytes through Ray's object store (for comparison)."""
+        try:
+            view, metadata = self._client.get_buffer(name, with_metadata=True)
+        except ObjectNotFound:
+            return None
+        with self._lock:
+            self._counters["offers"] += 1
+        return (view.nbytes, metadata, np.frombuffer(view, dtype=np.uint8))
+
+    def drop(self, name: str) -> bool:
+        """Delete the local copy of ``name`` (unpublish)."""
+        try:
+            self._client.delete(name)
+            return True
+        except ObjectNotFound:
+            return False
+
+    # -- DistTensor partitions -----------------------------------------------------------------
+
+    def dist_create(self, name: str, part: str, rows: int, row_shape, dtype: str) -> None:
+        """Create this node's partition (zeros) as the store object ``part``; the agent keeps
+        the creator's writable view for pushes, and with it a reference: never evicted."""
+        with self._lock:
+            if name in self._parts:
+                return
+        dt = np.dtype(dtype)
+        view = self._client.create_tensor(part, (int(rows), *row_shape), dt)
+        view[...] = 0
+        self._client.seal(part)
+        with self._lock:
+            self._parts[name] = (view, threading.Lock())
+
+    def dist_pull(self, name: str, local_ids):
+        view, _ = self._part(name)
+        return view[local_ids]
+
+    def dist_push(self, name: str, local_ids, rows, op) -> None:
+        view, lock = self._part(name)
+        with lock:  # pushes to one partition apply one at a time: "add" loses nothing
+            if op == "assign":
+                view[local_ids] = rows
+            elif op == "add":
+                np.add.at(view, local_ids, rows)
+            elif callable(op):
+                op({name: view}, name, local_ids, rows)
+            else:
+                raise InvalidArgument(f"push op must be 'assign', 'add' or a callable, got "
+                                      f"{op!r}")
+
+    def dist_drop(self, name: str, part: str) -> None:
+        with self._lock:
+            held = self._parts.pop(name, None)
+        if held is not None:
+            self._client.release(held[0])
+        self.drop(part)
+
+    def _part(self, name):
+        with self._lock:
+            held = self._parts.get(name)
+        if held is None:
+            raise ObjectNotFound(f"node {self.node_id} has no partition of {name!r}", 1)
+        return held
