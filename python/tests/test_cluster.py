@@ -159,6 +159,18 @@ def test_broadcast_reaches_every_node_without_the_owner_sending_each(cluster):
     assert vc.broadcast("bc") == []  # nothing left to send
 
 
+def test_broadcast_tree_relays_through_nodes_that_received_it(cluster):
+    vc.publish("bc-tree", np.arange(1 << 16, dtype=np.float64))
+    first, second = others(cluster)
+    before = {n: vc.agent_stats(n)["offers"] for n in vc.nodes()}
+    # fanout=1: the owner sends to one node, which sends on to the next.
+    assert vc.broadcast("bc-tree", nodes=[first, second], fanout=1) == [first, second]
+    after = {n: vc.agent_stats(n)["offers"] for n in vc.nodes()}
+    assert after[vc.node_id()] == before[vc.node_id()] + 1
+    assert after[first] == before[first] + 1
+    assert ray.get(on(second, fetch_and_report, "bc-tree"))[1] == float(np.arange(1 << 16).sum())
+
+
 def test_dist_tensor_pull_push_across_partitions(cluster):
     n, d = 1000, 4
     ref = np.zeros((n, d), np.float32)

@@ -70,6 +70,7 @@ class Agent:
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
+        self._agents = {}  # node id -> actor handle
         self._parts: dict[str, tuple] = {}  # DistTensor name -> (writable view, lock)
         self._counters = {"transfers": 0, "bytes_received": 0, "offers": 0}
 
@@ -132,10 +133,11 @@ class Agent:
 
     # -- fetch: bring a name into this node's store --------------------------------------------
 
-    def ensure(self, name: str, timeout=None, source=None) -> dict:
+    def ensure(self, name: str, timeout=None, source=None, transport=None) -> dict:
         """Make ``name`` present in this node's store, pulling it from a holder (``source``
         first when given) unless it is here already. Concurrent calls for one name share one
-        transfer. Returns {"transferred": bool, "version": int | None}."""
+        transfer. ``transport`` overrides the cluster's ("stream" or "ray"; the benchmark
+        compares them). Returns {"transferred": bool, "version": int | None}."""
         while True:
             if self._client.contains(name):
                 return {"transferred": False, "version": None}
@@ -151,7 +153,7 @@ class Agent:
             except (TimeoutError, ObjectNotFound):
                 continue  # the leader's own wait ran out; ours may not have: try again
         try:
-            result = self._pull(name, timeout, source)
+            result = self._pull(name, timeout, source, transport or self._transport)
             pending.set_result(result)
             return result
         except BaseException as e:
@@ -161,7 +163,7 @@ class Agent:
             with self._lock:
                 del self._inflight[name]
 
-    def _pull(self, name, timeout, source):
+    def _pull(self, name, timeout, source, transport):
         deadline = None if timeout is None else time.monotonic() + timeout
         entry = ray.get(self._directory.lookup.remote(name, timeout))
         if entry is None:
@@ -173,16 +175,17 @@ class Agent:
         lost = []
         holders = [h for h in entry.holders if h != self.node_id]
         random.shuffle(holders)  # spread readers over every copy, not just the owner's
-        if source in holders:
-            holders.remove(source)
+        if source is not None and source != self.node_id:
+            # broadcast's relay: the source may have its copy before the directory has
+            # recorded it (add_holder is not awaited); a source without one answers None.
+            if source in holders:
+                holders.remove(source)
             holders.insert(0, source)
-        alive = alive_nodes()
+        # No look at Ray's node table on the way: a call to a dead node's agent fails at once
+        # (RayActorError), and only then is the holder's state checked.
         for holder in holders:
-            if holder not in alive:
-                lost.append(holder)
-                continue
             try:
-                moved = self._pull_from(holder, entry, deadline)
+                moved = self._pull_from(holder, entry, deadline, transport)
             except (_stream.TransferBroken, ray.exceptions.RayActorError) as e:
                 # Broken mid-way: the holder's agent (and with it, its store) or its node died,
                 # or the holder stalled. Only a dead holder is a lost copy; else say why.
@@ -195,7 +198,9 @@ class Agent:
             if moved is None:  # evicted (or deleted) there
                 self._directory.drop_holder.remote(name, holder, entry.version)
                 continue
-            ray.get(self._directory.add_holder.remote(name, self.node_id, entry.version))
+            # Not awaited: the caller's get is local from here on, and the directory applies
+            # this agent's calls in order.
+            self._directory.add_holder.remote(name, self.node_id, entry.version)
             with self._lock:
                 self._counters["transfers"] += moved
                 self._counters["bytes_received"] += entry.size * moved
@@ -212,19 +217,25 @@ class Agent:
         if holder not in alive_nodes():
             return False
         try:
-            ray.get(ray.get_actor(agent_name(holder), namespace=NAMESPACE).info.remote(),
-                    timeout=self._stall)
+            ray.get(self._agent_of(holder).info.remote(), timeout=self._stall)
             return True
         except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return False
 
-    def _pull_from(self, holder, entry, deadline):
+    def _agent_of(self, node):
+        """The agent of ``node`` (cached: ``ray.get_actor`` asks Ray's GCS every time)."""
+        handle = self._agents.get(node)
+        if handle is None:
+            handle = self._agents[node] = ray.get_actor(agent_name(node), namespace=NAMESPACE)
+        return handle
+
+    def _pull_from(self, holder, entry, deadline, transport):
         """Copy ``entry`` from ``holder`` into this store: 1 when it moved, 0 when it was
         here already, None when ``holder`` does not have it."""
-        agent = ray.get_actor(agent_name(holder), namespace=NAMESPACE)
+        agent = self._agent_of(holder)
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
-            if self._transport == "ray":
+            if transport == "ray":
                 offer = ray.get(agent.read.remote(entry.name), timeout=left)
             else:
                 offer = ray.get(agent.offer.remote(entry.name), timeout=left)
@@ -239,7 +250,7 @@ class Agent:
         except ObjectExists:
             return 0
         try:
-            if self._transport == "ray":
+            if transport == "ray":
                 copy_into(dst, offer[2])
             else:
                 _stream.receive(offer[2], offer[3], memoryview(dst), self._stall)

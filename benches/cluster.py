@@ -1,0 +1,197 @@
+"""vovp-bench --cluster: vovp.cluster against Ray's own object transfer, side by side on one
+local Ray cluster (ray.cluster_utils.Cluster: a head and two nodes on this machine, each with
+its own raylet, Ray object store and vovp-engine).
+
+Workloads (issue 28):
+- fetch of 1 MiB / 64 MiB / 256 MiB from another node, timed inside a process on the
+  receiving node: vovp.cluster.fetch (stream transport: one copy, into the local vovp store),
+  the same through Ray's object store (transport="ray": Ray's transfer, then a copy into
+  vovp), and Ray's own ``ray.get`` of a ref made on the head (zero-copy from the receiving
+  node's Ray object store);
+- broadcast of 256 MiB to every node: vovp as a binomial tree (fanout=1), as a star
+  (the default fanout=4 covers both other nodes in one round), and every node ``ray.get``-ting
+  one ref at once;
+- DistTensor pull of 10,000 random rows x 128 float32 out of 1 M rows over 2 nodes, from a
+  process on the head: rows/s, and the time of the local and the remote rows alone.
+
+Every figure is a median; ratios are vovp's throughput over the peer's in the same run.
+Writes target/bench/cluster.json and prints a Markdown table.
+
+    python benches/cluster.py --engine target/release/vovp-engine [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+import vovp.cluster as vc  # noqa: E402
+
+MiB = 1 << 20
+
+
+@ray.remote(num_cpus=0)
+class Reader:
+    """A process on one node that times gets there."""
+
+    def node(self):
+        return vc.node_id()
+
+    def vovp_fetch(self, name, transport=None):
+        t0 = time.perf_counter()
+        if transport is None:
+            t = vc.fetch(name)
+        else:
+            ray.get(vc._agent(vc.node_id()).ensure.remote(name, None, None, transport))
+            t = vc.client().get_tensor(name)
+        dt = time.perf_counter() - t0
+        assert t.nbytes > 0
+        return dt
+
+    def ray_get(self, refs):
+        t0 = time.perf_counter()
+        arr = ray.get(refs[0])
+        dt = time.perf_counter() - t0
+        assert arr.nbytes > 0
+        return dt
+
+    def pull(self, name, ids):
+        t = vc.DistTensor(name)
+        t.pull(ids[:10])  # warm: the local partition's view, the agents' handles
+        part, _ = t.locate(ids)
+        me = t._me()
+        times = {}
+        for label, sel in (("all", ids), ("local", ids[part == me]),
+                           ("remote", ids[part != me])):
+            samples = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                t.pull(sel)
+                samples.append(time.perf_counter() - t0)
+            times[label] = statistics.median(samples)
+        return times
+
+
+def gbps(nbytes, seconds):
+    return nbytes / seconds / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", default=str(REPO / "target" / "release" / "vovp-engine"))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=str(REPO / "target" / "bench" / "cluster.json"))
+    args = ap.parse_args()
+
+    node_args = dict(num_cpus=1, object_store_memory=700 * MiB, node_ip_address="127.0.0.1")
+    c = Cluster(initialize_head=True, connect=False,
+                head_node_args=dict(node_args, include_dashboard=False))
+    for _ in range(2):
+        c.add_node(**node_args)
+    port = c.address.rsplit(":", 1)[1]
+    sock_dir = tempfile.mkdtemp(prefix="vcb-", dir="/tmp")
+    results = {"fetch": [], "broadcast": {}, "dist": {}}
+    try:
+        ray.init(address=f"127.0.0.1:{port}")
+        c.wait_for_nodes()
+        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="1400M",
+                engine=args.engine)
+        head = vc.node_id()
+        others = [n for n in vc.nodes() if n != head]
+        readers = [Reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            n, soft=False)).remote() for n in others]
+        ray.get([r.node.remote() for r in readers])
+        b = readers[0]
+        rng = np.random.default_rng(0)
+
+        for size in (1 * MiB, 64 * MiB, 256 * MiB):
+            reps = args.reps * (4 if size == MiB else 1)
+            arr = rng.integers(0, 255, size, dtype=np.uint8)
+            samples = {"stream": [], "via_ray": [], "ray": []}
+            for i in range(reps):
+                for kind in ("stream", "via_ray"):
+                    name = f"f{size}-{kind}-{i}"
+                    vc.publish(name, arr)
+                    transport = None if kind == "stream" else "ray"
+                    samples[kind].append(ray.get(b.vovp_fetch.remote(name, transport)))
+                    vc.unpublish(name)
+                ref = ray.put(arr)
+                samples["ray"].append(ray.get(b.ray_get.remote([ref])))
+                del ref
+            row = {"size": size}
+            for kind, s in samples.items():
+                row[kind] = gbps(size, statistics.median(s))
+            results["fetch"].append(row)
+            print(f"fetch {size // MiB} MiB: " + ", ".join(
+                f"{k} {v:.2f} GB/s" for k, v in row.items() if k != "size"), flush=True)
+
+        size = 256 * MiB
+        arr = rng.integers(0, 255, size, dtype=np.uint8)
+        bc = {"tree": [], "star": [], "ray": []}
+        for i in range(max(args.reps // 2, 2)):
+            for strategy, fanout in (("tree", 1), ("star", 4)):
+                name = f"bc-{strategy}-{i}"
+                vc.publish(name, arr)
+                t0 = time.perf_counter()
+                vc.broadcast(name, fanout=fanout)
+                bc[strategy].append(time.perf_counter() - t0)
+                vc.unpublish(name)
+            ref = ray.put(arr)
+            t0 = time.perf_counter()
+            ray.get([r.ray_get.remote([ref]) for r in readers])
+            bc["ray"].append(time.perf_counter() - t0)
+            del ref
+        results["broadcast"] = {k: gbps(size * len(others), statistics.median(v))
+                                for k, v in bc.items()}
+        print("broadcast 256 MiB to every node (GB/s delivered): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in results["broadcast"].items()), flush=True)
+
+        rows, dim, n_ids = 1_000_000, 128, 10_000
+        t = vc.DistTensor("feat", (rows, dim), np.float32, nodes=[head, others[0]])
+        ids = rng.integers(0, rows, n_ids)
+        head_reader = Reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            head, soft=False)).remote()
+        times = ray.get(head_reader.pull.remote("feat", ids))
+        results["dist"] = {"rows_per_s": n_ids / times["all"], **times}
+        print(f"DistTensor pull of {n_ids} rows x {dim} float32 (1 M rows, 2 nodes): "
+              f"{n_ids / times['all']:,.0f} rows/s; all {times['all'] * 1e3:.1f} ms, local "
+              f"half {times['local'] * 1e3:.1f} ms, remote half {times['remote'] * 1e3:.1f} ms",
+              flush=True)
+        t.delete()
+    finally:
+        try:
+            vc.shutdown()
+        finally:
+            ray.shutdown()
+            c.shutdown()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print()
+    print("| workload | vovp | vovp via Ray's store | Ray | vovp / Ray |")
+    print("|---|---|---|---|---|")
+    for row in results["fetch"]:
+        print(f"| fetch {row['size'] // MiB} MiB from another node, GB/s | {row['stream']:.2f} "
+              f"| {row['via_ray']:.2f} | {row['ray']:.2f} | {row['stream'] / row['ray']:.2f}x |")
+    bcr = results["broadcast"]
+    print(f"| broadcast 256 MiB to 2 nodes, GB/s delivered | {bcr['tree']:.2f} (tree), "
+          f"{bcr['star']:.2f} (star, the default) | - | {bcr['ray']:.2f} | "
+          f"{bcr['star'] / bcr['ray']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
