@@ -21,6 +21,7 @@ use vovp_bench::{probes, soak, GIB};
 const USAGE: &str =
     "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--only LIST] [--cpus LIST]
                   [--soak-only|--skip-soak]
+       vovp-bench --cluster
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
@@ -33,6 +34,9 @@ const USAGE: &str =
   --soak-only    only the reliability section: the soak (30 s quick, 10 min full) and the
                  probes run on both stores (no Plasma probes with --skip-python)
   --skip-soak    no reliability section
+  --cluster      vovp.cluster against Ray's own transfer on a local 3-node Ray cluster
+                 (benches/cluster.py, run by the test venv's python: .venv or $VOVP_VENV,
+                 which ./scripts/test.sh creates with Ray); writes target/bench/cluster.json
 
 Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
 target/bench/results.md and target/bench/throughput.png.";
@@ -79,6 +83,8 @@ struct Args {
     /// The reliability section: soak and probes (off with --skip-soak).
     soak: bool,
     only: Option<String>,
+    /// --cluster: only the cluster benchmark.
+    cluster: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -87,6 +93,7 @@ fn parse_args() -> Result<Args, String> {
     let mut cpus = None;
     let (mut perf, mut soak) = (true, true);
     let mut only = None;
+    let mut cluster = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -103,11 +110,15 @@ fn parse_args() -> Result<Args, String> {
             "--skip-rust" => rust = false,
             "--soak-only" => perf = false,
             "--skip-soak" => soak = false,
+            "--cluster" => cluster = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    let mode = mode.ok_or("say --quick or --full")?;
+    // --cluster has one size of its own.
+    let mode = mode
+        .or(cluster.then_some(Mode::Quick))
+        .ok_or("say --quick or --full")?;
     Ok(Args {
         mode,
         python,
@@ -116,7 +127,50 @@ fn parse_args() -> Result<Args, String> {
         perf,
         soak,
         only,
+        cluster,
     })
+}
+
+/// `--cluster`: benches/cluster.py under the test venv's python (it needs Ray, which the
+/// benchmark venv with pyarrow 11 does not carry).
+fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
+    let venv = std::env::var_os("VOVP_VENV")
+        .map(PathBuf::from)
+        .map(|v| {
+            if v.is_absolute() {
+                v
+            } else {
+                paths.root.join(v)
+            }
+        })
+        .unwrap_or_else(|| paths.root.join(".venv"));
+    let python = venv.join("bin").join("python");
+    if !python.is_file() {
+        eprintln!(
+            "vovp-bench: --cluster needs {} with ray, numpy and vovp installed: run \
+             ./scripts/test.sh once, or set VOVP_VENV",
+            python.display()
+        );
+        return ExitCode::from(2);
+    }
+    let status = std::process::Command::new(&python)
+        .arg(paths.root.join("benches").join("cluster.py"))
+        .arg("--engine")
+        .arg(engine_bin)
+        .arg("--out")
+        .arg(paths.out.join("cluster.json"))
+        .status();
+    match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) => {
+            eprintln!("vovp-bench: benches/cluster.py failed ({s})");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("vovp-bench: cannot run {}: {e}", python.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Paths of this checkout.
@@ -179,6 +233,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     warn_if_stale(&engine_bin, &paths.root);
+    if args.cluster {
+        return run_cluster(&paths, &engine_bin);
+    }
     if let Err(e) = std::fs::create_dir_all(&paths.out) {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());
         return ExitCode::from(2);

@@ -246,6 +246,17 @@ def test_node_removed_is_object_lost_promptly(cluster):
     assert ray.get(on(again.node_id, fetch_and_report, "kept"))[1] == list(range(5))
 
 
+@pytest.mark.parametrize("example", ["cluster_weights.py", "dist_features.py"])
+def test_examples_run_on_the_cluster(cluster, example):
+    """The README's examples, as a user runs them, joined to this module's cluster."""
+    port = cluster.address.rsplit(":", 1)[1]
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), RAY_ADDRESS=f"127.0.0.1:{port}")
+    p = subprocess.run([sys.executable, str(PYTHON_DIR.parent / "examples" / example)],
+                       capture_output=True, text=True, env=env, timeout=180, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip()
+
+
 def test_import_without_ray_says_how_to_install():
     code = "import sys; sys.modules['ray'] = None; import vovp.cluster"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
