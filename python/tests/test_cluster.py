@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -244,6 +245,42 @@ def test_node_removed_is_object_lost_promptly(cluster):
     cluster.wait_for_nodes()
     assert ray.get(on(again.node_id, lambda: vc.client().list())) == []
     assert ray.get(on(again.node_id, fetch_and_report, "kept"))[1] == list(range(5))
+
+
+def test_owner_dying_mid_transfer_is_object_lost_and_leaves_nothing(cluster):
+    """The head's agent is frozen (SIGSTOP) while its transfer from node D is in flight, D is
+    removed, the agent resumes: the stream ends short, the fetch fails with ObjectLost naming
+    D, and the head's store has no trace of the half-received object."""
+    extra = cluster.add_node(**NODE_ARGS)
+    cluster.wait_for_nodes()
+    d = extra.node_id
+    # Made on d: an argument that large would not fit the nodes' small Ray object stores.
+    ray.get(on(d, _publish_ones, "inflight", 96 << 20))
+    here = vc.client()
+    agent = vc._agent(vc.node_id())
+    pid = ray.get(agent.info.remote())["pid"]
+    ref = agent.ensure.remote("inflight", 60)
+    # The receiving agent creates the object, then fills it: catch it unsealed.
+    seen = False
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        seen = any(e["name"] == "inflight" and not e["sealed"] for e in here.list())
+    if seen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        assert seen, "the transfer was never seen in flight"
+        cluster.remove_node(extra)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with pytest.raises(vovp.ObjectLost, match=d):
+        vc._call(ref, 30)
+    assert not any(e["name"] == "inflight" for e in here.list())
+    with pytest.raises(vovp.ObjectLost):
+        vc.fetch("inflight", timeout=10)
+
+
+def _publish_ones(name, n):
+    vc.publish(name, np.ones(n, np.uint8))
 
 
 @pytest.mark.parametrize("example", ["cluster_weights.py", "dist_features.py"])

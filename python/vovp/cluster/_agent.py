@@ -57,6 +57,10 @@ def _die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
+class HolderGone(Exception):
+    """A holder's agent cannot be found: its node (and store) are gone."""
+
+
 class Agent:
     def __init__(self, node_id: str, config: dict):
         self.node_id = node_id
@@ -186,7 +190,7 @@ class Agent:
         for holder in holders:
             try:
                 moved = self._pull_from(holder, entry, deadline, transport)
-            except (_stream.TransferBroken, ray.exceptions.RayActorError) as e:
+            except (_stream.TransferBroken, ray.exceptions.RayActorError, HolderGone) as e:
                 # Broken mid-way: the holder's agent (and with it, its store) or its node died,
                 # or the holder stalled. Only a dead holder is a lost copy; else say why.
                 if self._holder_alive(holder):
@@ -219,14 +223,18 @@ class Agent:
         try:
             ray.get(self._agent_of(holder).info.remote(), timeout=self._stall)
             return True
-        except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        except (HolderGone, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return False
 
     def _agent_of(self, node):
         """The agent of ``node`` (cached: ``ray.get_actor`` asks Ray's GCS every time)."""
         handle = self._agents.get(node)
         if handle is None:
-            handle = self._agents[node] = ray.get_actor(agent_name(node), namespace=NAMESPACE)
+            try:
+                handle = ray.get_actor(agent_name(node), namespace=NAMESPACE)
+            except ValueError:  # Ray knows no such actor: it died with its node
+                raise HolderGone(f"node {node} has no vovp agent") from None
+            self._agents[node] = handle
         return handle
 
     def _pull_from(self, holder, entry, deadline, transport):
