@@ -187,7 +187,7 @@ def broadcast(name: str, nodes=None, timeout=None, fanout: int = 4) -> list:
     log_(fanout+1)(n) rounds. ``fanout=1`` is a binomial tree; a fanout of at least the
     number of nodes is a star (everyone pulls from the owner at once), which is fastest
     while the owner's bandwidth is not the limit: on one machine with 3 nodes, a star
-    delivered 3.5x a binomial tree (BENCHMARKS.md, "Across machines").
+    delivered 3.4-3.5x a binomial tree (BENCHMARKS.md, "Across machines").
     """
     if int(fanout) < 1:
         raise InvalidArgument(f"fanout must be at least 1, got {fanout!r}")
