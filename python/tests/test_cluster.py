@@ -113,9 +113,27 @@ def test_concurrent_fetches_on_one_node_make_one_transfer(cluster):
     vc.publish("big", a)
     b = others(cluster)[0]
     before = vc.agent_stats(b)["transfers"]
+    offers = vc.agent_stats()["offers"]
     results = ray.get([on(b, fetch_and_report, "big") for _ in range(4)])
     assert all(r[1] == pytest.approx(float(a.sum())) for r in results)
     assert vc.agent_stats(b)["transfers"] == before + 1
+    assert vc.agent_stats()["offers"] == offers + 1  # the owner sent it once
+
+
+def test_concurrent_ensure_calls_coalesce_in_the_agent(cluster):
+    """Callers that overlap for sure: four ensure calls sent to one agent before the name is
+    published all wait on the one pull."""
+    b = others(cluster)[1]
+    agent = vc._agent(b)
+    refs = [agent.ensure.remote("coalesce", 30) for _ in range(4)]
+    time.sleep(0.5)  # they wait in the agent (lookup) until the publish
+    offers = vc.agent_stats()["offers"]
+    transfers = vc.agent_stats(b)["transfers"]
+    vc.publish("coalesce", np.arange(1 << 20, dtype=np.float64))
+    results = vc._call(refs, 60)
+    assert all(r["transferred"] for r in results)  # each was answered by the one pull
+    assert vc.agent_stats(b)["transfers"] == transfers + 1
+    assert vc.agent_stats()["offers"] == offers + 1
 
 
 def test_fetch_waits_for_publish_and_times_out(cluster):
@@ -134,10 +152,12 @@ def test_fetch_waits_for_publish_and_times_out(cluster):
 
 def test_publish_twice_is_object_exists_and_unpublish_removes_everywhere(cluster):
     vc.publish("u1", np.zeros(4))
-    b = others(cluster)[0]
+    b, c = others(cluster)
     ray.get(on(b, fetch_and_report, "u1"))
+    # From a node without a copy: the directory, not its store, refuses; nothing stays there.
     with pytest.raises(vovp.ObjectExists):
-        ray.get(on(b, vc.publish, "u1", np.ones(4)))
+        ray.get(on(c, vc.publish, "u1", np.ones(4)))
+    assert not ray.get(on(c, lambda: vc.client().contains("u1")))
     assert vc.unpublish("u1")
     assert "u1" not in vc.names()
     assert not ray.get(on(b, lambda: vc.client().contains("u1")))

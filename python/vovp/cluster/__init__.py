@@ -194,6 +194,8 @@ def broadcast(name: str, nodes=None, timeout=None, fanout: int = 4) -> list:
     deadline = None if timeout is None else time.monotonic() + timeout
     entry = _call(_directory().lookup.remote(name, timeout), timeout)
     if entry is None:
+        if timeout is not None:
+            raise TimeoutError(f"{name!r} was not published within {timeout} s")
         raise ObjectNotFound(f"{name!r} is not published in the vovp cluster", 1)
     alive = alive_nodes()
     targets = sorted(alive if nodes is None else set(nodes))
@@ -202,7 +204,8 @@ def broadcast(name: str, nodes=None, timeout=None, fanout: int = 4) -> list:
         raise InvalidArgument(f"not alive nodes of this Ray cluster: {', '.join(unknown)}")
     have = [h for h in entry.holders if h in alive]
     if not have:
-        raise ObjectLost(f"{name!r} is lost: every node that held it died", 0)
+        raise ObjectLost(f"{name!r} is lost: every node that held it died "
+                         f"({', '.join(entry.holders)})", 0)
     todo = [n for n in targets if n not in have]
     done = []
     while todo:

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import ray
@@ -142,6 +143,7 @@ class Agent:
         first when given) unless it is here already. Concurrent calls for one name share one
         transfer. ``transport`` overrides the cluster's ("stream" or "ray"; the benchmark
         compares them). Returns {"transferred": bool, "version": int | None}."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._client.contains(name):
                 return {"transferred": False, "version": None}
@@ -152,10 +154,21 @@ class Agent:
                     pending = self._inflight[name] = Future()
             if leader:
                 break
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                return pending.result()
-            except (TimeoutError, ObjectNotFound):
-                continue  # the leader's own wait ran out; ours may not have: try again
+                return pending.result(left)  # a follower keeps to its own timeout
+            except (TimeoutError, FutureTimeout):
+                if not pending.done():
+                    raise TimeoutError(f"{name!r} did not arrive within {timeout} s") \
+                        from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                continue  # the leader's own wait ran out, ours has not: try again
+            except ObjectNotFound:
+                if deadline is None:
+                    raise
+                continue  # the leader did not wait for a publish; this caller may
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         try:
             result = self._pull(name, timeout, source, transport or self._transport)
             pending.set_result(result)
@@ -202,9 +215,12 @@ class Agent:
             if moved is None:  # evicted (or deleted) there
                 self._directory.drop_holder.remote(name, holder, entry.version)
                 continue
-            # Not awaited: the caller's get is local from here on, and the directory applies
-            # this agent's calls in order.
-            self._directory.add_holder.remote(name, self.node_id, entry.version)
+            # Awaited: an unpublish (or a new version) may have come while the bytes moved,
+            # and then this copy is stale and must go, or it would be served as current.
+            if moved and not ray.get(self._directory.add_holder.remote(
+                    name, self.node_id, entry.version)):
+                self.drop(name)
+                raise ObjectNotFound(f"{name!r} was unpublished while it was being fetched", 1)
             with self._lock:
                 self._counters["transfers"] += moved
                 self._counters["bytes_received"] += entry.size * moved
@@ -255,8 +271,12 @@ class Agent:
         size, metadata = offer[0], offer[1]
         try:
             dst = self._client.create(entry.name, size, metadata)
-        except ObjectExists:
-            return 0
+        except BaseException as e:
+            if transport != "ray":
+                agent.withdraw.remote(offer[3])  # the ticket will not be claimed
+            if isinstance(e, ObjectExists):
+                return 0
+            raise
         try:
             if transport == "ray":
                 copy_into(dst, offer[2])
@@ -283,6 +303,10 @@ class Agent:
         ticket = self._server.offer(view, lambda: self._client.release(view))
         return (view.nbytes, metadata, self._server.address, ticket)
 
+    def withdraw(self, ticket: bytes) -> None:
+        """The receiver of ``ticket``'s offer gave up before connecting: release it now."""
+        self._server.withdraw(ticket)
+
     def read(self, name: str):
         """transport="ray": the object's bytes through Ray's object store (for comparison)."""
         try:
@@ -306,14 +330,16 @@ class Agent:
     def dist_create(self, name: str, part: str, rows: int, row_shape, dtype: str) -> None:
         """Create this node's partition (zeros) as the store object ``part``; the agent keeps
         the creator's writable view for pushes, and with it a reference: never evicted."""
-        with self._lock:
+        with self._lock:  # held throughout: two processes attaching at once create it once
             if name in self._parts:
                 return
-        dt = np.dtype(dtype)
-        view = self._client.create_tensor(part, (int(rows), *row_shape), dt)
-        view[...] = 0
-        self._client.seal(part)
-        with self._lock:
+            view = self._client.create_tensor(part, (int(rows), *row_shape), np.dtype(dtype))
+            try:
+                view[...] = 0
+                self._client.seal(part)
+            except BaseException:
+                self._client.abort(part)
+                raise
             self._parts[name] = (view, threading.Lock())
 
     def dist_pull(self, name: str, local_ids):
@@ -321,6 +347,9 @@ class Agent:
         return view[local_ids]
 
     def dist_push(self, name: str, local_ids, rows, op) -> None:
+        """A callable ``op`` is the caller's code run here, under the partition's lock: like
+        everything sent to a Ray actor it is trusted (ARCHITECTURE.md, trust model), and a
+        handler that hangs holds up every push to this partition."""
         view, lock = self._part(name)
         with lock:  # pushes to one partition apply one at a time: "add" loses nothing
             if op == "assign":

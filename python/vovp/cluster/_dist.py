@@ -39,12 +39,15 @@ class DistTensor:
         if shape is None:
             spec = _call(_directory().dist_spec.remote(name, timeout), timeout)
             if spec is None:
+                if timeout is not None:
+                    raise TimeoutError(f"no DistTensor named {name!r} within {timeout} s")
                 raise ObjectNotFound(f"no DistTensor named {name!r} in the vovp cluster", 1)
         else:
             spec = self._spec(name, shape, dtype, partition, nodes, alive_nodes())
-            if spec.get("book_data") is not None:
-                publish(spec["book"], spec.pop("book_data"))
-            got, _ = _call(_directory().create_dist.remote(name, spec), 60.0)
+            book = spec.pop("book_data")
+            got, created = _call(_directory().create_dist.remote(name, spec), 60.0)
+            if created and book is not None:
+                publish(spec["book"], book)  # attachers wait for it in _book_arrays
             if got is None:
                 raise ObjectExists(f"{name!r} is a published object, not a DistTensor", 2)
             if tuple(got["shape"]) != tuple(spec["shape"]) or got["dtype"] != spec["dtype"]:
@@ -124,7 +127,7 @@ class DistTensor:
         if self._book is None:
             from . import fetch
 
-            book = np.asarray(fetch(self._spec_["book"], framework="numpy"))
+            book = np.asarray(fetch(self._spec_["book"], timeout=60.0, framework="numpy"))
             local = np.empty(len(book), np.int64)
             for k in range(len(self.nodes)):
                 sel = book == k

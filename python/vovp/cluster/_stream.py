@@ -39,24 +39,42 @@ class StreamServer:
         self._stall_timeout = stall_timeout
         self._offers = {}  # ticket -> (buffer, expiry, on_done)
         self._lock = threading.Lock()
+        self._closed = False
         self.bytes_sent = 0
         threading.Thread(target=self._accept_loop, name="vovp-stream-accept",
+                         daemon=True).start()
+        threading.Thread(target=self._expire_loop, name="vovp-stream-expire",
                          daemon=True).start()
 
     def offer(self, buf, on_done) -> bytes:
         """Offer ``buf`` (a bytes-like view) for one transfer; ``on_done()`` runs once it was
-        sent, failed, or expired. Returns the ticket."""
+        sent, failed, was withdrawn or expired. Returns the ticket."""
         ticket = secrets.token_bytes(TICKET_BYTES)
-        now = time.monotonic()
         with self._lock:
-            expired = [t for t, (_, expiry, _) in self._offers.items() if expiry < now]
-            dropped = [self._offers.pop(t) for t in expired]
-            self._offers[ticket] = (buf, now + OFFER_TTL, on_done)
-        for _, _, done in dropped:
-            done()
+            self._offers[ticket] = (buf, time.monotonic() + OFFER_TTL, on_done)
         return ticket
 
+    def withdraw(self, ticket: bytes) -> None:
+        """Drop an offer the receiver will not claim (it failed before connecting)."""
+        with self._lock:
+            entry = self._offers.pop(ticket, None)
+        if entry is not None:
+            entry[2]()
+
+    def _expire_loop(self) -> None:
+        # Unclaimed offers hold a reference to their object: drop them on time even when no
+        # other offer comes along.
+        while not self._closed:
+            time.sleep(min(OFFER_TTL / 4, 5.0))
+            now = time.monotonic()
+            with self._lock:
+                expired = [t for t, (_, expiry, _) in self._offers.items() if expiry < now]
+                dropped = [self._offers.pop(t) for t in expired]
+            for _, _, done in dropped:
+                done()
+
     def close(self) -> None:
+        self._closed = True
         self._listener.close()
         with self._lock:
             dropped, self._offers = list(self._offers.values()), {}
@@ -64,13 +82,16 @@ class StreamServer:
             done()
 
     def _accept_loop(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 conn, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(conn,), name="vovp-stream-send",
-                             daemon=True).start()
+                threading.Thread(target=self._serve, args=(conn,), name="vovp-stream-send",
+                                 daemon=True).start()
+            except (OSError, RuntimeError):
+                # Out of descriptors or threads (e.g. a flood of idle connections, which
+                # each end after stall_timeout): keep serving once they are back.
+                if not self._closed:
+                    time.sleep(0.05)
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -85,8 +106,13 @@ class StreamServer:
                 return  # unknown or expired ticket: the receiver sees the stream end early
             buf, _, on_done = entry
             try:
-                conn.sendall(buf)
-                self.bytes_sent += len(buf)
+                # Slice by slice: a socket timeout bounds each send() call, but sendall's
+                # whole run, which for a large object would fail any slow transfer.
+                view = memoryview(buf).cast("B")
+                for off in range(0, len(view), CHUNK):
+                    conn.sendall(view[off:off + CHUNK])
+                with self._lock:
+                    self.bytes_sent += len(view)
             except OSError:
                 pass  # the receiver went away; it reports the failure on its side
             finally:
