@@ -294,12 +294,10 @@ class Agent:
     def offer(self, name: str):
         """Offer the local copy of ``name`` to one stream transfer: (size, metadata, address,
         ticket), or None when this store does not have it."""
-        try:
-            view, metadata = self._client.get_buffer(name, with_metadata=True)
-        except ObjectNotFound:
+        got = self._give(name)
+        if got is None:
             return None
-        with self._lock:
-            self._counters["offers"] += 1
+        view, metadata = got
         ticket = self._server.offer(view, lambda: self._client.release(view))
         return (view.nbytes, metadata, self._server.address, ticket)
 
@@ -309,13 +307,22 @@ class Agent:
 
     def read(self, name: str):
         """transport="ray": the object's bytes through Ray's object store (for comparison)."""
+        got = self._give(name)
+        if got is None:
+            return None
+        view, metadata = got
+        return (view.nbytes, metadata, np.frombuffer(view, dtype=np.uint8))
+
+    def _give(self, name):
+        """(view holding a reference, metadata) of the local copy for another node, counted
+        as an offer; None when this store does not have it."""
         try:
-            view, metadata = self._client.get_buffer(name, with_metadata=True)
+            got = self._client.get_buffer(name, with_metadata=True)
         except ObjectNotFound:
             return None
         with self._lock:
             self._counters["offers"] += 1
-        return (view.nbytes, metadata, np.frombuffer(view, dtype=np.uint8))
+        return got
 
     def drop(self, name: str) -> bool:
         """Delete the local copy of ``name`` (unpublish)."""
