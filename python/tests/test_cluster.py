@@ -254,11 +254,17 @@ def test_node_removed_is_object_lost_promptly(cluster):
     ray.get(on(node, vc.publish, "doomed", np.arange(100)))
     ray.get(on(node, vc.publish, "kept", np.arange(5)))
     vc.fetch("kept")  # a copy on the head
+    rows = vc.DistTensor("split", (10, 2), np.float32, nodes=[vc.node_id(), node])
+    rows[[0, 9]] = np.ones((2, 2), np.float32)
     cluster.remove_node(extra)
     t0 = time.monotonic()
     with pytest.raises(vovp.ObjectLost, match=node):
         vc.fetch("doomed", timeout=30)
     assert time.monotonic() - t0 < 15
+    # The rows on the dead node are lost, by name of the node; the head's are not.
+    with pytest.raises(vovp.ObjectLost, match=node):
+        rows.pull([0, 9])
+    assert rows.pull([0]).tolist() == [[1.0, 1.0]]
     assert np.array_equal(vc.fetch("kept"), np.arange(5))
     # A node that (re)joins gets a new agent and an empty store.
     again = cluster.add_node(**NODE_ARGS)

@@ -289,7 +289,7 @@ def _agent(node: str):
 
 def _call(refs, timeout):
     """ray.get with vovp's errors: the exception raised in an actor comes out as itself (not
-    wrapped in RayTaskError), a timeout as TimeoutError, a dead agent as ObjectLost."""
+    wrapped in RayTaskError), a timeout as TimeoutError, a dead agent as VovpError."""
     try:
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.GetTimeoutError:
@@ -300,5 +300,8 @@ def _call(refs, timeout):
             raise cause from None
         raise
     except ray.exceptions.RayActorError as e:
-        raise ObjectLost(f"a vovp agent died (its node or process is gone): {e}") from None
+        # Not ObjectLost by itself: the agent may have failed to start (a bad engine=, a
+        # daemon that would not come up), and its node be alive. Callers that know which
+        # node they asked turn it into ObjectLost when Ray reports that node dead.
+        raise VovpError(f"a vovp agent is gone (it died, or failed to start): {e}") from None
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import tensor as T
-from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound
+from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
 
 
 class DistTensor:
@@ -257,7 +257,7 @@ class DistTensor:
         names it."""
         try:
             return call(refs, None)
-        except ObjectLost as e:
+        except VovpError as e:
             import ray
 
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
