@@ -66,16 +66,19 @@ class Directory:
     def lookup(self, name: str, timeout: float | None = None):
         """The Entry of ``name``; waits up to ``timeout`` seconds for it to be published
         (None: no wait). None when it is not published by then."""
+        return self._wait_for(self._objects, name, timeout)
+
+    def _wait_for(self, table: dict, name: str, timeout):
+        """``table[name]``, waiting up to ``timeout`` seconds (None: no wait) for a publish
+        or create_dist to add it; None when it is still missing."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         with self._changed:
-            while name not in self._objects:
-                if deadline is None:
-                    return None
-                left = deadline - time.monotonic()
+            while name not in table:
+                left = 0.0 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self._changed.wait(left)
-            return self._objects[name]
+            return table[name]
 
     def add_holder(self, name: str, node: str, version: int) -> bool:
         """``node`` has a copy of version ``version``; False when the name moved on (it was
@@ -120,13 +123,8 @@ class Directory:
             return spec, True
 
     def dist_spec(self, name: str, timeout: float | None = None):
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-        with self._changed:
-            while name not in self._dist:
-                if deadline is None or deadline - time.monotonic() <= 0:
-                    return None
-                self._changed.wait(deadline - time.monotonic())
-            return self._dist[name]
+        """The spec of DistTensor ``name``, waiting as ``lookup`` does."""
+        return self._wait_for(self._dist, name, timeout)
 
     def drop_dist(self, name: str):
         with self._changed:

@@ -17,6 +17,17 @@ import numpy as np
 
 from .. import tensor as T
 from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
+from ._api import (
+    _agent,
+    _call,
+    _directory,
+    alive_nodes,
+    client,
+    fetch,
+    node_id,
+    publish,
+    unpublish,
+)
 
 
 class DistTensor:
@@ -33,7 +44,6 @@ class DistTensor:
 
     def __init__(self, name: str, shape=None, dtype=None, partition="range", nodes=None,
                  timeout=None):
-        from . import _agent, _call, _directory, alive_nodes, publish
 
         self.name = name
         if shape is None:
@@ -68,7 +78,7 @@ class DistTensor:
         refs = [_agent(node).dist_create.remote(name, spec["parts"][k], spec["counts"][k],
                                                 self.shape[1:], spec["dtype"])
                 for k, node in enumerate(self.nodes)]
-        self._call_nodes(refs, list(range(len(self.nodes))), _call)
+        self._call_nodes(refs, list(range(len(self.nodes))))
 
     @staticmethod
     def _spec(name, shape, dtype, partition, nodes, alive):
@@ -125,7 +135,6 @@ class DistTensor:
 
     def _book_arrays(self):
         if self._book is None:
-            from . import fetch
 
             book = np.asarray(fetch(self._spec_["book"], timeout=60.0, framework="numpy"))
             local = np.empty(len(book), np.int64)
@@ -151,7 +160,6 @@ class DistTensor:
         return ids
 
     def _me(self):
-        from . import node_id
 
         me = node_id()
         return self.nodes.index(me) if me in self.nodes else None
@@ -163,7 +171,6 @@ class DistTensor:
         if k is None:
             return None
         if self._view is None:
-            from . import client
 
             self._view = client().get_tensor(self._spec_["parts"][k], framework="numpy")
         return self._view
@@ -184,7 +191,6 @@ class DistTensor:
         """The rows ``ids`` (in that order, repeats allowed), as a new array (torch for a
         torch DistTensor). One request per remote node; local rows are gathered from the
         local store while the remote requests are in flight."""
-        from . import _agent, _call
 
         ids = self._ids(ids)
         part, local = self.locate(ids)
@@ -202,7 +208,7 @@ class DistTensor:
             sel = np.nonzero(part == me)[0]
             if sel.size:
                 out[sel] = self.local_partition()[local[sel]]
-        for sel, rows in zip(sels, self._call_nodes(remote, ks, _call)):
+        for sel, rows in zip(sels, self._call_nodes(remote, ks)):
             out[sel] = rows
         if self._torch:
             import torch
@@ -214,7 +220,6 @@ class DistTensor:
         """Write ``rows`` at ``ids``: op "assign", "add" (repeated ids add up), or a handler
         ``op(target, name, local_ids, rows)`` run on the owning node with ``target[name]``
         the partition (DistDGL's push handler). Pushes to one partition apply one at a time."""
-        from . import _agent, _call
 
         if not (op in ("assign", "add") or callable(op)):
             raise InvalidArgument(f"push op must be 'assign', 'add' or a callable, got {op!r}")
@@ -232,7 +237,7 @@ class DistTensor:
             refs.append(_agent(self.nodes[k]).dist_push.remote(self.name, local[sel],
                                                                rows[sel], op))
             ks.append(k)
-        self._call_nodes(refs, ks, _call)
+        self._call_nodes(refs, ks)
 
     __getitem__ = pull
 
@@ -241,7 +246,6 @@ class DistTensor:
 
     def delete(self) -> None:
         """Drop every partition and the name, cluster-wide."""
-        from . import _agent, _call, _directory, alive_nodes, unpublish
 
         _call(_directory().drop_dist.remote(self.name), 60.0)
         alive = alive_nodes()
@@ -252,15 +256,13 @@ class DistTensor:
             unpublish(self._spec_["book"])
         self._view = None
 
-    def _call_nodes(self, refs, ks, call):
+    def _call_nodes(self, refs, ks):
         """Wait for one call per partition; a dead node's partition is an ObjectLost that
         names it."""
         try:
-            return call(refs, None)
+            return _call(refs, None)
         except VovpError as e:
-            import ray
-
-            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            alive = alive_nodes()
             dead = [self.nodes[k] for k in ks if self.nodes[k] not in alive]
             if not dead:
                 raise
