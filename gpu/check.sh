@@ -30,7 +30,7 @@ fi
 echo "== build"
 # The cross-process tests run the daemon (vovp-engine) and the test fixture (vovp-fixture).
 if ! timeout 240 cargo build -p vovp-transport -p vovp-tests --bins ||
-    ! timeout 240 cargo test -p vovp-gpu -p vovp-tests --no-run; then
+    ! timeout 240 cargo test -p vovp-gpu -p vovp-actors -p vovp-tests --no-run; then
     echo "FAIL: build"
     exit 1
 fi
@@ -51,7 +51,7 @@ part() { # NAME LOG COMMAND...
 }
 results=()
 part "vovp-gpu tests" "$LOGS/gpu-crate.log" \
-    timeout 120 cargo test -p vovp-gpu -- --nocapture --test-threads=1
+    timeout 120 cargo test -p vovp-gpu -p vovp-actors --test gpu --test simulated -- --nocapture --test-threads=1
 part "cross-process GPU tests (tests/tests/gpu.rs)" "$LOGS/cross-process.log" \
     timeout 180 cargo test -p vovp-tests --test gpu -- --nocapture --test-threads=1
 

@@ -24,7 +24,7 @@ ln -sf libcuda.so.1 "$FAKE/libcuda.so"
 echo "== build"
 # The cross-process tests run the daemon (vovp-engine) and the test fixture (vovp-fixture).
 cargo build -p vovp-transport -p vovp-tests --bins
-cargo test -p vovp-gpu -p vovp-tests --no-run
+cargo test -p vovp-gpu -p vovp-actors -p vovp-tests --no-run
 
 export LD_LIBRARY_PATH="$FAKE${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 : >"$LOG"
@@ -45,14 +45,14 @@ run() { # NAME ENV... -- CARGO-TEST-ARGS...
 # GPU tests against the fake device. The bandwidth floor of vovp-gpu's test is off: memcpy speed
 # says nothing. 128 MiB is the big put here (1 GiB on real GPUs).
 run "vovp-gpu tests, fake GPU" VOVP_GPU_TESTS=1 VOVP_GPU_MIN_GBPS=0 \
-    timeout 120 cargo test -p vovp-gpu -- --nocapture --test-threads=1
+    timeout 120 cargo test -p vovp-gpu -p vovp-actors --test gpu --test simulated -- --nocapture --test-threads=1
 run "cross-process GPU tests (tests/tests/gpu.rs), fake GPU" VOVP_GPU_TESTS=1 \
     VOVP_GPU_BIG_BYTES="${VOVP_GPU_BIG_BYTES:-128M}" \
     timeout 120 cargo test -p vovp-tests --test gpu -- --nocapture --test-threads=1
 
 # A driver that loads but has no usable device: every path must answer GpuUnavailable.
 for mode in FAKE_CUDA_INIT_ERROR=100 FAKE_CUDA_DEVICES=0; do
-    run "no usable device ($mode)" "$mode" timeout 60 cargo test -p vovp-gpu -p vovp-tests \
+    run "no usable device ($mode)" "$mode" timeout 60 cargo test -p vovp-actors -p vovp-tests \
         --test gpu -- --nocapture --test-threads=1
 done
 

@@ -13,12 +13,12 @@ use offset_allocator::{Allocation, Allocator};
 
 use crate::memory_room::MachineRoom;
 use crate::segment::Segment;
-use crate::types::{HolderId, ALIGNMENT};
+use vovp_types::{HolderId, ALIGNMENT};
 
 /// Most live allocations per segment (the allocator preallocates this many nodes, ~24 B each).
 /// This is the store's object limit (PROTOCOL.md): past it a create fails with
 /// `TooManyObjects` unless evicting an unreferenced object frees a slot.
-pub const MAX_ALLOCS_PER_SEGMENT: u32 = 1 << 20;
+pub const MAX_ALLOCS_PER_SEGMENT: u32 = vovp_types::MAX_OBJECTS as u32;
 
 /// A run of host memory handed to one object.
 #[derive(Clone, Copy)]

@@ -17,32 +17,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::allocator::HostBlock;
 use crate::table::LentBlock;
-use crate::types::{HolderId, Lend, ALIGNMENT};
-use crate::Error;
-
-/// The size of the lends of a store of `capacity` bytes, `None` when the store is too small to
-/// lend (under 64 MiB a lend would be a large share of it, and eviction, which can only give
-/// back whole lends, would lose its precision). A lend is 1/64 of the store, from 1 MiB to
-/// 16 MiB; objects up to a quarter of it go into lends.
-pub fn lend_size(capacity: u64) -> Option<u64> {
-    const MIN: u64 = 1 << 20;
-    const MAX: u64 = 16 << 20;
-    let size = capacity / 64;
-    (size >= MIN).then(|| size.min(MAX) / ALIGNMENT * ALIGNMENT)
-}
-
-/// The largest block (data padded to 64 bytes, then metadata) a lend of `size` is made for.
-pub fn max_object(size: u64) -> u64 {
-    size / 4
-}
-
-/// The bytes an object of `size` data bytes and `metadata_len` metadata bytes takes in a lend,
-/// and in any host block: data padded to [`ALIGNMENT`], then the metadata (`None`: overflow).
-pub fn block_len(size: u64, metadata_len: u64) -> Option<u64> {
-    size.checked_next_multiple_of(ALIGNMENT)?
-        .checked_add(metadata_len)?
-        .checked_next_multiple_of(ALIGNMENT)
-}
+use vovp_types::lends::{block_len, max_object};
+use vovp_types::Error;
+use vovp_types::ALIGNMENT;
+use vovp_types::{HolderId, Lend};
 
 fn lend_of(id: u64, block: &HostBlock) -> Lend {
     Lend {
@@ -205,23 +183,8 @@ impl Lends {
 mod tests {
     use super::*;
 
-    const MIB: u64 = 1 << 20;
-
     fn h(n: u64) -> HolderId {
         HolderId::from_raw(n)
-    }
-
-    #[test]
-    fn lend_size_follows_the_store_and_small_stores_lend_nothing() {
-        assert_eq!(lend_size(63 * MIB), None);
-        assert_eq!(lend_size(64 * MIB), Some(MIB));
-        assert_eq!(lend_size(256 * MIB), Some(4 * MIB));
-        assert_eq!(lend_size(64 << 30), Some(16 * MIB));
-        assert_eq!(max_object(4 * MIB), MIB);
-        assert_eq!(block_len(100, 0), Some(128));
-        assert_eq!(block_len(64, 1), Some(128));
-        assert_eq!(block_len(0, 0), Some(0));
-        assert_eq!(block_len(u64::MAX - 10, 0), None);
     }
 
     #[test]

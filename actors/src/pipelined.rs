@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use crate::types::HolderId;
+use vovp_types::HolderId;
 
 /// The most pipelined puts a client of this build has sent and not had answered (its cap on
 /// owed replies is 32), with room to spare. A hold table claiming more is not believed: a

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use memfd::{FileSeal, HugetlbSize, MemfdOptions};
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::Error;
+use vovp_types::Error;
 
 const HUGE_PAGE: u64 = 2 * 1024 * 1024;
 /// The base page (x86-64, most arm64 kernels). Where it is larger, the allocator's page

@@ -9,26 +9,8 @@ use std::sync::atomic::{fence, Ordering};
 
 use vovp_shm::{DirectoryRegion, HoldRegion, HoldsView, Publish};
 
-use crate::types::{HolderId, Location, ObjectId, ObjectName, ObjectRef};
-use crate::Error;
-
-impl ObjectRef {
-    /// The object a directory entry describes, for a reader holding it: `metadata` is what it
-    /// read at the entry's `meta_offset` (the store wrote it there at create). `None` for a
-    /// name that is not one.
-    pub fn published(name: &str, s: &vovp_shm::Snapshot, metadata: &[u8]) -> Option<ObjectRef> {
-        Some(ObjectRef {
-            id: ObjectId::from_raw(s.object_id),
-            name: ObjectName::new(name).ok()?,
-            size: s.size,
-            metadata: std::sync::Arc::from(metadata),
-            location: Location::Host {
-                segment: s.segment,
-                offset: s.offset,
-            },
-        })
-    }
-}
+use vovp_types::Error;
+use vovp_types::HolderId;
 
 /// Sizes of the shared directory and of each client's hold table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,12 +14,12 @@ use std::time::SystemTime;
 
 use slab::Slab;
 use tokio::sync::oneshot;
-use vovp_gpu::DeviceBlock;
+use vovp_types::DeviceBlock;
 
 use crate::allocator::HostBlock;
 use crate::shared::{Published, Shared, SharedFds};
-use crate::types::*;
-use crate::Error;
+use vovp_types::Error;
+use vovp_types::*;
 
 /// The memory behind one object, returned to its allocator when the object goes.
 #[derive(Clone, Copy, Debug)]

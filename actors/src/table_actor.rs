@@ -11,7 +11,9 @@ use kameo::actor::ActorRef;
 use kameo::message::{Context, Message};
 use kameo::Actor;
 use tokio::sync::{mpsc, oneshot};
-use vovp_gpu::{AllocateDevice, FreeDevice, GpuActor, GpuError, GpuUsage};
+use vovp_gpu::GpuError;
+
+use crate::gpu::{AllocateDevice, FreeDevice, GpuActor, GpuUsage};
 
 use crate::allocator::{
     AllocFailure, Allocate, AllocatorActor, Free, HostUsage, OwnerGone, Usage, Writer,
@@ -21,8 +23,8 @@ use crate::pipelined::PipelinedPuts;
 use crate::segment::Segment;
 use crate::shared::{Shared, SharedConfig, SharedFds};
 use crate::table::{Block, CompletedGet, Freed, GetResults, ObjectTable, Pool, WaiterId};
-use crate::types::*;
-use crate::Error;
+use vovp_types::Error;
+use vovp_types::*;
 
 /// Notifications buffered per subscriber before it is dropped as too slow.
 const SUBSCRIBER_BUFFER: usize = 4096;
@@ -215,7 +217,7 @@ impl ObjectTableActor {
         // What eviction must free: the bytes the object is charged (`None` only for sizes near
         // 2^64, which nothing can hold).
         let needed = match pool {
-            Pool::Host => crate::lends::block_len(size, metadata_len as u64),
+            Pool::Host => vovp_types::lends::block_len(size, metadata_len as u64),
             Pool::Cuda(_) => bytes,
         };
         let oom = |available| Error::OutOfMemory {
@@ -584,7 +586,7 @@ impl ObjectTableActor {
             m.holder,
         )?;
         match self.host_slice(&r) {
-            Some(dst) => crate::copy::parallel_copy(dst, &m.data),
+            Some(dst) => vovp_shm::copy::parallel_copy(dst, &m.data),
             None => {
                 let f = self.table.abort(&m.name, m.holder, false)?;
                 self.free(f.into_iter().collect()).await;
@@ -642,7 +644,7 @@ impl Message<TakeLend> for ObjectTableActor {
     type Reply = Result<Lend, Error>;
 
     async fn handle(&mut self, m: TakeLend, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let max = crate::lends::max_object(m.size);
+        let max = vovp_types::lends::max_object(m.size);
         if m.at_least > max {
             return Err(Error::TooLarge(format!(
                 "a lend is for objects of up to {max} bytes, not {}: use CREATE",

@@ -11,16 +11,16 @@ use kameo::actor::{ActorRef, Spawn};
 use kameo::mailbox;
 use tokio::sync::oneshot;
 use vovp_actors::allocator::AllocatorActor;
-use vovp_actors::copy::parallel_copy;
+use vovp_actors::gpu::GpuActor;
 use vovp_actors::segment::Segment;
 use vovp_actors::shared::SharedConfig;
 use vovp_actors::table_actor::ObjectTableActor;
-use vovp_actors::{CreateOptions, Device, HolderId, ObjectInfo, StoreStats};
-use vovp_gpu::GpuActor;
+use vovp_shm::copy::parallel_copy;
+use vovp_types::{CreateOptions, Device, HolderId, ObjectInfo, StoreStats};
 
 use crate::session::{PutOptions, Session};
-use crate::store::{AsyncStore, Store};
 use crate::{Config, Error, ObjectBuffer, ObjectView, INLINE_PUT_LIMIT};
+use vovp_types::{AsyncStore, Store};
 
 /// The actors of one engine; only sessions talk to them.
 pub(crate) struct EngineActors {
@@ -67,6 +67,7 @@ pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// The in-process store.
+#[derive(Debug)]
 pub struct Engine;
 
 impl Engine {
@@ -119,7 +120,7 @@ impl Engine {
                 config.capacity
             )));
         }
-        if let Some(room) = crate::memory_room::available_memory() {
+        if let Some(room) = crate::available_memory() {
             if config.capacity > room {
                 let why = format!(
                     "a capacity of {} bytes is more than this machine can back now ({room} \
@@ -216,7 +217,7 @@ fn spawn_gpu_actor(config: vovp_gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Er
 /// `Send + Sync`. Use [`Store`] from threads and [`AsyncStore`] from async code: views and
 /// buffers that point straight into the shared memory. [`Session`]s are the raw operations
 /// underneath (object references, no mapping), for code that maps the memory elsewhere.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct EngineHandle {
     session: Session,
 }
@@ -286,7 +287,8 @@ impl EngineHandle {
         let r = self.session.create(name, size, metadata, options).await?;
         // The buffer owns the reference from here, so an error below still releases it.
         match self.session.mapped(&r).await {
-            Ok(mapped) => Ok(ObjectBuffer::from_mapped(r, mapped, self.session.sink())),
+            // SAFETY: `mapped` is the session's mapping of the object it just created.
+            Ok(mapped) => Ok(unsafe { ObjectBuffer::from_mapped(r, mapped, self.session.sink()) }),
             Err(e) => {
                 self.session.release_later(vec![r.id]);
                 Err(e)
@@ -364,7 +366,7 @@ impl AsyncStore for EngineHandle {
         let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
         // On an error the views got so far drop here, releasing their holds.
         let got = self.get_from_table(&rest, timeout).await?;
-        fill_in(&mut views, missing, got);
+        vovp_shm::held::fill_in(&mut views, missing, got);
         Ok(views)
     }
 
@@ -389,13 +391,6 @@ impl AsyncStore for EngineHandle {
     }
 }
 
-/// Puts the table's results for the names at `missing` into their places.
-fn fill_in(views: &mut [Option<ObjectView>], missing: Vec<usize>, got: Vec<Option<ObjectView>>) {
-    for (i, v) in missing.into_iter().zip(got) {
-        views[i] = v;
-    }
-}
-
 impl EngineHandle {
     /// The views the shared directory serves now, and the positions of the other names.
     fn shared_part(
@@ -404,13 +399,10 @@ impl EngineHandle {
         names: &[&str],
     ) -> (Vec<Option<ObjectView>>, Vec<usize>) {
         let segments = self.session.segments();
-        let session = self.session.sink();
-        let views: Vec<Option<ObjectView>> = names
-            .iter()
-            .map(|n| crate::shared_reads::view(reader, segments, n, &session))
-            .collect();
-        let missing = (0..names.len()).filter(|&i| views[i].is_none()).collect();
-        (views, missing)
+        let session = self.session.holder_alive();
+        vovp_shm::held::held_part(names, |n| {
+            crate::shared_reads::view(reader, segments, n, &session)
+        })
     }
 
     /// Gets through the table actor (names the shared directory did not serve).
@@ -427,7 +419,8 @@ impl EngineHandle {
             views.push(match r {
                 None => None,
                 Some(r) => match self.session.mapped(&r).await {
-                    Ok(m) => Some(ObjectView::from_mapped(r, m, self.session.sink())),
+                    // SAFETY: `m` is the session's mapping of the object the table handed out.
+                    Ok(m) => Some(unsafe { ObjectView::from_mapped(r, m, self.session.sink()) }),
                     Err(e) => {
                         self.session.release_later(vec![r.id]);
                         failure = Some(e);
@@ -481,7 +474,7 @@ impl Store for EngineHandle {
             }
             let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
             let got = block_on(self.get_from_table(&rest, timeout))?;
-            fill_in(&mut views, missing, got);
+            vovp_shm::held::fill_in(&mut views, missing, got);
             return Ok(views);
         }
         block_on(AsyncStore::get(self, names, timeout))
@@ -490,7 +483,7 @@ impl Store for EngineHandle {
         // Every single get: straight from the shared directory when it has the name, without
         // the lists `get` builds (a fifth of this path's time).
         if let Some(reader) = self.session.shared_reader_now() {
-            let (segments, session) = (self.session.segments(), self.session.sink());
+            let (segments, session) = (self.session.segments(), self.session.holder_alive());
             if let Some(v) = crate::shared_reads::view(&reader, segments, name, &session) {
                 return Ok(v);
             }

@@ -6,20 +6,21 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use vovp_actors::Answer;
 
 use tokio::sync::mpsc;
 use vovp_actors::allocator::{SegmentFor, SegmentGrant, Writer};
 use vovp_actors::segment::Segment;
 use vovp_actors::shared::SharedFds;
 use vovp_actors::table_actor as msg;
-use vovp_actors::{
+use vovp_types::{
     CreateOptions, HolderId, Lend, Location, Notification, ObjectId, ObjectInfo, ObjectName,
     ObjectRef, StoreStats,
 };
 
 use crate::engine::{block_on, Core};
-use crate::view::{Mapped, ObjectSink};
 use crate::{Config, Error, MAX_INLINE_PUT};
+use vovp_types::{Mapped, ObjectSink};
 
 /// Notifications of one [`Session::subscribe`], in order. The engine drops a subscriber that
 /// falls 4096 notifications behind (the receiver then reports closed).
@@ -42,6 +43,14 @@ enum Kind {
 #[derive(Clone)]
 pub struct Session {
     inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("holder", &self.inner.holder)
+            .finish_non_exhaustive()
+    }
 }
 
 struct Inner {
@@ -107,6 +116,11 @@ impl Session {
         self.inner.clone()
     }
 
+    /// What keeps this session alive for a view got through its hold table.
+    pub(crate) fn holder_alive(&self) -> vovp_shm::held::Holder {
+        self.inner.clone()
+    }
+
     /// This session's holder id (for logs; the table keys every reference by it).
     pub fn holder(&self) -> HolderId {
         self.inner.holder
@@ -135,8 +149,7 @@ impl Session {
             Kind::Embedded => Writer::Store,
             Kind::Client => Writer::Client(self.inner.holder),
         };
-        Ok(self
-            .table()
+        self.table()
             .ask(msg::Create {
                 writer,
                 holder: self.inner.holder,
@@ -145,7 +158,8 @@ impl Session {
                 metadata: Arc::from(metadata),
                 options,
             })
-            .await?)
+            .await
+            .answer()
     }
 
     /// Seals `name` (created by this session): immutable and visible from now on.
@@ -160,26 +174,26 @@ impl Session {
     }
 
     async fn seal_inner(&self, name: ObjectName, id: Option<ObjectId>) -> Result<(), Error> {
-        Ok(self
-            .table()
+        self.table()
             .ask(msg::Seal {
                 holder: self.inner.holder,
                 name,
                 id,
             })
-            .await?)
+            .await
+            .answer()
     }
 
     /// Aborts an unsealed object this session created: its name is free at once.
     pub async fn abort(&self, name: &str) -> Result<(), Error> {
-        Ok(self
-            .table()
+        self.table()
             .ask(msg::Abort {
                 holder: self.inner.holder,
                 name: object_name(name)?,
                 keep_while_held: self.inner.kind == Kind::Embedded,
             })
-            .await?)
+            .await
+            .answer()
     }
 
     /// Creates, copies and seals a host object in one message (the engine copies `data` into
@@ -208,13 +222,13 @@ impl Session {
                         .tell(msg::PipelinedPutRefused {
                             holder: self.inner.holder,
                         })
-                        .await?;
+                        .await
+                        .answer()?;
                 }
                 return Err(e);
             }
         };
-        Ok(self
-            .table()
+        self.table()
             .ask(msg::PutInline {
                 holder: self.inner.holder,
                 name,
@@ -224,7 +238,8 @@ impl Session {
                 keep_reference: options.keep_reference,
                 pipelined: options.pipelined,
             })
-            .await?)
+            .await
+            .answer()
     }
 
     /// The count of pipelined puts applied, read before a question that may answer
@@ -246,7 +261,8 @@ impl Session {
             .ask(msg::AwaitSentPuts {
                 holder: self.inner.holder,
             })
-            .await?;
+            .await
+            .answer()?;
         match pending {
             None => Ok(self.applied_puts() != applied_before),
             Some(mut applied) => {
@@ -270,7 +286,7 @@ impl Session {
     pub async fn lend(&self, at_least: u64) -> Result<Lend, Error> {
         let config = &self.inner.core.config;
         let size = match (self.inner.kind, config.client_arenas && !config.prefault) {
-            (Kind::Client, true) => vovp_actors::lends::lend_size(config.capacity),
+            (Kind::Client, true) => vovp_types::lends::lend_size(config.capacity),
             _ => None,
         }
         .ok_or_else(|| {
@@ -279,14 +295,14 @@ impl Session {
                     .into(),
             )
         })?;
-        Ok(self
-            .table()
+        self.table()
             .ask(msg::TakeLend {
                 holder: self.inner.holder,
                 at_least,
                 size,
             })
-            .await?)
+            .await
+            .answer()
     }
 
     /// Makes the `size` bytes this session wrote at `offset` of its lend `lend` a sealed
@@ -302,8 +318,7 @@ impl Session {
         metadata: &[u8],
         options: PutOptions,
     ) -> Result<ObjectRef, Error> {
-        Ok(self
-            .table()
+        self.table()
             .ask(msg::Publish {
                 holder: self.inner.holder,
                 lend,
@@ -314,7 +329,8 @@ impl Session {
                 ephemeral: options.ephemeral,
                 keep_reference: options.keep_reference,
             })
-            .await?)
+            .await
+            .answer()
     }
 
     /// One reference per name that is sealed, in request order (`None`: not sealed in time).
@@ -377,7 +393,8 @@ impl Session {
                 names,
                 wait,
             })
-            .await?;
+            .await
+            .answer()?;
         rx.await.map_err(|_| Error::ShuttingDown)
     }
 
@@ -389,7 +406,8 @@ impl Session {
                 holder: self.inner.holder,
                 ids,
             })
-            .await?
+            .await
+            .answer()?
         {
             Some(e) => Err(e),
             None => Ok(()),
@@ -413,10 +431,10 @@ impl Session {
     pub async fn contains(&self, name: &str) -> Result<bool, Error> {
         let name = object_name(name)?;
         let ask = || async {
-            Ok(self
-                .table()
+            self.table()
                 .ask(msg::Contains { name: name.clone() })
-                .await?)
+                .await
+                .answer()
         };
         self.again_if_missing(ask, |found| matches!(found, Ok(false)))
             .await
@@ -425,14 +443,19 @@ impl Session {
     /// Deletes a sealed object: the name is free at once, the memory goes with its last holder.
     pub async fn delete(&self, name: &str) -> Result<(), Error> {
         let name = object_name(name)?;
-        let ask = || async { Ok(self.table().ask(msg::Delete { name: name.clone() }).await?) };
+        let ask = || async {
+            self.table()
+                .ask(msg::Delete { name: name.clone() })
+                .await
+                .answer()
+        };
         self.again_if_missing(ask, |r| matches!(r, Err(Error::NotFound(_))))
             .await
     }
 
     /// Every named object, sorted by name.
     pub async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        Ok(self.table().ask(msg::List).await?)
+        self.table().ask(msg::List).await.answer()
     }
 
     /// One page of named objects from cursor `start` (0 for the first): at most `limit`
@@ -446,30 +469,30 @@ impl Session {
         max_bytes: usize,
         entry_bytes: fn(&ObjectInfo) -> usize,
     ) -> Result<(Vec<ObjectInfo>, Option<u64>), Error> {
-        Ok(self
-            .table()
+        self.table()
             .ask(msg::ListPage {
                 start,
                 limit,
                 max_bytes,
                 entry_bytes,
             })
-            .await?)
+            .await
+            .answer()
     }
 
     /// Evicts at least `bytes` of unreferenced sealed host objects, least recently used
     /// first; returns the bytes freed.
     pub async fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        Ok(self.table().ask(msg::Evict { bytes }).await?)
+        self.table().ask(msg::Evict { bytes }).await.answer()
     }
 
     pub async fn stats(&self) -> Result<StoreStats, Error> {
-        Ok(self.table().ask(msg::Stats).await?)
+        self.table().ask(msg::Stats).await.answer()
     }
 
     /// Seal, delete and evict notifications from now on.
     pub async fn subscribe(&self) -> Result<Subscription, Error> {
-        Ok(self.table().ask(msg::Subscribe).await?)
+        self.table().ask(msg::Subscribe).await.answer()
     }
 
     /// A segment for this session to map: read-write for the session whose arena it is,
@@ -496,7 +519,7 @@ impl Session {
                 holder: self.inner.holder,
             })
             .await
-            .map_err(Error::from)
+            .answer()
     }
 
     /// The session's reader if it is mapped already (no wait).
@@ -554,7 +577,12 @@ impl Session {
             // In the process that owns the pool the device pointer is direct (a process cannot
             // open its own IPC handle); the GPU actor knows it.
             Location::Cuda(block) => {
-                let device_ptr = core.actors.gpu.ask(vovp_gpu::BlockPtr(block)).await?;
+                let device_ptr = core
+                    .actors
+                    .gpu
+                    .ask(vovp_actors::gpu::BlockPtr(block))
+                    .await
+                    .answer()?;
                 Ok(Mapped {
                     ptr: std::ptr::null_mut(),
                     device_ptr,
@@ -612,7 +640,8 @@ impl ObjectSink for Inner {
                     id: Some(obj.id),
                 })
                 .send(),
-        )?;
+        )
+        .answer()?;
         Ok(())
     }
 }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use vovp::{Config, CreateOptions, DType, Engine, EngineHandle, Error, Store, TensorView};
+use vovp::{
+    Config, CreateOptions, CudaStore, DType, Engine, EngineHandle, Error, Store, TensorView,
+};
 
 fn engine(capacity: u64) -> EngineHandle {
     Engine::spawn(Config::with_capacity(capacity)).expect("engine starts")

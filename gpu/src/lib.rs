@@ -1,10 +1,10 @@
-//! The GPU actor: owns every piece of CUDA state the store has (pooled device allocations per
-//! GPU, sub-allocated; their CUDA IPC handles), with the driver loaded at run time so that the
-//! store builds and runs on machines with no GPU. Without a driver every request answers
-//! [`GpuError::GpuUnavailable`] with the reason; nothing panics.
+//! CUDA for vovp, with the driver loaded at run time so that the store builds and runs on
+//! machines with no GPU: device pools (pooled allocations per GPU, sub-allocated; their CUDA
+//! IPC handles), IPC mapping and copies. Without a driver every call answers
+//! [`GpuError::GpuUnavailable`] with the reason; nothing panics. No actors here: the store's
+//! GPU actor (`vovp-actors`) owns the [`Pools`].
 //!
-//! * daemon side: [`GpuActor`] and its messages ([`AllocateDevice`], [`FreeDevice`],
-//!   [`BlockPtr`], [`GpuUsage`]), [`parse_gpu_memory`] for `--gpu-memory`;
+//! * daemon side: [`Pools`], [`parse_gpu_memory`] for `--gpu-memory`;
 //! * client side: [`ipc`] (map blocks, copy between host and device);
 //! * both: [`probe`] and [`cuda_available`].
 //!
@@ -17,13 +17,12 @@ mod driver;
 pub mod ipc;
 mod pool;
 
-use kameo::message::{Context, Message};
-use kameo::Actor;
-
 pub use driver::{
     check_device, cuda_available, device_count, probe, simulate_library_names, DeviceInfo, GpuInfo,
 };
-pub use pool::{DeviceUsage, BLOCK_ALIGN, DEFAULT_FREE_FRACTION_PERCENT};
+pub use pool::{DeviceUsage, Pools, BLOCK_ALIGN, DEFAULT_FREE_FRACTION_PERCENT};
+pub use vovp_types::DeviceBlock;
+use vovp_types::{CreateOptions, DType, Device, Error, Store, TensorMeta};
 
 /// Errors of the GPU actor.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -55,19 +54,6 @@ pub struct GpuConfig {
     /// (device ordinal, bytes) pairs, e.g. from `--gpu-memory 0:8G,1:8G`. A device not listed
     /// gets [`DEFAULT_FREE_FRACTION_PERCENT`]% of its free memory at its first request.
     pub capacities: Vec<(u32, u64)>,
-}
-
-/// A block inside a device pool: what a client needs to open it through CUDA IPC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceBlock {
-    pub device: u32,
-    /// Which pooled allocation of that device (clients cache one IPC mapping per pool).
-    pub pool: u32,
-    /// The pool's `CUipcMemHandle` (64 opaque bytes).
-    pub ipc_handle: [u8; 64],
-    /// Byte offset of the block in the pool; a multiple of [`BLOCK_ALIGN`].
-    pub offset: u64,
-    pub size: u64,
 }
 
 /// Parses `--gpu-memory`: comma-separated `DEVICE:SIZE` entries such as `0:8G,1:512M`. Sizes are
@@ -119,83 +105,59 @@ fn parse_size(text: &str) -> Option<u64> {
     digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
 }
 
-/// The GPU actor's state: the device pools, created per device at its first request.
-///
-/// Every handler makes blocking driver calls (microseconds, except the first request per device,
-/// which creates the context and the pool: up to a second). Spawn it with
-/// `GpuActor::spawn_in_thread` in a multi-threaded runtime to keep those off the async workers;
-/// plain `spawn` works too. No driver call happens before the first message, so constructing and
-/// spawning it is free on machines without a GPU.
-#[derive(Actor)]
-pub struct GpuActor {
-    pools: pool::Pools,
-}
-
-impl GpuActor {
-    pub fn new(config: GpuConfig) -> Self {
-        GpuActor {
-            pools: pool::Pools::new(config),
+/// A GPU failure as the store reports it: no driver or device is `GpuUnavailable`, a full pool
+/// `OutOfMemory` (so eviction and callers treat host and device alike), the rest `Gpu`.
+impl From<GpuError> for Error {
+    fn from(e: GpuError) -> Self {
+        match e {
+            GpuError::GpuUnavailable(r) => Error::GpuUnavailable(r),
+            GpuError::OutOfMemory {
+                requested,
+                available,
+                ..
+            } => Error::OutOfMemory {
+                requested,
+                available,
+            },
+            other => Error::Gpu(other.to_string()),
         }
     }
 }
 
-/// Allocate `size` bytes on `device`. `OutOfMemory` means "evict and retry"; `GpuUnavailable`
-/// means no driver, no such device, or a capacity of 0 for it.
-pub struct AllocateDevice {
-    pub device: u32,
-    pub size: u64,
-}
-
-impl Message<AllocateDevice> for GpuActor {
-    type Reply = Result<DeviceBlock, GpuError>;
-    async fn handle(
-        &mut self,
-        msg: AllocateDevice,
-        _ctx: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
-        self.pools.allocate(msg.device, msg.size)
+/// CUDA tensors on any [`Store`] (the embedded engine or a socket client): kept apart from the
+/// trait so that the vocabulary crate needs no driver.
+pub trait CudaStore: Store {
+    /// Stores a CUDA tensor: a device object on `cuda:device` filled by a device-to-device copy
+    /// from `src` (a device address in this process), synchronised before the seal.
+    fn put_cuda_tensor(
+        &self,
+        name: &str,
+        dtype: DType,
+        shape: &[i64],
+        device: u32,
+        src: u64,
+    ) -> Result<(), Error> {
+        let meta = TensorMeta {
+            dtype,
+            shape: shape.to_vec(),
+            device: Device::Cuda(device),
+            little_endian: cfg!(target_endian = "little"),
+        };
+        let size = meta.nbytes();
+        let options = CreateOptions {
+            ephemeral: false,
+            device: Some(meta.device),
+        };
+        let buf = self.create(name, size, &meta.encode(), options)?;
+        let dst = buf.cuda_ptr().ok_or_else(|| {
+            Error::Internal("a CUDA object came back without a device address".into())
+        })?;
+        ipc::copy_d2d(dst, src, size as usize)?;
+        buf.seal().map(drop)
     }
 }
 
-/// Return a block to its pool. Freeing a block that is not live only logs a warning.
-pub struct FreeDevice(pub DeviceBlock);
-
-impl Message<FreeDevice> for GpuActor {
-    type Reply = ();
-    async fn handle(&mut self, msg: FreeDevice, _ctx: &mut Context<Self, Self::Reply>) {
-        self.pools.free(&msg.0)
-    }
-}
-
-/// The device pointer of a live block in the daemon's own address space (in the device's primary
-/// context), for in-process use: a process cannot open its own IPC handles, so the daemon, and
-/// tests playing daemon, reach blocks this way and copy with [`ipc::copy_h2d`] and friends.
-pub struct BlockPtr(pub DeviceBlock);
-
-impl Message<BlockPtr> for GpuActor {
-    type Reply = Result<u64, GpuError>;
-    async fn handle(
-        &mut self,
-        msg: BlockPtr,
-        _ctx: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
-        self.pools.pointer(&msg.0)
-    }
-}
-
-/// Capacity and use of each device that has pools, by device (for stats).
-pub struct GpuUsage;
-
-impl Message<GpuUsage> for GpuActor {
-    type Reply = Vec<DeviceUsage>;
-    async fn handle(
-        &mut self,
-        _msg: GpuUsage,
-        _ctx: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
-        self.pools.usage()
-    }
-}
+impl<S: Store + ?Sized> CudaStore for S {}
 
 #[cfg(test)]
 mod tests {

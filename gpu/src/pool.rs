@@ -157,13 +157,13 @@ struct DevicePools {
 }
 
 /// All device memory of the store (the state behind the GPU actor).
-pub(crate) struct Pools {
+pub struct Pools {
     config: GpuConfig,
     devices: HashMap<u32, DevicePools>,
 }
 
 impl Pools {
-    pub(crate) fn new(config: GpuConfig) -> Self {
+    pub fn new(config: GpuConfig) -> Self {
         Pools {
             config,
             devices: HashMap::new(),
@@ -229,7 +229,7 @@ impl Pools {
         })
     }
 
-    pub(crate) fn allocate(&mut self, device: u32, size: u64) -> Result<DeviceBlock, GpuError> {
+    pub fn allocate(&mut self, device: u32, size: u64) -> Result<DeviceBlock, GpuError> {
         let dev = self.device(device)?;
         for (i, pool) in dev.pools.iter_mut().enumerate() {
             if let Some(offset) = pool.sub.allocate(size) {
@@ -265,7 +265,7 @@ impl Pools {
         (pool.handle == block.ipc_handle).then_some(pool)
     }
 
-    pub(crate) fn free(&mut self, block: &DeviceBlock) {
+    pub fn free(&mut self, block: &DeviceBlock) {
         let freed = self
             .pool_of(block)
             .is_some_and(|p| p.sub.free(block.offset));
@@ -279,7 +279,7 @@ impl Pools {
         }
     }
 
-    pub(crate) fn pointer(&mut self, block: &DeviceBlock) -> Result<u64, GpuError> {
+    pub fn pointer(&mut self, block: &DeviceBlock) -> Result<u64, GpuError> {
         match self.pool_of(block) {
             Some(p) if p.sub.is_live(block.offset) => Ok(p.base + block.offset),
             _ => Err(GpuError::Driver(format!(
@@ -289,7 +289,7 @@ impl Pools {
         }
     }
 
-    pub(crate) fn usage(&self) -> Vec<DeviceUsage> {
+    pub fn usage(&self) -> Vec<DeviceUsage> {
         let mut v: Vec<DeviceUsage> = self
             .devices
             .iter()

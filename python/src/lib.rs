@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyTuple};
-use vovp::{CreateOptions, Error, Location, ObjectBuffer, ObjectView, Store};
 use vovp_client::{Client as RustClient, ClientOptions};
+use vovp_types::{CreateOptions, Error, Location, ObjectBuffer, ObjectView, Store};
 
 /// Protocol status code of an error (PROTOCOL.md "Status codes"), for `vovp.errors`: the
 /// code the daemon would answer it with.
@@ -446,7 +446,7 @@ impl Client {
         let inner = self.usable()?;
         let opts = CreateOptions {
             ephemeral,
-            device: device.map(vovp::Device::Cuda),
+            device: device.map(vovp_types::Device::Cuda),
         };
         let buf = py
             .allow_threads(|| inner.create(name, size, metadata, opts))
@@ -572,8 +572,8 @@ impl Client {
             .map(|o| {
                 let d = PyDict::new(py);
                 let (kind, device_type, device_id) = match o.device {
-                    vovp::Device::Cpu => ("cpu", 0u8, 0u32),
-                    vovp::Device::Cuda(i) => ("cuda", 1u8, i),
+                    vovp_types::Device::Cpu => ("cpu", 0u8, 0u32),
+                    vovp_types::Device::Cuda(i) => ("cuda", 1u8, i),
                 };
                 d.set_item("name", o.name.as_str())?;
                 d.set_item("id", o.id.get())?;
@@ -664,9 +664,9 @@ impl Subscription {
         match got {
             Ok(Some(n)) => {
                 let kind = match n.kind {
-                    vovp::NotificationKind::Sealed => "sealed",
-                    vovp::NotificationKind::Deleted => "deleted",
-                    vovp::NotificationKind::Evicted => "evicted",
+                    vovp_types::NotificationKind::Sealed => "sealed",
+                    vovp_types::NotificationKind::Deleted => "deleted",
+                    vovp_types::NotificationKind::Evicted => "evicted",
                 };
                 Ok(Some((
                     kind,
@@ -702,7 +702,7 @@ enum Put {
 
 /// A CUDA object has no host bytes to export.
 fn host_only(location: Location, name: &str) -> PyResult<()> {
-    if matches!(location.device(), vovp::Device::Cpu) {
+    if matches!(location.device(), vovp_types::Device::Cpu) {
         return Ok(());
     }
     Err(to_py(Error::GpuUnavailable(format!(
@@ -713,8 +713,8 @@ fn host_only(location: Location, name: &str) -> PyResult<()> {
 /// Where an object is: ("host", None) or ("cuda", device).
 fn location_of(l: Location) -> (&'static str, Option<u32>) {
     match l.device() {
-        vovp::Device::Cpu => ("host", None),
-        vovp::Device::Cuda(d) => ("cuda", Some(d)),
+        vovp_types::Device::Cpu => ("host", None),
+        vovp_types::Device::Cuda(d) => ("cuda", Some(d)),
     }
 }
 
@@ -900,7 +900,7 @@ impl Object {
     /// Whether this is a host object (the Python layer's check before making an array).
     #[getter]
     fn is_host(&self) -> bool {
-        matches!(self.location.device(), vovp::Device::Cpu)
+        matches!(self.location.device(), vovp_types::Device::Cpu)
     }
     /// (address, size, metadata) of a host object, None for a CUDA one: what `vovp.plasma`'s
     /// get reads, in one call rather than four (each was ~1.5% of that get).
@@ -1015,7 +1015,7 @@ impl Buffer {
     /// Whether this is a host object (the Python layer's check before making an array).
     #[getter]
     fn is_host(&self) -> bool {
-        matches!(self.location.device(), vovp::Device::Cpu)
+        matches!(self.location.device(), vovp_types::Device::Cpu)
     }
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -257,7 +257,7 @@ impl Raw {
         let mut fds = Vec::new();
         let mut got = 0;
         while got < h.len() {
-            let n = vovp_client::fdpass::recv_with_fds(&self.0, &mut h[got..], &mut fds)
+            let n = vovp_shm::fdpass::recv_with_fds(&self.0, &mut h[got..], &mut fds)
                 .expect("SHARED reply");
             assert!(n > 0, "closed during SHARED");
             got += n;

@@ -1,15 +1,17 @@
-//! The crate graph keeps the client light: a program that depends on `vovp-client` alone does
-//! not build the daemon, tokio-uring or clap.
+//! The crate graph runs one way (ARCHITECTURE.md, "Crates"): the vocabulary at the bottom, the
+//! store's actors and engine on one side, the clients on the other. A program that depends on
+//! `vovp-client` (and the Python wheel) builds neither the engine, its actors, kameo, the
+//! daemon, tokio-uring nor clap.
 
-#[test]
-fn the_client_does_not_depend_on_the_daemon() {
+/// The crates `package` depends on (normal dependencies, all depths).
+fn dependencies(package: &str) -> Vec<String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = std::process::Command::new(cargo)
         .args([
             "tree",
             "--offline",
             "-p",
-            "vovp-client",
+            package,
             "-e",
             "normal",
             "--prefix",
@@ -23,13 +25,49 @@ fn the_client_does_not_depend_on_the_daemon() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tree = String::from_utf8_lossy(&out.stdout);
-    let crates: Vec<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
-    assert!(crates.contains(&"vovp-proto"), "{tree}");
-    for banned in ["vovp-transport", "tokio-uring", "clap"] {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_string)
+        .collect()
+}
+
+fn assert_none_of(package: &str, banned: &[&str]) {
+    let deps = dependencies(package);
+    for b in banned {
         assert!(
-            !crates.contains(&banned),
-            "vovp-client depends on {banned}:\n{tree}"
+            !deps.iter().any(|d| d == b),
+            "{package} depends on {b}: {deps:?}"
         );
     }
+}
+
+#[test]
+fn the_clients_build_no_store() {
+    let store = [
+        "vovp",
+        "vovp-actors",
+        "kameo",
+        "vovp-transport",
+        "tokio-uring",
+        "clap",
+    ];
+    assert!(dependencies("vovp-client")
+        .iter()
+        .any(|d| d == "vovp-proto"));
+    assert_none_of("vovp-client", &store);
+    assert_none_of("vovp-python", &store);
+}
+
+#[test]
+fn the_vocabulary_is_the_bottom() {
+    let deps = dependencies("vovp-types");
+    let ours: Vec<_> = deps.iter().filter(|d| d.starts_with("vovp")).collect();
+    assert_eq!(ours, ["vovp-types"], "vovp-types depends on {ours:?}");
+    // The wire format, shared memory and GPU crates build on the vocabulary only.
+    for leaf in ["vovp-proto", "vovp-shm", "vovp-gpu"] {
+        assert_none_of(leaf, &["vovp", "vovp-actors", "vovp-client", "kameo"]);
+    }
+    // The daemon's server does not reach into the client.
+    assert_none_of("vovp-actors", &["vovp", "vovp-client", "vovp-proto"]);
 }

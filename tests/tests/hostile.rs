@@ -413,7 +413,7 @@ fn reply_with_fds(r: &Raw) -> (Vec<u8>, Vec<std::os::fd::OwnedFd>) {
     let mut got = 0;
     let mut fds = Vec::new();
     loop {
-        let n = vovp_client::fdpass::recv_with_fds(&r.0, &mut buf[got..], &mut fds).unwrap();
+        let n = vovp_shm::fdpass::recv_with_fds(&r.0, &mut buf[got..], &mut fds).unwrap();
         assert!(n > 0, "connection closed");
         got += n;
         if got >= 4 && got >= 4 + u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize {

@@ -1,10 +1,9 @@
 //! The vovp daemon over a Unix socket: the io_uring server with one actor per connection and
 //! SCM_RIGHTS fd passing (the `vovp-engine` binary), and the `vovp` CLI. The wire protocol is
-//! `vovp-proto`; the Rust client is `vovp-client` (re-exported here for the CLI's users).
+//! `vovp-proto`; the Rust client (which the CLI uses) is `vovp-client`.
 
 pub mod response;
 pub mod server;
 
 pub use response::TransportError;
 pub use server::{run, ConnectionLimits, ServerConfig};
-pub use vovp_client::{fdpass, AsyncClient, Client, ClientOptions, Subscription};

@@ -699,7 +699,7 @@ async fn send_with_fd(
     reply: Vec<u8>,
     fds: &[std::os::fd::BorrowedFd<'_>],
 ) -> Result<(), TransportError> {
-    let sent = match vovp_client::fdpass::send_with_fds(io.raw(), &reply, fds) {
+    let sent = match vovp_shm::fdpass::send_with_fds(io.raw(), &reply, fds) {
         Ok(n) => n,
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
             // SAFETY: the AsyncFd owns its own dup of the socket, open for its whole life.
@@ -714,7 +714,7 @@ async fn send_with_fd(
                 loop {
                     let mut ready = waiter.writable().await?;
                     match ready
-                        .try_io(|fd| vovp_client::fdpass::send_with_fds(fd.as_fd(), &reply, fds))
+                        .try_io(|fd| vovp_shm::fdpass::send_with_fds(fd.as_fd(), &reply, fds))
                     {
                         Ok(res) => return res,
                         Err(_would_block) => continue,

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use vovp::{CreateOptions, DType, Device, Error, ObjectView, Store, TensorMeta};
+use vovp::{CreateOptions, CudaStore, DType, Device, Error, ObjectView, Store, TensorMeta};
 use vovp_client::Client;
 
 #[derive(Parser)]

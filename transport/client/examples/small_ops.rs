@@ -5,15 +5,17 @@
 
 use std::time::Instant;
 
-use vovp::{CreateOptions, Store};
+use vovp_types::{CreateOptions, Store};
 
-fn main() -> Result<(), vovp::Error> {
+fn main() -> Result<(), vovp_types::Error> {
     let mut args = std::env::args().skip(1);
     let socket = args.next().unwrap_or_else(|| "/tmp/vovp.sock".into());
     let n: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let c = vovp_client::Client::connect(&socket)?;
     c.put("small-ops", &[1u8; 64], b"", CreateOptions::default())?;
-    let time = |what: &str, f: &dyn Fn() -> Result<(), vovp::Error>| -> Result<(), vovp::Error> {
+    let time = |what: &str,
+                f: &dyn Fn() -> Result<(), vovp_types::Error>|
+     -> Result<(), vovp_types::Error> {
         let start = Instant::now();
         for _ in 0..n {
             f()?;

@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vovp::{
-    parallel_copy, CreateOptions, Error, Location, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef,
-    ObjectSink, ObjectView, Store, StoreStats,
-};
 use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
+use vovp_shm::copy::parallel_copy;
+use vovp_types::{
+    CreateOptions, Error, Location, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef, ObjectSink,
+    ObjectView, Store, StoreStats,
+};
 
 use crate::core::{self, requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, conn_err, handshake};
@@ -434,7 +435,7 @@ impl ClientInner {
         options: &CreateOptions,
         keep: bool,
     ) -> Option<Result<(Reply, Answered), Error>> {
-        if options.device.is_some_and(|d| d != vovp::Device::Cpu) {
+        if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
             return None;
         }
         let need = self.lends.wants(data.len(), metadata.len())?;
@@ -501,10 +502,10 @@ impl ClientInner {
         // put's would be: a bad name, too much metadata, a name published already or put by
         // this client a moment ago. (A name another client took but has not published yet
         // fails in the store: `sync` reports it.)
-        if let Err(e) = vovp::ObjectName::new(name) {
+        if let Err(e) = vovp_types::ObjectName::new(name) {
             return Some(Err(e));
         }
-        if let Err(e) = vovp::check_metadata(metadata) {
+        if let Err(e) = vovp_types::check_metadata(metadata) {
             return Some(Err(e));
         }
         let req = match requests::put(name, flags | vovp_proto::PUT_PIPELINED, metadata, data) {
@@ -953,7 +954,7 @@ impl Store for Client {
         let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
         // On an error the views got so far drop here, releasing their holds.
         let got = self.get_over_socket(&rest, timeout)?;
-        core::fill_in(&mut views, missing, got);
+        vovp_shm::held::fill_in(&mut views, missing, got);
         Ok(views)
     }
 
@@ -1009,7 +1010,10 @@ impl Subscription {
     /// Waits for the next notification: `Ok(None)` when `timeout` passes first (None: wait
     /// forever); the stream stays usable after a timeout. A stream the daemon ended (it drops
     /// subscribers that fall too far behind) or that was closed is `Error::Connection`.
-    pub fn next(&mut self, timeout: Option<Duration>) -> Result<Option<vovp::Notification>, Error> {
+    pub fn next(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<Option<vovp_types::Notification>, Error> {
         use std::io::{ErrorKind, Read};
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         let mut looked_last = false;

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use vovp::{CreateOptions, Device, Error, ObjectInfo, ObjectName, ObjectRef, StoreStats};
 use vovp_proto::{Header, Reply, Request, CREATE_EPHEMERAL, FLAG_NO_REPLY, HEADER_LEN, REPLY_BIT};
+use vovp_types::{CreateOptions, Device, Error, ObjectInfo, ObjectName, ObjectRef, StoreStats};
 
 use crate::mapping::{MappedSegment, Mappings};
 use crate::shared::Connection;
@@ -115,29 +115,13 @@ impl Session {
 }
 
 /// The part of a get the shared directory serves: a view per name it has (no message), and the
-/// positions of the names left for one GET ([`fill_in`] merges its results back).
+/// positions of the names left for one GET (`vovp_shm::held::fill_in` merges its results back).
 pub(crate) fn shared_part(
     maps: &Mappings,
     names: &[&str],
     connection: &Connection,
-) -> (Vec<Option<vovp::ObjectView>>, Vec<usize>) {
-    let views: Vec<_> = names
-        .iter()
-        .map(|n| maps.shared_view(n, connection))
-        .collect();
-    let missing = (0..names.len()).filter(|&i| views[i].is_none()).collect();
-    (views, missing)
-}
-
-/// Puts a GET's results for the names at `missing` into their places.
-pub(crate) fn fill_in(
-    views: &mut [Option<vovp::ObjectView>],
-    missing: Vec<usize>,
-    got: Vec<Option<vovp::ObjectView>>,
-) {
-    for (i, v) in missing.into_iter().zip(got) {
-        views[i] = v;
-    }
+) -> (Vec<Option<vovp_types::ObjectView>>, Vec<usize>) {
+    vovp_shm::held::held_part(names, |n| maps.shared_view(n, connection))
 }
 
 /// The mappings and generation of the connection that answered a call (a reply's locations
@@ -421,7 +405,7 @@ pub(crate) trait Expect {
     fn list(self) -> Result<(Vec<ObjectInfo>, u64), Error>;
     fn stats(self) -> Result<(StoreStats, u64), Error>;
     fn empty(self) -> Result<(), Error>;
-    fn lent(self) -> Result<vovp::Lend, Error>;
+    fn lent(self) -> Result<vovp_types::Lend, Error>;
 }
 
 impl Expect for Reply {
@@ -467,7 +451,7 @@ impl Expect for Reply {
             other => Err(unexpected(&other)),
         }
     }
-    fn lent(self) -> Result<vovp::Lend, Error> {
+    fn lent(self) -> Result<vovp_types::Lend, Error> {
         match self {
             Reply::Lent(l) => Ok(l),
             other => Err(unexpected(&other)),
@@ -551,11 +535,11 @@ mod tests {
         core.defer_release(5, 0);
         assert!(core.take_deferred().is_empty());
         let obj = ObjectRef {
-            id: vovp::ObjectId::from_raw(1),
+            id: vovp_types::ObjectId::from_raw(1),
             name: ObjectName::new("x").unwrap(),
             size: 0,
             metadata: Arc::from(&b""[..]),
-            location: vovp::Location::Host {
+            location: vovp_types::Location::Host {
                 segment: 0,
                 offset: 0,
             },
@@ -570,7 +554,7 @@ mod tests {
     #[test]
     fn requests_refuse_bad_names_before_the_wire() {
         assert!(matches!(requests::seal(""), Err(Error::InvalidName(_))));
-        let long = "x".repeat(vovp::MAX_NAME_LEN + 1);
+        let long = "x".repeat(vovp_types::MAX_NAME_LEN + 1);
         assert!(matches!(
             requests::get(&["ok", &long], None),
             Err(Error::InvalidName(_))

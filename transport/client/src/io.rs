@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
-use vovp::Error;
 use vovp_proto::{Header, Reply, Request, HEADER_LEN};
+use vovp_types::Error;
 
 use crate::core::frame_complete;
 use crate::mapping::Mappings;
@@ -91,7 +91,7 @@ pub(crate) fn read_frame_with_fds(fd: BorrowedFd<'_>) -> Result<(Vec<u8>, Vec<Ow
         if frame_complete(&mut frame, got)? {
             return Ok((frame, fds));
         }
-        match crate::fdpass::recv_with_fds(fd, &mut frame[got..], &mut fds) {
+        match vovp_shm::fdpass::recv_with_fds(fd, &mut frame[got..], &mut fds) {
             Ok(0) => return Err(conn_err(std::io::ErrorKind::UnexpectedEof.into())),
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait(fd, PollFlags::IN)?,

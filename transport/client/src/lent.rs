@@ -15,9 +15,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use vovp::{parallel_copy, CreateOptions, Error, Lend};
 use vovp_proto::Request;
+use vovp_shm::copy::parallel_copy;
 use vovp_shm::{LendWrite, SharedReader};
+use vovp_types::{CreateOptions, Error, Lend};
 
 use crate::core::requests;
 use crate::mapping::MappedSegment;
@@ -30,7 +31,7 @@ pub const CLIENT_LEND_MIN: usize = 64 * 1024;
 /// The bytes an object takes in a lend: data padded to 64 bytes, then the metadata, rounded
 /// to 64 (the store checks the same arithmetic).
 pub(crate) fn block_len(size: usize, metadata_len: usize) -> Option<u64> {
-    vovp::lends::block_len(size as u64, metadata_len as u64)
+    vovp_types::lends::block_len(size as u64, metadata_len as u64)
 }
 
 /// This client's current lend.
@@ -357,7 +358,7 @@ impl Lends {
 
 impl LendAsked {
     /// The outcome of this LEND; then reserves the put's bytes in the new lend.
-    pub(crate) fn install(mut self, lent: Result<Lent, vovp::Error>) -> Option<Reserved> {
+    pub(crate) fn install(mut self, lent: Result<Lent, vovp_types::Error>) -> Option<Reserved> {
         let slot_ref = self.slot.clone();
         let mut slot = slot_ref.lock().ok()?;
         // Under the same lock as the new lend goes in: no other put may ask for one between.
@@ -392,10 +393,10 @@ impl LendAsked {
                 // The store's answer that it lends nothing (MALFORMED), or a daemon without
                 // LEND (UNKNOWN_OPCODE): for good. Anything else: maybe next time.
                 let refusal = match &e {
-                    vovp::Error::Protocol(m) => {
+                    vovp_types::Error::Protocol(m) => {
                         m.starts_with("MALFORMED") || m.starts_with("UNKNOWN_OPCODE")
                     }
-                    vovp::Error::Config(_) => true,
+                    vovp_types::Error::Config(_) => true,
                     _ => false,
                 };
                 if refusal {

@@ -1,6 +1,6 @@
 //! The Rust client of `vovp-engine`: [`Client`] (blocking) and [`AsyncClient`] (tokio) speak
-//! PROTOCOL.md (through `vovp-proto`) and implement the same [`vovp::Store`] /
-//! [`vovp::AsyncStore`] traits as the embedded engine, so a framework switches between them in
+//! PROTOCOL.md (through `vovp-proto`) and implement the same [`vovp_types::Store`] /
+//! [`vovp_types::AsyncStore`] traits as the embedded engine, so a framework switches between them in
 //! one line. Got objects are zero-copy views into the mapped segments; dropping a view releases
 //! its reference.
 //!
@@ -11,7 +11,6 @@
 
 mod blocking;
 mod core;
-pub mod fdpass;
 mod io;
 mod lent;
 mod mapping;
@@ -21,6 +20,8 @@ mod shared;
 pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
 pub use lent::CLIENT_LEND_MIN;
 pub use nonblocking::AsyncClient;
+/// `put_cuda_tensor` on a [`Client`] (as on any `Store`).
+pub use vovp_gpu::CudaStore;
 
 /// How a [`Client`] or [`AsyncClient`] connects.
 #[derive(Clone, Copy, Debug, Default)]

@@ -7,12 +7,13 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use memmap2::{MmapOptions, MmapRaw};
-use vovp::{
+use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
+use vovp_types::{
     CreateOptions, Device, Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView,
 };
-use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
 
-use crate::shared::{object_ref, Connection, HoldSink};
+use crate::shared::Connection;
+use vovp_shm::held::{held_view, SegmentMap};
 use vovp_shm::SharedReader;
 
 /// One shared-memory segment mapped into this process: read-only unless it is one of this
@@ -100,8 +101,8 @@ enum SegmentSlot {
 /// arena whose owner has gone stays alive (punched, so not resident) while anyone maps it.
 const RECENT_ARENAS: usize = 32;
 
-/// Largest put sent inline even when the daemon allows more (see [`vovp::CLIENT_INLINE_PUT`]).
-const INLINE_PUT_PREFERRED: usize = vovp::CLIENT_INLINE_PUT;
+/// Largest put sent inline even when the daemon allows more (see [`vovp_types::CLIENT_INLINE_PUT`]).
+const INLINE_PUT_PREFERRED: usize = vovp_types::CLIENT_INLINE_PUT;
 
 /// One connection's mappings and what its HELLO said.
 pub(crate) struct Mappings {
@@ -160,23 +161,16 @@ impl Mappings {
     /// socket must answer (not published, busy, hold table full, segment not mapped here).
     pub(crate) fn shared_view(&self, name: &str, connection: &Connection) -> Option<ObjectView> {
         let shared = self.shared.as_ref()?;
-        let hold = shared.hold(name)?;
-        let (slot, snapshot) = (hold.slot, hold.snapshot);
-        let made = self.segment(snapshot.segment).and_then(|seg| {
-            // SAFETY: `seg` is a live mapping of the hold's segment, `seg.len()` bytes long.
-            let r = unsafe { object_ref(name, &hold, seg.map.as_ptr(), seg.len()) }?;
-            let sink = Arc::new(HoldSink {
-                shared: shared.clone(),
-                slot,
-                snapshot,
-                _connection: connection.clone(),
-            });
-            self.view(r, sink).ok()
-        });
-        if made.is_none() {
-            let _ = shared.release(slot, snapshot);
-        }
-        made
+        let segment = |id: u32| {
+            let seg = self.segment(id)?;
+            Some(SegmentMap {
+                base: seg.map.as_ptr(),
+                len: seg.len(),
+                owner: seg,
+            })
+        };
+        // SAFETY: `segment` gives this client's live mappings of the store's segments, whole.
+        unsafe { held_view(shared, name, segment, connection) }
     }
 
     fn locate(&self, r: &ObjectRef) -> Result<Located, Error> {

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use vovp::{
-    parallel_copy, AsyncStore, CreateOptions, Error, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef,
-    ObjectSink, ObjectView, StoreStats,
-};
 use vovp_proto::{Header, Reply, Request, HEADER_LEN, LIST_END};
+use vovp_shm::copy::parallel_copy;
+use vovp_types::{
+    AsyncStore, CreateOptions, Error, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef, ObjectSink,
+    ObjectView, StoreStats,
+};
 
 use crate::core::{self, requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
@@ -81,7 +82,7 @@ impl AsyncConn {
         while !core::frame_complete(&mut frame, got)? {
             stream.readable().await.map_err(conn_err)?;
             match stream.try_io(tokio::io::Interest::READABLE, || {
-                crate::fdpass::recv_with_fds(stream, &mut frame[got..], &mut fds)
+                vovp_shm::fdpass::recv_with_fds(stream, &mut frame[got..], &mut fds)
             }) {
                 Ok(0) => return Err(conn_err(std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => got += n,
@@ -264,7 +265,7 @@ impl AsyncClient {
         metadata: &[u8],
         options: &CreateOptions,
     ) -> Option<Result<(), Error>> {
-        if options.device.is_some_and(|d| d != vovp::Device::Cpu) {
+        if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
             return None;
         }
         let lends = &self.inner.lends;
@@ -405,7 +406,7 @@ impl AsyncStore for AsyncClient {
         }
         let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
         let got = self.get_over_socket(&rest, timeout).await?;
-        core::fill_in(&mut views, missing, got);
+        vovp_shm::held::fill_in(&mut views, missing, got);
         Ok(views)
     }
 

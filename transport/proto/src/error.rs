@@ -71,8 +71,8 @@ impl DecodeError {
 }
 
 /// On the client side a reply that does not decode is a protocol error.
-impl From<DecodeError> for vovp::Error {
+impl From<DecodeError> for vovp_types::Error {
     fn from(e: DecodeError) -> Self {
-        vovp::Error::Protocol(e.to_string())
+        vovp_types::Error::Protocol(e.to_string())
     }
 }

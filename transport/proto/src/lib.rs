@@ -31,8 +31,8 @@ pub const LENGTH_OVERHEAD: u32 = 12;
 /// Largest payload of one frame.
 pub const MAX_PAYLOAD: usize = 64 << 20;
 /// Largest PUT payload the daemon accepts (bigger objects: CREATE, write the mapping, SEAL): the
-/// store's limit, [`vovp::MAX_INLINE_PUT`].
-pub const MAX_INLINE: u32 = vovp::MAX_INLINE_PUT as u32;
+/// store's limit, [`vovp_types::MAX_INLINE_PUT`].
+pub const MAX_INLINE: u32 = vovp_types::MAX_INLINE_PUT as u32;
 /// Header flag: send no reply (RELEASE only).
 pub const FLAG_NO_REPLY: u16 = 1;
 /// A reply's opcode is its request's with this bit set.
@@ -59,6 +59,6 @@ pub const PUT_PIPELINED: u32 = 4;
 
 /// Bytes one LIST entry takes on the wire (what [`Reply::List`] encodes per entry), so the
 /// daemon can cut a page at [`LIST_PAGE_BYTES`] before encoding it.
-pub fn list_entry_bytes(i: &vovp::ObjectInfo) -> usize {
+pub fn list_entry_bytes(i: &vovp_types::ObjectInfo) -> usize {
     2 + i.name.as_str().len() + 8 + 8 + 1 + 4 + 1 + 1 + 4 + 8 + 4 + i.metadata.len()
 }

@@ -1,6 +1,6 @@
 //! NOTIFY frames: what a SUBSCRIBE connection receives (server to client, request id 0).
 
-use vovp::{Notification, NotificationKind};
+use vovp_types::{Notification, NotificationKind};
 
 use crate::wire::{object_name, FrameWriter, Reader};
 use crate::{DecodeError, Opcode};

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use vovp::Device;
+use vovp_types::Device;
 
 use crate::wire::{FrameWriter, Reader};
 use crate::{DecodeError, Opcode, LIST_PAGE_ENTRIES, MAX_GET_NAMES, MAX_LIST_PAGE_ENTRIES};

@@ -1,6 +1,6 @@
 //! The frame header and the field encoding (PROTOCOL.md, "Frames" and "Field types").
 
-use vovp::{Device, DeviceBlock, Location, ObjectId, ObjectName, ObjectRef};
+use vovp_types::{Device, DeviceBlock, Location, ObjectId, ObjectName, ObjectRef};
 
 use crate::{DecodeError, HEADER_LEN, LENGTH_OVERHEAD, MAX_PAYLOAD, VERSION};
 

@@ -194,14 +194,14 @@ fn replies_check_what_the_request_asked() {
 #[test]
 fn store_errors_survive_the_wire() {
     let cases = [
-        vovp::Error::NotFound("x".into()),
-        vovp::Error::OutOfMemory {
+        vovp_types::Error::NotFound("x".into()),
+        vovp_types::Error::OutOfMemory {
             requested: 10,
             available: 3,
         },
-        vovp::Error::NotCreator("x".into()),
-        vovp::Error::TooLarge("big".into()),
-        vovp::Error::ShuttingDown,
+        vovp_types::Error::NotCreator("x".into()),
+        vovp_types::Error::TooLarge("big".into()),
+        vovp_types::Error::ShuttingDown,
     ];
     for e in cases {
         let mut buf = Vec::new();
@@ -211,13 +211,13 @@ fn store_errors_survive_the_wire() {
         else {
             panic!("not a failure");
         };
-        let back = vovp::Error::from(f);
+        let back = vovp_types::Error::from(f);
         assert_eq!(
             std::mem::discriminant(&back),
             std::mem::discriminant(&e),
             "{e} came back as {back}"
         );
-        if let vovp::Error::OutOfMemory {
+        if let vovp_types::Error::OutOfMemory {
             requested,
             available,
         } = back

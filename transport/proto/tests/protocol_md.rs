@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use vovp::{Device, Notification, NotificationKind, ObjectName};
 use vovp_proto::*;
+use vovp_types::{Device, Notification, NotificationKind, ObjectName};
 
 fn page() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../PROTOCOL.md");

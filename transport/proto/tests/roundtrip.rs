@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
-use vovp::{
+use vovp_proto::*;
+use vovp_types::{
     Device, DeviceBlock, Location, Notification, NotificationKind, ObjectId, ObjectInfo,
     ObjectName, ObjectRef, StoreStats,
 };
-use vovp_proto::*;
 
 fn name() -> impl Strategy<Value = String> {
     // Unicode included; object names are 1..=256 bytes.
@@ -250,7 +250,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
         )),
         any::<bool>().prop_map(|published| (Reply::Shared { published }, Opcode::Shared, vec![])),
         prop::collection::vec(any::<u64>(), 5).prop_map(|f| (
-            Reply::Lent(vovp::Lend {
+            Reply::Lent(vovp_types::Lend {
                 id: f[0],
                 segment: f[1] as u32,
                 offset: f[2],

@@ -1,10 +1,10 @@
-//! Plain data shared by the actors, the engine API and the wire protocol.
+//! The store's nouns: ids, names, where an object lives, what a create asks for and what a
+//! get, a list, the stats and a notification hand back. Plain data, shared by the store, the
+//! wire protocol and every client.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
-
-use vovp_gpu::DeviceBlock;
 
 use crate::Error;
 
@@ -24,8 +24,9 @@ pub fn check_metadata(metadata: &[u8]) -> Result<(), Error> {
     }
     Ok(())
 }
-/// Most objects the store holds at once (named or waiting for their last holder).
-pub const MAX_OBJECTS: u64 = crate::allocator::MAX_ALLOCS_PER_SEGMENT as u64;
+/// Most objects the store holds at once (named or waiting for their last holder): the
+/// allocator preallocates one node per possible object (PROTOCOL.md, `TooManyObjects`).
+pub const MAX_OBJECTS: u64 = 1 << 20;
 /// Every object's data starts on this boundary (cache line; enough for any dtype and AVX-512).
 pub const ALIGNMENT: u64 = 64;
 
@@ -116,6 +117,19 @@ impl fmt::Display for ObjectName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// A block inside a device pool: what a client needs to open it through CUDA IPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBlock {
+    pub device: u32,
+    /// Which pooled allocation of that device (clients cache one IPC mapping per pool).
+    pub pool: u32,
+    /// The pool's `CUipcMemHandle` (64 opaque bytes).
+    pub ipc_handle: [u8; 64],
+    /// Byte offset of the block in the pool; a multiple of the pool's block alignment (256).
+    pub offset: u64,
+    pub size: u64,
 }
 
 /// Where an object's bytes live.

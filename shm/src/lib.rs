@@ -8,6 +8,9 @@
 //!   [`hold::is_held`] check and [`hold::Retired`] list for frees deferred while held.
 //! * [`lend`]: the handshake over two hold-table header words by which the store takes back a
 //!   lend no put is writing into.
+//! * [`copy`]: host copies into shared memory, split across a rayon pool above 1 MB.
+//! * [`fdpass`]: passing the memfds over the Unix socket (SCM_RIGHTS).
+//! * [`held`]: views got through the hold table (the engine's and the clients' one read path).
 //! * `region` (not under loom): creating and mapping the memfds, with header checks. The
 //!   directory's memfd is sealed `F_SEAL_FUTURE_WRITE` once the store has mapped it, so the
 //!   read-only fd clients get cannot be turned into a writable mapping, not even by reopening
@@ -46,8 +49,14 @@
 //! a preemption bound: `RUSTFLAGS="--cfg loom" cargo test -p vovp-shm --release --test loom`.
 //! ARCHITECTURE.md, "Shared directory and hold tables", has the full tables.
 
+#[cfg(not(loom))]
+pub mod copy;
 pub mod directory;
 pub mod error;
+#[cfg(not(loom))]
+pub mod fdpass;
+#[cfg(not(loom))]
+pub mod held;
 pub mod hold;
 pub mod layout;
 pub mod lend;

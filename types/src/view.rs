@@ -6,7 +6,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use vovp_actors::{Device, Location, ObjectId, ObjectName, ObjectRef};
+use crate::{Device, Location, ObjectId, ObjectName, ObjectRef};
 
 use crate::Error;
 
@@ -19,8 +19,9 @@ pub trait ObjectSink: Send + Sync + 'static {
     fn seal(&self, obj: &ObjectRef) -> Result<(), Error>;
 }
 
-/// Where one object is in this process: host bytes in a mapping, or a device address.
-pub(crate) struct Mapped {
+/// Where one object is in this process: host bytes in a mapping, or a device address (non-zero
+/// for CUDA objects, then `ptr` is unused).
+pub struct Mapped {
     pub ptr: *mut u8,
     pub device_ptr: u64,
     /// Keeps the mapping (a segment, a client's mmap, a CUDA IPC mapping) alive.
@@ -29,6 +30,15 @@ pub(crate) struct Mapped {
 
 // SAFETY: a plain address into a shared mapping kept alive by `owner`.
 unsafe impl Send for Mapped {}
+
+impl fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mapped")
+            .field("ptr", &self.ptr)
+            .field("device_ptr", &self.device_ptr)
+            .finish_non_exhaustive()
+    }
+}
 
 /// A reference to a sealed object: derefs to its bytes (host objects) and releases on drop.
 pub struct ObjectView {
@@ -164,7 +174,11 @@ impl ObjectBuffer {
         }
     }
 
-    pub(crate) fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
+    /// A buffer over the object's place in this process.
+    ///
+    /// # Safety
+    /// As [`ObjectView::from_mapped`], and the caller is the object's creator (sole writer).
+    pub unsafe fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
         ObjectBuffer {
             view: ObjectView::from_mapped(obj, m, sink),
         }
@@ -234,11 +248,16 @@ impl fmt::Debug for ObjectBuffer {
 }
 
 impl ObjectView {
-    pub(crate) fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
+    /// A view of the object's place in this process (host bytes or a device address).
+    ///
+    /// # Safety
+    /// For a host object, `m.ptr..m.ptr + obj.size` is the object's range in a mapping kept
+    /// alive by `m.owner`, as for [`ObjectView::from_raw`].
+    pub unsafe fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
         if m.device_ptr != 0 {
             return Self::from_device(obj, m.device_ptr, m.owner, sink);
         }
-        // SAFETY: `Mapped` comes from a segment range the allocator gave this object.
+        // SAFETY: the caller's promise.
         unsafe { Self::from_raw(obj, m.ptr, m.owner, sink) }
     }
 }

@@ -1,13 +1,12 @@
 //! The one API of a store, embedded or remote: [`Store`] (blocking) and [`AsyncStore`]. A framework
 //! written against these switches between `Engine::spawn` and a socket client in one line.
+//! (CUDA tensors: `vovp_gpu::CudaStore`, implemented for every `Store`.)
 
 use std::future::Future;
 use std::time::Duration;
 
-use vovp_actors::{CreateOptions, ObjectInfo, StoreStats};
-
 use crate::tensor::{Tensor, TensorView};
-use crate::{Error, ObjectBuffer, ObjectView};
+use crate::{CreateOptions, Error, ObjectBuffer, ObjectInfo, ObjectView, StoreStats};
 
 /// Blocking store API. `timeout`: `None` answers at once; `Some(d)` waits up to `d` for objects
 /// that are not sealed yet.
@@ -58,35 +57,6 @@ pub trait Store: Send + Sync {
             &tensor.meta().encode(),
             CreateOptions::default(),
         )
-    }
-
-    /// Stores a CUDA tensor: a device object on `cuda:device` filled by a device-to-device copy
-    /// from `src` (a device address in this process), synchronised before the seal.
-    fn put_cuda_tensor(
-        &self,
-        name: &str,
-        dtype: crate::DType,
-        shape: &[i64],
-        device: u32,
-        src: u64,
-    ) -> Result<(), Error> {
-        let meta = crate::TensorMeta {
-            dtype,
-            shape: shape.to_vec(),
-            device: vovp_actors::Device::Cuda(device),
-            little_endian: cfg!(target_endian = "little"),
-        };
-        let size = meta.nbytes();
-        let options = CreateOptions {
-            ephemeral: false,
-            device: Some(meta.device),
-        };
-        let buf = self.create(name, size, &meta.encode(), options)?;
-        let dst = buf.cuda_ptr().ok_or_else(|| {
-            Error::Internal("a CUDA object came back without a device address".into())
-        })?;
-        vovp_gpu::ipc::copy_d2d(dst, src, size as usize)?;
-        buf.seal().map(drop)
     }
 
     /// A tensor by name alone: zero-copy, released on drop.

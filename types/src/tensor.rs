@@ -1,8 +1,8 @@
 //! Tensors by name: the versioned metadata header (dtype, shape, byte order, device) stored with
 //! each tensor object, shared with the Python client. Layout in PROTOCOL.md ("Tensor metadata").
 
+use crate::Device;
 use crate::{Error, ObjectView};
-use vovp_actors::Device;
 
 const MAGIC: &[u8; 4] = b"VTNS";
 const VERSION: u8 = 1;

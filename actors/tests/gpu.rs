@@ -1,4 +1,4 @@
-//! Tests of the GPU crate.
+//! Tests of the GPU actor over the GPU crate (`vovp-gpu`).
 //!
 //! * Everywhere: nothing panics, and without a driver every entry point answers
 //!   `GpuUnavailable(reason)`.
@@ -13,10 +13,8 @@ use std::time::Instant;
 
 use kameo::actor::{ActorRef, Spawn};
 use kameo::error::SendError;
-use vovp_gpu::{
-    cuda_available, ipc, probe, AllocateDevice, BlockPtr, DeviceBlock, FreeDevice, GpuActor,
-    GpuConfig, GpuError, GpuUsage, BLOCK_ALIGN,
-};
+use vovp_actors::gpu::{AllocateDevice, BlockPtr, FreeDevice, GpuActor, GpuUsage};
+use vovp_gpu::{cuda_available, ipc, probe, DeviceBlock, GpuConfig, GpuError, BLOCK_ALIGN};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;

@@ -1,12 +1,11 @@
-//! The store's one error type, `vovp::Error` (the engine re-exports it): every failure of the
-//! store, embedded or remote, and of its clients. It lives here, in the engine's private core,
-//! so the actors produce the same values the public API hands out (no second, drifting copy).
-
-use vovp_gpu::GpuError;
+//! The store's one error type, `vovp::Error`: every failure of the store, embedded or remote,
+//! and of its clients. It lives at the bottom of the crate graph so that the actors produce the
+//! same values the public API hands out and the clients decode (no second, drifting copy).
 
 /// Errors of vovp. Each message says what the caller can do about it; store-side errors keep
 /// their meaning whether the store is embedded or reached over the socket.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Error {
     #[error("object {0:?} not found")]
     NotFound(String),
@@ -56,37 +55,4 @@ pub enum Error {
     TooLarge(String),
     #[error("internal error: {0}")]
     Internal(String),
-}
-
-impl From<GpuError> for Error {
-    fn from(e: GpuError) -> Self {
-        match e {
-            GpuError::GpuUnavailable(r) => Error::GpuUnavailable(r),
-            GpuError::OutOfMemory {
-                requested,
-                available,
-                ..
-            } => Error::OutOfMemory {
-                requested,
-                available,
-            },
-            other => Error::Gpu(other.to_string()),
-        }
-    }
-}
-
-/// A failed `ask`: the handler's error, or (mailbox closed, actor gone) the store stopping.
-impl<M, E: Into<Error>> From<kameo::error::SendError<M, E>> for Error {
-    fn from(e: kameo::error::SendError<M, E>) -> Self {
-        match e {
-            kameo::error::SendError::HandlerError(e) => e.into(),
-            _ => Error::ShuttingDown,
-        }
-    }
-}
-
-impl From<kameo::error::Infallible> for Error {
-    fn from(never: kameo::error::Infallible) -> Self {
-        match never {}
-    }
 }

@@ -1,0 +1,70 @@
+//! The inline-put sizes, defined here once: the store's limit and each writer's choice below
+//! it. The daemon announces [`MAX_INLINE_PUT`] in HELLO's `max_inline`; socket clients send
+//! inline up to [`CLIENT_INLINE_PUT`] of that; the embedded engine up to [`INLINE_PUT_LIMIT`].
+
+/// Largest PUT payload the store takes (bigger objects: create, write the mapping, seal). The
+/// store copies an inline payload in itself, on its one thread, so this bounds how long one
+/// request can keep every other client waiting. Enforced by the store's inline put.
+pub const MAX_INLINE_PUT: usize = 1 << 20;
+
+/// Largest put a socket client sends inline (at most the daemon's `max_inline`): beyond ~256
+/// KiB, CREATE + a parallel copy into the mapping + SEAL beats pushing the bytes through the
+/// socket (vovp-bench: 1 MiB inline ~305 µs vs 150-195 µs through the mapping). The Python
+/// client makes the same choice (`INLINE_LIMIT` in python/vovp/client.py).
+pub const CLIENT_INLINE_PUT: usize = 256 * 1024;
+
+/// Largest put the embedded engine sends inside one message (one actor round trip, the engine
+/// copying); larger ones are created, copied by the caller (in parallel) and sealed. Lower than
+/// a socket client's: in-process, the create-copy-seal path costs no socket round trips.
+pub const INLINE_PUT_LIMIT: usize = 64 * 1024;
+
+const _: () = assert!(INLINE_PUT_LIMIT <= MAX_INLINE_PUT && CLIENT_INLINE_PUT <= MAX_INLINE_PUT);
+
+/// The arithmetic of lends (LEND / PUBLISH), the same for the store and its clients.
+pub mod lends {
+    use crate::ALIGNMENT;
+
+    /// The size of the lends of a store of `capacity` bytes, `None` when the store is too small to
+    /// lend (under 64 MiB a lend would be a large share of it, and eviction, which can only give
+    /// back whole lends, would lose its precision). A lend is 1/64 of the store, from 1 MiB to
+    /// 16 MiB; objects up to a quarter of it go into lends.
+    pub fn lend_size(capacity: u64) -> Option<u64> {
+        const MIN: u64 = 1 << 20;
+        const MAX: u64 = 16 << 20;
+        let size = capacity / 64;
+        (size >= MIN).then(|| size.min(MAX) / ALIGNMENT * ALIGNMENT)
+    }
+
+    /// The largest block (data padded to 64 bytes, then metadata) a lend of `size` is made for.
+    pub fn max_object(size: u64) -> u64 {
+        size / 4
+    }
+
+    /// The bytes an object of `size` data bytes and `metadata_len` metadata bytes takes in a lend,
+    /// and in any host block: data padded to [`ALIGNMENT`], then the metadata (`None`: overflow).
+    pub fn block_len(size: u64, metadata_len: u64) -> Option<u64> {
+        size.checked_next_multiple_of(ALIGNMENT)?
+            .checked_add(metadata_len)?
+            .checked_next_multiple_of(ALIGNMENT)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        const MIB: u64 = 1 << 20;
+
+        #[test]
+        fn lend_size_follows_the_store_and_small_stores_lend_nothing() {
+            assert_eq!(lend_size(63 * MIB), None);
+            assert_eq!(lend_size(64 * MIB), Some(MIB));
+            assert_eq!(lend_size(256 * MIB), Some(4 * MIB));
+            assert_eq!(lend_size(64 << 30), Some(16 * MIB));
+            assert_eq!(max_object(4 * MIB), MIB);
+            assert_eq!(block_len(100, 0), Some(128));
+            assert_eq!(block_len(64, 1), Some(128));
+            assert_eq!(block_len(0, 0), Some(0));
+            assert_eq!(block_len(u64::MAX - 10, 0), None);
+        }
+    }
+}
