@@ -18,7 +18,7 @@ use vovp_types::{HolderId, ALIGNMENT};
 /// Most live allocations per segment (the allocator preallocates this many nodes, ~24 B each).
 /// This is the store's object limit (PROTOCOL.md): past it a create fails with
 /// `TooManyObjects` unless evicting an unreferenced object frees a slot.
-pub const MAX_ALLOCS_PER_SEGMENT: u32 = vovp_types::MAX_OBJECTS as u32;
+pub(crate) const MAX_ALLOCS_PER_SEGMENT: u32 = vovp_types::MAX_OBJECTS as u32;
 
 /// A run of host memory handed to one object.
 #[derive(Clone, Copy)]
@@ -72,6 +72,7 @@ pub enum AllocFailure {
 }
 
 /// Free-space bookkeeping for one segment, in [`ALIGNMENT`]-byte units.
+#[derive(Debug)]
 pub struct SegmentAllocator {
     inner: Allocator,
     capacity: u64,
@@ -152,7 +153,7 @@ impl SegmentAllocator {
 /// request, so a freed block of an unrounded size could not be reused by a request of the very
 /// same size; rounding makes equal sizes reuse each other's blocks exactly, which keeps eviction
 /// from freeing more objects than the new one needs.
-pub fn reserved_units(size: u64) -> Option<u64> {
+pub(crate) fn reserved_units(size: u64) -> Option<u64> {
     let units = size.div_ceil(ALIGNMENT).max(1);
     if units < 8 {
         return Some(units);
@@ -424,6 +425,13 @@ pub struct AllocatorActor {
     room: MachineRoom,
     /// When a create was last refused for want of machine memory (the warning is rate-limited).
     warned: Option<std::time::Instant>,
+}
+
+impl std::fmt::Debug for AllocatorActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The actor's state is large and changes under the caller; its name is what a log needs.
+        f.debug_struct("AllocatorActor").finish_non_exhaustive()
+    }
 }
 
 impl AllocatorActor {
@@ -725,6 +733,7 @@ impl AllocatorActor {
 
 /// Reserve `size` bytes for an object `writer` will fill. Replies why when nothing fits (the
 /// table actor then evicts and retries).
+#[derive(Debug)]
 pub struct Allocate {
     pub size: u64,
     pub writer: Writer,
@@ -739,6 +748,7 @@ impl Message<Allocate> for AllocatorActor {
 }
 
 /// Return blocks to their segments.
+#[derive(Debug)]
 pub struct Free(pub Vec<HostBlock>);
 
 impl Message<Free> for AllocatorActor {
@@ -752,6 +762,7 @@ impl Message<Free> for AllocatorActor {
 }
 
 /// A client went away: its arenas take nothing new and go with their last object.
+#[derive(Debug)]
 pub struct OwnerGone(pub HolderId);
 
 impl Message<OwnerGone> for AllocatorActor {
@@ -764,13 +775,14 @@ impl Message<OwnerGone> for AllocatorActor {
 
 /// A segment for a client to map: its read-write fd for the client that writes it, the
 /// read-only fd for everyone else. `None` for a segment that does not exist (any more).
+#[derive(Debug)]
 pub struct SegmentFor {
     pub id: u32,
     pub holder: HolderId,
 }
 
 /// What [`SegmentFor`] answers: the segment and whether the asker may write it.
-#[derive(kameo::Reply)]
+#[derive(Debug, kameo::Reply)]
 pub struct SegmentGrant {
     pub segment: Arc<Segment>,
     pub writable: bool,
@@ -790,6 +802,7 @@ impl Message<SegmentFor> for AllocatorActor {
 
 /// The segment with id `0` or any other live one, for the store's own access (views of
 /// embedded gets).
+#[derive(Debug)]
 pub struct SegmentById(pub u32);
 
 impl Message<SegmentById> for AllocatorActor {
@@ -801,6 +814,7 @@ impl Message<SegmentById> for AllocatorActor {
 }
 
 /// Current host usage.
+#[derive(Debug)]
 pub struct Usage;
 
 impl Message<Usage> for AllocatorActor {

@@ -18,6 +18,13 @@ pub struct GpuActor {
     pools: Pools,
 }
 
+impl std::fmt::Debug for GpuActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The actor's state is large and changes under the caller; its name is what a log needs.
+        f.debug_struct("GpuActor").finish_non_exhaustive()
+    }
+}
+
 impl GpuActor {
     pub fn new(config: GpuConfig) -> Self {
         GpuActor {
@@ -28,6 +35,7 @@ impl GpuActor {
 
 /// Allocate `size` bytes on `device`. `OutOfMemory` means "evict and retry"; `GpuUnavailable`
 /// means no driver, no such device, or a capacity of 0 for it.
+#[derive(Debug)]
 pub struct AllocateDevice {
     pub device: u32,
     pub size: u64,
@@ -45,6 +53,7 @@ impl Message<AllocateDevice> for GpuActor {
 }
 
 /// Return a block to its pool. Freeing a block that is not live only logs a warning.
+#[derive(Debug)]
 pub struct FreeDevice(pub DeviceBlock);
 
 impl Message<FreeDevice> for GpuActor {
@@ -57,6 +66,7 @@ impl Message<FreeDevice> for GpuActor {
 /// The device pointer of a live block in the daemon's own address space (in the device's primary
 /// context), for in-process use: a process cannot open its own IPC handles, so the daemon, and
 /// tests playing daemon, reach blocks this way and copy with `vovp_gpu::ipc::copy_h2d` and friends.
+#[derive(Debug)]
 pub struct BlockPtr(pub DeviceBlock);
 
 impl Message<BlockPtr> for GpuActor {
@@ -71,6 +81,7 @@ impl Message<BlockPtr> for GpuActor {
 }
 
 /// Capacity and use of each device that has pools, by device (for stats).
+#[derive(Debug)]
 pub struct GpuUsage;
 
 impl Message<GpuUsage> for GpuActor {

@@ -46,20 +46,20 @@ struct LendState {
 
 /// Every lend of the store, and each holder's current one.
 #[derive(Default)]
-pub struct Lends {
+pub(crate) struct Lends {
     by_id: HashMap<u64, LendState>,
     current: HashMap<HolderId, u64>,
     next_id: u64,
 }
 
 impl Lends {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Retires `holder`'s current lend (it is about to take another, or is gone); its block
     /// when nothing published from it is alive.
-    pub fn retire(&mut self, holder: HolderId) -> Option<HostBlock> {
+    pub(crate) fn retire(&mut self, holder: HolderId) -> Option<HostBlock> {
         let id = self.current.remove(&holder)?;
         let state = self.by_id.get_mut(&id)?;
         state.retired = true;
@@ -67,7 +67,7 @@ impl Lends {
     }
 
     /// Every holder's current lend that holds no live object: (holder, lend id).
-    pub fn current_empty(&self) -> Vec<(HolderId, u64)> {
+    pub(crate) fn current_empty(&self) -> Vec<(HolderId, u64)> {
         self.current
             .iter()
             .filter(|(_, id)| self.by_id.get(id).is_some_and(|s| s.live == 0))
@@ -78,14 +78,14 @@ impl Lends {
     /// `holder`'s current lend again, from its start, when nothing published from it is alive
     /// any more: its pages are warm in the client (a put/delete cycle then writes the same
     /// memory over and over, as CREATE's exact-fit reuse does, instead of fresh pages).
-    pub fn reuse_empty(&mut self, holder: HolderId) -> Option<Lend> {
+    pub(crate) fn reuse_empty(&mut self, holder: HolderId) -> Option<Lend> {
         let id = *self.current.get(&holder)?;
         let state = self.by_id.get(&id).filter(|s| s.live == 0)?;
         Some(lend_of(id, &state.block))
     }
 
     /// Records `block` as `holder`'s new current lend (retire the old one first).
-    pub fn insert(&mut self, holder: HolderId, block: HostBlock) -> Lend {
+    pub(crate) fn insert(&mut self, holder: HolderId, block: HostBlock) -> Lend {
         self.next_id += 1;
         let id = self.next_id;
         self.by_id.insert(
@@ -105,7 +105,7 @@ impl Lends {
     /// Checks and records an object of `size` data bytes and `metadata_len` metadata bytes that
     /// `holder` wrote at `offset` of lend `lend`. A retired lend still takes objects written
     /// before it was retired (another thread of the client may publish late).
-    pub fn claim(
+    pub(crate) fn claim(
         &mut self,
         holder: HolderId,
         lend: u64,
@@ -152,7 +152,7 @@ impl Lends {
 
     /// An object published from a lend is gone (or never made it into the table): the lend's
     /// block, when it was the last object of a retired lend.
-    pub fn freed(&mut self, b: &LentBlock) -> Option<HostBlock> {
+    pub(crate) fn freed(&mut self, b: &LentBlock) -> Option<HostBlock> {
         let state = self.by_id.get_mut(&b.lend)?;
         if b.charged > 0 {
             state.objects.remove(&b.offset);
@@ -170,11 +170,13 @@ impl Lends {
     }
 
     /// Lends alive (current or waiting for their last object).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_id.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }
 }

@@ -4,15 +4,24 @@
 //! (through its `Session`, whoever the client is) and wires the actors together; the values
 //! they exchange are `vovp-types`'.
 
-pub mod allocator;
+#![warn(unreachable_pub, missing_debug_implementations)]
+
+mod allocator;
 mod answer;
 pub mod gpu;
-pub mod lends;
-pub mod memory_room;
-pub mod pipelined;
-pub mod segment;
-pub mod shared;
-pub mod table;
+mod lends;
+mod memory_room;
+mod pipelined;
+mod segment;
+mod shared;
+mod table;
 pub mod table_actor;
 
+pub use allocator::{
+    reserved_bytes, AllocatorActor, SegmentAllocator, SegmentFor, SegmentGrant, Writer,
+    RESIDENT_SLACK_PAGES,
+};
 pub use answer::{Answer, StoreFailure};
+pub use memory_room::{available_memory, BACKING_MARGIN};
+pub use segment::Segment;
+pub use shared::{SharedConfig, SharedFds};

@@ -153,7 +153,7 @@ const ROOM_TTL: Duration = Duration::from_millis(100);
 /// costs tens of microseconds on the daemon's one thread) or when a request would not fit the
 /// last reading, minus what was backed since.
 #[derive(Debug)]
-pub struct MachineRoom {
+pub(crate) struct MachineRoom {
     cgroups: Vec<Cgroup>,
     /// (when, bytes that could be backed then less what was backed since)
     reading: Option<(Instant, u64)>,
@@ -166,7 +166,7 @@ impl Default for MachineRoom {
 }
 
 impl MachineRoom {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         MachineRoom {
             cgroups: limited_cgroups(),
             reading: None,
@@ -186,13 +186,13 @@ impl MachineRoom {
     }
 
     /// Forgets the last reading (pages were given back, or time to look again).
-    pub fn invalidate(&mut self) {
+    pub(crate) fn invalidate(&mut self) {
         self.reading = None;
     }
 
     /// Whether `bytes` more can be backed now with [`BACKING_MARGIN`] to spare; if so, they are
     /// counted as taken. A machine whose room cannot be read at all is not refused.
-    pub fn take(&mut self, bytes: u64) -> bool {
+    pub(crate) fn take(&mut self, bytes: u64) -> bool {
         let fresh = |r: &Option<(Instant, u64)>| {
             r.is_some_and(|(at, room)| {
                 at.elapsed() < ROOM_TTL && room >= bytes.saturating_add(BACKING_MARGIN)
@@ -215,7 +215,7 @@ impl MachineRoom {
 
     /// What can be backed now with [`BACKING_MARGIN`] to spare (read again if the last
     /// reading is stale); `None` when the machine's room cannot be read.
-    pub fn available(&mut self) -> Option<u64> {
+    pub(crate) fn available(&mut self) -> Option<u64> {
         if self.reading.is_none_or(|(at, _)| at.elapsed() >= ROOM_TTL) {
             self.reading = Some((Instant::now(), self.read()?));
         }
@@ -224,7 +224,7 @@ impl MachineRoom {
     }
 
     /// The last reading, if any (for messages).
-    pub fn last(&self) -> Option<u64> {
+    pub(crate) fn last(&self) -> Option<u64> {
         self.reading.map(|(_, r)| r)
     }
 }

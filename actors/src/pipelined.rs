@@ -19,11 +19,11 @@ use vovp_types::HolderId;
 /// The most pipelined puts a client of this build has sent and not had answered (its cap on
 /// owed replies is 32), with room to spare. A hold table claiming more is not believed: a
 /// client writing its own count could otherwise make every miss wait.
-pub const MAX_IN_FLIGHT: u64 = 64;
+pub(crate) const MAX_IN_FLIGHT: u64 = 64;
 
 /// Pipelined puts applied per client, and the questions waiting for more.
 #[derive(Default)]
-pub struct PipelinedPuts {
+pub(crate) struct PipelinedPuts {
     applied: HashMap<HolderId, u64>,
     waiting: Vec<Barrier>,
     /// Pipelined puts applied, all clients together, readable outside the actor: a caller
@@ -44,7 +44,7 @@ impl PipelinedPuts {
     /// A barrier for `sent` (every client's sent count, from the hold tables), except the
     /// asking client's own puts (its connection's order already puts them first). `None`:
     /// nothing sent is unapplied, answer now.
-    pub fn barrier(
+    pub(crate) fn barrier(
         &mut self,
         asking: HolderId,
         sent: Vec<(HolderId, u64)>,
@@ -73,7 +73,7 @@ impl PipelinedPuts {
     }
 
     /// The count of all pipelined puts applied (see the field).
-    pub fn total(&self) -> Arc<AtomicU64> {
+    pub(crate) fn total(&self) -> Arc<AtomicU64> {
         self.total.clone()
     }
 
@@ -82,7 +82,7 @@ impl PipelinedPuts {
     }
 
     /// `holder`'s next pipelined put is applied (or failed).
-    pub fn applied_one(&mut self, holder: HolderId) {
+    pub(crate) fn applied_one(&mut self, holder: HolderId) {
         *self.applied.entry(holder).or_insert(0) += 1;
         self.total.fetch_add(1, Ordering::Release);
         if !self.waiting.is_empty() {
@@ -91,7 +91,7 @@ impl PipelinedPuts {
     }
 
     /// `holder` is gone: nothing more of it will be applied, and nobody waits for it.
-    pub fn forget(&mut self, holder: HolderId) {
+    pub(crate) fn forget(&mut self, holder: HolderId) {
         self.applied.remove(&holder);
         for b in &mut self.waiting {
             b.targets.retain(|&(h, _)| h != holder);

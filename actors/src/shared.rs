@@ -43,7 +43,7 @@ impl SharedConfig {
 
 /// Where a published object is in the directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Published {
+pub(crate) struct Published {
     pub index: usize,
     pub generation: u64,
 }
@@ -57,14 +57,14 @@ pub struct SharedFds {
 }
 
 /// The directory and the live clients' hold tables.
-pub struct Shared {
+pub(crate) struct Shared {
     directory: DirectoryRegion,
     tables: HashMap<HolderId, HoldRegion>,
     hold_slots: usize,
 }
 
 impl Shared {
-    pub fn new(config: SharedConfig) -> Result<Self, Error> {
+    pub(crate) fn new(config: SharedConfig) -> Result<Self, Error> {
         let directory = DirectoryRegion::create(config.directory_entries)
             .map_err(|e| Error::Memory(format!("creating the shared directory: {e}")))?;
         Ok(Shared {
@@ -75,7 +75,7 @@ impl Shared {
     }
 
     /// Gives `holder` a hold table (a second ask gives the same one) and the fds to map.
-    pub fn attach(&mut self, holder: HolderId) -> Result<SharedFds, Error> {
+    pub(crate) fn attach(&mut self, holder: HolderId) -> Result<SharedFds, Error> {
         let table = match self.tables.entry(holder) {
             std::collections::hash_map::Entry::Occupied(t) => t.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(
@@ -96,7 +96,7 @@ impl Shared {
 
     /// Whether `holder` has mapped its hold table and declared that it counts its puts into
     /// its lend there (vovp-shm's `lend` handshake): only such a client may be lent memory.
-    pub fn takes_part_in_lends(&self, holder: HolderId) -> bool {
+    pub(crate) fn takes_part_in_lends(&self, holder: HolderId) -> bool {
         self.tables
             .get(&holder)
             .is_some_and(|t| t.lend_revoker().client_takes_part())
@@ -104,14 +104,14 @@ impl Shared {
 
     /// Marks `holder`'s lend `lend` taken back; `true` when no put of it writes into the lend,
     /// so it may be retired now (vovp-shm's `lend` handshake). `false` without a hold table.
-    pub fn revoke_lend(&self, holder: HolderId, lend: u64) -> bool {
+    pub(crate) fn revoke_lend(&self, holder: HolderId, lend: u64) -> bool {
         self.tables
             .get(&holder)
             .is_some_and(|t| t.lend_revoker().revoke(lend))
     }
 
     /// Clears `holder`'s revocation mark: it asked for a new lend, so it writes into none.
-    pub fn clear_lend_revocation(&self, holder: HolderId) {
+    pub(crate) fn clear_lend_revocation(&self, holder: HolderId) {
         if let Some(t) = self.tables.get(&holder) {
             t.lend_revoker().clear();
         }
@@ -119,7 +119,7 @@ impl Shared {
 
     /// (holder, pipelined puts it says it sent) of every table with a nonzero count
     /// (vovp-shm's `sent`).
-    pub fn puts_sent(&self) -> Vec<(HolderId, u64)> {
+    pub(crate) fn puts_sent(&self) -> Vec<(HolderId, u64)> {
         self.tables
             .iter()
             .map(|(h, t)| (*h, t.puts_sent()))
@@ -128,18 +128,18 @@ impl Shared {
     }
 
     /// The holder is gone: its holds no longer pin anything.
-    pub fn detach(&mut self, holder: HolderId) -> bool {
+    pub(crate) fn detach(&mut self, holder: HolderId) -> bool {
         self.tables.remove(&holder).is_some()
     }
 
     /// The directory's read-only fd (the embedded engine maps it to read like a client).
-    pub fn directory_fd(&self) -> &File {
+    pub(crate) fn directory_fd(&self) -> &File {
         self.directory.read_only_fd()
     }
 
     /// Publishes a sealed host object; `None` when it cannot be (directory full): its gets then
     /// take the socket path, which is always correct.
-    pub fn publish(&mut self, p: &Publish<'_>) -> Option<Published> {
+    pub(crate) fn publish(&mut self, p: &Publish<'_>) -> Option<Published> {
         let most = self.directory.capacity() / 4 * 3;
         let mut writer = self.directory.writer();
         // Three quarters full at most: linear probing stays short (and a full table would
@@ -157,7 +157,7 @@ impl Shared {
     }
 
     /// Takes an object out of the directory: no new hold on it can validate after this.
-    pub fn unpublish(&mut self, p: Published) {
+    pub(crate) fn unpublish(&mut self, p: Published) {
         if let Err(e) = self.directory.writer().unpublish(p.index, p.generation) {
             // Only a table bug gets here: the table unpublishes each publication once.
             tracing::error!("shared directory out of step with the table: {e}");
@@ -166,7 +166,7 @@ impl Shared {
 
     /// Whether any client's table names `generation`. The caller unpublished it first; the
     /// fence orders that against the clients' hold-then-revalidate (vovp-shm's argument).
-    pub fn is_held(&self, generation: u64) -> bool {
+    pub(crate) fn is_held(&self, generation: u64) -> bool {
         fence(Ordering::SeqCst);
         self.tables
             .values()
@@ -174,7 +174,7 @@ impl Shared {
     }
 
     /// Every generation some table names now (after the fence, as [`Shared::is_held`]).
-    pub fn held(&self) -> HashSet<u64> {
+    pub(crate) fn held(&self) -> HashSet<u64> {
         fence(Ordering::SeqCst);
         self.views()
             .flat_map(|v| v.scan().map(|s| s.generation))
@@ -182,7 +182,7 @@ impl Shared {
     }
 
     /// Holds per generation (STATS, `list`). A snapshot.
-    pub fn hold_counts(&self) -> HashMap<u64, u32> {
+    pub(crate) fn hold_counts(&self) -> HashMap<u64, u32> {
         let mut counts = HashMap::new();
         for s in self.views().flat_map(|v| v.scan()) {
             *counts.entry(s.generation).or_insert(0) += 1;
@@ -191,7 +191,7 @@ impl Shared {
     }
 
     /// Holders with at least one hold now.
-    pub fn holders_holding(&self) -> HashSet<HolderId> {
+    pub(crate) fn holders_holding(&self) -> HashSet<HolderId> {
         self.tables
             .iter()
             .filter(|(_, t)| t.view().scan().next().is_some())
@@ -200,7 +200,7 @@ impl Shared {
     }
 
     /// (object id, access stamp) of every slot's last get, held or released (the LRU fold).
-    pub fn stamps(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn stamps(&self) -> Vec<(u64, u64)> {
         self.views().flat_map(|v| v.stamps()).collect()
     }
 

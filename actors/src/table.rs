@@ -23,7 +23,7 @@ use vovp_types::*;
 
 /// The memory behind one object, returned to its allocator when the object goes.
 #[derive(Clone, Copy, Debug)]
-pub enum Block {
+pub(crate) enum Block {
     Host(HostBlock),
     Cuda(DeviceBlock),
     /// Part of a block lent to a client (LEND), which wrote the object there itself: freeing
@@ -33,7 +33,7 @@ pub enum Block {
 
 /// Where an object published from a lend lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LentBlock {
+pub(crate) struct LentBlock {
     pub lend: u64,
     pub segment: u32,
     pub offset: u64,
@@ -42,7 +42,7 @@ pub struct LentBlock {
 }
 
 impl Block {
-    pub fn location(&self) -> Location {
+    pub(crate) fn location(&self) -> Location {
         match self {
             Block::Host(h) => Location::Host {
                 segment: h.segment,
@@ -56,7 +56,7 @@ impl Block {
         }
     }
 
-    pub fn pool(&self) -> Pool {
+    pub(crate) fn pool(&self) -> Pool {
         match self {
             Block::Host(_) | Block::Lent(_) => Pool::Host,
             Block::Cuda(d) => Pool::Cuda(d.device),
@@ -64,7 +64,7 @@ impl Block {
     }
 
     /// Bytes the object counts against its pool's capacity (what evicting it frees).
-    pub fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         match self {
             Block::Host(h) => h.charged,
             Block::Cuda(d) => d.size,
@@ -75,7 +75,7 @@ impl Block {
 
 /// A memory pool with its own capacity and its own LRU: host memory, or one GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Pool {
+pub(crate) enum Pool {
     Host,
     Cuda(u32),
 }
@@ -127,9 +127,9 @@ impl Entry {
 }
 
 /// Results of a batched get, in request order (`None`: not sealed in time).
-pub type GetResults = Vec<Option<ObjectRef>>;
+pub(crate) type GetResults = Vec<Option<ObjectRef>>;
 
-pub type WaiterId = u64;
+pub(crate) type WaiterId = u64;
 
 struct PendingGet {
     holder: HolderId,
@@ -140,30 +140,25 @@ struct PendingGet {
 }
 
 /// A waiting get that is now complete: the actor sends its results.
-pub struct CompletedGet {
+pub(crate) struct CompletedGet {
     pub holder: HolderId,
     pub results: GetResults,
     pub reply: oneshot::Sender<GetResults>,
 }
 
-/// How a get started.
-pub enum GetStart {
-    /// Every name was sealed already (or the caller would not wait).
-    Done(GetResults),
-    /// Some names are missing; the results come through the receiver given at start.
-    Waiting(WaiterId),
-}
-
 /// An object that left the table and whose memory must go back to its allocator.
 #[derive(Debug)]
-pub struct Freed {
+pub(crate) struct Freed {
     pub block: Block,
+    /// Which object it was: the tests check it, logs print it (`Debug`).
+    #[allow(dead_code)]
     pub name: ObjectName,
+    #[allow(dead_code)]
     pub size: u64,
 }
 
 #[derive(Default)]
-pub struct ObjectTable {
+pub(crate) struct ObjectTable {
     objects: Slab<Entry>,
     by_name: HashMap<ObjectName, usize>,
     holders: HashMap<HolderId, HashMap<usize, u32>>,
@@ -187,13 +182,13 @@ pub struct ObjectTable {
 }
 
 impl ObjectTable {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// A table that publishes its sealed host objects in `shared` (clients then get them
     /// without a message while their hold tables pin them).
-    pub fn with_shared(shared: Shared) -> Self {
+    pub(crate) fn with_shared(shared: Shared) -> Self {
         ObjectTable {
             shared: Some(shared),
             ..Self::default()
@@ -201,13 +196,13 @@ impl ObjectTable {
     }
 
     /// Gives `holder` its hold table and the directory to map (`None`: not publishing).
-    pub fn attach_shared(&mut self, holder: HolderId) -> Option<Result<SharedFds, Error>> {
+    pub(crate) fn attach_shared(&mut self, holder: HolderId) -> Option<Result<SharedFds, Error>> {
         Some(self.shared.as_mut()?.attach(holder))
     }
 
     /// Whether `holder` has a hold table and takes part in the lend handshake there: only such
     /// a client can be lent memory, because a lend is taken back through it.
-    pub fn takes_part_in_lends(&self, holder: HolderId) -> bool {
+    pub(crate) fn takes_part_in_lends(&self, holder: HolderId) -> bool {
         self.shared
             .as_ref()
             .is_some_and(|s| s.takes_part_in_lends(holder))
@@ -215,14 +210,14 @@ impl ObjectTable {
 
     /// Takes `holder`'s lend `lend` back if no put of it writes into the lend: `true` when it
     /// may be retired now.
-    pub fn revoke_lend(&self, holder: HolderId, lend: u64) -> bool {
+    pub(crate) fn revoke_lend(&self, holder: HolderId, lend: u64) -> bool {
         self.shared
             .as_ref()
             .is_some_and(|s| s.revoke_lend(holder, lend))
     }
 
     /// `holder` asked for a new lend: no revocation mark stands in its way.
-    pub fn clear_lend_revocation(&self, holder: HolderId) {
+    pub(crate) fn clear_lend_revocation(&self, holder: HolderId) {
         if let Some(s) = self.shared.as_ref() {
             s.clear_lend_revocation(holder);
         }
@@ -230,7 +225,7 @@ impl ObjectTable {
 
     /// (holder, pipelined puts it says it sent) of every client with a hold table and a
     /// nonzero count ([`crate::pipelined`]).
-    pub fn puts_sent(&self) -> Vec<(HolderId, u64)> {
+    pub(crate) fn puts_sent(&self) -> Vec<(HolderId, u64)> {
         self.shared
             .as_ref()
             .map(Shared::puts_sent)
@@ -238,7 +233,7 @@ impl ObjectTable {
     }
 
     /// The directory's read-only fd, when publishing.
-    pub fn shared_directory(&self) -> Option<&std::fs::File> {
+    pub(crate) fn shared_directory(&self) -> Option<&std::fs::File> {
         self.shared.as_ref().map(Shared::directory_fd)
     }
 
@@ -270,12 +265,12 @@ impl ObjectTable {
     }
 
     /// Notifications recorded since the last call.
-    pub fn take_events(&mut self) -> Vec<Notification> {
+    pub(crate) fn take_events(&mut self) -> Vec<Notification> {
         std::mem::take(&mut self.events)
     }
 
     /// Fails when `name` is taken (sealed or not). Deleted-but-referenced objects do not count.
-    pub fn check_name_free(&self, name: &ObjectName) -> Result<(), Error> {
+    pub(crate) fn check_name_free(&self, name: &ObjectName) -> Result<(), Error> {
         if self.by_name.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
@@ -283,7 +278,7 @@ impl ObjectTable {
     }
 
     /// Adds an unsealed object in `block`; the creator holds one reference.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         name: ObjectName,
         size: u64,
@@ -336,7 +331,7 @@ impl ObjectTable {
     /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
     /// outlived its aborted object cannot seal a newer object of the same name (`NotFound`).
     /// Returns the gets that were waiting for it and are now complete.
-    pub fn seal(
+    pub(crate) fn seal(
         &mut self,
         name: &ObjectName,
         holder: HolderId,
@@ -442,7 +437,7 @@ impl ObjectTable {
     /// (deleted ones) or published again and back in the LRU (ones whose eviction a hold
     /// prevented). Run when memory is short, when a client goes, and on the table actor's
     /// timer while any entry is parked.
-    pub fn collect_parked(&mut self) -> Vec<Freed> {
+    pub(crate) fn collect_parked(&mut self) -> Vec<Freed> {
         if self.parked.is_empty() {
             return Vec::new();
         }
@@ -471,7 +466,7 @@ impl ObjectTable {
     }
 
     /// Entries waiting for clients' holds to go.
-    pub fn parked(&self) -> usize {
+    pub(crate) fn parked(&self) -> usize {
         self.parked.len()
     }
 
@@ -511,7 +506,7 @@ impl ObjectTable {
     /// the creator's release, like a deleted object's (the embedded engine, whose creator may
     /// still hold a writable buffer of it: freed now, that buffer would write into whatever
     /// object gets the memory next).
-    pub fn abort(
+    pub(crate) fn abort(
         &mut self,
         name: &ObjectName,
         holder: HolderId,
@@ -569,7 +564,7 @@ impl ObjectTable {
     }
 
     /// A reference to `name` if it is sealed now.
-    pub fn get_now(&mut self, name: &ObjectName, holder: HolderId) -> Option<ObjectRef> {
+    pub(crate) fn get_now(&mut self, name: &ObjectName, holder: HolderId) -> Option<ObjectRef> {
         let key = *self.by_name.get(name)?;
         if !self.objects[key].sealed {
             return None;
@@ -579,7 +574,7 @@ impl ObjectTable {
 
     /// Gets every name; when some are missing and `wait` is set, registers a waiter whose
     /// results go to `reply` (as soon as all are sealed, or at timeout through `finish_waiter`).
-    pub fn begin_get(
+    pub(crate) fn begin_get(
         &mut self,
         holder: HolderId,
         names: Vec<ObjectName>,
@@ -615,7 +610,7 @@ impl ObjectTable {
     }
 
     /// Ends a waiting get (timeout): its partial results, or `None` if it completed already.
-    pub fn finish_waiter(&mut self, waiter: WaiterId) -> Option<CompletedGet> {
+    pub(crate) fn finish_waiter(&mut self, waiter: WaiterId) -> Option<CompletedGet> {
         let p = self.pending.remove(&waiter)?;
         for n in &p.names {
             if let Some(w) = self.waiters.get_mut(n) {
@@ -634,7 +629,11 @@ impl ObjectTable {
 
     /// Drops one reference of `holder` to object `id`. Returns the memory to free when that was
     /// the last reference of a deleted, ephemeral or unsealed object.
-    pub fn release(&mut self, id: ObjectId, holder: HolderId) -> Result<Option<Freed>, Error> {
+    pub(crate) fn release(
+        &mut self,
+        id: ObjectId,
+        holder: HolderId,
+    ) -> Result<Option<Freed>, Error> {
         let key = self.key_of(id).ok_or(Error::NotHeld(id.get()))?;
         let held = self
             .holders
@@ -699,7 +698,7 @@ impl ObjectTable {
 
     /// Deletes `name`: the name is free at once; the memory is returned now if nobody holds the
     /// object, else when its last holder releases it.
-    pub fn delete(&mut self, name: &ObjectName) -> Result<Option<Freed>, Error> {
+    pub(crate) fn delete(&mut self, name: &ObjectName) -> Result<Option<Freed>, Error> {
         let key = self.named_key(name)?;
         if !self.objects[key].sealed {
             return Err(Error::NotSealed(name.to_string()));
@@ -722,7 +721,7 @@ impl ObjectTable {
 
     /// Releases everything `holder` holds (its connection went away): references dropped,
     /// unsealed objects it created aborted, its waiting gets cancelled.
-    pub fn release_holder(&mut self, holder: HolderId) -> Vec<Freed> {
+    pub(crate) fn release_holder(&mut self, holder: HolderId) -> Vec<Freed> {
         let mut freed = Vec::new();
         // Its hold table goes first: a dead client's holds pin nothing.
         if self.shared.as_mut().is_some_and(|s| s.detach(holder)) {
@@ -747,12 +746,12 @@ impl ObjectTable {
     }
 
     /// Objects that eviction could free in `pool` now.
-    pub fn evictable_objects(&self, pool: Pool) -> usize {
+    pub(crate) fn evictable_objects(&self, pool: Pool) -> usize {
         self.lru.get(&pool).map_or(0, BTreeMap::len)
     }
 
     /// Bytes that eviction could free in `pool` now.
-    pub fn evictable_bytes(&self, pool: Pool) -> u64 {
+    pub(crate) fn evictable_bytes(&self, pool: Pool) -> u64 {
         self.evictable.get(&pool).copied().unwrap_or(0)
     }
 
@@ -763,7 +762,7 @@ impl ObjectTable {
     /// checked again (a client may have taken a hold between the first look and the
     /// unpublish): those now held are parked instead of evicted, and the next candidates
     /// tried, so every round either evicts, parks or stops.
-    pub fn evict(&mut self, pool: Pool, bytes: u64) -> Vec<Freed> {
+    pub(crate) fn evict(&mut self, pool: Pool, bytes: u64) -> Vec<Freed> {
         self.fold_access_stamps();
         let mut held = self.held_generations();
         let mut freed = Vec::new();
@@ -846,13 +845,13 @@ impl ObjectTable {
     }
 
     /// True when `name` is sealed and present.
-    pub fn contains(&self, name: &ObjectName) -> bool {
+    pub(crate) fn contains(&self, name: &ObjectName) -> bool {
         self.by_name
             .get(name)
             .is_some_and(|&k| self.objects[k].sealed)
     }
 
-    pub fn list(&self) -> Vec<ObjectInfo> {
+    pub(crate) fn list(&self) -> Vec<ObjectInfo> {
         let holds = self.hold_counts();
         let mut v: Vec<ObjectInfo> = self
             .by_name
@@ -896,7 +895,7 @@ impl ObjectTable {
     /// cursor of the next one (`None` after the last). The cost is that of the page, not of the
     /// table, and objects created or removed between pages may or may not be seen (no
     /// snapshot), but every object present throughout is listed exactly once.
-    pub fn list_page(
+    pub(crate) fn list_page(
         &self,
         start: u64,
         limit: usize,
@@ -925,7 +924,7 @@ impl ObjectTable {
     }
 
     /// Counters (capacity and used bytes are the allocator's and are filled by the caller).
-    pub fn stats(&self) -> StoreStats {
+    pub(crate) fn stats(&self) -> StoreStats {
         let holds = self.hold_counts();
         let holding = self
             .shared
@@ -965,7 +964,7 @@ impl ObjectTable {
     }
 
     /// Checks the table's internal invariants (tests and debug builds).
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
         let mut counted: HashMap<usize, u32> = HashMap::new();
         for held in self.holders.values() {
             for (&k, &c) in held {
@@ -1004,11 +1003,13 @@ impl ObjectTable {
     }
 
     /// Number of entries (named or waiting for their last holder).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.objects.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.objects.is_empty()
     }
 }

@@ -55,6 +55,13 @@ pub struct ObjectTableActor {
     pipelined: PipelinedPuts,
 }
 
+impl std::fmt::Debug for ObjectTableActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The actor's state is large and changes under the caller; its name is what a log needs.
+        f.debug_struct("ObjectTableActor").finish_non_exhaustive()
+    }
+}
+
 impl ObjectTableActor {
     /// How many pipelined puts this actor has applied, ever ([`crate::pipelined`]).
     pub fn pipelined_puts_applied(&self) -> Arc<std::sync::atomic::AtomicU64> {
@@ -431,6 +438,7 @@ impl ObjectTableActor {
 }
 
 /// Create an unsealed object; the creator holds one reference and writes the bytes.
+#[derive(Debug)]
 pub struct Create {
     pub holder: HolderId,
     /// A client that writes the bytes through its own mapping (its objects go into its own
@@ -501,6 +509,7 @@ impl Message<Create> for ObjectTableActor {
 }
 
 /// Seal an object: immutable and visible from now on; waiting gets are answered.
+#[derive(Debug)]
 pub struct Seal {
     pub holder: HolderId,
     pub name: ObjectName,
@@ -521,6 +530,7 @@ impl Message<Seal> for ObjectTableActor {
 }
 
 /// Abort an unsealed object and free its memory.
+#[derive(Debug)]
 pub struct Abort {
     pub holder: HolderId,
     pub name: ObjectName,
@@ -541,6 +551,7 @@ impl Message<Abort> for ObjectTableActor {
 }
 
 /// Create, copy and seal a host object in one message (small payloads: one round trip).
+#[derive(Debug)]
 pub struct PutInline {
     pub holder: HolderId,
     pub name: ObjectName,
@@ -600,6 +611,7 @@ impl ObjectTableActor {
 
 /// A pipelined put of `holder` that failed before reaching the table (its request was
 /// refused on the way): done, as far as waiting misses are concerned.
+#[derive(Debug)]
 pub struct PipelinedPutRefused {
     pub holder: HolderId,
 }
@@ -615,6 +627,7 @@ impl Message<PipelinedPutRefused> for ObjectTableActor {
 /// Before `holder` is told that a name is missing: the other clients' pipelined puts sent
 /// before (their hold tables' counts) that are not applied yet. `None`: none, answer now;
 /// else the receiver fires once they are all applied (or their clients gone).
+#[derive(Debug)]
 pub struct AwaitSentPuts {
     pub holder: HolderId,
 }
@@ -632,6 +645,7 @@ impl Message<AwaitSentPuts> for ObjectTableActor {
 }
 
 /// Lend `holder` a part of its own arena (its previous lend takes no new object).
+#[derive(Debug)]
 pub struct TakeLend {
     pub holder: HolderId,
     /// The block the client wants to write next (data padded to 64 bytes, then metadata).
@@ -688,6 +702,7 @@ impl Message<TakeLend> for ObjectTableActor {
 }
 
 /// Make the bytes a client wrote into its lend a sealed object (create + seal in one message).
+#[derive(Debug)]
 pub struct Publish {
     pub holder: HolderId,
     pub lend: u64,
@@ -733,6 +748,7 @@ impl Message<Publish> for ObjectTableActor {
 
 /// Get a batch of objects. `wait`: `None` answers at once; `Some(d)` waits up to `d` for names
 /// not sealed yet. The reply is a receiver that yields the results (in request order).
+#[derive(Debug)]
 pub struct Get {
     pub holder: HolderId,
     pub names: Vec<ObjectName>,
@@ -771,6 +787,7 @@ impl Message<Get> for ObjectTableActor {
 }
 
 /// Internal: a waiting get reached its timeout.
+#[derive(Debug)]
 pub struct WaiterTimedOut(pub WaiterId);
 
 impl Message<WaiterTimedOut> for ObjectTableActor {
@@ -785,6 +802,7 @@ impl Message<WaiterTimedOut> for ObjectTableActor {
 
 /// Drop references (one per id). All ids are processed; the first error is returned as a value
 /// (not an `Err`: a failed `tell` would stop the actor, and releases are mostly told).
+#[derive(Debug)]
 pub struct Release {
     pub holder: HolderId,
     pub ids: Vec<ObjectId>,
@@ -812,6 +830,7 @@ impl Message<Release> for ObjectTableActor {
 }
 
 /// Delete a sealed object (deferred while referenced).
+#[derive(Debug)]
 pub struct Delete {
     pub name: ObjectName,
 }
@@ -829,6 +848,7 @@ impl Message<Delete> for ObjectTableActor {
 }
 
 /// Is `name` sealed and present?
+#[derive(Debug)]
 pub struct Contains {
     pub name: ObjectName,
 }
@@ -842,6 +862,7 @@ impl Message<Contains> for ObjectTableActor {
 }
 
 /// Every named object.
+#[derive(Debug)]
 pub struct List;
 
 impl Message<List> for ObjectTableActor {
@@ -854,6 +875,7 @@ impl Message<List> for ObjectTableActor {
 
 /// One page of the object list (see [`ObjectTable::list_page`]); the reply's cursor is `None`
 /// after the last page.
+#[derive(Debug)]
 pub struct ListPage {
     pub start: u64,
     pub limit: usize,
@@ -872,6 +894,7 @@ impl Message<ListPage> for ObjectTableActor {
 }
 
 /// Evict at least `bytes` of unreferenced host objects (LRU first); replies the bytes freed.
+#[derive(Debug)]
 pub struct Evict {
     pub bytes: u64,
 }
@@ -890,6 +913,7 @@ impl Message<Evict> for ObjectTableActor {
 }
 
 /// Counters of the store.
+#[derive(Debug)]
 pub struct Stats;
 
 impl Message<Stats> for ObjectTableActor {
@@ -905,6 +929,7 @@ impl Message<Stats> for ObjectTableActor {
 }
 
 /// A holder went away: release all it held, abort what it left unsealed.
+#[derive(Debug)]
 pub struct ReleaseHolder {
     pub holder: HolderId,
 }
@@ -929,6 +954,7 @@ impl Message<ReleaseHolder> for ObjectTableActor {
 }
 
 /// Internal (the parked timer): free or re-publish parked objects no hold table names now.
+#[derive(Debug)]
 pub struct CollectParked;
 
 impl Message<CollectParked> for ObjectTableActor {
@@ -944,6 +970,7 @@ impl Message<CollectParked> for ObjectTableActor {
 
 /// A holder's hold table and the shared directory's fd, to hand to a client (`None`: the store
 /// does not publish).
+#[derive(Debug)]
 pub struct AttachShared {
     pub holder: HolderId,
 }
@@ -958,6 +985,7 @@ impl Message<AttachShared> for ObjectTableActor {
 
 /// The shared directory's read-only fd, duplicated (the embedded engine reads it as a
 /// client does); `None`: the store does not publish.
+#[derive(Debug)]
 pub struct SharedDirectory;
 
 impl Message<SharedDirectory> for ObjectTableActor {
@@ -975,6 +1003,7 @@ impl Message<SharedDirectory> for ObjectTableActor {
 }
 
 /// Subscribe to seal/delete/evict notifications.
+#[derive(Debug)]
 pub struct Subscribe;
 
 impl Message<Subscribe> for ObjectTableActor {
@@ -993,6 +1022,7 @@ impl Message<Subscribe> for ObjectTableActor {
 }
 
 /// Check the table's invariants (tests).
+#[derive(Debug)]
 pub struct CheckInvariants;
 
 impl Message<CheckInvariants> for ObjectTableActor {

@@ -12,7 +12,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use vovp::{Config, CreateOptions, Engine, Store};
-use vovp_actors::allocator::SegmentAllocator;
+use vovp_actors::SegmentAllocator;
 
 const MIB: u64 = 1 << 20;
 

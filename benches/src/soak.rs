@@ -889,7 +889,7 @@ const FUZZER_QUIET_END: Duration = Duration::from_secs(2);
 /// in whole pages and keeps it within `-m` + `RESIDENT_SLACK_PAGES` pages (partly used pages of
 /// objects that are not page-aligned). Before it did, partly used pages piled up at the ends of
 /// punched ranges: 744 KiB over 64 MiB in the 10-minute soak, which this check now fails.
-const MEMFD_SLACK: u64 = vovp_actors::allocator::RESIDENT_SLACK_PAGES * 4096;
+const MEMFD_SLACK: u64 = vovp_actors::RESIDENT_SLACK_PAGES * 4096;
 
 /// Bytes allocated to the daemon's memfds (the store's segments and arenas), whoever touched
 /// them: RSS only counts the pages the daemon itself mapped, while clients write most objects.

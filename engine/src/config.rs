@@ -60,6 +60,13 @@ impl Default for Config {
 }
 
 /// Parses `1000000`, `64K`, `512M`, `1G`, `2T` (binary multiples; `B`/`iB` suffixes allowed).
+///
+/// ```
+/// assert_eq!(vovp::parse_size("512M")?, 512 << 20);
+/// assert_eq!(vovp::parse_size("1GiB")?, 1 << 30);
+/// assert!(vovp::parse_size("1.5G").is_err());
+/// # Ok::<(), vovp::Error>(())
+/// ```
 pub fn parse_size(text: &str) -> Result<u64, Error> {
     let t = text.trim();
     let t = t

@@ -20,6 +20,7 @@
 #![warn(unreachable_pub, missing_debug_implementations)]
 
 mod config;
+mod core;
 mod engine;
 mod session;
 mod shared_reads;
@@ -29,9 +30,9 @@ pub use engine::{Engine, EngineHandle};
 pub use session::{PutOptions, Session, Subscription};
 pub use vovp_types::*;
 
-pub use vovp_actors::allocator::SegmentGrant;
-pub use vovp_actors::memory_room::{available_memory, BACKING_MARGIN};
-pub use vovp_actors::segment::Segment;
-pub use vovp_actors::shared::SharedFds;
+pub use vovp_actors::Segment;
+pub use vovp_actors::SegmentGrant;
+pub use vovp_actors::SharedFds;
+pub use vovp_actors::{available_memory, BACKING_MARGIN};
 pub use vovp_gpu::{CudaStore, GpuConfig};
 pub use vovp_shm::copy::parallel_copy;

@@ -9,16 +9,16 @@ use std::time::Duration;
 use vovp_actors::Answer;
 
 use tokio::sync::mpsc;
-use vovp_actors::allocator::{SegmentFor, SegmentGrant, Writer};
-use vovp_actors::segment::Segment;
-use vovp_actors::shared::SharedFds;
 use vovp_actors::table_actor as msg;
+use vovp_actors::Segment;
+use vovp_actors::SharedFds;
+use vovp_actors::{SegmentFor, SegmentGrant, Writer};
 use vovp_types::{
     CreateOptions, HolderId, Lend, Location, Notification, ObjectId, ObjectInfo, ObjectName,
     ObjectRef, StoreStats,
 };
 
-use crate::engine::{block_on, Core};
+use crate::core::{block_on, Core};
 use crate::{Config, Error, MAX_INLINE_PUT};
 use vovp_types::{Mapped, ObjectSink};
 

@@ -13,6 +13,8 @@
 //! and cut into 256-byte-aligned blocks. A [`DeviceBlock`] is (pool handle, offset, size); a client
 //! maps each pool once and reaches every block by offset.
 
+#![warn(unreachable_pub, missing_debug_implementations)]
+
 mod driver;
 pub mod ipc;
 mod pool;
@@ -26,6 +28,7 @@ use vovp_types::{CreateOptions, DType, Device, Error, Store, TensorMeta};
 
 /// Errors of the GPU actor.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GpuError {
     /// No usable CUDA driver or device; the reason says which.
     #[error("GPU unavailable: {0}")]

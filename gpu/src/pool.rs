@@ -162,6 +162,15 @@ pub struct Pools {
     devices: HashMap<u32, DevicePools>,
 }
 
+impl std::fmt::Debug for Pools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pools")
+            .field("config", &self.config)
+            .field("usage", &self.usage())
+            .finish()
+    }
+}
+
 impl Pools {
     pub fn new(config: GpuConfig) -> Self {
         Pools {

@@ -25,6 +25,13 @@ const MIN_CHUNK: usize = 128 * 1024;
 
 /// Copies `src` into `dst` (same length), in parallel when large.
 ///
+/// ```
+/// let src = vec![7u8; 3 << 20];
+/// let mut dst = vec![0u8; src.len()];
+/// vovp_shm::copy::parallel_copy(&mut dst, &src); // 3 MiB: split across the rayon pool
+/// assert_eq!(dst, src);
+/// ```
+///
 /// # Panics
 /// If the lengths differ (a caller bug, never client-controlled).
 pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {

@@ -16,6 +16,7 @@ use crate::layout::{
     name_hash, name_word, DirHeader, Entry, NAME_MAX, STATE_EMPTY, STATE_LIVE, STATE_TOMBSTONE,
 };
 use crate::sync::{fence, spin};
+use crate::{low32, to_usize};
 
 /// How many times a reader re-reads an entry the store is writing before giving up. Under
 /// loom two tries already cover "retry once, then give up"; more only multiplies the
@@ -51,7 +52,7 @@ impl Snapshot {
             seq,
             object_id: e.object_id.load(Relaxed),
             generation: e.generation.load(Relaxed),
-            segment: e.segment_name_len.load(Relaxed) as u32,
+            segment: low32(e.segment_name_len.load(Relaxed)),
             offset: e.offset.load(Relaxed),
             size: e.size.load(Relaxed),
             meta_offset: e.meta_offset.load(Relaxed),
@@ -92,7 +93,7 @@ enum Probe {
 }
 
 /// Read side: what every client (and the store itself) looks names up with.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct Directory<'a> {
     entries: &'a [Entry],
 }
@@ -116,7 +117,7 @@ impl<'a> Directory<'a> {
         }
         let hash = name_hash(name);
         let mask = self.entries.len() - 1;
-        let start = hash as usize & mask;
+        let start = to_usize(hash) & mask;
         for step in 0..self.entries.len() {
             let index = (start + step) & mask;
             match read_entry(&self.entries[index], index, hash, name) {
@@ -178,6 +179,7 @@ fn read_entry(e: &Entry, index: usize, hash: u64, name: &[u8]) -> Option<Probe> 
 
 /// Write side: the store's, and only one at a time (`&mut self`). All its reads are of words
 /// only it writes, so relaxed loads see its own last writes.
+#[derive(Debug)]
 pub struct DirectoryWriter<'a> {
     header: &'a DirHeader,
     entries: &'a [Entry],
@@ -194,7 +196,7 @@ impl<'a> DirectoryWriter<'a> {
     }
 
     pub fn live(&self) -> usize {
-        self.header.live.load(Relaxed) as usize
+        to_usize(self.header.live.load(Relaxed))
     }
 
     /// Publishes a sealed object under `p.name`; returns `(entry index, generation)`. The
@@ -215,7 +217,7 @@ impl<'a> DirectoryWriter<'a> {
         }
         let hash = name_hash(p.name);
         let mask = self.entries.len() - 1;
-        let start = hash as usize & mask;
+        let start = to_usize(hash) & mask;
         let mut free = None;
         for step in 0..self.entries.len() {
             let index = (start + step) & mask;

@@ -1,5 +1,6 @@
 /// What can go wrong building, mapping or using a directory or a hold table.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ShmError {
     #[error("the directory is full: all {capacity} entries are live")]
     DirectoryFull { capacity: usize },

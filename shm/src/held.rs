@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use vovp_types::{Error, Location, ObjectId, ObjectName, ObjectRef, ObjectSink, ObjectView};
 
-use crate::{SharedReader, Snapshot};
+use crate::{to_usize, SharedReader, Snapshot};
 
 /// A host segment as mapped in this process.
 #[derive(Debug)]
@@ -54,10 +54,10 @@ pub unsafe fn held_view(
         // create, immutable since its seal, pinned by the hold).
         let (data, metadata) = unsafe {
             (
-                map.base.add(s.offset as usize),
+                map.base.add(to_usize(s.offset)),
                 std::slice::from_raw_parts(
-                    map.base.add(s.meta_offset as usize),
-                    s.meta_len as usize,
+                    map.base.add(to_usize(s.meta_offset)),
+                    to_usize(s.meta_len),
                 ),
             )
         };

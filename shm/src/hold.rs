@@ -54,9 +54,10 @@ pub enum Get {
 /// store never writes the table), so finding a slot costs no shared-memory traffic. It is a
 /// queue, not a stack: a released slot is reused last, so the access stamp it keeps for the
 /// store's LRU fold survives as many gets as the table has slots.
+#[derive(Debug)]
 pub struct Holds<'a> {
     slots: &'a [HoldSlot],
-    free: VecDeque<u32>,
+    free: VecDeque<usize>,
     /// The table header's `holding` count: kept equal to the number of slots in use, so the
     /// store may skip the table when it is 0 ([`HoldsView::counted`]). Raised before a hold's
     /// fence, lowered after its release, so whenever a slot names a generation it is not 0.
@@ -70,15 +71,15 @@ impl<'a> Holds<'a> {
     /// be this client's own earlier holds (a table re-opened by the same client, already
     /// counted) and are left alone.
     pub fn new(slots: &'a [HoldSlot], holding: &'a AtomicU64) -> Self {
-        let free = (0..slots.len() as u32)
-            .filter(|&i| slots[i as usize].generation.load(Relaxed) == 0)
+        let free = (0..slots.len())
+            .filter(|&i| slots[i].generation.load(Relaxed) == 0)
             .collect();
         Holds::with_free(slots, free, holding)
     }
 
     /// A table whose free-slot list the caller kept from an earlier [`Holds::into_free`]
     /// (an owner that keeps the mapping keeps the list, instead of rescanning every slot).
-    pub fn with_free(slots: &'a [HoldSlot], free: VecDeque<u32>, holding: &'a AtomicU64) -> Self {
+    pub fn with_free(slots: &'a [HoldSlot], free: VecDeque<usize>, holding: &'a AtomicU64) -> Self {
         Holds {
             slots,
             free,
@@ -87,7 +88,7 @@ impl<'a> Holds<'a> {
     }
 
     /// The free-slot list, for [`Holds::with_free`].
-    pub fn into_free(self) -> VecDeque<u32> {
+    pub fn into_free(self) -> VecDeque<usize> {
         self.free
     }
 
@@ -135,7 +136,7 @@ impl<'a> Holds<'a> {
                 slots: self.slots.len(),
             });
         };
-        let s = &self.slots[slot as usize];
+        let s = &self.slots[slot];
         s.object_id.store(snapshot.object_id, Relaxed);
         s.stamp.store(stamp, Relaxed);
         s.generation.store(snapshot.generation, Relaxed);
@@ -148,10 +149,7 @@ impl<'a> Holds<'a> {
         fence(SeqCst);
         if dir.still_valid(&snapshot) {
             self.free.pop_front();
-            return Ok(Some(Hold {
-                slot: slot as usize,
-                snapshot,
-            }));
+            return Ok(Some(Hold { slot, snapshot }));
         }
         // Never used the object: no ordering needed for the clear.
         s.generation.store(0, Relaxed);
@@ -176,7 +174,7 @@ impl<'a> Holds<'a> {
             });
         }
         s.generation.store(0, Release);
-        self.free.push_back(hold.slot as u32);
+        self.free.push_back(hold.slot);
         // After the clear, `Release`: a store that reads 0 here has synchronised with it, so
         // the client's reads of the object happen before a free.
         self.holding.store(self.in_use() as u64, Release);
@@ -188,7 +186,7 @@ impl<'a> Holds<'a> {
 /// contents for anything but "is this generation held" (a bogus value can only pin what it
 /// names, which a client can do with GET anyway). Of the header it reads only the `holding`
 /// count ([`HoldsView::counted`]), whose only effect is skipping this client's own table.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct HoldsView<'a> {
     slots: &'a [HoldSlot],
     holding: Option<&'a AtomicU64>,
@@ -270,6 +268,7 @@ pub fn is_held(tables: &[HoldsView<'_>], generation: u64) -> bool {
 
 /// Unpublished objects whose memory waits for the last hold to go (delete deferred while
 /// held). `T` is whatever the store needs to free the memory (its block, its object id).
+#[derive(Debug)]
 pub struct Retired<T> {
     pending: Vec<(u64, T)>,
 }

@@ -41,6 +41,7 @@ fn zero_words<const N: usize>() -> [AtomicU64; N] {
 /// The directory's header. Written by the store before the fd is handed out, except `live`
 /// and `next_generation` (store-only bookkeeping; readers ignore them).
 #[repr(C)]
+#[derive(Debug)]
 pub struct DirHeader {
     pub magic: AtomicU64,
     /// `LAYOUT_VERSION | ENTRY_SIZE << 32`.
@@ -83,6 +84,7 @@ impl Default for DirHeader {
 /// One directory entry. Every word but `stamp` is covered by `seq` (the seqlock): even =
 /// stable, odd = the store is writing it.
 #[repr(C)]
+#[derive(Debug)]
 pub struct Entry {
     pub seq: AtomicU64,
     pub state: AtomicU64,
@@ -141,6 +143,7 @@ impl Default for Entry {
 
 /// A hold table's header, written by the store when it creates the table.
 #[repr(C)]
+#[derive(Debug)]
 pub struct HoldHeader {
     pub magic: AtomicU64,
     /// `LAYOUT_VERSION | SLOT_SIZE << 32`.
@@ -194,6 +197,7 @@ impl Default for HoldHeader {
 
 /// One hold: written only by its client, read by the store.
 #[repr(C)]
+#[derive(Debug)]
 pub struct HoldSlot {
     /// The generation held; 0 = free. The only word the free/evict decision reads.
     pub generation: AtomicU64,

@@ -33,6 +33,7 @@ use crate::layout::{HoldHeader, LEND_CLIENT};
 use crate::sync::fence;
 
 /// The client's side: puts writing into its lend.
+#[derive(Debug)]
 pub struct LendWriters<'a> {
     header: &'a HoldHeader,
 }
@@ -67,6 +68,7 @@ impl<'a> LendWriters<'a> {
 }
 
 /// The store's side: takes a client's lend back.
+#[derive(Debug)]
 pub struct LendRevoker<'a> {
     header: &'a HoldHeader,
 }

@@ -49,6 +49,18 @@
 //! a preemption bound: `RUSTFLAGS="--cfg loom" cargo test -p vovp-shm --release --test loom`.
 //! ARCHITECTURE.md, "Shared directory and hold tables", has the full tables.
 
+#![warn(unreachable_pub, missing_debug_implementations)]
+// Offsets and lengths come from other processes: a silent truncation is a wrong address.
+// (Tests build their data with casts at will.)
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 #[cfg(not(loom))]
 pub mod copy;
 pub mod directory;
@@ -83,8 +95,25 @@ pub use sent::SentPuts;
 #[cfg(not(loom))]
 pub fn now_stamp() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    (t.tv_sec as u64)
+    (t.tv_sec.cast_unsigned())
         .wrapping_mul(1_000_000_000)
-        .wrapping_add(t.tv_nsec as u64)
+        .wrapping_add(t.tv_nsec.cast_unsigned())
         .max(1)
+}
+
+// Offsets into the shared regions are u64 on the wire and in the layouts; this process addresses
+// them as usize, which must not lose bits.
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("vovp addresses shared memory by 64-bit offsets: 64-bit targets only");
+
+/// A u64 offset, length or count as this (64-bit) process's `usize`: lossless.
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn to_usize(v: u64) -> usize {
+    v as usize
+}
+
+/// The low half of a packed word (`segment | name_len << 32`, `LAYOUT_VERSION | size << 32`).
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn low32(word: u64) -> u32 {
+    (word & 0xFFFF_FFFF) as u32
 }

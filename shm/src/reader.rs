@@ -31,6 +31,7 @@ pub enum LendWrite {
 }
 
 /// The directory and one hold table, mapped.
+#[derive(Debug)]
 pub struct SharedReader {
     directory: DirectoryMap,
     holds: Mutex<HoldMap>,

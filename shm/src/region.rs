@@ -17,6 +17,7 @@ use crate::layout::{
     LAYOUT_VERSION, MAX_CAPACITY, NAME_MAX, SLOT_SIZE,
 };
 use crate::lend::{LendRevoker, LendWriters};
+use crate::{low32, to_usize};
 
 fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> ShmError {
     move |source| ShmError::Io { op, source }
@@ -53,7 +54,7 @@ fn create(name: &str, len: u64, store_only_writes: bool) -> Result<(File, MmapRa
     memfd.as_file().set_len(len).map_err(io("ftruncate"))?;
     // Mapped before the write seal: the seal forbids new writable mappings, not this one.
     let map = MmapOptions::new()
-        .len(len as usize)
+        .len(to_usize(len))
         .map_raw(memfd.as_file())
         .map_err(io("mmap"))?;
     let mut seals = vec![memfd::FileSeal::SealShrink, memfd::FileSeal::SealGrow];
@@ -89,7 +90,7 @@ fn check_header(
             found: found_magic,
         });
     }
-    let version = version_size as u32;
+    let version = low32(version_size);
     if version != LAYOUT_VERSION {
         return Err(ShmError::VersionMismatch {
             expected: LAYOUT_VERSION,
@@ -133,6 +134,7 @@ unsafe fn parts<H, E>(map: &MmapRaw, n: usize) -> (&H, &[E]) {
 }
 
 /// The store's directory: owns the memfd and the only writer.
+#[derive(Debug)]
 pub struct DirectoryRegion {
     file: File,
     read_only: File,
@@ -220,7 +222,7 @@ fn map_whole(file: &File, access: Access) -> Result<(MmapRaw, u64)> {
         });
     }
     let mut options = MmapOptions::new();
-    options.len(len as usize);
+    options.len(to_usize(len));
     let map = match access {
         Access::ReadOnly => options.map_raw_read_only(file),
         Access::ReadWrite => options.map_raw(file),
@@ -229,6 +231,7 @@ fn map_whole(file: &File, access: Access) -> Result<(MmapRaw, u64)> {
 }
 
 /// A client's read-only mapping of the directory.
+#[derive(Debug)]
 pub struct DirectoryMap {
     map: MmapRaw,
     capacity: usize,
@@ -265,6 +268,7 @@ impl DirectoryMap {
 }
 
 /// The store's side of one client's hold table.
+#[derive(Debug)]
 pub struct HoldRegion {
     file: File,
     map: MmapRaw,
@@ -325,10 +329,11 @@ impl HoldRegion {
 
 /// A client's read-write mapping of its hold table, with the free-slot list only the client
 /// keeps.
+#[derive(Debug)]
 pub struct HoldMap {
     map: MmapRaw,
     slots: usize,
-    free: std::collections::VecDeque<u32>,
+    free: std::collections::VecDeque<usize>,
 }
 
 impl HoldMap {

@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering::{Acquire, Release};
 use crate::layout::HoldHeader;
 
 /// The client's side: counts a pipelined put before it is sent.
+#[derive(Debug)]
 pub struct SentPuts<'a> {
     header: &'a HoldHeader,
 }

@@ -2,6 +2,8 @@
 //! SCM_RIGHTS fd passing (the `vovp-engine` binary), and the `vovp` CLI. The wire protocol is
 //! `vovp-proto`; the Rust client (which the CLI uses) is `vovp-client`.
 
+#![warn(unreachable_pub, missing_debug_implementations)]
+
 pub mod response;
 pub mod server;
 

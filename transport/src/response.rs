@@ -8,6 +8,7 @@ use vovp_proto::{DecodeError, Failure, Reply, Status};
 
 /// Errors of the daemon: the wire and the socket.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     #[error("malformed frame: {0}")]
     Decode(#[from] DecodeError),

@@ -793,16 +793,29 @@ pub struct ConnectionActor {
     own_uid: bool,
 }
 
+impl std::fmt::Debug for ConnectionActor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionActor")
+            .field("session", &self.session)
+            .field("greeted", &self.greeted)
+            .field("own_uid", &self.own_uid)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A decoded request from the socket.
+#[derive(Debug)]
 pub struct Incoming {
     pub request: Request<'static>,
     pub no_reply: bool,
 }
 
 /// The client went away.
+#[derive(Debug)]
 pub struct Disconnect;
 
 /// The segments whose fds a HELLO reply carries.
+#[derive(Debug)]
 pub struct SegmentFds;
 
 /// The ids of a RELEASE as the client sent them (the table checks each against its object).

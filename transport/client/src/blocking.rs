@@ -583,7 +583,26 @@ pub struct Client {
     inner: Arc<ClientInner>,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("socket", &self.inner.core.path)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Client {
+    /// Connects to the daemon listening on `path` (HELLO, the segments' fds, the shared
+    /// directory). A missing daemon is an [`Error::Connection`] naming the socket.
+    ///
+    /// ```no_run
+    /// use vovp_client::{Client, Store};
+    ///
+    /// let client = Client::connect("/tmp/vovp.sock")?;
+    /// client.put("greeting", b"hello", b"", Default::default())?;
+    /// assert_eq!(&client.get_one("greeting", None)?[..], b"hello");
+    /// # Ok::<(), vovp_client::Error>(())
+    /// ```
     pub fn connect(path: impl AsRef<Path>) -> Result<Client, Error> {
         Self::connect_with(path, ClientOptions::default())
     }
@@ -987,6 +1006,7 @@ impl Store for Client {
 }
 
 /// A stream of seal/delete/evict notifications on a dedicated connection.
+#[derive(Debug)]
 pub struct Subscription {
     stream: UnixStream,
     /// Bytes received but not yet a whole frame: a read cut short by a timeout must not lose

@@ -9,6 +9,8 @@
 //! with no socket in it; `blocking` and `nonblocking` are the two thin I/O drivers over it;
 //! `mapping` turns locations into addresses; `io` is blocking socket I/O on any fd.
 
+#![warn(unreachable_pub, missing_debug_implementations)]
+
 mod blocking;
 mod core;
 mod io;
@@ -22,6 +24,9 @@ pub use lent::CLIENT_LEND_MIN;
 pub use nonblocking::AsyncClient;
 /// `put_cuda_tensor` on a [`Client`] (as on any `Store`).
 pub use vovp_gpu::CudaStore;
+/// The vocabulary (`Error`, `Store`, views, tensors, ...), so that a client program needs no
+/// other vovp crate.
+pub use vovp_types::*;
 
 /// How a [`Client`] or [`AsyncClient`] connects.
 #[derive(Clone, Copy, Debug, Default)]
@@ -79,3 +84,8 @@ pub fn unix_millis(t: std::time::SystemTime) -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+/// The README's Rust example, compiled (not run: it needs a daemon) with the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExample;

@@ -175,7 +175,28 @@ pub struct AsyncClient {
     inner: Arc<AsyncInner>,
 }
 
+impl std::fmt::Debug for AsyncClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncClient")
+            .field("socket", &self.inner.core.path)
+            .finish_non_exhaustive()
+    }
+}
+
 impl AsyncClient {
+    /// Connects to the daemon listening on `path`, on the current tokio runtime.
+    ///
+    /// ```no_run
+    /// use vovp_client::{AsyncClient, AsyncStore};
+    ///
+    /// # async fn run() -> Result<(), vovp_client::Error> {
+    /// let client = AsyncClient::connect("/tmp/vovp.sock").await?;
+    /// client.put("greeting", b"hello", b"", Default::default()).await?;
+    /// let views = client.get(&["greeting"], None).await?;
+    /// assert!(views[0].is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(path: impl AsRef<Path>) -> Result<AsyncClient, Error> {
         Self::connect_with(path, ClientOptions::default()).await
     }

@@ -5,6 +5,7 @@ use crate::{Status, MAX_GET_NAMES, VERSION};
 /// A frame or payload that does not decode. [`DecodeError::status`] is the status the daemon
 /// answers it with; [`DecodeError::is_fatal`] says whether the stream can still be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     #[error("length field {0} is below the header size")]
     LengthBelowHeader(u32),

@@ -8,6 +8,18 @@
 //! What is not wire lives elsewhere: the daemon's runtime outcomes (a subscription's receiver,
 //! "send no reply", the segment whose fd rides on a reply) and the client's mappings.
 
+#![warn(unreachable_pub, missing_debug_implementations)]
+// Offsets and lengths come from other processes: a silent truncation is a wrong address.
+// (Tests build their data with casts at will.)
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_possible_wrap
+    )
+)]
+
 mod codes;
 mod error;
 mod notify;
@@ -32,7 +44,9 @@ pub const LENGTH_OVERHEAD: u32 = 12;
 pub const MAX_PAYLOAD: usize = 64 << 20;
 /// Largest PUT payload the daemon accepts (bigger objects: CREATE, write the mapping, SEAL): the
 /// store's limit, [`vovp_types::MAX_INLINE_PUT`].
+#[allow(clippy::cast_possible_truncation)] // 1 MiB: checked just below
 pub const MAX_INLINE: u32 = vovp_types::MAX_INLINE_PUT as u32;
+const _: () = assert!(vovp_types::MAX_INLINE_PUT <= u32::MAX as usize);
 /// Header flag: send no reply (RELEASE only).
 pub const FLAG_NO_REPLY: u16 = 1;
 /// A reply's opcode is its request's with this bit set.

@@ -123,7 +123,7 @@ impl Reply {
                 segments,
             } => {
                 w.u16(VERSION.into()).u64(*capacity).u32(*max_inline);
-                w.u32(segments.len() as u32);
+                w.count(segments.len());
                 for (id, size) in segments {
                     w.u32(*id).u64(*size);
                 }
@@ -132,7 +132,7 @@ impl Reply {
                 w.object(r);
             }
             Reply::Objects(v) => {
-                w.u32(v.len() as u32);
+                w.count(v.len());
                 for o in v {
                     match o {
                         None => w.u8(0),
@@ -147,13 +147,13 @@ impl Reply {
                 w.u64(*n);
             }
             Reply::List { entries, next } => {
-                w.u32(entries.len() as u32);
+                w.count(entries.len());
                 for i in entries {
                     // Before the epoch cannot happen for a time the daemon took; 0 if it did.
                     let ms = i
                         .last_access
                         .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
+                        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
                     w.str(i.name.as_str())
                         .u64(i.id.get())
                         .u64(i.size)

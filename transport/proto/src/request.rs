@@ -142,13 +142,13 @@ impl Request<'_> {
                 w.u64(data.len() as u64).raw(data);
             }
             Request::Get { timeout_ms, names } => {
-                w.i64(*timeout_ms).u32(names.len() as u32);
+                w.i64(*timeout_ms).count(names.len());
                 for n in names {
                     w.str(n);
                 }
             }
             Request::Release { ids } => {
-                w.u32(ids.len() as u32);
+                w.count(ids.len());
                 for id in ids.iter() {
                     w.u64(*id);
                 }

@@ -49,6 +49,7 @@ impl Header {
 }
 
 /// Appends one frame to a buffer; the length is patched in on `finish`.
+#[derive(Debug)]
 pub struct FrameWriter<'a> {
     buf: &'a mut Vec<u8>,
     start: usize,
@@ -80,6 +81,12 @@ impl<'a> FrameWriter<'a> {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// A `u32` count or length. One past `u32::MAX` cannot be in memory beside a frame that
+    /// fits [`MAX_PAYLOAD`](crate::MAX_PAYLOAD); should it ever be, the count saturates and the
+    /// frame is refused as too long, never read with a wrapped count.
+    pub fn count(&mut self, n: usize) -> &mut Self {
+        self.u32(u32::try_from(n).unwrap_or(u32::MAX))
+    }
     pub fn i64(&mut self, v: i64) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
@@ -90,13 +97,13 @@ impl<'a> FrameWriter<'a> {
         while !s.is_char_boundary(end) {
             end -= 1;
         }
-        self.u16(end as u16);
+        self.u16(u16::try_from(end).unwrap_or(u16::MAX));
         self.buf.extend_from_slice(&s.as_bytes()[..end]);
         self
     }
     /// A `bytes` field (metadata: at most 64 KiB, far below the u32 length).
     pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
-        self.u32(b.len() as u32);
+        self.count(b.len());
         self.buf.extend_from_slice(b);
         self
     }
@@ -132,12 +139,13 @@ impl<'a> FrameWriter<'a> {
             .bytes(&r.metadata)
     }
     pub fn finish(self) {
-        let len = (self.buf.len() - self.start - 4) as u32;
+        let len = u32::try_from(self.buf.len() - self.start - 4).unwrap_or(u32::MAX);
         self.buf[self.start..self.start + 4].copy_from_slice(&len.to_le_bytes());
     }
 }
 
 /// Reads fields from a payload; every read is bounds-checked.
+#[derive(Debug)]
 pub struct Reader<'a> {
     b: &'a [u8],
 }
