@@ -15,7 +15,6 @@ use vovp_actors::table_actor::ObjectTableActor;
 use vovp_actors::AllocatorActor;
 use vovp_actors::Segment;
 use vovp_actors::SharedConfig;
-use vovp_shm::copy::parallel_copy;
 use vovp_types::{CreateOptions, Device, HolderId, ObjectInfo, StoreStats};
 
 use crate::core::{block_on, Core, EngineActors};
@@ -297,13 +296,7 @@ impl AsyncStore for EngineHandle {
                 .await?;
             return Ok(());
         }
-        let mut buf = self
-            .create_inner(name, data.len() as u64, metadata, options)
-            .await?;
-        parallel_copy(buf.as_mut_slice(), data);
-        self.session.seal(name).await?;
-        drop(buf.into_view());
-        Ok(())
+        vovp_shm::put::create_copy_seal_async(self, name, data, metadata, options).await
     }
 
     /// Names published in the shared directory are got with no message to the table actor (a
@@ -425,14 +418,12 @@ impl Store for EngineHandle {
     ) -> Result<Vec<Option<ObjectView>>, Error> {
         // Once the session's reader is mapped, what it serves needs no executor at all.
         if let Some(reader) = self.session.shared_reader_now() {
-            let (mut views, missing) = self.shared_part(&reader, names);
-            if missing.is_empty() {
-                return Ok(views);
-            }
-            let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
-            let got = block_on(self.get_from_table(&rest, timeout))?;
-            vovp_shm::held::fill_in(&mut views, missing, got);
-            return Ok(views);
+            let (segments, session) = (self.session.segments(), self.session.holder_alive());
+            return vovp_shm::held::get_held_first(
+                names,
+                |n| crate::shared_reads::view(&reader, segments, n, &session),
+                |rest| block_on(self.get_from_table(rest, timeout)),
+            );
         }
         block_on(AsyncStore::get(self, names, timeout))
     }

@@ -125,6 +125,24 @@ pub fn held_part(
     (views, missing)
 }
 
+/// A whole get: the names the directory serves (`view`), then one request to the store for the
+/// rest (`ask`, not called when nothing is left), merged back in order. On an error the views
+/// got so far drop, releasing their holds.
+pub fn get_held_first(
+    names: &[&str],
+    view: impl FnMut(&str) -> Option<ObjectView>,
+    ask: impl FnOnce(&[&str]) -> Result<Vec<Option<ObjectView>>, Error>,
+) -> Result<Vec<Option<ObjectView>>, Error> {
+    let (mut views, missing) = held_part(names, view);
+    if missing.is_empty() {
+        return Ok(views);
+    }
+    let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
+    let got = ask(&rest)?;
+    fill_in(&mut views, missing, got);
+    Ok(views)
+}
+
 /// Puts the views of the names the fast path missed (at `missing`, in order) into `views`.
 pub fn fill_in(
     views: &mut [Option<ObjectView>],

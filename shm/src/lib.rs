@@ -11,6 +11,7 @@
 //! * [`copy`]: host copies into shared memory, split across a rayon pool above 1 MB.
 //! * [`fdpass`]: passing the memfds over the Unix socket (SCM_RIGHTS).
 //! * [`held`]: views got through the hold table (the engine's and the clients' one read path).
+//! * [`put`]: create, copy, seal (the engine's and the clients' one put of large objects).
 //! * `region` (not under loom): creating and mapping the memfds, with header checks. The
 //!   directory's memfd is sealed `F_SEAL_FUTURE_WRITE` once the store has mapped it, so the
 //!   read-only fd clients get cannot be turned into a writable mapping, not even by reopening
@@ -72,6 +73,8 @@ pub mod held;
 pub mod hold;
 pub mod layout;
 pub mod lend;
+#[cfg(not(loom))]
+pub mod put;
 #[cfg(not(loom))]
 mod reader;
 #[cfg(not(loom))]

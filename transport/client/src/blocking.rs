@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vovp_proto::{decode_notification, Opcode, Reply, Request, LIST_END};
-use vovp_shm::copy::parallel_copy;
 use vovp_types::{
     CreateOptions, Error, Location, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef, ObjectSink,
     ObjectView, Store, StoreStats,
@@ -850,9 +849,7 @@ impl Client {
             let (reply, answered) = self.inner.call_in_session(&req)?;
             return self.view_of(reply.object()?, answered);
         }
-        let mut buf = Store::create(self, name, data.len() as u64, metadata, options)?;
-        parallel_copy(buf.as_mut_slice(), data);
-        buf.seal()
+        vovp_shm::put::create_copy_seal(self, name, data, metadata, options)
     }
 
     /// Opens a notification stream (its own connection, as Plasma's subscribe did).
@@ -966,15 +963,16 @@ impl Store for Client {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let (mut views, missing) = self.get_shared(names);
-        if missing.is_empty() {
-            return Ok(views);
+        if self.inner.is_closed() {
+            return self.get_over_socket(names, timeout);
         }
-        let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
-        // On an error the views got so far drop here, releasing their holds.
-        let got = self.get_over_socket(&rest, timeout)?;
-        vovp_shm::held::fill_in(&mut views, missing, got);
-        Ok(views)
+        let maps = self.inner.core.session.maps();
+        let connection: Connection = self.inner.clone();
+        vovp_shm::held::get_held_first(
+            names,
+            |n| maps.shared_view(n, &connection),
+            |rest| self.get_over_socket(rest, timeout),
+        )
     }
 
     fn contains(&self, name: &str) -> Result<bool, Error> {

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vovp_proto::{Header, Reply, Request, HEADER_LEN, LIST_END};
-use vovp_shm::copy::parallel_copy;
 use vovp_types::{
     AsyncStore, CreateOptions, Error, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef, ObjectSink,
     ObjectView, StoreStats,
@@ -406,11 +405,7 @@ impl AsyncStore for AsyncClient {
             let req = requests::put(name, flags, metadata, data)?;
             return self.call(&req).await?.object().map(drop);
         }
-        let mut buf = AsyncStore::create(self, name, data.len() as u64, metadata, options).await?;
-        parallel_copy(buf.as_mut_slice(), data);
-        AsyncStore::seal(self, name).await?;
-        drop(buf.into_view());
-        Ok(())
+        vovp_shm::put::create_copy_seal_async(self, name, data, metadata, options).await
     }
 
     /// As the blocking client's: the shared directory first, one GET for the rest.
