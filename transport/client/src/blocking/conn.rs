@@ -1,0 +1,268 @@
+//! The connection: one request at a time over the blocking socket, replies read in order
+//! (those of pipelined puts when they are due), reconnect, segment mappings.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use vovp_proto::{Reply, Request};
+use vovp_types::{Error, ObjectRef};
+
+use super::{ClientInner, Conn, DROP_READ_LIMIT};
+use crate::core::{self, Answered, Core, Unread, UnreadKind, Wire};
+use crate::io::{self, handshake};
+use crate::mapping::{MappedSegment, Mappings};
+
+impl Conn {
+    pub(super) fn new(stream: UnixStream) -> Self {
+        Conn {
+            stream,
+            wire: Wire::new(),
+            payload: Vec::new(),
+            failed_puts: None,
+        }
+    }
+
+    /// Sends the batch `core` frames for `req` and reads `req`'s reply.
+    pub(super) fn exchange(&mut self, core: &Core, req: &Request<'_>) -> Result<Reply, Error> {
+        let id = core.frame(&mut self.wire, req);
+        io::write_all(self.stream.as_fd(), &self.wire.out)?;
+        self.drain_unread()?;
+        self.read_reply(id, req)
+    }
+
+    /// Reads the reply to request `id`, `req` (the next frame on the stream).
+    pub(super) fn read_reply(&mut self, id: u64, req: &Request<'_>) -> Result<Reply, Error> {
+        let fd = self.stream.as_fd();
+        io::spin_until_readable(fd);
+        let h = io::read_frame(fd, &mut self.payload)?;
+        core::decode_reply(&h, &self.payload, id, req)
+    }
+
+    /// Reads the reply of the oldest request sent without waiting. A failed SEAL can only be
+    /// reported now, as a warning (the receiver's GET then times out); a failed put is logged
+    /// and kept for [`Client::sync`] (another call of this client is not the place: it would
+    /// fail for something it did not do). A broken stream is this call's error.
+    pub(super) fn read_unread(&mut self) -> Result<(), Error> {
+        let Some(u) = self.wire.unread.pop_front() else {
+            return Ok(());
+        };
+        let Unread {
+            id,
+            name: owned,
+            kind,
+        } = u;
+        let name = owned.as_str().into();
+        let req = match kind {
+            UnreadKind::Seal => Request::Seal { name },
+            UnreadKind::Put => Request::Put {
+                name,
+                flags: 0,
+                metadata: Default::default(),
+                data: Default::default(),
+            },
+        };
+        match (self.read_reply(id, &req), kind) {
+            (Ok(_), _) => Ok(()),
+            (Err(e @ (Error::Connection(_) | Error::Protocol(_))), _) => Err(e),
+            (Err(e), UnreadKind::Put) => {
+                tracing::warn!("vovp: the put of {owned:?}, sent without waiting, failed: {e}");
+                self.record_failed_puts(e, 1);
+                Ok(())
+            }
+            (Err(e), UnreadKind::Seal) => {
+                tracing::warn!("vovp: deferred seal of {owned:?} failed: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    /// Keeps `e` for [`Client::sync`] (unless an earlier failure is kept) and counts `n` more
+    /// failed pipelined puts.
+    pub(super) fn record_failed_puts(&mut self, e: Error, n: u64) {
+        match &mut self.failed_puts {
+            Some((_, count)) => *count += n,
+            None => self.failed_puts = Some((e, n)),
+        }
+    }
+
+    /// Writes one-way RELEASE frames for `ids` now (nothing for none). A failed write is left
+    /// for the next call to find: a release has no reply to wait for.
+    pub(super) fn send_releases(&mut self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.wire.out.clear();
+        self.wire.push_releases(ids);
+        let _ = io::write_all(self.stream.as_fd(), &self.wire.out);
+    }
+
+    /// Reads every reply still owed, in order.
+    pub(super) fn drain_unread(&mut self) -> Result<(), Error> {
+        while !self.wire.unread.is_empty() {
+            self.read_unread()?;
+        }
+        Ok(())
+    }
+
+    /// Reads the owed replies that have arrived, without waiting for the others.
+    pub(super) fn drain_arrived(&mut self) -> Result<(), Error> {
+        while !self.wire.unread.is_empty() && io::readable_now(self.stream.as_fd()) {
+            self.read_unread()?;
+        }
+        Ok(())
+    }
+
+    /// Asks for segment `segment`'s fd and maps it.
+    pub(super) fn map_segment(
+        &mut self,
+        core: &Core,
+        segment: u32,
+    ) -> Result<MappedSegment, Error> {
+        // The SEGMENT reply carries an fd: read what is still due before asking.
+        self.drain_unread()?;
+        let id = core.frame(&mut self.wire, &Request::Segment { id: segment });
+        let fd = self.stream.as_fd();
+        io::write_all(fd, &self.wire.out)?;
+        let (frame, fds) = io::read_frame_with_fds(fd)?;
+        core::map_segment_reply(&frame, id, segment, fds)
+    }
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // Pipelined puts whose answers are still owed: read them (a failure is logged by
+        // `read_unread`), for a bounded time. Only in the process that sent them: a forked
+        // child shares the socket, and what it read would be missing in the parent.
+        let ours = self
+            .core
+            .session
+            .maps()
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.can_announce());
+        if let Ok(conn) = self.conn.get_mut() {
+            if ours
+                && !self.closed.load(Ordering::Acquire)
+                && conn.wire.unread.iter().any(|u| u.kind == UnreadKind::Put)
+                && conn.stream.set_read_timeout(Some(DROP_READ_LIMIT)).is_ok()
+            {
+                let _ = conn.drain_unread();
+            }
+        }
+    }
+}
+
+impl ClientInner {
+    /// Sends the queued releases (the flusher thread, `Client::flush`; waits for a request in
+    /// flight).
+    pub(super) fn flush_deferred(&self) {
+        let Ok(mut conn) = self.lock() else {
+            return;
+        };
+        conn.send_releases(&self.core.take_deferred());
+    }
+
+    /// The flusher's send: `false` while the connection is busy with a call (queued releases
+    /// then ride with the next request or a later try); `true` when nothing is left to send.
+    pub(super) fn try_flush_deferred(&self) -> bool {
+        if !self.core.has_deferred() || self.is_closed() {
+            return true;
+        }
+        let mut conn = match self.conn.try_lock() {
+            Ok(conn) => conn,
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+            Err(std::sync::TryLockError::Poisoned(_)) => return true,
+        };
+        conn.send_releases(&self.core.take_deferred());
+        true
+    }
+
+    /// The connection, locked, unless the client was closed.
+    pub(super) fn lock(&self) -> Result<std::sync::MutexGuard<'_, Conn>, Error> {
+        let conn = self
+            .conn
+            .lock()
+            .map_err(|_| Error::Internal("client lock poisoned".into()))?;
+        if self.is_closed() {
+            return Err(Error::Connection("the vovp client is closed".into()));
+        }
+        Ok(conn)
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(super) fn call(&self, req: &Request<'_>) -> Result<Reply, Error> {
+        self.call_in_session(req).map(|(r, _)| r)
+    }
+
+    /// Sends `req` and reads its reply, with the mappings and generation of the connection
+    /// that answered; one reconnect and retry when the daemon went away and the client opted in.
+    pub(super) fn call_in_session(&self, req: &Request<'_>) -> Result<(Reply, Answered), Error> {
+        let mut conn = self.lock()?;
+        let session = self.core.session.current();
+        match conn.exchange(&self.core, req) {
+            Err(Error::Connection(why)) if self.core.reconnect && !self.is_closed() => {
+                tracing::info!("vovp: connection lost ({why}); reconnecting");
+                let (stream, mut maps) = handshake(&self.core.path, self.shared_reads)?;
+                maps.defer_cuda = self.defer_cuda;
+                if let Ok(mut c) = self.closer.lock() {
+                    *c = stream.try_clone().ok();
+                }
+                conn.stream = stream;
+                // Puts sent without waiting and never answered went with the old daemon (as
+                // every object it held): `sync` says so.
+                let lost = (conn.wire.unread.iter())
+                    .filter(|u| u.kind == UnreadKind::Put)
+                    .count() as u64;
+                if lost > 0 {
+                    let e = Error::Connection(format!(
+                        "{lost} puts sent without waiting were lost with the old connection"
+                    ));
+                    conn.record_failed_puts(e, lost);
+                }
+                let answered = self.core.reconnected(&mut conn.wire, maps);
+                let reply = conn.exchange(&self.core, req)?;
+                Ok((reply, answered))
+            }
+            other => other.map(|r| (r, session)),
+        }
+    }
+
+    /// Holds the segments of `refs` that are mapped and maps those that are not, asking the
+    /// daemon for their fds (read-write only for this client's own arenas): the returned
+    /// mappings keep them all alive until the caller's views hold them. `answered`: the
+    /// connection the refs came from.
+    pub(super) fn pin_segments<'r>(
+        &self,
+        (maps, generation): &Answered,
+        refs: impl IntoIterator<Item = &'r ObjectRef>,
+    ) -> Result<Vec<Arc<MappedSegment>>, Error> {
+        let (mut pins, missing) = maps.segments_of(refs);
+        for segment in missing {
+            pins.push(self.map_segment_of(maps, *generation, segment)?);
+        }
+        Ok(pins)
+    }
+
+    /// Maps segment `segment` (SEGMENT) into `maps`, those of connection `generation`.
+    pub(super) fn map_segment_of(
+        &self,
+        maps: &Mappings,
+        generation: u64,
+        segment: u32,
+    ) -> Result<Arc<MappedSegment>, Error> {
+        let mut conn = self.lock()?;
+        if self.core.session.generation() != generation {
+            return Err(Error::Connection(
+                "the daemon went away while mapping a segment".into(),
+            ));
+        }
+        let seg = Arc::new(conn.map_segment(&self.core, segment)?);
+        maps.insert_segment(segment, seg.clone());
+        Ok(seg)
+    }
+}

@@ -1,0 +1,166 @@
+//! Puts that skip a round trip: through this client's lend (one PUBLISH, no CREATE) and
+//! pipelined small puts (no wait for the reply; failures reported by `Client::sync`).
+
+use std::os::fd::AsFd;
+
+use vovp_proto::{Reply, Request};
+use vovp_types::{CreateOptions, Error};
+
+use super::{ClientInner, MAX_UNREAD};
+use crate::core::{requests, Answered, Expect, Unread, UnreadKind};
+use crate::io;
+use crate::lent::{self, Lent, Reservation, Reserved};
+
+impl ClientInner {
+    /// Puts through a lend: the bytes are written into this client's lend and one PUBLISH
+    /// makes them a sealed object. `None`: not through a lend (too small or too big for one,
+    /// a store that lends nothing, the lend busy); the caller puts another way.
+    pub(super) fn put_lent(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: &CreateOptions,
+        keep: bool,
+    ) -> Option<Result<(Reply, Answered), Error>> {
+        if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
+            return None;
+        }
+        let need = self.lends.wants(data.len(), metadata.len())?;
+        // A lend is taken back through the hold table: no table (or a forked child, which
+        // cannot announce its writes there), no lend.
+        if !self.core.session.maps().shared.as_ref()?.can_announce() {
+            return None;
+        }
+        let generation = self.core.session.generation();
+        let mut reserved = match self.lends.reserve(need, generation) {
+            Reservation::Got(r) => r,
+            Reservation::No => return None,
+            Reservation::Lend(asked) => {
+                let lent = self.take_lend(asked.at_least);
+                asked.install(lent)?
+            }
+        };
+        let result = self.publish_reserved(&reserved, name, data, metadata, options, keep);
+        // NOT_FOUND from PUBLISH is about the lend (never the name): the store no longer
+        // has it, so put another way (the bytes are copied again, once).
+        if matches!(result, Err(Error::NotFound(_))) {
+            reserved.lend_gone();
+            return None;
+        }
+        Some(result)
+    }
+
+    pub(super) fn publish_reserved(
+        &self,
+        r: &Reserved,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: &CreateOptions,
+        keep: bool,
+    ) -> Result<(Reply, Answered), Error> {
+        let req = r.write(name, data, metadata, options, keep)?;
+        let (reply, answered) = self.call_in_session(&req)?;
+        if answered.1 != r.generation {
+            // Reconnected in between: the new daemon knows no such lend (it answered NOT_FOUND).
+            return Err(Error::Connection(
+                "the daemon went away during a put; put again".into(),
+            ));
+        }
+        Ok((reply, answered))
+    }
+
+    /// An inline PUT sent without waiting for its reply (read before the next call that
+    /// waits for the store, or by [`Client::sync`]): a put then costs a write, not a round
+    /// trip. Counted in the hold table first, so no other client is told the name is missing
+    /// while the PUT is on its way (vovp-shm's `sent`). `None`: not this way (opted out, no
+    /// hold table, a forked child, a broken connection that a waiting call may reconnect).
+    pub(super) fn put_pipelined(
+        &self,
+        name: &str,
+        flags: u32,
+        metadata: &[u8],
+        data: &[u8],
+    ) -> Option<Result<(), Error>> {
+        if !self.pipelined_puts {
+            return None;
+        }
+        // What the store would refuse whatever its state is refused here, now, as a waiting
+        // put's would be: a bad name, too much metadata, a name published already or put by
+        // this client a moment ago. (A name another client took but has not published yet
+        // fails in the store: `sync` reports it.)
+        if let Err(e) = vovp_types::ObjectName::new(name) {
+            return Some(Err(e));
+        }
+        if let Err(e) = vovp_types::check_metadata(metadata) {
+            return Some(Err(e));
+        }
+        let req = match requests::put(name, flags | vovp_proto::PUT_PIPELINED, metadata, data) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut conn = match self.lock() {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        // The mappings of the connection this lock guards (a reconnect replaces both under
+        // it): the count must go into the hold table of the connection the PUT goes out on.
+        let maps = self.core.session.maps();
+        let shared = maps.shared.as_ref()?;
+        if !shared.can_announce() {
+            return None;
+        }
+        let sent = (|| {
+            // Replies owed stay few: read those that came, and wait for them past the cap.
+            if conn.wire.unread.len() >= MAX_UNREAD {
+                conn.drain_unread()?;
+            } else {
+                conn.drain_arrived()?;
+            }
+            // (After reading the replies that came: a put answered is in the directory.)
+            if shared.is_published(name) {
+                return Err(Error::AlreadyExists(name.to_owned()));
+            }
+            // This client's own put of the name is still unanswered: wait, so a second put of
+            // it fails here as it would have without pipelining.
+            let own = |u: &Unread| u.kind == UnreadKind::Put && u.name == name;
+            if conn.wire.unread.iter().any(own) || !shared.count_sent_put() {
+                return Ok(false);
+            }
+            let id = self.core.frame(&mut conn.wire, &req);
+            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+            conn.wire.unread.push_back(Unread {
+                id,
+                name: name.to_owned(),
+                kind: UnreadKind::Put,
+            });
+            Ok(true)
+        })();
+        match sent {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => None,
+            // The waiting way reconnects when it may.
+            Err(Error::Connection(_)) if self.core.reconnect => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// LEND: a new lend of at least `at_least` bytes, its segment mapped writable, and the
+    /// connection generation it belongs to.
+    pub(super) fn take_lend(&self, at_least: u64) -> Result<Lent, Error> {
+        let (reply, answered) = self.call_in_session(&Request::Lend { at_least })?;
+        let lend = reply.lent()?;
+        let segment = match answered.0.segment(lend.segment) {
+            Some(s) => s,
+            None => self.map_segment_of(&answered.0, answered.1, lend.segment)?,
+        };
+        lent::check(&lend, &segment)?;
+        // The store lends only to connections with a hold table; one without is refused
+        // before asking (`put_lent`), so this is a daemon out of step: put another way.
+        let shared = answered.0.shared.clone().ok_or_else(|| {
+            Error::Config("a lend without a hold table to take it back through".into())
+        })?;
+        Ok((lend, segment, answered.1, shared))
+    }
+}
