@@ -9,12 +9,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use vovp::{CreateOptions, DType, Error, Store, TensorView};
-use vovp_client::Client;
+use serde_json::json;
+use vovp_client::{
+    Client, CreateOptions, DType, Device, Error, ObjectInfo, Store, StoreStats, TensorMeta,
+    TensorView,
+};
 
 #[derive(Parser)]
 #[command(name = "vovp", version, about = "command-line client of a vovp-engine")]
 struct Args {
+    /// The daemon's socket.
     #[arg(short = 's', long = "socket", default_value = "/tmp/vovp.sock")]
     socket: PathBuf,
     #[command(subcommand)]
@@ -53,14 +57,22 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         timeout_ms: u64,
     },
-    List,
-    Stats,
-    Delete {
-        name: String,
+    /// List the objects: name, dtype, shape, size, state, references.
+    List {
+        /// One JSON document (an array of objects) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
-    Evict {
-        bytes: u64,
+    /// Show the store's memory, objects, references and connections.
+    Stats {
+        /// One JSON object with every counter (bytes as plain numbers).
+        #[arg(long)]
+        json: bool,
     },
+    /// Delete NAME (its memory goes when the last holder lets go).
+    Delete { name: String },
+    /// Evict unreferenced objects until BYTES are freed; prints the bytes freed.
+    Evict { bytes: u64 },
 }
 
 fn main() -> ExitCode {
@@ -130,28 +142,175 @@ fn run(args: Args) -> Result<(), Error> {
             )
             .map_err(io)?;
         }
-        Command::List => {
-            for i in client.list()? {
-                writeln!(
-                    out,
-                    "{}\t{} bytes\t{}\trefs={}{}",
-                    i.name,
-                    i.size,
-                    if i.sealed { "sealed" } else { "unsealed" },
-                    i.refcount,
-                    if i.ephemeral { "\tephemeral" } else { "" }
-                )
-                .map_err(io)?;
-            }
+        Command::List { json } => {
+            let objects = client.list()?;
+            let text = if json {
+                list_json(&objects)
+            } else {
+                list_table(&objects)
+            };
+            writeln!(out, "{text}").map_err(io)?;
         }
-        Command::Stats => {
-            let s = client.stats()?;
-            writeln!(out, "{s:#?}\nconnections: {}", client.connections()?).map_err(io)?;
+        Command::Stats { json } => {
+            let (stats, connections) = client.stats_and_connections()?;
+            let text = if json {
+                stats_json(&stats, connections)
+            } else {
+                stats_text(&stats, connections)
+            };
+            writeln!(out, "{text}").map_err(io)?;
         }
         Command::Delete { name } => client.delete(&name)?,
         Command::Evict { bytes } => writeln!(out, "{}", client.evict(bytes)?).map_err(io)?,
     }
     Ok(())
+}
+
+/// `1.5 GiB`, `512 B`: bytes for people (binary units, as `-m` takes them).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// An object's tensor header, if its metadata is one (objects put as raw bytes have none).
+fn tensor_of(i: &ObjectInfo) -> Option<TensorMeta> {
+    TensorMeta::decode(&i.metadata).ok()
+}
+
+fn state_of(i: &ObjectInfo) -> &'static str {
+    match (i.sealed, i.ephemeral) {
+        (false, _) => "unsealed",
+        (true, false) => "sealed",
+        (true, true) => "sealed, ephemeral",
+    }
+}
+
+fn device_name(d: Device) -> String {
+    match d {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(n) => format!("cuda:{n}"),
+    }
+}
+
+fn list_table(objects: &[ObjectInfo]) -> String {
+    let header = ["NAME", "DTYPE", "SHAPE", "SIZE", "DEVICE", "STATE", "REFS"];
+    let rows: Vec<[String; 7]> = objects
+        .iter()
+        .map(|i| {
+            let t = tensor_of(i);
+            [
+                i.name.to_string(),
+                t.as_ref().map_or("-".into(), |t| t.dtype.name().into()),
+                t.as_ref().map_or("-".into(), |t| format!("{:?}", t.shape)),
+                human_bytes(i.size),
+                device_name(i.device),
+                state_of(i).into(),
+                i.refcount.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    let mut lines = vec![line(header.to_vec())];
+    lines.extend(
+        rows.iter()
+            .map(|r| line(r.iter().map(String::as_str).collect())),
+    );
+    lines.push(format!("{} objects", objects.len()));
+    lines.join("\n")
+}
+
+fn list_json(objects: &[ObjectInfo]) -> String {
+    let rows: Vec<_> = objects
+        .iter()
+        .map(|i| {
+            let t = tensor_of(i);
+            json!({
+                "name": i.name.as_str(),
+                "size": i.size,
+                "dtype": t.as_ref().map(|t| t.dtype.name()),
+                "shape": t.as_ref().map(|t| t.shape.clone()),
+                "device": device_name(i.device),
+                "sealed": i.sealed,
+                "ephemeral": i.ephemeral,
+                "refcount": i.refcount,
+                "last_access_ms": vovp_client::unix_millis(i.last_access),
+            })
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+fn stats_text(s: &StoreStats, connections: u64) -> String {
+    let percent = |part: u64| match s.capacity {
+        0 => 0.0,
+        c => part as f64 * 100.0 / c as f64,
+    };
+    [
+        format!("capacity     {}", human_bytes(s.capacity)),
+        format!(
+            "used         {} ({:.1} %)",
+            human_bytes(s.used_bytes),
+            percent(s.used_bytes)
+        ),
+        format!(
+            "objects      {} ({} sealed, {} unsealed; {} deleted, waiting for their last holder)",
+            s.objects, s.sealed, s.unsealed, s.pending_delete
+        ),
+        format!(
+            "references   {} held by {} holders ({} through hold tables)",
+            s.references, s.holders, s.shared_holds
+        ),
+        format!("connections  {connections}"),
+        format!("creates      {}", s.creates),
+        format!(
+            "evicted      {} objects, {}",
+            s.evicted_objects,
+            human_bytes(s.evicted_bytes)
+        ),
+    ]
+    .join("\n")
+}
+
+fn stats_json(s: &StoreStats, connections: u64) -> String {
+    json!({
+        "capacity": s.capacity,
+        "used_bytes": s.used_bytes,
+        "objects": s.objects,
+        "sealed": s.sealed,
+        "unsealed": s.unsealed,
+        "pending_delete": s.pending_delete,
+        "references": s.references,
+        "holders": s.holders,
+        "shared_holds": s.shared_holds,
+        "creates": s.creates,
+        "evicted_objects": s.evicted_objects,
+        "evicted_bytes": s.evicted_bytes,
+        "connections": connections,
+    })
+    .to_string()
 }
 
 fn encode_values(dtype: DType, values: &[f64]) -> Result<Vec<u8>, Error> {
