@@ -193,18 +193,9 @@ impl Reply {
         let mut r = Reader::new(payload);
         let status = r.u8()?;
         if status != STATUS_OK {
-            let status = Status::from_code(status).ok_or(DecodeError::UnknownStatus(status))?;
-            let message = r.str()?.to_owned();
-            let oom = match status {
-                Status::OutOfMemory => Some((r.u64()?, r.u64()?)),
-                _ => None,
-            };
+            let failure = decode_failure(status, &mut r)?;
             r.finish()?;
-            return Ok(Reply::Failure(Failure {
-                status,
-                message,
-                oom,
-            }));
+            return Ok(Reply::Failure(failure));
         }
         let op = Opcode::from_code(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
         let one_name = || {
@@ -217,23 +208,7 @@ impl Reply {
             Opcode::Seal | Opcode::Abort | Opcode::Release | Opcode::Delete | Opcode::Subscribe => {
                 Reply::Empty
             }
-            Opcode::Hello => {
-                let version = r.u16()?;
-                if version != u16::from(VERSION) {
-                    return Err(DecodeError::UnsupportedVersion(version));
-                }
-                let capacity = r.u64()?;
-                let max_inline = r.u32()?;
-                let n = r.count(12)?;
-                let segments = (0..n)
-                    .map(|_| Ok((r.u32()?, r.u64()?)))
-                    .collect::<Result<_, DecodeError>>()?;
-                Reply::Hello {
-                    capacity,
-                    max_inline,
-                    segments,
-                }
-            }
+            Opcode::Hello => decode_hello(&mut r)?,
             Opcode::Create | Opcode::Put | Opcode::Publish => Reply::Object(r.object(one_name()?)?),
             Opcode::Lend => Reply::Lent(Lend {
                 id: r.u64()?,
@@ -242,46 +217,10 @@ impl Reply {
                 size: r.u64()?,
                 max_object: r.u64()?,
             }),
-            Opcode::Get => {
-                let n = r.count(1)?;
-                if n != names.len() {
-                    return Err(DecodeError::NameCount {
-                        asked: names.len(),
-                        got: n,
-                    });
-                }
-                let objects = names
-                    .iter()
-                    .map(|name| match r.u8()? {
-                        0 => Ok(None),
-                        _ => r.object(name.as_ref()).map(Some),
-                    })
-                    .collect::<Result<_, _>>()?;
-                Reply::Objects(objects)
-            }
+            Opcode::Get => decode_objects(&mut r, names)?,
             Opcode::Contains => Reply::Bool(r.u8()? != 0),
             Opcode::Evict => Reply::Count(r.u64()?),
-            Opcode::List => {
-                let n = r.count(1)?;
-                let mut entries = Vec::with_capacity(n);
-                for _ in 0..n {
-                    entries.push(ObjectInfo {
-                        name: object_name(r.str()?)?,
-                        id: ObjectId::from_raw(r.u64()?),
-                        size: r.u64()?,
-                        device: r.device()?,
-                        sealed: r.u8()? != 0,
-                        ephemeral: r.u8()? != 0,
-                        refcount: r.u32()?,
-                        last_access: UNIX_EPOCH + Duration::from_millis(r.u64()?),
-                        metadata: r.bytes()?.into(),
-                    });
-                }
-                Reply::List {
-                    entries,
-                    next: r.u64()?,
-                }
-            }
+            Opcode::List => decode_list(&mut r)?,
             Opcode::Stats => {
                 let mut s = (StoreStats::default(), 0);
                 for (_, field) in STATS_FIELDS {
@@ -304,6 +243,82 @@ impl Reply {
         r.finish()?;
         Ok(reply)
     }
+}
+
+/// An error reply's body after its status byte: the message, and OUT_OF_MEMORY's figures.
+fn decode_failure(status: u8, r: &mut Reader<'_>) -> Result<Failure, DecodeError> {
+    let status = Status::from_code(status).ok_or(DecodeError::UnknownStatus(status))?;
+    let message = r.str()?.to_owned();
+    let oom = match status {
+        Status::OutOfMemory => Some((r.u64()?, r.u64()?)),
+        _ => None,
+    };
+    Ok(Failure {
+        status,
+        message,
+        oom,
+    })
+}
+
+/// HELLO's reply: the protocol version (refused unless ours), capacity, inline limit, segments.
+fn decode_hello(r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
+    let version = r.u16()?;
+    if version != u16::from(VERSION) {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let capacity = r.u64()?;
+    let max_inline = r.u32()?;
+    let n = r.count(12)?;
+    let segments = (0..n)
+        .map(|_| Ok((r.u32()?, r.u64()?)))
+        .collect::<Result<_, DecodeError>>()?;
+    Ok(Reply::Hello {
+        capacity,
+        max_inline,
+        segments,
+    })
+}
+
+/// GET's reply: one present flag (and object) per name asked, in order.
+fn decode_objects<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Reply, DecodeError> {
+    let n = r.count(1)?;
+    if n != names.len() {
+        return Err(DecodeError::NameCount {
+            asked: names.len(),
+            got: n,
+        });
+    }
+    let objects = names
+        .iter()
+        .map(|name| match r.u8()? {
+            0 => Ok(None),
+            _ => r.object(name.as_ref()).map(Some),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Reply::Objects(objects))
+}
+
+/// LIST's reply: a page of entries and where the next page starts.
+fn decode_list(r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
+    let n = r.count(1)?;
+    let mut entries = Vec::with_capacity(n);
+    for _ in 0..n {
+        entries.push(ObjectInfo {
+            name: object_name(r.str()?)?,
+            id: ObjectId::from_raw(r.u64()?),
+            size: r.u64()?,
+            device: r.device()?,
+            sealed: r.u8()? != 0,
+            ephemeral: r.u8()? != 0,
+            refcount: r.u32()?,
+            last_access: UNIX_EPOCH + Duration::from_millis(r.u64()?),
+            metadata: r.bytes()?.into(),
+        });
+    }
+    Ok(Reply::List {
+        entries,
+        next: r.u64()?,
+    })
 }
 
 impl Reply {
