@@ -12,6 +12,7 @@ numpy arrays work the same way. See README.md for lifetimes, dtypes, batch calls
 
 from .client import DEFAULT_SOCKET, Client, Subscription, init_client
 from .cuda import CudaTensor
+from .daemon import StoreProcess, start_store
 from .errors import (
     AlreadySealed,
     ConnectionError,
@@ -44,6 +45,8 @@ __all__ = [
     "Client",
     "Subscription",
     "init_client",
+    "start_store",
+    "StoreProcess",
     "init_reduction",
     "worker_init_fn",
     "default_client",
