@@ -36,7 +36,7 @@ import warnings
 
 import numpy as np
 
-# VOVP_BENCH_LEND_PUTS=0: the vovp adapters opt out of puts through a lend (BENCHMARKS.md,
+# VOVP_BENCH_LEND_PUTS=0: the vovp adapters opt out of puts through a lend (benches/FINDINGS.md,
 # finding 9); on by default, as for users.
 LEND_PUTS = os.environ.get("VOVP_BENCH_LEND_PUTS", "1") != "0"
 # VOVP_BENCH_PIPELINED_PUTS=0: the native vovp adapter's puts wait for the store's answer

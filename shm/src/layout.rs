@@ -1,7 +1,79 @@
-//! Byte layouts shared by the store and every client. Every word is a little-endian `u64`
-//! accessed atomically (no byte is ever read or written non-atomically, so a reader racing
-//! the writer reads stale or mixed words, never undefined behaviour; the seqlock throws mixed
-//! reads away). ARCHITECTURE.md, "Shared directory and hold tables", has the tables.
+//! Byte layouts shared by the store and every client: the one place they are written down.
+//! The `#[repr(C)]` structs below are the layouts, the tables here describe them, and the
+//! test `tests::layout_is_pinned` pins every offset, size and constant value in these tables,
+//! so a change to either that is not made to both fails `cargo test -p vovp-shm`.
+//!
+//! Every word is a little-endian `u64` accessed atomically (no byte is ever read or written
+//! non-atomically, so a reader racing the writer reads stale or mixed words, never undefined
+//! behaviour; the seqlock throws mixed reads away). Any change to these layouts or to
+//! [`name_hash`] bumps [`LAYOUT_VERSION`] (now 4: 2 added the lend words, 3 grew the headers
+//! to 128 bytes for `puts_sent`, 4 added `holding`); a mapping whose header disagrees with
+//! this build is refused. Offsets are in bytes.
+//!
+//! **Directory header** ([`DirHeader`], [`HEADER_SIZE`] = 128 B, at 0), written by the store
+//! before the fd is handed out:
+//!
+//! | offset | word | value |
+//! |---|---|---|
+//! | 0 | `magic` | [`DIR_MAGIC`], `"VOVPDIR1"` |
+//! | 8 | `version_entry_size` | [`LAYOUT_VERSION`] (4) \| [`ENTRY_SIZE`] (384) << 32 |
+//! | 16 | `capacity` | entries, a power of two ≤ [`MAX_CAPACITY`] (2^24) |
+//! | 24 | `name_max` | [`NAME_MAX`] (256, the store's name limit) |
+//! | 32 | `entries_offset` | [`HEADER_SIZE`] (128) |
+//! | 40 | `live` | live entries (store bookkeeping, ignored by readers) |
+//! | 48 | `next_generation` | the next generation to hand out (store bookkeeping) |
+//! | 56..128 | `reserved` | 9 words |
+//!
+//! **Directory entry** `i` ([`Entry`], [`ENTRY_SIZE`] = 384 B, six cache lines, at
+//! `128 + 384 i`), written only by the store under its seqlock:
+//!
+//! | offset | word | value |
+//! |---|---|---|
+//! | 0 | `seq` | seqlock: even = stable, odd = being written |
+//! | 8 | `state` | [`STATE_EMPTY`] 0, [`STATE_LIVE`] 1, [`STATE_TOMBSTONE`] 2 |
+//! | 16 | `hash` | [`name_hash`] (FNV-1a 64) of the name |
+//! | 24 | `object_id` | the store's object id (informational) |
+//! | 32 | `generation` | unique per publication for the directory's life, never 0: what a hold names |
+//! | 40 | `segment_name_len` | segment (low 32 bits) \| name length << 32 |
+//! | 48 | `offset` | the data: `offset .. offset + size` in the segment |
+//! | 56 | `size` | |
+//! | 64 | `meta_offset` | the metadata: `meta_offset .. meta_offset + meta_len`, same segment |
+//! | 72 | `meta_len` | |
+//! | 80 | `flags` | store-defined, carried, not interpreted here |
+//! | 88 | `stamp` | the store's LRU stamp; **outside** the seqlock (advisory) |
+//! | 96..128 | `reserved` | 4 words |
+//! | 128..384 | `name` | 32 words: the name's bytes, zero-padded, packed little-endian |
+//!
+//! **Hold table header** ([`HoldHeader`], [`HEADER_SIZE`] = 128 B, at 0), one table per
+//! client; the store writes words 0..40 when it creates the table, the other words are
+//! written by whoever is named:
+//!
+//! | offset | word | value |
+//! |---|---|---|
+//! | 0 | `magic` | [`HOLD_MAGIC`], `"VOVPHLD1"` |
+//! | 8 | `version_slot_size` | [`LAYOUT_VERSION`] (4) \| [`SLOT_SIZE`] (32) << 32 |
+//! | 16 | `slots` | slots, a power of two ≤ [`MAX_CAPACITY`] (the store's `SharedConfig` makes 4096) |
+//! | 24 | `slots_offset` | [`HEADER_SIZE`] (128) |
+//! | 32 | `client_id` | the store's id for the client (informational) |
+//! | 40 | `lend_writers` | client: puts writing into its lend now ([`crate::lend`]) |
+//! | 48 | `lend_revoked` | store: the id of the lend taken back, 0 if none |
+//! | 56 | `lend_client` | client: [`LEND_CLIENT`] (`"VOVPLEND"`) once it takes part in the lend handshake |
+//! | 64 | `puts_sent` | client: puts sent without waiting for their replies, ever ([`crate::sent`]) |
+//! | 72 | `holding` | client: slots in use; 0 lets the store skip the table |
+//! | 80..128 | `reserved` | 6 words |
+//!
+//! **Hold slot** `i` ([`HoldSlot`], [`SLOT_SIZE`] = 32 B, at `128 + 32 i`), written only by
+//! its client, read by the store:
+//!
+//! | offset | word | value |
+//! |---|---|---|
+//! | 0 | `generation` | the generation held; 0 = free |
+//! | 8 | `object_id` | informational (STATS, `list`) |
+//! | 16 | `stamp` | the client's access time (monotonic ns), kept after release, for the LRU fold |
+//! | 24 | `reserved` | |
+//!
+//! ARCHITECTURE.md, "Shared directory and hold tables", says how the store and the clients
+//! use these words (seqlock, hold protocol, the lend handshake) and why it is safe.
 
 use crate::sync::AtomicU64;
 
@@ -263,9 +335,29 @@ mod tests {
     use super::*;
     use std::mem::offset_of;
 
-    /// The offsets ARCHITECTURE.md and the crate docs promise.
+    /// Every offset, size and value in the module doc's tables. Change a layout and this
+    /// fails until the tables (and `LAYOUT_VERSION`) are brought along.
     #[test]
-    fn documented_offsets() {
+    fn layout_is_pinned() {
+        use std::mem::size_of;
+        assert_eq!(LAYOUT_VERSION, 4);
+        assert_eq!(DIR_MAGIC.to_le_bytes(), *b"VOVPDIR1");
+        assert_eq!(HOLD_MAGIC.to_le_bytes(), *b"VOVPHLD1");
+        assert_eq!(LEND_CLIENT.to_le_bytes(), *b"VOVPLEND");
+        assert_eq!(
+            [HEADER_SIZE, ENTRY_SIZE, SLOT_SIZE, NAME_MAX, NAME_WORDS, MAX_CAPACITY],
+            [128, 384, 32, 256, 32, 1 << 24]
+        );
+        assert_eq!([STATE_EMPTY, STATE_LIVE, STATE_TOMBSTONE], [0, 1, 2]);
+        assert_eq!(
+            [
+                size_of::<DirHeader>(),
+                size_of::<Entry>(),
+                size_of::<HoldHeader>(),
+                size_of::<HoldSlot>(),
+            ],
+            [HEADER_SIZE, ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE]
+        );
         assert_eq!(
             [
                 offset_of!(DirHeader, magic),
@@ -275,8 +367,9 @@ mod tests {
                 offset_of!(DirHeader, entries_offset),
                 offset_of!(DirHeader, live),
                 offset_of!(DirHeader, next_generation),
+                offset_of!(DirHeader, reserved),
             ],
-            [0, 8, 16, 24, 32, 40, 48]
+            [0, 8, 16, 24, 32, 40, 48, 56]
         );
         assert_eq!(
             [
@@ -309,16 +402,18 @@ mod tests {
                 offset_of!(HoldHeader, lend_client),
                 offset_of!(HoldHeader, puts_sent),
                 offset_of!(HoldHeader, holding),
+                offset_of!(HoldHeader, reserved),
             ],
-            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72]
+            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
         );
         assert_eq!(
             [
                 offset_of!(HoldSlot, generation),
                 offset_of!(HoldSlot, object_id),
                 offset_of!(HoldSlot, stamp),
+                offset_of!(HoldSlot, reserved),
             ],
-            [0, 8, 16]
+            [0, 8, 16, 24]
         );
     }
 
@@ -332,6 +427,5 @@ mod tests {
             u64::from_le_bytes(*b"ij\0\0\0\0\0\0")
         );
         assert_eq!(name_word(b"abc", 3), 0);
-        assert_eq!(DIR_MAGIC.to_le_bytes(), *b"VOVPDIR1");
     }
 }

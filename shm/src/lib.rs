@@ -19,22 +19,8 @@
 //!
 //! # Byte layouts
 //!
-//! Every field is a little-endian `u64` accessed only atomically ([`layout`]).
-//!
-//! * Directory header, 128 B: `magic` "VOVPDIR1" @0, `LAYOUT_VERSION | ENTRY_SIZE << 32` @8,
-//!   `capacity` (power of two) @16, `name_max` (256) @24, `entries_offset` (128) @32, `live`
-//!   @40 and `next_generation` @48 (store bookkeeping), reserved @56..128.
-//! * Entry `i`, 384 B at `128 + 384 i`: `seq` @0, `state` (0 empty, 1 live, 2 tombstone) @8,
-//!   `hash` (FNV-1a) @16, `object_id` @24, `generation` @32, `segment | name_len << 32` @40,
-//!   `offset` @48, `size` @56, `meta_offset` @64, `meta_len` @72, `flags` @80, `stamp` @88
-//!   (outside the seqlock), reserved @96..128, name bytes @128..384.
-//! * Hold table header, 128 B: `magic` "VOVPHLD1" @0, `LAYOUT_VERSION | SLOT_SIZE << 32` @8,
-//!   `slots` @16, `slots_offset` (128) @24, `client_id` @32, `lend_writers` (client) @40,
-//!   `lend_revoked` (store) @48, `lend_client` ("VOVPLEND" once the client takes part in the
-//!   lend handshake) @56, `puts_sent` (client) @64, `holding` (slots in use, kept by the
-//!   client; 0 lets the store skip the table) @72, reserved @80..128.
-//! * Hold slot `i`, 32 B at `128 + 32 i`: `generation` (0 = free) @0, `object_id` @8, `stamp`
-//!   @16, reserved @24.
+//! Written once, in [`layout`]: the tables of the directory header, entry, hold-table header
+//! and hold slot, beside the structs they describe and the test that pins them.
 //!
 //! # Why a reader never sees freed memory
 //!
@@ -48,7 +34,7 @@
 //! defers. Generations are never reused, so a stale hold pins nothing newer and a stale
 //! snapshot never validates. The loom models (`tests/loom.rs`) check this exhaustively within
 //! a preemption bound: `RUSTFLAGS="--cfg loom" cargo test -p vovp-shm --release --test loom`.
-//! ARCHITECTURE.md, "Shared directory and hold tables", has the full tables.
+//! ARCHITECTURE.md, "Shared directory and hold tables", has the protocol in full.
 
 #![warn(unreachable_pub, missing_debug_implementations)]
 // Offsets and lengths come from other processes: a silent truncation is a wrong address.
