@@ -943,6 +943,7 @@ impl ObjectTable {
             creates: self.creates,
             evicted_objects: self.evicted_objects,
             evicted_bytes: self.evicted_bytes,
+            waiting_gets: self.pending.len() as u64,
             ..Default::default()
         };
         for (_, e) in &self.objects {

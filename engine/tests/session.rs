@@ -115,7 +115,13 @@ fn release_all_gives_back_everything_and_ends_a_waiting_get() {
     let waiter = s.clone();
     let wait =
         std::thread::spawn(move || block_on(waiter.get(&["never"], Some(Duration::from_secs(60)))));
-    std::thread::sleep(Duration::from_millis(100));
+    // Released only once the GET waits in the table (a count, not a guessed sleep): else it
+    // would start after the release and wait its whole 60 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while e.stats().unwrap().waiting_gets != 1 {
+        assert!(std::time::Instant::now() < deadline, "the GET never waited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
     s.release_all();
     assert!(matches!(wait.join().unwrap(), Err(Error::ShuttingDown)));
     let stats = e.stats().unwrap();

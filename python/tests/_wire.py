@@ -82,6 +82,7 @@ STATS_FIELDS = (
     "evicted_bytes",
     "connections",
     "shared_holds",
+    "waiting_gets",
 )
 
 # --- precompiled structs -------------------------------------------------------------------

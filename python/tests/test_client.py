@@ -396,7 +396,8 @@ def test_deferred_release_sent_after_a_waiting_get(daemon):
 
     th = threading.Thread(target=wait_for_missing)
     th.start()
-    time.sleep(0.1)  # the GET is waiting in the daemon, holding the connection
+    # The GET is waiting in the daemon, holding the connection (a count, not a guessed sleep).
+    assert wait_for(lambda: watcher.stats()["waiting_gets"] == 1, timeout=10)
     del a
     gc.collect()
     time.sleep(0.1)

@@ -345,7 +345,14 @@ mod tests {
         assert_eq!(HOLD_MAGIC.to_le_bytes(), *b"VOVPHLD1");
         assert_eq!(LEND_CLIENT.to_le_bytes(), *b"VOVPLEND");
         assert_eq!(
-            [HEADER_SIZE, ENTRY_SIZE, SLOT_SIZE, NAME_MAX, NAME_WORDS, MAX_CAPACITY],
+            [
+                HEADER_SIZE,
+                ENTRY_SIZE,
+                SLOT_SIZE,
+                NAME_MAX,
+                NAME_WORDS,
+                MAX_CAPACITY
+            ],
             [128, 384, 32, 256, 32, 1 << 24]
         );
         assert_eq!([STATE_EMPTY, STATE_LIVE, STATE_TOMBSTONE], [0, 1, 2]);

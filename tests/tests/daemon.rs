@@ -550,7 +550,8 @@ fn a_client_killed_while_waiting_in_a_get_releases_at_once() {
     // Holds "held", then blocks in a GET (one-hour timeout) for a name nobody will seal.
     let mut waiter = d.fixture_spawn(&["hold", "held", "--wait-for", "never-sealed"]);
     assert_eq!(read_line(&mut waiter), "holding");
-    std::thread::sleep(Duration::from_millis(200)); // let the GET reach the daemon
+    // The GET is in the daemon: its waiter is registered (no guessed sleep).
+    wait_until(T, || c.stats().unwrap().waiting_gets == 1);
     assert_eq!(c.stats().unwrap().references, 1);
     waiter.kill().unwrap();
     let _ = waiter.wait();

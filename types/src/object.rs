@@ -225,6 +225,9 @@ pub struct StoreStats {
     /// References held through clients' hold tables (gets without a message); also counted
     /// in `references`.
     pub shared_holds: u64,
+    /// GETs waiting for a name to be sealed (each counted once, however many names it waits
+    /// for): what a test, or an operator, checks to know a waiter is in place.
+    pub waiting_gets: u64,
     pub creates: u64,
     pub evicted_objects: u64,
     pub evicted_bytes: u64,

@@ -283,7 +283,10 @@ fn stats_text(s: &StoreStats, connections: u64) -> String {
             "references   {} held by {} holders ({} through hold tables)",
             s.references, s.holders, s.shared_holds
         ),
-        format!("connections  {connections}"),
+        format!(
+            "connections  {connections} ({} GETs waiting for a seal)",
+            s.waiting_gets
+        ),
         format!("creates      {}", s.creates),
         format!(
             "evicted      {} objects, {}",
@@ -305,6 +308,7 @@ fn stats_json(s: &StoreStats, connections: u64) -> String {
         "references": s.references,
         "holders": s.holders,
         "shared_holds": s.shared_holds,
+        "waiting_gets": s.waiting_gets,
         "creates": s.creates,
         "evicted_objects": s.evicted_objects,
         "evicted_bytes": s.evicted_bytes,
