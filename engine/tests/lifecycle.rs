@@ -42,14 +42,14 @@ fn create_write_seal_get_release() {
     e.shutdown();
 }
 
+/// Polls `f` every 2 ms until it holds. The limit only turns a hang into a failure: on a
+/// loaded 2-CPU machine 1 s (the old limit) was not always enough for a release to land.
 fn wait_for(mut f: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "condition not reached in 20 s");
         std::thread::sleep(Duration::from_millis(2));
     }
-    panic!("condition not reached");
 }
 
 #[test]
