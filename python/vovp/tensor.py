@@ -35,13 +35,18 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _native
 from .errors import ProtocolError
 
-MAGIC = b"VTNS"
-VERSION = 1
+# The header's format is the engine's (engine/src/tensor.rs, vovp::TensorMeta): encoded and
+# decoded there, through vovp._native; these constants are what it writes.
+MAGIC = _native.TENSOR_MAGIC  # b"VTNS"
+VERSION = _native.TENSOR_VERSION  # 1
 HEADER = struct.Struct("<4sBBBBII")  # magic, version, dtype, device_type, byte_order, dev, ndim
-HEADER_SIZE = HEADER.size  # 16
+HEADER_SIZE = _native.TENSOR_HEADER_SIZE  # 16
 MAX_NDIM = 64
+_encode = _native.encode_tensor_header
+_decode = _native.decode_tensor_header
 
 # Framework codes of the extension byte (see the module docstring).
 FRAMEWORK_UNSPECIFIED = 0
@@ -78,16 +83,6 @@ for _code, _name in DTYPE_NAMES.items():
     _dt = np.dtype(_name)
     _CODE_TO_NP[(_code, LITTLE)] = _dt.newbyteorder("<")
     _CODE_TO_NP[(_code, BIG)] = _dt.newbyteorder(">")
-
-# Shape structs by ndim: tensors of the same rank are common, pack them in one call.
-_SHAPE_STRUCTS = [struct.Struct(f"<{n}q") for n in range(9)]
-
-
-def _shape_struct(ndim: int) -> struct.Struct:
-    if ndim < len(_SHAPE_STRUCTS):
-        return _SHAPE_STRUCTS[ndim]
-    return struct.Struct(f"<{ndim}q")
-
 
 def _bfloat16_numpy():
     """ml_dtypes' bfloat16 numpy dtype, or None."""
@@ -133,14 +128,13 @@ class TensorMeta(NamedTuple):
 
 def encode_header(code: int, shape, byte_order: int = LITTLE, device_type: int = DEVICE_CPU,
                   device_id: int = 0, framework: int = FRAMEWORK_UNSPECIFIED) -> bytes:
+    """The header (the engine's ``TensorMeta::encode``, through ``vovp._native``)."""
     shape = tuple(shape)
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise ValueError(f"tensors have at most {MAX_NDIM} dimensions, got {ndim}")
-    header = (HEADER.pack(MAGIC, VERSION, code, device_type, byte_order, device_id, ndim)
-              + _shape_struct(ndim).pack(*shape))
     # Unspecified writes nothing: such headers stay readable by readers older than the field.
-    return header + bytes((framework,)) if framework else header
+    return _encode(code, shape, byte_order, device_type, device_id, framework)
 
 
 def is_tensor_header(meta) -> bool:
@@ -148,26 +142,10 @@ def is_tensor_header(meta) -> bool:
 
 
 def decode_header(meta) -> TensorMeta:
-    """Parse a tensor header; ProtocolError when it is not one this client understands."""
-    if len(meta) < HEADER_SIZE or meta[:4] != MAGIC:
-        raise ProtocolError("metadata is not a vovp tensor header")
-    _, version, code, device_type, order, device_id, ndim = HEADER.unpack_from(meta, 0)
-    if version != VERSION:
-        raise ProtocolError(f"tensor header version {version} is not supported")
-    if code not in DTYPE_NAMES:
-        raise ProtocolError(f"unknown tensor dtype code {code}")
-    if order not in (LITTLE, BIG):
-        raise ProtocolError(f"unknown byte order {order} in tensor header")
-    if ndim > MAX_NDIM or len(meta) < HEADER_SIZE + 8 * ndim:
-        raise ProtocolError(f"tensor header of {len(meta)} bytes is too short for {ndim} dims")
-    shape = _shape_struct(ndim).unpack_from(meta, HEADER_SIZE)
-    if any(d < 0 for d in shape):
-        raise ProtocolError(f"negative dimension in tensor shape {shape}")
-    end = HEADER_SIZE + 8 * ndim
-    # An unknown framework code (a newer writer) is a hint this client cannot follow: ignore it.
-    framework = meta[end] if len(meta) > end and meta[end] in (FRAMEWORK_NUMPY,
-                                                                FRAMEWORK_TORCH) else 0
-    return TensorMeta(code, shape, order, device_type, device_id, framework)
+    """Parse a tensor header (the engine's ``TensorMeta::decode``, through ``vovp._native``);
+    ProtocolError when it is not one this client understands. An unknown framework code (a
+    newer writer) is a hint this client cannot follow: it reads as unspecified."""
+    return TensorMeta(*_decode(meta if type(meta) is bytes else bytes(meta)))
 
 
 # --- numpy ---------------------------------------------------------------------------------
