@@ -100,7 +100,7 @@ pub(crate) fn decode_tensor_header<'py>(
 const FIXED_LEN: usize = 16;
 
 /// Registers the header functions and the constants of the format (the magic, version and
-/// fixed length as the engine writes them).
+/// fixed length as the engine writes them, and the engine's dtypes).
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_tensor_header, m)?)?;
     m.add_function(wrap_pyfunction!(decode_tensor_header, m)?)?;
@@ -115,5 +115,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TENSOR_MAGIC", PyBytes::new(m.py(), &scalar[..4]))?;
     m.add("TENSOR_VERSION", scalar[4])?;
     m.add("TENSOR_HEADER_SIZE", scalar.len())?;
+    // (code, numpy-style name, item size) of every dtype the header can name.
+    let dtypes: Vec<(u8, &str, usize)> = DType::ALL
+        .iter()
+        .map(|&d| (d as u8, d.name(), d.itemsize()))
+        .collect();
+    m.add("DTYPES", PyTuple::new(m.py(), dtypes)?)?;
     Ok(())
 }

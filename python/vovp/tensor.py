@@ -62,16 +62,9 @@ BOOL, INT8, INT16, INT32, INT64 = 1, 2, 3, 4, 5
 UINT8, UINT16, UINT32, UINT64 = 6, 7, 8, 9
 FLOAT16, BFLOAT16, FLOAT32, FLOAT64, COMPLEX64, COMPLEX128 = 10, 11, 12, 13, 14, 15
 
-DTYPE_NAMES = {
-    BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64",
-    UINT8: "uint8", UINT16: "uint16", UINT32: "uint32", UINT64: "uint64",
-    FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
-    COMPLEX64: "complex64", COMPLEX128: "complex128",
-}
-ITEMSIZE = {
-    BOOL: 1, INT8: 1, INT16: 2, INT32: 4, INT64: 8, UINT8: 1, UINT16: 2, UINT32: 4, UINT64: 8,
-    FLOAT16: 2, BFLOAT16: 2, FLOAT32: 4, FLOAT64: 8, COMPLEX64: 8, COMPLEX128: 16,
-}
+# The engine's dtypes (vovp::DType): code -> numpy-style name, code -> item size in bytes.
+DTYPE_NAMES = {code: name for code, name, _ in _native.DTYPES}
+ITEMSIZE = {code: size for code, _, size in _native.DTYPES}
 
 # numpy dtype (native byte order) -> code. Keyed on dtype objects, which hash by value.
 _NP_TO_CODE = {np.dtype(name): code for code, name in DTYPE_NAMES.items() if code != BFLOAT16}
@@ -233,14 +226,8 @@ def torch_tables():
     if _TORCH_TABLES is None:
         import torch  # noqa: PLC0415
 
-        names = {
-            BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64",
-            UINT8: "uint8", UINT16: "uint16", UINT32: "uint32", UINT64: "uint64",
-            FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
-            COMPLEX64: "complex64", COMPLEX128: "complex128",
-        }
         code_to = {}
-        for code, name in names.items():
+        for code, name in DTYPE_NAMES.items():
             dt = getattr(torch, name, None)  # uint16/32/64 only exist in torch >= 2.3
             if dt is not None:
                 code_to[code] = dt
