@@ -19,29 +19,52 @@ object, hence the reference, alive; when the last one goes the Rust view's ``Dro
 it (sent at once when the connection is idle, else ahead of the next request). A native object
 also keeps its connection open, so a reference outlives the client that got it.
 
-``_LEASES`` (id(owner) -> weakref with the object's name, id and address range) is only an
-index: ``release(arr)`` and ``find_lease(arr)`` find the reference behind an array (by its owner,
-or by address for torch tensors), and ``release`` gives it back early through the native object.
+Leases (``vovp._lease``) are only an index of these references: ``release(arr)`` and
+``find_lease(arr)`` find the reference behind an array (by its owner, or by address for torch
+tensors), and ``release`` gives it back early through the native object.
 
 Fork: a child must not talk on its parent's socket. A client used in another process than the
 one that created it raises ConnectionError, and references that reached a child are never
 released from it (the parent's connection owns them); ``vovp.default_client()`` opens a new
 connection per process.
+
+Internal interface
+------------------
+What the rest of the package (``vovp.plasma``, ``vovp.reduction``) uses of a ``Client``
+besides its public methods; everything else here is private to this module:
+
+- ``_get1(name, timeout, writable=False, missing_ok=False)``: the single get, the native
+  view (holding the reference) or None / ObjectNotFound;
+- ``_owner(obj)``: the host owner array over a native view, leased (GpuUnavailable, releasing
+  the reference, for a CUDA object); ``_drop_owner(owner)``: release its reference now;
+- ``put_tensor(..., _seal_later=True)``: a hand-off's put whose SEAL reply is read later;
+- ``_usable_here()``: open, and created in this process;
+- the module's ``INLINE_LIMIT``, ``LEND_LIMIT``, ``RELEASE_DELAY``, ``copy_into``,
+  ``find_lease``.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import _copy
+from . import _lease as L
 from . import _native as N
 from . import cuda as C
 from . import tensor as T
+from ._args import (
+    _byte_array,
+    _check_framework,
+    _host_result,
+    _host_source,
+    _metadata,
+    _name,
+    _timeout,
+)
+from ._client_cuda import CudaMethods
 from .errors import (
     ConnectionError,
     GpuUnavailable,
@@ -54,8 +77,8 @@ DEFAULT_SOCKET = "/tmp/vovp.sock"
 
 # Objects up to this size go to the native put in any case (one PUT frame; through a lend,
 # those of 64 KiB or more through its lend: copy + one PUBLISH); larger ones through CREATE +
-# copy + SEAL unless LEND_LIMIT takes them (the Rust client's CLIENT_INLINE_PUT).
-INLINE_LIMIT = 256 << 10
+# copy + SEAL unless LEND_LIMIT takes them (the Rust client's CLIENT_INLINE_PUT, 256 KiB).
+INLINE_LIMIT = N.INLINE_LIMIT
 # Contiguous, little-endian objects up to this size go to the native put too: the largest a
 # lend takes (a quarter of the largest lend, 16 MiB); the native core falls back to CREATE +
 # copy + SEAL itself where its lend cannot take one (a smaller store, --prefault).
@@ -64,89 +87,18 @@ LEND_LIMIT = 4 << 20
 # their RELEASEs, which ride in front of the next request or are sent by a small thread after
 # this delay if the client stays idle (``release_delay=0``: each is sent when its view drops).
 RELEASE_DELAY = 0.002
-# Copies larger than this are split across the copy pool.
-PARALLEL_COPY_MIN = 1 << 20
 
 __all__ = ["Client", "init_client", "DEFAULT_SOCKET"]
 
-
-# --- leases ----------------------------------------------------------------------------------
-
-
-class _Lease(weakref.ref):
-    """Weak reference to an owner (array or device buffer): where a reference's bytes are."""
-
-    __slots__ = ("key", "client", "oid", "name", "start", "size", "token", "cuda", "obj",
-                 "generation", "segment", "offset")
-
-    def __new__(cls, owner, client, obj, cuda=False):
-        self = weakref.ref.__new__(cls, owner, _lease_died)
-        self.key = id(owner)
-        self.client = client
-        # Host: address of the first byte in this process. CUDA: the device address.
-        # Where the store keeps it: (segment id, offset) for host objects (None for CUDA).
-        self.oid, self.name, self.start, self.size, place = obj.lease_fields
-        if cuda:
-            self.start = owner.ptr
-        self.segment, self.offset = place or (None, None)
-        self.cuda = cuda
-        self.obj = weakref.ref(obj)
-        self.generation = client._generation
-        # Whoever pops this token releases the reference (or gives it up): list.pop is atomic,
-        # so an explicit release() racing garbage collection releases once.
-        self.token = [True]
-        return self
-
-    def __init__(self, owner, *args, **kwargs):
-        super().__init__(owner, _lease_died)
+# This process's fork count (vovp._lease's): a module global, read on every call.
+_FORKS = L.FORKS
 
 
-def _new_lease(owner, client, obj, cuda=False):
-    # __new__ alone: weakref.ref's __init__ does nothing more, and every get pays for a call.
-    return _Lease.__new__(_Lease, owner, client, obj, cuda)
-
-
-# Forks of this process so far (a child's clients see their parent's count change): cheaper
-# on every call than comparing os.getpid().
-_FORKS = [0]
-os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
-
-# id(owner) -> _Lease. Module-level so lookups by address see every client's objects.
-_LEASES: dict = {}
-
-# Finders of store memory handed out without a lease, asked by address when no lease matches:
-# functions (address, cuda) -> lease or None, which register the lease they make in _LEASES.
-# (vovp.plasma's gets make none: a lease cost a quarter of a drop-in get.)
-_FINDERS: list = []
+# --- finding the reference behind an array ---------------------------------------------------
 
 # Objects found by address that were released explicitly (id -> weakref), so that releasing
 # the same torch tensor twice does not release a second reference of the same store object.
 _RELEASED_BY_ADDRESS: dict = {}
-
-
-def _lease_died(lease):
-    # Runs inside garbage collection: never raise. The native object releases itself.
-    try:
-        if _LEASES.get(lease.key) is lease:
-            del _LEASES[lease.key]
-    except BaseException:  # noqa: BLE001 (interpreter shutdown)
-        pass
-
-
-def _claim(lease) -> bool:
-    """Take the right to release ``lease``'s reference; False if someone already did."""
-    try:
-        lease.token.pop()
-        return True
-    except IndexError:
-        return False
-
-
-def _give_back(lease) -> None:
-    """Release ``lease``'s reference now (it was claimed)."""
-    obj = lease.obj()
-    if obj is not None:
-        obj.release()
 
 
 def _data_address(obj):
@@ -162,7 +114,8 @@ def _data_address(obj):
 
 
 def find_lease(obj):
-    """The lease whose object ``obj`` (an array, tensor or memoryview) points into, or None."""
+    """The lease (``vovp._lease.Lease``) whose object ``obj`` (an array, tensor or memoryview)
+    points into, or None."""
     return _find_lease(obj)[0]
 
 
@@ -181,21 +134,10 @@ def _cuda_address(obj):
     return None
 
 
-def _release_owner(owner) -> bool:
-    """Release the reference behind a CUDA owner now (``CudaTensor.release``)."""
-    lease = _LEASES.get(id(owner))
-    if lease is None or lease() is not owner or not _claim(lease):
-        return False
-    _give_back(lease)
-    return True
-
-
 def _find_lease(obj):
     """(lease, found by address) for ``obj``; (None, False) when it is not store memory."""
     if isinstance(obj, C.CudaTensor):
-        owner = obj._owner
-        lease = _LEASES.get(id(owner))
-        return (lease, False) if lease is not None and lease() is owner else (None, False)
+        return L.lease_of(obj._owner), False
     addr = _cuda_address(obj)
     cuda = addr is not None
     if not cuda:
@@ -207,105 +149,24 @@ def _find_lease(obj):
             candidates = [obj.obj, getattr(obj.obj, "base", None)]
         for c in candidates:
             if c is not None:
-                lease = _LEASES.get(id(c))
-                if lease is not None and lease() is c:
+                lease = L.lease_of(c)
+                if lease is not None:
                     return lease, False
         # Slow path (torch tensors, arrays rebuilt from buffers): match the address range.
         addr = _data_address(obj)
         if addr is None:
             return None, False
-    for lease in list(_LEASES.values()):
-        if lease.cuda != cuda or not lease.token or lease() is None:
-            continue
-        start = lease.start
-        if start <= addr < start + lease.size or (addr == start and lease.size == 0):
-            return lease, True
-    for find in _FINDERS:
-        lease = find(addr, cuda)
-        if lease is not None:
-            return lease, True
-    return None, False
+    lease = L.lease_at(addr, cuda)
+    return (lease, True) if lease is not None else (None, False)
 
 
-# --- parallel copy -----------------------------------------------------------------------------
-
-_POOL = None
-_POOL_LOCK = threading.Lock()
-
-
-def _copy_pool():
-    global _POOL
-    if _POOL is None:
-        with _POOL_LOCK:
-            if _POOL is None:
-                n = max(1, min(8, os.cpu_count() or 1))
-                _POOL = ThreadPoolExecutor(n, thread_name_prefix="vovp-copy")
-    return _POOL
-
-
-def _reset_pool_after_fork():
-    # The pool's threads do not exist in a forked child, and the lock may have been held by
-    # one of the parent's other threads.
-    global _POOL, _POOL_LOCK
-    _POOL = None
-    _POOL_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_pool_after_fork)
-
-
-def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` (same shape, dtypes equal up to byte order), in parallel when large.
-
-    numpy releases the GIL for plain copies, so a few threads each copying a slab get close to
-    memory bandwidth instead of the ~one-core speed of a single memcpy.
-    """
-    nbytes = dst.nbytes
-    workers = min(8, os.cpu_count() or 1)
-    if nbytes < PARALLEL_COPY_MIN * 2 or workers < 2:
-        np.copyto(dst, src, casting="equiv")
-        return
-    if src.flags.c_contiguous:
-        d, s = dst.reshape(-1), src.reshape(-1)
-    elif dst.ndim >= 1 and dst.shape[0] >= 2:
-        d, s = dst, src  # split along the first axis; each slab is a strided copy
-    else:
-        np.copyto(dst, src, casting="equiv")
-        return
-    n = d.shape[0]
-    parts = min(workers, max(1, nbytes // PARALLEL_COPY_MIN), n)
-    bounds = [n * i // parts for i in range(parts + 1)]
-    # Slabs are claimed (like vovp::parallel_copy's chunks): the calling thread copies slabs
-    # too and then waits only for slabs a pool thread is copying, never for a sleeping pool
-    # thread to wake up and start (after a pause that wake-up cost more than it saved).
-    claims = itertools.count()
-    done = [threading.Event() for _ in range(parts)]
-    errors = []
-
-    def copy_claimed():
-        while (i := next(claims)) < parts:  # next() on a count is atomic under the GIL
-            try:
-                np.copyto(d[bounds[i]:bounds[i + 1]], s[bounds[i]:bounds[i + 1]],
-                          casting="equiv")
-            except BaseException as e:  # noqa: BLE001 (re-raised by the caller below)
-                errors.append(e)
-            finally:
-                done[i].set()
-
-    pool = _copy_pool()
-    for _ in range(1, parts):
-        pool.submit(copy_claimed)
-    copy_claimed()
-    for e in done:
-        e.wait()
-    if errors:
-        raise errors[0]
+copy_into = _copy.copy_into
 
 
 # --- client ------------------------------------------------------------------------------------
 
 
-class Client:
+class Client(CudaMethods):
     """A connection to a vovp store. Thread-safe; use one per process (see ``init_client``).
 
     Arrays returned by ``get_tensor``/``put_tensor`` are read-only views of the store's memory
@@ -346,7 +207,6 @@ class Client:
         self._forks = _FORKS[0]
         self._reconnect = reconnect
         self._release_delay = release_delay
-        self._generation = 0
         self._closed = True  # until HELLO succeeded
         self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
         self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
@@ -376,9 +236,8 @@ class Client:
             return
         self._closed = True
         self._n.close()
-        for lease in list(_LEASES.values()):
-            if lease.client is self:
-                _claim(lease)  # the connection's end released them all
+        for lease in L.leases_of(self):
+            L.claim(lease)  # the connection's end released them all
         self._unsealed.clear()
 
     def __enter__(self):
@@ -390,6 +249,10 @@ class Client:
     def __repr__(self):
         state = "closed" if self._closed else f"capacity={self.capacity}"
         return f"<vovp.Client {self._path!r} {state}>"
+
+    def _usable_here(self) -> bool:
+        """Whether this client may be used: open, and created in this process."""
+        return not self._closed and self._pid == os.getpid()
 
     def _check_usable(self):
         if os.getpid() != self._pid:
@@ -410,9 +273,8 @@ class Client:
         if not self._reconnect:
             self._closed = True
             self._n.close()
-            for lease in list(_LEASES.values()):
-                if lease.client is self:
-                    _claim(lease)
+            for lease in L.leases_of(self):
+                L.claim(lease)
 
     # -- releases -------------------------------------------------------------------------------
 
@@ -425,8 +287,8 @@ class Client:
         """
         by_address = None
         if isinstance(obj, int):
-            lease = next((lease for lease in list(_LEASES.values())
-                          if lease.client is self and lease.oid == obj and lease.token), None)
+            lease = next((lease for lease in L.leases_of(self)
+                          if lease.oid == obj and lease.token), None)
         else:
             done = _RELEASED_BY_ADDRESS.get(id(obj))
             if done is not None and done() is obj:
@@ -436,7 +298,7 @@ class Client:
                 lease = None
             if found_by_address:
                 by_address = obj  # e.g. a torch tensor: remember it, as it has no owner link
-        if lease is None or not _claim(lease):
+        if lease is None or not L.claim(lease):
             return False
         if by_address is not None:
             key = id(by_address)
@@ -446,7 +308,7 @@ class Client:
             except TypeError:  # not weak-referenceable
                 pass
         if os.getpid() == self._pid and not self._closed:
-            _give_back(lease)
+            L.give_back(lease)
         return True
 
     def flush(self) -> None:
@@ -459,7 +321,7 @@ class Client:
     # -- owners ---------------------------------------------------------------------------------
 
     def _owner(self, obj, name=None):
-        """uint8 array over native ``obj``'s bytes, indexed in ``_LEASES``; the reference lives
+        """uint8 array over native ``obj``'s bytes, leased (``vovp._lease``); the reference lives
         as long as some array over it does."""
         if not obj.is_host:
             obj.release()
@@ -467,8 +329,7 @@ class Client:
                 f"{obj.name!r} is a CUDA object: it has no host memory to map (get it with "
                 "get_tensor, which returns a CUDA tensor)", 10)
         owner = np.asarray(obj)
-        lease = _new_lease(owner, self, obj)
-        _LEASES[lease.key] = lease
+        L.lease(owner, self, obj)
         return owner
 
     def _cuda_owner(self, obj):
@@ -486,17 +347,16 @@ class Client:
                 obj.release()
                 raise
         owner = C.DeviceBuffer(obj.cuda_ptr, obj.size, obj.location[1], None, obj)
-        lease = _new_lease(owner, self, obj, cuda=True)
-        _LEASES[lease.key] = lease
+        L.lease(owner, self, obj, cuda=True)
         return owner
 
     def _drop_owner(self, owner):
         """Release ``owner``'s reference now (error paths)."""
-        lease = _LEASES.get(id(owner))
-        if lease is not None and lease() is owner and _claim(lease):
+        lease = L.lease_of(owner)
+        if lease is not None and L.claim(lease):
             if self._unsealed.get(lease.name) is lease:
                 del self._unsealed[lease.name]
-            _give_back(lease)
+            L.give_back(lease)
 
     # -- raw objects ----------------------------------------------------------------------------
 
@@ -506,7 +366,7 @@ class Client:
             owner = self._owner(buf)
         else:
             owner = self._cuda_owner(buf)
-        self._unsealed[name] = _LEASES[id(owner)]
+        self._unsealed[name] = L.lease_of(owner)
         return owner
 
     def create(self, name, size: int, metadata=b"", ephemeral: bool = False) -> np.ndarray:
@@ -553,7 +413,7 @@ class Client:
         # The creator's reference went with the object; do not release it again later.
         lease = self._unsealed.pop(name, None)
         if lease is not None:
-            _claim(lease)
+            L.claim(lease)
 
     def put(self, name, data, metadata=b"", ephemeral: bool = False, wait: bool = False):
         """Store ``data`` (any bytes-like object) as a sealed object.
@@ -585,24 +445,26 @@ class Client:
         negative = forever. Raises ObjectNotFound when it is still missing.
         With ``with_metadata=True`` returns ``(memoryview, metadata bytes)``.
         """
-        # _get1 and the _native guard written out: this is every get's path.
-        if self._closed or _FORKS[0] != self._forks:
-            self._check_usable()
-        try:
-            obj = self._n.get1(name if type(name) is str else _name(name),
-                               None if timeout is None else _timeout(timeout), writable)
-        except ConnectionError:
-            self._connection_lost()
-            raise
-        if obj is None:
-            raise ObjectNotFound(f"no sealed object named {name!r}", 1)
+        obj = self._get1(name, timeout, writable)
         mv = memoryview(self._owner(obj))
         return (mv, obj.metadata) if with_metadata else mv
 
-    def _get1(self, name, timeout, writable=False):
-        obj = self._native.get1(_name(name), None if timeout is None else _timeout(timeout),
-                                writable)
-        if obj is None:
+    def _get1(self, name, timeout, writable=False, missing_ok=False):
+        """The single get: the native view of sealed object ``name`` (it holds the reference),
+        or None when it is still missing and ``missing_ok``, else ObjectNotFound. ``timeout``
+        as in ``get_buffer``. Every get of one name takes this path (``get_buffer``,
+        ``to_device``, vovp.plasma, vovp.reduction): the usability checks and the ``_native``
+        guard are written out here rather than called."""
+        if self._closed or _FORKS[0] != self._forks:
+            self._check_usable()
+        if timeout is not None and (type(timeout) is not float or timeout < 0):
+            timeout = _timeout(timeout)
+        try:
+            obj = self._n.get1(name if type(name) is str else _name(name), timeout, writable)
+        except ConnectionError:
+            self._connection_lost()
+            raise
+        if obj is None and not missing_ok:
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
         return obj
 
@@ -881,203 +743,6 @@ class Client:
             return T.numpy_to_torch(arr, code)
         return arr
 
-    # -- CUDA tensors ---------------------------------------------------------------------------
-
-    def put_cuda(self, name, ptr, nbytes=None, dtype=None, shape=None, device=None,
-                 ephemeral: bool = False, writable: bool = False, framework: str = "cuda",
-                 stream=None):
-        """Store device memory as a CUDA tensor object; return the store's copy, zero-copy.
-
-        ``ptr``: a device address (int) with ``nbytes``/``dtype`` (default uint8)/``shape``
-        (default 1-D), or any object with ``__cuda_array_interface__`` (C-contiguous; its
-        shape, dtype and stream are used). ``device``: the ordinal to store on; by default the
-        device ``ptr`` lives on (asked from the driver). ``stream``: a CUDA stream handle to
-        wait for before copying (the interface's own ``stream`` is honoured too).
-
-        Creates the object on the device, copies device-to-device into the store's memory,
-        waits for the copy, seals. Returns a ``CudaTensor`` (read-only unless ``writable``),
-        or a torch tensor with ``framework="torch"``; it holds one reference like every
-        result. Raises GpuUnavailable when this process has no usable CUDA driver (or the
-        daemon has none), before anything is created.
-        """
-        C.driver()  # the reason, before anything reaches the daemon
-        fw = self._cuda_framework(framework, name)
-        byte_order = T.LITTLE
-        iface = None if isinstance(ptr, int) else C.cuda_interface(ptr)
-        if iface is not None:
-            if iface.get("mask") is not None:
-                raise ValueError("masked CUDA arrays are not supported")
-            src = int(iface["data"][0])
-            np_dt = np.dtype(iface["typestr"])
-            ishape = tuple(int(d) for d in iface["shape"])
-            strides = iface.get("strides")
-            if strides is not None and tuple(strides) != _c_strides(ishape, np_dt.itemsize):
-                raise ValueError("put_cuda needs a C-contiguous CUDA array; make it contiguous "
-                                 "first")
-            if dtype is not None and np.dtype(dtype) != np_dt:
-                raise ValueError(f"dtype {dtype!r} does not match the array's {np_dt}")
-            if shape is not None and tuple(shape) != ishape:
-                raise ValueError(f"shape {shape!r} does not match the array's {ishape}")
-            code = T.numpy_code(np_dt)
-            byte_order = T.BIG if np_dt.byteorder == ">" else T.LITTLE
-            shape = ishape
-            size = np_dt.itemsize * int(np.prod(shape, dtype=np.int64))
-            if nbytes is not None and int(nbytes) != size:
-                raise ValueError(f"nbytes={nbytes} but the array has {size} bytes")
-            nbytes = size
-            if stream is None:
-                stream = iface.get("stream")
-        else:
-            try:
-                src = int(ptr)
-            except TypeError:
-                raise TypeError("put_cuda takes a device address (int) or an object with "
-                                f"__cuda_array_interface__, not {type(ptr).__name__}") from None
-            code = _dtype_code(dtype if dtype is not None else np.uint8)
-            itemsize = T.ITEMSIZE[code]
-            if shape is None:
-                if nbytes is None:
-                    raise ValueError("put_cuda of a raw pointer needs nbytes or shape")
-                if int(nbytes) % itemsize:
-                    raise ValueError(f"nbytes={nbytes} is not a multiple of the {itemsize}-byte "
-                                     "item size")
-                shape = (int(nbytes) // itemsize,)
-            shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
-            size = itemsize * int(np.prod(shape, dtype=np.int64))
-            if nbytes is not None and int(nbytes) != size:
-                raise ValueError(f"nbytes={nbytes} does not match shape {shape} of "
-                                 f"{T.DTYPE_NAMES[code]} ({size} bytes)")
-            nbytes = size
-        if device is None:
-            device = C.device_of(src) if nbytes else 0
-        device = int(device)
-        pre_copy = None if stream is None else (lambda: C.sync_stream(stream))
-        owner = self._put_device(name, src, nbytes, code, shape, byte_order, device, ephemeral,
-                                 pre_copy)
-        return self._cuda_result(owner, code, shape, byte_order, fw, writable, name)
-
-    def _put_torch_cuda(self, name, t, ephemeral):
-        """put_tensor of a CUDA torch tensor (see put_tensor)."""
-        C.driver()
-        import torch  # noqa: PLC0415 (t is a torch tensor: torch is imported)
-
-        to_code, _ = T.torch_tables()
-        code = to_code.get(t.dtype)
-        if code is None:
-            raise TypeError(f"vovp cannot store torch dtype {t.dtype}")
-        # detach: no autograd history in the store; resolve_*: materialise lazy conj/neg bits;
-        # contiguous: the store keeps C-contiguous data. All may queue kernels on torch's
-        # current stream, which is synchronised before the copy.
-        t = t.detach().resolve_conj().resolve_neg().contiguous()
-        device = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        shape = tuple(t.shape)
-        nbytes = t.numel() * t.element_size()
-
-        def pre_copy():
-            # The data may still be being computed on torch's stream; ours does not wait for it.
-            torch.cuda.current_stream(t.device).synchronize()
-
-        owner = self._put_device(name, t.data_ptr(), nbytes, code, shape, T.LITTLE, device,
-                                 ephemeral, pre_copy, T.FRAMEWORK_TORCH)
-        return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
-
-    def _put_device(self, name, src, nbytes, code, shape, byte_order, device, ephemeral,
-                    pre_copy=None, framework=T.FRAMEWORK_UNSPECIFIED):
-        """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
-        device owner holding the (now sealed) creator's reference."""
-        name = _name(name)
-        meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device, framework)
-        owner = self._create(name, nbytes, meta, ephemeral, device)
-        try:
-            if pre_copy is not None:
-                pre_copy()
-            C.copy_d2d(owner.ptr, src, nbytes, device)
-            self.seal(name)
-        except BaseException:
-            self._drop_owner(owner)  # releasing the creator's reference aborts the object
-            raise
-        return owner
-
-    def to_device(self, name, new_name, device: int = 0, ephemeral: bool = False,
-                  framework=None, writable: bool = False, timeout=None):
-        """Store a copy of object ``name`` on cuda:``device`` under ``new_name``.
-
-        A host object is copied host-to-device straight from the store's mapping; a CUDA
-        object device-to-device (e.g. to another GPU). The tensor header, if any, is kept
-        with its device fields updated. Returns the new object like ``get_tensor`` would
-        (``framework``: None, "torch" or "cuda"); the source's reference is released before
-        returning. GpuUnavailable without a usable CUDA driver.
-        """
-        C.driver()
-        fw = self._cuda_framework(framework, new_name)
-        device = int(device)
-        new_name = _name(new_name)
-        obj = self._get1(name, timeout)
-        host = obj.location[0] == "host"
-        src_owner = self._owner(obj) if host else self._cuda_owner(obj)
-        try:
-            meta = obj.metadata
-            code, shape, order = T.UINT8, (obj.size,), T.LITTLE
-            if T.is_tensor_header(meta):
-                m = T.decode_header(meta)
-                if m.nbytes != obj.size:
-                    raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
-                                        f"object has {obj.size}")
-                code, shape, order = m.dtype_code, m.shape, m.byte_order
-                meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device, m.framework)
-            dst = self._create(new_name, obj.size, meta, ephemeral, device)
-            try:
-                if host:
-                    C.copy_h2d(dst.ptr, src_owner, device)
-                else:
-                    C.copy_d2d(dst.ptr, src_owner.ptr, obj.size, device)
-                self.seal(new_name)
-            except BaseException:
-                self._drop_owner(dst)
-                raise
-        finally:
-            del obj
-            self._drop_owner(src_owner)  # the source's reference is not needed any more
-        return self._cuda_result(dst, code, shape, order, fw, writable, new_name)
-
-    def _get_cuda(self, obj, name, framework, writable):
-        """get_tensor of a CUDA object: validate, wrap (reference released on failure)."""
-        try:
-            fw = self._cuda_framework(framework, name)
-            meta = obj.metadata
-            code, shape, order = T.UINT8, (obj.size,), T.LITTLE
-            if meta[:4] == T.MAGIC:
-                m = T.decode_header(meta)
-                if m.device_type != T.DEVICE_CUDA:
-                    raise ProtocolError(f"{name!r} is a CUDA object with a host tensor header")
-                if m.nbytes != obj.size:
-                    raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
-                                        f"object has {obj.size}")
-                code, shape, order = m.dtype_code, m.shape, m.byte_order
-        except BaseException:
-            obj.release()
-            raise
-        owner = self._cuda_owner(obj)
-        return self._cuda_result(owner, code, shape, order, fw, writable, name)
-
-    @staticmethod
-    def _cuda_framework(framework, name):
-        """'torch' or 'cuda' for a CUDA result; None picks torch when it is usable."""
-        if framework is None:
-            return "torch" if C.torch_cuda_usable() else "cuda"
-        if framework in ("torch", "cuda"):
-            return framework
-        if framework in ("numpy", "np"):
-            raise TypeError(f"{name!r} is a CUDA object: numpy cannot view device memory; use "
-                            "framework='cuda' and .to_numpy() for a host copy")
-        raise ValueError(f"framework must be None, 'torch' or 'cuda', not {framework!r}")
-
-    @staticmethod
-    def _cuda_result(owner, code, shape, byte_order, framework, writable, name):
-        if framework == "torch":
-            return C.to_torch(owner, code, shape, byte_order)
-        return C.CudaTensor(owner, code, shape, byte_order, readonly=not writable, name=name)
-
     def subscribe(self):
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
@@ -1104,100 +769,6 @@ class _Guarded:
 
         setattr(self, attr, call)  # found once per method
         return call
-
-
-def _name(name) -> str:
-    """An object name as the native core takes it (validated there: InvalidName)."""
-    if type(name) is str:
-        return name
-    if isinstance(name, (bytes, bytearray, memoryview)):
-        try:
-            return bytes(name).decode("utf-8")
-        except UnicodeDecodeError:
-            from .errors import InvalidName  # noqa: PLC0415
-
-            raise InvalidName("object names must be UTF-8", 7) from None
-    if not isinstance(name, str):
-        raise TypeError(f"object names are str, not {type(name).__name__}")
-    return name
-
-
-def _metadata(metadata) -> bytes:
-    return metadata if type(metadata) is bytes else bytes(metadata)
-
-
-def _timeout(timeout):
-    """None = do not wait; negative = forever (a century); else seconds."""
-    if timeout is None:
-        return None
-    timeout = float(timeout)
-    return 3.15e9 if timeout < 0 else timeout
-
-
-def _byte_array(data) -> np.ndarray:
-    """A C-contiguous uint8 array over (or, for non-contiguous input, a copy of) ``data``."""
-    if isinstance(data, np.ndarray):
-        a = data if data.flags.c_contiguous else np.ascontiguousarray(data)
-        return a.reshape(-1).view(np.uint8)
-    mv = memoryview(data)
-    if not mv.c_contiguous:
-        mv = memoryview(mv.tobytes())
-    return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8)
-
-
-def _host_source(t):
-    """(numpy view of the data, dtype code, dtype to store, dtype of the result, header,
-    torch input) for a numpy array, CPU torch tensor or array-like."""
-    if type(t) is np.ndarray:
-        return (t, *T.put_plan(t.dtype, t.shape), False)
-    if T.is_torch_tensor(t):
-        if t.device.type != "cpu":
-            raise GpuUnavailable(
-                f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only", 10)
-        src, code = T.torch_to_numpy(t)
-        return (src, *T.put_plan(src.dtype, src.shape, code, T.FRAMEWORK_TORCH), True)
-    src = np.asarray(t)
-    return (src, *T.put_plan(src.dtype, src.shape), False)
-
-
-def _host_result(owner, view_dt, shape, code, torch_in, writable):
-    arr = owner.view(view_dt).reshape(shape)
-    if torch_in:
-        return T.numpy_to_torch(arr, code)
-    if not writable:
-        arr.flags.writeable = False
-    return arr
-
-
-def _check_framework(framework):
-    if framework not in (None, "numpy", "np", "torch", "cuda"):
-        raise ValueError(
-            f"framework must be None, 'numpy', 'torch' or 'cuda', not {framework!r}")
-
-
-def _c_strides(shape, itemsize):
-    """Byte strides of a C-contiguous array (for checking ``__cuda_array_interface__``)."""
-    strides = []
-    step = itemsize
-    for d in reversed(shape):
-        strides.append(step)
-        step *= max(int(d), 1)
-    return tuple(reversed(strides))
-
-
-def _dtype_code(dtype) -> int:
-    """Protocol dtype code of a numpy dtype, a dtype name ("bfloat16" too) or a torch dtype."""
-    if type(dtype).__module__ == "torch":  # torch.float32 and friends
-        to_code, _ = T.torch_tables()
-        code = to_code.get(dtype)
-        if code is None:
-            raise TypeError(f"vovp cannot store torch dtype {dtype}")
-        return code
-    if isinstance(dtype, str):
-        for code, n in T.DTYPE_NAMES.items():
-            if n == dtype:
-                return code
-    return T.numpy_code(np.dtype(dtype))
 
 
 class Subscription:

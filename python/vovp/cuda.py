@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _native
+from . import _lease, _native
 from . import tensor as T
 from .errors import GpuError, GpuUnavailable
 
@@ -296,9 +296,7 @@ class CudaTensor:
     def release(self) -> bool:
         """Release the store reference now (see ``Client.release``); False if already done.
         Do not use the tensor, nor anything made from it, afterwards."""
-        from .client import _release_owner  # noqa: PLC0415 (circular at import time)
-
-        return _release_owner(self._owner)
+        return _lease.release_owner(self._owner)
 
     def __len__(self):
         if not self.shape:

@@ -46,7 +46,9 @@ count is the anchor's own reference count, and the vovp reference goes with the 
 ("release on drop"; buffers keep their object alive, also once the PlasmaClient is garbage,
 though not past ``disconnect``, which ends the connection). The entry itself is a weakref to
 its anchor, plus, from ``create`` to ``seal``, a strong reference to the creator's array (the
-count ``seal`` gives back). So a get costs no bookkeeping per buffer, and a second get of an
+count ``seal`` gives back). It is also the reference's lease (``vovp._lease.Lease``, the
+index ``vovp.Client.release`` and ``find_lease`` search), indexed only when such a lookup by
+address needs it. So a get costs no bookkeeping per buffer, and a second get of an
 object in use is served from its anchor without asking the store, as in Plasma. An entry whose anchor has died is dead: the next get of
 the object replaces it, and dead entries are swept when the table has doubled (nothing runs
 inside garbage collection, so nothing there waits for the client's lock).
@@ -76,8 +78,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import _lease
 from . import client as _vc
 from . import errors as E
+from ._native import Object as _NativeObject
 
 
 def _load_pyarrow():
@@ -370,7 +374,6 @@ else:
 # the native object itself and its buffers are pyarrow.Buffers made with foreign_buffer, which
 # skips numpy's array (np.asarray of the object cost a fifth of a get). Everything else an
 # anchor serves (metadata, hash, unpickling) takes an array over it made when needed.
-_NativeObject = _vc.N.Object
 
 
 def _as_array(anchor):
@@ -396,12 +399,14 @@ def _metadata_buffer(entry, anchor):
     return _wrap(anchor[ds:])
 
 
-class _InUse(weakref.ref):
+class _InUse(_lease.Lease):
     """An object this client uses (Plasma's client-side entry): a weak reference to the
-    object's anchor, with what is known of the object. Made by ``_entry`` with weakref.ref's
-    own constructor and no callback (see the module docstring)."""
+    object's anchor, with what is known of the object. It is the reference's lease too (one
+    record per reference), indexed only when an address lookup needs it (``_find_anchor``).
+    Made by ``_entry`` with weakref.ref's own constructor and no callback (see the module
+    docstring)."""
 
-    __slots__ = ("name", "holder", "sealed", "writable", "data_size", "created_ms", "pickled",
+    __slots__ = ("holder", "sealed", "writable", "data_size", "created_ms", "pickled",
                  "foreign_meta")
 
     def live(self) -> bool:
@@ -467,12 +472,12 @@ _CLIENTS: weakref.WeakSet = weakref.WeakSet()
 
 
 def _find_anchor(addr, cuda):
-    """The lease of the anchor of a get that holds ``addr`` (vovp.client's finder: gets here
-    make their anchors without one), made and registered now; None if no anchor does."""
+    """The entry of the anchor of a get that holds ``addr``, indexed now as its lease (the
+    lease index's finder: gets here do not index their entries); None if no anchor does."""
     if cuda:
         return None
     for client in list(_CLIENTS):
-        if client._closed or client._vovp._closed:
+        if client._closed or client._vovp.closed:
             continue  # (the connection's end released everything)
         for entry in list(client._in_use.values()):
             anchor = entry()
@@ -486,17 +491,15 @@ def _find_anchor(addr, cuda):
                 continue
             if not (start <= addr < start + size or addr == start):
                 continue
-            if id(anchor) in _vc._LEASES:
-                return None  # leased already (and released: vovp.client skipped it)
+            if _lease.lease_of(anchor) is not None:
+                return None  # leased already (and released: the lease index skipped it)
             if not isinstance(native, _NativeObject):
-                continue  # (leased anchors were found by vovp.client already)
-            lease = _vc._new_lease(anchor, client._vovp, native)
-            _vc._LEASES[lease.key] = lease
-            return lease
+                continue  # (leased anchors were found by the lease index already)
+            return _lease.lease(anchor, client._vovp, native, entry=entry)
     return None
 
 
-_vc._FINDERS.append(_find_anchor)
+_lease.register_finder(_find_anchor)
 
 
 class PlasmaClient:
@@ -681,7 +684,11 @@ class PlasmaClient:
         else:  # no header (and no metadata): all data
             data_size, created, pickled, ours = size, None, False, False
         entry = _entry(anchor, name, True, data_size, created, pickled, None if ours else meta)
-        self._insert(entry)
+        # self._insert(entry), written out (every get's path).
+        in_use = self._in_use
+        in_use[name] = entry
+        if len(in_use) >= self._sweep_at:
+            self._sweep()
         return entry, anchor
 
     def _fetch1(self, name, timeout_ms, data=False):
@@ -703,19 +710,13 @@ class PlasmaClient:
             timeout = None if timeout_ms == 0 else (3.15e9 if timeout_ms < 0 else timeout_ms / 1000)
             vc = self._vovp
             try:
-                # vovp.Client's single get, written out (its checks, then the native call)
-                # and without its memoryview and lease: the anchor is the native object (or,
-                # without pyarrow, numpy's array over it), which holds the reference (and
-                # keeps its connection open while it lives, also past this client). A lease
-                # (the index of vovp.Client.release and find_lease) cost a quarter of a get:
-                # _find_anchor makes one when an address is looked up.
-                if vc._closed or _vc._FORKS[0] != vc._forks:
-                    vc._check_usable()
-                try:
-                    obj = vc._n.get1(name, timeout, False)
-                except E.ConnectionError:
-                    vc._connection_lost()
-                    raise
+                # vovp.Client's single get, without its memoryview and lease: the anchor is
+                # the native object (or, without pyarrow, numpy's array over it), which holds
+                # the reference (and keeps its connection open while it lives, also past this
+                # client). Indexing the entry as a lease (for vovp.Client.release and
+                # find_lease) cost a quarter of a get: _find_anchor does when an address is
+                # looked up.
+                obj = vc._get1(name, timeout, False, True)
                 if obj is None:
                     return None
                 fields = obj.host_fields

@@ -125,10 +125,10 @@ def default_client(path: str = None) -> Client:
     """
     path = path or os.environ.get("VOVP_SOCKET") or DEFAULT_SOCKET
     c = _clients.get(path)
-    if c is None or c.closed or c._pid != os.getpid():
+    if c is None or not c._usable_here():
         with _clients_lock:
             c = _clients.get(path)
-            if c is None or c.closed or c._pid != os.getpid():
+            if c is None or not c._usable_here():
                 c = Client(path)
                 _clients[path] = c
     return c
@@ -136,7 +136,7 @@ def default_client(path: str = None) -> Client:
 
 def _sender_client() -> Client:
     c = _config["client"]
-    if c is not None and not c.closed and c._pid == os.getpid():
+    if c is not None and c._usable_here():
         return c
     return default_client(_config["path"])
 
@@ -275,8 +275,8 @@ def _supported(dtype) -> bool:
 def _share(src, arr, torch_dtype):
     """Reduce value for ``src`` (ndarray or tensor; ``arr`` its numpy view) sent by name."""
     lease = find_lease(src)
-    if lease is not None and lease.token and lease.client._pid == os.getpid() \
-            and not lease.client.closed and lease.client.contains(lease.name):
+    if lease is not None and lease.token and lease.client._usable_here() \
+            and lease.client.contains(lease.name):
         # Already store memory (received or got earlier), hence immutable: send the view's
         # coordinates in that object, no copy.
         client = lease.client

@@ -35,13 +35,18 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _native
 from .errors import ProtocolError
 
-MAGIC = b"VTNS"
-VERSION = 1
+# The header's format is the engine's (engine/src/tensor.rs, vovp::TensorMeta): encoded and
+# decoded there, through vovp._native; these constants are what it writes.
+MAGIC = _native.TENSOR_MAGIC  # b"VTNS"
+VERSION = _native.TENSOR_VERSION  # 1
 HEADER = struct.Struct("<4sBBBBII")  # magic, version, dtype, device_type, byte_order, dev, ndim
-HEADER_SIZE = HEADER.size  # 16
+HEADER_SIZE = _native.TENSOR_HEADER_SIZE  # 16
 MAX_NDIM = 64
+_encode = _native.encode_tensor_header
+_decode = _native.decode_tensor_header
 
 # Framework codes of the extension byte (see the module docstring).
 FRAMEWORK_UNSPECIFIED = 0
@@ -57,16 +62,9 @@ BOOL, INT8, INT16, INT32, INT64 = 1, 2, 3, 4, 5
 UINT8, UINT16, UINT32, UINT64 = 6, 7, 8, 9
 FLOAT16, BFLOAT16, FLOAT32, FLOAT64, COMPLEX64, COMPLEX128 = 10, 11, 12, 13, 14, 15
 
-DTYPE_NAMES = {
-    BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64",
-    UINT8: "uint8", UINT16: "uint16", UINT32: "uint32", UINT64: "uint64",
-    FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
-    COMPLEX64: "complex64", COMPLEX128: "complex128",
-}
-ITEMSIZE = {
-    BOOL: 1, INT8: 1, INT16: 2, INT32: 4, INT64: 8, UINT8: 1, UINT16: 2, UINT32: 4, UINT64: 8,
-    FLOAT16: 2, BFLOAT16: 2, FLOAT32: 4, FLOAT64: 8, COMPLEX64: 8, COMPLEX128: 16,
-}
+# The engine's dtypes (vovp::DType): code -> numpy-style name, code -> item size in bytes.
+DTYPE_NAMES = {code: name for code, name, _ in _native.DTYPES}
+ITEMSIZE = {code: size for code, _, size in _native.DTYPES}
 
 # numpy dtype (native byte order) -> code. Keyed on dtype objects, which hash by value.
 _NP_TO_CODE = {np.dtype(name): code for code, name in DTYPE_NAMES.items() if code != BFLOAT16}
@@ -78,16 +76,6 @@ for _code, _name in DTYPE_NAMES.items():
     _dt = np.dtype(_name)
     _CODE_TO_NP[(_code, LITTLE)] = _dt.newbyteorder("<")
     _CODE_TO_NP[(_code, BIG)] = _dt.newbyteorder(">")
-
-# Shape structs by ndim: tensors of the same rank are common, pack them in one call.
-_SHAPE_STRUCTS = [struct.Struct(f"<{n}q") for n in range(9)]
-
-
-def _shape_struct(ndim: int) -> struct.Struct:
-    if ndim < len(_SHAPE_STRUCTS):
-        return _SHAPE_STRUCTS[ndim]
-    return struct.Struct(f"<{ndim}q")
-
 
 def _bfloat16_numpy():
     """ml_dtypes' bfloat16 numpy dtype, or None."""
@@ -133,14 +121,13 @@ class TensorMeta(NamedTuple):
 
 def encode_header(code: int, shape, byte_order: int = LITTLE, device_type: int = DEVICE_CPU,
                   device_id: int = 0, framework: int = FRAMEWORK_UNSPECIFIED) -> bytes:
+    """The header (the engine's ``TensorMeta::encode``, through ``vovp._native``)."""
     shape = tuple(shape)
     ndim = len(shape)
     if ndim > MAX_NDIM:
         raise ValueError(f"tensors have at most {MAX_NDIM} dimensions, got {ndim}")
-    header = (HEADER.pack(MAGIC, VERSION, code, device_type, byte_order, device_id, ndim)
-              + _shape_struct(ndim).pack(*shape))
     # Unspecified writes nothing: such headers stay readable by readers older than the field.
-    return header + bytes((framework,)) if framework else header
+    return _encode(code, shape, byte_order, device_type, device_id, framework)
 
 
 def is_tensor_header(meta) -> bool:
@@ -148,26 +135,10 @@ def is_tensor_header(meta) -> bool:
 
 
 def decode_header(meta) -> TensorMeta:
-    """Parse a tensor header; ProtocolError when it is not one this client understands."""
-    if len(meta) < HEADER_SIZE or meta[:4] != MAGIC:
-        raise ProtocolError("metadata is not a vovp tensor header")
-    _, version, code, device_type, order, device_id, ndim = HEADER.unpack_from(meta, 0)
-    if version != VERSION:
-        raise ProtocolError(f"tensor header version {version} is not supported")
-    if code not in DTYPE_NAMES:
-        raise ProtocolError(f"unknown tensor dtype code {code}")
-    if order not in (LITTLE, BIG):
-        raise ProtocolError(f"unknown byte order {order} in tensor header")
-    if ndim > MAX_NDIM or len(meta) < HEADER_SIZE + 8 * ndim:
-        raise ProtocolError(f"tensor header of {len(meta)} bytes is too short for {ndim} dims")
-    shape = _shape_struct(ndim).unpack_from(meta, HEADER_SIZE)
-    if any(d < 0 for d in shape):
-        raise ProtocolError(f"negative dimension in tensor shape {shape}")
-    end = HEADER_SIZE + 8 * ndim
-    # An unknown framework code (a newer writer) is a hint this client cannot follow: ignore it.
-    framework = meta[end] if len(meta) > end and meta[end] in (FRAMEWORK_NUMPY,
-                                                                FRAMEWORK_TORCH) else 0
-    return TensorMeta(code, shape, order, device_type, device_id, framework)
+    """Parse a tensor header (the engine's ``TensorMeta::decode``, through ``vovp._native``);
+    ProtocolError when it is not one this client understands. An unknown framework code (a
+    newer writer) is a hint this client cannot follow: it reads as unspecified."""
+    return TensorMeta(*_decode(meta if type(meta) is bytes else bytes(meta)))
 
 
 # --- numpy ---------------------------------------------------------------------------------
@@ -255,14 +226,8 @@ def torch_tables():
     if _TORCH_TABLES is None:
         import torch  # noqa: PLC0415
 
-        names = {
-            BOOL: "bool", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64",
-            UINT8: "uint8", UINT16: "uint16", UINT32: "uint32", UINT64: "uint64",
-            FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
-            COMPLEX64: "complex64", COMPLEX128: "complex128",
-        }
         code_to = {}
-        for code, name in names.items():
+        for code, name in DTYPE_NAMES.items():
             dt = getattr(torch, name, None)  # uint16/32/64 only exist in torch >= 2.3
             if dt is not None:
                 code_to[code] = dt

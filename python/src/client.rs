@@ -1,0 +1,474 @@
+//! `vovp._native.Client`: a connection to the daemon (the Rust client's), the requests the
+//! Python layer makes, and the argument conversions they share.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use vovp_types::{CreateOptions, Error, ObjectView, Store};
+use vovp_client::{Client as RustClient, ClientOptions};
+
+use crate::errors::to_py;
+use crate::process::this_process;
+use crate::subscription::Subscription;
+use crate::views::{Buffer, Object};
+
+fn options(ephemeral: bool) -> CreateOptions {
+    CreateOptions {
+        ephemeral,
+        device: None,
+    }
+}
+
+pub(crate) fn timeout_of(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "timeout must be a non-negative number of seconds, not {s}"
+        ))),
+    }
+}
+
+/// A connection to a `vovp-engine` daemon.
+#[pyclass(module = "vovp._native", frozen)]
+pub(crate) struct Client {
+    inner: RustClient,
+    /// The process that connected (`this_process()`): a forked child must not talk on its
+    /// parent's socket.
+    process: u64,
+}
+
+impl Client {
+    /// The Rust client, refused in a forked child (it would speak on the parent's socket, in
+    /// the middle of the parent's requests).
+    fn usable(&self) -> PyResult<&RustClient> {
+        if this_process() != self.process {
+            return Err(to_py(Error::Connection(
+                "this vovp client was created in another process (fork); create a new one".into(),
+            )));
+        }
+        Ok(&self.inner)
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// Connects (retrying for up to `connect_timeout` seconds while the socket is missing or
+    /// refuses) and does the HELLO handshake.
+    #[new]
+    /// `release_delay` (seconds, 0 = none): dropped objects' RELEASEs ride in front of the
+    /// next request, or are sent after this delay if the client stays idle.
+    #[pyo3(signature = (path, connect_timeout = 0.0, reconnect = false, release_delay = 0.0, shared_reads = true, lend_puts = true, pipelined_puts = true))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        connect_timeout: f64,
+        reconnect: bool,
+        release_delay: f64,
+        shared_reads: bool,
+        lend_puts: bool,
+        pipelined_puts: bool,
+    ) -> PyResult<Self> {
+        let wait = timeout_of(Some(connect_timeout))?.unwrap_or_default();
+        // CUDA objects are mapped when the Python layer asks (`Object.map_cuda`), after its
+        // own checks (framework, driver): a get never fails for want of a driver.
+        let options = ClientOptions {
+            reconnect,
+            defer_cuda_mapping: true,
+            release_delay: timeout_of(Some(release_delay))?.filter(|d| !d.is_zero()),
+            no_shared_reads: !shared_reads,
+            no_lend_puts: !lend_puts,
+            no_pipelined_puts: !pipelined_puts,
+        };
+        let inner = py
+            .allow_threads(|| {
+                let deadline = Instant::now() + wait;
+                loop {
+                    match RustClient::connect_with(&path, options) {
+                        Ok(c) => return Ok(c),
+                        // Not there yet (a daemon starting): retry until the deadline.
+                        Err(Error::Connection(why))
+                            if Instant::now() < deadline
+                                && (why.contains("No such file") || why.contains("refused")) =>
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+            .map_err(to_py)?;
+        Ok(Client {
+            inner,
+            process: this_process(),
+        })
+    }
+
+    /// Host bytes the daemon manages.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+
+    /// The largest PUT payload the daemon accepts.
+    #[getter]
+    fn max_inline(&self) -> u32 {
+        self.inner.max_inline()
+    }
+
+    /// Sends the queued releases now.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.flush());
+        Ok(())
+    }
+
+    /// Closes the connection: the daemon releases every reference this client held; views
+    /// stay mapped (their memory may be reused by the store) and send nothing when dropped.
+    fn close(&self) {
+        if this_process() == self.process {
+            self.inner.close();
+        }
+    }
+
+    /// Gets `names` (waiting up to `timeout` seconds for missing or unsealed ones; None: do not
+    /// wait); a missing name is None.
+    /// `writable`: views others' objects through a private copy-on-write mapping (writes stay
+    /// in this process).
+    #[pyo3(signature = (names, timeout = None, writable = false))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        timeout: Option<f64>,
+        writable: bool,
+    ) -> PyResult<Vec<Option<Object>>> {
+        let inner = self.usable()?;
+        let timeout = timeout_of(timeout)?;
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        // What the shared directory serves costs no wait: done with the GIL held (releasing
+        // and retaking it would cost more than the get). The rest waits without it.
+        let (mut views, missing) = inner.get_shared(&refs);
+        if !missing.is_empty() {
+            let rest: Vec<&str> = missing.iter().map(|&i| refs[i]).collect();
+            let got = py
+                .allow_threads(|| inner.get(&rest, timeout))
+                .map_err(to_py)?;
+            for (i, v) in missing.into_iter().zip(got) {
+                views[i] = v;
+            }
+        }
+        let objects = |views: Vec<Option<ObjectView>>| {
+            views
+                .into_iter()
+                .map(|v| match v {
+                    None => Ok(None),
+                    Some(v) if writable => Object::writable(inner, v).map(Some),
+                    Some(v) => Ok(Some(Object::new(v))),
+                })
+                .collect::<Result<Vec<_>, Error>>()
+        };
+        if writable {
+            // A private mapping may be made: a syscall, without the GIL.
+            py.allow_threads(|| objects(views)).map_err(to_py)
+        } else {
+            objects(views).map_err(to_py)
+        }
+    }
+
+    /// One name: `get([name], timeout, writable)[0]` without the lists (every single get).
+    #[pyo3(signature = (name, timeout = None, writable = false))]
+    fn get1(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        timeout: Option<f64>,
+        writable: bool,
+    ) -> PyResult<Option<Object>> {
+        let inner = self.usable()?;
+        let timeout = timeout_of(timeout)?;
+        // As `get`: the shared directory with the GIL held, the socket without it.
+        let view = match inner.get_shared(&[name]).0.pop().flatten() {
+            Some(v) => Some(v),
+            None => py
+                .allow_threads(|| inner.get(&[name], timeout))
+                .map_err(to_py)?
+                .pop()
+                .flatten(),
+        };
+        match view {
+            None => Ok(None),
+            Some(v) if writable => py
+                .allow_threads(|| Object::writable(inner, v))
+                .map(Some)
+                .map_err(to_py),
+            Some(v) => Ok(Some(Object::new(v))),
+        }
+    }
+
+    /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
+    /// call). `keep`: return the stored object's view, else (`wait`) its object id, else
+    /// None: a small put is then sent without waiting for the store's answer (`sync`).
+    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false, wait = true))]
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        addr: usize,
+        size: usize,
+        metadata: &[u8],
+        ephemeral: bool,
+        keep: bool,
+        writable: bool,
+        wait: bool,
+    ) -> PyResult<PyObject> {
+        let inner = self.usable()?;
+        if addr == 0 && size != 0 {
+            return Err(PyValueError::new_err("a null buffer address"));
+        }
+        // SAFETY: the caller (vovp.client, never user code) passes the address and length of a
+        // contiguous buffer it holds a reference to until this call returns.
+        let data: &[u8] = if size == 0 {
+            &[]
+        } else {
+            unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
+        };
+        let name = name.to_owned();
+        let metadata = metadata.to_vec();
+        py.allow_threads(|| {
+            if keep {
+                let v = inner.put_and_view(&name, data, &metadata, options(ephemeral))?;
+                if writable {
+                    Object::writable(inner, v).map(|o| Put::Kept(Box::new(o)))
+                } else {
+                    Ok(Put::Kept(Box::new(Object::new(v))))
+                }
+            } else if wait {
+                inner
+                    .put_id(&name, data, &metadata, options(ephemeral))
+                    .map(Put::Id)
+            } else {
+                inner
+                    .put(&name, data, &metadata, options(ephemeral))
+                    .map(|()| Put::Sent)
+            }
+        })
+        .map_err(to_py)
+        .and_then(|p| match p {
+            Put::Kept(o) => Ok(Py::new(py, *o)?.into_any()),
+            Put::Id(id) => Ok(id.into_pyobject(py)?.into_any().unbind()),
+            Put::Sent => Ok(py.None()),
+        })
+    }
+
+    /// CREATE: an unsealed object of `size` bytes that only this client may write; on
+    /// cuda:`device` when given.
+    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false, device = None))]
+    fn create(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        size: u64,
+        metadata: &[u8],
+        ephemeral: bool,
+        device: Option<u32>,
+    ) -> PyResult<Buffer> {
+        let inner = self.usable()?;
+        let opts = CreateOptions {
+            ephemeral,
+            device: device.map(vovp_types::Device::Cuda),
+        };
+        let buf = py
+            .allow_threads(|| inner.create(name, size, metadata, opts))
+            .map_err(to_py)?;
+        Ok(Buffer::new(buf))
+    }
+
+    /// Pipelined inline PUTs keeping a reference each: `items` are (name, addr, size,
+    /// metadata) of contiguous buffers the caller keeps alive for the call. One round trip;
+    /// returns an Object or the exception of each item.
+    #[pyo3(signature = (items, ephemeral = false, writable = false))]
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        items: Vec<(String, usize, usize, Vec<u8>)>,
+        ephemeral: bool,
+        writable: bool,
+    ) -> PyResult<Vec<PyObject>> {
+        let inner = self.usable()?;
+        if items
+            .iter()
+            .any(|(_, addr, size, _)| *addr == 0 && *size != 0)
+        {
+            return Err(PyValueError::new_err("a null buffer address"));
+        }
+        let results = py
+            .allow_threads(|| {
+                let batch: Vec<(&str, &[u8], &[u8], CreateOptions)> = items
+                    .iter()
+                    .map(|(name, addr, size, meta)| {
+                        // SAFETY: as for `put`: buffers the caller holds for this call.
+                        let data: &[u8] = if *size == 0 {
+                            &[]
+                        } else {
+                            unsafe { std::slice::from_raw_parts(*addr as *const u8, *size) }
+                        };
+                        (name.as_str(), data, meta.as_slice(), options(ephemeral))
+                    })
+                    .collect();
+                inner.put_many(&batch).map(|views| {
+                    views
+                        .into_iter()
+                        .map(|r| {
+                            r.and_then(|v| {
+                                if writable {
+                                    Object::writable(inner, v)
+                                } else {
+                                    Ok(Object::new(v))
+                                }
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .map_err(to_py)?;
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(o) => Ok(Py::new(py, o)?.into_any()),
+                Err(e) => Ok(to_py(e).into_value(py).into_any()),
+            })
+            .collect()
+    }
+
+    /// Waits for the store's answer to every put sent without waiting; raises the first
+    /// failure.
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.sync()).map_err(to_py)
+    }
+
+    /// SEAL without waiting for the reply (read in front of the next request's).
+    fn seal_later(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.seal_later(name)).map_err(to_py)
+    }
+
+    /// SEALs sent by `seal_later` whose replies are not read yet.
+    #[getter]
+    fn unread_replies(&self) -> usize {
+        self.inner.unread_replies()
+    }
+
+    /// Id of the last frame sent on the connection (frames are numbered 1, 2, ...).
+    #[getter]
+    fn last_request_id(&self) -> u64 {
+        self.inner.last_request_id()
+    }
+
+    /// SEAL by name (the creator's connection).
+    fn seal(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.seal(name)).map_err(to_py)
+    }
+
+    fn abort(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.abort(name)).map_err(to_py)
+    }
+
+    fn contains(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.contains(name)).map_err(to_py)
+    }
+
+    fn delete(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.delete(name)).map_err(to_py)
+    }
+
+    /// Bytes freed.
+    fn evict(&self, py: Python<'_>, nbytes: u64) -> PyResult<u64> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.evict(nbytes)).map_err(to_py)
+    }
+
+    /// Every object, as dicts with the keys of the pure-Python client's LIST (the tensor
+    /// header's dtype/shape are added by `vovp.client`).
+    fn list<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let inner = self.usable()?;
+        let all = py.allow_threads(|| inner.list()).map_err(to_py)?;
+        all.into_iter()
+            .map(|o| {
+                let d = PyDict::new(py);
+                let (kind, device_type, device_id) = match o.device {
+                    vovp_types::Device::Cpu => ("cpu", 0u8, 0u32),
+                    vovp_types::Device::Cuda(i) => ("cuda", 1u8, i),
+                };
+                d.set_item("name", o.name.as_str())?;
+                d.set_item("id", o.id.get())?;
+                d.set_item("size", o.size)?;
+                d.set_item("device", kind)?;
+                d.set_item("device_type", device_type)?;
+                d.set_item("device_id", device_id)?;
+                d.set_item("sealed", o.sealed)?;
+                d.set_item("ephemeral", o.ephemeral)?;
+                d.set_item("refcount", o.refcount)?;
+                d.set_item(
+                    "last_access",
+                    vovp_client::unix_millis(o.last_access) as f64 / 1000.0,
+                )?;
+                d.set_item("metadata", PyBytes::new(py, &o.metadata))?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Makes `obj`'s view writable (before any array over it is made): in place for this
+    /// client's own arenas, else through a private copy-on-write mapping.
+    fn make_writable(&self, py: Python<'_>, obj: &Object) -> PyResult<()> {
+        let inner = self.usable()?;
+        py.allow_threads(|| obj.make_writable(inner)).map_err(to_py)
+    }
+
+    /// A notification stream on a new connection to the same daemon.
+    fn subscribe(&self, py: Python<'_>) -> PyResult<Subscription> {
+        let inner = self.usable()?;
+        let sub = py.allow_threads(|| inner.subscribe()).map_err(to_py)?;
+        let closer = sub.closer().map_err(to_py)?;
+        Ok(Subscription {
+            stream: Mutex::new(Some(sub)),
+            closer,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// STATS as a dict (PROTOCOL.md's field names).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let inner = self.usable()?;
+        // One STATS round trip; the wire's field names and order, written once in vovp-proto.
+        let mut both = py
+            .allow_threads(|| inner.stats_and_connections())
+            .map_err(to_py)?;
+        let d = PyDict::new(py);
+        for (k, field) in vovp_proto::STATS_FIELDS {
+            d.set_item(k, *field(&mut both))?;
+        }
+        Ok(d)
+    }
+}
+
+/// What a put gives back.
+enum Put {
+    Kept(Box<Object>),
+    Id(u64),
+    /// Stored, or sent without waiting: no id.
+    Sent,
+}

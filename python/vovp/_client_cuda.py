@@ -1,0 +1,213 @@
+"""CUDA objects of ``vovp.Client`` (``put_cuda``, ``to_device``, gets of CUDA objects): a base
+class of ``Client``, kept apart from its host objects. Device memory is mapped and copied by the
+native core (``vovp.cuda``, through the gpu crate); what holds a reference is a device owner
+(``vovp.cuda.DeviceBuffer``), leased like host owners.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import cuda as C
+from . import tensor as T
+from ._args import _c_strides, _dtype_code, _name
+from .errors import ProtocolError
+
+
+class CudaMethods:
+    """``vovp.Client``'s CUDA methods (see ``Client``)."""
+
+    def put_cuda(self, name, ptr, nbytes=None, dtype=None, shape=None, device=None,
+                 ephemeral: bool = False, writable: bool = False, framework: str = "cuda",
+                 stream=None):
+        """Store device memory as a CUDA tensor object; return the store's copy, zero-copy.
+
+        ``ptr``: a device address (int) with ``nbytes``/``dtype`` (default uint8)/``shape``
+        (default 1-D), or any object with ``__cuda_array_interface__`` (C-contiguous; its
+        shape, dtype and stream are used). ``device``: the ordinal to store on; by default the
+        device ``ptr`` lives on (asked from the driver). ``stream``: a CUDA stream handle to
+        wait for before copying (the interface's own ``stream`` is honoured too).
+
+        Creates the object on the device, copies device-to-device into the store's memory,
+        waits for the copy, seals. Returns a ``CudaTensor`` (read-only unless ``writable``),
+        or a torch tensor with ``framework="torch"``; it holds one reference like every
+        result. Raises GpuUnavailable when this process has no usable CUDA driver (or the
+        daemon has none), before anything is created.
+        """
+        C.driver()  # the reason, before anything reaches the daemon
+        fw = self._cuda_framework(framework, name)
+        byte_order = T.LITTLE
+        iface = None if isinstance(ptr, int) else C.cuda_interface(ptr)
+        if iface is not None:
+            if iface.get("mask") is not None:
+                raise ValueError("masked CUDA arrays are not supported")
+            src = int(iface["data"][0])
+            np_dt = np.dtype(iface["typestr"])
+            ishape = tuple(int(d) for d in iface["shape"])
+            strides = iface.get("strides")
+            if strides is not None and tuple(strides) != _c_strides(ishape, np_dt.itemsize):
+                raise ValueError("put_cuda needs a C-contiguous CUDA array; make it contiguous "
+                                 "first")
+            if dtype is not None and np.dtype(dtype) != np_dt:
+                raise ValueError(f"dtype {dtype!r} does not match the array's {np_dt}")
+            if shape is not None and tuple(shape) != ishape:
+                raise ValueError(f"shape {shape!r} does not match the array's {ishape}")
+            code = T.numpy_code(np_dt)
+            byte_order = T.BIG if np_dt.byteorder == ">" else T.LITTLE
+            shape = ishape
+            size = np_dt.itemsize * int(np.prod(shape, dtype=np.int64))
+            if nbytes is not None and int(nbytes) != size:
+                raise ValueError(f"nbytes={nbytes} but the array has {size} bytes")
+            nbytes = size
+            if stream is None:
+                stream = iface.get("stream")
+        else:
+            try:
+                src = int(ptr)
+            except TypeError:
+                raise TypeError("put_cuda takes a device address (int) or an object with "
+                                f"__cuda_array_interface__, not {type(ptr).__name__}") from None
+            code = _dtype_code(dtype if dtype is not None else np.uint8)
+            itemsize = T.ITEMSIZE[code]
+            if shape is None:
+                if nbytes is None:
+                    raise ValueError("put_cuda of a raw pointer needs nbytes or shape")
+                if int(nbytes) % itemsize:
+                    raise ValueError(f"nbytes={nbytes} is not a multiple of the {itemsize}-byte "
+                                     "item size")
+                shape = (int(nbytes) // itemsize,)
+            shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
+            size = itemsize * int(np.prod(shape, dtype=np.int64))
+            if nbytes is not None and int(nbytes) != size:
+                raise ValueError(f"nbytes={nbytes} does not match shape {shape} of "
+                                 f"{T.DTYPE_NAMES[code]} ({size} bytes)")
+            nbytes = size
+        if device is None:
+            device = C.device_of(src) if nbytes else 0
+        device = int(device)
+        pre_copy = None if stream is None else (lambda: C.sync_stream(stream))
+        owner = self._put_device(name, src, nbytes, code, shape, byte_order, device, ephemeral,
+                                 pre_copy)
+        return self._cuda_result(owner, code, shape, byte_order, fw, writable, name)
+
+    def _put_torch_cuda(self, name, t, ephemeral):
+        """put_tensor of a CUDA torch tensor (see put_tensor)."""
+        C.driver()
+        import torch  # noqa: PLC0415 (t is a torch tensor: torch is imported)
+
+        to_code, _ = T.torch_tables()
+        code = to_code.get(t.dtype)
+        if code is None:
+            raise TypeError(f"vovp cannot store torch dtype {t.dtype}")
+        # detach: no autograd history in the store; resolve_*: materialise lazy conj/neg bits;
+        # contiguous: the store keeps C-contiguous data. All may queue kernels on torch's
+        # current stream, which is synchronised before the copy.
+        t = t.detach().resolve_conj().resolve_neg().contiguous()
+        device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        shape = tuple(t.shape)
+        nbytes = t.numel() * t.element_size()
+
+        def pre_copy():
+            # The data may still be being computed on torch's stream; ours does not wait for it.
+            torch.cuda.current_stream(t.device).synchronize()
+
+        owner = self._put_device(name, t.data_ptr(), nbytes, code, shape, T.LITTLE, device,
+                                 ephemeral, pre_copy, T.FRAMEWORK_TORCH)
+        return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
+
+    def _put_device(self, name, src, nbytes, code, shape, byte_order, device, ephemeral,
+                    pre_copy=None, framework=T.FRAMEWORK_UNSPECIFIED):
+        """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
+        device owner holding the (now sealed) creator's reference."""
+        name = _name(name)
+        meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device, framework)
+        owner = self._create(name, nbytes, meta, ephemeral, device)
+        try:
+            if pre_copy is not None:
+                pre_copy()
+            C.copy_d2d(owner.ptr, src, nbytes, device)
+            self.seal(name)
+        except BaseException:
+            self._drop_owner(owner)  # releasing the creator's reference aborts the object
+            raise
+        return owner
+
+    def to_device(self, name, new_name, device: int = 0, ephemeral: bool = False,
+                  framework=None, writable: bool = False, timeout=None):
+        """Store a copy of object ``name`` on cuda:``device`` under ``new_name``.
+
+        A host object is copied host-to-device straight from the store's mapping; a CUDA
+        object device-to-device (e.g. to another GPU). The tensor header, if any, is kept
+        with its device fields updated. Returns the new object like ``get_tensor`` would
+        (``framework``: None, "torch" or "cuda"); the source's reference is released before
+        returning. GpuUnavailable without a usable CUDA driver.
+        """
+        C.driver()
+        fw = self._cuda_framework(framework, new_name)
+        device = int(device)
+        new_name = _name(new_name)
+        obj = self._get1(name, timeout)
+        host = obj.location[0] == "host"
+        src_owner = self._owner(obj) if host else self._cuda_owner(obj)
+        try:
+            meta = obj.metadata
+            code, shape, order = T.UINT8, (obj.size,), T.LITTLE
+            if T.is_tensor_header(meta):
+                m = T.decode_header(meta)
+                if m.nbytes != obj.size:
+                    raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
+                                        f"object has {obj.size}")
+                code, shape, order = m.dtype_code, m.shape, m.byte_order
+                meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device, m.framework)
+            dst = self._create(new_name, obj.size, meta, ephemeral, device)
+            try:
+                if host:
+                    C.copy_h2d(dst.ptr, src_owner, device)
+                else:
+                    C.copy_d2d(dst.ptr, src_owner.ptr, obj.size, device)
+                self.seal(new_name)
+            except BaseException:
+                self._drop_owner(dst)
+                raise
+        finally:
+            del obj
+            self._drop_owner(src_owner)  # the source's reference is not needed any more
+        return self._cuda_result(dst, code, shape, order, fw, writable, new_name)
+
+    def _get_cuda(self, obj, name, framework, writable):
+        """get_tensor of a CUDA object: validate, wrap (reference released on failure)."""
+        try:
+            fw = self._cuda_framework(framework, name)
+            meta = obj.metadata
+            code, shape, order = T.UINT8, (obj.size,), T.LITTLE
+            if meta[:4] == T.MAGIC:
+                m = T.decode_header(meta)
+                if m.device_type != T.DEVICE_CUDA:
+                    raise ProtocolError(f"{name!r} is a CUDA object with a host tensor header")
+                if m.nbytes != obj.size:
+                    raise ProtocolError(f"{name!r}: tensor header describes {m.nbytes} bytes, "
+                                        f"object has {obj.size}")
+                code, shape, order = m.dtype_code, m.shape, m.byte_order
+        except BaseException:
+            obj.release()
+            raise
+        owner = self._cuda_owner(obj)
+        return self._cuda_result(owner, code, shape, order, fw, writable, name)
+
+    @staticmethod
+    def _cuda_framework(framework, name):
+        """'torch' or 'cuda' for a CUDA result; None picks torch when it is usable."""
+        if framework is None:
+            return "torch" if C.torch_cuda_usable() else "cuda"
+        if framework in ("torch", "cuda"):
+            return framework
+        if framework in ("numpy", "np"):
+            raise TypeError(f"{name!r} is a CUDA object: numpy cannot view device memory; use "
+                            "framework='cuda' and .to_numpy() for a host copy")
+        raise ValueError(f"framework must be None, 'torch' or 'cuda', not {framework!r}")
+
+    @staticmethod
+    def _cuda_result(owner, code, shape, byte_order, framework, writable, name):
+        if framework == "torch":
+            return C.to_torch(owner, code, shape, byte_order)
+        return C.CudaTensor(owner, code, shape, byte_order, readonly=not writable, name=name)

@@ -1,0 +1,143 @@
+"""Leases: this process's index of the store references the Python layer handed out.
+
+Every reference the daemon grants is held by a native view (``vovp._native.Object``, or
+``Buffer`` for an object this client created), which releases it when garbage collected (see
+``vovp.client``). What the Python layer hands out is made over that view: an *owner* (numpy's
+array over a host object, ``vovp.cuda.DeviceBuffer`` over a CUDA one) and views of it. A
+``Lease`` is a weak reference to the owner with what is known of the reference (object id,
+name, address range); ``LEASES`` (id(owner) -> Lease) is only an index: ``Client.release(arr)``
+and ``find_lease(arr)`` find the reference behind an array by its owner, or by address (torch
+tensors), and ``release`` gives it back early through the native view.
+
+One lease per reference: ``lease()`` makes and indexes the lease of an owner ``vovp.client``
+makes. ``vovp.plasma`` keeps one record per object in use, its entry, which is a ``Lease``
+subclass: ``lease(..., entry=entry)`` fills it in and indexes it only when an address lookup
+needs it, through a finder (``register_finder``), because indexing cost a quarter of a
+drop-in get.
+
+This module imports nothing of vovp's: ``vovp.client``, ``vovp.cuda`` and ``vovp.plasma`` use
+it. Its interface to them: ``Lease``, ``lease``, ``lease_of``, ``leases_of``,
+``lease_at``, ``claim``, ``give_back``, ``release_owner``, ``register_finder``, ``FORKS``,
+``LEASES``.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+# Forks of this process so far (a child's clients see their parent's count change): cheaper
+# on every call than comparing os.getpid().
+FORKS = [0]
+os.register_at_fork(after_in_child=lambda: FORKS.__setitem__(0, FORKS[0] + 1))
+
+# id(owner) -> Lease. Module-level so lookups by address see every client's objects.
+LEASES: dict = {}
+
+# Finders of store memory handed out without an indexed lease, asked by address when no lease
+# matches: functions (address, cuda) -> lease or None, which index the lease they return.
+_FINDERS: list = []
+
+
+class Lease(weakref.ref):
+    """Weak reference to an owner (array or device buffer): where a reference's bytes are.
+
+    ``client``: the ``vovp.Client`` whose connection holds the reference; ``oid``, ``name``:
+    the object's; ``start``, ``size``: its bytes in this process (host: the address of the
+    first byte; CUDA: the device address); ``segment``, ``offset``: where the store keeps a
+    host object (None for CUDA); ``obj``: weak reference to the native view; ``token``: whoever
+    pops it releases the reference (or gives it up): list.pop is atomic, so an explicit
+    release() racing garbage collection releases once.
+    """
+
+    __slots__ = ("key", "client", "oid", "name", "start", "size", "token", "cuda", "obj",
+                 "segment", "offset")
+
+
+def _lease_died(lease):
+    # Runs inside garbage collection: never raise. The native object releases itself.
+    try:
+        if LEASES.get(lease.key) is lease:
+            del LEASES[lease.key]
+    except BaseException:  # noqa: BLE001 (interpreter shutdown)
+        pass
+
+
+def lease(owner, client, obj, cuda=False, entry=None):
+    """Index the lease of ``owner`` over native view ``obj`` held through ``client`` (a CUDA
+    owner: its ``ptr`` is the device address) and return it: a new Lease, or ``entry``, a
+    Lease of ``owner`` made without one's fields (vovp.plasma's entries) filled in now. Every
+    get's path: one call."""
+    self = Lease.__new__(Lease, owner, _lease_died) if entry is None else entry
+    self.key = key = id(owner)
+    self.client = client
+    self.oid, self.name, self.start, self.size, place = obj.lease_fields
+    if cuda:
+        self.start = owner.ptr
+    self.segment, self.offset = place or (None, None)
+    self.cuda = cuda
+    self.obj = weakref.ref(obj)
+    self.token = [True]
+    LEASES[key] = self
+    return self
+
+
+def lease_of(owner):
+    """The lease of ``owner`` itself, or None."""
+    lease = LEASES.get(id(owner))
+    return lease if lease is not None and lease() is owner else None
+
+
+def leases_of(client) -> list:
+    """Every lease held through ``client``."""
+    return [lease for lease in list(LEASES.values()) if lease.client is client]
+
+
+def claim(lease) -> bool:
+    """Take the right to release ``lease``'s reference; False if someone already did."""
+    try:
+        lease.token.pop()
+        return True
+    except IndexError:
+        return False
+
+
+def give_back(lease) -> None:
+    """Release ``lease``'s reference now (it was claimed)."""
+    obj = lease.obj()
+    if obj is not None:
+        obj.release()
+
+
+def release_owner(owner) -> bool:
+    """Release the reference behind an owner now (``CudaTensor.release``)."""
+    lease = lease_of(owner)
+    if lease is None or not claim(lease):
+        return False
+    give_back(lease)
+    return True
+
+
+def lease_at(addr, cuda):
+    """The live lease whose bytes hold ``addr`` (host or device address), or None."""
+    for lease in list(LEASES.values()):
+        if lease() is None:
+            if LEASES.get(lease.key) is lease:  # (indexed by a finder: no callback removes it)
+                del LEASES[lease.key]
+            continue
+        if lease.cuda != cuda or not lease.token:
+            continue
+        start = lease.start
+        if start <= addr < start + lease.size or (addr == start and lease.size == 0):
+            return lease
+    for find in _FINDERS:
+        lease = find(addr, cuda)
+        if lease is not None:
+            return lease
+    return None
+
+
+def register_finder(find) -> None:
+    """Ask ``find(address, cuda)`` (-> an indexed lease or None) when no lease holds an
+    address."""
+    _FINDERS.append(find)
