@@ -47,7 +47,10 @@ fn create_write_seal_get_release() {
 fn wait_for(mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !f() {
-        assert!(std::time::Instant::now() < deadline, "condition not reached in 20 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached in 20 s"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use vovp_types::{CreateOptions, Error, ObjectView, Store};
 use vovp_client::{Client as RustClient, ClientOptions};
+use vovp_types::{CreateOptions, Error, ObjectView, Store};
 
 use crate::errors::to_py;
 use crate::process::this_process;

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict};
-use vovp_types::{Error, Location, ObjectBuffer, ObjectView};
 use vovp_client::Client as RustClient;
+use vovp_types::{Error, Location, ObjectBuffer, ObjectView};
 
 use crate::array::{array_interface, array_struct};
 use crate::errors::to_py;
