@@ -121,5 +121,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .map(|&d| (d as u8, d.name(), d.itemsize()))
         .collect();
     m.add("DTYPES", PyTuple::new(m.py(), dtypes)?)?;
+    m.add("MAX_NDIM", vovp_types::tensor::MAX_NDIM)?;
+    // The largest object any lend takes: a quarter of the largest lend (that of a big store).
+    let largest_lend = vovp_types::lends::lend_size(u64::MAX).unwrap_or(0);
+    m.add("LEND_LIMIT", vovp_types::lends::max_object(largest_lend))?;
     Ok(())
 }

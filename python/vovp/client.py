@@ -82,8 +82,9 @@ INLINE_LIMIT = N.INLINE_LIMIT
 # Contiguous, little-endian objects up to this size go to the native put too: the largest a
 # lend takes (a quarter of the largest lend, 16 MiB); the native core falls back to CREATE +
 # copy + SEAL itself where its lend cannot take one (a smaller store, --prefault).
-LEND_LIMIT = 4 << 20
-# Garbage-collected references are released within this many seconds: the native core queues
+LEND_LIMIT = N.LEND_LIMIT
+# (A choice of the Python client, not a store limit.) Garbage-collected references are
+# released within this many seconds: the native core queues
 # their RELEASEs, which ride in front of the next request or are sent by a small thread after
 # this delay if the client stays idle (``release_delay=0``: each is sent when its view drops).
 RELEASE_DELAY = 0.002

@@ -44,7 +44,7 @@ MAGIC = _native.TENSOR_MAGIC  # b"VTNS"
 VERSION = _native.TENSOR_VERSION  # 1
 HEADER = struct.Struct("<4sBBBBII")  # magic, version, dtype, device_type, byte_order, dev, ndim
 HEADER_SIZE = _native.TENSOR_HEADER_SIZE  # 16
-MAX_NDIM = 64
+MAX_NDIM = _native.MAX_NDIM
 _encode = _native.encode_tensor_header
 _decode = _native.decode_tensor_header
 

@@ -10,7 +10,7 @@ pub const MAX_INLINE_PUT: usize = 1 << 20;
 /// Largest put a socket client sends inline (at most the daemon's `max_inline`): beyond ~256
 /// KiB, CREATE + a parallel copy into the mapping + SEAL beats pushing the bytes through the
 /// socket (vovp-bench: 1 MiB inline ~305 µs vs 150-195 µs through the mapping). The Python
-/// client makes the same choice (`INLINE_LIMIT` in python/vovp/client.py).
+/// client reads it from its native core (`vovp._native.INLINE_LIMIT`).
 pub const CLIENT_INLINE_PUT: usize = 256 * 1024;
 
 /// Largest put the embedded engine sends inside one message (one actor round trip, the engine

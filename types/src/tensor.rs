@@ -7,8 +7,8 @@ use crate::{Error, ObjectView};
 const MAGIC: &[u8; 4] = b"VTNS";
 const VERSION: u8 = 1;
 const HEADER_LEN: usize = 16;
-/// More dimensions than any framework supports (PyTorch: 64? numpy: 64).
-const MAX_NDIM: usize = 64;
+/// Most dimensions a tensor header may have (numpy's limit; more than PyTorch allows).
+pub const MAX_NDIM: usize = 64;
 
 /// Element types: the DLPack set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
