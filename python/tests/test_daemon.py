@@ -152,3 +152,21 @@ def test_python_dash_m_vovp_runs_the_cli(tmp_path):
                              env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "hello" in out.stdout and "NAME" in out.stdout
+
+
+def test_init_client_starts_a_store_only_where_none_answers(tmp_path):
+    path = str(tmp_path / "auto.sock")
+    with pytest.raises(vovp.ConnectionError) as missing:
+        vovp.init_client(path)
+    for hint in (path, "vovp-engine -m 1G -s", "start=True", "start_store"):
+        assert hint in str(missing.value), str(missing.value)
+    first = vovp.init_client(path, start=True, memory="48M")
+    started = daemon._started[path]
+    assert first.stats()["capacity"] == 48 << 20
+    # A store answers now: start=True connects to it and starts nothing.
+    second = vovp.init_client(path, start=True, memory="16M")
+    assert second.stats()["capacity"] == 48 << 20 and daemon._started[path] is started
+    first.close()
+    second.close()
+    started.stop()
+    assert not os.path.exists(path)

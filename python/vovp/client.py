@@ -54,6 +54,7 @@ from . import _copy
 from . import _lease as L
 from . import _native as N
 from . import cuda as C
+from . import daemon
 from . import tensor as T
 from ._args import (
     _byte_array,
@@ -210,9 +211,18 @@ class Client(CudaMethods):
         self._release_delay = release_delay
         self._closed = True  # until HELLO succeeded
         self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
-        self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
-                           float(release_delay or 0.0), bool(shared_reads), bool(lend_puts),
-                           bool(pipelined_puts))
+        try:
+            self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
+                               float(release_delay or 0.0), bool(shared_reads),
+                               bool(lend_puts), bool(pipelined_puts))
+        except ConnectionError as e:
+            if "cannot connect" not in str(e):
+                raise
+            raise ConnectionError(
+                f"no vovp store answers at {path} ({e}). Start one: `vovp-engine -m 1G -s "
+                f"{path}` (installed with the package), or from Python "
+                f"`vovp.init_client({path!r}, start=True)` / `vovp.start_store(socket=...)`"
+            ) from None
         self._lend_limit = LEND_LIMIT if lend_puts and shared_reads else 0
         self._guard = _Guarded(self)
         self._closed = False
@@ -816,14 +826,24 @@ _last_init = {"ref": None, "path": None, "pid": None}
 
 def init_client(path: str = None, connect_timeout: float = 0.0,
                 reconnect: bool = False, shared_reads: bool = True,
-                lend_puts: bool = True, pipelined_puts: bool = True) -> Client:
+                lend_puts: bool = True, pipelined_puts: bool = True, *, start: bool = False,
+                memory="1G", **store_options) -> Client:
     """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
+
+    ``start=True``: if nothing answers there, start a store at ``path`` first (``memory`` and
+    ``store_options`` as for ``vovp.start_store``; it goes away with this process). Processes
+    doing this at once end with one store, all connected to it. Without it a missing daemon
+    is a ``vovp.ConnectionError`` that names the socket and both ways to start one.
 
     The client becomes this process's default for ``vovp.init_reduction()``.
     ``reconnect=True``: if the daemon goes away (restarted, killed), the next call connects
     again and is retried once; objects that died with the old daemon are not found, arrays
     got before keep their (old, intact) memory. ``shared_reads``, ``lend_puts``,
     ``pipelined_puts``: see ``Client``."""
+    if start:
+        path = os.fspath(path) if path is not None else os.environ.get(
+            "VOVP_SOCKET", DEFAULT_SOCKET)
+        daemon.ensure_store(path, memory, **store_options)
     client = Client(path, connect_timeout, reconnect=reconnect, shared_reads=shared_reads,
                     lend_puts=lend_puts, pipelined_puts=pipelined_puts)
     _last_init.update(ref=weakref.ref(client), path=client.path, pid=os.getpid())

@@ -49,6 +49,11 @@ def engine_binary() -> str:
     on_path = shutil.which("vovp-engine")
     if on_path:
         candidates.append(on_path)
+    # A source tree used without installing (PYTHONPATH=python): its newest build.
+    root = Path(__file__).resolve().parents[2]
+    builds = [root / "target" / kind / "vovp-engine" for kind in ("release", "debug")]
+    builds = sorted((b for b in builds if b.is_file()), key=lambda b: b.stat().st_mtime)
+    candidates += [str(b) for b in reversed(builds)]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
@@ -155,12 +160,21 @@ def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: boo
     The daemon stops with this process (even by SIGKILL) unless ``detach=True``; ``stop()`` or
     leaving a ``with`` block stops it earlier. Its output goes to ``<socket>.log``.
     """
+    return _spawn((), memory, socket, detach, timeout, options)
+
+
+def _spawn(prefix: tuple, memory: Any, socket: Optional[str], detach: bool, timeout: float,
+           options: dict, extra: tuple = (), binary: Optional[str] = None) -> StoreProcess:
+    """start_store's work, for the package's other starters (``vovp.plasma``,
+    ``vovp.cluster``): ``prefix`` runs the daemon under another program (Plasma's
+    ``use_valgrind``), ``extra`` are raw daemon arguments, ``binary`` a daemon to run."""
     owned_dir = None
     if socket is None:
         owned_dir = tempfile.mkdtemp(prefix="vovp-")
         socket = os.path.join(owned_dir, "vovp.sock")
     socket = os.fspath(socket)
-    command = [engine_binary(), "-m", str(memory), "-s", socket, *_flags(options)]
+    command = [*prefix, binary or engine_binary(), "-m", str(memory), "-s", socket,
+               *_flags(options), *extra]
     log_path = socket + ".log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

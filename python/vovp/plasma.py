@@ -66,11 +66,8 @@ import contextlib
 import hashlib
 import os
 import pickle
-import shutil
 import socket
 import struct
-import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -80,6 +77,7 @@ import numpy as np
 
 from . import _lease
 from . import client as _vc
+from . import daemon as _daemon
 from . import errors as E
 from ._native import Object as _NativeObject
 
@@ -1316,24 +1314,6 @@ def connect(store_socket_name, num_retries=-1, deferred_release=True,
     raise AssertionError("unreachable")
 
 
-def _engine_binary() -> str:
-    """vovp-engine: $VOVP_ENGINE_BIN, else on PATH, else the newest build in this checkout."""
-    explicit = os.environ.get("VOVP_ENGINE_BIN")
-    if explicit:
-        return explicit
-    found = shutil.which("vovp-engine")
-    if found:
-        return found
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    builds = [os.path.join(root, "target", kind, "vovp-engine") for kind in ("release", "debug")]
-    builds = [b for b in builds if os.access(b, os.X_OK)]
-    if builds:
-        return max(builds, key=os.path.getmtime)
-    raise FileNotFoundError(
-        "vovp-engine not found: set $VOVP_ENGINE_BIN, put it on PATH, or build it with "
-        "`cargo build --release -p vovp-transport --bin vovp-engine`")
-
-
 @contextlib.contextmanager
 def start_plasma_store(plasma_store_memory, use_valgrind=False, use_profiler=False,
                        plasma_directory=None, use_hugepages=False, external_store=None):
@@ -1350,42 +1330,17 @@ def start_plasma_store(plasma_store_memory, use_valgrind=False, use_profiler=Fal
         raise NotImplementedError(
             "vovp has no external store: evicted objects are gone (external_store="
             f"{external_store!r})")
-    tmpdir = tempfile.mkdtemp(prefix="vovp_plasma-")
-    proc = None
+    # The daemon is started as vovp.start_store starts one (vovp/daemon.py): it dies with this
+    # process even if it is killed, and the socket's directory goes with it.
+    prefix = ()
+    if use_valgrind:
+        prefix = ("valgrind", "--track-origins=yes", "--leak-check=full", "--error-exitcode=1")
+    elif use_profiler:
+        prefix = ("valgrind", "--tool=callgrind")
+    options = {"directory": plasma_directory, "huge_pages": bool(use_hugepages)}
+    store = _daemon._spawn(prefix, int(plasma_store_memory), None, False,
+                           60 if use_valgrind or use_profiler else 10, options)
     try:
-        socket_name = os.path.join(tmpdir, "plasma.sock")
-        command = [_engine_binary(), "-s", socket_name, "-m", str(int(plasma_store_memory))]
-        if plasma_directory:
-            command += ["-d", os.fspath(plasma_directory)]
-        if use_hugepages:
-            command += ["--huge-pages"]
-        if use_valgrind:
-            command = ["valgrind", "--track-origins=yes", "--leak-check=full",
-                       "--error-exitcode=1"] + command
-        elif use_profiler:
-            command = ["valgrind", "--tool=callgrind"] + command
-        proc = subprocess.Popen(command)
-        # Plasma slept 0.1 s; waiting for the socket is both faster and sure.
-        deadline = time.monotonic() + (60 if use_valgrind or use_profiler else 10)
-        while True:
-            rc = proc.poll()
-            if rc is not None:
-                raise RuntimeError(f"vovp-engine exited unexpectedly with code {rc}")
-            if os.path.exists(socket_name):
-                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    probe.connect(socket_name)
-                    break
-                except OSError:
-                    pass
-                finally:
-                    probe.close()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vovp-engine did not start serving {socket_name}")
-            time.sleep(0.005)
-        yield socket_name, proc
+        yield store.socket, store.process
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        store.stop()

@@ -9,12 +9,8 @@ DistTensor partitions (the creator's writable view, so pushes apply in place).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
-import shutil
-import signal
-import subprocess
 import threading
 import time
 from concurrent.futures import Future
@@ -23,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 import ray
 
+from .. import daemon
 from ..client import Client, copy_into
 from ..errors import (
     ConnectionError as VovpConnectionError,
@@ -50,12 +47,6 @@ def socket_for(template: str, node_id: str) -> str:
 
 def alive_nodes() -> set:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-
-
-def _die_with_parent():
-    # PR_SET_PDEATHSIG: the engine gets SIGTERM when the agent's process dies, even by SIGKILL
-    # (Ray kills actors that way), so a store started by an agent never outlives it.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 class HolderGone(Exception):
@@ -91,28 +82,19 @@ class Agent:
                                       f"{self.node_id} (vovp.cluster.init(start=False))")
         binary = self._config.get("engine")
         if not binary or not os.access(binary, os.X_OK):
-            binary = shutil.which("vovp-engine")
-        if binary is None:
-            raise VovpError(f"node {self.node_id}: no vovp-engine to start (not on PATH, and "
-                            f"{self._config.get('engine')!r} is not executable there); pass "
-                            "engine= to vovp.cluster.init or run a daemon and pass socket=")
-        log = open(self.socket + ".log", "ab")
-        self._engine = subprocess.Popen(
-            [binary, "-m", str(self._config.get("memory", "1G")), "-s", self.socket,
-             *self._config.get("engine_args", ())],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
-        log.close()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                return Client(self.socket)
-            except VovpConnectionError:
-                if self._engine.poll() is not None or time.monotonic() > deadline:
-                    self._engine.kill()
-                    raise VovpError(f"node {self.node_id}: vovp-engine at {self.socket} did "
-                                    f"not start (exit {self._engine.poll()}); see "
-                                    f"{self.socket}.log") from None
-                time.sleep(0.02)
+            binary = None
+        try:
+            # Started as vovp.start_store starts one: it dies with this agent, even when Ray
+            # kills the agent with SIGKILL.
+            self._engine = daemon._spawn(
+                (), self._config.get("memory", "1G"), self.socket, False, 30, {},
+                extra=tuple(self._config.get("engine_args", ())), binary=binary)
+        except FileNotFoundError as e:
+            raise VovpError(f"node {self.node_id}: no vovp-engine to start ({e}); pass "
+                            "engine= to vovp.cluster.init or run a daemon and pass socket=") from None
+        except VovpConnectionError as e:
+            raise VovpError(f"node {self.node_id}: {e}") from None
+        return Client(self.socket)
 
     def info(self) -> dict:
         return {"node": self.node_id, "socket": self.socket, "pid": os.getpid(),
@@ -129,12 +111,8 @@ class Agent:
         """Stop serving; stop the engine this agent started (before Ray kills the agent)."""
         self._server.close()
         self._client.close()
-        if self._engine is not None and self._engine.poll() is None:
-            self._engine.terminate()
-            try:
-                self._engine.wait(10)
-            except subprocess.TimeoutExpired:
-                self._engine.kill()
+        if self._engine is not None:
+            self._engine.stop()
 
     # -- fetch: bring a name into this node's store --------------------------------------------
 
