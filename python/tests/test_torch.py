@@ -292,11 +292,38 @@ def test_dlpack_host_results_are_zero_copy(client):
     n = client.get_tensor("d", framework="numpy")  # read-only numpy view of the store
     for obj in (t, n, client.get_tensor("d")):
         assert obj.__dlpack_device__() == (1, 0)  # kDLCPU
-        via_torch = torch.from_dlpack(obj)
-        via_numpy = np.from_dlpack(obj)
         addr = vovp.client._data_address(obj)
-        assert via_torch.data_ptr() == addr == via_numpy.__array_interface__["data"][0]
-        assert via_torch.tolist() == via_numpy.tolist() == t.tolist()
+        for consume in (torch.from_dlpack, np.from_dlpack):
+            if obj is n and not _tells_read_only(consume):
+                # A consumer that cannot be told the memory is read-only (legacy DLPack: numpy
+                # 1's from_dlpack, torch before DLPack 1.0) is refused, as numpy refuses it.
+                with pytest.raises(BufferError, match="read-?only"):
+                    consume(obj)
+                continue
+            out = consume(obj)
+            got = out.data_ptr() if isinstance(out, torch.Tensor) else \
+                out.__array_interface__["data"][0]
+            assert got == addr, consume
+            assert out.tolist() == t.tolist()
+
+
+def _tells_read_only(consume) -> bool:
+    """Whether ``consume`` (a from_dlpack) asks for DLPack >= 1.0, which can carry read-only."""
+    asked = {}
+
+    class Probe:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, **kwargs):
+            asked.update(kwargs)
+            raise BufferError("probe")
+
+    try:
+        consume(Probe())
+    except BufferError:
+        pass
+    return asked.get("max_version") is not None
 
 
 # --- multiprocessing -------------------------------------------------------------------------
