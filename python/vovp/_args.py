@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import dlpack as D
 from . import tensor as T
 from .errors import GpuUnavailable
 
@@ -69,7 +68,6 @@ def _host_result(owner, view_dt, shape, code, torch_in, writable):
         return T.numpy_to_torch(arr, code)
     if not writable:
         arr.flags.writeable = False
-        return D.readonly_result(arr)
     return arr
 
 

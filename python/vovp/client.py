@@ -55,7 +55,6 @@ from . import _lease as L
 from . import _native as N
 from . import cuda as C
 from . import daemon
-from . import dlpack as D
 from . import tensor as T
 from ._args import (
     _byte_array,
@@ -753,7 +752,7 @@ class Client(CudaMethods):
             arr = owner.view(view_dt).reshape(shape)
         if torch_out:
             return T.numpy_to_torch(arr, code)
-        return arr if writable else D.readonly_result(arr)
+        return arr
 
     def subscribe(self):
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,

@@ -15,8 +15,6 @@ from __future__ import annotations
 import ctypes
 import threading
 
-import numpy as _np
-
 from . import tensor as T
 
 # DLDeviceType
@@ -158,46 +156,3 @@ def pending_exports() -> int:
     """Capsules (or tensors made from them) still holding their object."""
     return len(_EXPORTS)
 
-
-# --- read-only store arrays under numpy 1 ----------------------------------------------------
-
-# numpy 1's ndarray.__dlpack__ refuses every read-only array ("signalling readonly is
-# unsupported by DLPack"), even to consumers that can be told (DLPack >= 1.0, max_version):
-# so under numpy 1 a read-only result exports itself. numpy 2 does this on its own.
-NUMPY1 = _np.lib.NumpyVersion(_np.__version__) < "2.0.0"
-
-
-class ReadOnlyArray(_np.ndarray):
-    """A read-only numpy view of store memory (numpy 1 only) whose ``__dlpack__`` tells the
-    consumer the memory is read-only (a DLPack 1.0 capsule, ``max_version``) instead of
-    refusing. A consumer that cannot be told (legacy DLPack, no ``max_version``: numpy 1's own
-    ``from_dlpack``, older torch) is refused, as numpy refuses it: it could write to memory
-    the store shares. Everything else is the plain ndarray; arithmetic returns plain arrays."""
-
-    def __array_wrap__(self, out, context=None, return_scalar=False):  # noqa: ARG002
-        out = _np.asarray(out)
-        return out[()] if return_scalar else out
-
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        if self.flags.writeable:
-            return _np.ndarray.__dlpack__(self, stream=stream)
-        if max_version is None or tuple(max_version)[0] < 1:
-            raise BufferError(
-                "a read-only vovp array is exported through DLPack only to consumers that "
-                "accept read-only memory (DLPack >= 1.0, __dlpack__(max_version=...)); with "
-                "this consumer use get_tensor(name, framework='torch'), get_tensor(name, "
-                "writable=True), or numpy.asarray for numpy")
-        if not self.flags.c_contiguous:
-            raise BufferError("only C-contiguous vovp arrays are exported through DLPack")
-        return export(self.__array_interface__["data"][0], (KDL_CPU, 0),
-                      T.numpy_code(self.dtype), self.shape, True, self, max_version, copy,
-                      dl_device)
-
-    def __dlpack_device__(self):
-        return (KDL_CPU, 0)
-
-
-def readonly_result(arr):
-    """``arr`` (a read-only array over store memory) as the caller gets it: under numpy 1 a
-    ``ReadOnlyArray`` view, which can export DLPack; under numpy 2 itself."""
-    return arr.view(ReadOnlyArray) if NUMPY1 else arr
