@@ -310,6 +310,16 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A test that cannot run here (it needs root, a cgroup, setpriv...): a skip that says why, or
+/// a failure where the machine is supposed to have it (`VOVP_REQUIRE_ROOT=1`, set by CI), so
+/// that a missing precondition never turns into a silent pass there.
+pub fn precondition_missing(why: &str) {
+    if std::env::var("VOVP_REQUIRE_ROOT").is_ok_and(|v| v == "1") {
+        panic!("VOVP_REQUIRE_ROOT=1 but this test cannot run: {why}");
+    }
+    eprintln!("skipped: {why}");
+}
+
 /// Reads one line of a child's stdout (e.g. "holding").
 pub fn read_line(child: &mut Child) -> String {
     use std::io::BufRead;

@@ -491,7 +491,9 @@ fn stale_socket_is_replaced() {
 #[test]
 fn peers_outside_the_allowed_uids_are_refused() {
     if !std::path::Path::new("/usr/bin/setpriv").exists() || unsafe { libc::getuid() } != 0 {
-        eprintln!("skipping: needs root and setpriv to run a client under another uid");
+        vovp_tests::precondition_missing(
+            "needs root and setpriv to run a client under another uid",
+        );
         return;
     }
     let as_nobody = |d: &Daemon| {

@@ -64,9 +64,9 @@ impl Cgroup {
                 return Some(cg);
             }
         }
-        eprintln!(
-            "memory_limit: skipped, no memory cgroup can be made here (needs root and cgroup \
-             v1, or v2 with the memory controller delegated)"
+        vovp_tests::precondition_missing(
+            "memory_limit: no memory cgroup can be made here (needs root and cgroup v1, or v2 \
+             with the memory controller delegated)",
         );
         None
     }
