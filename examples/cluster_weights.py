@@ -8,6 +8,8 @@ Until versioned names land (issue "Versions"), each version gets its own name an
 is unpublished once the workers moved on.
 """
 
+from __future__ import annotations
+
 import numpy as np
 import ray
 
@@ -15,12 +17,12 @@ import vovp.cluster as vc
 
 
 @ray.remote(num_cpus=0)
-def rollout(name):
+def rollout(name: str) -> tuple[str, float]:
     w = vc.fetch(name, timeout=60)  # copied once to this node, then local to every process
     return vc.node_id()[:8], float(w.sum())
 
 
-def main():
+def main() -> None:
     vc.init(memory="512M")  # starts Ray if none is running; a store and agent per node
     for version in range(3):
         name = f"policy-v{version}"

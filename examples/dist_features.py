@@ -5,7 +5,10 @@ rows in its own vovp store; trainers pull rows by id, in the ids' order, from wh
     RAY_ADDRESS=auto python examples/dist_features.py     # a running one
 """
 
+from __future__ import annotations
+
 import numpy as np
+import numpy.typing as npt
 import ray
 
 import vovp.cluster as vc
@@ -13,12 +16,12 @@ import vovp.cluster as vc
 ROWS, DIM = 100_000, 64
 
 
-def batch(seed):
+def batch(seed: int) -> npt.NDArray[np.int64]:
     return np.random.default_rng(seed).integers(0, ROWS, 1024)
 
 
 @ray.remote(num_cpus=0)
-def trainer(seed):
+def trainer(seed: int) -> int:
     feats = vc.DistTensor("feat")  # attach by name
     ids = batch(seed)  # a mini-batch's nodes
     rows = feats.pull(ids)
@@ -30,7 +33,7 @@ def trainer(seed):
     return 0 if local is None else len(local)
 
 
-def main():
+def main() -> None:
     vc.init(memory="512M")
     feats = vc.DistTensor("feat", (ROWS, DIM), np.float32)  # range partition over the nodes
     ids = np.arange(ROWS)

@@ -12,9 +12,12 @@
 Prints one JSON line with what each process saw (python/tests/test_examples.py checks it).
 """
 
+from __future__ import annotations
+
 import json
 import multiprocessing as mp
 import sys
+from typing import Any
 
 import torch as th
 
@@ -22,28 +25,30 @@ import vovp
 from vovp.client import find_lease
 
 
-def another_process(path, out):
+def another_process(path: str, out: Any) -> None:
     # The seed's "In another process" block.
     client = vovp.init_client(path)
     ret_a2 = client.get_tensor("test111")  # Exact same underlying memory with ret_a
     lease = find_lease(ret_a2)
+    assert lease is not None
     out.put(dict(type=type(ret_a2).__module__ + "." + type(ret_a2).__name__,
                  values=ret_a2.tolist(), where=[lease.segment, lease.offset]))
 
 
-def receiver(q, out):
+def receiver(q: Any, out: Any) -> None:
     t = q.get()
     out.put(dict(type=type(t).__module__ + "." + type(t).__name__, sum=float(t.sum()),
                  through_store=find_lease(t) is not None))
 
 
-def main(path):
+def main(path: str) -> None:
     # The seed's "In one process" block.
     client = vovp.init_client(path)
     a = th.tensor([[1, 2, 3], [5, 4, 6]])  # a can be a CUDA tensor
     ret_a = client.put_tensor("test111", a)  # ret_a has same value with a, memory of the store
     lease = find_lease(ret_a)
-    report = dict(put=dict(values=ret_a.tolist(), where=[lease.segment, lease.offset]))
+    assert lease is not None
+    report: dict[str, Any] = dict(put=dict(values=ret_a.tolist(), where=[lease.segment, lease.offset]))
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, Union
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    # _host_source's result: (numpy view of the data, dtype code, dtype to store, dtype of the
+    # result, header, torch input).
+    HostSource = Tuple[npt.NDArray[Any], int, np.dtype[Any], np.dtype[Any], bytes, bool]
 
 from . import tensor as T
 from .errors import GpuUnavailable
 
 
-def _name(name) -> str:
+def _name(name: Union[str, bytes, bytearray, memoryview]) -> str:
     """An object name as the native core takes it (validated there: InvalidName)."""
     if type(name) is str:
         return name
@@ -24,11 +33,11 @@ def _name(name) -> str:
     return name
 
 
-def _metadata(metadata) -> bytes:
+def _metadata(metadata: Union[bytes, bytearray, memoryview]) -> bytes:
     return metadata if type(metadata) is bytes else bytes(metadata)
 
 
-def _timeout(timeout):
+def _timeout(timeout: Optional[float]) -> Optional[float]:
     """None = do not wait; negative = forever (a century); else seconds."""
     if timeout is None:
         return None
@@ -36,7 +45,7 @@ def _timeout(timeout):
     return 3.15e9 if timeout < 0 else timeout
 
 
-def _byte_array(data) -> np.ndarray:
+def _byte_array(data: Any) -> npt.NDArray[np.uint8]:
     """A C-contiguous uint8 array over (or, for non-contiguous input, a copy of) ``data``."""
     if isinstance(data, np.ndarray):
         a = data if data.flags.c_contiguous else np.ascontiguousarray(data)
@@ -47,7 +56,7 @@ def _byte_array(data) -> np.ndarray:
     return np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, np.uint8)
 
 
-def _host_source(t):
+def _host_source(t: Any) -> HostSource:
     """(numpy view of the data, dtype code, dtype to store, dtype of the result, header,
     torch input) for a numpy array, CPU torch tensor or array-like."""
     if type(t) is np.ndarray:
@@ -62,7 +71,8 @@ def _host_source(t):
     return (src, *T.put_plan(src.dtype, src.shape), False)
 
 
-def _host_result(owner, view_dt, shape, code, torch_in, writable):
+def _host_result(owner: npt.NDArray[Any], view_dt: np.dtype[Any], shape: Tuple[int, ...],
+                 code: int, torch_in: bool, writable: bool) -> Any:
     arr = owner.view(view_dt).reshape(shape)
     if torch_in:
         return T.numpy_to_torch(arr, code)
@@ -71,13 +81,13 @@ def _host_result(owner, view_dt, shape, code, torch_in, writable):
     return arr
 
 
-def _check_framework(framework):
+def _check_framework(framework: Optional[str]) -> None:
     if framework not in (None, "numpy", "np", "torch", "cuda"):
         raise ValueError(
             f"framework must be None, 'numpy', 'torch' or 'cuda', not {framework!r}")
 
 
-def _c_strides(shape, itemsize):
+def _c_strides(shape: Sequence[int], itemsize: int) -> Tuple[int, ...]:
     """Byte strides of a C-contiguous array (for checking ``__cuda_array_interface__``)."""
     strides = []
     step = itemsize
@@ -87,7 +97,7 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
-def _dtype_code(dtype) -> int:
+def _dtype_code(dtype: Any) -> int:
     """Protocol dtype code of a numpy dtype, a dtype name ("bfloat16" too) or a torch dtype."""
     if type(dtype).__module__ == "torch":  # torch.float32 and friends
         to_code, _ = T.torch_tables()

@@ -6,6 +6,8 @@ native core (``vovp.cuda``, through the gpu crate); what holds a reference is a 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
+
 import numpy as np
 
 from . import cuda as C
@@ -13,13 +15,31 @@ from . import tensor as T
 from ._args import _c_strides, _dtype_code, _name
 from .errors import ProtocolError
 
+if TYPE_CHECKING:
+    import torch
+
+    from .client import Metadata, Name
+
 
 class CudaMethods:
     """``vovp.Client``'s CUDA methods (see ``Client``)."""
 
-    def put_cuda(self, name, ptr, nbytes=None, dtype=None, shape=None, device=None,
-                 ephemeral: bool = False, writable: bool = False, framework: str = "cuda",
-                 stream=None):
+    if TYPE_CHECKING:
+        # Client's, used here.
+        def _create(self, name: str, size: int, metadata: Metadata, ephemeral: bool,
+                    device: Optional[int] = None) -> Any: ...
+        def _owner(self, obj: Any, name: Optional[str] = None) -> Any: ...
+        def _cuda_owner(self, obj: Any) -> Any: ...
+        def _drop_owner(self, owner: object) -> None: ...
+        def _get1(self, name: Name, timeout: Optional[float], writable: bool = False,
+                  missing_ok: bool = False) -> Any: ...
+        def seal(self, name: Name) -> None: ...
+
+    def put_cuda(self, name: Name, ptr: Any, nbytes: Optional[int] = None,
+                 dtype: Any = None, shape: Any = None,
+                 device: Optional[int] = None, ephemeral: bool = False,
+                 writable: bool = False, framework: str = "cuda",
+                 stream: Optional[int] = None) -> Any:
         """Store device memory as a CUDA tensor object; return the store's copy, zero-copy.
 
         ``ptr``: a device address (int) with ``nbytes``/``dtype`` (default uint8)/``shape``
@@ -90,7 +110,8 @@ class CudaMethods:
                                  pre_copy)
         return self._cuda_result(owner, code, shape, byte_order, fw, writable, name)
 
-    def _put_torch_cuda(self, name, t, ephemeral):
+    def _put_torch_cuda(self, name: Name, t: torch.Tensor,
+                        ephemeral: bool) -> Any:  # a CUDA torch.Tensor
         """put_tensor of a CUDA torch tensor (see put_tensor)."""
         C.driver()
         import torch  # noqa: PLC0415 (t is a torch tensor: torch is imported)
@@ -107,7 +128,7 @@ class CudaMethods:
         shape = tuple(t.shape)
         nbytes = t.numel() * t.element_size()
 
-        def pre_copy():
+        def pre_copy() -> None:
             # The data may still be being computed on torch's stream; ours does not wait for it.
             torch.cuda.current_stream(t.device).synchronize()
 
@@ -115,8 +136,10 @@ class CudaMethods:
                                  ephemeral, pre_copy, T.FRAMEWORK_TORCH)
         return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
 
-    def _put_device(self, name, src, nbytes, code, shape, byte_order, device, ephemeral,
-                    pre_copy=None, framework=T.FRAMEWORK_UNSPECIFIED):
+    def _put_device(self, name: Name, src: int, nbytes: int, code: int,
+                    shape: Tuple[int, ...], byte_order: int, device: int, ephemeral: bool,
+                    pre_copy: Optional[Callable[[], None]] = None,
+                    framework: int = T.FRAMEWORK_UNSPECIFIED) -> Any:
         """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
         device owner holding the (now sealed) creator's reference."""
         name = _name(name)
@@ -132,8 +155,9 @@ class CudaMethods:
             raise
         return owner
 
-    def to_device(self, name, new_name, device: int = 0, ephemeral: bool = False,
-                  framework=None, writable: bool = False, timeout=None):
+    def to_device(self, name: Name, new_name: Name, device: int = 0,
+                  ephemeral: bool = False, framework: Optional[str] = None,
+                  writable: bool = False, timeout: Optional[float] = None) -> Any:
         """Store a copy of object ``name`` on cuda:``device`` under ``new_name``.
 
         A host object is copied host-to-device straight from the store's mapping; a CUDA
@@ -151,6 +175,7 @@ class CudaMethods:
         src_owner = self._owner(obj) if host else self._cuda_owner(obj)
         try:
             meta = obj.metadata
+            shape: Tuple[int, ...]
             code, shape, order = T.UINT8, (obj.size,), T.LITTLE
             if T.is_tensor_header(meta):
                 m = T.decode_header(meta)
@@ -174,11 +199,13 @@ class CudaMethods:
             self._drop_owner(src_owner)  # the source's reference is not needed any more
         return self._cuda_result(dst, code, shape, order, fw, writable, new_name)
 
-    def _get_cuda(self, obj, name, framework, writable):
+    def _get_cuda(self, obj: Any, name: Name, framework: Optional[str],
+                  writable: bool) -> Any:
         """get_tensor of a CUDA object: validate, wrap (reference released on failure)."""
         try:
             fw = self._cuda_framework(framework, name)
             meta = obj.metadata
+            shape: Tuple[int, ...]
             code, shape, order = T.UINT8, (obj.size,), T.LITTLE
             if meta[:4] == T.MAGIC:
                 m = T.decode_header(meta)
@@ -195,7 +222,7 @@ class CudaMethods:
         return self._cuda_result(owner, code, shape, order, fw, writable, name)
 
     @staticmethod
-    def _cuda_framework(framework, name):
+    def _cuda_framework(framework: Optional[str], name: Name) -> str:
         """'torch' or 'cuda' for a CUDA result; None picks torch when it is usable."""
         if framework is None:
             return "torch" if C.torch_cuda_usable() else "cuda"
@@ -207,7 +234,8 @@ class CudaMethods:
         raise ValueError(f"framework must be None, 'torch' or 'cuda', not {framework!r}")
 
     @staticmethod
-    def _cuda_result(owner, code, shape, byte_order, framework, writable, name):
+    def _cuda_result(owner: Any, code: int, shape: Tuple[int, ...], byte_order: int,
+                     framework: str, writable: bool, name: Name) -> Any:
         if framework == "torch":
             return C.to_torch(owner, code, shape, byte_order)
         return C.CudaTensor(owner, code, shape, byte_order, readonly=not writable, name=name)

@@ -25,6 +25,12 @@ from __future__ import annotations
 
 import os
 import weakref
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
+
+if TYPE_CHECKING:
+    _Ref = weakref.ref[Any]
+else:
+    _Ref = weakref.ref
 
 # Forks of this process so far (a child's clients see their parent's count change): cheaper
 # on every call than comparing os.getpid().
@@ -32,14 +38,14 @@ FORKS = [0]
 os.register_at_fork(after_in_child=lambda: FORKS.__setitem__(0, FORKS[0] + 1))
 
 # id(owner) -> Lease. Module-level so lookups by address see every client's objects.
-LEASES: dict = {}
+LEASES: dict[int, Lease] = {}
 
 # Finders of store memory handed out without an indexed lease, asked by address when no lease
 # matches: functions (address, cuda) -> lease or None, which index the lease they return.
-_FINDERS: list = []
+_FINDERS: list[Callable[[int, bool], Optional[Lease]]] = []
 
 
-class Lease(weakref.ref):
+class Lease(_Ref):
     """Weak reference to an owner (array or device buffer): where a reference's bytes are.
 
     ``client``: the ``vovp.Client`` whose connection holds the reference; ``oid``, ``name``:
@@ -53,8 +59,20 @@ class Lease(weakref.ref):
     __slots__ = ("key", "client", "oid", "name", "start", "size", "token", "cuda", "obj",
                  "segment", "offset")
 
+    key: int
+    client: Any  # vovp.Client (vovp.plasma: its own client)
+    oid: int
+    name: str
+    start: int
+    size: int
+    token: List[bool]
+    cuda: bool
+    obj: Callable[[], Any]  # weak reference to the native view
+    segment: Optional[int]
+    offset: Optional[int]
 
-def _lease_died(lease):
+
+def _lease_died(lease: Lease) -> None:
     # Runs inside garbage collection: never raise. The native object releases itself.
     try:
         if LEASES.get(lease.key) is lease:
@@ -63,7 +81,8 @@ def _lease_died(lease):
         pass
 
 
-def lease(owner, client, obj, cuda=False, entry=None):
+def lease(owner: Any, client: Any, obj: Any, cuda: bool = False,
+          entry: Optional[Lease] = None) -> Lease:
     """Index the lease of ``owner`` over native view ``obj`` held through ``client`` (a CUDA
     owner: its ``ptr`` is the device address) and return it: a new Lease, or ``entry``, a
     Lease of ``owner`` made without one's fields (vovp.plasma's entries) filled in now. Every
@@ -82,18 +101,18 @@ def lease(owner, client, obj, cuda=False, entry=None):
     return self
 
 
-def lease_of(owner):
+def lease_of(owner: object) -> Optional[Lease]:
     """The lease of ``owner`` itself, or None."""
     lease = LEASES.get(id(owner))
     return lease if lease is not None and lease() is owner else None
 
 
-def leases_of(client) -> list:
+def leases_of(client: object) -> list[Lease]:
     """Every lease held through ``client``."""
     return [lease for lease in list(LEASES.values()) if lease.client is client]
 
 
-def claim(lease) -> bool:
+def claim(lease: Lease) -> bool:
     """Take the right to release ``lease``'s reference; False if someone already did."""
     try:
         lease.token.pop()
@@ -102,14 +121,14 @@ def claim(lease) -> bool:
         return False
 
 
-def give_back(lease) -> None:
+def give_back(lease: Lease) -> None:
     """Release ``lease``'s reference now (it was claimed)."""
     obj = lease.obj()
     if obj is not None:
         obj.release()
 
 
-def release_owner(owner) -> bool:
+def release_owner(owner: object) -> bool:
     """Release the reference behind an owner now (``CudaTensor.release``)."""
     lease = lease_of(owner)
     if lease is None or not claim(lease):
@@ -118,7 +137,7 @@ def release_owner(owner) -> bool:
     return True
 
 
-def lease_at(addr, cuda):
+def lease_at(addr: int, cuda: bool) -> Optional[Lease]:
     """The live lease whose bytes hold ``addr`` (host or device address), or None."""
     for lease in list(LEASES.values()):
         if lease() is None:
@@ -131,13 +150,13 @@ def lease_at(addr, cuda):
         if start <= addr < start + lease.size or (addr == start and lease.size == 0):
             return lease
     for find in _FINDERS:
-        lease = find(addr, cuda)
-        if lease is not None:
-            return lease
+        found = find(addr, cuda)
+        if found is not None:
+            return found
     return None
 
 
-def register_finder(find) -> None:
+def register_finder(find: Callable[[int, bool], Optional[Lease]]) -> None:
     """Ask ``find(address, cuda)`` (-> an indexed lease or None) when no lease holds an
     address."""
     _FINDERS.append(find)

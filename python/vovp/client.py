@@ -45,8 +45,20 @@ besides its public methods; everything else here is private to this module:
 
 from __future__ import annotations
 
+import builtins
 import os
 import weakref
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Iterable,
+    Literal,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+    overload,
+)
 
 import numpy as np
 
@@ -74,6 +86,19 @@ from .errors import (
     ProtocolError,
 )
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+
+    from ._lease import Lease
+    # An object name: str, or its UTF-8 bytes.
+    Name = Union[str, bytes, bytearray, memoryview]
+    # Object metadata: any bytes-like object.
+    Metadata = Union[bytes, bytearray, memoryview]
+    # put_tensors' batch: (name, contiguous source, view dtype, shape, code, torch input,
+    # header).
+    _BatchItem = Tuple[str, npt.NDArray[Any], np.dtype[Any], Tuple[int, ...], int, bool, bytes]
+
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
 # Objects up to this size go to the native put in any case (one PUT frame; through a lend,
@@ -100,10 +125,10 @@ _FORKS = L.FORKS
 
 # Objects found by address that were released explicitly (id -> weakref), so that releasing
 # the same torch tensor twice does not release a second reference of the same store object.
-_RELEASED_BY_ADDRESS: dict = {}
+_RELEASED_BY_ADDRESS: dict[int, weakref.ref[Any]] = {}
 
 
-def _data_address(obj):
+def _data_address(obj: Any) -> Any:
     """Address of the first byte of an ndarray / torch tensor / buffer, or None."""
     try:
         if isinstance(obj, np.ndarray):
@@ -115,13 +140,13 @@ def _data_address(obj):
         return None
 
 
-def find_lease(obj):
+def find_lease(obj: object) -> Optional[Lease]:
     """The lease (``vovp._lease.Lease``) whose object ``obj`` (an array, tensor or memoryview)
     points into, or None."""
     return _find_lease(obj)[0]
 
 
-def _cuda_address(obj):
+def _cuda_address(obj: Any) -> Any:
     """Device address of a CUDA torch tensor or ``__cuda_array_interface__`` object, or None."""
     if isinstance(obj, (np.ndarray, memoryview, bytes, bytearray)):
         return None
@@ -136,7 +161,7 @@ def _cuda_address(obj):
     return None
 
 
-def _find_lease(obj):
+def _find_lease(obj: object) -> Tuple[Optional[Lease], bool]:
     """(lease, found by address) for ``obj``; (None, False) when it is not store memory."""
     if isinstance(obj, C.CudaTensor):
         return L.lease_of(obj._owner), False
@@ -144,7 +169,7 @@ def _find_lease(obj):
     cuda = addr is not None
     if not cuda:
         # Fast path: arrays derived from an owner have it as their base (or are the owner).
-        candidates = []
+        candidates: builtins.list[object] = []
         if isinstance(obj, np.ndarray):
             candidates = [obj, obj.base]
         elif isinstance(obj, memoryview):
@@ -198,7 +223,8 @@ class Client(CudaMethods):
     returns the object id. Needs ``shared_reads``.
     """
 
-    def __init__(self, path: str = None, connect_timeout: float = 0.0,
+    def __init__(self, path: Optional[Union[str, os.PathLike[str]]] = None,
+                 connect_timeout: float = 0.0,
                  release_delay: float = RELEASE_DELAY, reconnect: bool = False,
                  shared_reads: bool = True, lend_puts: bool = True,
                  pipelined_puts: bool = True):
@@ -210,7 +236,8 @@ class Client(CudaMethods):
         self._reconnect = reconnect
         self._release_delay = release_delay
         self._closed = True  # until HELLO succeeded
-        self._unsealed = {}  # name -> owner lease of objects this client created, not sealed
+        # name -> owner lease of objects this client created, not sealed
+        self._unsealed: dict[Any, Optional[Lease]] = {}
         try:
             self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
                                float(release_delay or 0.0), bool(shared_reads),
@@ -251,13 +278,13 @@ class Client(CudaMethods):
             L.claim(lease)  # the connection's end released them all
         self._unsealed.clear()
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._closed else f"capacity={self.capacity}"
         return f"<vovp.Client {self._path!r} {state}>"
 
@@ -265,7 +292,7 @@ class Client(CudaMethods):
         """Whether this client may be used: open, and created in this process."""
         return not self._closed and self._pid == os.getpid()
 
-    def _check_usable(self):
+    def _check_usable(self) -> None:
         if os.getpid() != self._pid:
             raise ConnectionError(
                 "this vovp client was created in another process (fork); create a new one")
@@ -273,12 +300,12 @@ class Client(CudaMethods):
             raise ConnectionError("the vovp client is closed")
 
     @property
-    def _native(self):
+    def _native(self) -> N.Client:
         if self._closed or _FORKS[0] != self._forks:
             self._check_usable()
-        return self._guard
+        return self._guard  # type: ignore[return-value] # (forwards to N.Client's methods)
 
-    def _connection_lost(self):
+    def _connection_lost(self) -> None:
         """A call failed with ConnectionError: without reconnect the client is closed (the
         daemon is gone, or the stream cannot be resynchronised)."""
         if not self._reconnect:
@@ -289,7 +316,7 @@ class Client(CudaMethods):
 
     # -- releases -------------------------------------------------------------------------------
 
-    def release(self, obj) -> bool:
+    def release(self, obj: object) -> bool:
         """Release the store reference behind ``obj`` now instead of at garbage collection.
 
         ``obj`` is an array / tensor / memoryview returned by this client (or any view of one),
@@ -315,7 +342,8 @@ class Client(CudaMethods):
             key = id(by_address)
             try:
                 _RELEASED_BY_ADDRESS[key] = weakref.ref(
-                    by_address, lambda _, key=key: _RELEASED_BY_ADDRESS.pop(key, None))
+                    by_address,
+                    lambda _, key=key: _RELEASED_BY_ADDRESS.pop(key, None))  # type: ignore[misc]
             except TypeError:  # not weak-referenceable
                 pass
         if os.getpid() == self._pid and not self._closed:
@@ -331,7 +359,7 @@ class Client(CudaMethods):
 
     # -- owners ---------------------------------------------------------------------------------
 
-    def _owner(self, obj, name=None):
+    def _owner(self, obj: Any, name: Optional[str] = None) -> Any:
         """uint8 array over native ``obj``'s bytes, leased (``vovp._lease``); the reference lives
         as long as some array over it does."""
         if not obj.is_host:
@@ -343,7 +371,7 @@ class Client(CudaMethods):
         L.lease(owner, self, obj)
         return owner
 
-    def _cuda_owner(self, obj):
+    def _cuda_owner(self, obj: Any) -> Any:
         """A device owner over a CUDA native ``obj``, indexed like ``_owner``'s arrays.
 
         A got object is mapped here (CUDA IPC, by the native core through the gpu crate; the
@@ -361,7 +389,7 @@ class Client(CudaMethods):
         L.lease(owner, self, obj, cuda=True)
         return owner
 
-    def _drop_owner(self, owner):
+    def _drop_owner(self, owner: object) -> None:
         """Release ``owner``'s reference now (error paths)."""
         lease = L.lease_of(owner)
         if lease is not None and L.claim(lease):
@@ -371,7 +399,8 @@ class Client(CudaMethods):
 
     # -- raw objects ----------------------------------------------------------------------------
 
-    def _create(self, name, size, metadata, ephemeral, device=None):
+    def _create(self, name: str, size: int, metadata: Metadata, ephemeral: bool,
+                device: Optional[int] = None) -> Any:
         buf = self._native.create(name, size, bytes(metadata), ephemeral, device)
         if device is None:
             owner = self._owner(buf)
@@ -380,7 +409,8 @@ class Client(CudaMethods):
         self._unsealed[name] = L.lease_of(owner)
         return owner
 
-    def create(self, name, size: int, metadata=b"", ephemeral: bool = False) -> np.ndarray:
+    def create(self, name: Name, size: int, metadata: Metadata = b"",
+               ephemeral: bool = False) -> npt.NDArray[np.uint8]:
         """Create an unsealed object and return a writable uint8 array over its bytes.
 
         The returned array holds the creator's reference: keep it alive until ``seal(name)``
@@ -390,9 +420,12 @@ class Client(CudaMethods):
         size = int(size)
         if not 0 <= size < 2**64:
             raise InvalidArgument(f"size must be between 0 and 2**64 - 1 bytes, got {size}")
-        return self._create(_name(name), size, _metadata(metadata), ephemeral)
+        owner: npt.NDArray[np.uint8] = self._create(
+            _name(name), size, _metadata(metadata), ephemeral)
+        return owner
 
-    def create_tensor(self, name, shape, dtype, ephemeral: bool = False) -> np.ndarray:
+    def create_tensor(self, name: Name, shape: Any, dtype: npt.DTypeLike,
+                      ephemeral: bool = False) -> npt.NDArray[Any]:
         """Create an unsealed tensor object; fill the returned writable array, then ``seal``."""
         dtype = np.dtype(dtype)
         code = T.numpy_code(dtype)
@@ -403,12 +436,12 @@ class Client(CudaMethods):
         owner = self.create(name, size, meta, ephemeral)
         return owner.view(store_dt).reshape(shape)
 
-    def seal(self, name) -> None:
+    def seal(self, name: Name) -> None:
         """Seal an object created by this client: it becomes immutable and visible to GET."""
         self._native.seal(_name(name))
         self._unsealed.pop(name, None)
 
-    def _seal_later(self, name) -> None:
+    def _seal_later(self, name: Name) -> None:
         """Send SEAL without waiting for its reply (read in front of the next request's).
 
         For hand-offs (vovp.reduction): the receiver's GET waits for the seal anyway, so the
@@ -418,7 +451,7 @@ class Client(CudaMethods):
         self._native.seal_later(_name(name))
         self._unsealed.pop(name, None)
 
-    def abort(self, name) -> None:
+    def abort(self, name: Name) -> None:
         """Abort an unsealed object created by this client; its memory is freed."""
         self._native.abort(_name(name))
         # The creator's reference went with the object; do not release it again later.
@@ -426,7 +459,8 @@ class Client(CudaMethods):
         if lease is not None:
             L.claim(lease)
 
-    def put(self, name, data, metadata=b"", ephemeral: bool = False, wait: bool = False):
+    def put(self, name: Name, data: Any, metadata: Metadata = b"", ephemeral: bool = False,
+            wait: bool = False) -> Optional[int]:
         """Store ``data`` (any bytes-like object) as a sealed object.
 
         The client keeps no reference: the object lives until deleted (or evicted when nobody
@@ -440,16 +474,26 @@ class Client(CudaMethods):
         name = _name(name)
         metadata = _metadata(metadata)
         src = _byte_array(data)
-        return self._native.put(name, src.ctypes.data, src.nbytes, metadata, ephemeral,
-                                False, False, bool(wait))
+        return self._native.put(name, src.ctypes.data, src.nbytes, metadata,  # type: ignore
+                                ephemeral, False, False, bool(wait))  # (keep=False: id or None)
 
     def sync(self) -> None:
         """Wait for the store's answer to every put that did not wait for it; raises the
         first that failed since the last ``sync`` (each failure is raised by one ``sync``)."""
         self._native.sync()
 
-    def get_buffer(self, name, timeout=None, writable: bool = False,
-                   with_metadata: bool = False):
+    @overload
+    def get_buffer(self, name: Name, timeout: Optional[float] = None,
+                   writable: bool = False, *,
+                   with_metadata: Literal[True]) -> Tuple[memoryview, bytes]: ...
+
+    @overload
+    def get_buffer(self, name: Name, timeout: Optional[float] = None,
+                   writable: bool = False,
+                   with_metadata: Literal[False] = False) -> memoryview: ...
+
+    def get_buffer(self, name: Name, timeout: Optional[float] = None, writable: bool = False,
+                   with_metadata: bool = False) -> Union[memoryview, Tuple[memoryview, bytes]]:
         """A memoryview of a sealed object's bytes (read-only unless ``writable``).
 
         ``timeout``: None = don't wait, seconds to wait for the object to appear/be sealed,
@@ -460,7 +504,8 @@ class Client(CudaMethods):
         mv = memoryview(self._owner(obj))
         return (mv, obj.metadata) if with_metadata else mv
 
-    def _get1(self, name, timeout, writable=False, missing_ok=False):
+    def _get1(self, name: Name, timeout: Optional[float], writable: bool = False,
+              missing_ok: bool = False) -> Any:  # N.Object, or None when missing_ok
         """The single get: the native view of sealed object ``name`` (it holds the reference),
         or None when it is still missing and ``missing_ok``, else ObjectNotFound. ``timeout``
         as in ``get_buffer``. Every get of one name takes this path (``get_buffer``,
@@ -479,7 +524,9 @@ class Client(CudaMethods):
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
         return obj
 
-    def get_buffers(self, names, timeout=None, writable: bool = False) -> list:
+    def get_buffers(self, names: Iterable[Name], timeout: Optional[float] = None,
+                    writable: bool = False
+                    ) -> builtins.list[Optional[Tuple[memoryview, bytes]]]:
         """Several objects in one GET: a list with ``(memoryview, metadata bytes)`` per name, or
         None for a name still missing or unsealed when ``timeout`` ran out.
 
@@ -488,7 +535,7 @@ class Client(CudaMethods):
         own reference, released like ``get_buffer``'s.
         """
         objs = self._native.get([_name(n) for n in names], _timeout(timeout), writable)
-        out = []
+        out: builtins.list[Optional[Tuple[memoryview, bytes]]] = []
         for i, obj in enumerate(objs):
             if obj is None:
                 out.append(None)
@@ -503,18 +550,18 @@ class Client(CudaMethods):
             out.append((memoryview(owner), obj.metadata))
         return out
 
-    def contains(self, name) -> bool:
+    def contains(self, name: Name) -> bool:
         """Whether a sealed object of that name exists."""
         return self._native.contains(_name(name))
 
-    def __contains__(self, name) -> bool:
+    def __contains__(self, name: Name) -> bool:
         return self.contains(name)
 
-    def delete(self, name) -> None:
+    def delete(self, name: Name) -> None:
         """Remove the name now; the memory is freed when the last holder releases it."""
         self._native.delete(_name(name))
 
-    def list(self) -> list:
+    def list(self) -> builtins.list[dict[str, Any]]:
         """Every object: dicts with name, id, size, device, sealed, ephemeral, refcount,
         last_access (unix seconds), metadata, and dtype/shape for tensor objects."""
         entries = self._native.list()
@@ -529,7 +576,7 @@ class Client(CudaMethods):
                     pass
         return entries
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """Store counters (the STATS fields of PROTOCOL.md)."""
         return self._native.stats()
 
@@ -539,8 +586,20 @@ class Client(CudaMethods):
 
     # -- tensors --------------------------------------------------------------------------------
 
-    def put_tensor(self, name, t, ephemeral: bool = False, writable: bool = False,
-                   _seal_later: bool = False):
+    @overload
+    def put_tensor(self, name: Name, t: torch.Tensor, ephemeral: bool = False,
+                   writable: bool = False, _seal_later: bool = False) -> torch.Tensor: ...
+
+    @overload
+    def put_tensor(self, name: Name, t: npt.NDArray[Any], ephemeral: bool = False,
+                   writable: bool = False, _seal_later: bool = False) -> npt.NDArray[Any]: ...
+
+    @overload
+    def put_tensor(self, name: Name, t: Any, ephemeral: bool = False,
+                   writable: bool = False, _seal_later: bool = False) -> Any: ...
+
+    def put_tensor(self, name: Name, t: Any, ephemeral: bool = False, writable: bool = False,
+                   _seal_later: bool = False) -> Any:
         """Store a numpy array or torch tensor (CPU or CUDA); return the store's copy, zero-copy.
 
         The result (numpy array, or torch tensor for torch input) is a view of the store's
@@ -584,7 +643,8 @@ class Client(CudaMethods):
                 raise
         return _host_result(owner, view_dt, src.shape, code, torch_in, writable)
 
-    def put_tensors(self, tensors, ephemeral: bool = False, writable: bool = False) -> dict:
+    def put_tensors(self, tensors: Union[Mapping[Any, Any], Iterable[Tuple[Name, Any]]],
+                    ephemeral: bool = False, writable: bool = False) -> dict[str, Any]:
         """``put_tensor`` of every ``name -> tensor`` item of a mapping (or of (name, tensor)
         pairs); returns ``{name: store's copy}`` in the same order.
 
@@ -593,11 +653,13 @@ class Client(CudaMethods):
         CUDA tensors are put one after the other. If any put fails, the first error is raised
         after all were attempted; the others stay stored (``delete`` them if needed).
         """
-        items = list(tensors.items() if hasattr(tensors, "items") else tensors)
-        results = {}  # filled in input order: placeholders first
-        error = None
+        items: builtins.list[Tuple[Name, Any]] = list(
+            tensors.items() if hasattr(tensors, "items") else tensors)
+        results: dict[str, Any] = {}  # filled in input order: placeholders first
+        error: Optional[BaseException] = None
         sequential = []  # CUDA and large tensors: put_tensor one by one
-        batch = []  # (name, contiguous source, view dtype, shape, code, torch input, header)
+        # (name, contiguous source, view dtype, shape, code, torch input, header)
+        batch: builtins.list[_BatchItem] = []
         batch_bytes = 0
         for name, t in items:
             cuda = (T.is_torch_tensor(t) and t.device.type == "cuda") or (
@@ -635,7 +697,8 @@ class Client(CudaMethods):
             raise error
         return results
 
-    def _put_batch(self, batch, results, ephemeral, writable):
+    def _put_batch(self, batch: builtins.list[_BatchItem], results: dict[str, Any],
+                   ephemeral: bool, writable: bool) -> Optional[BaseException]:
         """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
         torch_any = any(b[5] for b in batch)
         objs = self._native.put_many(
@@ -657,7 +720,8 @@ class Client(CudaMethods):
         round trips."""
         return self._n.last_request_id
 
-    def get_tensor(self, name, timeout=None, framework=None, writable: bool = False):
+    def get_tensor(self, name: Name, timeout: Optional[float] = None,
+                   framework: Optional[str] = None, writable: bool = False) -> Any:
         """The tensor stored under ``name``, zero-copy.
 
         ``timeout``: None = don't wait, seconds to wait, negative = forever; raises
@@ -679,7 +743,9 @@ class Client(CudaMethods):
         _check_framework(framework)
         return self.get_tensors([name], timeout, framework, writable)[0]
 
-    def get_tensors(self, names, timeout=None, framework=None, writable: bool = False) -> list:
+    def get_tensors(self, names: Iterable[Name], timeout: Optional[float] = None,
+                    framework: Optional[str] = None,
+                    writable: bool = False) -> builtins.list[Any]:
         """``[get_tensor(n) for n in names]`` in one round trip (one GET of many names).
 
         ``timeout`` bounds the wait for all of them together (None: don't wait). When any is
@@ -690,7 +756,8 @@ class Client(CudaMethods):
         names = list(names)
         if not names:
             return []
-        objs = self._native.get([_name(n) for n in names], _timeout(timeout), writable)
+        objs: builtins.list[Any] = self._native.get(
+            [_name(n) for n in names], _timeout(timeout), writable)
         missing = [n for n, o in zip(names, objs) if o is None]
         if missing:
             for o in objs:
@@ -699,7 +766,7 @@ class Client(CudaMethods):
             shown = ", ".join(repr(n) for n in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ObjectNotFound(f"no sealed object named {shown}{more}", 1)
-        out = []
+        out: builtins.list[Any] = []
         try:
             for i, (name, obj) in enumerate(zip(names, objs)):
                 out.append(self._tensor_from_obj(obj, name, framework, writable))
@@ -709,7 +776,8 @@ class Client(CudaMethods):
             raise
         return out
 
-    def _tensor_from_obj(self, obj, name, framework, writable):
+    def _tensor_from_obj(self, obj: Any, name: Name, framework: Optional[str],
+                         writable: bool) -> Any:
         """The result of ``get_tensor`` for a granted reference (released on failure)."""
         kind, device = obj.location
         if kind != "host":
@@ -754,7 +822,7 @@ class Client(CudaMethods):
             return T.numpy_to_torch(arr, code)
         return arr
 
-    def subscribe(self):
+    def subscribe(self) -> Subscription:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
         return Subscription(self._path)
@@ -763,15 +831,15 @@ class Client(CudaMethods):
 class _Guarded:
     """The native client's methods, noting a lost connection (``Client.closed``)."""
 
-    def __init__(self, client):
+    def __init__(self, client: Client) -> None:
         self._client = weakref.proxy(client)
         self._n = client._n
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Any:
         fn = getattr(self._n, attr)
         client = self._client
 
-        def call(*args):
+        def call(*args: Any) -> Any:
             try:
                 return fn(*args)
             except ConnectionError:
@@ -785,14 +853,14 @@ class _Guarded:
 class Subscription:
     """Notification stream (SUBSCRIBE): iterate to receive events as they happen."""
 
-    def __init__(self, path):
+    def __init__(self, path: Optional[Union[str, os.PathLike[str]]]) -> None:
         self._client = Client(path)
-        self._sub = self._client._native.subscribe()
+        self._sub: Optional[N.Subscription] = self._client._native.subscribe()
 
-    def __iter__(self):
+    def __iter__(self) -> Subscription:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Tuple[str, str, int, bytes]:
         while True:
             if self._sub is None:
                 raise StopIteration
@@ -804,16 +872,16 @@ class Subscription:
                 raise StopIteration
             return event
 
-    def close(self):
+    def close(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
             sub.close()
         self._client.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Subscription:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -821,13 +889,14 @@ class Subscription:
 # init_reduction() without an argument sends through it (the seed's
 # ``client = vovp.init_client(path); vovp.init_reduction()``). Weak: dropping the client must
 # still close it; its path is remembered.
-_last_init = {"ref": None, "path": None, "pid": None}
+_last_init: dict[str, Any] = {"ref": None, "path": None, "pid": None}
 
 
-def init_client(path: str = None, connect_timeout: float = 0.0,
+def init_client(path: Optional[Union[str, os.PathLike[str]]] = None,
+                connect_timeout: float = 0.0,
                 reconnect: bool = False, shared_reads: bool = True,
                 lend_puts: bool = True, pipelined_puts: bool = True, *, start: bool = False,
-                memory="1G", **store_options) -> Client:
+                memory: Union[int, str] = "1G", **store_options: Any) -> Client:
     """Connect to the daemon at ``path`` (default: $VOVP_SOCKET or /tmp/vovp.sock).
 
     ``start=True``: if nothing answers there, start a store at ``path`` first (``memory`` and
@@ -850,7 +919,7 @@ def init_client(path: str = None, connect_timeout: float = 0.0,
     return client
 
 
-def last_init_client():
+def last_init_client() -> Tuple[Optional[Client], Optional[str]]:
     """(client or None, path or None) of this process's most recent ``init_client``.
 
     A forked child has made none: its parent's record does not count (the child then follows

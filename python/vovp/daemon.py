@@ -25,7 +25,7 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from .errors import ConnectionError as VovpConnectionError
 
@@ -63,7 +63,7 @@ def engine_binary() -> str:
         "(`cargo install --path transport`)")
 
 
-def _flags(options: dict) -> list:
+def _flags(options: dict[str, Any]) -> list[str]:
     """``huge_pages=True`` → ``--huge-pages``; ``gpu_memory="0:8G"`` → ``--gpu-memory 0:8G``;
     a list repeats the flag; False/None leave it out."""
     out = []
@@ -97,8 +97,8 @@ class StoreProcess:
     """A ``vovp-engine`` started by :func:`start_store`: its ``socket``, ``pid`` and ``stop()``.
     A context manager: leaving the block stops the daemon."""
 
-    def __init__(self, process: subprocess.Popen, socket: str, log: str, owned_dir: Optional[str],
-                 detached: bool):
+    def __init__(self, process: subprocess.Popen[bytes], socket: str, log: str,
+                 owned_dir: Optional[str], detached: bool):
         self.process = process
         self.socket = socket
         self.log = log
@@ -138,8 +138,8 @@ class StoreProcess:
         return f"<vovp.StoreProcess pid={self.pid} socket={self.socket!r} {state}>"
 
 
-def _die_with(parent: int):
-    def preexec():
+def _die_with(parent: int) -> Callable[[], None]:
+    def preexec() -> None:
         # SIGTERM when the starting thread's process dies, even by SIGKILL; and if it died
         # before this line ran, there is no one to serve.
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -163,8 +163,9 @@ def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: boo
     return _spawn((), memory, socket, detach, timeout, options)
 
 
-def _spawn(prefix: tuple, memory: Any, socket: Optional[str], detach: bool, timeout: float,
-           options: dict, extra: tuple = (), binary: Optional[str] = None) -> StoreProcess:
+def _spawn(prefix: Tuple[str, ...], memory: Any, socket: Optional[str], detach: bool,
+           timeout: float, options: dict[str, Any], extra: Tuple[str, ...] = (),
+           binary: Optional[str] = None) -> StoreProcess:
     """start_store's work, for the package's other starters (``vovp.plasma``,
     ``vovp.cluster``): ``prefix`` runs the daemon under another program (Plasma's
     ``use_valgrind``), ``extra`` are raw daemon arguments, ``binary`` a daemon to run."""

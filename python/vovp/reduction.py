@@ -66,6 +66,7 @@ import time
 import uuid
 import warnings
 import weakref
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -81,24 +82,24 @@ RECEIVE_TIMEOUT = 10.0
 
 _U64 = struct.Struct("<Q")
 
-_config = {"path": None, "client": None, "threshold": DEFAULT_THRESHOLD, "installed": False}
+_config: dict[str, Any] = {"path": None, "client": None, "threshold": DEFAULT_THRESHOLD, "installed": False}
 
 # Per-process default clients, by socket path.
-_clients: dict = {}
+_clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()
 
 # send sequence number -> stored array/tensor: the in-flight holds.
-_holds: dict = {}
+_holds: dict[int, Any] = {}
 _holds_cv = threading.Condition()
 _seq = itertools.count(1)
 # Ack listener of this process: (socket, abstract address) once started.
-_ack = {"sock": None, "addr": None, "pid": None, "exit_hook": None,
+_ack: dict[str, Any] = {"sock": None, "addr": None, "pid": None, "exit_hook": None,
         # Holds the ack thread is dropping right now, and the pid whose exit drain has run
         # (from then on the ack thread drops nothing: see _drain_holds).
         "dropping": 0, "closed": None}
 _ack_lock = threading.Lock()
 # Socket used by receivers to send acks.
-_ack_out = {"sock": None, "pid": None}
+_ack_out: dict[str, Any] = {"sock": None, "pid": None}
 
 
 def _after_fork_in_child():
@@ -118,7 +119,7 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def default_client(path: str = None) -> Client:
+def default_client(path: Optional[str] = None) -> Client:
     """This process's shared client for ``path`` (default $VOVP_SOCKET), created on first use.
 
     A client inherited through fork is never reused: the child gets a connection of its own.
@@ -141,7 +142,8 @@ def _sender_client() -> Client:
     return default_client(_config["path"])
 
 
-def init_reduction(client_or_path=None, threshold: int = None) -> None:
+def init_reduction(client_or_path: Union[Client, str, os.PathLike[str], None] = None,
+                   threshold: Optional[int] = None) -> None:
     """Make multiprocessing send numpy arrays (and torch tensors) through the store.
 
     ``client_or_path``: a ``Client`` to put with, or a socket path. Default: the most recent
@@ -194,7 +196,7 @@ def init_reduction(client_or_path=None, threshold: int = None) -> None:
     _config["installed"] = True
 
 
-def worker_init_fn(worker_id=None) -> None:
+def worker_init_fn(worker_id: Optional[int] = None) -> None:
     """``torch.utils.data.DataLoader(..., worker_init_fn=vovp.worker_init_fn)``: the workers
     send their batches through the store (fork, spawn and forkserver workers alike).
 

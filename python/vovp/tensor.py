@@ -31,9 +31,18 @@ from __future__ import annotations
 
 import struct
 import sys
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+
+    # put_plan's result: (code, dtype to store as, dtype of the result, header).
+    PutPlan = Tuple[int, np.dtype[Any], np.dtype[Any], bytes]
+    # get_plan's result: (code, view dtype, shape, nbytes, device_type, framework).
+    GetPlan = Tuple[int, np.dtype[Any], Tuple[int, ...], int, int, int]
 
 from . import _native
 from .errors import ProtocolError
@@ -69,7 +78,7 @@ ITEMSIZE = {code: size for code, _, size in _native.DTYPES}
 # numpy dtype (native byte order) -> code. Keyed on dtype objects, which hash by value.
 _NP_TO_CODE = {np.dtype(name): code for code, name in DTYPE_NAMES.items() if code != BFLOAT16}
 # (code, byte_order) -> numpy dtype of the stored data.
-_CODE_TO_NP: dict = {}
+_CODE_TO_NP: dict[Tuple[int, int], np.dtype[Any]] = {}
 for _code, _name in DTYPE_NAMES.items():
     if _code == BFLOAT16:
         continue
@@ -77,7 +86,7 @@ for _code, _name in DTYPE_NAMES.items():
     _CODE_TO_NP[(_code, LITTLE)] = _dt.newbyteorder("<")
     _CODE_TO_NP[(_code, BIG)] = _dt.newbyteorder(">")
 
-def _bfloat16_numpy():
+def _bfloat16_numpy() -> Optional[np.dtype[Any]]:
     """ml_dtypes' bfloat16 numpy dtype, or None."""
     global _BF16_NP
     if _BF16_NP is _UNSET:
@@ -86,18 +95,18 @@ def _bfloat16_numpy():
             _BF16_NP = np.dtype(ml_dtypes.bfloat16)
         except Exception:  # not installed, or broken
             _BF16_NP = None
-    return _BF16_NP
+    return _BF16_NP  # type: ignore[return-value] # (set above: not _UNSET)
 
 
 _UNSET = object()
-_BF16_NP = _UNSET
+_BF16_NP: object = _UNSET
 
 
 class TensorMeta(NamedTuple):
     """Decoded tensor header."""
 
     dtype_code: int
-    shape: tuple
+    shape: Tuple[int, ...]
     byte_order: int = LITTLE
     device_type: int = DEVICE_CPU
     device_id: int = 0
@@ -119,7 +128,8 @@ class TensorMeta(NamedTuple):
         return n
 
 
-def encode_header(code: int, shape, byte_order: int = LITTLE, device_type: int = DEVICE_CPU,
+def encode_header(code: int, shape: Sequence[int], byte_order: int = LITTLE,
+                  device_type: int = DEVICE_CPU,
                   device_id: int = 0, framework: int = FRAMEWORK_UNSPECIFIED) -> bytes:
     """The header (the engine's ``TensorMeta::encode``, through ``vovp._native``)."""
     shape = tuple(shape)
@@ -130,11 +140,11 @@ def encode_header(code: int, shape, byte_order: int = LITTLE, device_type: int =
     return _encode(code, shape, byte_order, device_type, device_id, framework)
 
 
-def is_tensor_header(meta) -> bool:
+def is_tensor_header(meta: bytes) -> bool:
     return len(meta) >= HEADER_SIZE and meta[:4] == MAGIC
 
 
-def decode_header(meta) -> TensorMeta:
+def decode_header(meta: bytes | bytearray | memoryview) -> TensorMeta:
     """Parse a tensor header (the engine's ``TensorMeta::decode``, through ``vovp._native``);
     ProtocolError when it is not one this client understands. An unknown framework code (a
     newer writer) is a hint this client cannot follow: it reads as unspecified."""
@@ -144,7 +154,7 @@ def decode_header(meta) -> TensorMeta:
 # --- numpy ---------------------------------------------------------------------------------
 
 
-def numpy_code(dtype: np.dtype) -> int:
+def numpy_code(dtype: np.dtype[Any]) -> int:
     """Protocol dtype code of a numpy dtype (any byte order)."""
     code = _NP_TO_CODE.get(dtype if dtype.isnative else dtype.newbyteorder("="))
     if code is None:
@@ -155,7 +165,7 @@ def numpy_code(dtype: np.dtype) -> int:
     return code
 
 
-def storage_dtype(code: int, byte_order: int = LITTLE) -> np.dtype:
+def storage_dtype(code: int, byte_order: int = LITTLE) -> np.dtype[Any]:
     """numpy dtype to view stored data with (bfloat16: ml_dtypes' or uint16 raw bits)."""
     dt = _CODE_TO_NP.get((code, byte_order))
     if dt is not None:
@@ -168,7 +178,7 @@ def storage_dtype(code: int, byte_order: int = LITTLE) -> np.dtype:
     raise ProtocolError(f"unknown tensor dtype code {code}")
 
 
-def little_endian_dtype(dtype: np.dtype) -> np.dtype:
+def little_endian_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The dtype the store keeps for numpy input of ``dtype`` (data converted on copy)."""
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and not np.little_endian):
         return dtype.newbyteorder("<")
@@ -178,13 +188,13 @@ def little_endian_dtype(dtype: np.dtype) -> np.dtype:
 # --- per-(dtype, shape) plans, cached: small puts and gets of the same kind of tensor are the
 # hot path, and building/parsing headers would otherwise dominate the client's own cost.
 
-_PUT_PLANS: dict = {}
-_GET_PLANS: dict = {}
+_PUT_PLANS: dict[Any, PutPlan] = {}
+_GET_PLANS: dict[bytes, GetPlan] = {}
 _PLAN_CACHE_MAX = 4096
 
 
-def put_plan(dtype: np.dtype, shape: tuple, code: int = None,
-             framework: int = FRAMEWORK_UNSPECIFIED):
+def put_plan(dtype: np.dtype[Any], shape: Tuple[int, ...], code: Optional[int] = None,
+             framework: int = FRAMEWORK_UNSPECIFIED) -> PutPlan:
     """(code, dtype to store the data as, dtype of the returned view, header) for input data
     of numpy ``dtype``; ``code`` overrides the dtype code (torch bfloat16 viewed as int16),
     ``framework`` is recorded in the header."""
@@ -201,7 +211,7 @@ def put_plan(dtype: np.dtype, shape: tuple, code: int = None,
     return plan
 
 
-def get_plan(meta: bytes):
+def get_plan(meta: bytes) -> GetPlan:
     """(code, view dtype, shape, nbytes, device_type, framework) for a tensor header;
     ProtocolError if bad."""
     plan = _GET_PLANS.get(meta)
@@ -217,10 +227,10 @@ def get_plan(meta: bytes):
 
 # --- torch (imported lazily: torch is optional) ---------------------------------------------
 
-_TORCH_TABLES = None
+_TORCH_TABLES: Optional[Tuple[dict[Any, int], dict[int, Any]]] = None
 
 
-def torch_tables():
+def torch_tables() -> Tuple[dict[Any, int], dict[int, Any]]:
     """(torch dtype -> code, code -> torch dtype); built on first use."""
     global _TORCH_TABLES
     if _TORCH_TABLES is None:
@@ -235,7 +245,7 @@ def torch_tables():
     return _TORCH_TABLES
 
 
-_TORCH_IMPORTABLE = None
+_TORCH_IMPORTABLE: Optional[bool] = None
 
 
 def torch_importable() -> bool:
@@ -254,14 +264,14 @@ def torch_importable() -> bool:
     return _TORCH_IMPORTABLE
 
 
-def is_torch_tensor(obj) -> bool:
+def is_torch_tensor(obj: object) -> bool:
     # Checked by module name so that torch is never imported just to answer "no".
     t = type(obj)
     return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and \
         hasattr(obj, "dtype")
 
 
-def torch_to_numpy(t):
+def torch_to_numpy(t: torch.Tensor) -> Tuple[npt.NDArray[Any], int]:
     """(numpy view sharing ``t``'s memory, dtype code) for a CPU tensor.
 
     bfloat16 has no numpy dtype: it is viewed as int16 (same bits); the returned code keeps
@@ -281,7 +291,7 @@ def torch_to_numpy(t):
     return t.numpy(), code
 
 
-def numpy_to_torch(arr, code: int):
+def numpy_to_torch(arr: npt.NDArray[Any], code: int) -> torch.Tensor:
     """A torch tensor sharing ``arr``'s memory, with the dtype that ``code`` names."""
     import torch  # noqa: PLC0415
 

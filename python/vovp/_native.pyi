@@ -1,0 +1,242 @@
+"""Type stub of ``vovp._native``, the PyO3 extension built from ``python/src/*.rs``.
+
+Keep in step with the Rust sources: every ``#[pyclass]``, ``#[pymethods]`` item,
+``#[pyfunction]`` and ``m.add(...)`` of the module appears here, with the types its PyO3
+conversions accept and return.
+"""
+
+import builtins
+import os
+from typing import Any, Final, Literal, Optional, Sequence, Tuple, Union, final
+
+__all__ = [
+    "open_pools",
+    "cuda_device_count",
+    "cuda_device_of",
+    "cuda_copy_d2d",
+    "cuda_copy_h2d",
+    "cuda_copy_d2h",
+    "cuda_mem_alloc",
+    "cuda_mem_free",
+    "cuda_sync_stream",
+    "_cuda_simulate_library_names",
+    "encode_tensor_header",
+    "decode_tensor_header",
+    "TENSOR_MAGIC",
+    "TENSOR_VERSION",
+    "TENSOR_HEADER_SIZE",
+    "DTYPES",
+    "MAX_NDIM",
+    "LEND_LIMIT",
+    "__version__",
+    "INLINE_LIMIT",
+    "Client",
+    "Object",
+    "Buffer",
+    "Subscription",
+]
+
+# --- lib.rs ----------------------------------------------------------------------------------
+
+__version__: Final[str]
+# Objects up to this size go through one PUT frame (the Rust client's CLIENT_INLINE_PUT).
+INLINE_LIMIT: Final[int]
+
+# --- tensor.rs -------------------------------------------------------------------------------
+
+TENSOR_MAGIC: Final[bytes]
+TENSOR_VERSION: Final[int]
+TENSOR_HEADER_SIZE: Final[int]
+# (code, numpy-style name, item size) of every dtype the tensor header can name.
+DTYPES: Final[Tuple[Tuple[int, str, int], ...]]
+MAX_NDIM: Final[int]
+# The largest object any lend takes.
+LEND_LIMIT: Final[int]
+
+def encode_tensor_header(
+    code: int,
+    shape: Sequence[int],
+    byte_order: int = 0,
+    device_type: int = 1,
+    device_id: int = 0,
+    framework: int = 0,
+) -> bytes:
+    """The tensor header; ValueError for what the format cannot say."""
+
+def decode_tensor_header(meta: bytes) -> Tuple[int, Tuple[int, ...], int, int, int, int]:
+    """(dtype code, shape, byte order, device type, device id, framework) of a header;
+    vovp.ProtocolError when it is not one this build understands."""
+
+# --- cuda.rs ---------------------------------------------------------------------------------
+
+def open_pools() -> int: ...
+def cuda_device_count() -> int: ...
+def cuda_device_of(ptr: int) -> int: ...
+def cuda_copy_d2d(device: int, dst: int, src: int, nbytes: int) -> None: ...
+def cuda_copy_h2d(device: int, dst: int, src: int, nbytes: int) -> None: ...
+def cuda_copy_d2h(device: int, dst: int, src: int, nbytes: int) -> None: ...
+def cuda_mem_alloc(device: int, nbytes: int) -> int: ...
+def cuda_mem_free(device: int, ptr: int) -> None: ...
+def cuda_sync_stream(stream: int) -> None: ...
+def _cuda_simulate_library_names(names: Optional[Sequence[str]] = None) -> None: ...
+
+# --- views.rs --------------------------------------------------------------------------------
+
+# (id, name, address, size, place): what the Python layer's lease records.
+_LeaseFields = Tuple[int, str, int, int, Optional[Tuple[int, int]]]
+# ("host", None) or ("cuda", device index).
+_Location = Tuple[Literal["host", "cuda"], Optional[int]]
+
+@final
+class Object:
+    """A sealed object's view: holds one store reference until released or collected.
+    Not constructible from Python (``Client.get``/``get1``/``put``/``put_many`` make them)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def metadata(self) -> bytes: ...
+    @property
+    def location(self) -> _Location: ...
+    @property
+    def place(self) -> Optional[Tuple[int, int]]: ...
+    @property
+    def lease_fields(self) -> _LeaseFields: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def cuda_ptr(self) -> Optional[int]: ...
+    def map_cuda(self) -> int: ...
+    @property
+    def __array_struct__(self) -> object: ...  # a PyCapsule
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+    @property
+    def is_host(self) -> bool: ...
+    @property
+    def host_fields(self) -> Optional[Tuple[int, int, bytes]]: ...
+    @property
+    def readonly(self) -> bool: ...
+    def release(self) -> bool: ...
+    @property
+    def released(self) -> bool: ...
+
+@final
+class Buffer:
+    """An object this client created (unsealed until ``Client.seal``); holds the creator's
+    reference. Not constructible from Python (``Client.create`` makes them)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def lease_fields(self) -> _LeaseFields: ...
+    @property
+    def location(self) -> _Location: ...
+    @property
+    def place(self) -> Optional[Tuple[int, int]]: ...
+    @property
+    def cuda_ptr(self) -> Optional[int]: ...
+    @property
+    def __array_struct__(self) -> object: ...  # a PyCapsule
+    @property
+    def is_host(self) -> bool: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+    def release(self) -> bool: ...
+
+# --- subscription.rs -------------------------------------------------------------------------
+
+# (kind, name, size, metadata) of one notification.
+_Notification = Tuple[Literal["sealed", "deleted", "evicted"], str, int, bytes]
+
+@final
+class Subscription:
+    """A notification stream (SUBSCRIBE on a connection of its own); made by
+    ``Client.subscribe``."""
+
+    def next(self, timeout: Optional[float] = None) -> Optional[_Notification]: ...
+    def close(self) -> None: ...
+
+# --- client.rs -------------------------------------------------------------------------------
+
+@final
+class Client:
+    """A connection to a ``vovp-engine`` daemon."""
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike[str]],
+        connect_timeout: float = 0.0,
+        reconnect: bool = False,
+        release_delay: float = 0.0,
+        shared_reads: bool = True,
+        lend_puts: bool = True,
+        pipelined_puts: bool = True,
+    ) -> None: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def max_inline(self) -> int: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+    def get(
+        self, names: Sequence[str], timeout: Optional[float] = None, writable: bool = False
+    ) -> builtins.list[Optional[Object]]: ...
+    def get1(
+        self, name: str, timeout: Optional[float] = None, writable: bool = False
+    ) -> Optional[Object]: ...
+    def put(
+        self,
+        name: str,
+        addr: int,
+        size: int,
+        metadata: bytes = b"",
+        ephemeral: bool = False,
+        keep: bool = False,
+        writable: bool = False,
+        wait: bool = True,
+    ) -> Union[Object, int, None]:
+        """``keep``: the stored object's view; else (``wait``) its object id; else None."""
+    def create(
+        self,
+        name: str,
+        size: int,
+        metadata: bytes = b"",
+        ephemeral: bool = False,
+        device: Optional[int] = None,
+    ) -> Buffer: ...
+    def put_many(
+        self,
+        items: Sequence[Tuple[str, int, int, bytes]],
+        ephemeral: bool = False,
+        writable: bool = False,
+    ) -> builtins.list[Union[Object, BaseException]]:
+        """An Object, or the (vovp.errors) exception, per (name, addr, size, metadata) item."""
+    def sync(self) -> None: ...
+    def seal_later(self, name: str) -> None: ...
+    @property
+    def unread_replies(self) -> int: ...
+    @property
+    def last_request_id(self) -> int: ...
+    def seal(self, name: str) -> None: ...
+    def abort(self, name: str) -> None: ...
+    def contains(self, name: str) -> bool: ...
+    def delete(self, name: str) -> None: ...
+    def evict(self, nbytes: int) -> int: ...
+    def list(self) -> builtins.list[dict[str, Any]]:
+        """Dicts with name (str), id, size (int), device ("cpu"/"cuda"), device_type,
+        device_id (int), sealed, ephemeral (bool), refcount (int), last_access (float, unix
+        seconds), metadata (bytes)."""
+    def make_writable(self, obj: Object) -> None: ...
+    def subscribe(self) -> Subscription: ...
+    def stats(self) -> dict[str, int]: ...
