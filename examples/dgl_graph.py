@@ -19,6 +19,7 @@ Prints one JSON line (python/tests/test_examples.py runs this with a small graph
 import argparse
 import json
 import multiprocessing as mp
+from typing import Any
 
 import torch
 
@@ -28,7 +29,8 @@ from vovp.client import find_lease
 PARTS = ("indptr", "indices", "feat")
 
 
-def random_graph(nodes, avg_degree, feat_dim, seed=0):
+def random_graph(nodes: int, avg_degree: int, feat_dim: int,
+                 seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     degree = torch.randint(0, 2 * avg_degree + 1, (nodes,), generator=g)
     indptr = torch.zeros(nodes + 1, dtype=torch.int64)
@@ -38,7 +40,8 @@ def random_graph(nodes, avg_degree, feat_dim, seed=0):
     return {"indptr": indptr, "indices": indices, "feat": feat}
 
 
-def mean_aggregate(indptr, indices, feat, nodes):
+def mean_aggregate(indptr: torch.Tensor, indices: torch.Tensor, feat: torch.Tensor,
+                   nodes: torch.Tensor) -> torch.Tensor:
     """Mean of the neighbours' features for each node in ``nodes`` (0 when it has none)."""
     start, end = indptr[nodes], indptr[nodes + 1]
     deg = end - start
@@ -52,12 +55,13 @@ def mean_aggregate(indptr, indices, feat, nodes):
     return out / deg.clamp(min=1).unsqueeze(1)
 
 
-def where(t):
+def where(t: Any) -> list[int | None]:
     lease = find_lease(t)
+    assert lease is not None, "not a store-backed tensor"
     return [lease.segment, lease.offset]
 
 
-def trainer(socket, graph, rank, world, out):
+def trainer(socket: str, graph: str, rank: int, world: int, out: Any) -> None:
     client = vovp.init_client(socket)
     # By name alone; waits up to 60 s for the launcher's put if this trainer started first.
     indptr, indices, feat = client.get_tensors([f"{graph}/{p}" for p in PARTS], timeout=60)
@@ -68,7 +72,7 @@ def trainer(socket, graph, rank, world, out):
                  where={p: where(t) for p, t in zip(PARTS, (indptr, indices, feat))}))
 
 
-def main():
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("socket")
     ap.add_argument("--trainers", type=int, default=4)
@@ -88,11 +92,11 @@ def main():
     out = ctx.Queue()
     procs = [ctx.Process(target=trainer, args=(args.socket, args.name, r, args.trainers, out))
              for r in range(args.trainers)]
-    for p in procs:
-        p.start()
+    for proc in procs:
+        proc.start()
     reports = sorted((out.get(timeout=300) for _ in procs), key=lambda r: r["rank"])
-    for p in procs:
-        p.join(60)
+    for proc in procs:
+        proc.join(60)
     expect = [float(mean_aggregate(graph["indptr"], graph["indices"], graph["feat"],
                                    torch.arange(r, args.nodes, args.trainers)).double().sum())
               for r in range(args.trainers)]
@@ -102,9 +106,9 @@ def main():
         torch=all(r["types"] == ["torch"] * 3 for r in reports),
         checksums_match=[abs(r["checksum"] - e) <= 1e-6 * max(1.0, abs(e))
                          for r, e in zip(reports, expect)],
-        exit_codes=[p.exitcode for p in procs])))
-    for p in PARTS:
-        client.delete(f"{args.name}/{p}")
+        exit_codes=[proc.exitcode for proc in procs])))
+    for part in PARTS:
+        client.delete(f"{args.name}/{part}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from a process that initialised the driver gets ``GpuUnavailable``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _lease, _native
@@ -257,7 +259,7 @@ class CudaTensor:
         return n
 
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         # version 3; strides None = C-contiguous; stream None = nothing to wait for (every copy
         # into the store is synchronised before the object is sealed).
         return {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Any
 
 from . import tensor as T
 
@@ -72,7 +73,7 @@ class DLManagedTensorVersioned(ctypes.Structure):
 
 
 # Struct address -> (struct, shape array, keep-alive object). Entries leave through _delete.
-_EXPORTS: dict = {}
+_EXPORTS: dict[int, tuple[Any, Any, Any]] = {}
 _EXPORTS_LOCK = threading.Lock()
 
 
@@ -116,7 +117,7 @@ def _capsule_destructor(capsule):
         pass
 
 
-def export(ptr: int, device: tuple, code: int, shape, readonly: bool, keepalive,
+def export(ptr: int, device: tuple[int, int], code: int, shape, readonly: bool, keepalive,
            max_version=None, copy=None, dl_device=None):
     """A DLPack capsule over ``shape`` elements of dtype ``code`` at ``ptr`` (C-contiguous) on
     ``device`` = (DLDeviceType, id). ``keepalive`` is held until the consumer is done.

@@ -164,8 +164,8 @@ def init_reduction(client_or_path: Union[Client, str, os.PathLike[str], None] = 
         if client_or_path is not None:
             path = os.fspath(client_or_path)
         else:
-            client, path = last_init_client()
-            path = path or os.environ.get("VOVP_SOCKET") or DEFAULT_SOCKET
+            client, last_path = last_init_client()
+            path = last_path or os.environ.get("VOVP_SOCKET") or DEFAULT_SOCKET
         if client is None:
             try:
                 client = default_client(path)
@@ -181,12 +181,13 @@ def init_reduction(client_or_path: Union[Client, str, os.PathLike[str], None] = 
     os.environ["VOVP_REDUCTION_THRESHOLD"] = str(int(threshold))
     fp = mp_reduction.ForkingPickler
     fp.register(np.ndarray, _reduce_ndarray)
+    torch: Any = None
     try:
         import torch  # noqa: PLC0415 (optional)
     except ImportError:
-        torch = None
+        pass
     if torch is not None:
-        prev = fp._extra_reducers.get(torch.Tensor)
+        prev = fp._extra_reducers.get(torch.Tensor)  # type: ignore[attr-defined]  # private, no stub
         if prev is not _reduce_tensor:
             _config["torch_fallback"] = prev
         fp.register(torch.Tensor, _reduce_tensor)
@@ -291,7 +292,9 @@ def _share(src, arr, torch_dtype):
         name = f"vovp-mp-{uuid.uuid4().hex}"
         # The receiver's GET waits for the seal: no need to wait for its reply here.
         holder = client.put_tensor(name, src, ephemeral=True, _seal_later=True)
-        oid = find_lease(holder).oid
+        lease = find_lease(holder)
+        assert lease is not None, "put_tensor's result is a store lease"
+        oid = lease.oid
         path = client.path
         view = T.torch_to_numpy(holder)[0] if torch_dtype is not None else holder
         offset = 0

@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from concurrent.futures import Future
+from typing import Any
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
@@ -45,7 +46,7 @@ def socket_for(template: str, node_id: str) -> str:
     return template.replace("{node}", node_id[:12])
 
 
-def alive_nodes() -> set:
+def alive_nodes() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
@@ -54,20 +55,20 @@ class HolderGone(Exception):
 
 
 class Agent:
-    def __init__(self, node_id: str, config: dict):
+    def __init__(self, node_id: str, config: dict[str, Any]):
         self.node_id = node_id
         self._config = config
         self._transport = config.get("transport", "stream")
         self._stall = float(config.get("stall_timeout", 30.0))
         self.socket = socket_for(config["socket"], node_id)
-        self._engine = None
+        self._engine: daemon.StoreProcess | None = None
         self._client = self._connect_or_start()
         self._server = _stream.StreamServer(ray.util.get_node_ip_address(), self._stall)
         self._directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
         self._lock = threading.Lock()
-        self._inflight: dict[str, Future] = {}
-        self._agents = {}  # node id -> actor handle
-        self._parts: dict[str, tuple] = {}  # DistTensor name -> (writable view, lock)
+        self._inflight: dict[str, Future[dict[str, Any]]] = {}
+        self._agents: dict[str, Any] = {}  # node id -> actor handle
+        self._parts: dict[str, tuple[Any, Any]] = {}  # DistTensor name -> (writable view, lock)
         self._counters = {"transfers": 0, "bytes_received": 0, "offers": 0}
 
     # -- the node's store ----------------------------------------------------------------------
@@ -96,12 +97,12 @@ class Agent:
             raise VovpError(f"node {self.node_id}: {e}") from None
         return Client(self.socket)
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         return {"node": self.node_id, "socket": self.socket, "pid": os.getpid(),
                 "engine_pid": None if self._engine is None else self._engine.pid,
                 "address": self._server.address}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         with self._lock:
             out = dict(self._counters)
         out["bytes_sent"] = self._server.bytes_sent
@@ -116,7 +117,8 @@ class Agent:
 
     # -- fetch: bring a name into this node's store --------------------------------------------
 
-    def ensure(self, name: str, timeout=None, source=None, transport=None) -> dict:
+    def ensure(self, name: str, timeout: float | None = None, source: str | None = None,
+               transport: str | None = None) -> dict[str, Any]:
         """Make ``name`` present in this node's store, pulling it from a holder (``source``
         first when given) unless it is here already. Concurrent calls for one name share one
         transfer. ``transport`` overrides the cluster's ("stream" or "ray"; the benchmark
@@ -126,12 +128,13 @@ class Agent:
             if self._client.contains(name):
                 return {"transferred": False, "version": None}
             with self._lock:
-                pending = self._inflight.get(name)
-                leader = pending is None
-                if leader:
-                    pending = self._inflight[name] = Future()
-            if leader:
+                existing = self._inflight.get(name)
+                if existing is None:
+                    pending: Future[dict[str, Any]] = Future()
+                    self._inflight[name] = pending
+            if existing is None:
                 break
+            pending = existing
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
                 return pending.result(left)  # a follower keeps to its own timeout
@@ -259,7 +262,7 @@ class Agent:
             if transport == "ray":
                 copy_into(dst, offer[2])
             else:
-                _stream.receive(offer[2], offer[3], memoryview(dst), self._stall)
+                _stream.receive(offer[2], offer[3], memoryview(dst.data), self._stall)
             self._client.seal(entry.name)
         except BaseException:
             # Nothing half-made stays visible: an unsealed object is invisible to GET, and the

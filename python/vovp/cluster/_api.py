@@ -9,6 +9,7 @@ import os
 import tempfile
 import threading
 import time
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -23,7 +24,7 @@ from ._directory import DIRECTORY_NAME, NAMESPACE, Directory
 DEFAULT_SOCKET = os.path.join(tempfile.gettempdir(), "vovp-{node}.sock")
 
 _state_lock = threading.Lock()
-_state = {"pid": None, "directory": None, "client": None, "agents": {}}
+_state: dict[str, Any] = {"pid": None, "directory": None, "client": None, "agents": {}}
 
 
 def init(address=None, *, socket=None, memory="1G", engine=None, start=True,
@@ -87,7 +88,7 @@ def node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def nodes() -> list:
+def nodes() -> list[str]:
     """The ids of the nodes Ray reports alive, sorted."""
     return sorted(alive_nodes())
 
@@ -145,7 +146,8 @@ def fetch(name: str, timeout=None, framework=None, writable: bool = False):
     return c.get_tensor(name, framework=framework, writable=writable)
 
 
-def broadcast(name: str, nodes=None, timeout=None, fanout: int = 4) -> list:
+def broadcast(name: str, nodes: list[str] | None = None, timeout: float | None = None,
+              fanout: int = 4) -> list[str]:
     """Copy ``name`` into the store of every node (or of ``nodes``) that lacks it, so that
     the next get there is local. Returns the nodes that received a copy.
 
@@ -202,12 +204,12 @@ def unpublish(name: str) -> bool:
 delete = unpublish
 
 
-def names() -> list:
+def names() -> list[str]:
     """Every published name."""
     return _call(_directory().names.remote(), 60.0)
 
 
-def agent_stats(node=None) -> dict:
+def agent_stats(node: str | None = None) -> dict[str, int]:
     """Counters of a node's agent (default: this node's): transfers, bytes_received,
     offers, bytes_sent."""
     return _call(_agent(node or node_id()).stats.remote(), 60.0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 DIRECTORY_NAME = "vovp-directory"
 NAMESPACE = "vovp"
@@ -29,13 +30,13 @@ class Entry:
     size: int
     metadata: bytes
     version: int
-    holders: list = field(default_factory=list)  # node ids with a copy in their store
+    holders: list[str] = field(default_factory=list)  # node ids with a copy in their store
 
 
 class Directory:
     def __init__(self):
         self._objects: dict[str, Entry] = {}
-        self._dist: dict[str, dict] = {}
+        self._dist: dict[str, dict[str, Any]] = {}
         self._versions: dict[str, int] = {}  # survives unpublish: versions only increase
         self._config = None
         self._changed = threading.Condition()
@@ -68,7 +69,7 @@ class Directory:
         (None: no wait). None when it is not published by then."""
         return self._wait_for(self._objects, name, timeout)
 
-    def _wait_for(self, table: dict, name: str, timeout):
+    def _wait_for(self, table: dict[str, Any], name: str, timeout: float | None) -> Any:
         """``table[name]``, waiting up to ``timeout`` seconds (None: no wait) for a publish
         or create_dist to add it; None when it is still missing."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
@@ -104,13 +105,13 @@ class Directory:
         with self._changed:
             return self._objects.pop(name, None)
 
-    def names(self) -> list:
+    def names(self) -> list[str]:
         with self._changed:
             return sorted(self._objects)
 
     # -- DistTensor specs ----------------------------------------------------------------------
 
-    def create_dist(self, name: str, spec: dict):
+    def create_dist(self, name: str, spec: dict[str, Any]) -> Any:
         """Record a DistTensor; returns (spec, created): the existing spec when ``name`` is
         already a DistTensor (created False), None when it is a published object."""
         with self._changed:

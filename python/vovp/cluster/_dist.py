@@ -17,11 +17,11 @@ import numpy as np
 
 from .. import tensor as T
 from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
+from ._agent import alive_nodes
 from ._api import (
     _agent,
     _call,
     _directory,
-    alive_nodes,
     client,
     fetch,
     node_id,
@@ -70,8 +70,8 @@ class DistTensor:
         self.nodes = list(spec["nodes"])
         self._torch = spec["torch"]
         self._bounds = None if spec["bounds"] is None else np.asarray(spec["bounds"], np.int64)
-        self._book = None
-        self._local_index = None
+        self._book: np.ndarray | None = None
+        self._local_index: np.ndarray | None = None
         self._view = None
         # Every node's partition exists before anyone pulls (idempotent: the agent creates it
         # once, whoever asks first).

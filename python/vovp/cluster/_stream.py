@@ -18,6 +18,7 @@ import secrets
 import socket
 import threading
 import time
+from typing import Any
 
 TICKET_BYTES = 16
 # An offer not claimed by then is dropped (the receiver died or gave up): it holds a reference.
@@ -37,7 +38,7 @@ class StreamServer:
         self._listener = socket.create_server((host, 0), backlog=128)
         self.address = self._listener.getsockname()[:2]
         self._stall_timeout = stall_timeout
-        self._offers = {}  # ticket -> (buffer, expiry, on_done)
+        self._offers: dict[Any, Any] = {}  # ticket -> (buffer, expiry, on_done)
         self._lock = threading.Lock()
         self._closed = False
         self.bytes_sent = 0
