@@ -27,9 +27,10 @@ _state_lock = threading.Lock()
 _state: dict[str, Any] = {"pid": None, "directory": None, "client": None, "agents": {}}
 
 
-def init(address=None, *, socket=None, memory="1G", engine=None, start=True,
-         transport="stream", stall_timeout=30.0, engine_args=(), timeout=60.0,
-         **ray_init_args) -> None:
+def init(address: str | None = None, *, socket: str | None = None, memory: str | int = "1G",
+         engine: str | None = None, start: bool = True, transport: str = "stream",
+         stall_timeout: float = 30.0, engine_args: tuple[str, ...] | list[str] = (),
+         timeout: float = 60.0, **ray_init_args: Any) -> None:
     """Join the Ray cluster at ``address`` (as ``ray.init``; starts a local one when there is
     none) unless this process is connected already, and give every node a store and an agent.
 
@@ -102,7 +103,7 @@ def client() -> Client:
     return state["client"]
 
 
-def publish(name: str, tensor=None):
+def publish(name: str, tensor: Any = None) -> Any:
     """Put ``tensor`` (numpy or torch, as ``put_tensor``) into this node's store under
     ``name`` and record it cluster-wide; returns the store's copy. With no tensor, publish
     the object already stored here under ``name``. Raises ObjectExists when ``name`` is
@@ -124,7 +125,8 @@ def publish(name: str, tensor=None):
     return result
 
 
-def fetch(name: str, timeout=None, framework=None, writable: bool = False):
+def fetch(name: str, timeout: float | None = None, framework: str | None = None,
+          writable: bool = False) -> Any:
     """The tensor published as ``name``, from this node's store, zero-copy.
 
     When this node has no copy, its agent copies it once from a node that has one; every

@@ -13,6 +13,9 @@ place, and local readers see them as they land (no snapshot), as in DistDGL.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import numpy as np
 
 from .. import tensor as T
@@ -42,8 +45,9 @@ class DistTensor:
     returns torch tensors.
     """
 
-    def __init__(self, name: str, shape=None, dtype=None, partition="range", nodes=None,
-                 timeout=None):
+    def __init__(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None,
+                 partition: str | np.ndarray = "range", nodes: Sequence[str] | None = None,
+                 timeout: float | None = None) -> None:
 
         self.name = name
         if shape is None:
@@ -124,7 +128,7 @@ class DistTensor:
 
     # -- where rows live -----------------------------------------------------------------------
 
-    def locate(self, ids):
+    def locate(self, ids: Any) -> tuple[np.ndarray, np.ndarray]:
         """(partition index, row within that partition) for each id."""
         ids = self._ids(ids)
         if self._bounds is not None:
@@ -164,7 +168,7 @@ class DistTensor:
         me = node_id()
         return self.nodes.index(me) if me in self.nodes else None
 
-    def local_partition(self):
+    def local_partition(self) -> Any:
         """This node's rows (read-only, zero-copy from the local store), or None when this
         node holds no partition. Pushes show up in it as they land."""
         k = self._me()
@@ -187,7 +191,7 @@ class DistTensor:
 
     # -- pull / push ---------------------------------------------------------------------------
 
-    def pull(self, ids):
+    def pull(self, ids: Any) -> Any:
         """The rows ``ids`` (in that order, repeats allowed), as a new array (torch for a
         torch DistTensor). One request per remote node; local rows are gathered from the
         local store while the remote requests are in flight."""
@@ -216,7 +220,7 @@ class DistTensor:
             return torch.from_numpy(out)
         return out
 
-    def push(self, ids, rows, op="assign") -> None:
+    def push(self, ids: Any, rows: Any, op: str | Callable[..., Any] = "assign") -> None:
         """Write ``rows`` at ``ids``: op "assign", "add" (repeated ids add up), or a handler
         ``op(target, name, local_ids, rows)`` run on the owning node with ``target[name]``
         the partition (DistDGL's push handler). Pushes to one partition apply one at a time."""
