@@ -30,6 +30,8 @@ pub(crate) struct PipelinedPuts {
     /// that read it before its question and finds it moved after a miss asks again (a put
     /// may have been applied between the question and its barrier).
     total: Arc<AtomicU64>,
+    /// Barriers made, ever: misses that waited for other clients' puts (STATS' put_barriers).
+    made: u64,
 }
 
 /// A question waiting until these clients' puts are applied.
@@ -41,6 +43,11 @@ struct Barrier {
 }
 
 impl PipelinedPuts {
+    /// Barriers made, ever.
+    pub(crate) fn barriers_made(&self) -> u64 {
+        self.made
+    }
+
     /// A barrier for `sent` (every client's sent count, from the hold tables), except the
     /// asking client's own puts (its connection's order already puts them first). `None`:
     /// nothing sent is unapplied, answer now.
@@ -64,6 +71,7 @@ impl PipelinedPuts {
         if targets.is_empty() {
             return None;
         }
+        self.made += 1;
         let (done, rx) = oneshot::channel();
         self.waiting.push(Barrier {
             targets,

@@ -922,6 +922,7 @@ impl Message<Stats> for ObjectTableActor {
     async fn handle(&mut self, _: Stats, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let usage = self.host_usage().await?;
         let mut s = self.table.stats();
+        s.put_barriers = self.pipelined.barriers_made();
         s.capacity = usage.capacity;
         s.used_bytes = usage.used;
         Ok(s)

@@ -83,6 +83,7 @@ STATS_FIELDS = (
     "connections",
     "shared_holds",
     "waiting_gets",
+    "put_barriers",
 )
 
 # --- precompiled structs -------------------------------------------------------------------

@@ -228,6 +228,9 @@ pub struct StoreStats {
     /// GETs waiting for a name to be sealed (each counted once, however many names it waits
     /// for): what a test, or an operator, checks to know a waiter is in place.
     pub waiting_gets: u64,
+    /// Misses (a GET or CONTAINS of a missing name) that first waited for other clients'
+    /// pipelined puts to be applied, ever: how a test tells "no wait" without a clock.
+    pub put_barriers: u64,
     pub creates: u64,
     pub evicted_objects: u64,
     pub evicted_bytes: u64,

@@ -219,7 +219,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             Opcode::List,
             vec![]
         )),
-        prop::collection::vec(any::<u64>(), 14).prop_map(|f| {
+        prop::collection::vec(any::<u64>(), 15).prop_map(|f| {
             let stats = StoreStats {
                 capacity: f[0],
                 used_bytes: f[1],
@@ -234,6 +234,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
                 evicted_bytes: f[10],
                 shared_holds: f[12],
                 waiting_gets: f[13],
+                put_barriers: f[14],
             };
             (
                 Reply::Stats {

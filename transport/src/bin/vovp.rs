@@ -309,6 +309,7 @@ fn stats_json(s: &StoreStats, connections: u64) -> String {
         "holders": s.holders,
         "shared_holds": s.shared_holds,
         "waiting_gets": s.waiting_gets,
+        "put_barriers": s.put_barriers,
         "creates": s.creates,
         "evicted_objects": s.evicted_objects,
         "evicted_bytes": s.evicted_bytes,
