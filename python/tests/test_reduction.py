@@ -81,7 +81,9 @@ def test_temporary_array_survives_until_received(big_daemon, reduction_to):
     ctx = mp.get_context("spawn")
     inq, outq = ctx.Queue(), ctx.Queue()
     inq.put(np.full(1 << 20, 3, dtype=np.int64))
-    time.sleep(0.5)  # the feeder thread has pickled it and dropped the array
+    # The feeder thread has pickled it (a send is pending) and dropped the array: observed,
+    # not guessed with a sleep.
+    assert wait_for(lambda: reduction.pending_sends() == 1, timeout=20)
     gc.collect()
     w = ctx.Process(target=_helpers.queue_worker, args=(inq, outq))
     w.start()
