@@ -69,6 +69,9 @@ def test_daemon_flags_are_keywords_and_a_bad_one_is_a_clear_error(tmp_path):
         assert vovp.init_client(path).stats()["capacity"] == 32 << 20
     with pytest.raises(vovp.ConnectionError, match="no-such-flag"):
         vovp.start_store("32M", str(tmp_path / "t.sock"), no_such_flag=True)
+    # The same with the socket in a directory of start_store's own (removed on failure).
+    with pytest.raises(vovp.ConnectionError, match="no-such-flag"):
+        vovp.start_store("32M", no_such_flag=True)
 
 
 def test_the_daemon_dies_with_its_starter_even_by_sigkill():

@@ -187,9 +187,11 @@ def _spawn(prefix: Tuple[str, ...], memory: Any, socket: Optional[str], detach: 
     while not _answers(socket):
         code = process.poll()
         if code is not None or time.monotonic() > deadline:
-            store.stop()
+            # The log first: stopping removes a directory this call made, log included.
             tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-5:]
-            why = f"exited with code {code}" if code is not None else f"did not serve within {timeout} s"
+            store.stop()
+            why = (f"exited with code {code}" if code is not None
+                   else f"did not serve within {timeout} s")
             raise VovpConnectionError(
                 f"vovp-engine at {socket} {why}: {' | '.join(tail) or 'no output'} "
                 f"(command: {' '.join(command)})")
