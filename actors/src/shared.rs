@@ -164,13 +164,10 @@ impl Shared {
         }
     }
 
-    /// Whether any client's table names `generation`. The caller unpublished it first; the
-    /// fence orders that against the clients' hold-then-revalidate (vovp-shm's argument).
+    /// Whether any client's table names `generation`. The caller unpublished it first;
+    /// `vovp_shm::is_held` (the code the loom models check) fences, then scans.
     pub(crate) fn is_held(&self, generation: u64) -> bool {
-        fence(Ordering::SeqCst);
-        self.tables
-            .values()
-            .any(|t: &HoldRegion| t.view().holds(generation))
+        vovp_shm::is_held(self.views(), generation)
     }
 
     /// Every generation some table names now (after the fence, as [`Shared::is_held`]).

@@ -261,9 +261,9 @@ impl<'a> HoldsView<'a> {
 /// The store's check before freeing, reusing or evicting memory of `generation`, which it
 /// must already have unpublished: fence, then scan every live client's table. A dead client's
 /// table is simply no longer passed in: its holds die with it.
-pub fn is_held(tables: &[HoldsView<'_>], generation: u64) -> bool {
+pub fn is_held<'a>(tables: impl IntoIterator<Item = HoldsView<'a>>, generation: u64) -> bool {
     fence(SeqCst);
-    tables.iter().any(|t| t.holds(generation))
+    tables.into_iter().any(|t| t.holds(generation))
 }
 
 /// Unpublished objects whose memory waits for the last hold to go (delete deferred while
@@ -381,13 +381,13 @@ mod tests {
         let a = held(holds.get(&st.dir(), b"a", 1).unwrap());
         let b = held(holds.get(&st.dir(), b"b", 1).unwrap());
         assert_eq!(holding.load(Relaxed), 2);
-        assert!(is_held(&view, ga) && is_held(&view, gb));
+        assert!(is_held(view, ga) && is_held(view, gb));
         holds.release(a).unwrap();
         assert_eq!(holding.load(Relaxed), 1);
-        assert!(!is_held(&view, ga) && is_held(&view, gb));
+        assert!(!is_held(view, ga) && is_held(view, gb));
         holds.release(b).unwrap();
         assert_eq!(holding.load(Relaxed), 0);
-        assert!(!is_held(&view, gb));
+        assert!(!is_held(view, gb));
         // A get of a name no longer published takes no slot and leaves the count alone.
         st.writer().unpublish(ia, ga).unwrap();
         assert_eq!(holds.get(&st.dir(), b"a", 1).unwrap(), Get::Missing);
@@ -405,8 +405,8 @@ mod tests {
         // The count is the client's word: one that says 0 while a slot names a generation
         // (a client lying about itself) has that hold ignored; an uncounted view still sees it.
         slots[3].generation.store(gb, Relaxed);
-        assert!(!is_held(&view, gb));
-        assert!(is_held(&[HoldsView::new(&slots)], gb));
+        assert!(!is_held(view, gb));
+        assert!(is_held([HoldsView::new(&slots)], gb));
     }
 
     #[test]
@@ -417,13 +417,13 @@ mod tests {
         let n = AtomicU64::new(0);
         let mut holds = Holds::new(&slots, &n);
         let view = [HoldsView::new(&slots)];
-        assert!(!is_held(&view, gen));
+        assert!(!is_held(view, gen));
         let h = held(holds.get(&st.dir(), b"a", 5).unwrap());
         assert_eq!((h.snapshot.generation, h.snapshot.object_id), (gen, 1));
         assert_eq!(holds.in_use(), 1);
-        assert!(is_held(&view, gen));
-        assert!(!is_held(&view, gen + 1));
-        assert!(!is_held(&view, 0), "generation 0 is never held");
+        assert!(is_held(view, gen));
+        assert!(!is_held(view, gen + 1));
+        assert!(!is_held(view, 0), "generation 0 is never held");
         assert_eq!(
             view[0].scan().collect::<Vec<_>>(),
             [HeldSlot {
@@ -437,9 +437,9 @@ mod tests {
         let h2 = held(holds.get(&st.dir(), b"a", 6).unwrap());
         assert_ne!(h2.slot, h.slot);
         holds.release(h).unwrap();
-        assert!(is_held(&view, gen), "the second hold still pins it");
+        assert!(is_held(view, gen), "the second hold still pins it");
         holds.release(h2).unwrap();
-        assert!(!is_held(&view, gen));
+        assert!(!is_held(view, gen));
         assert_eq!(holds.in_use(), 0);
         assert_eq!(view[0].scan().count(), 0);
         // Released slots keep their last access stamps for the LRU fold.
@@ -531,21 +531,21 @@ mod tests {
             panic!("not found")
         };
         w.unpublish(i, g1).unwrap();
-        assert!(!is_held(&[HoldsView::new(&slots)], g1));
+        assert!(!is_held([HoldsView::new(&slots)], g1));
         let (i2, g2) = publish(&mut w, b"a", 2);
         assert_eq!(i2, i);
         assert_ne!(g2, g1);
         assert_eq!(holds.hold(&st.dir(), stale, 1).unwrap(), None);
         assert_eq!(holds.in_use(), 0);
         assert!(
-            !is_held(&[HoldsView::new(&slots)], g1),
+            !is_held([HoldsView::new(&slots)], g1),
             "rejected hold cleared"
         );
         // A fresh get goes through and names the new generation only.
         let h = held(holds.get(&st.dir(), b"a", 1).unwrap());
         assert_eq!((h.snapshot.generation, h.snapshot.object_id), (g2, 2));
         let view = [HoldsView::new(&slots)];
-        assert!(is_held(&view, g2) && !is_held(&view, g1));
+        assert!(is_held(view, g2) && !is_held(view, g1));
         holds.release(h).unwrap();
     }
 
@@ -563,8 +563,8 @@ mod tests {
         w.unpublish(i, g1).unwrap();
         let (_, g2) = publish(&mut w, b"a", 2);
         let view = [HoldsView::new(&slots)];
-        assert!(is_held(&view, g1));
-        assert!(!is_held(&view, g2));
+        assert!(is_held(view, g1));
+        assert!(!is_held(view, g2));
         holds.release(h).unwrap();
     }
 
@@ -615,7 +615,7 @@ mod tests {
         assert_ne!(h2.slot, h.slot, "a live slot is not handed out again");
         again.release(h).unwrap();
         again.release(h2).unwrap();
-        assert!(!is_held(&[HoldsView::new(&slots)], g));
+        assert!(!is_held([HoldsView::new(&slots)], g));
     }
 
     #[test]
@@ -651,7 +651,7 @@ mod tests {
                 {
                     round += 1;
                     w.unpublish(cur.0, cur.1).unwrap();
-                    if is_held(&view, cur.1) {
+                    if is_held(view, cur.1) {
                         retired.retire(cur.1, cur_block);
                     } else {
                         free.push(cur_block);

@@ -482,11 +482,11 @@ mod tests {
             panic!("no hold")
         };
         assert!(
-            is_held(&[region.view()], g),
+            is_held([region.view()], g),
             "the store sees the client's hold"
         );
         holds.release(h).unwrap();
-        assert!(!is_held(&[region.view()], g));
+        assert!(!is_held([region.view()], g));
     }
 
     #[test]

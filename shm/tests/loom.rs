@@ -152,7 +152,7 @@ fn hold_never_sees_freed_memory() {
         let mut w = DirectoryWriter::new(&s.header, &s.entries);
         w.unpublish(index, generation).expect("unpublish");
         let views = [HoldsView::new(&s.slots).counted(&s.hold_header.holding)];
-        if is_held(&views, generation) {
+        if is_held(views, generation) {
             retired.retire(generation, 0usize);
         } else {
             // Free and reuse at once: a new object (generation 2) in the same memory, under

@@ -124,7 +124,7 @@ fn child_reads_the_directory_and_its_hold_pins_the_object_until_dropped() {
     assert!(status.success(), "child failed: {status}");
     // The child exited holding the object: delete stays deferred while its table is live.
     dir.writer().unpublish(index, generation).unwrap();
-    assert!(is_held(&[table.view()], generation));
+    assert!(is_held([table.view()], generation));
     let mut retired = Retired::new();
     retired.retire(generation, "block");
     assert!(retired.collect(&[table.view()]).is_empty());
