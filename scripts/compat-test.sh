@@ -9,6 +9,10 @@
 #                     interop: tensors, torch, DLPack, reduction, the client.
 # Binaries as for scripts/test.sh (target/debug). Prints each row's pytest summary; fails if any
 # row fails or skips a test for want of torch.
+#
+# Disk: the old-torch venv is ~5 GB (torch and its CUDA libraries). It is installed without
+# pip's cache and removed at the end, so CI's later steps keep that room; VOVP_COMPAT_KEEP=1
+# keeps it for reruns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -32,9 +36,12 @@ STAMP="$VENV/.vovp-compat-$OLD_TORCH"
 if [ ! -f "$STAMP" ]; then
     rm -rf "$VENV"
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet "numpy==1.26.4" "torch==$OLD_TORCH" pytest
+    "$VENV/bin/pip" install --quiet --no-cache-dir "numpy==1.26.4" "torch==$OLD_TORCH" pytest
     touch "$STAMP"
 fi
 "$VENV/bin/pip" install --quiet --no-deps -e python
 row numpy1-torch-old "$VENV/bin/python" python/tests/test_tensor.py python/tests/test_torch.py \
     python/tests/test_dlpack.py python/tests/test_reduction.py python/tests/test_client.py
+if [ "${VOVP_COMPAT_KEEP:-0}" != 1 ]; then
+    rm -rf "$VENV"
+fi
