@@ -72,6 +72,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -81,8 +82,29 @@ from . import daemon as _daemon
 from . import errors as E
 from ._native import Object as _NativeObject
 
+if TYPE_CHECKING:
+    import builtins
+    import subprocess
+    from collections.abc import Callable, Iterator
+    from typing import TypeAlias
 
-def _load_pyarrow():
+    from ._native import _Notification
+
+    # What a Plasma user names an object by: an ObjectID, or a str used as the vovp name.
+    _Key: TypeAlias = "ObjectID | str"
+    # A buffer handed out: pyarrow.Buffer when pyarrow is importable, else PlasmaBuffer.
+    _Buffer: TypeAlias = Any
+    # What holds a get's vovp reference: the native object, or a uint8 array over it (or over
+    # the creator's buffer); see the module docstring.
+    _Anchor: TypeAlias = Any
+    # (entry, anchor) of an object in use.
+    _Found: TypeAlias = tuple["_InUse", Any]
+    _NDArrayU8: TypeAlias = np.ndarray[Any, np.dtype[np.uint8]]
+else:
+    _NDArrayU8 = np.ndarray
+
+
+def _load_pyarrow() -> Any:
     if os.environ.get("VOVP_PLASMA_PYARROW", "1") == "0":
         return None
     try:
@@ -92,7 +114,7 @@ def _load_pyarrow():
         return None
 
 
-pa = _load_pyarrow()
+pa: Any = _load_pyarrow()
 
 __all__ = [
     "ObjectID",
@@ -112,7 +134,8 @@ __all__ = [
 
 # --- errors ------------------------------------------------------------------------------------
 
-if pa is not None:
+# (mypy reads the classes below: pyarrow's derive from the same builtins.)
+if not TYPE_CHECKING and pa is not None:
     ArrowException = pa.lib.ArrowException
     ArrowInvalid = pa.lib.ArrowInvalid
     ArrowTypeError = pa.lib.ArrowTypeError
@@ -151,7 +174,7 @@ class PlasmaConnectionError(ArrowException, E.ConnectionError):
 
 # vovp error class -> the class raised here. Classes not listed get a subclass made on first
 # use that mixes ArrowException into the vovp class (so both kinds of ``except`` work).
-_PLASMA_ERRORS = {
+_PLASMA_ERRORS: dict[type[E.VovpError], type[Any]] = {
     E.ObjectExists: PlasmaObjectExists,
     E.ObjectNotFound: PlasmaObjectNotFound,
     E.OutOfMemory: PlasmaStoreFull,
@@ -161,19 +184,19 @@ _PLASMA_ERRORS = {
 
 
 def _plasma_error(err: E.VovpError) -> Exception:
-    cls = _PLASMA_ERRORS.get(type(err))
+    cls: type[Any] | None = _PLASMA_ERRORS.get(type(err))
     if cls is None:
         cls = type("Plasma" + type(err).__name__, (ArrowException, type(err)),
                    {"__module__": __name__, "__doc__": type(err).__doc__})
         _PLASMA_ERRORS[type(err)] = cls
-    new = cls(err.message if err.message else str(err), err.status)
+    new: Any = cls(err.message if err.message else str(err), err.status)
     if isinstance(err, E.OutOfMemory):
         new.requested, new.available = err.requested, err.available
-    return new
+    return cast(Exception, new)
 
 
 @contextlib.contextmanager
-def _translated():
+def _translated() -> Iterator[None]:
     try:
         yield
     except E.VovpError as err:
@@ -193,7 +216,7 @@ class ObjectID:
 
     __slots__ = ("_binary", "_name", "__weakref__")
 
-    def __init__(self, object_id):
+    def __init__(self, object_id: bytes) -> None:
         if type(object_id) is not bytes or len(object_id) != _ID_SIZE:
             raise ValueError(f"Object ID must by 20 bytes, is {object_id!r}")
         self._binary = object_id
@@ -216,21 +239,21 @@ class ObjectID:
         """A random id (from ``os.urandom``, so never the same in two processes)."""
         return ObjectID(os.urandom(_ID_SIZE))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if type(other) is not ObjectID:
             return False
         return self._binary == other._binary
 
-    def __ne__(self, other):
+    def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self._binary)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ObjectID({self._binary.hex()})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ObjectID], tuple[bytes]]:
         return (ObjectID, (self._binary,))
 
 
@@ -239,7 +262,7 @@ class ObjectNotAvailable:
     within the timeout."""
 
 
-def _name_of(key) -> str:
+def _name_of(key: object) -> str:
     if type(key) is ObjectID:
         return key._name
     if isinstance(key, str):
@@ -247,7 +270,7 @@ def _name_of(key) -> str:
     raise TypeError(f"object ids are plasma.ObjectID (or str names), not {type(key).__name__}")
 
 
-def _key_of(name: str):
+def _key_of(name: str) -> _Key:
     """The key a Plasma user knows an object by: an ObjectID for ``plasma:<hex>``, else the
     name."""
     if len(name) == len(_ID_PREFIX) + 2 * _ID_SIZE and name.startswith(_ID_PREFIX):
@@ -285,7 +308,7 @@ def _header(data_size: int, metadata_size: int, pickled: bool, created_ms: int) 
                         created_ms)
 
 
-def _parse_header(meta: bytes, size: int):
+def _parse_header(meta: bytes, size: int) -> tuple[int, int | None, bool, bool]:
     """(data_size, created_ms or None, pickled, plasma?) of a stored object. An object that
     this module did not write is all data, with its vovp metadata as Plasma metadata."""
     if len(meta) == _HEADER.size and meta[:4] == _MAGIC:
@@ -301,11 +324,11 @@ def _now_ms() -> int:
 
 # Seal times of objects sealed in this process, for list()'s construct_duration:
 # (name, created_ms) -> sealed_ms. Bounded: the oldest entries go first.
-_SEALED_AT: collections.OrderedDict = collections.OrderedDict()
+_SEALED_AT: collections.OrderedDict[tuple[str, int | None], int] = collections.OrderedDict()
 _SEALED_AT_MAX = 1 << 16
 
 
-def _remember_seal(name, created_ms):
+def _remember_seal(name: str, created_ms: int | None) -> None:
     _SEALED_AT[(name, created_ms)] = _now_ms()
     while len(_SEALED_AT) > _SEALED_AT_MAX:
         _SEALED_AT.popitem(last=False)
@@ -313,10 +336,11 @@ def _remember_seal(name, created_ms):
 
 # Creation times of the headerless objects made in this process, for list():
 # (name, vovp object id) -> created_ms (the id tells a later object of the same name apart).
-_CREATED_AT: collections.OrderedDict = collections.OrderedDict()
+_CREATED_AT: collections.OrderedDict[tuple[str, int], int] = collections.OrderedDict()
 
 
-def _remember_creation(name, header, holder, created_ms, object_id=None):
+def _remember_creation(name: str, header: bytes, holder: object, created_ms: int,
+                       object_id: int | None = None) -> None:
     if header:
         return  # the header has it
     if object_id is None:
@@ -332,7 +356,7 @@ def _remember_creation(name, header, holder, created_ms, object_id=None):
 # --- buffers -------------------------------------------------------------------------------------
 
 
-class PlasmaBuffer(np.ndarray):
+class PlasmaBuffer(_NDArrayU8):
     """Buffer handed out when pyarrow is not importable: a 1-D uint8 array over the store's
     memory (read-only unless returned by ``create``) with pyarrow.Buffer's common methods.
     With pyarrow importable, buffers are ``pyarrow.Buffer`` objects instead."""
@@ -346,24 +370,28 @@ class PlasmaBuffer(np.ndarray):
 
     @property
     def address(self) -> int:
-        return self.__array_interface__["data"][0]
+        address: int = self.__array_interface__["data"][0]
+        return address
 
-    def equals(self, other) -> bool:
+    def equals(self, other: Any) -> bool:
         return self.tobytes() == memoryview(other).cast("B").tobytes()
 
-    def slice(self, offset=0, length=None):
+    def slice(self, offset: int = 0, length: int | None = None) -> _NDArrayU8:
         end = len(self) if length is None else offset + length
         return self[offset:end]
 
 
+_wrap: Callable[[_NDArrayU8], _Buffer]
+_foreign: Any  # pyarrow.foreign_buffer, or None
 if pa is not None:
-    PlasmaBuffer = pa.Buffer  # noqa: F811 (what create/get return when pyarrow is there)
+    if not TYPE_CHECKING:  # (mypy reads the class above)
+        PlasmaBuffer = pa.Buffer  # noqa: F811 (what create/get return when pyarrow is there)
 
     _wrap = pa.py_buffer  # (no Python function in between: it is on every get's path)
     # A pyarrow.Buffer over (address, size) whose base (kept alive by it) is the native object.
     _foreign = pa.foreign_buffer
 else:
-    def _wrap(view):
+    def _wrap(view: _NDArrayU8) -> _Buffer:
         return view.view(PlasmaBuffer)
 
     _foreign = None
@@ -374,12 +402,14 @@ else:
 # anchor serves (metadata, hash, unpickling) takes an array over it made when needed.
 
 
-def _as_array(anchor):
+def _as_array(anchor: _Anchor) -> Any:
     """A uint8 array over an anchor's bytes (object + metadata)."""
+    # (Any: to mypy, numpy's arrays are buffers, as hashlib and struct take, on Python >= 3.12
+    # only.)
     return np.asarray(anchor) if type(anchor) is _NativeObject else anchor
 
 
-def _data_buffer(entry, anchor):
+def _data_buffer(entry: _InUse, anchor: _Anchor) -> _Buffer:
     """The buffer handed out for an object's data (``get_buffers``)."""
     ds = entry.data_size
     if type(anchor) is _NativeObject:
@@ -387,7 +417,7 @@ def _data_buffer(entry, anchor):
     return _wrap(anchor if ds == len(anchor) else anchor[:ds])
 
 
-def _metadata_buffer(entry, anchor):
+def _metadata_buffer(entry: _InUse, anchor: _Anchor) -> _Buffer:
     """The buffer handed out for an object's Plasma metadata (``get_metadata``)."""
     if entry.foreign_meta is not None:
         return _wrap(np.frombuffer(entry.foreign_meta, np.uint8))
@@ -407,6 +437,14 @@ class _InUse(_lease.Lease):
     __slots__ = ("holder", "sealed", "writable", "data_size", "created_ms", "pickled",
                  "foreign_meta")
 
+    holder: Any  # the creator's owner array (create to seal), else None
+    sealed: bool
+    writable: bool
+    data_size: int
+    created_ms: int | None
+    pickled: bool
+    foreign_meta: bytes | None
+
     def live(self) -> bool:
         """Whether this client still uses the object (a buffer lives and its reference was
         not given back early, or it is being created)."""
@@ -416,7 +454,7 @@ class _InUse(_lease.Lease):
         return anchor is not None and not _released(anchor)
 
 
-def _released(anchor) -> bool:
+def _released(anchor: _Anchor) -> bool:
     """Whether the reference an anchor holds was given back before the anchor died
     (``vovp.Client.release`` of a view finds it by address): its bytes are no longer this
     client's, so the object must be asked of the store again."""
@@ -437,7 +475,8 @@ def _released(anchor) -> bool:
     return False
 
 
-def _entry(anchor, name, sealed, data_size, created_ms, pickled, foreign_meta=None):
+def _entry(anchor: _Anchor, name: str, sealed: bool, data_size: int, created_ms: int | None,
+           pickled: bool, foreign_meta: bytes | None = None) -> _InUse:
     e = _InUse(anchor)
     e.name = name
     e.holder = None  # the creator's owner array, from create to seal
@@ -450,7 +489,7 @@ def _entry(anchor, name, sealed, data_size, created_ms, pickled, foreign_meta=No
     return e
 
 
-def _read_only(anchor):
+def _read_only(anchor: _NDArrayU8) -> _NDArrayU8:
     """A read-only view of a writable anchor (a get of an object this client created)."""
     view = anchor.view()
     view.flags.writeable = False
@@ -466,14 +505,15 @@ _SWEEP_MIN = 1024
 
 
 # Every PlasmaClient of this process, for _find_anchor.
-_CLIENTS: weakref.WeakSet = weakref.WeakSet()
+_CLIENTS: weakref.WeakSet[PlasmaClient] = weakref.WeakSet()
 
 
-def _find_anchor(addr, cuda):
+def _find_anchor(addr: int, cuda: bool) -> _lease.Lease | None:
     """The entry of the anchor of a get that holds ``addr``, indexed now as its lease (the
     lease index's finder: gets here do not index their entries); None if no anchor does."""
     if cuda:
         return None
+    native: Any  # the native object, or what an array's base is
     for client in list(_CLIENTS):
         if client._closed or client._vovp.closed:
             continue  # (the connection's end released everything)
@@ -483,8 +523,10 @@ def _find_anchor(addr, cuda):
                 start, size, native = anchor.address, anchor.size, anchor
             elif isinstance(anchor, np.ndarray):
                 start, size = anchor.__array_interface__["data"][0], anchor.nbytes
-                # (numpy >= 1.23 keeps the __array_struct__ capsule beside the object in .base.)
-                native = anchor.base[0] if type(anchor.base) is tuple else anchor.base
+                # (numpy >= 1.23 keeps the __array_struct__ capsule beside the object in .base,
+                # which numpy's annotations do not say.)
+                base: Any = anchor.base
+                native = base[0] if type(base) is tuple else base
             else:
                 continue
             if not (start <= addr < start + size or addr == start):
@@ -513,10 +555,11 @@ class PlasmaClient:
         self._lend_limit = _vc.LEND_LIMIT if lend_puts else 0
         self._path = store_socket_name
         self._lock = threading.Lock()
-        self._in_use: dict = {}  # vovp name -> _InUse (live or dead, see _insert)
+        self._in_use: dict[str, _InUse] = {}  # vovp name -> _InUse (live or dead, see _insert)
         self._sweep_at = _SWEEP_MIN
-        self._relay = None  # notification relay, after subscribe()
-        self._evict_watch = None  # notification stream of evict(), after the first one
+        self._relay: _NotificationRelay | None = None  # notification relay, after subscribe()
+        # Notification stream of evict(), after the first one.
+        self._evict_watch: _NotifyStream | None = None
         self._closed = False
         # Objects up to this size are put in one PUT frame (data assembled here first).
         self._inline = min(self._vovp.max_inline, _vc.INLINE_LIMIT)
@@ -524,24 +567,24 @@ class PlasmaClient:
 
     # -- locking and entries ----------------------------------------------------------------
 
-    def _acquire(self):
+    def _acquire(self) -> None:
         self._lock.acquire()
         if self._closed:
             self._lock.release()
             raise PlasmaConnectionError("this PlasmaClient is disconnected")
 
-    def _live(self, name):
+    def _live(self, name: str) -> _InUse | None:
         """The live entry of ``name``, or None."""
         entry = self._in_use.get(name)
         return entry if entry is not None and entry.live() else None
 
-    def _insert(self, entry):
+    def _insert(self, entry: _InUse) -> None:
         in_use = self._in_use
         in_use[entry.name] = entry  # (replacing a dead entry, if any)
         if len(in_use) >= self._sweep_at:
             self._sweep()
 
-    def _sweep(self):
+    def _sweep(self) -> None:
         """Drop the dead entries; the next sweep is when the table has doubled."""
         in_use = self._in_use
         # Entries whose anchor died (not e.live(), which also asks whether a live anchor's
@@ -563,7 +606,7 @@ class PlasmaClient:
 
     # -- create / seal / abort ----------------------------------------------------------------
 
-    def create(self, object_id, data_size, metadata=b""):
+    def create(self, object_id: _Key, data_size: int, metadata: bytes = b"") -> _Buffer:
         """Create an object of ``data_size`` bytes (plus ``metadata``) and return a writable
         buffer over its data; ``seal`` makes it immutable and visible.
 
@@ -582,7 +625,8 @@ class PlasmaClient:
                 raise PlasmaObjectExists(f"object {object_id!r} already exists")
             header = _header(data_size, len(metadata), False, created)
             with _translated():
-                owner = self._vovp.create(name, data_size + len(metadata), header)
+                # (Any: see _as_array.)
+                owner: Any = self._vovp.create(name, data_size + len(metadata), header)
             _remember_creation(name, header, owner, created)
             if metadata:
                 owner[data_size:] = np.frombuffer(metadata, np.uint8)
@@ -595,7 +639,7 @@ class PlasmaClient:
             self._lock.release()
         return _wrap(anchor[:data_size] if metadata else anchor)
 
-    def seal(self, object_id):
+    def seal(self, object_id: _Key) -> None:
         """Seal an object this client created: immutable and visible to every client."""
         name = _name_of(object_id)
         self._acquire()
@@ -620,7 +664,7 @@ class PlasmaClient:
         finally:
             self._lock.release()
 
-    def abort(self, object_id):
+    def abort(self, object_id: _Key) -> None:
         """Abort an unsealed object this client created; its buffer must have been dropped."""
         name = _name_of(object_id)
         self._acquire()
@@ -643,7 +687,7 @@ class PlasmaClient:
 
     # -- get ------------------------------------------------------------------------------------
 
-    def _in_use_anchor(self, entry, timeout_ms):
+    def _in_use_anchor(self, entry: _InUse, timeout_ms: int) -> _Found | None:
         """(entry, anchor) of an object in use here (``entry``); None if the store must be
         asked (no buffer left, or ours and not sealed yet). The caller holds the lock."""
         name = entry.name
@@ -660,7 +704,8 @@ class PlasmaClient:
                 "has not sealed, would never return; seal it first")
         return None  # the store waits the timeout for it, as Plasma's does
 
-    def _ask(self, names, timeout_ms):
+    def _ask(self, names: list[str], timeout_ms: int
+             ) -> list[tuple[memoryview, bytes] | None]:
         """The store's replies for ``names`` (GET, waiting as ``timeout_ms`` says)."""
         timeout = None if timeout_ms == 0 else (-1 if timeout_ms < 0 else timeout_ms / 1000)
         try:
@@ -668,13 +713,13 @@ class PlasmaClient:
         except E.VovpError as err:
             raise _plasma_error(err) from err
 
-    def _new_entry(self, name, found):
+    def _new_entry(self, name: str, found: tuple[memoryview, bytes]) -> _Found:
         """(entry, anchor) of an object the store just gave us: ``found`` = (memoryview
         holding the vovp reference, vovp metadata)."""
         mv, meta = found
         return self._entry_of(name, np.frombuffer(mv, np.uint8), mv.nbytes, meta)
 
-    def _entry_of(self, name, anchor, size, meta):
+    def _entry_of(self, name: str, anchor: _Anchor, size: int, meta: bytes) -> _Found:
         """(entry, anchor) for ``anchor`` (a uint8 array, or the native object, that holds
         the vovp reference) of ``size`` bytes."""
         if meta:
@@ -689,7 +734,7 @@ class PlasmaClient:
             self._sweep()
         return entry, anchor
 
-    def _fetch1(self, name, timeout_ms, data=False):
+    def _fetch1(self, name: str, timeout_ms: int, data: bool = False) -> Any:
         """(entry, anchor) for one name, or with ``data=True`` the buffer ``get_buffers``
         hands out for its data; None when not available. See ``_fetch``. (Every get's path:
         written out rather than through _fetch's lists, and the buffer made here, not by the
@@ -733,13 +778,13 @@ class PlasmaClient:
         finally:
             lock.release()
 
-    def _fetch(self, names, timeout_ms):
+    def _fetch(self, names: list[str], timeout_ms: int) -> list[_Found | None]:
         """[(entry, anchor) or None (not available)] for ``names``, in order. Objects in use
         are served from their anchors, the others asked of the store in one GET (each gets an
         entry and an anchor)."""
         self._acquire()
         try:
-            got = {}  # name -> (entry, anchor)
+            got: dict[str, _Found | None] = {}  # name -> (entry, anchor)
             ask = []
             in_use = self._in_use
             for name in names:
@@ -750,21 +795,23 @@ class PlasmaClient:
                     if found is None:
                         ask.append(name)
             if ask:
-                for name, found in zip(ask, self._ask(ask, timeout_ms)):
-                    if found is not None:
-                        got[name] = self._new_entry(name, found)
+                for name, reply in zip(ask, self._ask(ask, timeout_ms)):
+                    if reply is not None:
+                        got[name] = self._new_entry(name, reply)
             return [got[name] for name in names]
         finally:
             self._lock.release()
 
-    def _anchors_for(self, object_ids, timeout_ms):
+    def _anchors_for(self, object_ids: Sequence[_Key], timeout_ms: int
+                     ) -> list[_Found | None]:
         """[(entry, anchor) or None] for ``object_ids``."""
         timeout_ms = int(timeout_ms)
         if type(object_ids) is list and len(object_ids) == 1:
             return [self._fetch1(_name_of(object_ids[0]), timeout_ms)]
         return self._fetch([_name_of(k) for k in object_ids], timeout_ms)
 
-    def get_buffers(self, object_ids, timeout_ms=-1, with_meta=False):
+    def get_buffers(self, object_ids: Sequence[_Key], timeout_ms: int = -1,
+                    with_meta: bool = False) -> list[Any]:
         """Buffers of the objects' data (None for an object not sealed within ``timeout_ms``:
         -1 waits forever, 0 not at all); waits until all are there or the time is up. With
         ``with_meta=True``, ``(metadata bytes, data buffer)`` tuples. Each buffer keeps its
@@ -774,7 +821,7 @@ class PlasmaClient:
             key = object_ids[0]
             return [self._fetch1(key._name if type(key) is ObjectID else _name_of(key),
                                  int(timeout_ms), True)]
-        out = []
+        out: list[Any] = []
         for found in self._anchors_for(object_ids, timeout_ms):
             if found is None:
                 out.append((None, None) if with_meta else None)
@@ -789,9 +836,10 @@ class PlasmaClient:
                 out.append(data)
         return out
 
-    def get_metadata(self, object_ids, timeout_ms=-1):
+    def get_metadata(self, object_ids: Sequence[_Key], timeout_ms: int = -1
+                     ) -> list[_Buffer | None]:
         """Buffers of the objects' metadata (None when not available); like get_buffers."""
-        out = []
+        out: list[_Buffer | None] = []
         for found in self._anchors_for(object_ids, timeout_ms):
             if found is None:
                 out.append(None)
@@ -799,7 +847,7 @@ class PlasmaClient:
             out.append(_metadata_buffer(*found))
         return out
 
-    def contains(self, object_id) -> bool:
+    def contains(self, object_id: _Key) -> bool:
         """Whether the object is sealed in the store (or in use by this client)."""
         name = _name_of(object_id)
         if self._live(name) is not None:
@@ -807,7 +855,7 @@ class PlasmaClient:
         with _translated():
             return self._vovp.contains(name)
 
-    def hash(self, object_id) -> bytes:
+    def hash(self, object_id: _Key) -> bytes:
         """8-byte digest of the object's data and metadata (BLAKE2b; Plasma used XXH64, so the
         values differ from Plasma's but equal objects still hash equal)."""
         [found] = self._anchors_for([object_id], 0)
@@ -823,7 +871,8 @@ class PlasmaClient:
 
     # -- put / get of Python objects and raw buffers -----------------------------------------------
 
-    def _store(self, object_id, data_size, pieces, metadata, pickled):
+    def _store(self, object_id: _Key, data_size: int, pieces: Sequence[tuple[int, Any]],
+               metadata: bytes, pickled: bool) -> None:
         """Create, fill (``pieces``: (offset, bytes-like)) and seal an object; holds nothing."""
         name = _name_of(object_id)
         created = _now_ms()
@@ -875,7 +924,8 @@ class PlasmaClient:
         finally:
             self._lock.release()
 
-    def put_raw_buffer(self, value, object_id=None, metadata=b"", memcopy_threads=6):
+    def put_raw_buffer(self, value: Any, object_id: _Key | None = None, metadata: bytes = b"",
+                       memcopy_threads: int = 6) -> _Key:
         """Store the bytes of any buffer-protocol object; returns its ObjectID."""
         target = object_id if object_id is not None else ObjectID.from_random()
         mv = memoryview(value)
@@ -886,12 +936,13 @@ class PlasmaClient:
         self._store(target, mv.nbytes, [(0, mv)], bytes(metadata), pickled=False)
         return target
 
-    def create_and_seal(self, object_id, data, metadata=b""):
+    def create_and_seal(self, object_id: _Key, data: Any, metadata: bytes = b"") -> None:
         """Store ``data`` (bytes) with ``metadata`` in one step; this client holds nothing."""
         mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         self._store(object_id, len(mv), [(0, mv)], bytes(metadata), pickled=False)
 
-    def put(self, value, object_id=None, memcopy_threads=6, serialization_context=None):
+    def put(self, value: Any, object_id: _Key | None = None, memcopy_threads: int = 6,
+            serialization_context: object = None) -> _Key:
         """Store any picklable Python object; returns its ObjectID.
 
         Pickle protocol 5 with out-of-band buffers: numpy arrays (and other objects that
@@ -904,7 +955,7 @@ class PlasmaClient:
                 "serialization_context (Arrow's deprecated pa.serialize) is not supported by "
                 "vovp.plasma, which pickles (protocol 5); use copyreg / __reduce__ instead")
         target = object_id if object_id is not None else ObjectID.from_random()
-        buffers = []
+        buffers: list[pickle.PickleBuffer] = []
         payload = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
         raws = []
         for b in buffers:
@@ -914,7 +965,7 @@ class PlasmaClient:
                 raws.append(memoryview(memoryview(b).tobytes()))
         head = _PICKLE_HEAD.pack(_PICKLE_MAGIC, len(raws), len(payload)) + \
             struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
-        pieces = [(0, head), (len(head), payload)]
+        pieces: list[tuple[int, bytes | memoryview]] = [(0, head), (len(head), payload)]
         end = len(head) + len(payload)
         for r in raws:
             end = -(-end // _ALIGN) * _ALIGN
@@ -923,7 +974,8 @@ class PlasmaClient:
         self._store(target, end, pieces, b"", pickled=True)
         return target
 
-    def get(self, object_ids, timeout_ms=-1, serialization_context=None):
+    def get(self, object_ids: _Key | Sequence[_Key], timeout_ms: int = -1,
+            serialization_context: object = None) -> Any:
         """The value(s) ``put`` stored: a list for a list of ids, one value for one id.
         ``ObjectNotAvailable`` for an object not sealed within ``timeout_ms``."""
         if serialization_context is not None:
@@ -931,7 +983,7 @@ class PlasmaClient:
                 "serialization_context (Arrow's deprecated pa.serialize) is not supported by "
                 "vovp.plasma, which pickles (protocol 5)")
         single = isinstance(object_ids, (ObjectID, str)) or not isinstance(object_ids, Sequence)
-        ids = [object_ids] if single else list(object_ids)
+        ids: list[Any] = [object_ids] if single else list(cast("Sequence[_Key]", object_ids))
         results = []
         # Unpickled outside the client's lock: reducers may run arbitrary code (even call back
         # into this client).
@@ -944,7 +996,7 @@ class PlasmaClient:
 
     # -- delete / list / evict --------------------------------------------------------------------
 
-    def delete(self, object_ids):
+    def delete(self, object_ids: Sequence[_Key]) -> None:
         """Delete the objects: their ids disappear from the store now (buffers already handed
         out stay valid; the memory is freed when the last one is dropped). Ids that are not
         in the store (or not sealed) are ignored, as in Plasma."""
@@ -957,13 +1009,13 @@ class PlasmaClient:
             except E.VovpError as err:
                 raise _plasma_error(err) from err
 
-    def list(self) -> dict:
+    def list(self) -> dict[_Key, dict[str, Any]]:
         """Every Plasma object in the store: {ObjectID (or str name): info}, info having
         data_size, metadata_size, ref_count (holders), state ("created"/"sealed"),
         create_time (unix seconds) and construct_duration (seconds; -1 while unsealed)."""
         with _translated():
             entries = self._vovp.list()
-        out = {}
+        out: dict[_Key, dict[str, Any]] = {}
         for e in entries:
             name = e["name"]
             data_size, created, _, ours = _parse_header(e["metadata"], e["size"])
@@ -996,7 +1048,7 @@ class PlasmaClient:
             }
         return out
 
-    def evict(self, num_bytes) -> int:
+    def evict(self, num_bytes: int) -> int:
         """Evict unreferenced sealed objects, least recently used first, until at least
         ``num_bytes`` (counting data + metadata, as Plasma does) are freed or none is left;
         returns the bytes freed.
@@ -1037,7 +1089,7 @@ class PlasmaClient:
 
     # -- notifications --------------------------------------------------------------------------
 
-    def subscribe(self):
+    def subscribe(self) -> None:
         """Receive a notification for every object sealed (and deleted or evicted) from now
         on, plus one for each object already sealed; read them with get_next_notification or
         from get_notification_socket()."""
@@ -1054,7 +1106,7 @@ class PlasmaClient:
         length and that many bytes for ``decode_notifications``."""
         return self._subscribed().user
 
-    def get_next_notification(self):
+    def get_next_notification(self) -> tuple[_Key, int, int]:
         """(ObjectID, data_size, metadata_size) of the next notification, waiting for it;
         sizes are -1 for an object that was deleted or evicted."""
         sock = self._subscribed().user
@@ -1063,13 +1115,16 @@ class PlasmaClient:
         return ids[0], data_sizes[0], metadata_sizes[0]
 
     @staticmethod
-    def decode_notifications(buf):
+    def decode_notifications(buf: Any) -> tuple[builtins.list[_Key], builtins.list[int],
+                                                builtins.list[int]]:
         """([keys], [data sizes], [metadata sizes]) of one notification message."""
         buf = bytes(buf)
         try:
             (n,) = struct.unpack_from("<I", buf, 0)
             pos = 4
-            keys, data_sizes, metadata_sizes = [], [], []
+            keys: builtins.list[_Key] = []
+            data_sizes: builtins.list[int] = []
+            metadata_sizes: builtins.list[int] = []
             for _ in range(n):
                 (length,) = struct.unpack_from("<H", buf, pos)
                 pos += 2
@@ -1083,14 +1138,14 @@ class PlasmaClient:
             raise ArrowInvalid(f"not a vovp.plasma notification message: {e}") from None
         return keys, data_sizes, metadata_sizes
 
-    def _subscribed(self):
+    def _subscribed(self) -> _NotificationRelay:
         if self._relay is None:
             raise ArrowInvalid("call subscribe() before reading notifications")
         return self._relay
 
     # -- connection -----------------------------------------------------------------------------
 
-    def disconnect(self):
+    def disconnect(self) -> None:
         """Close the connection: the store releases everything this client held (buffers
         from it must not be used afterwards)."""
         if self._closed:
@@ -1105,18 +1160,18 @@ class PlasmaClient:
         with self._lock:
             self._in_use.clear()
 
-    def set_client_options(self, client_name, limit_output_memory):
+    def set_client_options(self, client_name: str, limit_output_memory: int) -> None:
         raise NotImplementedError("vovp has no per-client output memory quota")
 
     def debug_string(self) -> str:
         with _translated():
             return "\n".join(f"{k}: {v}" for k, v in self._vovp.stats().items())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<vovp.plasma.PlasmaClient {self._path!r}>"
 
 
-def _unpickle(key, entry, anchor):
+def _unpickle(key: _Key, entry: _InUse, anchor: _Anchor) -> Any:
     if not entry.pickled:
         raise ArrowInvalid(f"object {key!r} was not stored by put(); read it with get_buffers()")
     data = _as_array(anchor)[:entry.data_size]
@@ -1129,7 +1184,7 @@ def _unpickle(key, entry, anchor):
         pos += 8 * nbuf
         payload = data[pos:pos + plen]
         end = pos + plen
-        buffers = []
+        buffers: list[_NDArrayU8] = []
         for size in sizes:
             end = -(-end // _ALIGN) * _ALIGN
             buffers.append(data[end:end + size])
@@ -1146,7 +1201,7 @@ def _unpickle(key, entry, anchor):
 _LENGTH = struct.Struct("L")  # Plasma's notification length prefix: a native unsigned long
 
 
-def _recv_exactly(sock, n):
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     out = bytearray()
     while len(out) < n:
         chunk = sock.recv(n - len(out))
@@ -1156,13 +1211,13 @@ def _recv_exactly(sock, n):
     return bytes(out)
 
 
-def _notification(name, data_size, metadata_size) -> bytes:
+def _notification(name: str, data_size: int, metadata_size: int) -> bytes:
     nb = name.encode()
     body = struct.pack("<IH", 1, len(nb)) + nb + struct.pack("<qq", data_size, metadata_size)
     return _LENGTH.pack(len(body)) + body
 
 
-def _plasma_notification(kind, name, size, meta):
+def _plasma_notification(kind: str, name: str, size: int, meta: bytes) -> bytes | None:
     """The Plasma notification for a vovp one, or None for objects that are not Plasma's."""
     data_size, _, _, ours = _parse_header(meta, size)
     if not ours and isinstance(_key_of(name), str):
@@ -1178,10 +1233,10 @@ class _NotifyStream:
     """A SUBSCRIBE connection to the daemon (the native core's, so no segment mappings and
     no threads of its own): cheap to keep."""
 
-    def __init__(self, vovp_client):
+    def __init__(self, vovp_client: _vc.Client) -> None:
         self._sub = vovp_client._native.subscribe()
 
-    def next(self, timeout=None):
+    def next(self, timeout: float | None = None) -> _Notification | None:
         """(kind, name, data_size, metadata) of the next notification; None on timeout or
         after close(). E.ConnectionError when the daemon ended the stream."""
         return self._sub.next(timeout)
@@ -1201,7 +1256,7 @@ class _NotifyStream:
             return False
         return True
 
-    def next_evicted(self, timeout):
+    def next_evicted(self, timeout: float) -> int | None:
         """Size of the next 'evicted' notification; None if none came within ``timeout``."""
         deadline = time.monotonic() + timeout
         try:
@@ -1214,7 +1269,7 @@ class _NotifyStream:
         except (E.ConnectionError, OSError):
             return None
 
-    def close(self):
+    def close(self) -> None:
         self._sub.close()  # a next() waiting in another thread returns None
 
 
@@ -1228,9 +1283,9 @@ class _NotificationRelay:
     draining the daemon, which drops subscribers that fall 4096 notifications behind.
     """
 
-    def __init__(self, vovp_client):
+    def __init__(self, vovp_client: _vc.Client) -> None:
         self.user, self._feed = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._queue = collections.deque()
+        self._queue: collections.deque[bytes] = collections.deque()
         self._cv = threading.Condition()
         self._ended = False
         self._sub = _NotifyStream(vovp_client)  # registered in the daemon once this returns
@@ -1245,7 +1300,7 @@ class _NotificationRelay:
         threading.Thread(target=self._write, name="vovp-plasma-notify-write",
                          daemon=True).start()
 
-    def _read(self):
+    def _read(self) -> None:
         try:
             while True:
                 event = self._sub.next()
@@ -1264,7 +1319,7 @@ class _NotificationRelay:
                 self._ended = True
                 self._cv.notify()
 
-    def _write(self):
+    def _write(self) -> None:
         try:
             while True:
                 with self._cv:
@@ -1279,7 +1334,7 @@ class _NotificationRelay:
         finally:
             self._feed.close()  # the user's end then reads EOF
 
-    def close(self):
+    def close(self) -> None:
         self._sub.close()
         with self._cv:
             self._ended = True
@@ -1291,8 +1346,8 @@ class _NotificationRelay:
 # --- connecting and starting a store ---------------------------------------------------------------
 
 
-def connect(store_socket_name, num_retries=-1, deferred_release=True,
-            lend_puts=True) -> PlasmaClient:
+def connect(store_socket_name: str | os.PathLike[str], num_retries: int = -1,
+            deferred_release: bool = True, lend_puts: bool = True) -> PlasmaClient:
     """Connect to the store serving ``store_socket_name``; tries ``num_retries`` times, 0.1 s
     apart (-1: 50 times, Plasma's default). PlasmaConnectionError (an IOError) if it cannot.
 
@@ -1315,8 +1370,10 @@ def connect(store_socket_name, num_retries=-1, deferred_release=True,
 
 
 @contextlib.contextmanager
-def start_plasma_store(plasma_store_memory, use_valgrind=False, use_profiler=False,
-                       plasma_directory=None, use_hugepages=False, external_store=None):
+def start_plasma_store(plasma_store_memory: int, use_valgrind: bool = False,
+                       use_profiler: bool = False, plasma_directory: str | None = None,
+                       use_hugepages: bool = False, external_store: str | None = None,
+                       ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Start a vovp-engine with ``plasma_store_memory`` bytes; yields ``(socket_name, process)``
     and kills the daemon (if still running) on exit.
 
@@ -1332,7 +1389,7 @@ def start_plasma_store(plasma_store_memory, use_valgrind=False, use_profiler=Fal
             f"{external_store!r})")
     # The daemon is started as vovp.start_store starts one (vovp/daemon.py): it dies with this
     # process even if it is killed, and the socket's directory goes with it.
-    prefix = ()
+    prefix: tuple[str, ...] = ()
     if use_valgrind:
         prefix = ("valgrind", "--track-origins=yes", "--leak-check=full", "--error-exitcode=1")
     elif use_profiler:
