@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${VOVP_TYPECHECK_PYTHON:-${VOVP_VENV:-.venv}/bin/python}"
+# Absolute: the package check below runs from python/.
+case "$PYTHON" in /*) ;; *) PYTHON="$PWD/$PYTHON" ;; esac
 if [ ! -x "$PYTHON" ]; then
     echo "typecheck: no interpreter at $PYTHON (run scripts/test.sh first, or set VOVP_TYPECHECK_PYTHON)" >&2
     exit 1
@@ -20,3 +22,7 @@ fi
 # The cache beside the other build outputs (git-ignored), not in the source tree.
 "$PYTHON" -m mypy --config-file python/pyproject.toml --cache-dir target/typecheck/mypy-cache \
     --strict examples/*.py
+# The whole package too (vovp.plasma is reached by no example), from python/ so that `vovp`
+# is the source tree's.
+(cd python && "$PYTHON" -m mypy --config-file pyproject.toml --cache-dir ../target/typecheck/mypy-cache \
+    --strict -p vovp)
