@@ -80,7 +80,7 @@ pub unsafe fn held_view(
 /// The object a directory entry describes, for a reader holding it: `metadata` is what it read
 /// at the entry's `meta_offset` (the store wrote it there at create). `None` for a name that is
 /// not one.
-pub fn published_ref(name: &str, s: &Snapshot, metadata: &[u8]) -> Option<ObjectRef> {
+fn published_ref(name: &str, s: &Snapshot, metadata: &[u8]) -> Option<ObjectRef> {
     Some(ObjectRef {
         id: ObjectId::from_raw(s.object_id),
         name: ObjectName::new(name).ok()?,
