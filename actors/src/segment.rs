@@ -186,6 +186,26 @@ impl Segment {
             .unwrap_or(0)
     }
 
+    /// The byte ranges the kernel holds pages for (`SEEK_DATA`/`SEEK_HOLE`), in order: where
+    /// [`Segment::allocated_bytes`] counts them, this says which they are.
+    pub fn data_extents(&self) -> Vec<(u64, u64)> {
+        use rustix::fs::{seek, SeekFrom};
+        let mut out = Vec::new();
+        let mut at = 0u64;
+        while at < self.len() {
+            let Ok(start) = seek(&self.file, SeekFrom::Data(at)) else {
+                break; // ENXIO: no data past `at`
+            };
+            let end = seek(&self.file, SeekFrom::Hole(start)).unwrap_or(self.len());
+            if end <= start {
+                break;
+            }
+            out.push((start, end));
+            at = end;
+        }
+        out
+    }
+
     /// Pointer to `offset` inside the store's mapping, if `offset + len` fits.
     pub fn ptr(&self, offset: u64, len: u64) -> Option<*mut u8> {
         let end = offset.checked_add(len)?;

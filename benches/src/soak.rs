@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use vovp::{CreateOptions, Error, Location, NotificationKind, ObjectView, Store};
 use vovp_client::Client;
+use vovp_tests::memfd::object_memfd_bytes;
 
 use crate::procs::{self, Daemon};
 use crate::report::{Check, Report};
@@ -889,37 +890,9 @@ const FUZZER_QUIET_END: Duration = Duration::from_secs(2);
 /// in whole pages and keeps it within `-m` + `RESIDENT_SLACK_PAGES` pages (partly used pages of
 /// objects that are not page-aligned). Before it did, partly used pages piled up at the ends of
 /// punched ranges: 744 KiB over 64 MiB in the 10-minute soak, which this check now fails.
+/// Read with the daemon stopped for the moment (`vovp_tests::memfd`): read while it runs, the
+/// sum counted pages moving between arenas twice (+1.3 to +2 MiB in two 10-minute soaks).
 const MEMFD_SLACK: u64 = vovp_actors::RESIDENT_SLACK_PAGES * 4096;
-
-/// Bytes allocated to the daemon's memfds (the store's segments and arenas), whoever touched
-/// them: RSS only counts the pages the daemon itself mapped, while clients write most objects.
-fn memfd_bytes(pid: u32) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return 0;
-    };
-    let mut seen = std::collections::HashMap::new();
-    for e in dir.flatten() {
-        // Object memory only: the shared directory and the hold tables are the store's own
-        // (bounded by their fixed sizes), not objects counted against -m.
-        let Ok(target) = std::fs::read_link(e.path()) else {
-            continue;
-        };
-        let target = target.to_string_lossy();
-        if !target.starts_with("/memfd:")
-            || target.starts_with("/memfd:vovp-directory")
-            || target.starts_with("/memfd:vovp-holds")
-        {
-            continue;
-        }
-        // stat through the /proc link reaches the memfd itself (st_blocks: 512 bytes). The
-        // daemon keeps a read-only fd of each segment beside the read-write one: count inodes.
-        if let Ok(m) = std::fs::metadata(e.path()) {
-            seen.insert((m.dev(), m.ino()), m.blocks() * 512);
-        }
-    }
-    seen.values().sum()
-}
 
 fn fd_count(pid: u32) -> Option<u64> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
@@ -1114,7 +1087,7 @@ pub fn run(
                 t: (now - started).as_secs_f64(),
                 rss: rss(pid).unwrap_or(0),
                 anon: status_kb(pid, "RssAnon:").unwrap_or(0) * 1024,
-                memfd: memfd_bytes(pid),
+                memfd: object_memfd_bytes(pid),
                 fds: fd_count(pid).unwrap_or(0),
                 ops,
                 stats,
@@ -1496,7 +1469,7 @@ fn end_checks(
         std::thread::sleep(Duration::from_millis(50));
     }
     end.rss_after_delete = rss(pid).unwrap_or(0);
-    end.memfd_after_delete = memfd_bytes(pid);
+    end.memfd_after_delete = object_memfd_bytes(pid);
     Ok(end)
 }
 

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod memfd;
+
 /// The workspace's binaries, built on first use when missing (so `cargo test --workspace` works
 /// on a fresh clone with nothing built). Set `VOVP_BIN_DIR` to use others.
 pub fn bin(name: &str) -> PathBuf {
@@ -82,7 +84,22 @@ impl Daemon {
             std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let socket = dir.join("vovp.sock");
-        Self::spawn(memory, socket, dir, extra)
+        Self::spawn(memory, socket, dir, extra, false)
+    }
+
+    /// A daemon that checks its page accounting against the kernel after every allocator
+    /// message (`VOVP_AUDIT_PAGES=1`), its log in a file: [`Daemon::log`].
+    pub fn start_audited(memory: &str, extra: &[&str]) -> Daemon {
+        let dir =
+            std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let socket = dir.join("vovp.sock");
+        Self::spawn(memory, socket, dir, extra, true)
+    }
+
+    /// What an audited daemon logged so far (warnings and errors).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("engine.log")).unwrap_or_default()
     }
 
     /// A daemon on an existing socket path (e.g. a stale one left by a killed daemon).
@@ -90,11 +107,16 @@ impl Daemon {
         let dir =
             std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        Self::spawn(memory, socket.to_path_buf(), dir, &[])
+        Self::spawn(memory, socket.to_path_buf(), dir, &[], false)
     }
 
-    fn spawn(memory: &str, socket: PathBuf, dir: PathBuf, extra: &[&str]) -> Daemon {
-        let child = Command::new(bin("vovp-engine"))
+    fn spawn(memory: &str, socket: PathBuf, dir: PathBuf, extra: &[&str], audited: bool) -> Daemon {
+        let mut cmd = Command::new(bin("vovp-engine"));
+        if audited {
+            let log = std::fs::File::create(dir.join("engine.log")).expect("daemon log");
+            cmd.env("VOVP_AUDIT_PAGES", "1").stderr(log);
+        }
+        let child = cmd
             .arg("-m")
             .arg(memory)
             .arg("-s")

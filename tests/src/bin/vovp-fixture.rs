@@ -63,6 +63,25 @@ enum Command {
         seed: u64,
         #[arg(long, default_value_t = 32)]
         names: u64,
+        /// Objects are 0..MAX_SIZE bytes (past 64 KiB puts go through a lend, past 256 KiB
+        /// creates and puts both write into the client's arena).
+        #[arg(long, default_value_t = 100_000)]
+        max_size: u64,
+    },
+    /// For SECONDS: replaces names `cSEED-0..NAMES` in turn (delete, then put MIN_SIZE..MAX_SIZE
+    /// bytes), holding nothing, so that a full store evicts and objects keep moving between
+    /// the clients' arenas. Prints the puts made.
+    Churn {
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 12)]
+        names: u64,
+        #[arg(long, default_value_t = 1 << 20)]
+        min_size: u64,
+        #[arg(long, default_value_t = 4 << 20)]
+        max_size: u64,
     },
     /// One side of the shared-reads stress test for SECONDS on names `s0..sNAMES`. `reader`:
     /// gets (through the shared directory where it can), keeps a few views and re-checks every
@@ -215,9 +234,26 @@ fn run(args: Args) -> Result<(), Error> {
             seconds,
             seed,
             names,
+            max_size,
         } => {
-            let ops = hammer(&client, seconds, seed, names)?;
+            let ops = hammer(&client, seconds, seed, names, max_size.max(1))?;
             writeln!(out, "{ops}").map_err(io)?;
+        }
+        Command::Churn {
+            seconds,
+            seed,
+            names,
+            min_size,
+            max_size,
+        } => {
+            let puts = churn(
+                &client,
+                seconds,
+                seed,
+                names,
+                min_size..max_size.max(min_size + 1),
+            )?;
+            writeln!(out, "{puts}").map_err(io)?;
         }
         Command::PutCuda {
             name,
@@ -530,6 +566,39 @@ fn shared_stress(
     Ok((ops, found))
 }
 
+fn churn(
+    client: &Client,
+    seconds: u64,
+    seed: u64,
+    names: u64,
+    sizes: std::ops::Range<u64>,
+) -> Result<u64, Error> {
+    let mut next = xorshift(seed);
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let (mut puts, mut round) = (0, 0);
+    while Instant::now() < deadline {
+        let name = format!("c{seed}-{}", round % names.max(1));
+        round += 1;
+        match client.delete(&name) {
+            Ok(()) | Err(Error::NotFound(_) | Error::NotSealed(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let size = sizes.start + next() % (sizes.end - sizes.start);
+        match client.put(
+            &name,
+            &vec![seed as u8; size as usize],
+            b"",
+            CreateOptions::default(),
+        ) {
+            Ok(()) => puts += 1,
+            Err(Error::AlreadyExists(_) | Error::OutOfMemory { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    client.stats()?;
+    Ok(puts)
+}
+
 /// A small deterministic generator (xorshift64) for the fixture's random operations.
 fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -541,14 +610,20 @@ fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
-fn hammer(client: &Client, seconds: u64, seed: u64, names: u64) -> Result<u64, Error> {
+fn hammer(
+    client: &Client,
+    seconds: u64,
+    seed: u64,
+    names: u64,
+    max_size: u64,
+) -> Result<u64, Error> {
     let mut next = xorshift(seed);
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut held = Vec::new();
     let mut ops = 0;
     while Instant::now() < deadline {
         let name = format!("h{}", next() % names);
-        let size = next() % 100_000;
+        let size = next() % max_size;
         let fill = (seed % 251) as u8;
         match next() % 6 {
             0 => match client.create(&name, size, b"", CreateOptions::default()) {
