@@ -5,7 +5,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::sync::atomic::{fence, Ordering};
 
 use vovp_shm::{DirectoryRegion, HoldRegion, HoldsView, Publish};
 
@@ -170,12 +169,10 @@ impl Shared {
         vovp_shm::is_held(self.views(), generation)
     }
 
-    /// Every generation some table names now (after the fence, as [`Shared::is_held`]).
+    /// Every generation some table names now: `vovp_shm::held_generations` (fence, then
+    /// scan; the code the loom models check).
     pub(crate) fn held(&self) -> HashSet<u64> {
-        fence(Ordering::SeqCst);
-        self.views()
-            .flat_map(|v| v.scan().map(|s| s.generation))
-            .collect()
+        vovp_shm::held_generations(self.views())
     }
 
     /// Holds per generation (STATS, `list`). A snapshot.

@@ -7,7 +7,7 @@
 //!   Changed: clear the slot and retry.
 //! * **free** (store): unpublish the entry (a seqlocked write, so its `seq` changes),
 //!   `fence(SeqCst)`, then scan every hold table for the generation ([`is_held`]); free the
-//!   memory only if no slot names it, else keep it retired ([`Retired`]) and scan again later.
+//!   memory only if no slot names it, else park it and scan again later ([`held_generations`]).
 //!
 //! The two SeqCst fences are totally ordered. If the store's comes first, the client's `seq`
 //! load (after its fence) sees the unpublish, and the client drops its hold without touching
@@ -16,7 +16,7 @@
 //! the store freed. The release is a `Release` store of 0 that the scan loads with `Acquire`,
 //! so everything the client read from the object happens before the store reuses it.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
 use crate::directory::{Directory, Lookup, Snapshot};
@@ -266,53 +266,17 @@ pub fn is_held<'a>(tables: impl IntoIterator<Item = HoldsView<'a>>, generation: 
     tables.into_iter().any(|t| t.holds(generation))
 }
 
-/// Unpublished objects whose memory waits for the last hold to go (delete deferred while
-/// held). `T` is whatever the store needs to free the memory (its block, its object id).
-#[derive(Debug)]
-pub struct Retired<T> {
-    pending: Vec<(u64, T)>,
-}
-
-impl<T> Default for Retired<T> {
-    fn default() -> Self {
-        Retired {
-            pending: Vec::new(),
-        }
-    }
-}
-
-impl<T> Retired<T> {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Retires an object the store has just unpublished.
-    pub fn retire(&mut self, generation: u64, what: T) {
-        self.pending.push((generation, what));
-    }
-
-    pub fn len(&self) -> usize {
-        self.pending.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// Hands back every retired object no table holds any more: its memory may be reused.
-    pub fn collect(&mut self, tables: &[HoldsView<'_>]) -> Vec<T> {
-        fence(SeqCst);
-        let mut freed = Vec::new();
-        let mut i = 0;
-        while i < self.pending.len() {
-            if tables.iter().any(|t| t.holds(self.pending[i].0)) {
-                i += 1;
-            } else {
-                freed.push(self.pending.swap_remove(i).1);
-            }
-        }
-        freed
-    }
+/// Every generation some table names now: the store's check before freeing the memory of
+/// objects it unpublished earlier and kept while held (its *parked* entries), all at once.
+/// Fence, then scan, as [`is_held`]; a table whose `holding` count is 0 is skipped, as there.
+/// An object whose generation is not in the set may be freed or reused.
+pub fn held_generations<'a>(tables: impl IntoIterator<Item = HoldsView<'a>>) -> HashSet<u64> {
+    fence(SeqCst);
+    tables
+        .into_iter()
+        .filter(|t| t.holding.is_none_or(|n| n.load(Acquire) != 0))
+        .flat_map(|t| t.scan().map(|s| s.generation))
+        .collect()
 }
 
 #[cfg(all(test, not(loom)))]
@@ -320,6 +284,15 @@ mod tests {
     use super::*;
     use crate::directory::{DirectoryWriter, Publish};
     use crate::layout::{DirHeader, Entry};
+
+    /// The store's parked collection (`collect_parked`) reduced to the protocol: entries
+    /// whose generation [`held_generations`] does not name come out, to be freed.
+    fn collect<T>(parked: &mut Vec<(u64, T)>, tables: &[HoldsView<'_>]) -> Vec<T> {
+        let held = held_generations(tables.iter().copied());
+        let (free, keep) = parked.drain(..).partition(|(g, _)| !held.contains(g));
+        *parked = keep;
+        free.into_iter().map(|(_, t)| t).collect()
+    }
 
     struct Store {
         header: DirHeader,
@@ -476,22 +449,22 @@ mod tests {
         let ha2 = held(c2.get(&st.dir(), b"a", 1).unwrap());
         let views = [HoldsView::new(&t1), HoldsView::new(&t2)];
         // Delete both: "b" is not held, so it goes at once; "a" waits.
-        let mut retired = Retired::new();
+        let mut retired = vec![];
         w.unpublish(ia, ga).unwrap();
         w.unpublish(ib, gb).unwrap();
-        retired.retire(ga, "block a");
-        retired.retire(gb, "block b");
-        assert_eq!(retired.collect(&views), ["block b"]);
+        retired.push((ga, "block a"));
+        retired.push((gb, "block b"));
+        assert_eq!(collect(&mut retired, &views), ["block b"]);
         assert_eq!(retired.len(), 1);
         // Gone from the directory: no new holds on it.
         assert_eq!(c1.get(&st.dir(), b"a", 2).unwrap(), Get::Missing);
         c1.release(ha1).unwrap();
         assert!(
-            retired.collect(&views).is_empty(),
+            collect(&mut retired, &views).is_empty(),
             "client 2 still holds it"
         );
         c2.release(ha2).unwrap();
-        assert_eq!(retired.collect(&views), ["block a"]);
+        assert_eq!(collect(&mut retired, &views), ["block a"]);
         assert!(retired.is_empty());
     }
 
@@ -507,13 +480,11 @@ mod tests {
         let _never_released = held(dying.get(&st.dir(), b"a", 1).unwrap());
         drop(dying);
         w.unpublish(i, g).unwrap();
-        let mut retired = Retired::new();
-        retired.retire(g, ());
-        assert!(retired
-            .collect(&[HoldsView::new(&alive), HoldsView::new(&dead)])
-            .is_empty());
+        let mut retired = vec![(g, ())];
+        let both = [HoldsView::new(&alive), HoldsView::new(&dead)];
+        assert!(collect(&mut retired, &both).is_empty());
         // The store notices the death and stops passing the dead table.
-        assert_eq!(retired.collect(&[HoldsView::new(&alive)]).len(), 1);
+        assert_eq!(collect(&mut retired, &[HoldsView::new(&alive)]).len(), 1);
     }
 
     #[test]
@@ -638,7 +609,7 @@ mod tests {
         std::thread::scope(|sc| {
             sc.spawn(|| {
                 let mut w = st.writer();
-                let mut retired: Retired<usize> = Retired::new();
+                let mut retired: Vec<(u64, usize)> = Vec::new();
                 let mut free: Vec<usize> = vec![1];
                 let view = [HoldsView::new(&slots).counted(&n)];
                 // Block 0 for generation 1.
@@ -652,18 +623,18 @@ mod tests {
                     round += 1;
                     w.unpublish(cur.0, cur.1).unwrap();
                     if is_held(view, cur.1) {
-                        retired.retire(cur.1, cur_block);
+                        retired.push((cur.1, cur_block));
                     } else {
                         free.push(cur_block);
                     }
-                    free.extend(retired.collect(&view));
+                    free.extend(collect(&mut retired, &view));
                     let b = loop {
                         if let Some(b) = free.pop() {
                             break b;
                         }
                         // Every block pinned: wait for the reader's release.
                         std::thread::yield_now();
-                        free.extend(retired.collect(&view));
+                        free.extend(collect(&mut retired, &view));
                     };
                     // Free (poison), then reuse for the next generation.
                     blocks[b].store(POISON, Relaxed);

@@ -5,7 +5,7 @@
 //! * [`directory`]: name → object location, written only by the store under per-entry
 //!   seqlocks, read by clients through a read-only mapping.
 //! * [`hold`]: each client's hold table (hazard pointers keyed on generations), the store's
-//!   [`hold::is_held`] check and [`hold::Retired`] list for frees deferred while held.
+//!   [`hold::is_held`] check and [`hold::held_generations`] for frees deferred while held.
 //! * [`lend`]: the handshake over two hold-table header words by which the store takes back a
 //!   lend no put is writing into.
 //! * [`copy`]: host copies into shared memory, split across a rayon pool above 1 MB.
@@ -65,19 +65,17 @@ pub mod put;
 mod reader;
 #[cfg(not(loom))]
 mod region;
-#[cfg(not(loom))]
 pub mod sent;
 mod sync;
 
 pub use directory::{Directory, DirectoryWriter, Lookup, Publish, Snapshot};
 pub use error::{Result, ShmError};
-pub use hold::{is_held, Get, HeldSlot, Hold, Holds, HoldsView, Retired};
+pub use hold::{held_generations, is_held, Get, HeldSlot, Hold, Holds, HoldsView};
 pub use lend::{LendRevoker, LendWriters};
 #[cfg(not(loom))]
 pub use reader::{LendWrite, SharedReader};
 #[cfg(not(loom))]
 pub use region::{DirectoryMap, DirectoryRegion, HoldMap, HoldRegion};
-#[cfg(not(loom))]
 pub use sent::SentPuts;
 
 /// A monotonic access stamp in nanoseconds (vDSO clock read, no syscall), never 0.
