@@ -84,6 +84,7 @@ STATS_FIELDS = (
     "shared_holds",
     "waiting_gets",
     "put_barriers",
+    "half_closed",
 )
 
 # --- precompiled structs -------------------------------------------------------------------

@@ -164,14 +164,19 @@ fn a_half_closed_client_keeps_its_references_and_gets_its_reply() {
     let (op, id, p) = r.reply_payload().unwrap();
     assert_eq!((op, id, p[0]), (0x86, 3, 0), "not SHUTTING_DOWN: {p:?}");
     assert_eq!(&p[1..6], &[1, 0, 0, 0, 0], "one name, not found");
-    std::thread::sleep(Duration::from_millis(400));
+    // The daemon has read the half-close (it counts the connection as half-closed) ...
+    wait_until(T, || good.stats().unwrap().half_closed == 1);
+    // ... and keeps the connection's reference.
     assert_eq!(
         good.stats().unwrap().references,
         1,
         "still held while half-open"
     );
     drop(r);
-    wait_until(T, || good.stats().unwrap().references == 0);
+    wait_until(T, || {
+        let s = good.stats().unwrap();
+        s.references == 0 && s.half_closed == 0
+    });
 }
 
 /// D8: a connection that never sends HELLO is closed after the handshake timeout, with a reason.

@@ -231,6 +231,10 @@ pub struct StoreStats {
     /// Misses (a GET or CONTAINS of a missing name) that first waited for other clients'
     /// pipelined puts to be applied, ever: how a test tells "no wait" without a clock.
     pub put_barriers: u64,
+    /// Connections whose client shut down its sending side (`shutdown(SHUT_WR)`), which the
+    /// daemon keeps, with their references, until the client closes: the daemon has read
+    /// their end. Always 0 in an embedded engine.
+    pub half_closed: u64,
     pub creates: u64,
     pub evicted_objects: u64,
     pub evicted_bytes: u64,

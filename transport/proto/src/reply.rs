@@ -69,7 +69,7 @@ pub struct Failure {
 /// STATS's fields in wire order, with the accessor of each: written once for the encoder, the
 /// decoder and the PROTOCOL.md check.
 type StatsField = (&'static str, fn(&mut (StoreStats, u64)) -> &mut u64);
-pub const STATS_FIELDS: [StatsField; 15] = [
+pub const STATS_FIELDS: [StatsField; 16] = [
     ("capacity", |s| &mut s.0.capacity),
     ("used_bytes", |s| &mut s.0.used_bytes),
     ("objects", |s| &mut s.0.objects),
@@ -85,6 +85,7 @@ pub const STATS_FIELDS: [StatsField; 15] = [
     ("shared_holds", |s| &mut s.0.shared_holds),
     ("waiting_gets", |s| &mut s.0.waiting_gets),
     ("put_barriers", |s| &mut s.0.put_barriers),
+    ("half_closed", |s| &mut s.0.half_closed),
 ];
 
 impl Reply {

@@ -235,6 +235,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
                 shared_holds: f[12],
                 waiting_gets: f[13],
                 put_barriers: f[14],
+                half_closed: f[15],
             };
             (
                 Reply::Stats {

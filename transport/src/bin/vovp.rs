@@ -284,8 +284,8 @@ fn stats_text(s: &StoreStats, connections: u64) -> String {
             s.references, s.holders, s.shared_holds
         ),
         format!(
-            "connections  {connections} ({} GETs waiting for a seal)",
-            s.waiting_gets
+            "connections  {connections} ({} GETs waiting for a seal, {} half-closed)",
+            s.waiting_gets, s.half_closed
         ),
         format!("creates      {}", s.creates),
         format!(
@@ -310,6 +310,7 @@ fn stats_json(s: &StoreStats, connections: u64) -> String {
         "shared_holds": s.shared_holds,
         "waiting_gets": s.waiting_gets,
         "put_barriers": s.put_barriers,
+        "half_closed": s.half_closed,
         "creates": s.creates,
         "evicted_objects": s.evicted_objects,
         "evicted_bytes": s.evicted_bytes,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kameo::message::{Context, Message};
 use kameo::Actor;
-use vovp::{CreateOptions, ObjectId, PutOptions, Session};
+use vovp::{CreateOptions, ObjectId, PutOptions, Session, StoreStats};
 use vovp_proto::{
     Reply, Request, Status, CREATE_EPHEMERAL, LIST_END, LIST_PAGE_BYTES, MAX_INLINE,
     PUT_KEEP_REFERENCE, PUT_PIPELINED,
@@ -208,7 +208,10 @@ impl ConnectionActor {
             }
             Request::Evict { bytes } => Reply::Count(session.evict(bytes).await?).into(),
             Request::Stats => Reply::Stats {
-                stats: session.stats().await?,
+                stats: StoreStats {
+                    half_closed: self.shared.half_closed.load(Ordering::Relaxed),
+                    ..session.stats().await?
+                },
                 connections: self.shared.connections.load(Ordering::Relaxed),
             }
             .into(),

@@ -4,6 +4,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,11 +38,13 @@ pub(super) async fn serve_connection(
     let stream = tokio_uring::net::UnixStream::from_std(stream);
     // The connection's holder: every reference it takes is recorded under it.
     let session = engine.client_session();
+    let counters = shared.clone();
     let conn = ConnectionActor::spawn(ConnectionActor::new(session.clone(), shared, own_uid));
     let io = ConnIo {
         stream: &stream,
         limits,
         peer_closed: std::cell::Cell::new(false),
+        half_closed: &counters.half_closed,
     };
     let result = connection_loop(&io, &conn, &session).await;
     // Whatever the reason the connection ended, everything it held goes back.
@@ -58,6 +61,8 @@ pub(super) struct ConnIo<'a> {
     /// carried out (a put sent without waiting must not be lost because its client exited
     /// right after), their replies dropped.
     peer_closed: std::cell::Cell<bool>,
+    /// The daemon's count of half-closed connections (STATS `half_closed`).
+    half_closed: &'a AtomicU64,
 }
 
 impl ConnIo<'_> {
@@ -200,7 +205,14 @@ async fn connection_loop(
         match res {
             // The peer shut down its sending side. Only a closed connection is a dead peer: a
             // half-closed one may still read replies and still holds its references.
-            Ok(0) => return wait_for_hangup(io.raw()).await,
+            Ok(0) => {
+                // Counted once this end was read: a test sees that the daemon knows before it
+                // checks that the references stayed.
+                io.half_closed.fetch_add(1, Ordering::Relaxed);
+                let hung_up = wait_for_hangup(io.raw()).await;
+                io.half_closed.fetch_sub(1, Ordering::Relaxed);
+                return hung_up;
+            }
             Ok(_) => inbuf.extend_from_slice(&rbuf),
             Err(e) => return Err(e.into()),
         }

@@ -102,6 +102,8 @@ fn raise_fd_limit() -> usize {
 #[derive(Default)]
 struct Shared {
     connections: AtomicU64,
+    /// Connections kept after their client shut down its sending side (STATS `half_closed`).
+    half_closed: AtomicU64,
 }
 
 /// Binds the socket (refusing a path a live daemon serves, replacing a stale one), then serves
