@@ -71,7 +71,7 @@ fi
 "$VENV/bin/pip" install --quiet --no-deps -e ./python
 run "Python client CUDA tests (python/tests/test_cuda.py), fake GPU" VOVP_GPU_TESTS=1 \
     VOVP_ENGINE_BIN="$PWD/target/debug/vovp-engine" VOVP_FIXTURE_BIN="$PWD/target/debug/vovp-fixture" \
-    timeout 300 "$VENV/bin/python" -m pytest python/tests/test_cuda.py -q
+    timeout 300 "$VENV/bin/python" -m pytest python/tests/test_cuda.py -q -rs
 
 echo "== results (FAKE driver: the GB/s are host memcpy figures, meaningless for GPUs)"
 grep -oE "(parent:|child:|[0-9]+ MiB device put).*GB/s.*" "$LOG" || true

@@ -268,7 +268,32 @@ mod tests {
 
     #[test]
     fn huge_pages_fall_back_when_unavailable() {
-        let seg = Segment::create(0, 3 << 20, true, false).unwrap();
-        assert!(seg.len() >= 3 << 20);
+        let pool = || {
+            let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+            meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("HugePages_Total:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let (before, seg, after) = (
+            pool(),
+            Segment::create(0, 3 << 20, true, false).unwrap(),
+            pool(),
+        );
+        if seg.uses_huge_pages() {
+            // From the pool: whole 2 MiB pages, counted and punched as such.
+            assert_eq!((seg.len(), seg.page_size()), (4 << 20, HUGE_PAGE));
+        } else {
+            // The fallback: normal pages, the size asked for.
+            assert_eq!((seg.len(), seg.page_size()), (3 << 20, PAGE));
+        }
+        if before == 0 && after == 0 {
+            assert!(!seg.uses_huge_pages(), "huge pages from an empty pool");
+        }
+        // Normal pages when none are asked for, whatever the pool holds.
+        assert!(!Segment::create(1, 3 << 20, false, false)
+            .unwrap()
+            .uses_huge_pages());
     }
 }
