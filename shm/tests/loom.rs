@@ -93,6 +93,13 @@ fn publish(w: &mut DirectoryWriter<'_>, name: &[u8], v: u64) -> (usize, u64) {
     .expect("publish")
 }
 
+/// "a" published (generation 1) in the memory of cell 0, tagged with that generation.
+fn publish_a(s: &Shared) -> (usize, u64) {
+    let mut w = DirectoryWriter::new(&s.header, &s.entries);
+    s.memory.0[0].with_mut(|p| unsafe { *p = 1 });
+    publish(&mut w, b"a", 0)
+}
+
 /// A writer republishing an entry while a reader looks it up: the reader sees one whole
 /// version (or nothing), never words of two.
 #[test]
@@ -143,11 +150,7 @@ fn seqlock_read_is_never_torn() {
 fn hold_never_sees_freed_memory() {
     model(|| {
         let s = shared(1, 1);
-        let (index, generation) = {
-            let mut w = DirectoryWriter::new(&s.header, &s.entries);
-            s.memory.0[0].with_mut(|p| unsafe { *p = 1 });
-            publish(&mut w, b"a", 0)
-        };
+        let (index, generation) = publish_a(&s);
         assert_eq!(generation, 1);
         let r = s.clone();
         let reader = thread::spawn(move || {
@@ -191,11 +194,7 @@ fn hold_never_sees_freed_memory() {
 fn deferred_free_waits_for_release_then_reuses() {
     model(|| {
         let s = shared(1, 1);
-        let (index, generation) = {
-            let mut w = DirectoryWriter::new(&s.header, &s.entries);
-            s.memory.0[0].with_mut(|p| unsafe { *p = 1 });
-            publish(&mut w, b"a", 0)
-        };
+        let (index, generation) = publish_a(&s);
         let r = s.clone();
         let reader = thread::spawn(move || {
             let dir = Directory::new(&r.entries);
@@ -276,11 +275,7 @@ fn a_revoked_lend_is_never_written() {
 fn two_readers_in_two_tables_never_see_freed_memory() {
     model(|| {
         let s = shared(1, 1);
-        let (index, generation) = {
-            let mut w = DirectoryWriter::new(&s.header, &s.entries);
-            s.memory.0[0].with_mut(|p| unsafe { *p = 1 });
-            publish(&mut w, b"a", 0)
-        };
+        let (index, generation) = publish_a(&s);
         let readers: Vec<_> = [false, true]
             .into_iter()
             .map(|second| {

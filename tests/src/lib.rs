@@ -80,9 +80,7 @@ impl Daemon {
     }
 
     pub fn start_with(memory: &str, extra: &[&str]) -> Daemon {
-        let dir =
-            std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = private_dir();
         let socket = dir.join("vovp.sock");
         Self::spawn(memory, socket, dir, extra, false)
     }
@@ -90,9 +88,7 @@ impl Daemon {
     /// A daemon that checks its page accounting against the kernel after every allocator
     /// message (`VOVP_AUDIT_PAGES=1`), its log in a file: [`Daemon::log`].
     pub fn start_audited(memory: &str, extra: &[&str]) -> Daemon {
-        let dir =
-            std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = private_dir();
         let socket = dir.join("vovp.sock");
         Self::spawn(memory, socket, dir, extra, true)
     }
@@ -104,9 +100,7 @@ impl Daemon {
 
     /// A daemon on an existing socket path (e.g. a stale one left by a killed daemon).
     pub fn start_with_socket(memory: &str, socket: &Path) -> Daemon {
-        let dir =
-            std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = private_dir();
         Self::spawn(memory, socket.to_path_buf(), dir, &[], false)
     }
 
@@ -211,6 +205,13 @@ impl Drop for Daemon {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A fresh directory for one daemon's socket and log (removed with the daemon).
+fn private_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vovp-test-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
 }
 
 fn unique() -> u64 {
