@@ -321,6 +321,13 @@ pub fn rss_bytes(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// FNV-1a (64-bit) of `bytes`: the checksum `vovp-fixture` prints (`read`, `write-view`).
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Polls `f` until it holds; panics after `limit`.
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();

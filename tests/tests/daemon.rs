@@ -1,5 +1,8 @@
 //! The real daemon with clients in other processes.
 
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Output;
 use std::time::Duration;
 
 use vovp::{CreateOptions, Error, NotificationKind, Store};
@@ -488,17 +491,31 @@ fn stale_socket_is_replaced() {
     assert!(d2.client().stats().is_ok());
 }
 
+/// The uid the `--allow-uid` tests run their other clients as.
+const NOBODY: &str = "65534";
+
+/// Whether this process may start clients under another uid: root (and `setpriv`, where the
+/// client is not the fixture, which drops to the uid itself); says why not otherwise.
+fn may_run_clients_as_another_uid(with_setpriv: bool) -> bool {
+    if unsafe { libc::getuid() } != 0 || (with_setpriv && !Path::new(SETPRIV).exists()) {
+        vovp_tests::precondition_missing(
+            "needs root (and setpriv for the CLI) to run a client under another uid",
+        );
+        return false;
+    }
+    true
+}
+
+const SETPRIV: &str = "/usr/bin/setpriv";
+
 #[test]
 fn peers_outside_the_allowed_uids_are_refused() {
-    if !std::path::Path::new("/usr/bin/setpriv").exists() || unsafe { libc::getuid() } != 0 {
-        vovp_tests::precondition_missing(
-            "needs root and setpriv to run a client under another uid",
-        );
+    if !may_run_clients_as_another_uid(true) {
         return;
     }
     let as_nobody = |d: &Daemon| {
-        std::process::Command::new("/usr/bin/setpriv")
-            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        std::process::Command::new(SETPRIV)
+            .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
             .arg(vovp_tests::bin("vovp"))
             .arg("-s")
             .arg(&d.socket)
@@ -516,13 +533,191 @@ fn peers_outside_the_allowed_uids_are_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
     // Allowed explicitly: served.
-    let d = Daemon::start_with("8M", &["--socket-mode", "666", "--allow-uid", "65534"]);
+    let d = Daemon::start_with("8M", &["--socket-mode", "666", "--allow-uid", NOBODY]);
     let out = as_nobody(&d);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `vovp-fixture --as-uid 65534 ARGS` against `d`, to completion (the fixture starts as root
+/// and drops to the other uid before it connects).
+fn as_nobody(d: &Daemon, args: &[&str]) -> Output {
+    let mut all = vec!["--as-uid", NOBODY];
+    all.extend(args);
+    d.fixture(&all)
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Asserts that `out` is a `write-view` that died of SIGSEGV at its write.
+fn assert_write_faulted(out: &Output, what: &str) {
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGSEGV),
+        "{what}: {}",
+        text(out)
+    );
+    assert_eq!(out.stdout, b"got\n", "{what}: {}", text(out));
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+        .collect()
+}
+
+/// An `--allow-uid` client (another uid) with client arenas (the default): it gets only
+/// read-only fds of memory it did not create, so it reads everyone's objects (segment 0, other
+/// clients' arenas; through its hold table or over the socket) and faults writing them; what
+/// it puts or creates goes into arenas of its own, which it alone may write.
+#[test]
+fn a_client_of_another_uid_reads_everything_but_writes_only_what_it_created() {
+    if !may_run_clients_as_another_uid(false) {
+        return;
+    }
+    let d = Daemon::start_with("256M", &["--socket-mode", "666", "--allow-uid", NOBODY]);
+    let c = d.client();
+    // This uid's objects: in segment 0 (an inline put, which the store copies in) and in this
+    // client's arena (a put through its lend; a big one through CREATE).
+    let ours = [
+        ("inline", pattern(10_000, 1)),
+        ("lent", pattern(200_000, 2)),
+        ("created", pattern(3 << 20, 3)),
+    ];
+    for (name, data) in &ours {
+        c.put(name, data, name.as_bytes(), CreateOptions::default())
+            .unwrap();
+    }
+    c.sync().unwrap();
+
+    let out = as_nobody(&d, &["read", "inline", "lent", "created"]);
+    let expected: String = ours
+        .iter()
+        .map(|(name, data)| {
+            format!(
+                "{name} len={} fnv={:x} meta={name}\n",
+                data.len(),
+                vovp_tests::fnv(data)
+            )
+        })
+        .collect();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    // Its mappings of them are read-only: a write through a view is SIGSEGV.
+    for (name, _) in &ours {
+        assert_write_faulted(&as_nobody(&d, &["write-view", name]), name);
+    }
+    // A private view is writable, and stays private: the view still reads the store's bytes.
+    let out = as_nobody(&d, &["write-view", "--private", "lent"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let lent_fnv = vovp_tests::fnv(&ours[1].1);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("got\nfnv={lent_fnv:x}\n")
+    );
+    for (name, data) in &ours {
+        assert!(c.get_one(name, None).unwrap()[..] == data[..], "{name}");
+    }
+
+    // Its own objects: inline, through its lend, through CREATE (a put too big for a lend, and
+    // a create written in place): into arenas of its own, which its fds may write. What each
+    // is charged shows the way it went: 64-byte units, or a whole lend of 4 MiB.
+    for (name, size, how, charged) in [
+        ("theirs-inline", 1_000, "put", 1_024),
+        ("theirs-lent", 200_000, "put", 4 << 20),
+        ("theirs-put", 3 << 20, "put", 3 << 20),
+        ("theirs-created", 100_000, "--create", 100_032),
+    ] {
+        let used = c.stats().unwrap().used_bytes;
+        let size = size.to_string();
+        let mut args = vec!["put", name, &size];
+        if how == "--create" {
+            args.push(how);
+        }
+        let out = as_nobody(&d, &args);
+        assert_eq!(c.stats().unwrap().used_bytes - used, charged, "{name}");
+        assert!(
+            out.status.success() && out.stdout == b"ok\n",
+            "{name}: {}",
+            text(&out)
+        );
+        let v = c.get_one(name, None).unwrap();
+        assert!(
+            v.len().to_string() == size && v.iter().all(|&b| b == 0x5A),
+            "{name}"
+        );
+    }
+    // And this uid's clients, in turn, map the other uid's arenas read-only.
+    assert_write_faulted(&d.fixture(&["write-view", "theirs-lent"]), "theirs-lent");
+    assert_write_faulted(&d.fixture(&["write-view", "theirs-put"]), "theirs-put");
+
+    // The clients that faulted left nothing behind.
+    wait_until(T, || {
+        let s = c.stats().unwrap();
+        (s.references, s.unsealed, s.holders, s.objects) == (0, 0, 0, 7)
+    });
+}
+
+/// With `--prefault` every object lives in segment 0, which the daemon's own uid's clients
+/// write but a client of another uid gets read-only: it can put only inline (the store
+/// copies the bytes in), and a CREATE is a clear error, the object aborted (ARCHITECTURE.md,
+/// "What isolation does and does not cover").
+#[test]
+fn with_prefault_a_client_of_another_uid_puts_only_inline() {
+    if !may_run_clients_as_another_uid(false) {
+        return;
+    }
+    let d = Daemon::start_with(
+        "128M",
+        &["--prefault", "--socket-mode", "666", "--allow-uid", NOBODY],
+    );
+    let c = d.client();
+    let data = pattern(300_000, 4);
+    c.put("ours", &data, b"m", CreateOptions::default())
+        .unwrap();
+    let out = as_nobody(&d, &["read", "ours"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("ours len=300000 fnv={:x} meta=m\n", vovp_tests::fnv(&data)),
+        "{}",
+        text(&out)
+    );
+    assert_write_faulted(&as_nobody(&d, &["write-view", "ours"]), "ours");
+
+    let out = as_nobody(&d, &["put", "small", "1000"]);
+    assert!(out.stdout == b"ok\n", "{}", text(&out));
+    assert_eq!(&c.get_one("small", None).unwrap()[..], &[0x5A; 1000][..]);
+    // Too big to go inline (and no lends without arenas), or a create: refused, saying why.
+    for args in [
+        &["put", "big", "300000"][..],
+        &["put", "made", "100", "--create"],
+    ] {
+        let out = as_nobody(&d, args);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+        assert!(
+            said.starts_with("err Protocol(") && said.contains("may not write"),
+            "{args:?}: {said}"
+        );
+    }
+    wait_until(T, || {
+        let s = c.stats().unwrap();
+        (s.unsealed, s.references, s.objects) == (0, 0, 2)
+    });
+    assert!(!c.contains("big").unwrap() && !c.contains("made").unwrap());
+    // The names are free for a client that may write there.
+    c.put("big", &data, b"", CreateOptions::default()).unwrap();
+    assert!(c.get_one("big", None).unwrap()[..] == data[..]);
 }
 
 #[test]

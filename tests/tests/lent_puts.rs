@@ -576,3 +576,107 @@ fn with_prefault_clients_write_their_creates_in_segment_0_and_private_views_stay
     let c = d.client();
     assert_eq!(&c.get_one("big", None).unwrap()[..], &data[..]);
 }
+
+/// Bytes equal to `byte` in the daemon's client arenas (every memfd `vovp-segment-N` but segment
+/// 0, read through /proc/PID/fd).
+fn bytes_in_arenas(daemon: u32, byte: u8) -> usize {
+    let mut found = 0;
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{daemon}/fd")) else {
+        return 0;
+    };
+    for fd in fds.flatten() {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        let target = target.to_string_lossy();
+        let Some(rest) = target.strip_prefix("/memfd:vovp-segment-") else {
+            continue;
+        };
+        // Each arena is there twice (read-write and read-only fds): count the read-only one.
+        let read_only = fd
+            .path()
+            .symlink_metadata()
+            .is_ok_and(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o200 == 0);
+        if rest.starts_with("0 ") || !read_only {
+            continue;
+        }
+        if let Ok(bytes) = std::fs::read(fd.path()) {
+            found += bytes.iter().filter(|&&b| b == byte).count();
+        }
+    }
+    found
+}
+
+#[test]
+fn a_writer_killed_in_the_middle_of_a_lend_write_leaves_nothing_half_made() {
+    // 64 MiB: lends of 1 MiB. `lend-write-die` puts 200,000 bytes of 0xC3 through its lend
+    // from a source whose middle page is unreadable: the copy into the lend stops there, and
+    // the process waits, its put announced in its hold table, its PUBLISH never sent.
+    const SIZE: usize = 200_000;
+    let half = SIZE.next_multiple_of(4096) / 2 / 4096 * 4096;
+    let d = Daemon::start("64M");
+    let daemon = d.child.id();
+    let observer = opted_out(&d);
+    observer
+        .put("before", &[7u8; 100_000], b"", CreateOptions::default())
+        .unwrap();
+    let before = observer.get_one("before", None).unwrap();
+    let used = observer.stats().unwrap().used_bytes;
+    assert_eq!(used, 100_032);
+
+    let mut writer = d.fixture_spawn(&["lend-write-die", "half", &SIZE.to_string()]);
+    assert_eq!(read_line(&mut writer), "writing");
+    // Its lend is charged whole; no object (sealed or not) exists for the put.
+    let s = observer.stats().unwrap();
+    assert_eq!(
+        (s.used_bytes, s.objects, s.unsealed),
+        (used + MIB, 1, 0),
+        "{s:?}"
+    );
+    // What it wrote is in its arena: a part of the object's bytes, none past the bad page.
+    let written = bytes_in_arenas(daemon, 0xC3);
+    assert!(written > 0 && written <= half, "{written} bytes written");
+    // The store cannot take back a lend a put is writing into: a create that needs its
+    // memory is refused.
+    match observer.create("big", 63 * MIB, b"", CreateOptions::default()) {
+        Err(vovp::Error::OutOfMemory { .. }) => {}
+        other => panic!("a lend being written was taken back: {:?}", other.map(drop)),
+    }
+
+    writer.kill().unwrap(); // SIGKILL
+    writer.wait().unwrap();
+    // The daemon frees the lend (and the writer's arena with it): only `before` is left.
+    wait_until(T, || {
+        let s = observer.stats().unwrap();
+        (s.used_bytes, s.objects, s.unsealed, s.references, s.holders) == (used, 1, 0, 1, 1)
+    });
+    wait_until(T, || bytes_in_arenas(daemon, 0xC3) == 0);
+    assert!(!observer.contains("half").unwrap());
+    assert!(observer.get(&["half"], None).unwrap()[0].is_none());
+    let names: Vec<String> = observer
+        .list()
+        .unwrap()
+        .iter()
+        .map(|i| i.name.to_string())
+        .collect();
+    assert_eq!(names, ["before"]);
+    // Its memory is the store's again: the create that was refused fits now.
+    let buf = observer
+        .create("big", 63 * MIB, b"", CreateOptions::default())
+        .unwrap();
+    drop(buf);
+    // Other clients were served throughout, and the name is free: a new put of it is whole.
+    let c = lender(&d);
+    let data = pattern(SIZE, 5);
+    c.put("half", &data, b"m", CreateOptions::default())
+        .unwrap();
+    let v = d.client().get_one("half", None).unwrap();
+    assert_eq!((&v[..], v.metadata()), (&data[..], &b"m"[..]));
+    assert!(before.iter().all(|&b| b == 7));
+    drop((v, before));
+    observer.delete("half").unwrap();
+    observer.delete("before").unwrap();
+    drop(c);
+    wait_until(T, || {
+        let s = observer.stats().unwrap();
+        (s.used_bytes, s.objects, s.references, s.unsealed) == (0, 0, 0, 0)
+    });
+}

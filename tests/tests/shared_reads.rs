@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use vovp::{CreateOptions, Store};
+use vovp::{CreateOptions, ObjectView, Store};
 use vovp_client::{Client, ClientOptions};
 use vovp_tests::{read_line, wait_until, Daemon};
 
@@ -305,4 +305,152 @@ fn stress_readers_deleters_evictors_and_kills_never_see_freed_or_reused_memory()
         let s = observer.stats().unwrap();
         (s.shared_holds, s.references, s.pending_delete) == (0, 0, 0)
     });
+}
+
+/// Puts `count` objects `{prefix}0..` of `size` bytes from another process (`put-hold`:
+/// object i filled with byte i, metadata "m{i}"), which then exits, releasing them.
+fn put_from_another_process(d: &Daemon, observer: &Client, prefix: &str, count: usize, size: u64) {
+    let out = d.fixture(&[
+        "put-hold",
+        prefix,
+        &count.to_string(),
+        &size.to_string(),
+        "--seconds",
+        "0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(T, || {
+        let s = observer.stats().unwrap();
+        (s.objects, s.references) == (count as u64, 0)
+    });
+}
+
+/// Gets `name` with `reader`, checks it is object `i` of `put_from_another_process`, and
+/// says whether the get went over the socket (a request) or through the hold table (none).
+fn get_checked(reader: &Client, name: &str, i: usize, size: usize) -> (ObjectView, bool) {
+    let before = reader.last_request_id();
+    let v = reader.get_one(name, None).unwrap();
+    let over_socket = reader.last_request_id() != before;
+    assert!(v.len() == size && v.iter().all(|&b| b == i as u8), "{name}");
+    assert_eq!(v.metadata(), format!("m{i}").as_bytes(), "{name}");
+    (v, over_socket)
+}
+
+/// Asserts that two views are the same object, got two ways.
+fn assert_same_object(a: &ObjectView, b: &ObjectView) {
+    assert_eq!(
+        (a.id(), a.location(), a.size(), a.metadata()),
+        (b.id(), b.location(), b.size(), b.metadata())
+    );
+    assert!(a[..] == b[..]);
+}
+
+#[test]
+fn holds_past_a_full_hold_table_are_got_over_the_socket_with_the_same_results() {
+    // A hold table has 4,096 slots (actors/src/shared.rs). A client holding more gets the rest
+    // over the socket: the same objects, counted the same way.
+    const SLOTS: usize = 4096;
+    const N: usize = SLOTS + 100;
+    let d = Daemon::start("64M");
+    let observer = no_shared(&d);
+    put_from_another_process(&d, &observer, "h", N, 100);
+    let reader = d.client();
+    let mut views = Vec::with_capacity(N);
+    let mut over_socket = Vec::new();
+    for i in 0..N {
+        let (v, socket) = get_checked(&reader, &format!("h{i}"), i, 100);
+        if socket {
+            over_socket.push(i);
+        }
+        views.push(v);
+    }
+    assert_eq!(over_socket, (SLOTS..N).collect::<Vec<_>>());
+    let s = observer.stats().unwrap();
+    assert_eq!(
+        (s.shared_holds, s.references, s.holders),
+        (SLOTS as u64, N as u64, 1),
+        "{s:?}"
+    );
+    // Either way, the same objects as a client that only ever asks the store.
+    for i in [0, 1, SLOTS - 1, SLOTS, N - 1] {
+        assert_same_object(
+            &views[i],
+            &observer.get_one(&format!("h{i}"), None).unwrap(),
+        );
+    }
+    // A get of many names with the table full: the store answers them all in one request.
+    let names: Vec<String> = (0..50).map(|i| format!("h{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let before = reader.last_request_id();
+    let again = reader.get(&names, None).unwrap();
+    assert_eq!(reader.last_request_id(), before + 1);
+    for (i, v) in again.iter().enumerate() {
+        assert_same_object(v.as_ref().expect("found"), &views[i]);
+    }
+    drop(again);
+    // A released hold frees its slot: the next get goes through the table again.
+    views.swap_remove(0);
+    let (v, socket) = get_checked(&reader, "h0", 0, 100);
+    assert!(!socket, "a slot was free, yet the get sent a request");
+    drop(v);
+    drop(views);
+    wait_until(T, || {
+        let s = observer.stats().unwrap();
+        (s.shared_holds, s.references, s.holders) == (0, 0, 0)
+    });
+}
+
+#[test]
+fn objects_past_three_quarters_of_the_directory_are_got_over_the_socket_with_the_same_results() {
+    // 4 MiB: the smallest directory, 1,024 entries (one per 4 KiB of store, at least 1,024:
+    // `SharedConfig::for_store`), of which the store fills three quarters at most. The
+    // objects sealed past that are not published: every get of them asks the store.
+    const PUBLISHED: usize = 768;
+    const N: usize = PUBLISHED + 32;
+    let d = Daemon::start("4M");
+    let observer = no_shared(&d);
+    put_from_another_process(&d, &observer, "d", N, 64);
+    let reader = d.client();
+    let mut views = Vec::with_capacity(N);
+    let mut over_socket = Vec::new();
+    for i in 0..N {
+        let (v, socket) = get_checked(&reader, &format!("d{i}"), i, 64);
+        if socket {
+            over_socket.push(i);
+        }
+        views.push(v);
+    }
+    assert_eq!(over_socket, (PUBLISHED..N).collect::<Vec<_>>());
+    let s = observer.stats().unwrap();
+    assert_eq!(
+        (s.shared_holds, s.references),
+        (PUBLISHED as u64, N as u64),
+        "{s:?}"
+    );
+    for i in [0, PUBLISHED - 1, PUBLISHED, N - 1] {
+        assert_same_object(
+            &views[i],
+            &observer.get_one(&format!("d{i}"), None).unwrap(),
+        );
+    }
+    drop(views);
+    wait_until(T, || observer.stats().unwrap().references == 0);
+    // Below three quarters again, the next object sealed is published; those sealed while
+    // it was full stay unpublished (still got over the socket, with the same bytes).
+    observer.delete("d0").unwrap();
+    observer
+        .put("later", &[9u8; 64], b"m9", CreateOptions::default())
+        .unwrap();
+    observer.sync().unwrap();
+    let (v, socket) = get_checked(&reader, "later", 9, 64);
+    assert!(!socket, "published once there was room");
+    drop(v);
+    let (v, socket) = get_checked(&reader, &format!("d{PUBLISHED}"), PUBLISHED, 64);
+    assert!(socket);
+    drop(v);
+    wait_until(T, || observer.stats().unwrap().references == 0);
 }

@@ -24,6 +24,10 @@ struct Args {
     /// Do not put through a lend (`ClientOptions::no_lend_puts`).
     #[arg(long)]
     no_lend_puts: bool,
+    /// Run as this uid (and gid) from the start, before connecting: the fixture must be
+    /// started as root. For the `--allow-uid` tests: a client of another uid.
+    #[arg(long)]
+    as_uid: Option<u32>,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,6 +59,34 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         seconds: u64,
     },
+    /// Get NAMEs (no wait) and print `NAME len=N fnv=HASH meta=METADATA` for each (the bytes'
+    /// FNV-1a, in hex; the metadata lossily as UTF-8).
+    Read { names: Vec<String> },
+    /// Get NAME, print "got", then write one byte into the view's memory: a client that may
+    /// not write the object dies of SIGSEGV there; if the write goes through, prints "wrote".
+    /// With --private, writes through a private view (`Client::private_view`) instead and
+    /// prints the view's own `fnv=` afterwards (the store's bytes, if the write stayed private).
+    WriteView {
+        name: String,
+        #[arg(long)]
+        private: bool,
+    },
+    /// Put NAME: SIZE bytes of FILL (`put`, then `sync` for a pipelined put's answer), or with
+    /// --create through create, a write of the bytes and seal. Prints `ok`, or `err ERROR`
+    /// (its Debug form, e.g. `err OutOfMemory { .. }`) and exits 1.
+    Put {
+        name: String,
+        size: u64,
+        #[arg(long, default_value_t = 0x5A)]
+        fill: u8,
+        #[arg(long)]
+        create: bool,
+    },
+    /// Put NAME (SIZE bytes: a lend put in a store of 64 MiB or more) from a source buffer with
+    /// an unreadable page in its middle: the copy into the lend writes the first half, then
+    /// faults; the fault handler prints "writing" and waits to be killed. So the process dies
+    /// in the middle of writing into its lend, its PUBLISH never sent.
+    LendWriteDie { name: String, size: usize },
     /// Mixed operations for SECONDS on shared names; prints the operation count.
     Hammer {
         #[arg(long, default_value_t = 3)]
@@ -162,6 +194,9 @@ fn timeout(ms: u64) -> Option<Duration> {
 }
 
 fn run(args: Args) -> Result<(), Error> {
+    if let Some(uid) = args.as_uid {
+        become_uid(uid)?;
+    }
     let client = Client::connect_with(
         &args.socket,
         vovp_client::ClientOptions {
@@ -221,6 +256,66 @@ fn run(args: Args) -> Result<(), Error> {
             out.flush().map_err(io)?;
             std::thread::sleep(Duration::from_secs(seconds));
         }
+        Command::Read { names } => {
+            for name in names {
+                let v = client.get_one(&name, None)?;
+                writeln!(
+                    out,
+                    "{name} len={} fnv={:x} meta={}",
+                    v.len(),
+                    fnv(&v),
+                    String::from_utf8_lossy(v.metadata())
+                )
+                .map_err(io)?;
+            }
+        }
+        Command::WriteView { name, private } => {
+            let v = client.get_one(&name, None)?;
+            writeln!(out, "got").map_err(io)?;
+            out.flush().map_err(io)?;
+            if private {
+                let (ptr, _keep) = client
+                    .private_view(&v)?
+                    .ok_or_else(|| Error::Internal(format!("{name} is not a host object")))?;
+                // SAFETY: a private copy-on-write mapping of the object's bytes, kept by `_keep`.
+                unsafe { std::ptr::write_bytes(ptr, !v[0], v.len()) };
+                writeln!(out, "fnv={:x}", fnv(&v)).map_err(io)?;
+            } else {
+                // SAFETY: deliberately writing through a view (a read-only mapping unless the
+                // object is this client's own): what the test checks is that it faults.
+                unsafe { std::ptr::write_volatile(v.as_ptr().cast_mut(), !v[0]) };
+                writeln!(out, "wrote").map_err(io)?;
+            }
+        }
+        Command::Put {
+            name,
+            size,
+            fill,
+            create,
+        } => {
+            let put = || -> Result<(), Error> {
+                if create {
+                    let mut b = client.create(&name, size, b"", CreateOptions::default())?;
+                    b.as_mut_slice().fill(fill);
+                    b.seal().map(drop)
+                } else {
+                    client.put(
+                        &name,
+                        &vec![fill; size as usize],
+                        b"",
+                        CreateOptions::default(),
+                    )?;
+                    client.sync()
+                }
+            };
+            if let Err(e) = put() {
+                writeln!(out, "err {e:?}").map_err(io)?;
+                out.flush().map_err(io)?;
+                return Err(e);
+            }
+            writeln!(out, "ok").map_err(io)?;
+        }
+        Command::LendWriteDie { name, size } => lend_write_die(&client, &name, size)?,
         Command::SharedStress {
             role,
             seconds,
@@ -328,6 +423,82 @@ fn run(args: Args) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Drops root for `uid` (as gid too, no supplementary groups). Called before any thread
+/// starts, so every thread of the process runs as `uid`.
+fn become_uid(uid: u32) -> Result<(), Error> {
+    // SAFETY: plain system calls with no pointers but a null, empty group list.
+    let failed = unsafe {
+        libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setgid(uid) != 0
+            || libc::setuid(uid) != 0
+    };
+    // SAFETY: getuid/geteuid cannot fail.
+    if failed || unsafe { libc::getuid() != uid || libc::geteuid() != uid } {
+        return Err(Error::Config(format!(
+            "cannot run as uid {uid}: {} (the fixture must start as root)",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// The fault handler of `lend-write-die`: says so on stdout and waits for the SIGKILL.
+extern "C" fn stop_in_the_middle_of_the_write(_: libc::c_int) {
+    const LINE: &[u8] = b"writing\n";
+    // SAFETY: write(2) and pause(2) are async-signal-safe; LINE is a static buffer.
+    unsafe {
+        libc::write(1, LINE.as_ptr().cast(), LINE.len());
+        loop {
+            libc::pause();
+        }
+    }
+}
+
+/// See `Command::LendWriteDie`.
+fn lend_write_die(client: &Client, name: &str, size: usize) -> Result<(), Error> {
+    const PAGE: usize = 4096;
+    let len = size.next_multiple_of(PAGE);
+    if len < 4 * PAGE {
+        return Err(Error::Config(format!(
+            "{size} bytes: too small to stop half-way"
+        )));
+    }
+    // SAFETY: a fresh private anonymous mapping; `guard` is a whole page inside it.
+    let src = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if src == libc::MAP_FAILED {
+        return Err(Error::Memory(std::io::Error::last_os_error().to_string()));
+    }
+    let guard = len / 2 / PAGE * PAGE;
+    // SAFETY: the mapping is `len` bytes, all ours; then one page of it made unreadable.
+    unsafe {
+        std::ptr::write_bytes(src.cast::<u8>(), 0xC3, len);
+        if libc::mprotect(src.cast::<u8>().add(guard).cast(), PAGE, libc::PROT_NONE) != 0 {
+            return Err(Error::Memory(std::io::Error::last_os_error().to_string()));
+        }
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction =
+            stop_in_the_middle_of_the_write as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &action, std::ptr::null_mut());
+    }
+    // SAFETY (as far as a test fixture goes): a slice over memory whose middle page faults on
+    // read; only the client's copy into the lend reads it, and it never returns from the fault.
+    let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), size) };
+    client.put(name, data, b"never published", CreateOptions::default())?;
+    Err(Error::Internal(format!(
+        "the put of {name} read past the unreadable page"
+    )))
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -469,9 +640,7 @@ fn stress_object(index: u64, generation: u64, len: usize) -> Vec<u8> {
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+    vovp_tests::fnv(bytes)
 }
 
 /// Checks a stress object got under name index `index`: why it is bad, if it is.

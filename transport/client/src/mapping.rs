@@ -40,6 +40,14 @@ impl MappedSegment {
         let file = File::from(fd);
         let mut opts = MmapOptions::new();
         opts.len(usize::try_from(size).map_err(|_| Error::Protocol("segment size".into()))?);
+        // MAP_NORESERVE: the store backs every page an object needs before it hands the object
+        // out (`fallocate` at create; not with `--lazy-pages`, which leaves first touches to
+        // fault anyway), so a client needs no reservation of its own. Without it, a client
+        // mapping a huge-page segment (`--huge-pages`) reserved again every page the store
+        // had given back to the pool, and could not map the segment at all (HELLO failed,
+        // ENOMEM) once the pool had no page to spare. (Normal memfd pages are not reserved
+        // per mapping: no change there.)
+        opts.no_reserve_swap();
         let map = if writable {
             opts.map_raw(&file)
         } else {
