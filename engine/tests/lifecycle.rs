@@ -238,15 +238,17 @@ fn get_waits_for_a_seal_from_another_thread() {
     let e = engine(1 << 20);
     let writer = e.session();
     let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
+        // Once the get below waits, not before.
+        wait_for(|| writer.stats().unwrap().waiting_gets == 1);
         let mut b = writer
             .create("late", 3, b"", CreateOptions::default())
             .unwrap();
         b.as_mut_slice().copy_from_slice(b"abc");
         b.seal().unwrap()
     });
+    // Long enough for the writer to be scheduled on a loaded machine; the get ends at it.
     let got = e
-        .get(&["late", "never"], Some(Duration::from_millis(600)))
+        .get(&["late", "never"], Some(Duration::from_secs(3)))
         .unwrap();
     // "late" arrived while waiting; "never" did not, so the get returned at its timeout.
     assert_eq!(&got[0].as_ref().unwrap()[..], b"abc");
@@ -265,7 +267,7 @@ fn get_returns_as_soon_as_all_are_sealed() {
     let writer = e.session();
     let start = std::time::Instant::now();
     let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
+        wait_for(|| writer.stats().unwrap().waiting_gets == 1);
         writer
             .put("w", b"xyz", b"", CreateOptions::default())
             .unwrap();

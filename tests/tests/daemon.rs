@@ -241,8 +241,9 @@ fn get_waits_for_a_seal_from_another_process() {
     wait_until(T, || c.stats().unwrap().unsealed == 0);
     let socket = d.socket.clone();
     let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(200));
         let other = vovp_client::Client::connect(&socket).unwrap();
+        // Once the GET below waits (the daemon counts it), not before.
+        wait_until(T, || other.stats().unwrap().waiting_gets == 1);
         other
             .put("later", b"sealed now", b"", CreateOptions::default())
             .unwrap();
@@ -371,23 +372,36 @@ fn async_client_buffer_seals_as_its_creator() {
             let c = c.clone();
             async move { AsyncStore::get(&c, &["later"], Some(T)).await }
         });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The GET is in place (the daemon counts it): it holds the connection until answered,
+        // so the seal below finds the connection busy and waits for it, off the runtime.
+        let watcher = tokio::task::spawn_blocking(move || {
+            wait_until(T, || watcher.stats().unwrap().waiting_gets == 1);
+            watcher
+        })
+        .await
+        .unwrap();
+        let sealing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Sealed from a task on a worker thread, as async code would.
+        let seal = tokio::spawn({
+            let sealing = sealing.clone();
+            async move {
+                sealing.store(true, std::sync::atomic::Ordering::SeqCst);
+                buf.seal()
+            }
+        });
+        // Once the seal has started, another process puts what the GET waits for.
         let put = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
+            while !sealing.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
             watcher
                 .put("later", b"now", b"", CreateOptions::default())
                 .unwrap();
         });
-        let started = std::time::Instant::now();
-        // Sealed from a task on a worker thread, as async code would.
-        let view = tokio::spawn(async move { buf.seal() })
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(started.elapsed() < T);
+        let view = seal.await.unwrap().unwrap();
+        put.join().unwrap();
         let got = waiting.await.unwrap().unwrap();
         assert_eq!(&got[0].as_ref().unwrap()[..], b"now");
-        put.join().unwrap();
         view.to_vec()
     });
     assert_eq!(sealed, vec![9u8; 8]);
