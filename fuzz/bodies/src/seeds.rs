@@ -1,11 +1,12 @@
-//! Helpers shared by the fuzz targets and the seed-corpus generator (`examples/gen_corpus.rs`):
+//! Helpers shared by the targets and the seed-corpus generator (`examples/gen_corpus.rs`):
 //! a request's payload alone, raw frames, and the seed frames.
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use vovp::{
-    Device, DeviceBlock, Location, ObjectId, ObjectInfo, ObjectName, ObjectRef, StoreStats, MAX_NAME_LEN,
+    Device, DeviceBlock, Location, ObjectId, ObjectInfo, ObjectName, ObjectRef, StoreStats,
+    MAX_NAME_LEN,
 };
 use vovp_proto::*;
 
@@ -123,12 +124,18 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             names: vec!["x".into()],
         },
     );
-    req("release", Request::Release {
+    req(
+        "release",
+        Request::Release {
             ids: vec![1, 2, 3].into(),
-        });
-    req("release-none", Request::Release {
+        },
+    );
+    req(
+        "release-none",
+        Request::Release {
             ids: Vec::new().into(),
-        });
+        },
+    );
     req("contains", Request::Contains { name: "a".into() });
     req("delete", Request::Delete { name: "a".into() });
     req(
@@ -154,9 +161,12 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         },
     );
     let long_name = "n".repeat(MAX_NAME_LEN + 1);
-    req("contains-long-name", Request::Contains {
+    req(
+        "contains-long-name",
+        Request::Contains {
             name: long_name.into(),
-        });
+        },
+    );
 
     // A pipelined session, the way a client sends it.
     let mut session = Vec::new();
@@ -217,17 +227,28 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     }
     let mut forged_get = 0i64.to_le_bytes().to_vec();
     forged_get.extend_from_slice(&u32::MAX.to_le_bytes());
-    edge("get-forged-count", raw_frame(Opcode::Get.code(), 0, 1, &forged_get));
+    edge(
+        "get-forged-count",
+        raw_frame(Opcode::Get.code(), 0, 1, &forged_get),
+    );
     // One name more than a GET may ask for, each of them real (1 byte).
     let mut too_many = 0i64.to_le_bytes().to_vec();
     too_many.extend_from_slice(&(MAX_GET_NAMES as u32 + 1).to_le_bytes());
     for _ in 0..=MAX_GET_NAMES {
         too_many.extend_from_slice(&[1, 0, b'x']);
     }
-    edge("get-too-many-names", raw_frame(Opcode::Get.code(), 0, 1, &too_many));
+    edge(
+        "get-too-many-names",
+        raw_frame(Opcode::Get.code(), 0, 1, &too_many),
+    );
     edge(
         "release-forged-count",
-        raw_frame(Opcode::Release.code(), 0, 1, &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4]),
+        raw_frame(
+            Opcode::Release.code(),
+            0,
+            1,
+            &[0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4],
+        ),
     );
     edge(
         "release-no-reply",
@@ -244,21 +265,36 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         data: vec![1; 8].into(),
     });
     put.push(0);
-    edge("put-size-mismatch", raw_frame(Opcode::Put.code(), 0, 1, &put));
+    edge(
+        "put-size-mismatch",
+        raw_frame(Opcode::Put.code(), 0, 1, &put),
+    );
     edge(
         "seal-name-not-utf8",
         raw_frame(Opcode::Seal.code(), 0, 1, &[2, 0, 0xc3, 0x28]),
     );
-    edge("seal-name-empty", raw_frame(Opcode::Seal.code(), 0, 1, &[0, 0]));
+    edge(
+        "seal-name-empty",
+        raw_frame(Opcode::Seal.code(), 0, 1, &[0, 0]),
+    );
     edge(
         "seal-name-truncated",
         raw_frame(Opcode::Seal.code(), 0, 1, &[5, 0, b'a']),
     );
-    edge("stats-trailing", raw_frame(Opcode::Stats.code(), 0, 1, &[1]));
-    edge("list-empty-payload", raw_frame(Opcode::List.code(), 0, 1, &[]));
+    edge(
+        "stats-trailing",
+        raw_frame(Opcode::Stats.code(), 0, 1, &[1]),
+    );
+    edge(
+        "list-empty-payload",
+        raw_frame(Opcode::List.code(), 0, 1, &[]),
+    );
     let mut list_max = 0u64.to_le_bytes().to_vec();
     list_max.extend_from_slice(&u32::MAX.to_le_bytes());
-    edge("list-limit-max", raw_frame(Opcode::List.code(), 0, 1, &list_max));
+    edge(
+        "list-limit-max",
+        raw_frame(Opcode::List.code(), 0, 1, &list_max),
+    );
     let mut create = request_payload(&Request::Create {
         name: "c".into(),
         size: 8,
@@ -268,7 +304,10 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     });
     let device_type = create.len() - 9;
     create[device_type] = 3;
-    edge("create-bad-device", raw_frame(Opcode::Create.code(), 0, 1, &create));
+    edge(
+        "create-bad-device",
+        raw_frame(Opcode::Create.code(), 0, 1, &create),
+    );
     let mut meta_forged = request_payload(&Request::Create {
         name: "c".into(),
         size: 8,
