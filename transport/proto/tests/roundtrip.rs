@@ -219,7 +219,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             Opcode::List,
             vec![]
         )),
-        prop::collection::vec(any::<u64>(), 15).prop_map(|f| {
+        prop::collection::vec(any::<u64>(), 16).prop_map(|f| {
             let stats = StoreStats {
                 capacity: f[0],
                 used_bytes: f[1],
