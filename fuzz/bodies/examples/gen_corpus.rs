@@ -1,6 +1,6 @@
-//! Writes the seed corpus of `frame_decoder` (fuzz/corpus/frame_decoder/): valid requests and
-//! replies of every opcode and the edge cases of `vovp_fuzz_bodies::seeds::frame_decoder_seeds`. Rerun it
-//! after a protocol change and commit the result:
+//! Writes the seed corpora of `frame_decoder` and `daemon_frames` (fuzz/corpus/<target>/):
+//! valid requests and replies of every opcode and the edge cases of
+//! `vovp_fuzz_bodies::seeds`. Rerun it after a protocol change and commit the result:
 //!
 //!     cargo run -p vovp-fuzz-bodies --example gen_corpus
 //!
@@ -10,12 +10,18 @@
 use std::path::Path;
 
 fn main() -> std::io::Result<()> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../corpus/frame_decoder");
-    std::fs::create_dir_all(&dir)?;
-    let seeds = vovp_fuzz_bodies::seeds::frame_decoder_seeds();
-    for (name, bytes) in &seeds {
-        std::fs::write(dir.join(name), bytes)?;
+    use vovp_fuzz_bodies::seeds;
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../corpus");
+    for (target, seeds) in [
+        ("frame_decoder", seeds::frame_decoder_seeds()),
+        ("daemon_frames", seeds::daemon_frames_seeds()),
+    ] {
+        let dir = corpus.join(target);
+        std::fs::create_dir_all(&dir)?;
+        for (name, bytes) in &seeds {
+            std::fs::write(dir.join(name), bytes)?;
+        }
+        println!("{} seeds in {}", seeds.len(), dir.display());
     }
-    println!("{} seeds in {}", seeds.len(), dir.display());
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! (`fuzz/corpus/<target>/`) through them under `cargo test`, so a seed that once found a bug
 //! is re-run on every test run. A body panics on a finding; any other return is a pass.
 
+pub mod daemon_frames;
 pub mod frame_decoder;
 pub mod request_sequence;
 pub mod seeds;
@@ -12,7 +13,8 @@ pub mod seeds;
 pub type Body = fn(&[u8]);
 
 /// Every target: its name (its corpus directory) and its body.
-pub const TARGETS: [(&str, Body); 2] = [
+pub const TARGETS: [(&str, Body); 3] = [
+    ("daemon_frames", daemon_frames::run),
     ("frame_decoder", frame_decoder::run),
     ("request_sequence", request_sequence::run),
 ];

@@ -43,6 +43,29 @@ fn host_object(n: &str, id: u64, size: u64, metadata: &[u8]) -> ObjectRef {
     }
 }
 
+/// Seed inputs for `daemon_frames`: each valid request after a HELLO, the pipelined session,
+/// and a few edge cases, each written in 1-byte, 33-byte and whole chunks (the first byte).
+pub fn daemon_frames_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut hello = Vec::new();
+    Request::Hello { pid: 1 }.encode(0, 1, &mut hello);
+    let mut seeds = Vec::new();
+    for (name, frames) in frame_decoder_seeds() {
+        let greeted = name.starts_with("req-") && name != "req-hello";
+        if !(greeted || name.starts_with("session") || name.starts_with("edge")) {
+            continue; // replies: a daemon never reads them
+        }
+        for cut in [0u8, 8, 255] {
+            let mut input = vec![cut];
+            if greeted {
+                input.extend_from_slice(&hello);
+            }
+            input.extend_from_slice(&frames);
+            seeds.push((format!("{name}-cut{cut}"), input));
+        }
+    }
+    seeds
+}
+
 /// Seed inputs for `frame_decoder`: (file name, bytes). Valid requests of every opcode, valid
 /// replies of every kind, a pipelined session, and the edge cases a hostile peer sends.
 pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
