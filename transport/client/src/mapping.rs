@@ -38,6 +38,17 @@ impl MappedSegment {
     /// `own`: one of this client's arenas (else the store's segment 0, writable or not).
     pub(crate) fn map(fd: OwnedFd, size: u64, writable: bool, own: bool) -> Result<Self, Error> {
         let file = File::from(fd);
+        // A mapping past the file's end faults (SIGBUS) on first touch: a segment whose fd is
+        // smaller than announced is the daemon's error, reported here, never a crash later.
+        let actual = file
+            .metadata()
+            .map_err(|e| Error::Memory(format!("a segment's fd: {e}")))?
+            .len();
+        if actual < size {
+            return Err(Error::Protocol(format!(
+                "a segment of {size} bytes was announced, its fd holds {actual}"
+            )));
+        }
         let mut opts = MmapOptions::new();
         opts.len(usize::try_from(size).map_err(|_| Error::Protocol("segment size".into()))?);
         // MAP_NORESERVE: the store backs every page an object needs before it hands the object
