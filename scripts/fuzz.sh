@@ -21,7 +21,7 @@ CARGO_FUZZ_VERSION=0.13.2
 if [ "$#" -gt 0 ]; then
     TARGETS=("$@")
 else
-    TARGETS=(frame_decoder request_sequence daemon_frames)
+    TARGETS=(frame_decoder request_sequence daemon_frames client_session)
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -15,6 +15,7 @@ fn main() -> std::io::Result<()> {
     for (target, seeds) in [
         ("frame_decoder", seeds::frame_decoder_seeds()),
         ("daemon_frames", seeds::daemon_frames_seeds()),
+        ("client_session", seeds::client_session_seeds()),
     ] {
         let dir = corpus.join(target);
         std::fs::create_dir_all(&dir)?;

@@ -4,7 +4,7 @@
 //! well-behaved client must still be served, and once the connection is gone nothing it did
 //! may be left behind: no references, no holders, no unsealed objects.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -27,6 +27,11 @@ fn daemon() -> &'static Daemon {
         let dir = std::env::temp_dir().join(format!("vovp-fuzz-daemon-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("socket directory");
         let socket = dir.join("fuzz.sock");
+        // The daemon's io_uring writes to a socket its peer closed raise SIGPIPE, which the
+        // vovp-engine binary ignores (Rust's `main` does); a libFuzzer binary has no Rust
+        // `main`, so the same is done here.
+        // SAFETY: setting a signal's disposition to SIG_IGN, before any thread of ours starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
         let mut config = ServerConfig::new(&socket, vovp::Config::with_capacity(16 << 20));
         // Short, so that inputs which stop mid-frame or never greet end quickly.
         config.limits.handshake_timeout = Duration::from_secs(1);
@@ -57,7 +62,7 @@ pub fn run(data: &[u8]) {
     let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
     let _ = s.set_read_timeout(Some(Duration::from_millis(20)));
     for piece in bytes.chunks(chunk) {
-        if s.write_all(piece).is_err() {
+        if !crate::send_all(&s, piece) {
             break; // the daemon closed it (a fatal frame): what follows is never read
         }
     }

@@ -43,6 +43,33 @@ fn host_object(n: &str, id: u64, size: u64, metadata: &[u8]) -> ObjectRef {
     }
 }
 
+/// Seed inputs for `client_session`: every call in turn, with shared reads and lends on and
+/// off, against answers that are all well-formed (with sizes of 0, 1 and 2 pages, fds as
+/// announced or half), all junk, or a mix.
+pub fn client_session_seeds() -> Vec<(String, Vec<u8>)> {
+    let calls: Vec<u8> = (0..8).chain([0x10, 0x12, 0x15, 0x20, 0x22]).collect();
+    let answers: [(&str, Vec<u8>); 5] = [
+        ("zeros", vec![0; 256]),
+        ("one-page", [0u8, 1, 1].repeat(96)),
+        ("two-pages-whole-fds", [0u8, 2, 1, 1].repeat(64)),
+        ("junk", (0..=255).collect()),
+        ("mixed", (0..256u32).map(|i| (i * 37 % 251) as u8).collect()),
+    ];
+    let mut seeds = Vec::new();
+    for flags in 0..4u8 {
+        for (name, answer) in &answers {
+            let mut input = vec![flags];
+            input.extend_from_slice(&calls);
+            // The body splits the input after its first half + 1 bytes.
+            let pad = (answer.len() + 1).saturating_sub(input.len());
+            input.extend(std::iter::repeat_n(4u8, pad));
+            input.extend_from_slice(answer);
+            seeds.push((format!("flags{flags}-{name}"), input));
+        }
+    }
+    seeds
+}
+
 /// Seed inputs for `daemon_frames`: each valid request after a HELLO, the pipelined session,
 /// and a few edge cases, each written in 1-byte, 33-byte and whole chunks (the first byte).
 pub fn daemon_frames_seeds() -> Vec<(String, Vec<u8>)> {
