@@ -286,6 +286,19 @@ pub(crate) fn map_segment_reply(
     }
 }
 
+/// A CREATE's answer is an object of the size asked for: a buffer of another size would break
+/// `Store::create`'s promise, and a put that copies its data into it would not fit (found by
+/// the `client_session` fuzz target: `put` of a big object panicked in the copy).
+pub(crate) fn check_created(r: &ObjectRef, size: u64) -> Result<(), Error> {
+    if r.size != size {
+        return Err(Error::Protocol(format!(
+            "CREATE of {} bytes answered with an object of {} bytes",
+            size, r.size
+        )));
+    }
+    Ok(())
+}
+
 fn check_name(n: &str) -> Result<(), Error> {
     ObjectName::new(n).map(drop)
 }
@@ -549,6 +562,25 @@ mod tests {
             Err(Error::NotFound(_))
         ));
         assert!(core.check_generation(1, &obj).is_ok());
+    }
+
+    #[test]
+    fn a_created_object_of_another_size_is_refused() {
+        let obj = |size| ObjectRef {
+            id: vovp_types::ObjectId::from_raw(1),
+            name: ObjectName::new("x").unwrap(),
+            size,
+            metadata: Arc::from(&b""[..]),
+            location: vovp_types::Location::Host {
+                segment: 1,
+                offset: 0,
+            },
+        };
+        assert!(check_created(&obj(65600), 65600).is_ok());
+        assert!(matches!(
+            check_created(&obj(3), 65600),
+            Err(Error::Protocol(_))
+        ));
     }
 
     #[test]

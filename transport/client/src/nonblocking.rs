@@ -372,6 +372,7 @@ impl AsyncStore for AsyncClient {
         let r = reply.object()?;
         let id = r.id;
         let sink = self.sink(answered.1);
+        core::check_created(&r, size).inspect_err(|_| sink.release(id))?;
         let _pins = self
             .pin_segments(&answered, [&r])
             .await

@@ -411,6 +411,7 @@ impl Store for Client {
         let r = reply.object()?;
         let id = r.id;
         let sink = self.sink(answered.1);
+        core::check_created(&r, size).inspect_err(|_| sink.release(id))?;
         let _pins = self
             .inner
             .pin_segments(&answered, [&r])
