@@ -341,13 +341,17 @@ def read_some(s, seconds=2.0):
         return got, True
 
 
+# The frame header's version byte of vovp's wire protocol (PROTOCOL.md).
+VOVP_WIRE_VERSION = 2
+
+
 def bad_frame(args, frame, name):
     plasma = load(args.store)
     before, why0 = served(plasma, args.socket, "before")
     s = raw_connect(args.socket)
     if args.store == "vovp":
         # HELLO first, so the bad frame is judged as a request, not as a missing handshake.
-        s.sendall(struct.pack("<IBBHQI", 16, 1, 1, 0, 1, os.getpid()))
+        s.sendall(struct.pack("<IBBHQI", 16, VOVP_WIRE_VERSION, 1, 0, 1, os.getpid()))
         read_some(s, 0.5)
     s.sendall(frame)
     reply, closed = read_some(s)
@@ -365,7 +369,7 @@ def bad_frame(args, frame, name):
 def probe_unknown_message(args, plasma):
     """One frame of a message type the store does not know (its own framing otherwise)."""
     if args.store == "vovp":
-        frame = struct.pack("<IBBHQ", 12, 1, 0x55, 0, 2)
+        frame = struct.pack("<IBBHQ", 12, VOVP_WIRE_VERSION, 0x55, 0, 2)
     else:
         # Plasma: int64 protocol version (0), int64 message type, int64 payload length.
         frame = struct.pack("<qqq", 0, 9999, 0)
@@ -380,7 +384,7 @@ def probe_garbage(args, plasma):
 def probe_bad_length(args, plasma):
     """A frame header that claims a payload of about 2^62 bytes."""
     if args.store == "vovp":
-        frame = struct.pack("<IBBHQ", 0xFFFFFFF0, 1, 0x05, 0, 3)
+        frame = struct.pack("<IBBHQ", 0xFFFFFFF0, VOVP_WIRE_VERSION, 0x05, 0, 3)
     else:
         frame = struct.pack("<qqq", 0, 1, 1 << 62)
     return bad_frame(args, frame, "absurd frame length")

@@ -7,6 +7,13 @@
 //! the LRU and may be evicted → `delete` unlinks the name at once and frees the memory when the
 //! last holder releases. An unsealed object lives only while its creator holds it: the creator's
 //! release (or disconnect) aborts it.
+//!
+//! Versions: a name's first sealed object is version 1. A create with `replace` of a name whose
+//! object is sealed makes a *replacement*: unnamed (not found by get, not listed) until its
+//! seal, which moves the name to it as the next version in one step and unlinks the previous
+//! version as `delete` would (its holders keep it; its memory goes with the last of them).
+//! Replacements of one name by different creators seal in any order, each taking the next
+//! version; one creator writes one replacement of a name at a time.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -112,6 +119,11 @@ struct Entry {
     /// Out of the LRU and the directory because a hold table still named it when the table
     /// was about to free or evict it; [`ObjectTable::collect_parked`] looks again.
     parked: bool,
+    /// Its name's version: given at seal (0 before).
+    version: u64,
+    /// An unsealed replacement (in `replacements`, not `by_name`): the name is another
+    /// object's until this one's seal.
+    replacing: bool,
 }
 
 impl Entry {
@@ -122,6 +134,7 @@ impl Entry {
             size: self.size,
             metadata: self.metadata.clone(),
             location: self.block.location(),
+            version: self.version,
         }
     }
 }
@@ -134,6 +147,8 @@ pub(crate) type WaiterId = u64;
 struct PendingGet {
     holder: HolderId,
     names: Vec<ObjectName>,
+    /// Per name: found once its version is above this (0: any sealed version).
+    newer_than: Vec<u64>,
     results: GetResults,
     remaining: usize,
     reply: oneshot::Sender<GetResults>,
@@ -144,6 +159,14 @@ pub(crate) struct CompletedGet {
     pub holder: HolderId,
     pub results: GetResults,
     pub reply: oneshot::Sender<GetResults>,
+}
+
+/// What a seal did: the version the object became, the gets it completed, and the previous
+/// version's memory when a replace freed it at once.
+pub(crate) struct Sealed {
+    pub version: u64,
+    pub done: Vec<CompletedGet>,
+    pub freed: Option<Freed>,
 }
 
 /// An object that left the table and whose memory must go back to its allocator.
@@ -161,6 +184,8 @@ pub(crate) struct Freed {
 pub(crate) struct ObjectTable {
     objects: Slab<Entry>,
     by_name: HashMap<ObjectName, usize>,
+    /// Unsealed replacements, by name and creator.
+    replacements: HashMap<(ObjectName, HolderId), usize>,
     holders: HashMap<HolderId, HashMap<usize, u32>>,
     lru: BTreeMap<Pool, BTreeMap<u64, usize>>,
     evictable: HashMap<Pool, u64>,
@@ -260,6 +285,7 @@ impl ObjectTable {
                 name: e.name.clone(),
                 size: e.size,
                 metadata: e.metadata.clone(),
+                version: e.version,
             });
         }
     }
@@ -269,15 +295,38 @@ impl ObjectTable {
         std::mem::take(&mut self.events)
     }
 
-    /// Fails when `name` is taken (sealed or not). Deleted-but-referenced objects do not count.
-    pub(crate) fn check_name_free(&self, name: &ObjectName) -> Result<(), Error> {
-        if self.by_name.contains_key(name) {
+    /// Fails when `creator` may not create `name` now: the name is taken (sealed or not;
+    /// deleted-but-referenced objects do not count) and this is no `replace`, or it is being
+    /// created (unsealed) by a plain create, or `creator` is writing a replacement of it
+    /// already. Asked before memory is allocated, and again by [`ObjectTable::insert`].
+    pub(crate) fn check_name_free(
+        &self,
+        name: &ObjectName,
+        replace: bool,
+        creator: HolderId,
+    ) -> Result<(), Error> {
+        let Some(&key) = self.by_name.get(name) else {
+            return Ok(());
+        };
+        if !replace {
             return Err(Error::AlreadyExists(name.to_string()));
+        }
+        if !self.objects[key].sealed {
+            return Err(Error::AlreadyExists(format!(
+                "{name} (being created: a replace takes the place of a sealed object)"
+            )));
+        }
+        if self.replacements.contains_key(&(name.clone(), creator)) {
+            return Err(Error::AlreadyExists(format!(
+                "{name} (this client is writing a replacement of it already)"
+            )));
         }
         Ok(())
     }
 
-    /// Adds an unsealed object in `block`; the creator holds one reference.
+    /// Adds an unsealed object in `block`; the creator holds one reference. With `replace`,
+    /// a name whose object is sealed gets a replacement (see the module doc).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert(
         &mut self,
         name: ObjectName,
@@ -285,9 +334,11 @@ impl ObjectTable {
         metadata: Arc<[u8]>,
         block: Block,
         ephemeral: bool,
+        replace: bool,
         creator: HolderId,
     ) -> Result<ObjectRef, Error> {
-        self.check_name_free(&name)?;
+        self.check_name_free(&name, replace, creator)?;
+        let replacing = self.by_name.contains_key(&name);
         self.incarnation = self.incarnation.wrapping_add(1);
         let entry = self.objects.vacant_entry();
         let key = entry.key();
@@ -300,7 +351,7 @@ impl ObjectTable {
             block,
             sealed: false,
             ephemeral,
-            named: true,
+            named: !replacing,
             creator,
             refcount: 1,
             lru_tick: None,
@@ -308,9 +359,15 @@ impl ObjectTable {
             published: None,
             shm_generation: 0,
             parked: false,
+            version: 0,
+            replacing,
         });
         let r = e.object_ref();
-        self.by_name.insert(name, key);
+        if replacing {
+            self.replacements.insert((name, creator), key);
+        } else {
+            self.by_name.insert(name, key);
+        }
         *self
             .holders
             .entry(creator)
@@ -328,16 +385,26 @@ impl ObjectTable {
             .ok_or_else(|| Error::NotFound(name.to_string()))
     }
 
+    /// The unsealed object `holder` writes under `name`: its replacement of the name if it
+    /// writes one, else the name's object.
+    fn key_to_finish(&self, name: &ObjectName, holder: HolderId) -> Result<usize, Error> {
+        match self.replacements.get(&(name.clone(), holder)) {
+            Some(&key) => Ok(key),
+            None => self.named_key(name),
+        }
+    }
+
     /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
     /// outlived its aborted object cannot seal a newer object of the same name (`NotFound`).
-    /// Returns the gets that were waiting for it and are now complete.
+    /// A replacement takes the name over as its next version; the previous version is
+    /// unlinked as by `delete`.
     pub(crate) fn seal(
         &mut self,
         name: &ObjectName,
         holder: HolderId,
         id: Option<ObjectId>,
-    ) -> Result<Vec<CompletedGet>, Error> {
-        let key = self.named_key(name)?;
+    ) -> Result<Sealed, Error> {
+        let key = self.key_to_finish(name, holder)?;
         let e = &mut self.objects[key];
         if id.is_some_and(|id| id != e.id) {
             return Err(Error::NotFound(name.to_string()));
@@ -348,11 +415,40 @@ impl ObjectTable {
         if e.creator != holder {
             return Err(Error::NotCreator(name.to_string()));
         }
+        let mut freed = None;
+        let mut kind = NotificationKind::Sealed;
+        let mut version = 1;
+        if e.replacing {
+            match self.by_name.get(name).copied() {
+                Some(old) if !self.objects[old].sealed => {
+                    // The previous version went and a plain create took the name since.
+                    return Err(Error::AlreadyExists(format!(
+                        "{name} (deleted and being created again since this replace began)"
+                    )));
+                }
+                Some(old) => {
+                    version = self.objects[old].version + 1;
+                    kind = NotificationKind::Replaced;
+                    freed = self.unlink(old);
+                }
+                None => {}
+            }
+            self.replacements.remove(&(name.clone(), holder));
+            self.by_name.insert(name.clone(), key);
+        }
+        let e = &mut self.objects[key];
+        e.replacing = false;
+        e.named = true;
         e.sealed = true;
+        e.version = version;
         e.last_access = SystemTime::now();
-        self.record(NotificationKind::Sealed, key);
+        self.record(kind, key);
         self.publish_key(key);
-        Ok(self.wake_waiters(name, key))
+        Ok(Sealed {
+            version,
+            done: self.wake_waiters(name, key),
+            freed,
+        })
     }
 
     /// Publishes a sealed, named, non-ephemeral host object in the shared directory. Its
@@ -386,6 +482,7 @@ impl ObjectTable {
             meta_offset,
             meta_len: e.metadata.len() as u64,
             flags: 0,
+            version: e.version,
         });
         if let Some(p) = published {
             e.published = Some(p);
@@ -474,15 +571,22 @@ impl ObjectTable {
         let Some(waiting) = self.waiters.remove(name) else {
             return Vec::new();
         };
+        let version = self.objects[key].version;
         let mut done = Vec::new();
+        let mut still = Vec::new();
         for waiter in waiting {
             let Some(p) = self.pending.get(&waiter) else {
                 continue;
             };
             let holder = p.holder;
+            let wanted = |i: usize| p.results[i].is_none() && &p.names[i] == name;
             let slots: Vec<usize> = (0..p.names.len())
-                .filter(|&i| p.results[i].is_none() && &p.names[i] == name)
+                .filter(|&i| wanted(i) && version > p.newer_than[i])
                 .collect();
+            // Waiting for a version newer than this one: still waiting.
+            if (0..p.names.len()).any(|i| wanted(i) && version <= p.newer_than[i]) {
+                still.push(waiter);
+            }
             for i in slots {
                 let r = self.take_ref(key, holder);
                 let p = self.pending.get_mut(&waiter).expect("pending get present");
@@ -498,6 +602,9 @@ impl ObjectTable {
                 });
             }
         }
+        if !still.is_empty() {
+            self.waiters.insert(name.clone(), still);
+        }
         done
     }
 
@@ -512,7 +619,7 @@ impl ObjectTable {
         holder: HolderId,
         keep_while_held: bool,
     ) -> Result<Option<Freed>, Error> {
-        let key = self.named_key(name)?;
+        let key = self.key_to_finish(name, holder)?;
         let e = &mut self.objects[key];
         if e.sealed {
             return Err(Error::AlreadySealed(name.to_string()));
@@ -521,8 +628,13 @@ impl ObjectTable {
             return Err(Error::NotCreator(name.to_string()));
         }
         if keep_while_held {
-            e.named = false;
-            self.by_name.remove(name);
+            if e.replacing {
+                e.replacing = false;
+                self.replacements.remove(&(name.clone(), holder));
+            } else {
+                e.named = false;
+                self.by_name.remove(name);
+            }
             return Ok(None);
         }
         if let Some(held) = self.holders.get_mut(&holder) {
@@ -563,10 +675,16 @@ impl ObjectTable {
         }
     }
 
-    /// A reference to `name` if it is sealed now.
-    pub(crate) fn get_now(&mut self, name: &ObjectName, holder: HolderId) -> Option<ObjectRef> {
+    /// A reference to `name` if it is sealed now, as a version above `newer_than`.
+    pub(crate) fn get_now(
+        &mut self,
+        name: &ObjectName,
+        newer_than: u64,
+        holder: HolderId,
+    ) -> Option<ObjectRef> {
         let key = *self.by_name.get(name)?;
-        if !self.objects[key].sealed {
+        let e = &self.objects[key];
+        if !e.sealed || e.version <= newer_than {
             return None;
         }
         Some(self.take_ref(key, holder))
@@ -574,14 +692,22 @@ impl ObjectTable {
 
     /// Gets every name; when some are missing and `wait` is set, registers a waiter whose
     /// results go to `reply` (as soon as all are sealed, or at timeout through `finish_waiter`).
+    /// `newer_than`: per name, the version it must be above (empty: any sealed version).
     pub(crate) fn begin_get(
         &mut self,
         holder: HolderId,
         names: Vec<ObjectName>,
+        newer_than: Vec<u64>,
         wait: bool,
         reply: oneshot::Sender<GetResults>,
     ) -> Result<WaiterId, (GetResults, oneshot::Sender<GetResults>)> {
-        let results: GetResults = names.iter().map(|n| self.get_now(n, holder)).collect();
+        let mut newer_than = newer_than;
+        newer_than.resize(names.len(), 0);
+        let results: GetResults = names
+            .iter()
+            .zip(&newer_than)
+            .map(|(n, &v)| self.get_now(n, v, holder))
+            .collect();
         let remaining = results.iter().filter(|r| r.is_none()).count();
         if remaining == 0 || !wait {
             return Err((results, reply));
@@ -601,6 +727,7 @@ impl ObjectTable {
             PendingGet {
                 holder,
                 names,
+                newer_than,
                 results,
                 remaining,
                 reply,
@@ -686,6 +813,9 @@ impl ObjectTable {
         if e.named {
             self.by_name.remove(&e.name);
         }
+        if e.replacing {
+            self.replacements.remove(&(e.name.clone(), e.creator));
+        }
         if let Some(t) = e.lru_tick {
             self.unlink_lru(e.block.pool(), t, e.block.reserved());
         }
@@ -704,19 +834,29 @@ impl ObjectTable {
             return Err(Error::NotSealed(name.to_string()));
         }
         self.record(NotificationKind::Deleted, key);
+        Ok(self.unlink(key))
+    }
+
+    /// Takes the name from the sealed object `key` (deleted, or replaced by a newer version):
+    /// its memory now if nobody holds it, else with its last holder.
+    fn unlink(&mut self, key: usize) -> Option<Freed> {
         self.unpublish_key(key);
         if self.objects[key].refcount == 0 && !self.shared_held(key) {
-            return Ok(Some(self.remove(key)));
+            return Some(self.remove(key));
         }
         let e = &mut self.objects[key];
         e.named = false;
         let n = e.name.clone();
         self.by_name.remove(&n);
+        if let Some(t) = e.lru_tick.take() {
+            let (pool, reserved) = (e.block.pool(), e.block.reserved());
+            self.unlink_lru(pool, t, reserved);
+        }
         if self.objects[key].refcount == 0 {
             // Held through a hold table only: gone once no table names it.
             self.park(key);
         }
-        Ok(None)
+        None
     }
 
     /// Releases everything `holder` holds (its connection went away): references dropped,
@@ -887,6 +1027,7 @@ impl ObjectTable {
             refcount: e.refcount + shared,
             last_access: e.last_access,
             metadata: e.metadata.clone(),
+            version: e.version,
         }
     }
 
@@ -936,9 +1077,10 @@ impl ObjectTable {
                 .iter()
                 .filter(|h| !self.holders.contains_key(h))
                 .count();
+        let named = self.by_name.len() + self.replacements.len();
         let mut s = StoreStats {
-            objects: self.by_name.len() as u64,
-            pending_delete: (self.objects.len() - self.by_name.len()) as u64,
+            objects: named as u64,
+            pending_delete: (self.objects.len() - named) as u64,
             holders: holders as u64,
             creates: self.creates,
             evicted_objects: self.evicted_objects,
@@ -953,7 +1095,7 @@ impl ObjectTable {
             };
             s.shared_holds += shared;
             s.references += e.refcount as u64 + shared;
-            if e.named {
+            if e.named || e.replacing {
                 if e.sealed {
                     s.sealed += 1;
                 } else {
@@ -989,6 +1131,14 @@ impl ObjectTable {
             }
             if e.named && self.by_name.get(&e.name) != Some(&k) {
                 return Err(format!("{:?}: name index wrong", e.name));
+            }
+            if e.replacing != (self.replacements.get(&(e.name.clone(), e.creator)) == Some(&k))
+                || (e.replacing && (e.named || e.sealed))
+            {
+                return Err(format!("{:?}: replacement index wrong", e.name));
+            }
+            if e.sealed != (e.version > 0) {
+                return Err(format!("{:?}: version {} wrong", e.name, e.version));
             }
         }
         for (pool, l) in &self.lru {
@@ -1046,6 +1196,7 @@ mod tests {
             Arc::from(&b"m"[..]),
             block(offset, size),
             ephemeral,
+            false,
             A,
         )
         .unwrap()
@@ -1054,7 +1205,7 @@ mod tests {
     /// A sealed object nobody holds (in the LRU).
     fn put(t: &mut ObjectTable, name: &str, size: u64) -> ObjectRef {
         let r = insert(t, name, size, false);
-        assert!(t.seal(&n(name), A, Some(r.id)).unwrap().is_empty());
+        assert!(t.seal(&n(name), A, Some(r.id)).unwrap().done.is_empty());
         assert!(t.release(r.id, A).unwrap().is_none());
         r
     }
@@ -1083,9 +1234,9 @@ mod tests {
         ok(&t);
         // Unsealed: invisible to gets and contains, but its name is taken.
         assert!(!t.contains(&n("x")));
-        assert!(t.get_now(&n("x"), B).is_none());
+        assert!(t.get_now(&n("x"), 0, B).is_none());
         assert_eq!(
-            t.check_name_free(&n("x")),
+            t.check_name_free(&n("x"), false, A),
             Err(Error::AlreadyExists("x".into()))
         );
         let s = t.stats();
@@ -1096,7 +1247,7 @@ mod tests {
 
         t.seal(&n("x"), A, None).unwrap();
         assert!(t.contains(&n("x")));
-        let g = t.get_now(&n("x"), B).unwrap();
+        let g = t.get_now(&n("x"), 0, B).unwrap();
         assert_eq!(g.id, r.id);
         assert_eq!(refcount(&t, "x"), 2);
         ok(&t);
@@ -1158,7 +1309,7 @@ mod tests {
         // keep_while_held: the name is free at once, the memory goes with the release.
         let r = insert(&mut t, "later", 8, false);
         assert!(t.abort(&n("later"), A, true).unwrap().is_none());
-        assert!(t.check_name_free(&n("later")).is_ok());
+        assert!(t.check_name_free(&n("later"), false, A).is_ok());
         assert_eq!(t.len(), 1);
         ok(&t);
         let freed = t.release(r.id, A).unwrap().unwrap();
@@ -1173,7 +1324,7 @@ mod tests {
         let r = insert(&mut t, "x", 8, false);
         let freed = t.release(r.id, A).unwrap().unwrap();
         assert_eq!(freed.name.as_str(), "x");
-        assert!(t.check_name_free(&n("x")).is_ok());
+        assert!(t.check_name_free(&n("x"), false, A).is_ok());
         ok(&t);
     }
 
@@ -1181,9 +1332,9 @@ mod tests {
     fn references_count_per_holder_and_per_get() {
         let mut t = ObjectTable::new();
         let r = put(&mut t, "x", 64);
-        let a1 = t.get_now(&n("x"), A).unwrap();
-        let a2 = t.get_now(&n("x"), A).unwrap();
-        let b1 = t.get_now(&n("x"), B).unwrap();
+        let a1 = t.get_now(&n("x"), 0, A).unwrap();
+        let a2 = t.get_now(&n("x"), 0, A).unwrap();
+        let b1 = t.get_now(&n("x"), 0, B).unwrap();
         assert_eq!(refcount(&t, "x"), 3);
         assert_eq!(t.stats().holders, 2);
         // Referenced: out of the LRU.
@@ -1216,9 +1367,9 @@ mod tests {
         put(&mut t, "c", 100);
         put(&mut t, "d", 100);
         // Using "a" makes it the most recent; "b" stays held.
-        let a = t.get_now(&n("a"), B).unwrap();
+        let a = t.get_now(&n("a"), 0, B).unwrap();
         t.release(a.id, B).unwrap();
-        let _b = t.get_now(&n("b"), B).unwrap();
+        let _b = t.get_now(&n("b"), 0, B).unwrap();
         assert_eq!(t.evictable_objects(POOL), 3);
         assert_eq!(t.evictable_bytes(POOL), 300);
 
@@ -1234,7 +1385,7 @@ mod tests {
         assert!(t.contains(&n("b")));
         let s = t.stats();
         assert_eq!((s.evicted_objects, s.evicted_bytes), (3, 300));
-        assert!(!t.contains(&n("a")) && t.check_name_free(&n("a")).is_ok());
+        assert!(!t.contains(&n("a")) && t.check_name_free(&n("a"), false, A).is_ok());
         ok(&t);
     }
 
@@ -1243,7 +1394,7 @@ mod tests {
         let mut t = ObjectTable::new();
         t.record_events = true;
         let old = put(&mut t, "x", 64);
-        let held = t.get_now(&n("x"), B).unwrap();
+        let held = t.get_now(&n("x"), 0, B).unwrap();
         t.take_events();
         assert!(t.delete(&n("x")).unwrap().is_none());
         assert!(!t.contains(&n("x")));
@@ -1255,7 +1406,7 @@ mod tests {
         // The name is free for a new object with a new id; the old reference still counts.
         let new = put(&mut t, "x", 32);
         assert_ne!(new.id, old.id);
-        assert_eq!(t.get_now(&n("x"), A).unwrap().id, new.id);
+        assert_eq!(t.get_now(&n("x"), 0, A).unwrap().id, new.id);
         ok(&t);
         let freed = t.release(held.id, B).unwrap().unwrap();
         assert_eq!((freed.name.as_str(), freed.size), ("x", 64));
@@ -1280,7 +1431,7 @@ mod tests {
         t.record_events = true;
         let r = insert(&mut t, "e", 8, true);
         t.seal(&n("e"), A, None).unwrap();
-        let other = t.get_now(&n("e"), B).unwrap();
+        let other = t.get_now(&n("e"), 0, B).unwrap();
         assert!(t.release(r.id, A).unwrap().is_none());
         // Never in the LRU, even when unreferenced for a moment.
         assert_eq!(t.evictable_objects(POOL), 0);
@@ -1300,14 +1451,14 @@ mod tests {
         put(&mut t, "ready", 8);
         let (tx, mut rx) = oneshot::channel();
         let names = vec![n("ready"), n("later"), n("later")];
-        let waiter = t.begin_get(B, names, true, tx).ok().unwrap();
+        let waiter = t.begin_get(B, names, Vec::new(), true, tx).ok().unwrap();
         // "ready" is already held by the waiting get.
         assert_eq!(refcount(&t, "ready"), 1);
         assert!(rx.try_recv().is_err());
 
         let r = insert(&mut t, "later", 8, false);
         ok(&t);
-        let done = t.seal(&n("later"), A, None).unwrap();
+        let done = t.seal(&n("later"), A, None).unwrap().done;
         assert_eq!(done.len(), 1);
         let d = done.into_iter().next().unwrap();
         assert_eq!(d.holder, B);
@@ -1331,20 +1482,23 @@ mod tests {
         let mut t = ObjectTable::new();
         put(&mut t, "a", 8);
         let (tx, _rx) = oneshot::channel();
-        let waiter = t.begin_get(B, vec![n("a"), n("b")], true, tx).ok().unwrap();
+        let waiter = t
+            .begin_get(B, vec![n("a"), n("b")], Vec::new(), true, tx)
+            .ok()
+            .unwrap();
         let done = t.finish_waiter(waiter).unwrap();
         assert!(done.results[0].is_some() && done.results[1].is_none());
         assert_eq!(refcount(&t, "a"), 1);
         // A seal after the timeout completes nothing and takes no reference for B.
         insert(&mut t, "b", 8, false);
-        assert!(t.seal(&n("b"), A, None).unwrap().is_empty());
+        assert!(t.seal(&n("b"), A, None).unwrap().done.is_empty());
         assert_eq!(refcount(&t, "b"), 1);
         ok(&t);
 
         // Without waiting, missing names answer None at once.
         let (tx, _rx) = oneshot::channel();
         let (results, _tx) = t
-            .begin_get(B, vec![n("zz"), n("a")], false, tx)
+            .begin_get(B, vec![n("zz"), n("a")], Vec::new(), false, tx)
             .unwrap_err();
         assert!(results[0].is_none() && results[1].is_some());
         ok(&t);
@@ -1354,9 +1508,9 @@ mod tests {
     fn releasing_a_holder_drops_everything_it_held() {
         let mut t = ObjectTable::new();
         put(&mut t, "kept", 8);
-        let _k1 = t.get_now(&n("kept"), B).unwrap();
-        let _k2 = t.get_now(&n("kept"), B).unwrap();
-        let _k3 = t.get_now(&n("kept"), A).unwrap();
+        let _k1 = t.get_now(&n("kept"), 0, B).unwrap();
+        let _k2 = t.get_now(&n("kept"), 0, B).unwrap();
+        let _k3 = t.get_now(&n("kept"), 0, A).unwrap();
         // B created an unsealed object and waits for a name nobody has sealed yet.
         t.insert(
             n("draft"),
@@ -1364,11 +1518,12 @@ mod tests {
             Arc::from(&[][..]),
             block(1 << 20, 8),
             false,
+            false,
             B,
         )
         .unwrap();
         let (tx, mut rx) = oneshot::channel();
-        t.begin_get(B, vec![n("kept"), n("never")], true, tx)
+        t.begin_get(B, vec![n("kept"), n("never")], Vec::new(), true, tx)
             .ok()
             .unwrap();
         assert_eq!(refcount(&t, "kept"), 4);
@@ -1376,7 +1531,7 @@ mod tests {
 
         let freed = t.release_holder(B);
         assert_eq!(names(&freed), ["draft"]);
-        assert!(t.check_name_free(&n("draft")).is_ok());
+        assert!(t.check_name_free(&n("draft"), false, A).is_ok());
         assert_eq!(refcount(&t, "kept"), 1);
         assert_eq!(t.stats().holders, 1);
         // The waiting get is gone: its reply is dropped, and a later seal wakes nobody.
@@ -1385,7 +1540,7 @@ mod tests {
             Err(oneshot::error::TryRecvError::Closed)
         ));
         insert(&mut t, "never", 8, false);
-        assert!(t.seal(&n("never"), A, None).unwrap().is_empty());
+        assert!(t.seal(&n("never"), A, None).unwrap().done.is_empty());
         ok(&t);
         // Nothing left to release: a second call is a no-op.
         assert!(t.release_holder(B).is_empty());
@@ -1399,7 +1554,7 @@ mod tests {
             put(&mut t, &format!("o{i}"), 8);
         }
         // A deleted-but-held object is not listed.
-        let held = t.get_now(&n("o3"), B).unwrap();
+        let held = t.get_now(&n("o3"), 0, B).unwrap();
         t.delete(&n("o3")).unwrap();
         let mut seen = Vec::new();
         let mut cursor = Some(0);
@@ -1424,6 +1579,126 @@ mod tests {
         assert_eq!(page.len(), 1);
         assert!(next.is_some());
         t.release(held.id, B).unwrap();
+        ok(&t);
+    }
+
+    fn replace(
+        t: &mut ObjectTable,
+        name: &str,
+        size: u64,
+        by: HolderId,
+    ) -> Result<ObjectRef, Error> {
+        let offset = (t.len() as u64 + 64) * 4096;
+        t.insert(
+            n(name),
+            size,
+            Arc::from(&b"m"[..]),
+            block(offset, size),
+            false,
+            true,
+            by,
+        )
+    }
+
+    #[test]
+    fn a_replace_takes_the_name_at_its_seal_and_readers_keep_the_old_version() {
+        let mut t = ObjectTable::new();
+        t.record_events = true;
+        let v1 = put(&mut t, "w", 64);
+        let held = t.get_now(&n("w"), 0, B).unwrap();
+        assert_eq!(held.version, 1);
+        // Without `replace` the name is taken, as before.
+        assert_eq!(
+            t.check_name_free(&n("w"), false, A).err(),
+            Some(Error::AlreadyExists("w".into()))
+        );
+        let r = replace(&mut t, "w", 128, A).unwrap();
+        assert_eq!(r.version, 0);
+        ok(&t);
+        // Until the seal every get is the old version; the replacement is nowhere by name.
+        assert_eq!(t.get_now(&n("w"), 0, B).unwrap().id, v1.id);
+        assert_eq!(t.list().len(), 1);
+        assert_eq!((t.stats().objects, t.stats().unsealed), (2, 1));
+        // One replacement of a name at a time per creator; another creator may write one.
+        assert!(replace(&mut t, "w", 8, A).is_err());
+        t.take_events();
+        let sealed = t.seal(&n("w"), A, Some(r.id)).unwrap();
+        assert_eq!(sealed.version, 2);
+        // B still holds v1 (twice): nothing is freed, the name is v2's.
+        assert!(sealed.freed.is_none());
+        let events = t.take_events();
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].kind, events[0].version),
+            (NotificationKind::Replaced, 2)
+        );
+        let now = t.get_now(&n("w"), 0, B).unwrap();
+        assert_eq!((now.id, now.version, now.size), (r.id, 2, 128));
+        assert!(t.get_now(&n("w"), 2, B).is_none());
+        assert_eq!(t.stats().pending_delete, 1);
+        ok(&t);
+        // v1 goes with its last holder's release (B got it twice).
+        assert!(t.release(held.id, B).unwrap().is_none());
+        let freed = t.release(v1.id, B).unwrap().expect("v1's memory");
+        assert_eq!(freed.size, 64);
+        assert_eq!(t.stats().pending_delete, 0);
+        ok(&t);
+    }
+
+    #[test]
+    fn an_unheld_old_version_is_freed_at_the_replacing_seal() {
+        let mut t = ObjectTable::new();
+        put(&mut t, "w", 64);
+        let r = replace(&mut t, "w", 64, A).unwrap();
+        let sealed = t.seal(&n("w"), A, None).unwrap();
+        assert_eq!(sealed.version, 2);
+        assert!(sealed.freed.is_some());
+        assert!(t.release(r.id, A).unwrap().is_none());
+        assert_eq!(t.len(), 1);
+        ok(&t);
+        // An aborted replacement leaves the current version in place.
+        let r = replace(&mut t, "w", 64, A).unwrap();
+        assert!(t.abort(&n("w"), A, false).unwrap().is_some());
+        assert_eq!(t.get_now(&n("w"), 0, B).unwrap().version, 2);
+        // So does a replacer that goes away before its seal.
+        let r2 = replace(&mut t, "w", 64, B).unwrap();
+        assert!(r2.id != r.id);
+        let freed = t.release_holder(B);
+        assert_eq!(freed.len(), 1);
+        assert_eq!(t.len(), 1);
+        ok(&t);
+    }
+
+    #[test]
+    fn a_get_newer_than_waits_for_the_next_version() {
+        let mut t = ObjectTable::new();
+        put(&mut t, "w", 64);
+        let (tx, mut rx) = oneshot::channel();
+        let waiter = t
+            .begin_get(B, vec![n("w")], vec![1], true, tx)
+            .ok()
+            .unwrap();
+        assert_eq!(t.stats().waiting_gets, 1);
+        let r = replace(&mut t, "w", 64, A).unwrap();
+        let sealed = t.seal(&n("w"), A, Some(r.id)).unwrap();
+        assert_eq!(sealed.done.len(), 1);
+        let got = sealed.done.into_iter().next().unwrap().results;
+        assert_eq!(got[0].as_ref().map(|o| o.version), Some(2));
+        assert!(t.finish_waiter(waiter).is_none());
+        assert!(rx.try_recv().is_err());
+        // Waiting for a version beyond the next one keeps waiting through it.
+        let (tx, _rx) = oneshot::channel();
+        let waiter = t
+            .begin_get(B, vec![n("w")], vec![3], true, tx)
+            .ok()
+            .unwrap();
+        let r = replace(&mut t, "w", 64, A).unwrap();
+        assert!(t.seal(&n("w"), A, Some(r.id)).unwrap().done.is_empty());
+        assert_eq!(t.stats().waiting_gets, 1);
+        let r = replace(&mut t, "w", 64, A).unwrap();
+        let done = t.seal(&n("w"), A, Some(r.id)).unwrap().done;
+        assert_eq!(done[0].results[0].as_ref().map(|o| o.version), Some(4));
+        assert!(t.finish_waiter(waiter).is_none());
         ok(&t);
     }
 }

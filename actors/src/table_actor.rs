@@ -404,18 +404,31 @@ impl ObjectTableActor {
         self.table.record_events = !self.subscribers.is_empty();
     }
 
+    /// Seals `name` for `holder` (with `id`, that incarnation only), answers the gets waiting
+    /// for it, frees a replaced version nobody holds: the version it became.
+    async fn seal_object(
+        &mut self,
+        name: &ObjectName,
+        holder: HolderId,
+        id: Option<ObjectId>,
+    ) -> Result<u64, Error> {
+        let sealed = self.table.seal(name, holder, id)?;
+        self.deliver(sealed.done).await;
+        self.free(sealed.freed.into_iter().collect()).await;
+        Ok(sealed.version)
+    }
+
     /// The end of a put (inline or published from a lend): seals the object just inserted as
-    /// `r`, answers the gets waiting for it, and drops the putter's reference unless it keeps
-    /// one.
+    /// `r` (setting its version), answers the gets waiting for it, and drops the putter's
+    /// reference unless it keeps one.
     async fn seal_put(
         &mut self,
-        r: &ObjectRef,
+        r: &mut ObjectRef,
         holder: HolderId,
         keep_reference: bool,
         me: &ActorRef<Self>,
     ) -> Result<(), Error> {
-        let done = self.table.seal(&r.name, holder, Some(r.id))?;
-        self.deliver(done).await;
+        r.version = self.seal_object(&r.name, holder, Some(r.id)).await?;
         if !keep_reference {
             let freed = self.table.release(r.id, holder)?;
             self.free(freed.into_iter().collect()).await;
@@ -455,7 +468,8 @@ impl Message<Create> for ObjectTableActor {
 
     async fn handle(&mut self, m: Create, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         check_metadata(&m.metadata)?;
-        self.table.check_name_free(&m.name)?;
+        self.table
+            .check_name_free(&m.name, m.options.replace, m.holder)?;
         let device = m.options.device.unwrap_or(Device::Cpu);
         // A CUDA object's metadata lives on the daemon's heap: it is charged to host memory (a
         // block of segment 0 that is never touched), so `-m` bounds it and `--gpu-memory`
@@ -498,6 +512,7 @@ impl Message<Create> for ObjectTableActor {
             m.metadata,
             block,
             m.options.ephemeral,
+            m.options.replace,
             m.holder,
         );
         if r.is_err() {
@@ -519,13 +534,14 @@ pub struct Seal {
 }
 
 impl Message<Seal> for ObjectTableActor {
-    type Reply = Result<(), Error>;
+    /// The version the object became.
+    type Reply = Result<u64, Error>;
 
-    async fn handle(&mut self, m: Seal, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let done = self.table.seal(&m.name, m.holder, m.id)?;
-        self.deliver(done).await;
+    async fn handle(&mut self, m: Seal, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let version = self.seal_object(&m.name, m.holder, m.id).await?;
         self.publish();
-        Ok(())
+        self.after_change(ctx.actor_ref()).await;
+        Ok(version)
     }
 }
 
@@ -558,6 +574,8 @@ pub struct PutInline {
     pub data: Vec<u8>,
     pub metadata: Arc<[u8]>,
     pub ephemeral: bool,
+    /// Becomes the name's next version if it is taken (see [`CreateOptions::replace`]).
+    pub replace: bool,
     /// Keep the creator's reference (the reply's object id must be released later).
     pub keep_reference: bool,
     /// Sent without waiting for the reply: counted as applied, whatever the outcome
@@ -581,19 +599,20 @@ impl Message<PutInline> for ObjectTableActor {
 impl ObjectTableActor {
     async fn put_inline(&mut self, m: PutInline, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
-        self.table.check_name_free(&m.name)?;
+        self.table.check_name_free(&m.name, m.replace, m.holder)?;
         let size = m.data.len() as u64;
         // The store copies inline payloads in itself: segment 0, which no client can write.
         let block = self
             .allocate(size, m.metadata.len(), Device::Cpu, Writer::Store)
             .await?;
         self.place_metadata(&block, size, &m.metadata).await;
-        let r = self.table.insert(
+        let mut r = self.table.insert(
             m.name.clone(),
             size,
             m.metadata,
             block,
             m.ephemeral,
+            m.replace,
             m.holder,
         )?;
         match self.host_slice(&r) {
@@ -604,7 +623,8 @@ impl ObjectTableActor {
                 return Err(Error::Memory("allocation outside its segment".into()));
             }
         }
-        self.seal_put(&r, m.holder, m.keep_reference, me).await?;
+        self.seal_put(&mut r, m.holder, m.keep_reference, me)
+            .await?;
         Ok(r)
     }
 }
@@ -711,6 +731,8 @@ pub struct Publish {
     pub size: u64,
     pub metadata: Arc<[u8]>,
     pub ephemeral: bool,
+    /// Becomes the name's next version if it is taken (see [`CreateOptions::replace`]).
+    pub replace: bool,
     /// Keep the creator's reference (the reply's object id must be released later).
     pub keep_reference: bool,
 }
@@ -720,18 +742,19 @@ impl Message<Publish> for ObjectTableActor {
 
     async fn handle(&mut self, m: Publish, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         check_metadata(&m.metadata)?;
-        self.table.check_name_free(&m.name)?;
+        self.table.check_name_free(&m.name, m.replace, m.holder)?;
         let lent = self
             .lends
             .claim(m.holder, m.lend, m.offset, m.size, m.metadata.len() as u64)?;
         let block = Block::Lent(lent);
         self.place_metadata(&block, m.size, &m.metadata).await;
-        let r = match self.table.insert(
+        let mut r = match self.table.insert(
             m.name.clone(),
             m.size,
             m.metadata,
             block,
             m.ephemeral,
+            m.replace,
             m.holder,
         ) {
             Ok(r) => r,
@@ -740,7 +763,7 @@ impl Message<Publish> for ObjectTableActor {
                 return Err(e);
             }
         };
-        self.seal_put(&r, m.holder, m.keep_reference, ctx.actor_ref())
+        self.seal_put(&mut r, m.holder, m.keep_reference, ctx.actor_ref())
             .await?;
         Ok(r)
     }
@@ -752,6 +775,8 @@ impl Message<Publish> for ObjectTableActor {
 pub struct Get {
     pub holder: HolderId,
     pub names: Vec<ObjectName>,
+    /// Per name, the version it must be above (empty: any sealed version).
+    pub newer_than: Vec<u64>,
     pub wait: Option<Duration>,
 }
 
@@ -761,7 +786,10 @@ impl Message<Get> for ObjectTableActor {
     async fn handle(&mut self, m: Get, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let (tx, rx) = oneshot::channel();
         let wait = m.wait.filter(|d| !d.is_zero());
-        match self.table.begin_get(m.holder, m.names, wait.is_some(), tx) {
+        match self
+            .table
+            .begin_get(m.holder, m.names, m.newer_than, wait.is_some(), tx)
+        {
             Err((results, tx)) => {
                 let done = CompletedGet {
                     holder: m.holder,

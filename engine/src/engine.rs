@@ -264,7 +264,7 @@ impl AsyncStore for EngineHandle {
         self.create_inner(name, size, metadata, options).await
     }
 
-    async fn seal(&self, name: &str) -> Result<(), Error> {
+    async fn seal(&self, name: &str) -> Result<u64, Error> {
         self.session.seal(name).await
     }
 
@@ -289,6 +289,7 @@ impl AsyncStore for EngineHandle {
         if data.len() <= INLINE_PUT_LIMIT {
             let options = PutOptions {
                 ephemeral: options.ephemeral,
+                replace: options.replace,
                 ..Default::default()
             };
             self.session
@@ -318,6 +319,26 @@ impl AsyncStore for EngineHandle {
         let got = self.get_from_table(&rest, timeout).await?;
         vovp_shm::held::fill_in(&mut views, missing, got);
         Ok(views)
+    }
+
+    async fn get_newer(
+        &self,
+        name: &str,
+        newer_than: u64,
+        timeout: Option<Duration>,
+    ) -> Result<ObjectView, Error> {
+        if let Some(reader) = self.session.shared_reader().await {
+            let (mut views, _) = self.shared_part(&reader, &[name]);
+            // An older version drops here, releasing its hold.
+            if let Some(v) = views.pop().flatten().filter(|v| v.version() > newer_than) {
+                return Ok(v);
+            }
+        }
+        self.get_from_table_newer(&[name], &[newer_than], timeout)
+            .await?
+            .pop()
+            .flatten()
+            .ok_or_else(|| Error::NotFound(name.to_string()))
     }
 
     async fn contains(&self, name: &str) -> Result<bool, Error> {
@@ -361,7 +382,18 @@ impl EngineHandle {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let results = self.session.get(names, timeout).await?;
+        self.get_from_table_newer(names, &[], timeout).await
+    }
+
+    /// Gets through the table actor, of versions above `newer_than` (per name; see
+    /// [`Session::get_newer`]).
+    async fn get_from_table_newer(
+        &self,
+        names: &[&str],
+        newer_than: &[u64],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        let results = self.session.get_newer(names, newer_than, timeout).await?;
         // Wrap every reference in a view first, so an error below still releases them all.
         let mut views = Vec::with_capacity(results.len());
         let mut failure = None;
@@ -396,7 +428,7 @@ impl Store for EngineHandle {
     ) -> Result<ObjectBuffer, Error> {
         block_on(AsyncStore::create(self, name, size, metadata, options))
     }
-    fn seal(&self, name: &str) -> Result<(), Error> {
+    fn seal(&self, name: &str) -> Result<u64, Error> {
         block_on(AsyncStore::seal(self, name))
     }
     fn abort(&self, name: &str) -> Result<(), Error> {
@@ -440,6 +472,14 @@ impl Store for EngineHandle {
             .pop()
             .flatten()
             .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+    fn get_newer(
+        &self,
+        name: &str,
+        newer_than: u64,
+        timeout: Option<Duration>,
+    ) -> Result<ObjectView, Error> {
+        block_on(AsyncStore::get_newer(self, name, newer_than, timeout))
     }
     fn contains(&self, name: &str) -> Result<bool, Error> {
         block_on(AsyncStore::contains(self, name))

@@ -72,6 +72,8 @@ pub struct PutOptions {
     /// The client sent it without waiting for the reply, after counting it in its hold table
     /// (vovp-shm's `sent`): the store counts it applied whatever the outcome.
     pub pipelined: bool,
+    /// Become the name's next version if it is taken ([`CreateOptions::replace`]).
+    pub replace: bool,
 }
 
 /// How long a "missing" answer waits for other clients' pipelined puts sent before the
@@ -162,18 +164,19 @@ impl Session {
             .answer()
     }
 
-    /// Seals `name` (created by this session): immutable and visible from now on.
-    pub async fn seal(&self, name: &str) -> Result<(), Error> {
+    /// Seals `name` (created by this session): immutable and visible from now on. Returns
+    /// the name's version it became (a replacement takes the name over at this point).
+    pub async fn seal(&self, name: &str) -> Result<u64, Error> {
         self.seal_inner(object_name(name)?, None).await
     }
 
     /// Seals the object `obj` refers to: that incarnation only, so a reference that outlived
     /// its aborted object cannot seal a newer object of the same name ([`Error::NotFound`]).
-    pub async fn seal_object(&self, obj: &ObjectRef) -> Result<(), Error> {
+    pub async fn seal_object(&self, obj: &ObjectRef) -> Result<u64, Error> {
         self.seal_inner(obj.name.clone(), Some(obj.id)).await
     }
 
-    async fn seal_inner(&self, name: ObjectName, id: Option<ObjectId>) -> Result<(), Error> {
+    async fn seal_inner(&self, name: ObjectName, id: Option<ObjectId>) -> Result<u64, Error> {
         self.table()
             .ask(msg::Seal {
                 holder: self.inner.holder,
@@ -235,6 +238,7 @@ impl Session {
                 data,
                 metadata: Arc::from(metadata),
                 ephemeral: options.ephemeral,
+                replace: options.replace,
                 keep_reference: options.keep_reference,
                 pipelined: options.pipelined,
             })
@@ -327,6 +331,7 @@ impl Session {
                 size,
                 metadata: Arc::from(metadata),
                 ephemeral: options.ephemeral,
+                replace: options.replace,
                 keep_reference: options.keep_reference,
             })
             .await
@@ -342,19 +347,36 @@ impl Session {
         names: &[S],
         wait: Option<Duration>,
     ) -> Result<Vec<Option<ObjectRef>>, Error> {
+        self.get_newer(names, &[], wait).await
+    }
+
+    /// As [`Session::get`], but `names[i]` is found only as a version above `newer_than[i]`
+    /// (0, or past the end of `newer_than`: any version), and a wait lasts until such a
+    /// version is sealed: how a reader waits for the next version of a name it holds.
+    pub async fn get_newer<S: AsRef<str> + Sync>(
+        &self,
+        names: &[S],
+        newer_than: &[u64],
+        wait: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectRef>>, Error> {
         let names = names
             .iter()
             .map(|n| object_name(n.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut newer_than = newer_than.to_vec();
+        newer_than.resize(names.len(), 0);
         let applied_before = self.applied_puts();
-        let mut got = self.get_names(names.clone(), wait).await?;
+        let mut got = self
+            .get_names(names.clone(), newer_than.clone(), wait)
+            .await?;
         // Something missing (at once, or when the wait ran out): maybe a pipelined put of
         // another client is still on its way (vovp-shm's `sent`); once it is applied, ask
         // again for what was missing.
         if got.iter().any(Option::is_none) && self.settle_sent_puts(applied_before).await? {
             let missing: Vec<usize> = (0..got.len()).filter(|&i| got[i].is_none()).collect();
             let again = missing.iter().map(|&i| names[i].clone()).collect();
-            let found = self.get_names(again, None).await?;
+            let versions = missing.iter().map(|&i| newer_than[i]).collect();
+            let found = self.get_names(again, versions, None).await?;
             for (i, r) in missing.into_iter().zip(found) {
                 got[i] = r;
             }
@@ -384,6 +406,7 @@ impl Session {
     async fn get_names(
         &self,
         names: Vec<ObjectName>,
+        newer_than: Vec<u64>,
         wait: Option<Duration>,
     ) -> Result<Vec<Option<ObjectRef>>, Error> {
         let rx = self
@@ -391,6 +414,7 @@ impl Session {
             .ask(msg::Get {
                 holder: self.inner.holder,
                 names,
+                newer_than,
                 wait,
             })
             .await
@@ -628,7 +652,7 @@ impl ObjectSink for Inner {
         self.release_later(vec![id]);
     }
 
-    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<u64, Error> {
         block_on(
             self.core
                 .actors
@@ -641,8 +665,7 @@ impl ObjectSink for Inner {
                 })
                 .send(),
         )
-        .answer()?;
-        Ok(())
+        .answer()
     }
 }
 

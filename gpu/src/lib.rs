@@ -148,8 +148,8 @@ pub trait CudaStore: Store {
         };
         let size = meta.nbytes();
         let options = CreateOptions {
-            ephemeral: false,
             device: Some(meta.device),
+            ..Default::default()
         };
         let buf = self.create(name, size, &meta.encode(), options)?;
         let dst = buf.cuda_ptr().ok_or_else(|| {

@@ -17,10 +17,11 @@ use crate::process::this_process;
 use crate::subscription::Subscription;
 use crate::views::{Buffer, Object};
 
-fn options(ephemeral: bool) -> CreateOptions {
+fn options(ephemeral: bool, replace: bool) -> CreateOptions {
     CreateOptions {
         ephemeral,
-        device: None,
+        replace,
+        ..Default::default()
     }
 }
 
@@ -183,19 +184,30 @@ impl Client {
     }
 
     /// One name: `get([name], timeout, writable)[0]` without the lists (every single get).
-    #[pyo3(signature = (name, timeout = None, writable = false))]
+    /// `newer_than`: only a version above it is found (and waited for).
+    #[pyo3(signature = (name, timeout = None, writable = false, newer_than = 0))]
     fn get1(
         &self,
         py: Python<'_>,
         name: &str,
         timeout: Option<f64>,
         writable: bool,
+        newer_than: u64,
     ) -> PyResult<Option<Object>> {
         let inner = self.usable()?;
         let timeout = timeout_of(timeout)?;
-        // As `get`: the shared directory with the GIL held, the socket without it.
-        let view = match inner.get_shared(&[name]).0.pop().flatten() {
+        // As `get`: the shared directory with the GIL held, the socket without it (an older
+        // version the directory gave is let go at once).
+        let held = inner.get_shared(&[name]).0.pop().flatten();
+        let view = match held.filter(|v| v.version() > newer_than) {
             Some(v) => Some(v),
+            None if newer_than > 0 => {
+                match py.allow_threads(|| inner.get_newer(name, newer_than, timeout)) {
+                    Ok(v) => Some(v),
+                    Err(Error::NotFound(_)) => None,
+                    Err(e) => return Err(to_py(e)),
+                }
+            }
             None => py
                 .allow_threads(|| inner.get(&[name], timeout))
                 .map_err(to_py)?
@@ -215,7 +227,8 @@ impl Client {
     /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
     /// call). `keep`: return the stored object's view, else (`wait`) its object id, else
     /// None: a small put is then sent without waiting for the store's answer (`sync`).
-    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false, wait = true))]
+    /// `replace`: the name may be taken; this put becomes its next version.
+    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false, wait = true, replace = false))]
     #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
@@ -228,6 +241,7 @@ impl Client {
         keep: bool,
         writable: bool,
         wait: bool,
+        replace: bool,
     ) -> PyResult<PyObject> {
         let inner = self.usable()?;
         if addr == 0 && size != 0 {
@@ -244,7 +258,7 @@ impl Client {
         let metadata = metadata.to_vec();
         py.allow_threads(|| {
             if keep {
-                let v = inner.put_and_view(&name, data, &metadata, options(ephemeral))?;
+                let v = inner.put_and_view(&name, data, &metadata, options(ephemeral, replace))?;
                 if writable {
                     Object::writable(inner, v).map(|o| Put::Kept(Box::new(o)))
                 } else {
@@ -252,11 +266,11 @@ impl Client {
                 }
             } else if wait {
                 inner
-                    .put_id(&name, data, &metadata, options(ephemeral))
+                    .put_id(&name, data, &metadata, options(ephemeral, replace))
                     .map(Put::Id)
             } else {
                 inner
-                    .put(&name, data, &metadata, options(ephemeral))
+                    .put(&name, data, &metadata, options(ephemeral, replace))
                     .map(|()| Put::Sent)
             }
         })
@@ -270,7 +284,8 @@ impl Client {
 
     /// CREATE: an unsealed object of `size` bytes that only this client may write; on
     /// cuda:`device` when given.
-    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false, device = None))]
+    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false, device = None, replace = false))]
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &self,
         py: Python<'_>,
@@ -279,11 +294,13 @@ impl Client {
         metadata: &[u8],
         ephemeral: bool,
         device: Option<u32>,
+        replace: bool,
     ) -> PyResult<Buffer> {
         let inner = self.usable()?;
         let opts = CreateOptions {
             ephemeral,
             device: device.map(vovp_types::Device::Cuda),
+            replace,
         };
         let buf = py
             .allow_threads(|| inner.create(name, size, metadata, opts))
@@ -294,13 +311,14 @@ impl Client {
     /// Pipelined inline PUTs keeping a reference each: `items` are (name, addr, size,
     /// metadata) of contiguous buffers the caller keeps alive for the call. One round trip;
     /// returns an Object or the exception of each item.
-    #[pyo3(signature = (items, ephemeral = false, writable = false))]
+    #[pyo3(signature = (items, ephemeral = false, writable = false, replace = false))]
     fn put_many(
         &self,
         py: Python<'_>,
         items: Vec<(String, usize, usize, Vec<u8>)>,
         ephemeral: bool,
         writable: bool,
+        replace: bool,
     ) -> PyResult<Vec<PyObject>> {
         let inner = self.usable()?;
         if items
@@ -320,7 +338,12 @@ impl Client {
                         } else {
                             unsafe { std::slice::from_raw_parts(*addr as *const u8, *size) }
                         };
-                        (name.as_str(), data, meta.as_slice(), options(ephemeral))
+                        (
+                            name.as_str(),
+                            data,
+                            meta.as_slice(),
+                            options(ephemeral, replace),
+                        )
                     })
                     .collect();
                 inner.put_many(&batch).map(|views| {
@@ -373,8 +396,8 @@ impl Client {
         self.inner.last_request_id()
     }
 
-    /// SEAL by name (the creator's connection).
-    fn seal(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+    /// SEAL by name (the creator's connection): the version it became.
+    fn seal(&self, py: Python<'_>, name: &str) -> PyResult<u64> {
         let inner = self.usable()?;
         py.allow_threads(|| inner.seal(name)).map_err(to_py)
     }
@@ -426,6 +449,7 @@ impl Client {
                     vovp_client::unix_millis(o.last_access) as f64 / 1000.0,
                 )?;
                 d.set_item("metadata", PyBytes::new(py, &o.metadata))?;
+                d.set_item("version", o.version)?;
                 Ok(d)
             })
             .collect()

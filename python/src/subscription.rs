@@ -48,6 +48,7 @@ impl Subscription {
                     vovp_types::NotificationKind::Sealed => "sealed",
                     vovp_types::NotificationKind::Deleted => "deleted",
                     vovp_types::NotificationKind::Evicted => "evicted",
+                    vovp_types::NotificationKind::Replaced => "replaced",
                 };
                 Ok(Some((
                     kind,

@@ -54,6 +54,7 @@ pub(crate) struct Object {
     ptr: usize,
     metadata: Vec<u8>,
     location: Location,
+    version: u64,
     process: u64,
 }
 
@@ -108,6 +109,7 @@ impl Object {
             ptr: v.as_ptr() as usize,
             metadata: v.metadata().to_vec(),
             location: v.location(),
+            version: v.version(),
             process: this_process(),
             view: Mutex::new(Some(v)),
         }
@@ -131,6 +133,11 @@ impl Object {
     #[getter]
     fn metadata<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.metadata)
+    }
+    /// The name's version this object is (1 for a name's first object, +1 per replace).
+    #[getter]
+    fn version(&self) -> u64 {
+        self.version
     }
     /// ("host", None) or ("cuda", device index).
     #[getter]

@@ -1,4 +1,4 @@
-"""The wire format of PROTOCOL.md (version 1) in Python, for tests only: the tests that send
+"""The wire format of PROTOCOL.md (version 2) in Python, for tests only: the tests that send
 frames no client would send (malformed, truncated, out of order) build them here. The vovp
 package itself has no wire code: its client is the Rust one (vovp._native over vovp-client),
 and this module is checked byte by byte against PROTOCOL.md by test_protocol.py.
@@ -10,7 +10,7 @@ Layout reminders (all little-endian):
     bytes   = u32 n | n bytes
     loc     = u8 kind; kind 1: u32 segment, u64 offset; kind 2: u32 device, u32 pool, u64 offset,
               64 bytes CUipcMemHandle
-    objref  = u64 object_id | u64 data_size | loc | bytes metadata
+    objref  = u64 object_id | u64 data_size | loc | bytes metadata | u64 version
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from vovp.errors import (
     error_from_status,
 )
 
-VERSION = 1
+VERSION = 2
 
 # Opcodes (requests). A reply carries ``opcode | REPLY_BIT``.
 HELLO = 0x01
@@ -43,6 +43,7 @@ STATS = 0x0C
 SUBSCRIBE = 0x0D
 NOTIFY = 0x0E
 SEGMENT = 0x0F
+GET_NEWER = 0x13
 REPLY_BIT = 0x80
 
 # Frame flags.
@@ -51,6 +52,7 @@ FLAG_NO_REPLY = 0x0001
 # CREATE / PUT flags.
 OBJ_EPHEMERAL = 0x1
 OBJ_KEEP_REFERENCE = 0x2  # PUT only
+OBJ_REPLACE = 0x8
 
 # Location kinds and DLPack device types.
 LOC_HOST = 1
@@ -128,6 +130,7 @@ class ObjRef(NamedTuple):
     metadata: bytes
     pool: int = 0  # cuda only
     ipc_handle: bytes = b""  # cuda only
+    version: int = 0  # the name's version (0 before the seal)
 
 
 _tuple_new = tuple.__new__
@@ -294,18 +297,20 @@ def decode_objref(buf, pos: int):
         if kind == LOC_HOST:
             pos += 33  # OBJREF_HOST.size
             end = pos + mlen
-            if end > len(buf):
+            if end + 8 > len(buf):
                 raise ProtocolError("truncated metadata in reply")
+            (version,) = U64.unpack_from(buf, end)
             # tuple.__new__ skips the namedtuple's Python-level __new__ (hot path).
             return _tuple_new(ObjRef, (oid, size, kind, seg, off, bytes(buf[pos:end]), 0,
-                                       b"")), end
+                                       b"", version)), end + 8
         oid, size, kind = OBJREF_HEAD.unpack_from(buf, pos)
         pos += OBJREF_HEAD.size
         if kind == LOC_CUDA:
             dev, pool, off, handle = LOC_CUDA_S.unpack_from(buf, pos)
             pos += LOC_CUDA_S.size
             meta, pos = decode_bytes(buf, pos)
-            return ObjRef(oid, size, kind, dev, off, meta, pool, handle), pos
+            (version,) = U64.unpack_from(buf, pos)
+            return ObjRef(oid, size, kind, dev, off, meta, pool, handle, version), pos + 8
     except struct.error:
         raise ProtocolError("truncated objref in reply") from None
     raise ProtocolError(f"unknown location kind {kind}")
@@ -362,6 +367,8 @@ def decode_list(buf, pos: int) -> tuple:
             pos += LIST_ENTRY_MID.size
             meta = bytes(buf[pos:pos + mlen])
             pos += mlen
+            (version,) = U64.unpack_from(buf, pos)
+            pos += 8
             out.append({
                 "name": name,
                 "id": oid,
@@ -374,6 +381,7 @@ def decode_list(buf, pos: int) -> tuple:
                 "refcount": refs,
                 "last_access": last / 1000.0,  # unix seconds, like time.time()
                 "metadata": meta,
+                "version": version,
             })
         (next_start,) = U64.unpack_from(buf, pos)
     except (struct.error, IndexError):
@@ -389,12 +397,13 @@ def decode_stats(buf, pos: int) -> dict:
 
 
 def decode_notify(buf, pos: int):
-    """NOTIFY payload: (kind, name, data_size, metadata)."""
+    """NOTIFY payload: (kind, name, data_size, metadata, version)."""
     kind = buf[pos]
     name, pos = decode_str(buf, pos + 1)
     (size,) = U64.unpack_from(buf, pos)
-    meta, _ = decode_bytes(buf, pos + 8)
-    return kind, name, size, meta
+    meta, pos = decode_bytes(buf, pos + 8)
+    (version,) = U64.unpack_from(buf, pos)
+    return kind, name, size, meta, version
 
 
 def segment_payload(segment_id: int) -> bytes:

@@ -69,9 +69,9 @@ def header(frame):
 def test_hello_reply_and_fds(daemon):
     r = Raw(daemon.socket)
     version, op, _, rid, status = header(r.hello)
-    assert (version, op, rid, status) == (1, 0x81, 1, 0)
+    assert (version, op, rid, status) == (P.VERSION, 0x81, 1, 0)
     h = P.decode_hello(r.hello, 17)
-    assert h.protocol_version == 1 and h.capacity == daemon.memory
+    assert h.protocol_version == P.VERSION and h.capacity == daemon.memory
     assert len(h.segments) == len(r.fds) >= 1
     assert sum(size for _, size in h.segments) >= h.capacity
     assert h.max_inline > 0
@@ -103,7 +103,7 @@ def test_bad_version_closes_connection(daemon):
 
 def test_oversized_frame_closes_connection(daemon):
     r = Raw(daemon.socket)
-    r.send(struct.pack("<IBBHQ", 12 + (64 << 20) + 1, 1, P.PUT, 0, 3))
+    r.send(struct.pack("<IBBHQ", 12 + (64 << 20) + 1, P.VERSION, P.PUT, 0, 3))
     f = r.read()
     assert header(f)[4] == 15
     assert r.closed_by_peer()
@@ -114,7 +114,7 @@ def test_short_length_closes_connection(daemon):
     r = Raw(daemon.socket)
     # A whole 16-byte header whose length field (4) is below the 12 it must count. (The daemon
     # reads the full header before judging it, so a shorter write just waits for more bytes.)
-    r.send(struct.pack("<IBBHQ", 4, 1, P.STATS, 0, 3))
+    r.send(struct.pack("<IBBHQ", 4, P.VERSION, P.STATS, 0, 3))
     f = r.read()
     assert header(f)[4] == 12  # MALFORMED
     assert r.closed_by_peer()

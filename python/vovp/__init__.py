@@ -10,7 +10,7 @@ numpy arrays work the same way. See README.md for lifetimes, dtypes, batch calls
 (``init_reduction``, ``worker_init_fn``).
 """
 
-from .client import DEFAULT_SOCKET, Client, Subscription, init_client
+from .client import DEFAULT_SOCKET, Client, Subscription, init_client, version_of
 from .cuda import CudaTensor
 from .daemon import StoreProcess, start_store
 from .errors import (
@@ -45,6 +45,7 @@ __all__ = [
     "Client",
     "Subscription",
     "init_client",
+    "version_of",
     "start_store",
     "StoreProcess",
     "init_reduction",

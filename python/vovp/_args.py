@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     HostSource = Tuple[npt.NDArray[Any], int, np.dtype[Any], np.dtype[Any], bytes, bool]
 
 from . import tensor as T
-from .errors import GpuUnavailable
+from .errors import GpuUnavailable, InvalidArgument
 
 
 def _name(name: Union[str, bytes, bytearray, memoryview]) -> str:
@@ -35,6 +35,14 @@ def _name(name: Union[str, bytes, bytearray, memoryview]) -> str:
 
 def _metadata(metadata: Union[bytes, bytearray, memoryview]) -> bytes:
     return metadata if type(metadata) is bytes else bytes(metadata)
+
+
+def _version(version: Any) -> int:
+    """A version number for ``newer_than``: an int from 0 to 2**64 - 1."""
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or \
+            not 0 <= int(version) < 2**64:
+        raise InvalidArgument(f"a version is an int from 0 to 2**64 - 1, not {version!r}")
+    return int(version)
 
 
 def _timeout(timeout: Optional[float]) -> Optional[float]:

@@ -27,19 +27,19 @@ class CudaMethods:
     if TYPE_CHECKING:
         # Client's, used here.
         def _create(self, name: str, size: int, metadata: Metadata, ephemeral: bool,
-                    device: Optional[int] = None) -> Any: ...
+                    device: Optional[int] = None, replace: bool = False) -> Any: ...
         def _owner(self, obj: Any, name: Optional[str] = None) -> Any: ...
         def _cuda_owner(self, obj: Any) -> Any: ...
         def _drop_owner(self, owner: object) -> None: ...
         def _get1(self, name: Name, timeout: Optional[float], writable: bool = False,
                   missing_ok: bool = False) -> Any: ...
-        def seal(self, name: Name) -> None: ...
+        def seal(self, name: Name) -> int: ...
 
     def put_cuda(self, name: Name, ptr: Any, nbytes: Optional[int] = None,
                  dtype: Any = None, shape: Any = None,
                  device: Optional[int] = None, ephemeral: bool = False,
                  writable: bool = False, framework: str = "cuda",
-                 stream: Optional[int] = None) -> Any:
+                 stream: Optional[int] = None, replace: bool = False) -> Any:
         """Store device memory as a CUDA tensor object; return the store's copy, zero-copy.
 
         ``ptr``: a device address (int) with ``nbytes``/``dtype`` (default uint8)/``shape``
@@ -52,7 +52,7 @@ class CudaMethods:
         waits for the copy, seals. Returns a ``CudaTensor`` (read-only unless ``writable``),
         or a torch tensor with ``framework="torch"``; it holds one reference like every
         result. Raises GpuUnavailable when this process has no usable CUDA driver (or the
-        daemon has none), before anything is created.
+        daemon has none), before anything is created. ``replace``: as ``put_tensor``'s.
         """
         C.driver()  # the reason, before anything reaches the daemon
         fw = self._cuda_framework(framework, name)
@@ -107,11 +107,11 @@ class CudaMethods:
         device = int(device)
         pre_copy = None if stream is None else (lambda: C.sync_stream(stream))
         owner = self._put_device(name, src, nbytes, code, shape, byte_order, device, ephemeral,
-                                 pre_copy)
+                                 pre_copy, replace=replace)
         return self._cuda_result(owner, code, shape, byte_order, fw, writable, name)
 
     def _put_torch_cuda(self, name: Name, t: torch.Tensor,
-                        ephemeral: bool) -> Any:  # a CUDA torch.Tensor
+                        ephemeral: bool, replace: bool = False) -> Any:  # a CUDA torch.Tensor
         """put_tensor of a CUDA torch tensor (see put_tensor)."""
         C.driver()
         import torch  # noqa: PLC0415 (t is a torch tensor: torch is imported)
@@ -133,18 +133,18 @@ class CudaMethods:
             torch.cuda.current_stream(t.device).synchronize()
 
         owner = self._put_device(name, t.data_ptr(), nbytes, code, shape, T.LITTLE, device,
-                                 ephemeral, pre_copy, T.FRAMEWORK_TORCH)
+                                 ephemeral, pre_copy, T.FRAMEWORK_TORCH, replace)
         return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
 
     def _put_device(self, name: Name, src: int, nbytes: int, code: int,
                     shape: Tuple[int, ...], byte_order: int, device: int, ephemeral: bool,
                     pre_copy: Optional[Callable[[], None]] = None,
-                    framework: int = T.FRAMEWORK_UNSPECIFIED) -> Any:
+                    framework: int = T.FRAMEWORK_UNSPECIFIED, replace: bool = False) -> Any:
         """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
         device owner holding the (now sealed) creator's reference."""
         name = _name(name)
         meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device, framework)
-        owner = self._create(name, nbytes, meta, ephemeral, device)
+        owner = self._create(name, nbytes, meta, ephemeral, device, replace)
         try:
             if pre_copy is not None:
                 pre_copy()

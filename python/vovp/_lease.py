@@ -57,7 +57,7 @@ class Lease(_Ref):
     """
 
     __slots__ = ("key", "client", "oid", "name", "start", "size", "token", "cuda", "obj",
-                 "segment", "offset")
+                 "segment", "offset", "version")
 
     key: int
     client: Any  # vovp.Client (vovp.plasma: its own client)
@@ -70,6 +70,7 @@ class Lease(_Ref):
     obj: Callable[[], Any]  # weak reference to the native view
     segment: Optional[int]
     offset: Optional[int]
+    version: int  # the name's version the object is (0 until a created object is sealed)
 
 
 def _lease_died(lease: Lease) -> None:
@@ -95,6 +96,7 @@ def lease(owner: Any, client: Any, obj: Any, cuda: bool = False,
         self.start = owner.ptr
     self.segment, self.offset = place or (None, None)
     self.cuda = cuda
+    self.version = getattr(obj, "version", 0)
     self.obj = weakref.ref(obj)
     self.token = [True]
     LEASES[key] = self

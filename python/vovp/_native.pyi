@@ -101,6 +101,9 @@ class Object:
     @property
     def metadata(self) -> bytes: ...
     @property
+    def version(self) -> int:
+        """The name's version this object is (1 for a name's first object, +1 per replace)."""
+    @property
     def location(self) -> _Location: ...
     @property
     def place(self) -> Optional[Tuple[int, int]]: ...
@@ -193,8 +196,13 @@ class Client:
         self, names: Sequence[str], timeout: Optional[float] = None, writable: bool = False
     ) -> builtins.list[Optional[Object]]: ...
     def get1(
-        self, name: str, timeout: Optional[float] = None, writable: bool = False
-    ) -> Optional[Object]: ...
+        self,
+        name: str,
+        timeout: Optional[float] = None,
+        writable: bool = False,
+        newer_than: int = 0,
+    ) -> Optional[Object]:
+        """``newer_than``: only a version above it is found (and waited for)."""
     def put(
         self,
         name: str,
@@ -205,6 +213,7 @@ class Client:
         keep: bool = False,
         writable: bool = False,
         wait: bool = True,
+        replace: bool = False,
     ) -> Union[Object, int, None]:
         """``keep``: the stored object's view; else (``wait``) its object id; else None."""
     def create(
@@ -214,12 +223,14 @@ class Client:
         metadata: bytes = b"",
         ephemeral: bool = False,
         device: Optional[int] = None,
+        replace: bool = False,
     ) -> Buffer: ...
     def put_many(
         self,
         items: Sequence[Tuple[str, int, int, bytes]],
         ephemeral: bool = False,
         writable: bool = False,
+        replace: bool = False,
     ) -> builtins.list[Union[Object, BaseException]]:
         """An Object, or the (vovp.errors) exception, per (name, addr, size, metadata) item."""
     def sync(self) -> None: ...
@@ -228,7 +239,8 @@ class Client:
     def unread_replies(self) -> int: ...
     @property
     def last_request_id(self) -> int: ...
-    def seal(self, name: str) -> None: ...
+    def seal(self, name: str) -> int:
+        """The name's version the object became."""
     def abort(self, name: str) -> None: ...
     def contains(self, name: str) -> bool: ...
     def delete(self, name: str) -> None: ...
@@ -236,7 +248,7 @@ class Client:
     def list(self) -> builtins.list[dict[str, Any]]:
         """Dicts with name (str), id, size (int), device ("cpu"/"cuda"), device_type,
         device_id (int), sealed, ephemeral (bool), refcount (int), last_access (float, unix
-        seconds), metadata (bytes)."""
+        seconds), metadata (bytes), version (int)."""
     def make_writable(self, obj: Object) -> None: ...
     def subscribe(self) -> Subscription: ...
     def stats(self) -> dict[str, int]: ...

@@ -76,6 +76,7 @@ from ._args import (
     _metadata,
     _name,
     _timeout,
+    _version,
 )
 from ._client_cuda import CudaMethods
 from .errors import (
@@ -144,6 +145,18 @@ def find_lease(obj: object) -> Optional[Lease]:
     """The lease (``vovp._lease.Lease``) whose object ``obj`` (an array, tensor or memoryview)
     points into, or None."""
     return _find_lease(obj)[0]
+
+
+def version_of(obj: object) -> int:
+    """The version of its name that the store object behind ``obj`` is: an array, tensor or
+    memoryview a ``vovp.Client`` returned (or any view of one). 1 for a name's first object,
+    one more for each ``put_tensor(..., replace=True)``; pass it as ``get_tensor``'s
+    ``newer_than`` to wait for the next one. InvalidArgument when ``obj`` is not store memory
+    (or was released)."""
+    lease = _find_lease(obj)[0]
+    if lease is None or not lease.token:
+        raise InvalidArgument("not an object of the store (or released already): no version")
+    return lease.version
 
 
 def _cuda_address(obj: Any) -> Any:
@@ -400,8 +413,8 @@ class Client(CudaMethods):
     # -- raw objects ----------------------------------------------------------------------------
 
     def _create(self, name: str, size: int, metadata: Metadata, ephemeral: bool,
-                device: Optional[int] = None) -> Any:
-        buf = self._native.create(name, size, bytes(metadata), ephemeral, device)
+                device: Optional[int] = None, replace: bool = False) -> Any:
+        buf = self._native.create(name, size, bytes(metadata), ephemeral, device, replace)
         if device is None:
             owner = self._owner(buf)
         else:
@@ -410,22 +423,23 @@ class Client(CudaMethods):
         return owner
 
     def create(self, name: Name, size: int, metadata: Metadata = b"",
-               ephemeral: bool = False) -> npt.NDArray[np.uint8]:
+               ephemeral: bool = False, replace: bool = False) -> npt.NDArray[np.uint8]:
         """Create an unsealed object and return a writable uint8 array over its bytes.
 
         The returned array holds the creator's reference: keep it alive until ``seal(name)``
         (dropping it before aborts the object); after the seal it keeps the object alive and
         writable *for this client only* (other clients see the same physical memory).
+        ``replace``: ``name`` may exist; the object becomes its next version at ``seal``.
         """
         size = int(size)
         if not 0 <= size < 2**64:
             raise InvalidArgument(f"size must be between 0 and 2**64 - 1 bytes, got {size}")
         owner: npt.NDArray[np.uint8] = self._create(
-            _name(name), size, _metadata(metadata), ephemeral)
+            _name(name), size, _metadata(metadata), ephemeral, None, replace)
         return owner
 
     def create_tensor(self, name: Name, shape: Any, dtype: npt.DTypeLike,
-                      ephemeral: bool = False) -> npt.NDArray[Any]:
+                      ephemeral: bool = False, replace: bool = False) -> npt.NDArray[Any]:
         """Create an unsealed tensor object; fill the returned writable array, then ``seal``."""
         dtype = np.dtype(dtype)
         code = T.numpy_code(dtype)
@@ -433,13 +447,17 @@ class Client(CudaMethods):
         shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(d) for d in shape)
         meta = T.encode_header(code, shape)
         size = store_dt.itemsize * int(np.prod(shape, dtype=np.int64))
-        owner = self.create(name, size, meta, ephemeral)
+        owner = self.create(name, size, meta, ephemeral, replace)
         return owner.view(store_dt).reshape(shape)
 
-    def seal(self, name: Name) -> None:
-        """Seal an object created by this client: it becomes immutable and visible to GET."""
-        self._native.seal(_name(name))
-        self._unsealed.pop(name, None)
+    def seal(self, name: Name) -> int:
+        """Seal an object created by this client: it becomes immutable and visible to GET.
+        Returns the name's version it became (1 for a new name; a replace's next one)."""
+        version: int = self._native.seal(_name(name))
+        lease = self._unsealed.pop(name, None)
+        if lease is not None:
+            lease.version = version
+        return version
 
     def _seal_later(self, name: Name) -> None:
         """Send SEAL without waiting for its reply (read in front of the next request's).
@@ -460,7 +478,7 @@ class Client(CudaMethods):
             L.claim(lease)
 
     def put(self, name: Name, data: Any, metadata: Metadata = b"", ephemeral: bool = False,
-            wait: bool = False) -> Optional[int]:
+            wait: bool = False, replace: bool = False) -> Optional[int]:
         """Store ``data`` (any bytes-like object) as a sealed object.
 
         The client keeps no reference: the object lives until deleted (or evicted when nobody
@@ -469,13 +487,15 @@ class Client(CudaMethods):
 
         Returns None; a put below 64 KiB may return before the store answered (see
         ``pipelined_puts`` in ``Client``; ``sync()`` waits for the answers). ``wait=True``:
-        wait for the store's answer and return the object id.
+        wait for the store's answer and return the object id. ``replace``: ``name`` may
+        exist already; this object becomes its next version (see ``put_tensor``).
         """
         name = _name(name)
         metadata = _metadata(metadata)
         src = _byte_array(data)
         return self._native.put(name, src.ctypes.data, src.nbytes, metadata,  # type: ignore
-                                ephemeral, False, False, bool(wait))  # (keep=False: id or None)
+                                ephemeral, False, False, bool(wait),
+                                bool(replace))  # (keep=False: id or None)
 
     def sync(self) -> None:
         """Wait for the store's answer to every put that did not wait for it; raises the
@@ -485,27 +505,32 @@ class Client(CudaMethods):
     @overload
     def get_buffer(self, name: Name, timeout: Optional[float] = None,
                    writable: bool = False, *,
-                   with_metadata: Literal[True]) -> Tuple[memoryview, bytes]: ...
+                   with_metadata: Literal[True],
+                   newer_than: Optional[int] = None) -> Tuple[memoryview, bytes]: ...
 
     @overload
     def get_buffer(self, name: Name, timeout: Optional[float] = None,
                    writable: bool = False,
-                   with_metadata: Literal[False] = False) -> memoryview: ...
+                   with_metadata: Literal[False] = False,
+                   newer_than: Optional[int] = None) -> memoryview: ...
 
     def get_buffer(self, name: Name, timeout: Optional[float] = None, writable: bool = False,
-                   with_metadata: bool = False) -> Union[memoryview, Tuple[memoryview, bytes]]:
+                   with_metadata: bool = False, newer_than: Optional[int] = None
+                   ) -> Union[memoryview, Tuple[memoryview, bytes]]:
         """A memoryview of a sealed object's bytes (read-only unless ``writable``).
 
         ``timeout``: None = don't wait, seconds to wait for the object to appear/be sealed,
         negative = forever. Raises ObjectNotFound when it is still missing.
         With ``with_metadata=True`` returns ``(memoryview, metadata bytes)``.
+        ``newer_than``: only a version above it (see ``get_tensor``).
         """
-        obj = self._get1(name, timeout, writable)
+        obj = self._get1(name, timeout, writable, newer_than=newer_than)
         mv = memoryview(self._owner(obj))
         return (mv, obj.metadata) if with_metadata else mv
 
     def _get1(self, name: Name, timeout: Optional[float], writable: bool = False,
-              missing_ok: bool = False) -> Any:  # N.Object, or None when missing_ok
+              missing_ok: bool = False,
+              newer_than: Optional[int] = None) -> Any:  # N.Object, or None when missing_ok
         """The single get: the native view of sealed object ``name`` (it holds the reference),
         or None when it is still missing and ``missing_ok``, else ObjectNotFound. ``timeout``
         as in ``get_buffer``. Every get of one name takes this path (``get_buffer``,
@@ -516,11 +541,18 @@ class Client(CudaMethods):
         if timeout is not None and (type(timeout) is not float or timeout < 0):
             timeout = _timeout(timeout)
         try:
-            obj = self._n.get1(name if type(name) is str else _name(name), timeout, writable)
+            if newer_than:
+                obj = self._n.get1(_name(name), timeout, writable, _version(newer_than))
+            else:
+                obj = self._n.get1(name if type(name) is str else _name(name), timeout,
+                                   writable)
         except ConnectionError:
             self._connection_lost()
             raise
         if obj is None and not missing_ok:
+            if newer_than:
+                raise ObjectNotFound(
+                    f"no version of {name!r} newer than {newer_than} was sealed in time", 1)
             raise ObjectNotFound(f"no sealed object named {name!r}", 1)
         return obj
 
@@ -588,18 +620,21 @@ class Client(CudaMethods):
 
     @overload
     def put_tensor(self, name: Name, t: torch.Tensor, ephemeral: bool = False,
-                   writable: bool = False, _seal_later: bool = False) -> torch.Tensor: ...
+                   writable: bool = False, _seal_later: bool = False,
+                   replace: bool = False) -> torch.Tensor: ...
 
     @overload
     def put_tensor(self, name: Name, t: npt.NDArray[Any], ephemeral: bool = False,
-                   writable: bool = False, _seal_later: bool = False) -> npt.NDArray[Any]: ...
+                   writable: bool = False, _seal_later: bool = False,
+                   replace: bool = False) -> npt.NDArray[Any]: ...
 
     @overload
     def put_tensor(self, name: Name, t: Any, ephemeral: bool = False,
-                   writable: bool = False, _seal_later: bool = False) -> Any: ...
+                   writable: bool = False, _seal_later: bool = False,
+                   replace: bool = False) -> Any: ...
 
     def put_tensor(self, name: Name, t: Any, ephemeral: bool = False, writable: bool = False,
-                   _seal_later: bool = False) -> Any:
+                   _seal_later: bool = False, replace: bool = False) -> Any:
         """Store a numpy array or torch tensor (CPU or CUDA); return the store's copy, zero-copy.
 
         The result (numpy array, or torch tensor for torch input) is a view of the store's
@@ -612,12 +647,20 @@ class Client(CudaMethods):
         the result is a torch tensor on that device aliasing the store's device memory; any
         other object with ``__cuda_array_interface__`` goes through ``put_cuda``. Without a
         usable CUDA driver in this process they raise GpuUnavailable (with the reason).
+
+        ``replace=True``: ``name`` may already exist; the new tensor becomes the name's next
+        version when it is sealed, in one step (gets from then on return it, gets before
+        returned the previous version, and the name is never missing in between). Whoever
+        holds the previous version keeps it, unchanged; its memory goes with its last holder.
+        ``vovp.version_of(result)`` is the version it became. Without it, an existing name
+        raises ObjectExists.
         """
         if T.is_torch_tensor(t) and t.device.type == "cuda":
-            return self._put_torch_cuda(name, t, ephemeral)
+            return self._put_torch_cuda(name, t, ephemeral, replace)
         if not T.is_torch_tensor(t) and type(t) is not np.ndarray and \
                 C.cuda_interface(t) is not None:
-            return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable)
+            return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable,
+                                 replace=replace)
         src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
         writable = writable or torch_in
         name = _name(name)
@@ -628,10 +671,11 @@ class Client(CudaMethods):
         if size <= self._inline_limit or (as_is and size <= self._lend_limit and not _seal_later):
             if not as_is:
                 src = np.ascontiguousarray(src, dtype=store_dt)
-            obj = self._native.put(name, src.ctypes.data, size, meta, ephemeral, True, writable)
+            obj = self._native.put(name, src.ctypes.data, size, meta, ephemeral, True, writable,
+                                   True, replace)
             owner = self._owner(obj)
         else:
-            owner = self._create(name, size, meta, ephemeral)
+            owner = self._create(name, size, meta, ephemeral, None, replace)
             try:
                 copy_into(owner.view(store_dt).reshape(src.shape), src)
                 if _seal_later:
@@ -644,7 +688,8 @@ class Client(CudaMethods):
         return _host_result(owner, view_dt, src.shape, code, torch_in, writable)
 
     def put_tensors(self, tensors: Union[Mapping[Any, Any], Iterable[Tuple[Name, Any]]],
-                    ephemeral: bool = False, writable: bool = False) -> dict[str, Any]:
+                    ephemeral: bool = False, writable: bool = False,
+                    replace: bool = False) -> dict[str, Any]:
         """``put_tensor`` of every ``name -> tensor`` item of a mapping (or of (name, tensor)
         pairs); returns ``{name: store's copy}`` in the same order.
 
@@ -683,13 +728,13 @@ class Client(CudaMethods):
             # Bounded batches: the daemon's replies must never fill our receive buffer while
             # we are still sending.
             if len(batch) >= 64 or batch_bytes >= (4 << 20):
-                error = self._put_batch(batch, results, ephemeral, writable) or error
+                error = self._put_batch(batch, results, ephemeral, writable, replace) or error
                 batch, batch_bytes = [], 0
         if batch:
-            error = self._put_batch(batch, results, ephemeral, writable) or error
+            error = self._put_batch(batch, results, ephemeral, writable, replace) or error
         for name, t in sequential:
             try:
-                results[name] = self.put_tensor(name, t, ephemeral, writable)
+                results[name] = self.put_tensor(name, t, ephemeral, writable, replace=replace)
             except Exception as e:  # noqa: BLE001
                 error = error or e
                 results.pop(name, None)
@@ -698,12 +743,13 @@ class Client(CudaMethods):
         return results
 
     def _put_batch(self, batch: builtins.list[_BatchItem], results: dict[str, Any],
-                   ephemeral: bool, writable: bool) -> Optional[BaseException]:
+                   ephemeral: bool, writable: bool,
+                   replace: bool = False) -> Optional[BaseException]:
         """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
         torch_any = any(b[5] for b in batch)
         objs = self._native.put_many(
             [(name, src.ctypes.data, src.nbytes, meta) for name, src, *_, meta in batch],
-            ephemeral, writable or torch_any)
+            ephemeral, writable or torch_any, replace)
         error = None
         for (name, _, view_dt, shape, code, torch_in, _), obj in zip(batch, objs):
             if isinstance(obj, BaseException):
@@ -721,7 +767,8 @@ class Client(CudaMethods):
         return self._n.last_request_id
 
     def get_tensor(self, name: Name, timeout: Optional[float] = None,
-                   framework: Optional[str] = None, writable: bool = False) -> Any:
+                   framework: Optional[str] = None, writable: bool = False,
+                   newer_than: Optional[int] = None) -> Any:
         """The tensor stored under ``name``, zero-copy.
 
         ``timeout``: None = don't wait, seconds to wait, negative = forever; raises
@@ -739,8 +786,15 @@ class Client(CudaMethods):
         ``.to_numpy()``); "torch" or "cuda" (CudaTensor) force one. "numpy" is refused for
         them (TypeError): there is no host memory to view; ``.to_numpy()`` copies. Without a
         CUDA driver in this process a CUDA object raises GpuUnavailable.
+
+        ``newer_than=v``: only a version of ``name`` above ``v`` (``vovp.version_of`` of a
+        tensor you hold), waiting up to ``timeout`` for one to be sealed, then ObjectNotFound:
+        how a reader follows a name that a writer replaces (``put_tensor(replace=True)``).
         """
         _check_framework(framework)
+        if newer_than:
+            obj = self._get1(name, timeout, writable, newer_than=newer_than)
+            return self._tensor_from_obj(obj, name, framework, writable)
         return self.get_tensors([name], timeout, framework, writable)[0]
 
     def get_tensors(self, names: Iterable[Name], timeout: Optional[float] = None,
@@ -824,7 +878,8 @@ class Client(CudaMethods):
 
     def subscribe(self) -> Subscription:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
-        kind being "sealed", "deleted" or "evicted". Close it with ``.close()``."""
+        kind being "sealed", "deleted", "evicted" or "replaced" (a new version took the name:
+        one notification, no "deleted" of the old one). Close it with ``.close()``."""
         return Subscription(self._path)
 
 

@@ -41,6 +41,7 @@ pub struct Snapshot {
     pub meta_offset: u64,
     pub meta_len: u64,
     pub flags: u64,
+    pub version: u64,
 }
 
 impl Snapshot {
@@ -58,6 +59,7 @@ impl Snapshot {
             meta_offset: e.meta_offset.load(Relaxed),
             meta_len: e.meta_len.load(Relaxed),
             flags: e.flags.load(Relaxed),
+            version: e.version.load(Relaxed),
         }
     }
 }
@@ -83,6 +85,8 @@ pub struct Publish<'a> {
     pub meta_offset: u64,
     pub meta_len: u64,
     pub flags: u64,
+    /// The name's version this object is.
+    pub version: u64,
 }
 
 enum Probe {
@@ -254,6 +258,7 @@ impl<'a> DirectoryWriter<'a> {
             e.meta_offset.store(p.meta_offset, Relaxed);
             e.meta_len.store(p.meta_len, Relaxed);
             e.flags.store(p.flags, Relaxed);
+            e.version.store(p.version, Relaxed);
             // Only the words the name spans: readers compare no further than `name_len`.
             for i in 0..p.name.len().div_ceil(8) {
                 e.name[i].store(name_word(p.name, i), Relaxed);
@@ -368,6 +373,7 @@ mod tests {
             meta_offset: v * 1000,
             meta_len: v + 1,
             flags: v + 2,
+            version: v + 3,
         }
     }
 
@@ -402,7 +408,10 @@ mod tests {
             (s.object_id, s.generation, s.segment, s.offset, s.size),
             (7, 1, 7, 70, 700)
         );
-        assert_eq!((s.meta_offset, s.meta_len, s.flags), (7000, 8, 9));
+        assert_eq!(
+            (s.meta_offset, s.meta_len, s.flags, s.version),
+            (7000, 8, 9, 10)
+        );
         assert_eq!(w.get(index), Some(s));
         assert_eq!(w.reader().lookup(b"beta"), Lookup::Missing);
         assert_eq!(w.reader().lookup(b"alph"), Lookup::Missing);
@@ -649,7 +658,11 @@ mod tests {
                                     (v, v * 10, v * 100, v * 1000),
                                     "torn entry"
                                 );
-                                assert_eq!((s.meta_len, s.flags), (v + 1, v + 2), "torn entry");
+                                assert_eq!(
+                                    (s.meta_len, s.flags, s.version),
+                                    (v + 1, v + 2, v + 3),
+                                    "torn entry"
+                                );
                                 seen += 1;
                             }
                             Lookup::Busy => busy += 1,

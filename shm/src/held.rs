@@ -90,6 +90,7 @@ fn published_ref(name: &str, s: &Snapshot, metadata: &[u8]) -> Option<ObjectRef>
             segment: s.segment,
             offset: s.offset,
         },
+        version: s.version,
     })
 }
 
@@ -108,7 +109,7 @@ impl ObjectSink for HoldSink {
         let _ = self.reader.release(self.slot, self.snapshot);
     }
 
-    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<u64, Error> {
         Err(Error::AlreadySealed(obj.name.to_string()))
     }
 }

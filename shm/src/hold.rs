@@ -331,6 +331,7 @@ mod tests {
             meta_offset: 0,
             meta_len: 0,
             flags: 0,
+            version: 1,
         })
         .unwrap()
     }

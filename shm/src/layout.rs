@@ -6,8 +6,8 @@
 //! Every word is a little-endian `u64` accessed atomically (no byte is ever read or written
 //! non-atomically, so a reader racing the writer reads stale or mixed words, never undefined
 //! behaviour; the seqlock throws mixed reads away). Any change to these layouts or to
-//! [`name_hash`] bumps [`LAYOUT_VERSION`] (now 4: 2 added the lend words, 3 grew the headers
-//! to 128 bytes for `puts_sent`, 4 added `holding`); a mapping whose header disagrees with
+//! [`name_hash`] bumps [`LAYOUT_VERSION`] (now 5: 2 added the lend words, 3 grew the headers
+//! to 128 bytes for `puts_sent`, 4 added `holding`, 5 the entries' `version`); a mapping whose header disagrees with
 //! this build is refused. Offsets are in bytes.
 //!
 //! **Directory header** ([`DirHeader`], [`HEADER_SIZE`] = 128 B, at 0), written by the store
@@ -16,7 +16,7 @@
 //! | offset | word | value |
 //! |---|---|---|
 //! | 0 | `magic` | [`DIR_MAGIC`], `"VOVPDIR1"` |
-//! | 8 | `version_entry_size` | [`LAYOUT_VERSION`] (4) \| [`ENTRY_SIZE`] (384) << 32 |
+//! | 8 | `version_entry_size` | [`LAYOUT_VERSION`] (5) \| [`ENTRY_SIZE`] (384) << 32 |
 //! | 16 | `capacity` | entries, a power of two ≤ [`MAX_CAPACITY`] (2^24) |
 //! | 24 | `name_max` | [`NAME_MAX`] (256, the store's name limit) |
 //! | 32 | `entries_offset` | [`HEADER_SIZE`] (128) |
@@ -41,7 +41,8 @@
 //! | 72 | `meta_len` | |
 //! | 80 | `flags` | store-defined, carried, not interpreted here |
 //! | 88 | `stamp` | the store's LRU stamp; **outside** the seqlock (advisory) |
-//! | 96..128 | `reserved` | 4 words |
+//! | 96 | `version` | the name's version this object is (1, 2, ...: a replace publishes the next) |
+//! | 104..128 | `reserved` | 3 words |
 //! | 128..384 | `name` | 32 words: the name's bytes, zero-padded, packed little-endian |
 //!
 //! **Hold table header** ([`HoldHeader`], [`HEADER_SIZE`] = 128 B, at 0), one table per
@@ -51,7 +52,7 @@
 //! | offset | word | value |
 //! |---|---|---|
 //! | 0 | `magic` | [`HOLD_MAGIC`], `"VOVPHLD1"` |
-//! | 8 | `version_slot_size` | [`LAYOUT_VERSION`] (4) \| [`SLOT_SIZE`] (32) << 32 |
+//! | 8 | `version_slot_size` | [`LAYOUT_VERSION`] (5) \| [`SLOT_SIZE`] (32) << 32 |
 //! | 16 | `slots` | slots, a power of two ≤ [`MAX_CAPACITY`] (the store's `SharedConfig` makes 4096) |
 //! | 24 | `slots_offset` | [`HEADER_SIZE`] (128) |
 //! | 32 | `client_id` | the store's id for the client (informational) |
@@ -85,7 +86,7 @@ pub const HOLD_MAGIC: u64 = u64::from_le_bytes(*b"VOVPHLD1");
 /// handshake ([`crate::lend`]).
 pub const LEND_CLIENT: u64 = u64::from_le_bytes(*b"VOVPLEND");
 /// Bumped on any change of these layouts or of [`name_hash`].
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Longest name an entry holds inline: the store's own limit (`vovp::MAX_NAME_LEN`), so every
 /// object can be published.
@@ -179,15 +180,17 @@ pub struct Entry {
     /// The store's LRU stamp as last folded in. Outside the seqlock: the store updates it
     /// without making readers retry; it is advisory.
     pub stamp: AtomicU64,
-    pub reserved: [AtomicU64; 4],
+    /// The name's version this object is.
+    pub version: AtomicU64,
+    pub reserved: [AtomicU64; 3],
     /// The name's bytes, zero-padded, packed little-endian into words.
     pub name: [AtomicU64; NAME_WORDS],
 }
 
 impl Entry {
     pub fn new() -> Self {
-        let [seq, state, hash, object_id, generation, segment_name_len, offset, size, meta_offset, meta_len, flags, stamp] =
-            zero_words::<12>();
+        let [seq, state, hash, object_id, generation, segment_name_len, offset, size, meta_offset, meta_len, flags, stamp, version] =
+            zero_words::<13>();
         Entry {
             seq,
             state,
@@ -201,6 +204,7 @@ impl Entry {
             meta_len,
             flags,
             stamp,
+            version,
             reserved: zero_words(),
             name: zero_words(),
         }
@@ -340,7 +344,7 @@ mod tests {
     #[test]
     fn layout_is_pinned() {
         use std::mem::size_of;
-        assert_eq!(LAYOUT_VERSION, 4);
+        assert_eq!(LAYOUT_VERSION, 5);
         assert_eq!(DIR_MAGIC.to_le_bytes(), *b"VOVPDIR1");
         assert_eq!(HOLD_MAGIC.to_le_bytes(), *b"VOVPHLD1");
         assert_eq!(LEND_CLIENT.to_le_bytes(), *b"VOVPLEND");
@@ -392,10 +396,11 @@ mod tests {
                 offset_of!(Entry, meta_len),
                 offset_of!(Entry, flags),
                 offset_of!(Entry, stamp),
+                offset_of!(Entry, version),
                 offset_of!(Entry, reserved),
                 offset_of!(Entry, name),
             ],
-            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 128]
+            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 128]
         );
         assert_eq!(
             [

@@ -1,5 +1,6 @@
 //! loom model checks of the seqlocked directory read, the hold/validate/free protocol (one and
-//! two readers, the store's own `is_held` and `held_generations`), taking a lend back (with the
+//! two readers, the store's own `is_held` and `held_generations`, a replace racing a reader),
+//! taking a lend back (with the
 //! populate thread and the PUBLISH reply), and the `puts_sent` barrier. Run:
 //! `RUSTFLAGS="--cfg loom" cargo test -p vovp-shm --release --test loom` (about 5 minutes on two
 //! cores). Each model runs with at most [`PREEMPTIONS`] preemptions (`LOOM_MAX_PREEMPTIONS`
@@ -89,6 +90,7 @@ fn publish(w: &mut DirectoryWriter<'_>, name: &[u8], v: u64) -> (usize, u64) {
         meta_offset: v,
         meta_len: v,
         flags: v,
+        version: v,
     })
     .expect("publish")
 }
@@ -123,9 +125,10 @@ fn seqlock_read_is_never_torn() {
                             snap.size,
                             snap.meta_offset,
                             snap.meta_len,
-                            snap.flags
+                            snap.flags,
+                            snap.version
                         ],
-                        [v; 6],
+                        [v; 7],
                         "torn entry"
                     );
                 }
@@ -220,6 +223,70 @@ fn deferred_free_waits_for_release_then_reuses() {
         let (_, g2) = publish(&mut w, b"a", cell as u64);
         assert_eq!(g2, 2);
         reader.join().unwrap();
+    });
+}
+
+/// A replace racing a reader (the store's seal of a replacement, `ObjectTable::seal`): the
+/// previous version is unpublished, `is_held` decides between freeing its memory now (then
+/// reused) and parking it, and the new version is published under the same name in other
+/// memory; parked, it is freed once no hold names it. The reader gets the name once: it holds
+/// one whole version (the entry's version word matches the version its memory carries), or
+/// finds nothing (it would then ask the store, which has the new version already), and never
+/// reads memory the store freed.
+#[test]
+fn a_replace_racing_a_reader_gives_one_whole_version() {
+    model(|| {
+        let s = shared(2, 1);
+        // Version 1 in cell 0; its memory carries its version number.
+        s.memory.0[0].with_mut(|p| unsafe { *p = 1 });
+        let version = |w: &mut DirectoryWriter<'_>, cell: u64, v: u64| {
+            w.publish(&Publish {
+                name: b"a",
+                object_id: v,
+                segment: 0,
+                offset: cell,
+                size: 8,
+                meta_offset: cell,
+                meta_len: 0,
+                flags: 0,
+                version: v,
+            })
+            .expect("publish")
+        };
+        let (index, generation) = version(&mut DirectoryWriter::new(&s.header, &s.entries), 0, 1);
+        let r = s.clone();
+        let reader = thread::spawn(move || {
+            let dir = Directory::new(&r.entries);
+            let mut holds = Holds::new(&r.slots, &r.hold_header.holding);
+            if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
+                let snap = h.snapshot;
+                let tag = r.memory.0[snap.offset as usize].with(|p| unsafe { *p });
+                assert_eq!(
+                    (snap.offset, snap.version),
+                    (snap.version - 1, snap.version)
+                );
+                assert_eq!(tag, snap.version, "a version's entry over other memory");
+                holds.release(h).expect("release");
+            }
+        });
+        // Version 2 was written into cell 1 by its client before the seal.
+        s.memory.0[1].with_mut(|p| unsafe { *p = 2 });
+        let mut w = DirectoryWriter::new(&s.header, &s.entries);
+        let mut parked = Vec::new();
+        w.unpublish(index, generation).expect("unpublish");
+        let views = [HoldsView::new(&s.slots).counted(&s.hold_header.holding)];
+        if is_held(views, generation) {
+            parked.push((generation, 0usize));
+        } else {
+            // Freed and reused at once.
+            s.memory.0[0].with_mut(|p| unsafe { *p = 0xdead });
+        }
+        version(&mut w, 1, 2);
+        reader.join().unwrap();
+        for cell in collect(&mut parked, &views) {
+            s.memory.0[cell].with_mut(|p| unsafe { *p = 0xdead });
+        }
+        assert!(parked.is_empty(), "hold left behind");
     });
 }
 

@@ -117,6 +117,7 @@ fn child_reads_the_directory_and_its_hold_pins_the_object_until_dropped() {
             meta_offset: 0,
             meta_len: 0,
             flags: 0,
+            version: 1,
         })
         .unwrap();
     let table = HoldRegion::create(8, 1).unwrap();

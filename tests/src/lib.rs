@@ -267,7 +267,12 @@ impl Raw {
         Some((h[5], u64::from_le_bytes(h[8..16].try_into().ok()?), p))
     }
     pub fn hello(&mut self) {
-        self.send(&Self::frame(1, 0x01, 1, &7u32.to_le_bytes()));
+        self.send(&Self::frame(
+            vovp_proto::VERSION,
+            0x01,
+            1,
+            &7u32.to_le_bytes(),
+        ));
         assert_eq!(self.reply(), Some((0x81, 1, 0)));
     }
     /// SHARED: the store makes this connection a hold table. With `take_part`, this writes
@@ -275,7 +280,7 @@ impl Raw {
     /// (vovp-shm's `lend` handshake), which a LEND needs. Returns the hold table's fd.
     pub fn shared(&mut self, id: u64, take_part: bool) -> std::os::fd::OwnedFd {
         use std::io::Read;
-        self.send(&Self::frame(1, 0x10, id, &[]));
+        self.send(&Self::frame(vovp_proto::VERSION, 0x10, id, &[]));
         let mut h = [0u8; 16];
         let mut fds = Vec::new();
         let mut got = 0;

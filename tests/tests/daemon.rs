@@ -126,16 +126,16 @@ fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
 
     // Anything before HELLO.
     let mut r = Raw::connect(&d);
-    r.send(&Raw::frame(1, 0x0C, 5, &[]));
+    r.send(&Raw::frame(vovp_proto::VERSION, 0x0C, 5, &[]));
     assert_eq!(r.reply(), Some((0x8C, 5, 18)));
     r.hello();
     // Unknown opcode, truncated payload, trailing bytes, name too long, bad UTF-8: an error
     // reply each, and the connection stays usable.
-    r.send(&Raw::frame(1, 0x55, 6, &[1, 2, 3]));
+    r.send(&Raw::frame(vovp_proto::VERSION, 0x55, 6, &[1, 2, 3]));
     assert_eq!(r.reply(), Some((0xD5, 6, 14)));
-    r.send(&Raw::frame(1, 0x03, 7, &[200, 0, b'x']));
+    r.send(&Raw::frame(vovp_proto::VERSION, 0x03, 7, &[200, 0, b'x']));
     assert_eq!(r.reply(), Some((0x83, 7, 12)));
-    r.send(&Raw::frame(1, 0x0C, 8, &[0]));
+    r.send(&Raw::frame(vovp_proto::VERSION, 0x0C, 8, &[0]));
     assert_eq!(r.reply(), Some((0x8C, 8, 12)));
     let mut create = name_payload(&[b'n'; 300]);
     create.extend(10u64.to_le_bytes());
@@ -143,21 +143,31 @@ fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
     create.push(1);
     create.extend(0u32.to_le_bytes());
     create.extend(0u32.to_le_bytes());
-    r.send(&Raw::frame(1, 0x02, 9, &create));
+    r.send(&Raw::frame(vovp_proto::VERSION, 0x02, 9, &create));
     assert_eq!(r.reply(), Some((0x82, 9, 7)));
-    r.send(&Raw::frame(1, 0x08, 10, &name_payload(&[0xff, 0xfe])));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x08,
+        10,
+        &name_payload(&[0xff, 0xfe]),
+    ));
     assert_eq!(r.reply(), Some((0x88, 10, 7)));
     // A GET whose count claims four billion names.
     let mut get = 0i64.to_le_bytes().to_vec();
     get.extend(u32::MAX.to_le_bytes());
-    r.send(&Raw::frame(1, 0x06, 11, &get));
+    r.send(&Raw::frame(vovp_proto::VERSION, 0x06, 11, &get));
     assert_eq!(r.reply(), Some((0x86, 11, 12)));
     // Release of something never held.
     let mut rel = 1u32.to_le_bytes().to_vec();
     rel.extend(12345u64.to_le_bytes());
-    r.send(&Raw::frame(1, 0x07, 12, &rel));
+    r.send(&Raw::frame(vovp_proto::VERSION, 0x07, 12, &rel));
     assert_eq!(r.reply(), Some((0x87, 12, 9)));
-    r.send(&Raw::frame(1, 0x08, 13, &name_payload(b"survivor")));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x08,
+        13,
+        &name_payload(b"survivor"),
+    ));
     assert_eq!(r.reply(), Some((0x88, 13, 0)));
 
     // Wrong version and absurd length: an error, then the connection is closed.
@@ -175,7 +185,7 @@ fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
     // A client vanishing mid-frame, and one vanishing mid-put.
     let mut m = Raw::connect(&d);
     m.hello();
-    let mut partial = Raw::frame(1, 0x05, 2, &[0u8; 1000]);
+    let mut partial = Raw::frame(vovp_proto::VERSION, 0x05, 2, &[0u8; 1000]);
     partial.truncate(100);
     m.send(&partial);
     drop(m);
@@ -186,7 +196,7 @@ fn malformed_input_gets_errors_and_the_daemon_keeps_serving() {
     oversized_put.extend(vec![0u8; 2 << 20]);
     let mut p = Raw::connect(&d);
     p.hello();
-    p.send(&Raw::frame(1, 0x05, 3, &oversized_put));
+    p.send(&Raw::frame(vovp_proto::VERSION, 0x05, 3, &oversized_put));
     assert_eq!(p.reply(), Some((0x85, 3, 15)));
 
     // Everyone else is still served, and nothing leaked.

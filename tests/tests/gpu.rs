@@ -29,8 +29,8 @@ fn serial() -> MutexGuard<'static, ()> {
 
 fn cuda0() -> CreateOptions {
     CreateOptions {
-        ephemeral: false,
         device: Some(Device::Cuda(0)),
+        ..Default::default()
     }
 }
 

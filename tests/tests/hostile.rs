@@ -51,7 +51,12 @@ fn create_of_a_size_near_u64_max_is_out_of_memory_and_the_store_keeps_serving() 
         .enumerate()
     {
         let id = 10 + i as u64;
-        r.send(&Raw::frame(1, 0x02, id, &create_payload(b"huge", size)));
+        r.send(&Raw::frame(
+            vovp_proto::VERSION,
+            0x02,
+            id,
+            &create_payload(b"huge", size),
+        ));
         assert_eq!(r.reply(), Some((0x82, id, 3)), "size {size:#x}");
     }
     assert!(responsive(&good, Duration::from_secs(2)));
@@ -72,9 +77,14 @@ fn a_client_that_never_reads_cannot_freeze_the_daemon() {
     let good = d.client();
     let mut flood = Vec::new();
     for i in 0..20_000u64 {
-        flood.extend(Raw::frame(1, 0x0C, i + 2, &[]));
+        flood.extend(Raw::frame(vovp_proto::VERSION, 0x0C, i + 2, &[]));
     }
-    flood.extend(Raw::frame(1, 0x01, 1, &7u32.to_le_bytes()));
+    flood.extend(Raw::frame(
+        vovp_proto::VERSION,
+        0x01,
+        1,
+        &7u32.to_le_bytes(),
+    ));
     let mut bad = UnixStream::connect(&d.socket).unwrap();
     bad.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     // Our own send buffer fills too; whatever got through is enough to fill the daemon's side.
@@ -99,12 +109,22 @@ fn get_names_are_bounded_per_request() {
     r.hello();
     let names: Vec<Vec<u8>> = (0..16_385).map(|i| format!("{i:x}").into_bytes()).collect();
     let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
-    r.send(&Raw::frame(1, 0x06, 5, &get_payload(60_000, &refs)));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x06,
+        5,
+        &get_payload(60_000, &refs),
+    ));
     let (op, id, payload) = r.reply_payload().unwrap();
     assert_eq!((op, id, payload[0]), (0x86, 5, 15));
     assert!(String::from_utf8_lossy(&payload).contains("at most 16384"));
     // The largest allowed GET still works (and times out with nothing found).
-    r.send(&Raw::frame(1, 0x06, 6, &get_payload(50, &refs[..16_384])));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x06,
+        6,
+        &get_payload(50, &refs[..16_384]),
+    ));
     let (op, id, payload) = r.reply_payload().unwrap();
     assert_eq!((op, id, payload[0]), (0x86, 6, 0));
     assert_eq!(
@@ -138,7 +158,7 @@ fn list_is_paged_and_every_object_is_listed_once() {
     let mut r = Raw::connect(&d);
     r.hello();
     let (_, _, p) = {
-        r.send(&Raw::frame(1, 0x0A, 2, &[]));
+        r.send(&Raw::frame(vovp_proto::VERSION, 0x0A, 2, &[]));
         r.reply_payload().unwrap()
     };
     assert_eq!(p[0], 0);
@@ -157,9 +177,19 @@ fn a_half_closed_client_keeps_its_references_and_gets_its_reply() {
         .unwrap();
     let mut r = Raw::connect(&d);
     r.hello();
-    r.send(&Raw::frame(1, 0x06, 2, &get_payload(0, &[b"held"])));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x06,
+        2,
+        &get_payload(0, &[b"held"]),
+    ));
     assert_eq!(r.reply(), Some((0x86, 2, 0)));
-    r.send(&Raw::frame(1, 0x06, 3, &get_payload(700, &[b"never"])));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x06,
+        3,
+        &get_payload(700, &[b"never"]),
+    ));
     r.0.shutdown(std::net::Shutdown::Write).unwrap();
     let (op, id, p) = r.reply_payload().unwrap();
     assert_eq!((op, id, p[0]), (0x86, 3, 0), "not SHUTTING_DOWN: {p:?}");
@@ -194,7 +224,7 @@ fn a_silent_connection_is_closed_after_the_handshake_timeout() {
     // Half a frame is not enough either, even after HELLO.
     let mut half = Raw::connect(&d);
     half.hello();
-    half.send(&Raw::frame(1, 0x0C, 9, &[])[..10]);
+    half.send(&Raw::frame(vovp_proto::VERSION, 0x0C, 9, &[])[..10]);
     let (_, _, p) = half.reply_payload().expect("a reason");
     assert!(String::from_utf8_lossy(&p).contains("incomplete"));
     assert!(half.closed());
@@ -247,7 +277,7 @@ fn idle_connections_do_not_pin_the_buffers_of_their_largest_frame() {
         let data = (64u64 << 20) - 64;
         put.extend(data.to_le_bytes());
         put.resize(put.len() + data as usize, 0);
-        r.send(&Raw::frame(1, 0x05, i, &put));
+        r.send(&Raw::frame(vovp_proto::VERSION, 0x05, i, &put));
         assert_eq!(r.reply(), Some((0x85, i, 15)));
         idle.push(r);
     }
@@ -267,7 +297,7 @@ fn no_reply_is_refused_outside_release() {
     let mut r = Raw::connect(&d);
     r.hello();
     r.send(&Raw::frame_with_flags(
-        1,
+        vovp_proto::VERSION,
         0x02,
         1,
         4,
@@ -387,7 +417,7 @@ fn a_subscriber_that_never_reads_is_bounded_and_dropped() {
     let good = d.client();
     let mut sub = Raw::connect(&d);
     sub.hello();
-    sub.send(&Raw::frame(1, 0x0D, 2, &[]));
+    sub.send(&Raw::frame(vovp_proto::VERSION, 0x0D, 2, &[]));
     assert_eq!(sub.reply(), Some((0x8D, 2, 0)));
     // From here on the subscriber reads nothing.
     let start = Instant::now();
@@ -458,20 +488,35 @@ fn clients_get_read_only_fds_except_for_their_own_arena() {
 
     let r = Raw::connect(&d);
     let mut r = r;
-    r.send(&Raw::frame(1, 0x01, 1, &7u32.to_le_bytes()));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x01,
+        1,
+        &7u32.to_le_bytes(),
+    ));
     let (hello, fds) = reply_with_fds(&r);
     assert_eq!(hello[16], 0, "HELLO ok");
     assert_eq!(fds.len(), 1);
     assert_read_only(&fds[0], 64 << 20);
     // Someone else's arena: read-only too.
-    r.send(&Raw::frame(1, 0x0F, 2, &segment.to_le_bytes()));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x0F,
+        2,
+        &segment.to_le_bytes(),
+    ));
     let (reply, fds) = reply_with_fds(&r);
     assert_eq!(reply[16], 0, "SEGMENT ok");
     let size = u64::from_le_bytes(reply[17..25].try_into().unwrap());
     assert_eq!(reply[25], 0, "not writable for a non-owner");
     assert_read_only(&fds[0], size);
     // An unknown segment is a clear NOT_FOUND.
-    r.send(&Raw::frame(1, 0x0F, 3, &999u32.to_le_bytes()));
+    r.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x0F,
+        3,
+        &999u32.to_le_bytes(),
+    ));
     assert_eq!(r.reply(), Some((0x8F, 3, 1)));
     assert!(view.bytes().iter().all(|&b| b == 3));
 }

@@ -203,7 +203,12 @@ fn a_store_that_lends_nothing_still_takes_every_put() {
 // -- hostile PUBLISH ----------------------------------------------------------------------------
 
 fn lend(raw: &mut Raw, id: u64, at_least: u64) -> (u8, Vec<u8>) {
-    raw.send(&Raw::frame(1, 0x11, id, &at_least.to_le_bytes()));
+    raw.send(&Raw::frame(
+        vovp_proto::VERSION,
+        0x11,
+        id,
+        &at_least.to_le_bytes(),
+    ));
     let (op, rid, p) = raw.reply_payload().expect("LEND reply");
     assert_eq!((op, rid), (0x91, id));
     (p[0], p)
@@ -216,7 +221,7 @@ fn publish(raw: &mut Raw, id: u64, lend: u64, offset: u64, name: &str, size: u64
     p.extend(0u32.to_le_bytes()); // flags
     p.extend(0u32.to_le_bytes()); // metadata: empty bytes
     p.extend(size.to_le_bytes());
-    raw.send(&Raw::frame(1, 0x12, id, &p));
+    raw.send(&Raw::frame(vovp_proto::VERSION, 0x12, id, &p));
     let (op, rid, status) = raw.reply().expect("PUBLISH reply");
     assert_eq!((op, rid), (0x92, id));
     status

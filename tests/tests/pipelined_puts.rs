@@ -143,7 +143,7 @@ fn puts_of_a_client_that_goes_away_at_once_are_all_stored() {
         p.extend(0u32.to_le_bytes()); // metadata: none
         p.extend(8u64.to_le_bytes()); // data_size
         p.extend(i.to_le_bytes());
-        frames.extend(Raw::frame(1, 0x05, 10 + i, &p));
+        frames.extend(Raw::frame(vovp_proto::VERSION, 0x05, 10 + i, &p));
     }
     raw.send(&frames);
     drop(raw);

@@ -164,6 +164,9 @@ pub struct CreateOptions {
     pub ephemeral: bool,
     /// Host memory unless a CUDA device is named.
     pub device: Option<Device>,
+    /// The name may already refer to a sealed object: this one takes the name over at its
+    /// seal, as the name's next version (without it, a taken name is `AlreadyExists`).
+    pub replace: bool,
 }
 
 /// What a create or a get hands back: enough to address the bytes and to release the reference.
@@ -174,6 +177,9 @@ pub struct ObjectRef {
     pub size: u64,
     pub metadata: Arc<[u8]>,
     pub location: Location,
+    /// The name's version this object is (1 for a name's first object, one more for each
+    /// replace); 0 while it is not sealed yet (a version is given at seal).
+    pub version: u64,
 }
 
 /// A part of a client's own arena lent to it (LEND): the client writes objects into it itself
@@ -203,6 +209,8 @@ pub struct ObjectInfo {
     pub refcount: u32,
     pub last_access: SystemTime,
     pub metadata: Arc<[u8]>,
+    /// See [`ObjectRef::version`].
+    pub version: u64,
 }
 
 /// Counters of the whole store.
@@ -247,6 +255,9 @@ pub struct Notification {
     pub name: ObjectName,
     pub size: u64,
     pub metadata: Arc<[u8]>,
+    /// The object's version: the sealed or replacing one's; the gone one's for deleted and
+    /// evicted.
+    pub version: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,4 +265,6 @@ pub enum NotificationKind {
     Sealed = 1,
     Deleted = 2,
     Evicted = 3,
+    /// A new version of a name was sealed in place of the previous one (a replace).
+    Replaced = 4,
 }

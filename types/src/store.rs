@@ -19,7 +19,8 @@ pub trait Store: Send + Sync {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<ObjectBuffer, Error>;
-    fn seal(&self, name: &str) -> Result<(), Error>;
+    /// Seals `name` (created by this caller): the name's version it became.
+    fn seal(&self, name: &str) -> Result<u64, Error>;
     fn abort(&self, name: &str) -> Result<(), Error>;
     /// Creates, copies (in parallel above 1 MB) and seals in one call; keeps no reference.
     fn put(
@@ -35,6 +36,15 @@ pub trait Store: Send + Sync {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error>;
+    /// `name` as a version newer than `newer_than`, waiting up to `timeout` for one to be
+    /// sealed ([`Error::NotFound`] when none is); `newer_than` 0 is any version, as
+    /// [`Store::get_one`].
+    fn get_newer(
+        &self,
+        name: &str,
+        newer_than: u64,
+        timeout: Option<Duration>,
+    ) -> Result<ObjectView, Error>;
     fn contains(&self, name: &str) -> Result<bool, Error>;
     fn delete(&self, name: &str) -> Result<(), Error>;
     fn list(&self) -> Result<Vec<ObjectInfo>, Error>;
@@ -74,7 +84,7 @@ pub trait AsyncStore: Send + Sync {
         metadata: &[u8],
         options: CreateOptions,
     ) -> impl Future<Output = Result<ObjectBuffer, Error>> + Send;
-    fn seal(&self, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
+    fn seal(&self, name: &str) -> impl Future<Output = Result<u64, Error>> + Send;
     fn abort(&self, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
     fn put(
         &self,
@@ -88,6 +98,13 @@ pub trait AsyncStore: Send + Sync {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<Vec<Option<ObjectView>>, Error>> + Send;
+    /// See [`Store::get_newer`].
+    fn get_newer(
+        &self,
+        name: &str,
+        newer_than: u64,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<ObjectView, Error>> + Send;
     fn contains(&self, name: &str) -> impl Future<Output = Result<bool, Error>> + Send;
     fn delete(&self, name: &str) -> impl Future<Output = Result<(), Error>> + Send;
     fn list(&self) -> impl Future<Output = Result<Vec<ObjectInfo>, Error>> + Send;

@@ -15,8 +15,9 @@ pub trait ObjectSink: Send + Sync + 'static {
     /// Drops one reference to `id`. Must not block (it runs in `Drop`).
     fn release(&self, id: ObjectId);
     /// Seals the object `obj` refers to (blocking): that incarnation only where the sink can
-    /// tell (the embedded engine), by name where it cannot (the wire protocol).
-    fn seal(&self, obj: &ObjectRef) -> Result<(), Error>;
+    /// tell (the embedded engine), by name where it cannot (the wire protocol). Returns the
+    /// name's version it became.
+    fn seal(&self, obj: &ObjectRef) -> Result<u64, Error>;
 }
 
 /// Where one object is in this process: host bytes in a mapping, or a device address (non-zero
@@ -105,6 +106,11 @@ impl ObjectView {
     }
     pub fn size(&self) -> u64 {
         self.obj.size
+    }
+    /// The name's version this object is: 1 for a name's first object, one more for each
+    /// replace (0 for an object not sealed yet).
+    pub fn version(&self) -> u64 {
+        self.obj.version
     }
     pub fn metadata(&self) -> &[u8] {
         &self.obj.metadata
@@ -229,9 +235,9 @@ impl ObjectBuffer {
     }
 
     /// Seals the object (immutable and visible to everyone from now on) and keeps the reference
-    /// as a read-only view.
-    pub fn seal(self) -> Result<ObjectView, Error> {
-        self.view.sink.seal(&self.view.obj)?;
+    /// as a read-only view (of the version it became: [`ObjectView::version`]).
+    pub fn seal(mut self) -> Result<ObjectView, Error> {
+        self.view.obj.version = self.view.sink.seal(&self.view.obj)?;
         Ok(self.view)
     }
 

@@ -198,6 +198,7 @@ fn object(name: &str, size: u64, script: &mut Script<'_>) -> ObjectRef {
             segment: u32::from(script.byte() % 3),
             offset: script.number() / 64 * 64,
         },
+        version: script.number(),
     }
 }
 
@@ -253,7 +254,8 @@ fn answer(
         Request::Create { name, size, .. } => Reply::Object(object(name, *size, script)),
         Request::Put { name, data, .. } => Reply::Object(object(name, data.len() as u64, script)),
         Request::Publish { name, size, .. } => Reply::Object(object(name, *size, script)),
-        Request::Get { names, .. } => Reply::Objects(
+        Request::Seal { .. } => Reply::Version(script.number()),
+        Request::Get { names, .. } | Request::GetNewer { names, .. } => Reply::Objects(
             names
                 .iter()
                 .map(|n| {

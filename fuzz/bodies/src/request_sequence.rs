@@ -317,7 +317,7 @@ fn apply(op: Op, held: &mut Held) {
             let (size, metadata) = (size.bytes(), meta.bytes(fill));
             let options = CreateOptions {
                 ephemeral,
-                device: None,
+                ..Default::default()
             };
             let r = held
                 .session(session)
@@ -373,7 +373,7 @@ fn apply(op: Op, held: &mut Held) {
             let (data, metadata) = (vec![fill; len], meta.bytes(Some(fill)));
             let options = CreateOptions {
                 ephemeral,
-                device: None,
+                ..Default::default()
             };
             let r = held
                 .session(session)

@@ -40,6 +40,7 @@ fn host_object(n: &str, id: u64, size: u64, metadata: &[u8]) -> ObjectRef {
             segment: 0,
             offset: 64 * id,
         },
+        version: id,
     }
 }
 
@@ -134,6 +135,14 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         },
     );
     req("seal", Request::Seal { name: "a".into() });
+    req(
+        "get-newer",
+        Request::GetNewer {
+            timeout_ms: 50,
+            names: vec!["a".into(), "b".into()],
+            newer_than: vec![0, 4],
+        },
+    );
     req("abort", Request::Abort { name: "a".into() });
     req(
         "put",
@@ -398,6 +407,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
                 offset: 4096,
                 size: 512,
             }),
+            version: 7,
         }),
     );
     reply(
@@ -421,6 +431,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         refcount: id as u32,
         last_access: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + id),
         metadata: Arc::from(&b"m"[..]),
+        version: id + 1,
     };
     reply(
         "list",
@@ -452,7 +463,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             connections: 2,
         },
     );
-    reply("seal", Opcode::Seal.code(), Reply::Empty);
+    reply("seal", Opcode::Seal.code(), Reply::Version(3));
     reply(
         "not-found",
         Opcode::Get.code(),

@@ -49,6 +49,9 @@ enum Command {
         size: u64,
         #[arg(long, default_value_t = 3600)]
         seconds: u64,
+        /// Create a replacement of an existing NAME (its next version, were it sealed).
+        #[arg(long)]
+        replace: bool,
     },
     /// Put COUNT objects PREFIX0.. of SIZE bytes (object i filled with byte i, metadata "m{i}"),
     /// keeping a reference to each; print "put LAST_REQUEST_ID" and sleep.
@@ -62,6 +65,9 @@ enum Command {
     /// Get NAMEs (no wait) and print `NAME len=N fnv=HASH meta=METADATA` for each (the bytes'
     /// FNV-1a, in hex; the metadata lossily as UTF-8).
     Read { names: Vec<String> },
+    /// Get a version of NAME newer than VERSION, waiting up to a minute; print
+    /// `NAME version=V first=B` (B: its first byte).
+    ReadNewer { name: String, version: u64 },
     /// Get NAME, print "got", then write one byte into the view's memory: a client that may
     /// not write the object dies of SIGSEGV there; if the write goes through, prints "wrote".
     /// With --private, writes through a private view (`Client::private_view`) instead and
@@ -228,8 +234,13 @@ fn run(args: Args) -> Result<(), Error> {
             name,
             size,
             seconds,
+            replace,
         } => {
-            let mut b = client.create(&name, size, b"", CreateOptions::default())?;
+            let options = CreateOptions {
+                replace,
+                ..CreateOptions::default()
+            };
+            let mut b = client.create(&name, size, b"", options)?;
             b.as_mut_slice().fill(0xAB);
             writeln!(out, "created").map_err(io)?;
             out.flush().map_err(io)?;
@@ -268,6 +279,11 @@ fn run(args: Args) -> Result<(), Error> {
                 )
                 .map_err(io)?;
             }
+        }
+        Command::ReadNewer { name, version } => {
+            let v = client.get_newer(&name, version, Some(Duration::from_secs(60)))?;
+            let first = v.first().copied().unwrap_or(0);
+            writeln!(out, "{name} version={} first={first}", v.version()).map_err(io)?;
         }
         Command::WriteView { name, private } => {
             let v = client.get_one(&name, None)?;
@@ -534,8 +550,8 @@ fn cuda_ptr(v: &ObjectView) -> Result<u64, Error> {
 
 fn cuda_options(device: u32) -> CreateOptions {
     CreateOptions {
-        ephemeral: false,
         device: Some(Device::Cuda(device)),
+        ..Default::default()
     }
 }
 

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use vovp_proto::{Header, Reply, Request, CREATE_EPHEMERAL, FLAG_NO_REPLY, HEADER_LEN, REPLY_BIT};
+use vovp_proto::{
+    Header, Reply, Request, CREATE_EPHEMERAL, CREATE_REPLACE, FLAG_NO_REPLY, HEADER_LEN, REPLY_BIT,
+};
 use vovp_types::{CreateOptions, Device, Error, ObjectInfo, ObjectName, ObjectRef, StoreStats};
 
 use crate::mapping::{MappedSegment, Mappings};
@@ -299,6 +301,18 @@ pub(crate) fn check_created(r: &ObjectRef, size: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// The CREATE, PUT and PUBLISH flags `options` asks for.
+pub(crate) fn create_flags(options: &CreateOptions) -> u32 {
+    let mut flags = 0;
+    if options.ephemeral {
+        flags |= CREATE_EPHEMERAL;
+    }
+    if options.replace {
+        flags |= CREATE_REPLACE;
+    }
+    flags
+}
+
 fn check_name(n: &str) -> Result<(), Error> {
     ObjectName::new(n).map(drop)
 }
@@ -318,11 +332,7 @@ pub(crate) mod requests {
         Ok(Request::Create {
             name: name.into(),
             size,
-            flags: if options.ephemeral {
-                CREATE_EPHEMERAL
-            } else {
-                0
-            },
+            flags: create_flags(&options),
             device: options.device.unwrap_or(Device::Cpu),
             metadata: metadata.into(),
         })
@@ -352,12 +362,32 @@ pub(crate) mod requests {
             .iter()
             .map(|&n| check_name(n).map(|()| Cow::Borrowed(n)))
             .collect::<Result<_, _>>()?;
-        let timeout_ms = match timeout {
+        Ok(Request::Get {
+            timeout_ms: timeout_ms(timeout),
+            names,
+        })
+    }
+
+    /// GET_NEWER of one name: found as a version above `newer_than`.
+    pub(crate) fn get_newer(
+        name: &str,
+        newer_than: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Request<'_>, Error> {
+        check_name(name)?;
+        Ok(Request::GetNewer {
+            timeout_ms: timeout_ms(timeout),
+            names: vec![Cow::Borrowed(name)],
+            newer_than: vec![newer_than],
+        })
+    }
+
+    fn timeout_ms(timeout: Option<Duration>) -> i64 {
+        match timeout {
             None => 0,
             Some(d) if d.as_millis() >= i64::MAX as u128 => -1,
             Some(d) => d.as_millis().max(1) as i64,
-        };
-        Ok(Request::Get { timeout_ms, names })
+        }
     }
 
     pub(crate) fn publish<'a>(
@@ -419,6 +449,8 @@ pub(crate) trait Expect {
     fn stats(self) -> Result<(StoreStats, u64), Error>;
     fn empty(self) -> Result<(), Error>;
     fn lent(self) -> Result<vovp_types::Lend, Error>;
+    /// SEAL's: the version the object became.
+    fn version(self) -> Result<u64, Error>;
 }
 
 impl Expect for Reply {
@@ -461,6 +493,12 @@ impl Expect for Reply {
     fn empty(self) -> Result<(), Error> {
         match self {
             Reply::Empty => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn version(self) -> Result<u64, Error> {
+        match self {
+            Reply::Version(v) => Ok(v),
             other => Err(unexpected(&other)),
         }
     }
@@ -556,6 +594,7 @@ mod tests {
                 segment: 0,
                 offset: 0,
             },
+            version: 1,
         };
         assert!(matches!(
             core.check_generation(0, &obj),
@@ -575,6 +614,7 @@ mod tests {
                 segment: 1,
                 offset: 0,
             },
+            version: 0,
         };
         assert!(check_created(&obj(65600), 65600).is_ok());
         assert!(matches!(

@@ -180,10 +180,7 @@ impl Reserved {
         // reserved for this put alone (block_len(data, metadata) bytes from `ptr`).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr, data.len()) };
         parallel_copy(dst, data);
-        let mut flags = 0;
-        if options.ephemeral {
-            flags |= vovp_proto::CREATE_EPHEMERAL;
-        }
+        let mut flags = crate::core::create_flags(options);
         if keep {
             flags |= vovp_proto::PUT_KEEP_REFERENCE;
         }

@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use memmap2::{MmapOptions, MmapRaw};
-use vovp_proto::{CREATE_EPHEMERAL, PUT_KEEP_REFERENCE};
+use vovp_proto::PUT_KEEP_REFERENCE;
 use vovp_types::{
     CreateOptions, Device, Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView,
 };
@@ -304,13 +304,9 @@ impl Mappings {
         {
             return None;
         }
-        let mut flags = if keep_reference {
-            PUT_KEEP_REFERENCE
-        } else {
-            0
-        };
-        if options.ephemeral {
-            flags |= CREATE_EPHEMERAL;
+        let mut flags = crate::core::create_flags(options);
+        if keep_reference {
+            flags |= PUT_KEEP_REFERENCE;
         }
         Some(flags)
     }

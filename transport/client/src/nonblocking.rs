@@ -107,11 +107,11 @@ impl AsyncInner {
     /// (`ObjectBuffer::seal`): the daemon lets only the connection that created an object
     /// seal it. Waits for the connection if another call holds it, where waiting cannot
     /// deadlock.
-    fn seal_blocking(&self, generation: u64, obj: &ObjectRef) -> Result<(), Error> {
+    fn seal_blocking(&self, generation: u64, obj: &ObjectRef) -> Result<u64, Error> {
         let req = requests::seal(obj.name.as_str())?;
         let run = |conn: &mut AsyncConn| {
             self.core.check_generation(generation, obj)?;
-            conn.exchange_blocking(&self.core, &req)?.empty()
+            conn.exchange_blocking(&self.core, &req)?.version()
         };
         if let Ok(mut conn) = self.conn.try_lock() {
             return run(&mut conn);
@@ -148,7 +148,7 @@ impl ObjectSink for AsyncViewSink {
         self.inner.core.defer_release(id, self.generation);
     }
 
-    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<u64, Error> {
         self.inner.seal_blocking(self.generation, obj)
     }
 }
@@ -383,8 +383,8 @@ impl AsyncStore for AsyncClient {
             .inspect_err(|_| sink.release(id))
     }
 
-    async fn seal(&self, name: &str) -> Result<(), Error> {
-        self.call(&requests::seal(name)?).await?.empty()
+    async fn seal(&self, name: &str) -> Result<u64, Error> {
+        self.call(&requests::seal(name)?).await?.version()
     }
 
     async fn abort(&self, name: &str) -> Result<(), Error> {
@@ -427,6 +427,31 @@ impl AsyncStore for AsyncClient {
         Ok(views)
     }
 
+    /// As the blocking client's: a held version above `newer_than`, else GET_NEWER.
+    async fn get_newer(
+        &self,
+        name: &str,
+        newer_than: u64,
+        timeout: Option<Duration>,
+    ) -> Result<ObjectView, Error> {
+        let connection: Connection = self.inner.clone();
+        let held = self
+            .inner
+            .core
+            .session
+            .maps()
+            .shared_view(name, &connection);
+        if let Some(v) = held.filter(|v| v.version() > newer_than) {
+            return Ok(v);
+        }
+        let req = requests::get_newer(name, newer_than, timeout)?;
+        self.views_of(&req)
+            .await?
+            .pop()
+            .flatten()
+            .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+
     async fn contains(&self, name: &str) -> Result<bool, Error> {
         self.call(&requests::contains(name)?).await?.boolean()
     }
@@ -462,8 +487,12 @@ impl AsyncClient {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let req = requests::get(names, timeout)?;
-        let (reply, answered) = self.call_in_session(&req).await?;
+        self.views_of(&requests::get(names, timeout)?).await
+    }
+
+    /// The views a GET or GET_NEWER answers with.
+    async fn views_of(&self, req: &Request<'_>) -> Result<Vec<Option<ObjectView>>, Error> {
+        let (reply, answered) = self.call_in_session(req).await?;
         let objects = reply.objects()?;
         let sink = self.sink(answered.1);
         // Kept until the views hold the segments they point into.

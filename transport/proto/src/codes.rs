@@ -58,6 +58,7 @@ codes! {
         Shared = 0x10, "SHARED";
         Lend = 0x11, "LEND";
         Publish = 0x12, "PUBLISH";
+        GetNewer = 0x13, "GET_NEWER";
     }
 }
 

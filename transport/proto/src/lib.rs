@@ -35,7 +35,9 @@ pub use request::Request;
 pub use wire::{FrameWriter, Header, Reader};
 
 /// The protocol version in every frame header (and in HELLO's reply).
-pub const VERSION: u8 = 1;
+/// 2: versions (an objref's, LIST's and NOTIFY's `version`, SEAL's reply, GET_NEWER, the
+/// REPLACE flag).
+pub const VERSION: u8 = 2;
 /// Bytes of the frame header: `u32 length, u8 version, u8 opcode, u16 flags, u64 request_id`.
 pub const HEADER_LEN: usize = 16;
 /// Bytes of a frame after its length field, besides the payload.
@@ -70,9 +72,12 @@ pub const PUT_KEEP_REFERENCE: u32 = 2;
 /// PUT flag: sent without waiting for the reply, after the client counted it in its hold
 /// table's `puts_sent` (vovp-shm's `sent`): the store counts it applied, whatever the outcome.
 pub const PUT_PIPELINED: u32 = 4;
+/// CREATE, PUT and PUBLISH flag: the name may refer to a sealed object already; this one
+/// becomes the name's next version at its seal (without the flag: ALREADY_EXISTS).
+pub const CREATE_REPLACE: u32 = 8;
 
 /// Bytes one LIST entry takes on the wire (what [`Reply::List`] encodes per entry), so the
 /// daemon can cut a page at [`LIST_PAGE_BYTES`] before encoding it.
 pub fn list_entry_bytes(i: &vovp_types::ObjectInfo) -> usize {
-    2 + i.name.as_str().len() + 8 + 8 + 1 + 4 + 1 + 1 + 4 + 8 + 4 + i.metadata.len()
+    2 + i.name.as_str().len() + 8 + 8 + 1 + 4 + 1 + 1 + 4 + 8 + 4 + i.metadata.len() + 8
 }

@@ -11,7 +11,8 @@ pub fn encode_notification(n: &Notification, buf: &mut Vec<u8>) {
     w.u8(n.kind as u8)
         .str(n.name.as_str())
         .u64(n.size)
-        .bytes(&n.metadata);
+        .bytes(&n.metadata)
+        .u64(n.version);
     w.finish();
 }
 
@@ -22,6 +23,7 @@ pub fn decode_notification(payload: &[u8]) -> Result<Notification, DecodeError> 
         1 => NotificationKind::Sealed,
         2 => NotificationKind::Deleted,
         3 => NotificationKind::Evicted,
+        4 => NotificationKind::Replaced,
         k => return Err(DecodeError::NotificationKind(k)),
     };
     let n = Notification {
@@ -29,6 +31,7 @@ pub fn decode_notification(payload: &[u8]) -> Result<Notification, DecodeError> 
         name: object_name(r.str()?)?,
         size: r.u64()?,
         metadata: r.bytes()?.into(),
+        version: r.u64()?,
     };
     r.finish()?;
     Ok(n)

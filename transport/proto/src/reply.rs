@@ -14,8 +14,10 @@ use crate::{DecodeError, Opcode, Request, Status, REPLY_BIT, STATUS_OK, VERSION}
 /// beside the bytes (SCM_RIGHTS).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// SEAL, ABORT, RELEASE, DELETE, SUBSCRIBE.
+    /// ABORT, RELEASE, DELETE, SUBSCRIBE.
     Empty,
+    /// SEAL: the version the object became.
+    Version(u64),
     /// `segments`: (id, size) of each fd riding on the reply, in order.
     Hello {
         capacity: u64,
@@ -26,7 +28,7 @@ pub enum Reply {
     Object(ObjectRef),
     /// LEND: where the lent range is.
     Lent(Lend),
-    /// GET: one entry per name asked, `None` where not found.
+    /// GET, GET_NEWER: one entry per name asked, `None` where not found.
     Objects(Vec<Option<ObjectRef>>),
     /// CONTAINS.
     Bool(bool),
@@ -146,7 +148,7 @@ impl Reply {
             Reply::Bool(b) => {
                 w.u8(*b as u8);
             }
-            Reply::Count(n) => {
+            Reply::Count(n) | Reply::Version(n) => {
                 w.u64(*n);
             }
             Reply::List { entries, next } => {
@@ -162,7 +164,7 @@ impl Reply {
                         .u64(i.size)
                         .device(i.device);
                     w.u8(i.sealed as u8).u8(i.ephemeral as u8).u32(i.refcount);
-                    w.u64(ms).bytes(&i.metadata);
+                    w.u64(ms).bytes(&i.metadata).u64(i.version);
                 }
                 w.u64(*next);
             }
@@ -208,9 +210,8 @@ impl Reply {
                 .ok_or(DecodeError::NameCount { asked: 0, got: 1 })
         };
         let reply = match op {
-            Opcode::Seal | Opcode::Abort | Opcode::Release | Opcode::Delete | Opcode::Subscribe => {
-                Reply::Empty
-            }
+            Opcode::Abort | Opcode::Release | Opcode::Delete | Opcode::Subscribe => Reply::Empty,
+            Opcode::Seal => Reply::Version(r.u64()?),
             Opcode::Hello => decode_hello(&mut r)?,
             Opcode::Create | Opcode::Put | Opcode::Publish => Reply::Object(r.object(one_name()?)?),
             Opcode::Lend => Reply::Lent(Lend {
@@ -220,7 +221,7 @@ impl Reply {
                 size: r.u64()?,
                 max_object: r.u64()?,
             }),
-            Opcode::Get => decode_objects(&mut r, names)?,
+            Opcode::Get | Opcode::GetNewer => decode_objects(&mut r, names)?,
             Opcode::Contains => Reply::Bool(r.u8()? != 0),
             Opcode::Evict => Reply::Count(r.u64()?),
             Opcode::List => decode_list(&mut r)?,
@@ -316,6 +317,7 @@ fn decode_list(r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
             refcount: r.u32()?,
             last_access: UNIX_EPOCH + Duration::from_millis(r.u64()?),
             metadata: r.bytes()?.into(),
+            version: r.u64()?,
         });
     }
     Ok(Reply::List {
@@ -331,7 +333,7 @@ impl Reply {
             Request::Create { name, .. }
             | Request::Put { name, .. }
             | Request::Publish { name, .. } => std::slice::from_ref(name),
-            Request::Get { names, .. } => names,
+            Request::Get { names, .. } | Request::GetNewer { names, .. } => names,
             _ => &[],
         };
         Reply::decode(request.opcode().code(), payload, names)

@@ -41,6 +41,13 @@ pub enum Request<'a> {
         timeout_ms: i64,
         names: Vec<Cow<'a, str>>,
     },
+    /// GET of versions newer than those given: `names[i]` is found once its version is
+    /// greater than `newer_than[i]` (0: any sealed version, as GET). Same lengths.
+    GetNewer {
+        timeout_ms: i64,
+        names: Vec<Cow<'a, str>>,
+        newer_than: Vec<u64>,
+    },
     Release {
         ids: Cow<'a, [u64]>,
     },
@@ -95,6 +102,7 @@ impl Request<'_> {
             Request::Abort { .. } => Opcode::Abort,
             Request::Put { .. } => Opcode::Put,
             Request::Get { .. } => Opcode::Get,
+            Request::GetNewer { .. } => Opcode::GetNewer,
             Request::Release { .. } => Opcode::Release,
             Request::Contains { .. } => Opcode::Contains,
             Request::Delete { .. } => Opcode::Delete,
@@ -145,6 +153,16 @@ impl Request<'_> {
                 w.i64(*timeout_ms).count(names.len());
                 for n in names {
                     w.str(n);
+                }
+            }
+            Request::GetNewer {
+                timeout_ms,
+                names,
+                newer_than,
+            } => {
+                w.i64(*timeout_ms).count(names.len());
+                for (n, v) in names.iter().zip(newer_than) {
+                    w.str(n).u64(*v);
                 }
             }
             Request::Release { ids } => {
@@ -216,6 +234,15 @@ impl Request<'_> {
             Request::Get { timeout_ms, names } => Request::Get {
                 timeout_ms,
                 names: names.into_iter().map(own).collect(),
+            },
+            Request::GetNewer {
+                timeout_ms,
+                names,
+                newer_than,
+            } => Request::GetNewer {
+                timeout_ms,
+                names: names.into_iter().map(own).collect(),
+                newer_than,
             },
             Request::Release { ids } => Request::Release {
                 ids: Cow::Owned(ids.into_owned()),
@@ -296,6 +323,24 @@ impl<'a> Request<'a> {
                 }
                 let names = (0..n).map(|_| name(&mut r)).collect::<Result<_, _>>()?;
                 Request::Get { timeout_ms, names }
+            }
+            Opcode::GetNewer => {
+                let timeout_ms = r.i64()?;
+                let n = r.count(11)?;
+                if n > MAX_GET_NAMES {
+                    return Err(DecodeError::TooManyNames(n));
+                }
+                let mut names = Vec::with_capacity(n);
+                let mut newer_than = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push(name(&mut r)?);
+                    newer_than.push(r.u64()?);
+                }
+                Request::GetNewer {
+                    timeout_ms,
+                    names,
+                    newer_than,
+                }
             }
             Opcode::Release => {
                 let n = r.count(8)?;

@@ -137,6 +137,7 @@ impl<'a> FrameWriter<'a> {
             .u64(r.size)
             .location(&r.location)
             .bytes(&r.metadata)
+            .u64(r.version)
     }
     pub fn finish(self) {
         let len = u32::try_from(self.buf.len() - self.start - 4).unwrap_or(u32::MAX);
@@ -252,6 +253,7 @@ impl<'a> Reader<'a> {
             size,
             metadata,
             location,
+            version: self.u64()?,
         })
     }
     /// Succeeds only when every byte was read.

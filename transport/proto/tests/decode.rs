@@ -184,10 +184,10 @@ fn replies_check_what_the_request_asked() {
         segments: vec![],
     }
     .encode(Opcode::Hello.code(), 0, &mut buf);
-    buf[HEADER_LEN + 1] = 2;
+    buf[HEADER_LEN + 1] = 1;
     assert_eq!(
         Reply::decode::<&str>(Opcode::Hello.code(), &buf[HEADER_LEN..], &[]).unwrap_err(),
-        DecodeError::UnsupportedVersion(2)
+        DecodeError::UnsupportedVersion(1)
     );
 }
 

@@ -41,7 +41,7 @@ fn sample(op: Opcode) -> Request<'static> {
         Opcode::Create => Request::Create {
             name: "a".into(),
             size: 8,
-            flags: CREATE_EPHEMERAL,
+            flags: CREATE_EPHEMERAL | CREATE_REPLACE,
             device: Device::Cpu,
             metadata: b"m".to_vec().into(),
         },
@@ -56,6 +56,11 @@ fn sample(op: Opcode) -> Request<'static> {
         Opcode::Get => Request::Get {
             timeout_ms: -1,
             names: vec!["a".into(), "b".into()],
+        },
+        Opcode::GetNewer => Request::GetNewer {
+            timeout_ms: 100,
+            names: vec!["a".into(), "b".into()],
+            newer_than: vec![3, 0],
         },
         Opcode::Release => Request::Release {
             ids: vec![1, 2].into(),
@@ -115,6 +120,7 @@ fn every_documented_opcode_decodes_and_every_opcode_is_documented() {
                 name: ObjectName::new("a").unwrap(),
                 size: 1,
                 metadata: b"".to_vec().into(),
+                version: 2,
             };
             let mut buf = Vec::new();
             encode_notification(&note, &mut buf);

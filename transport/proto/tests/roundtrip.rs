@@ -52,16 +52,19 @@ fn location(size: u64) -> impl Strategy<Value = Location> {
 
 /// An objref answering for `name`.
 fn object(name: String) -> impl Strategy<Value = ObjectRef> {
-    (any::<u64>(), any::<u64>(), bytes(64)).prop_flat_map(move |(id, size, metadata)| {
-        let name = name.clone();
-        location(size).prop_map(move |location| ObjectRef {
-            id: ObjectId::from_raw(id),
-            name: ObjectName::new(&name).expect("valid name"),
-            size,
-            metadata: Arc::from(metadata.clone()),
-            location,
-        })
-    })
+    (any::<u64>(), any::<u64>(), bytes(64), any::<u64>()).prop_flat_map(
+        move |(id, size, metadata, version)| {
+            let name = name.clone();
+            location(size).prop_map(move |location| ObjectRef {
+                id: ObjectId::from_raw(id),
+                name: ObjectName::new(&name).expect("valid name"),
+                version,
+                size,
+                metadata: Arc::from(metadata.clone()),
+                location,
+            })
+        },
+    )
 }
 
 fn request() -> impl Strategy<Value = Request<'static>> {
@@ -93,6 +96,18 @@ fn request() -> impl Strategy<Value = Request<'static>> {
                 names: names.into_iter().map(owned).collect(),
             }
         }),
+        (
+            any::<i64>(),
+            prop::collection::vec((name(), any::<u64>()), 0..8)
+        )
+            .prop_map(move |(timeout_ms, asked)| {
+                let (names, newer_than): (Vec<String>, Vec<u64>) = asked.into_iter().unzip();
+                Request::GetNewer {
+                    timeout_ms,
+                    names: names.into_iter().map(owned).collect(),
+                    newer_than,
+                }
+            }),
         prop::collection::vec(any::<u64>(), 0..16)
             .prop_map(|ids| Request::Release { ids: ids.into() }),
         name().prop_map(move |n| Request::Contains { name: owned(n) }),
@@ -132,19 +147,22 @@ fn info() -> impl Strategy<Value = ObjectInfo> {
         device(),
         any::<(bool, bool, u32)>(),
         0u64..(1 << 50),
-        bytes(64),
+        (bytes(64), any::<u64>()),
     )
         .prop_map(
-            |(n, id, size, device, (sealed, ephemeral, refcount), ms, metadata)| ObjectInfo {
-                id: ObjectId::from_raw(id),
-                name: ObjectName::new(&n).expect("valid name"),
-                size,
-                device,
-                sealed,
-                ephemeral,
-                refcount,
-                last_access: UNIX_EPOCH + Duration::from_millis(ms),
-                metadata: metadata.into(),
+            |(n, id, size, device, (sealed, ephemeral, refcount), ms, (metadata, version))| {
+                ObjectInfo {
+                    version,
+                    id: ObjectId::from_raw(id),
+                    name: ObjectName::new(&n).expect("valid name"),
+                    size,
+                    device,
+                    sealed,
+                    ephemeral,
+                    refcount,
+                    last_access: UNIX_EPOCH + Duration::from_millis(ms),
+                    metadata: metadata.into(),
+                }
             },
         )
 }
@@ -166,8 +184,7 @@ fn failure() -> impl Strategy<Value = Reply> {
 
 /// A reply, the opcode of the request it answers, and the names that request asked for.
 fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
-    const EMPTY_OPS: [Opcode; 5] = [
-        Opcode::Seal,
+    const EMPTY_OPS: [Opcode; 4] = [
         Opcode::Abort,
         Opcode::Release,
         Opcode::Delete,
@@ -210,8 +227,13 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
                     }
                 })
                 .collect();
-            found.prop_map(move |v| (Reply::Objects(v), Opcode::Get, names.clone()))
+            (
+                found,
+                prop::sample::select(&[Opcode::Get, Opcode::GetNewer][..]),
+            )
+                .prop_map(move |(v, op)| (Reply::Objects(v), op, names.clone()))
         }),
+        any::<u64>().prop_map(|v| (Reply::Version(v), Opcode::Seal, vec![])),
         any::<bool>().prop_map(|b| (Reply::Bool(b), Opcode::Contains, vec![])),
         any::<u64>().prop_map(|n| (Reply::Count(n), Opcode::Evict, vec![])),
         (prop::collection::vec(info(), 0..4), any::<u64>()).prop_map(|(entries, next)| (
@@ -296,12 +318,13 @@ proptest! {
 
     #[test]
     fn notifications_round_trip(
-        kind in prop::sample::select(&[NotificationKind::Sealed, NotificationKind::Deleted, NotificationKind::Evicted][..]),
+        kind in prop::sample::select(&[NotificationKind::Sealed, NotificationKind::Deleted, NotificationKind::Evicted, NotificationKind::Replaced][..]),
         n in name(),
         size in any::<u64>(),
         metadata in bytes(64),
+        version in any::<u64>(),
     ) {
-        let note = Notification { kind, name: ObjectName::new(&n).unwrap(), size, metadata: metadata.into() };
+        let note = Notification { kind, name: ObjectName::new(&n).unwrap(), size, metadata: metadata.into(), version };
         let mut buf = Vec::new();
         encode_notification(&note, &mut buf);
         let h = Header::parse(&buf).unwrap().unwrap();
@@ -313,7 +336,7 @@ proptest! {
     #[test]
     fn replies_decode_for_their_request(n in name(), size in any::<u64>()) {
         let req = Request::Create { name: n.as_str().into(), size, flags: 0, device: Device::Cpu, metadata: Cow::Borrowed(&[]) };
-        let r = ObjectRef { id: ObjectId::from_raw(1), name: ObjectName::new(&n).unwrap(), size, metadata: Arc::from(&b""[..]), location: Location::Host { segment: 3, offset: 64 } };
+        let r = ObjectRef { id: ObjectId::from_raw(1), name: ObjectName::new(&n).unwrap(), size, metadata: Arc::from(&b""[..]), location: Location::Host { segment: 3, offset: 64 }, version: 5 };
         let mut buf = Vec::new();
         Reply::Object(r.clone()).encode(Opcode::Create.code(), 9, &mut buf);
         prop_assert_eq!(Reply::decode_for(&req, &buf[HEADER_LEN..]).unwrap(), Reply::Object(r));

@@ -34,12 +34,18 @@ enum Command {
         data: Option<String>,
         #[arg(long)]
         ephemeral: bool,
+        /// NAME may exist: this put becomes its next version (printed).
+        #[arg(long)]
+        replace: bool,
     },
     /// Write an object's bytes to stdout.
     Get {
         name: String,
         #[arg(long, default_value_t = 0)]
         timeout_ms: u64,
+        /// Only a version above this one (waits up to --timeout-ms for it).
+        #[arg(long, default_value_t = 0)]
+        newer_than: u64,
     },
     /// Store a tensor: `put-tensor t --dtype float32 --shape 2,3 --values 0,1,2,3,4,5`.
     PutTensor {
@@ -99,6 +105,7 @@ fn run(args: Args) -> Result<(), Error> {
             name,
             data,
             ephemeral,
+            replace,
         } => {
             let bytes = match data {
                 Some(d) => d.into_bytes(),
@@ -110,14 +117,25 @@ fn run(args: Args) -> Result<(), Error> {
             };
             let options = CreateOptions {
                 ephemeral,
+                replace,
                 ..Default::default()
             };
-            client.put(&name, &bytes, b"", options)?;
-            // A small put returns before the store answered: report its outcome before exiting.
-            client.sync()?;
+            if replace {
+                // The version it became, for scripts that publish a name again and again.
+                let v = client.put_and_view(&name, &bytes, b"", options)?;
+                writeln!(out, "version {}", v.version()).map_err(io)?;
+            } else {
+                client.put(&name, &bytes, b"", options)?;
+                // A small put returns before the store answered: report its outcome first.
+                client.sync()?;
+            }
         }
-        Command::Get { name, timeout_ms } => {
-            let v = client.get_one(&name, timeout(timeout_ms))?;
+        Command::Get {
+            name,
+            timeout_ms,
+            newer_than,
+        } => {
+            let v = client.get_newer(&name, newer_than, timeout(timeout_ms))?;
             out.write_all(&v).map_err(io)?;
         }
         Command::PutTensor {
@@ -256,6 +274,7 @@ fn list_json(objects: &[ObjectInfo]) -> String {
                 "sealed": i.sealed,
                 "ephemeral": i.ephemeral,
                 "refcount": i.refcount,
+                "version": i.version,
                 "last_access_ms": vovp_client::unix_millis(i.last_access),
             })
         })

@@ -9,8 +9,8 @@ use kameo::message::{Context, Message};
 use kameo::Actor;
 use vovp::{CreateOptions, ObjectId, PutOptions, Session, StoreStats};
 use vovp_proto::{
-    Reply, Request, Status, CREATE_EPHEMERAL, LIST_END, LIST_PAGE_BYTES, MAX_INLINE,
-    PUT_KEEP_REFERENCE, PUT_PIPELINED,
+    Reply, Request, Status, CREATE_EPHEMERAL, CREATE_REPLACE, LIST_END, LIST_PAGE_BYTES,
+    MAX_INLINE, PUT_KEEP_REFERENCE, PUT_PIPELINED,
 };
 
 use super::Shared;
@@ -22,6 +22,7 @@ fn put_options(flags: u32) -> PutOptions {
         ephemeral: flags & CREATE_EPHEMERAL != 0,
         keep_reference: flags & PUT_KEEP_REFERENCE != 0,
         pipelined: flags & PUT_PIPELINED != 0,
+        replace: flags & CREATE_REPLACE != 0,
     }
 }
 
@@ -132,13 +133,11 @@ impl ConnectionActor {
                 let options = CreateOptions {
                     ephemeral: flags & CREATE_EPHEMERAL != 0,
                     device: Some(device),
+                    replace: flags & CREATE_REPLACE != 0,
                 };
                 Reply::Object(session.create(&name, size, &metadata, options).await?).into()
             }
-            Request::Seal { name } => {
-                session.seal(&name).await?;
-                Reply::Empty.into()
-            }
+            Request::Seal { name } => Reply::Version(session.seal(&name).await?).into(),
             Request::Abort { name } => {
                 session.abort(&name).await?;
                 Reply::Empty.into()
@@ -177,6 +176,16 @@ impl ConnectionActor {
             Request::Get { timeout_ms, names } => {
                 Reply::Objects(session.get(&names, get_wait(timeout_ms)).await?).into()
             }
+            Request::GetNewer {
+                timeout_ms,
+                names,
+                newer_than,
+            } => Reply::Objects(
+                session
+                    .get_newer(&names, &newer_than, get_wait(timeout_ms))
+                    .await?,
+            )
+            .into(),
             Request::Release { ids } if no_reply => {
                 // Errors of one-way releases are not reported.
                 session.release_later(object_ids(&ids));

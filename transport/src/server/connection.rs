@@ -362,7 +362,10 @@ async fn answer(
     let stopping = |_| Response::error(Status::ShuttingDown, "store stopping");
     // Only a GET with a timeout can wait; every other request is answered at once and needs no
     // timer on the hot path.
-    let may_wait = matches!(&incoming.request, Request::Get { timeout_ms, .. } if *timeout_ms != 0);
+    let may_wait = matches!(
+        &incoming.request,
+        Request::Get { timeout_ms, .. } | Request::GetNewer { timeout_ms, .. } if *timeout_ms != 0
+    );
     if !may_wait {
         return conn.ask(incoming).await.unwrap_or_else(stopping);
     }

@@ -382,8 +382,12 @@ impl Client {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let req = requests::get(names, timeout)?;
-        let (reply, answered) = self.inner.call_in_session(&req)?;
+        self.views_of(&requests::get(names, timeout)?)
+    }
+
+    /// The views a GET or GET_NEWER answers with.
+    fn views_of(&self, req: &Request<'_>) -> Result<Vec<Option<ObjectView>>, Error> {
+        let (reply, answered) = self.inner.call_in_session(req)?;
         let objects = reply.objects()?;
         let sink = self.sink(answered.1);
         // Kept until the views hold the segments they point into.
@@ -422,8 +426,8 @@ impl Store for Client {
             .inspect_err(|_| sink.release(id))
     }
 
-    fn seal(&self, name: &str) -> Result<(), Error> {
-        self.inner.call(&requests::seal(name)?)?.empty()
+    fn seal(&self, name: &str) -> Result<u64, Error> {
+        self.inner.call(&requests::seal(name)?)?.version()
     }
 
     fn abort(&self, name: &str) -> Result<(), Error> {
@@ -468,6 +472,33 @@ impl Store for Client {
             |n| maps.shared_view(n, &connection),
             |rest| self.get_over_socket(rest, timeout),
         )
+    }
+
+    /// The shared directory first (a held version above `newer_than` is the answer, an older
+    /// one is let go at once), then GET_NEWER, which waits for the next version to be sealed.
+    fn get_newer(
+        &self,
+        name: &str,
+        newer_than: u64,
+        timeout: Option<Duration>,
+    ) -> Result<ObjectView, Error> {
+        if !self.inner.is_closed() {
+            let connection: Connection = self.inner.clone();
+            let held = self
+                .inner
+                .core
+                .session
+                .maps()
+                .shared_view(name, &connection);
+            if let Some(v) = held.filter(|v| v.version() > newer_than) {
+                return Ok(v);
+            }
+        }
+        let req = requests::get_newer(name, newer_than, timeout)?;
+        self.views_of(&req)?
+            .pop()
+            .flatten()
+            .ok_or_else(|| Error::NotFound(name.to_string()))
     }
 
     fn contains(&self, name: &str) -> Result<bool, Error> {

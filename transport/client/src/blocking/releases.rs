@@ -111,10 +111,10 @@ impl ObjectSink for ViewSink {
         }
     }
 
-    fn seal(&self, obj: &ObjectRef) -> Result<(), Error> {
+    fn seal(&self, obj: &ObjectRef) -> Result<u64, Error> {
         self.inner.core.check_generation(self.generation, obj)?;
         self.inner
             .call(&requests::seal(obj.name.as_str())?)?
-            .empty()
+            .version()
     }
 }
