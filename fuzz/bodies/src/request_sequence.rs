@@ -120,6 +120,8 @@ enum Op {
         meta: Meta,
         ephemeral: bool,
         fill: Option<u8>,
+        /// A replacement of the name when it is sealed (its next version at the seal).
+        replace: bool,
     },
     /// Seal a held buffer through the buffer (keeps its reference as a view).
     SealBuffer {
@@ -144,6 +146,7 @@ enum Op {
         meta: Meta,
         ephemeral: bool,
         fill: u8,
+        replace: bool,
     },
     Get {
         session: u8,
@@ -190,6 +193,13 @@ enum Op {
     GetWhileSealing {
         session: u8,
         buffer: u8,
+    },
+    /// A get of a version above `newer_than` (0: any).
+    GetNewer {
+        session: u8,
+        name: Name,
+        newer_than: u8,
+        wait: Wait,
     },
 }
 
@@ -313,10 +323,12 @@ fn apply(op: Op, held: &mut Held) {
             meta,
             ephemeral,
             fill,
+            replace,
         } => {
             let (size, metadata) = (size.bytes(), meta.bytes(fill));
             let options = CreateOptions {
                 ephemeral,
+                replace,
                 ..Default::default()
             };
             let r = held
@@ -368,11 +380,13 @@ fn apply(op: Op, held: &mut Held) {
             meta,
             ephemeral,
             fill,
+            replace,
         } => {
             let len = len.bytes().min(2 * CAPACITY) as usize;
             let (data, metadata) = (vec![fill; len], meta.bytes(Some(fill)));
             let options = CreateOptions {
                 ephemeral,
+                replace,
                 ..Default::default()
             };
             let r = held
@@ -402,6 +416,25 @@ fn apply(op: Op, held: &mut Held) {
                         held.keep_view(v);
                     }
                 }
+            }
+        }
+        Op::GetNewer {
+            session,
+            name,
+            newer_than,
+            wait,
+        } => {
+            let newer_than = u64::from(newer_than);
+            let r = held
+                .session(session)
+                .get_newer(&name.text(), newer_than, wait.timeout());
+            if !name.valid() {
+                assert!(matches!(r, Err(Error::InvalidName(_))), "invalid name got");
+            }
+            if let Some(v) = ok(r) {
+                assert!(v.version() > newer_than, "{} <= {newer_than}", v.version());
+                assert_eq!(v.name().as_str(), name.text());
+                held.keep_view(v);
             }
         }
         Op::DropView { view } => {
