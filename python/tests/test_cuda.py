@@ -155,7 +155,7 @@ class ScriptedDaemon:
     @staticmethod
     def reply(op, rid, body=b""):
         payload = b"\x00" + body
-        return struct.pack("<IBBHQ", 12 + len(payload), 1, op | 0x80, 0, rid) + payload
+        return struct.pack("<IBBHQ", 12 + len(payload), P.VERSION, op | 0x80, 0, rid) + payload
 
     def _objref(self, name):
         self.next_oid += 1
@@ -163,10 +163,10 @@ class ScriptedDaemon:
             meta = T.encode_header(T.FLOAT32, (4,), device_type=T.DEVICE_CUDA)
             return (struct.pack("<QQB", self.next_oid, 16, P.LOC_CUDA)
                     + struct.pack("<IIQ64s", 0, 0, 256, b"\x07" * 64)
-                    + struct.pack("<I", len(meta)) + meta)
+                    + struct.pack("<I", len(meta)) + meta + struct.pack("<Q", 1))
         meta = T.encode_header(T.UINT8, (8,))
         return (struct.pack("<QQB", self.next_oid, 8, P.LOC_HOST) + struct.pack("<IQ", 0, 0)
-                + struct.pack("<I", len(meta)) + meta)
+                + struct.pack("<I", len(meta)) + meta + struct.pack("<Q", 1))
 
     def _serve(self):
         conn, _ = self.srv.accept()
@@ -183,7 +183,8 @@ class ScriptedDaemon:
                 _, _, op, _, rid = struct.unpack_from("<IBBHQ", frame)
                 body = frame[16:]
                 if op == P.HELLO:
-                    hello = struct.pack("<HQII", 1, 4096, 1 << 20, 1) + struct.pack("<IQ", 0, 4096)
+                    hello = (struct.pack("<HQII", P.VERSION, 4096, 1 << 20, 1)
+                             + struct.pack("<IQ", 0, 4096))
                     socket.send_fds(conn, [self.reply(op, rid, hello)], [self.fd])
                 elif op == P.GET:
                     (nlen,) = struct.unpack_from("<H", body, 12)
@@ -195,7 +196,8 @@ class ScriptedDaemon:
                     self.released += struct.unpack_from(f"<{count}Q", body, 4)
                 else:
                     msg = b"not scripted"
-                    err = struct.pack("<IBBHQB", 12 + 3 + len(msg), 1, op | 0x80, 0, rid, 14)
+                    err = struct.pack("<IBBHQB", 12 + 3 + len(msg), P.VERSION, op | 0x80, 0, rid,
+                                      14)
                     conn.sendall(err + struct.pack("<H", len(msg)) + msg)
         except OSError:
             return

@@ -202,7 +202,7 @@ def test_notify_frames(daemon):
     f = sub.read()
     version, op, _, rid, _ = header(f)
     assert (op, rid) == (P.NOTIFY, 0)
-    assert P.decode_notify(f, 16) == (P.NOTIFY_SEALED, "n", 3, b"M")
+    assert P.decode_notify(f, 16) == (P.NOTIFY_SEALED, "n", 3, b"M", 1)
     c.close()
     sub.close()
 
