@@ -320,6 +320,31 @@ def test_put_get_round_trip(gpu_daemon, dtype):
 
 
 @needs_gpu
+def test_a_cuda_replace_keeps_the_held_version(gpu_daemon):
+    """Versions of a CUDA object (README "Versions"): a replace moves the name to new device
+    memory, a reader's mapping of the old version keeps its bytes, and the old block goes
+    with its last holder."""
+    c, other = gpu_daemon.client(), gpu_daemon.client()
+    for v in (1, 2, 3):
+        src = device_buffer(np.full(8, v, dtype=np.int32))
+        put = c.put_cuda("dev", src, 32, np.int32, replace=True)
+        C.mem_free(src)
+        assert vovp.version_of(put) == v
+        if v == 1:
+            held = other.get_tensor("dev", framework="cuda")
+        del put
+    now = other.get_tensor("dev", framework="cuda", newer_than=2, timeout=5)
+    assert vovp.version_of(now) == 3 and list(now.to_numpy()) == [3] * 8
+    assert vovp.version_of(held) == 1 and list(held.to_numpy()) == [1] * 8
+    assert c.stats()["pending_delete"] >= 1
+    del held, now
+    gc.collect()
+    assert wait_for(lambda: c.stats()["pending_delete"] == 0 and c.stats()["references"] == 0)
+    c.close()
+    other.close()
+
+
+@needs_gpu
 def test_writable_and_release(gpu_daemon):
     c = gpu_daemon.client()
     src = device_buffer(np.arange(16, dtype=np.int32))
