@@ -108,3 +108,38 @@ fn help_lists_every_command_with_a_line_each() {
         );
     }
 }
+
+/// A script publishing a name again and again: `put --replace` prints the version each put
+/// became, `get --newer-than` returns only a newer one, and `list --json` shows the version.
+#[test]
+fn a_script_replaces_a_name_and_follows_its_versions() {
+    let d = Daemon::start("16M");
+    assert_eq!(
+        cli(&d, &["put", "cfg", "--data", "one", "--replace"]),
+        "version 1\n"
+    );
+    assert_eq!(
+        cli(&d, &["put", "cfg", "--data", "two", "--replace"]),
+        "version 2\n"
+    );
+    assert_eq!(cli(&d, &["get", "cfg", "--newer-than", "1"]), "two");
+    // Nothing newer than 2 within 100 ms: an error that says so, not a hang.
+    let out = Command::new(vovp_tests::bin("vovp"))
+        .arg("-s")
+        .arg(&d.socket)
+        .args(["get", "cfg", "--newer-than", "2", "--timeout-ms", "100"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cfg"));
+    // Without --replace a taken name is refused, as before.
+    let out = Command::new(vovp_tests::bin("vovp"))
+        .arg("-s")
+        .arg(&d.socket)
+        .args(["put", "cfg", "--data", "three"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let listed = json(&cli(&d, &["list", "--json"]));
+    assert_eq!(listed[0]["version"], 2);
+}
