@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use vovp::{CreateOptions, Error, Location, NotificationKind, ObjectView, Store};
 use vovp_client::Client;
+use vovp_proto::VERSION;
 use vovp_tests::memfd::object_memfd_bytes;
 
 use crate::procs::{self, Daemon};
@@ -731,10 +732,14 @@ fn fuzz_frame(rng: &mut Rng, id: u64) -> (Vec<u8>, bool) {
         0
     };
     match rng.below(200) {
-        // A wrong version or an impossible length: an error reply, then the connection closes.
-        0 => (frame(2 + rng.below(250) as u8, opcode, flags, id, &p), true),
+        // A wrong version (any other, older ones included) or an impossible length: an error
+        // reply, then the connection closes.
+        0 => {
+            let version = VERSION.wrapping_add(1 + rng.below(255) as u8);
+            (frame(version, opcode, flags, id, &p), true)
+        }
         1 => {
-            let mut f = frame(1, opcode, flags, id, &p);
+            let mut f = frame(VERSION, opcode, flags, id, &p);
             let len: u32 = if rng.chance(2) {
                 rng.below(12) as u32
             } else {
@@ -744,8 +749,8 @@ fn fuzz_frame(rng: &mut Rng, id: u64) -> (Vec<u8>, bool) {
             (f, true)
         }
         // SUBSCRIBE turns the connection into a notification stream; the fuzzer moves on.
-        _ if opcode == 0x0D => (frame(1, opcode, flags, id, &p), true),
-        _ => (frame(1, opcode, flags, id, &p), false),
+        _ if opcode == 0x0D => (frame(VERSION, opcode, flags, id, &p), true),
+        _ => (frame(VERSION, opcode, flags, id, &p), false),
     }
 }
 
@@ -770,7 +775,7 @@ fn drain(stream: &mut UnixStream, buf: &mut Vec<u8>, stats: &mut FuzzStats) -> b
             Some(format!("reply frame length {len}"))
         } else if buf.len() < 4 + len {
             return true;
-        } else if buf[4] != 1 {
+        } else if buf[4] != VERSION {
             Some(format!("reply version {}", buf[4]))
         } else if buf[5] & 0x80 == 0 && buf[5] != 0x0E {
             Some(format!("reply opcode {:#x}", buf[5]))
@@ -809,7 +814,7 @@ fn fuzz(socket: &Path, seed: u64, stop: &AtomicBool) -> FuzzStats {
         let mut id = 1u64;
         // Mostly a proper HELLO first; sometimes anything before it (PROTOCOL_STATE replies).
         if !rng.chance(10) {
-            let _ = s.write_all(&frame(1, 0x01, 0, id, &7u32.to_le_bytes()));
+            let _ = s.write_all(&frame(VERSION, 0x01, 0, id, &7u32.to_le_bytes()));
             stats.frames += 1;
         }
         let _ = s.set_nonblocking(true);
