@@ -22,6 +22,7 @@ const USAGE: &str =
     "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--only LIST] [--cpus LIST]
                   [--soak-only|--skip-soak]
        vovp-bench --cluster
+       vovp-bench --weights [--quick]
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
@@ -37,6 +38,11 @@ const USAGE: &str =
   --cluster      vovp.cluster against Ray's own transfer on a local 3-node Ray cluster
                  (benches/cluster.py, run by the test venv's python: .venv or $VOVP_VENV,
                  which ./scripts/test.sh creates with Ray); writes target/bench/cluster.json
+  --weights      only the weight-sync benchmark (benches/weights.py): a writer replaces a
+                 64 / 256 MiB state (1 / 16 MiB with --quick), N readers follow it; vovp's
+                 replace against delete + put and against Ray (the test venv's python, as for
+                 --cluster); writes target/bench/weights.json. --full runs it too (with Ray
+                 when the test venv exists), --quick runs its vovp variants at the quick sizes
 
 Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
 target/bench/results.md and target/bench/throughput.png.";
@@ -85,6 +91,8 @@ struct Args {
     only: Option<String>,
     /// --cluster: only the cluster benchmark.
     cluster: bool,
+    /// --weights: only the weight-sync benchmark.
+    weights: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -94,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
     let (mut perf, mut soak) = (true, true);
     let mut only = None;
     let mut cluster = false;
+    let mut weights = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -111,13 +120,15 @@ fn parse_args() -> Result<Args, String> {
             "--soak-only" => perf = false,
             "--skip-soak" => soak = false,
             "--cluster" => cluster = true,
+            "--weights" => weights = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    // --cluster has one size of its own.
+    // --cluster has one size of its own; --weights alone is the full-size run.
     let mode = mode
         .or(cluster.then_some(Mode::Quick))
+        .or(weights.then_some(Mode::Full))
         .ok_or("say --quick or --full")?;
     Ok(Args {
         mode,
@@ -128,12 +139,13 @@ fn parse_args() -> Result<Args, String> {
         soak,
         only,
         cluster,
+        weights,
     })
 }
 
-/// `--cluster`: benches/cluster.py under the test venv's python (it needs Ray, which the
-/// benchmark venv with pyarrow 11 does not carry).
-fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
+/// The test venv's python (.venv, or $VOVP_VENV): the one with Ray, which the benchmark venv
+/// with pyarrow 11 does not carry.
+fn test_venv_python(paths: &Paths) -> PathBuf {
     let venv = std::env::var_os("VOVP_VENV")
         .map(PathBuf::from)
         .map(|v| {
@@ -144,7 +156,12 @@ fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
             }
         })
         .unwrap_or_else(|| paths.root.join(".venv"));
-    let python = venv.join("bin").join("python");
+    venv.join("bin").join("python")
+}
+
+/// `--cluster`: benches/cluster.py under the test venv's python (it needs Ray).
+fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
+    let python = test_venv_python(paths);
     if !python.is_file() {
         eprintln!(
             "vovp-bench: --cluster needs {} with ray, numpy and vovp installed: run \
@@ -171,6 +188,98 @@ fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// benches/weights.py, the weight-sync benchmark: under `python` (with Ray unless `ray` is
+/// false), its JSON (target/bench/weights.json) back. The script starts a daemon of its own.
+fn run_weights(
+    paths: &Paths,
+    python: &Path,
+    engine_bin: &Path,
+    mode: Mode,
+    ray: bool,
+) -> Result<Value, String> {
+    let out = paths.out.join("weights.json");
+    let _ = std::fs::remove_file(&out);
+    // The working tree's client first, whatever the venv has installed.
+    let mut pythonpath = paths.root.join("python").into_os_string();
+    if let Some(old) = std::env::var_os("PYTHONPATH") {
+        pythonpath.push(":");
+        pythonpath.push(old);
+    }
+    let mut cmd = Command::new(python);
+    cmd.arg(paths.root.join("benches/weights.py"))
+        .args(["--mode", mode.name()])
+        .arg("--engine")
+        .arg(engine_bin)
+        .arg("--out")
+        .arg(&out)
+        .env("PYTHONPATH", pythonpath)
+        .stdin(Stdio::null());
+    if !ray {
+        cmd.arg("--no-ray");
+    }
+    let limit = match mode {
+        Mode::Quick => Duration::from_secs(2 * 60),
+        Mode::Full => Duration::from_secs(15 * 60),
+    };
+    let status = procs::run_with_timeout(&mut cmd, limit)?;
+    let text = std::fs::read_to_string(&out).map_err(|e| {
+        format!(
+            "no {} ({e}); weights.py exited with {status}",
+            out.display()
+        )
+    })?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("weights.json: {e}"))?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(e.to_string());
+    }
+    if !status.success() && v["checks"].as_array().is_none_or(|c| c.is_empty()) {
+        return Err(format!("weights.py exited with {status}"));
+    }
+    Ok(v)
+}
+
+/// `--weights`: the weight-sync benchmark alone, with Ray (the test venv's python).
+fn run_weights_alone(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
+    let python = test_venv_python(paths);
+    if !python.is_file() {
+        eprintln!(
+            "vovp-bench: --weights needs {} with ray, numpy and vovp installed: run \
+             ./scripts/test.sh once, or set VOVP_VENV",
+            python.display()
+        );
+        return ExitCode::from(2);
+    }
+    if let Err(e) = std::fs::create_dir_all(&paths.out) {
+        eprintln!("vovp-bench: {}: {e}", paths.out.display());
+        return ExitCode::from(2);
+    }
+    match run_weights(paths, &python, engine_bin, mode, true) {
+        Ok(v) if weights_checks(&v).iter().all(|c| c.ok) => ExitCode::SUCCESS,
+        Ok(_) => {
+            eprintln!("vovp-bench: FAILED: a weight-sync check failed (see above)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("vovp-bench: benches/weights.py failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// weights.json's checks, as the report's.
+fn weights_checks(v: &Value) -> Vec<Check> {
+    v["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| Check {
+            name: format!("Python: {}", c["name"].as_str().unwrap_or("?")),
+            ok: c["ok"].as_bool().unwrap_or(false),
+            detail: c["detail"].as_str().unwrap_or("").into(),
+        })
+        .collect()
 }
 
 /// Paths of this checkout.
@@ -235,6 +344,9 @@ fn main() -> ExitCode {
     warn_if_stale(&engine_bin, &paths.root);
     if args.cluster {
         return run_cluster(&paths, &engine_bin);
+    }
+    if args.weights {
+        return run_weights_alone(&paths, &engine_bin, args.mode);
     }
     if let Err(e) = std::fs::create_dir_all(&paths.out) {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());
@@ -354,6 +466,36 @@ fn main() -> ExitCode {
         }
     }
 
+    // Weight sync (versions): quick mode runs the vovp variants under the benchmark venv (Ray's
+    // start alone takes 20 s on 2 cores); full mode adds Ray where the test venv has it.
+    let mut weights_md = String::new();
+    if let Some(py) = python.as_ref().filter(|_| args.perf && args.only.is_none()) {
+        let t = Instant::now();
+        let test_python = test_venv_python(&paths);
+        let (weights_python, ray) = match args.mode {
+            Mode::Full if test_python.is_file() => (test_python, true),
+            Mode::Full => {
+                eprintln!(
+                    "vovp-bench: warning: no {}: the weight-sync benchmark runs without Ray",
+                    test_python.display()
+                );
+                (py.python.clone(), false)
+            }
+            Mode::Quick => (py.python.clone(), false),
+        };
+        match run_weights(&paths, &weights_python, &engine_bin, args.mode, ray) {
+            Ok(v) => {
+                report.checks.extend(weights_checks(&v));
+                weights_md = v["markdown"].as_str().unwrap_or("").to_string();
+            }
+            Err(e) => report.errors.push(format!("weight-sync benchmark: {e}")),
+        }
+        eprintln!(
+            "vovp-bench: weight-sync benchmark took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
     // Reliability: the soak on a daemon of its own, then the probes Plasma can run too.
     if args.soak {
         let t = Instant::now();
@@ -395,7 +537,12 @@ fn main() -> ExitCode {
     let _ = std::fs::remove_dir_all(&run_dir);
 
     report.evaluate_targets();
-    let markdown = report.markdown();
+    let mut markdown = report.markdown();
+    if !weights_md.is_empty() {
+        markdown.push_str(&format!(
+            "\n### Weight sync (versions, benches/weights.py)\n\n{weights_md}"
+        ));
+    }
     let machine = machine_info();
     let total = started.elapsed().as_secs_f64();
     let mut command = format!(
