@@ -126,6 +126,29 @@ pub(crate) fn shared_part(
     vovp_shm::held::held_part(names, |n| maps.shared_view(n, connection))
 }
 
+/// What `get_newer` needs no message for: `name` from the shared directory when it is a
+/// version above `newer_than` (an older one is let go at once, its hold cleared).
+pub(crate) fn shared_newer(
+    maps: &Mappings,
+    name: &str,
+    newer_than: u64,
+    connection: &Connection,
+) -> Option<vovp_types::ObjectView> {
+    maps.shared_view(name, connection)
+        .filter(|v| v.version() > newer_than)
+}
+
+/// The one view a GET_NEWER of `name` answered with, or NotFound (none in time).
+pub(crate) fn newer_or_not_found(
+    name: &str,
+    mut views: Vec<Option<vovp_types::ObjectView>>,
+) -> Result<vovp_types::ObjectView, Error> {
+    views
+        .pop()
+        .flatten()
+        .ok_or_else(|| Error::NotFound(name.to_string()))
+}
+
 /// The mappings and generation of the connection that answered a call (a reply's locations
 /// only make sense in those mappings).
 pub(crate) type Answered = (Arc<Mappings>, u64);

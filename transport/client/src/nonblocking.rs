@@ -435,21 +435,14 @@ impl AsyncStore for AsyncClient {
         timeout: Option<Duration>,
     ) -> Result<ObjectView, Error> {
         let connection: Connection = self.inner.clone();
-        let held = self
-            .inner
-            .core
-            .session
-            .maps()
-            .shared_view(name, &connection);
-        if let Some(v) = held.filter(|v| v.version() > newer_than) {
+        let maps = self.inner.core.session.maps();
+        if let Some(v) = core::shared_newer(&maps, name, newer_than, &connection) {
             return Ok(v);
         }
+        // A reconnect may replace the mappings while GET_NEWER waits: hold none of them.
+        drop(maps);
         let req = requests::get_newer(name, newer_than, timeout)?;
-        self.views_of(&req)
-            .await?
-            .pop()
-            .flatten()
-            .ok_or_else(|| Error::NotFound(name.to_string()))
+        core::newer_or_not_found(name, self.views_of(&req).await?)
     }
 
     async fn contains(&self, name: &str) -> Result<bool, Error> {

@@ -484,21 +484,13 @@ impl Store for Client {
     ) -> Result<ObjectView, Error> {
         if !self.inner.is_closed() {
             let connection: Connection = self.inner.clone();
-            let held = self
-                .inner
-                .core
-                .session
-                .maps()
-                .shared_view(name, &connection);
-            if let Some(v) = held.filter(|v| v.version() > newer_than) {
+            let maps = self.inner.core.session.maps();
+            if let Some(v) = core::shared_newer(&maps, name, newer_than, &connection) {
                 return Ok(v);
             }
         }
         let req = requests::get_newer(name, newer_than, timeout)?;
-        self.views_of(&req)?
-            .pop()
-            .flatten()
-            .ok_or_else(|| Error::NotFound(name.to_string()))
+        core::newer_or_not_found(name, self.views_of(&req)?)
     }
 
     fn contains(&self, name: &str) -> Result<bool, Error> {
