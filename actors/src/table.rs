@@ -848,10 +848,6 @@ impl ObjectTable {
         e.named = false;
         let n = e.name.clone();
         self.by_name.remove(&n);
-        if let Some(t) = e.lru_tick.take() {
-            let (pool, reserved) = (e.block.pool(), e.block.reserved());
-            self.unlink_lru(pool, t, reserved);
-        }
         if self.objects[key].refcount == 0 {
             // Held through a hold table only: gone once no table names it.
             self.park(key);
