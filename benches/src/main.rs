@@ -159,17 +159,26 @@ fn test_venv_python(paths: &Paths) -> PathBuf {
     venv.join("bin").join("python")
 }
 
-/// `--cluster`: benches/cluster.py under the test venv's python (it needs Ray).
-fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
+/// The test venv's python for `option`, or the reason it cannot run (printed; exit code 2).
+fn test_venv_python_for(paths: &Paths, option: &str) -> Result<PathBuf, ExitCode> {
     let python = test_venv_python(paths);
     if !python.is_file() {
         eprintln!(
-            "vovp-bench: --cluster needs {} with ray, numpy and vovp installed: run \
+            "vovp-bench: {option} needs {} with ray, numpy and vovp installed: run \
              ./scripts/test.sh once, or set VOVP_VENV",
             python.display()
         );
-        return ExitCode::from(2);
+        return Err(ExitCode::from(2));
     }
+    Ok(python)
+}
+
+/// `--cluster`: benches/cluster.py under the test venv's python (it needs Ray).
+fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
+    let python = match test_venv_python_for(paths, "--cluster") {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     let status = std::process::Command::new(&python)
         .arg(paths.root.join("benches").join("cluster.py"))
         .arg("--engine")
@@ -242,15 +251,10 @@ fn run_weights(
 
 /// `--weights`: the weight-sync benchmark alone, with Ray (the test venv's python).
 fn run_weights_alone(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
-    let python = test_venv_python(paths);
-    if !python.is_file() {
-        eprintln!(
-            "vovp-bench: --weights needs {} with ray, numpy and vovp installed: run \
-             ./scripts/test.sh once, or set VOVP_VENV",
-            python.display()
-        );
-        return ExitCode::from(2);
-    }
+    let python = match test_venv_python_for(paths, "--weights") {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     if let Err(e) = std::fs::create_dir_all(&paths.out) {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());
         return ExitCode::from(2);
