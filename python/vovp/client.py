@@ -791,11 +791,12 @@ class Client(CudaMethods):
         tensor you hold), waiting up to ``timeout`` for one to be sealed, then ObjectNotFound:
         how a reader follows a name that a writer replaces (``put_tensor(replace=True)``).
         """
-        _check_framework(framework)
-        if newer_than:
-            obj = self._get1(name, timeout, writable, newer_than=newer_than)
-            return self._tensor_from_obj(obj, name, framework, writable)
-        return self.get_tensors([name], timeout, framework, writable)[0]
+        if framework is not None:
+            _check_framework(framework)
+        # The single get's path (``_get1``: the shared directory, else one GET), not a batch
+        # of one: a typed get costs a raw get plus the header's plan (issue 27).
+        obj = self._get1(name, timeout, writable, newer_than=newer_than)
+        return self._tensor_from_obj(obj, name, framework, writable)
 
     def get_tensors(self, names: Iterable[Name], timeout: Optional[float] = None,
                     framework: Optional[str] = None,
@@ -833,8 +834,7 @@ class Client(CudaMethods):
     def _tensor_from_obj(self, obj: Any, name: Name, framework: Optional[str],
                          writable: bool) -> Any:
         """The result of ``get_tensor`` for a granted reference (released on failure)."""
-        kind, device = obj.location
-        if kind != "host":
+        if not obj.is_host:
             return self._get_cuda(obj, name, framework, writable)
         if framework == "cuda":
             obj.release()
@@ -862,11 +862,15 @@ class Client(CudaMethods):
         if torch_out and not writable:
             # torch has no read-only tensors: a torch result needs a writable mapping.
             try:
-                self._native.make_writable(obj)
-            except BaseException:
+                self._n.make_writable(obj)
+            except BaseException as e:
                 obj.release()
+                if isinstance(e, ConnectionError):
+                    self._connection_lost()
                 raise
-        owner = self._owner(obj)
+        # (``_owner``'s lease, without its CUDA check: this object is a host one.)
+        owner = np.asarray(obj)
+        L.lease(owner, self, obj)
         if plan is None:
             arr, code = owner, T.UINT8
         else:
