@@ -844,8 +844,11 @@ def main():
     ap.add_argument("--plasma", required=True, help="plasma-store-server socket")
     ap.add_argument("--capacity", type=int, required=True, help="memory limit of both stores")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="small,large,get,handoff,mp,evict,dropin,torch,loader",
+    ap.add_argument("--only",
+                    default="small,large,get,handoff,mp,evict,dropin,peers,torch,loader",
                     help="comma-separated workloads to run")
+    ap.add_argument("--peers", default="plasma,ray,vineyard,shm,torch",
+                    help="the peers workload's stores besides vovp (benches/peers.py)")
     args = ap.parse_args()
     cfg = MODES[args.mode]
     only = set(args.only.split(","))
@@ -853,6 +856,7 @@ def main():
     results, checks = [], []
     info = dict(python=sys.version.split()[0], numpy=np.__version__)
     error = None
+    peers_json = None
     stores = {k: open_store(k, p) for k, p in paths.items()}
     import pyarrow
 
@@ -864,6 +868,23 @@ def main():
     for st in stores.values():
         st.clear()  # leftovers of an interrupted run would collide with this run's names
     workers = Workers(paths, N_CLIENTS)
+
+    def run_peers():
+        # Before "mp": init_reduction would change how the hand-off pickles arrays.
+        nonlocal peers_json
+        import peers
+
+        names = [p for p in args.peers.split(",") if p]
+        unknown = [p for p in names if p not in peers.PEER_NAMES]
+        if unknown:
+            raise ValueError(f"--peers: unknown {unknown}; known: {list(peers.PEER_NAMES)}")
+        peers_json, extra, err = peers.run(args.mode, args.vovp, args.plasma, args.capacity,
+                                           names, os.path.dirname(os.path.abspath(args.out)),
+                                           checks)
+        results.extend(extra)
+        if err:
+            raise RuntimeError(err)
+
     start = time.monotonic()
     try:
         for name, run in (
@@ -873,6 +894,7 @@ def main():
             ("handoff", lambda: bench_handoff(stores, workers, cfg, results)),
             ("evict", lambda: bench_eviction(stores, args.capacity, cfg, results, checks)),
             ("dropin", lambda: bench_dropin(paths, stores["plasma"], cfg, results, checks)),
+            ("peers", lambda: run_peers()),
             # Last: init_reduction changes how every ndarray is pickled in this process.
             ("mp", lambda: bench_mp(paths, cfg, results, checks)),
             ("torch", lambda: bench_torch_mp(paths, cfg, results, checks)),
@@ -891,7 +913,8 @@ def main():
         workers.close()
     info["seconds"] = round(time.monotonic() - start, 1)
     with open(args.out, "w") as f:
-        json.dump(dict(results=results, checks=checks, info=info, error=error), f, indent=1)
+        json.dump(dict(results=results, checks=checks, info=info, error=error,
+                       peers=peers_json), f, indent=1)
     return 1 if error else 0
 
 
