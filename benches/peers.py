@@ -619,6 +619,21 @@ class Run:
         self.checks = checks
         self.rows = []
         self.bad = {}  # id -> first failed check
+        self.failed = {}  # id -> why a peer stopped during the run
+
+    def fail(self, sid, workload, exc):
+        """A peer that raised: dropped from the rest of the run, with the reason (vovp's own
+        columns re-raise: a vovp error fails the run)."""
+        if sid in VOVP_COLUMNS:
+            raise exc
+        why = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+        self.failed[sid] = f"failed in {workload}: {why}"
+        log(f"{LABELS[sid]} {self.failed[sid]}")
+        st = self.stores.pop(sid, None)
+        try:
+            st.close()
+        except Exception:  # noqa: BLE001
+            pass
 
     def check(self, sid, what, got, want):
         if got != want and sid not in self.bad:
@@ -642,28 +657,36 @@ class Run:
         get = {s: [] for s in ids}
         for rep in range(reps):
             for sid in rotated(ids, rep):
-                st = self.stores[sid]
-                keys = [st.key(f"{sid}-ops-{rep}-{i}") for i in range(ops)]
-                data = st.conv(arr)
-                want = expected(arr, st.typed)
-                gc.collect()
-                f = st.put
-                t0 = now()
-                for k in keys:
-                    f(k, data)
-                t1 = now()
-                f = st.get
-                for k in keys:
-                    f(k)
-                t2 = now()
-                self.check(sid, "64 B", st.ends(keys[-1]), want)
-                for k in keys:
-                    st.delete(k)
-                put[sid].append(ops / ((t1 - t0) / 1e9))
-                get[sid].append(ops / ((t2 - t1) / 1e9))
+                if sid not in self.stores:
+                    continue
+                try:
+                    self.small1(sid, rep, ops, arr, put, get)
+                except Exception as e:  # noqa: BLE001
+                    self.fail(sid, "64 B ops", e)
             log(f"64 B ops: repetition {rep + 1}/{reps} done")
         self.row("put.64", "put 64 B", "op/s", True, 64, put)
         self.row("get.64", "get 64 B (+ read, release)", "op/s", True, 64, get)
+
+    def small1(self, sid, rep, ops, arr, put, get):
+        st = self.stores[sid]
+        keys = [st.key(f"{sid}-ops-{rep}-{i}") for i in range(ops)]
+        data = st.conv(arr)
+        want = expected(arr, st.typed)
+        gc.collect()
+        f = st.put
+        t0 = now()
+        for k in keys:
+            f(k, data)
+        t1 = now()
+        f = st.get
+        for k in keys:
+            f(k)
+        t2 = now()
+        self.check(sid, "64 B", st.ends(keys[-1]), want)
+        for k in keys:
+            st.delete(k)
+        put[sid].append(ops / ((t1 - t0) / 1e9))
+        get[sid].append(ops / ((t2 - t1) / 1e9))
 
     def large(self):
         for size, reps in self.cfg["put"]:
@@ -672,46 +695,64 @@ class Run:
             gbs = {s: [] for s in ids}
             for rep in range(-1, reps):  # repetition -1: first use of each store's memory
                 for sid in rotated(ids, rep):
-                    st = self.stores[sid]
-                    k = st.key(f"{sid}-put-{size}-{rep}")
-                    data = st.conv(src)
-                    gc.collect()
-                    t0 = now()
-                    st.put(k, data)
-                    t1 = now()
-                    self.check(sid, f"put {size_label(size)}", st.ends(k),
-                               expected(src, st.typed))
-                    st.delete(k)
-                    del data
+                    if sid not in self.stores:
+                        continue
+                    try:
+                        gb = self.large1(sid, rep, size, src)
+                    except Exception as e:  # noqa: BLE001
+                        self.fail(sid, f"put {size_label(size)}", e)
+                        continue
                     if rep >= 0:
-                        gbs[sid].append(size / ((t1 - t0) / 1e9) / 1e9)
+                        gbs[sid].append(gb)
             del src
             self.row(f"put.{size}", f"put {size_label(size)}", "GB/s", True, size, gbs)
             log(f"put {size_label(size)} done")
 
+    def large1(self, sid, rep, size, src):
+        st = self.stores[sid]
+        k = st.key(f"{sid}-put-{size}-{rep}")
+        data = st.conv(src)
+        gc.collect()
+        t0 = now()
+        st.put(k, data)
+        t1 = now()
+        self.check(sid, f"put {size_label(size)}", st.ends(k), expected(src, st.typed))
+        st.delete(k)
+        return size / ((t1 - t0) / 1e9) / 1e9
+
     def getlat(self):
         for size, reps in self.cfg["getlat"]:
             src = make_array(size, seed=9)
-            ids = self.ids("getlat")
             keys = {}
-            for sid in ids:
+            for sid in self.ids("getlat"):
                 st = self.stores[sid]
-                keys[sid] = st.key(f"{sid}-getlat-{size}")
-                st.put(keys[sid], st.conv(src))
-                self.check(sid, f"get {size_label(size)}", st.ends(keys[sid]),
-                           expected(src, st.typed))
+                try:
+                    keys[sid] = st.key(f"{sid}-getlat-{size}")
+                    st.put(keys[sid], st.conv(src))
+                    self.check(sid, f"get {size_label(size)}", st.ends(keys[sid]),
+                               expected(src, st.typed))
+                except Exception as e:  # noqa: BLE001
+                    self.fail(sid, f"get latency {size_label(size)}", e)
+            ids = self.ids("getlat")
             lat = {s: [] for s in ids}
             for rep in range(-1, reps):
                 for sid in rotated(ids, rep):
+                    if sid not in self.stores:
+                        continue
                     get, k = self.stores[sid].get, keys[sid]
-                    get(k)  # untimed: warms this store's path after another's
-                    t0 = now()
-                    get(k)
-                    t1 = now()
+                    try:
+                        get(k)  # untimed: warms this store's path after another's
+                        t0 = now()
+                        get(k)
+                        t1 = now()
+                    except Exception as e:  # noqa: BLE001
+                        self.fail(sid, f"get latency {size_label(size)}", e)
+                        continue
                     if rep >= 0:
                         lat[sid].append((t1 - t0) / 1e3)
             for sid in ids:
-                self.stores[sid].delete(keys[sid])
+                if sid in self.stores:
+                    self.stores[sid].delete(keys[sid])
             self.row(f"getlat.{size}", f"get latency {size_label(size)} (+ read, release)",
                      "µs", False, size, lat)
             log(f"get latency {size_label(size)} done")
@@ -759,51 +800,69 @@ class Run:
         log("batched typed calls done")
         return out
 
-    def handoff(self, reader, tq):
-        for size, reps in self.cfg["handoff"]:
-            src = make_array(size, seed=11)
-            ids = self.ids("handoff")
-            lat = {s: [] for s in ids}
-            for rep in range(-1, reps):
-                for sid in rotated(ids, rep):
-                    st = self.stores[sid]
-                    name = f"{sid}-handoff-{size}-{rep}"
-                    data = st.conv(src)
-                    gc.collect()
-                    if sid == "ray":
-                        time.sleep(0.002)
-                        t0 = now()
-                        ref = st.ray.put(data)
-                        t1, x = st.ray.get(st.reader.first.remote(ref))
-                        del ref
-                    else:
-                        reader.conn.send(("get", sid, name))
-                        reader.expect_ok()  # "ready": B is about to wait
-                        time.sleep(0.002)  # let it get there
-                        t0 = now()
-                        if sid == "shm":
-                            k = st.key(name)
-                            st.put(k, data)
-                            reader.conn.send(("name", k, src.shape, src.dtype))
-                        elif sid == "torch_mp":
-                            tq.put(data)  # torch's reducer moves it to shared memory
-                        elif sid in ("vineyard", "vineyard_blob"):
-                            st.put_named(name, data)
-                        else:
-                            st.put(st.key(name), data)
-                        t1, x = reader.expect_ok(timeout=120)
-                        if sid in ("vineyard", "vineyard_blob"):
-                            st.delete_named(name)
-                        elif sid != "torch_mp":
-                            st.delete(st.key(name))
-                    del data
-                    self.check(sid, f"hand-off {size_label(size)}", x,
-                               expected(src, st.typed)[0])
-                    if rep >= 0:
-                        lat[sid].append((t1 - t0) / 1e3)
-            self.row(f"handoff.{size}", f"hand-off {size_label(size)}: put in A → first "
-                     "element read in B", "µs", False, size, lat)
-            log(f"hand-off {size_label(size)} done")
+    def handoff(self, socks):
+        """B: one spawned process with a client of every store in `socks` (a peer that fails
+        here is dropped and B restarted without it: it may be stuck in that peer's wait)."""
+        reader = Reader(socks)
+        try:
+            for size, reps in self.cfg["handoff"]:
+                src = make_array(size, seed=11)
+                ids = self.ids("handoff")
+                lat = {s: [] for s in ids}
+                for rep in range(-1, reps):
+                    for sid in rotated(ids, rep):
+                        if sid not in self.stores:
+                            continue
+                        try:
+                            us = self.handoff1(reader, sid, rep, size, src)
+                        except Exception as e:  # noqa: BLE001
+                            reader.close()
+                            socks = {k: v for k, v in socks.items() if k != sid}
+                            reader = Reader(socks)
+                            self.fail(sid, f"hand-off {size_label(size)}", e)
+                            continue
+                        if rep >= 0:
+                            lat[sid].append(us)
+                self.row(f"handoff.{size}", f"hand-off {size_label(size)}: put in A → first "
+                         "element read in B", "µs", False, size, lat)
+                log(f"hand-off {size_label(size)} done")
+        finally:
+            reader.close()
+
+    def handoff1(self, reader, sid, rep, size, src):
+        st = self.stores[sid]
+        name = f"{sid}-handoff-{size}-{rep}"
+        data = st.conv(src)
+        gc.collect()
+        if sid == "ray":
+            time.sleep(0.002)
+            t0 = now()
+            ref = st.ray.put(data)
+            t1, x = st.ray.get(st.reader.first.remote(ref), timeout=120)
+            del ref
+        else:
+            reader.conn.send(("get", sid, name))
+            reader.expect_ok()  # "ready": B is about to wait
+            time.sleep(0.002)  # let it get there
+            t0 = now()
+            if sid == "shm":
+                k = st.key(name)
+                st.put(k, data)
+                reader.conn.send(("name", k, src.shape, src.dtype))
+            elif sid == "torch_mp":
+                reader.tq.put(data)  # torch's reducer moves it to shared memory
+            elif sid in ("vineyard", "vineyard_blob"):
+                st.put_named(name, data)
+            else:
+                st.put(st.key(name), data)
+            t1, x = reader.expect_ok(timeout=120)
+            if sid in ("vineyard", "vineyard_blob"):
+                st.delete_named(name)
+            elif sid != "torch_mp":
+                st.delete(st.key(name))
+        del data
+        self.check(sid, f"hand-off {size_label(size)}", x, expected(src, st.typed)[0])
+        return (t1 - t0) / 1e3
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -871,7 +930,6 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
 
     r = Run(stores, cfg, checks)
     extra = []
-    reader = None
     error = None
     try:
         r.small()
@@ -880,14 +938,11 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
         extra = r.batch() or []
         socks = {sid: (v6d.sock if sid.startswith("vineyard") else
                        plasma_sock if sid == "plasma" else vovp_sock)
-                 for sid in stores if sid not in ("ray",)}
-        reader = Reader(socks)
-        r.handoff(reader, reader.tq)
+                 for sid in stores if sid != "ray"}
+        r.handoff(socks)
     except Exception:  # noqa: BLE001 (the harness fails the run on a driver error)
         error = traceback.format_exc()
     finally:
-        if reader is not None:
-            reader.close()
         for st in stores.values():
             try:
                 st.close()
@@ -899,7 +954,7 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
         checks.append(dict(name=f"peers: {LABELS[sid]} gave back what was put",
                            ok=sid not in r.bad, store=sid, detail=r.bad.get(sid, "")))
     peers_json = dict(
-        stores=[dict(id=s, label=LABELS[s], ran=status.get(s) is None and s in stores,
-                     reason=status.get(s), what=WHAT[s]) for s in wanted],
+        stores=[dict(id=s, label=LABELS[s], ran=status.get(s) is None,
+                     reason=status.get(s) or r.failed.get(s), what=WHAT[s]) for s in wanted],
         rows=r.rows, info=info)
     return peers_json, extra, error
