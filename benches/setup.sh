@@ -10,7 +10,13 @@
 #   PLASMA_STORE=<path of plasma-store-server>
 # which the harness reads.
 #
-# Environment: PYTHON (default python3) picks the interpreter; VOVP_BENCH_VENV moves the venv.
+# The peers of the `peers` workload (benches/peers.py) go into the same venv in a step of their
+# own that may fail: Ray, Vineyard with vineyardd (vineyard-bdist), and setuptools < 81 for the
+# pkg_resources that vineyard 0.24 imports. A peer that did not install is reported as not run
+# by the driver, with the import error; the rest of the benchmark runs.
+#
+# Environment: PYTHON (default python3) picks the interpreter; VOVP_BENCH_VENV moves the venv;
+# VOVP_BENCH_NO_PEERS=1 skips the peers' install.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,6 +53,20 @@ else
     plasma_path >/dev/null
     echo "$STAMP_TEXT" >"$STAMP"
     echo "setup: done in $(($(date +%s) - start)) s" >&2
+fi
+# numpy<2 again: pip must not upgrade numpy under pyarrow 11 for a peer.
+PEERS=("ray==2.60.0" "vineyard==0.24.2" "vineyard-bdist==0.24.2" "setuptools<81" "numpy<2")
+PEERS_STAMP_TEXT="v1 ${PEERS[*]}"
+PEERS_STAMP="$VENV/.vovp-bench-peers"
+if [[ "${VOVP_BENCH_NO_PEERS:-0}" == 1 ]]; then
+    echo "setup: VOVP_BENCH_NO_PEERS=1: peers not installed" >&2
+elif [[ -f "$PEERS_STAMP" && "$(cat "$PEERS_STAMP")" == "$PEERS_STAMP_TEXT" ]]; then
+    :
+elif "$VENV/bin/python" -m pip install --quiet "${PEERS[@]}" >&2; then
+    echo "$PEERS_STAMP_TEXT" >"$PEERS_STAMP"
+else
+    echo "setup: warning: the peers (${PEERS[*]}) did not install; the peers workload" \
+        "reports them as not run" >&2
 fi
 # The vovp package, on every run: its native core (vovp._native) is built by cargo (maturin),
 # so a changed Rust client must be rebuilt (incremental: seconds when nothing changed).

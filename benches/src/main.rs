@@ -14,13 +14,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 use vovp_bench::procs::{self, Daemon};
-use vovp_bench::report::{Check, Report, Row};
+use vovp_bench::report::{Check, Peers, Report, Row};
 use vovp_bench::rust_level::{self, RustConfig, Stores};
 use vovp_bench::{probes, soak, GIB};
 
 const USAGE: &str =
     "usage: vovp-bench --quick|--full [--skip-python] [--skip-rust] [--only LIST] [--cpus LIST]
-                  [--soak-only|--skip-soak]
+                  [--peers LIST] [--soak-only|--skip-soak]
        vovp-bench --cluster
        vovp-bench --weights [--quick]
 
@@ -29,7 +29,12 @@ const USAGE: &str =
   --skip-python  only the Rust-level workloads (no Plasma, no Python driver)
   --skip-rust    only the Python-level workloads
   --only LIST    only these Python-level workloads, e.g. `--only torch,loader` (names: small,
-                 large, get, handoff, mp, evict, torch, loader; default all)
+                 large, get, handoff, mp, evict, dropin, peers, torch, loader; default all)
+  --peers LIST   the stores the `peers` workload (vovp against every peer, side by side in
+                 one run: benches/peers.py) compares vovp with, e.g. `--peers ray,shm`
+                 (names: plasma, ray, vineyard, shm, torch; default all). A peer that cannot
+                 start is reported with its reason and the others run; `--peers ''` runs
+                 vovp's own columns only
   --cpus LIST    run everything (harness, daemons, driver) on these CPUs, e.g. `--cpus 0`:
                  a diagnosis aid, the placement of clients and daemons decides small-op latency
   --soak-only    only the reliability section: the soak (30 s quick, 10 min full) and the
@@ -45,7 +50,8 @@ const USAGE: &str =
                  when the test venv exists), --quick runs its vovp variants at the quick sizes
 
 Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
-target/bench/results.md and target/bench/throughput.png.";
+target/bench/results.md, target/bench/throughput.png and (with the peers workload)
+target/bench/peers.png.";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -73,7 +79,7 @@ impl Mode {
     /// The whole run is killed after this (a hung store must not hang CI).
     fn deadline(self) -> Duration {
         match self {
-            Mode::Quick => Duration::from_secs(8 * 60),
+            Mode::Quick => Duration::from_secs(10 * 60),
             Mode::Full => Duration::from_secs(45 * 60),
         }
     }
@@ -89,6 +95,8 @@ struct Args {
     /// The reliability section: soak and probes (off with --skip-soak).
     soak: bool,
     only: Option<String>,
+    /// --peers: the peers workload's stores besides vovp (None: all).
+    peers: Option<String>,
     /// --cluster: only the cluster benchmark.
     cluster: bool,
     /// --weights: only the weight-sync benchmark.
@@ -101,6 +109,7 @@ fn parse_args() -> Result<Args, String> {
     let mut cpus = None;
     let (mut perf, mut soak) = (true, true);
     let mut only = None;
+    let mut peers = None;
     let mut cluster = false;
     let mut weights = false;
     let mut it = std::env::args().skip(1);
@@ -113,6 +122,22 @@ fn parse_args() -> Result<Args, String> {
                 cpus = Some(parsed.map_err(|_| format!("--cpus {list:?}: say e.g. 0 or 0,1"))?);
             }
             "--only" => only = Some(it.next().ok_or("--only needs a list like torch,loader")?),
+            "--peers" => {
+                let list = it
+                    .next()
+                    .ok_or("--peers needs a list like ray,vineyard,shm")?;
+                let unknown: Vec<&str> = list
+                    .split(',')
+                    .filter(|p| !p.is_empty() && !PEERS.contains(p))
+                    .collect();
+                if !unknown.is_empty() {
+                    return Err(format!(
+                        "--peers: unknown {unknown:?}; say some of {}",
+                        PEERS.join(",")
+                    ));
+                }
+                peers = Some(list);
+            }
             "--quick" => mode = Some(Mode::Quick),
             "--full" => mode = Some(Mode::Full),
             "--skip-python" => python = false,
@@ -138,10 +163,14 @@ fn parse_args() -> Result<Args, String> {
         perf,
         soak,
         only,
+        peers,
         cluster,
         weights,
     })
 }
+
+/// The peers `--peers` names (benches/peers.py, PEER_NAMES).
+const PEERS: [&str; 5] = ["plasma", "ray", "vineyard", "shm", "torch"];
 
 /// The test venv's python (.venv, or $VOVP_VENV): the one with Ray, which the benchmark venv
 /// with pyarrow 11 does not carry.
@@ -568,6 +597,9 @@ fn main() -> ExitCode {
     if let Some(only) = &args.only {
         command.push_str(&format!(" --only {only}"));
     }
+    if let Some(peers) = &args.peers {
+        command.push_str(&format!(" --peers '{peers}'"));
+    }
     let run = json!({
         "mode": args.mode.name(),
         "command": command,
@@ -693,9 +725,13 @@ fn run_driver(
     if let Some(only) = &args.only {
         cmd.args(["--only", only]);
     }
+    if let Some(peers) = &args.peers {
+        cmd.args(["--peers", peers]);
+    }
+    // The peers workload adds Ray's start (~20 s on 2 cores) and every peer's puts.
     let limit = match mode {
-        Mode::Quick => Duration::from_secs(5 * 60),
-        Mode::Full => Duration::from_secs(20 * 60),
+        Mode::Quick => Duration::from_secs(7 * 60),
+        Mode::Full => Duration::from_secs(25 * 60),
     };
     let status = procs::run_with_timeout(&mut cmd, limit)?;
     let text = std::fs::read_to_string(&out)
@@ -703,6 +739,9 @@ fn run_driver(
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("driver.json: {e}"))?;
     for r in v["results"].as_array().into_iter().flatten() {
         report.rows.push(Row::from_json(r)?);
+    }
+    if v["peers"].is_object() {
+        report.peers = Some(Peers::from_json(&v["peers"])?);
     }
     for c in v["checks"].as_array().into_iter().flatten() {
         report.checks.push(Check {

@@ -107,8 +107,188 @@ pub struct Target {
     pub detail: String,
 }
 
+/// A store of the peers pass (benches/peers.py): a column of "vovp against every peer".
+#[derive(Debug, Clone)]
+pub struct PeerStore {
+    pub id: String,
+    pub label: String,
+    /// Why it did not run, or stopped during the run (`None`: it ran throughout).
+    pub reason: Option<String>,
+    /// What its numbers measure (its calls).
+    pub what: String,
+}
+
+/// A workload of the peers pass: samples per store id.
+#[derive(Debug, Clone)]
+pub struct PeerRow {
+    pub key: String,
+    pub name: String,
+    pub unit: String,
+    pub higher_is_better: bool,
+    pub size: Option<u64>,
+    pub samples: Vec<(String, Vec<f64>)>,
+}
+
+impl PeerRow {
+    pub fn median(&self, store: &str) -> Option<f64> {
+        median(&self.samples.iter().find(|(id, _)| id == store)?.1)
+    }
+
+    /// How much better store `a` is than store `b`: `a / b` for rates, `b / a` for times
+    /// (above 1: `a` is better).
+    pub fn advantage(&self, a: &str, b: &str) -> Option<f64> {
+        let (x, y) = (self.median(a)?, self.median(b)?);
+        Some(if self.higher_is_better { x / y } else { y / x })
+    }
+}
+
+/// The column every other is compared with: vovp's typed calls on numpy arrays.
+pub const PEER_REFERENCE: &str = "vovp";
+
+/// vovp's own columns (the others are peers).
+pub const VOVP_COLUMNS: [&str; 3] = ["vovp", "vovp_torch", "vovp_raw"];
+
+/// The peers pass: vovp and every peer, side by side in one run.
+#[derive(Debug, Clone, Default)]
+pub struct Peers {
+    pub stores: Vec<PeerStore>,
+    pub rows: Vec<PeerRow>,
+}
+
+impl Peers {
+    /// The driver's `peers` object.
+    pub fn from_json(v: &Value) -> Result<Peers, String> {
+        let s = |o: &Value, k: &str| {
+            o[k].as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("peers entry without {k}: {o}"))
+        };
+        let mut p = Peers::default();
+        for st in v["stores"].as_array().into_iter().flatten() {
+            p.stores.push(PeerStore {
+                id: s(st, "id")?,
+                label: s(st, "label")?,
+                reason: st["reason"].as_str().map(str::to_owned),
+                what: st["what"].as_str().unwrap_or("").to_owned(),
+            });
+        }
+        for r in v["rows"].as_array().into_iter().flatten() {
+            let mut samples = Vec::new();
+            if let Some(m) = r["samples"].as_object() {
+                for (id, xs) in m {
+                    let xs = xs
+                        .as_array()
+                        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                        .unwrap_or_default();
+                    samples.push((id.clone(), xs));
+                }
+            }
+            p.rows.push(PeerRow {
+                key: s(r, "key")?,
+                name: s(r, "name")?,
+                unit: s(r, "unit")?,
+                higher_is_better: r["higher_is_better"].as_bool().unwrap_or(true),
+                size: r["size"].as_u64(),
+                samples,
+            });
+        }
+        Ok(p)
+    }
+
+    pub fn row(&self, key: &str) -> Option<&PeerRow> {
+        self.rows.iter().find(|r| r.key == key)
+    }
+
+    fn label(&self, id: &str) -> String {
+        self.stores
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.label.clone())
+            .unwrap_or_else(|| id.to_owned())
+    }
+
+    /// The table "vovp against every peer": one column per store, medians, and beside each
+    /// other store's value vovp's advantage over it.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "### vovp against every peer\n");
+        let reference = self.label(PEER_REFERENCE);
+        let _ = writeln!(
+            out,
+            "Medians, all stores in the same repetitions (benches/peers.py). In brackets: \
+             {reference}'s advantage over that column (its rate / the column's, or the \
+             column's time / its time): above 1× vovp is better. -: not measured (see below).\n"
+        );
+        let mut head = String::from("| workload |");
+        let mut rule = String::from("|---|");
+        for st in &self.stores {
+            let _ = write!(head, " {} |", st.label);
+            rule.push_str("--:|");
+        }
+        let _ = writeln!(out, "{head}\n{rule}");
+        for r in &self.rows {
+            let arrow = if r.higher_is_better { "↑" } else { "↓" };
+            let _ = write!(out, "| {}, {} {arrow} |", r.name, r.unit);
+            for st in &self.stores {
+                let cell = match r.median(&st.id) {
+                    None => "-".to_string(),
+                    Some(v) if st.id == PEER_REFERENCE => format!("**{}**", fmt_value(v)),
+                    Some(v) => match r.advantage(PEER_REFERENCE, &st.id) {
+                        Some(a) => format!("{} ({})", fmt_value(v), fmt_ratio(a)),
+                        None => fmt_value(v),
+                    },
+                };
+                let _ = write!(out, " {cell} |");
+            }
+            out.push('\n');
+        }
+        out.push('\n');
+        for st in &self.stores {
+            match &st.reason {
+                Some(why) => {
+                    let _ = writeln!(out, "- {}: **not run**: {why}", st.label);
+                }
+                None => {
+                    let _ = writeln!(out, "- {}: {}", st.label, st.what);
+                }
+            }
+        }
+        out.push('\n');
+        out
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "stores": self.stores.iter().map(|s| json!({
+                "id": s.id, "label": s.label, "reason": s.reason, "what": s.what,
+            })).collect::<Vec<_>>(),
+            "rows": self.rows.iter().map(|r| json!({
+                "key": r.key, "name": r.name, "unit": r.unit,
+                "higher_is_better": r.higher_is_better, "size": r.size,
+                "medians": r.samples.iter().map(|(id, _)| (id.clone(), json!(r.median(id))))
+                    .collect::<serde_json::Map<_, _>>(),
+                "samples": r.samples.iter().map(|(id, xs)| (id.clone(), json!(xs)))
+                    .collect::<serde_json::Map<_, _>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// `2.3×`, `0.41×`, `12×`.
+fn fmt_ratio(r: f64) -> String {
+    if r >= 10.0 {
+        format!("{r:.0}×")
+    } else if r >= 1.0 {
+        format!("{r:.1}×")
+    } else {
+        format!("{r:.2}×")
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Report {
+    /// The peers pass, when it ran.
+    pub peers: Option<Peers>,
     pub rows: Vec<Row>,
     pub limits: Vec<Limit>,
     pub checks: Vec<Check>,
@@ -293,7 +473,125 @@ impl Report {
             });
         }
         self.shared_read_targets(&mut t);
+        self.typed_and_peer_targets(&mut t);
         self.targets = t;
+    }
+
+    /// Issue 27's items 1 and 2, on the peers pass: the typed calls at the raw calls' speed,
+    /// the batched typed calls, and large puts against the machine and every peer.
+    fn typed_and_peer_targets(&self, t: &mut Vec<Target>) {
+        let empty = Peers::default();
+        let p = self.peers.as_ref().unwrap_or(&empty);
+        let put64 = p.row("py.peers.put.64");
+        let get64 = p.row("py.peers.get.64");
+        for (id, what) in [("vovp", "numpy array"), ("vovp_torch", "torch tensor")] {
+            t.push(peer_target(
+                put64,
+                id,
+                "vovp_raw",
+                &format!("Python put_tensor 64 B ({what}): ≥ 0.8× raw put's op/s"),
+                |a| a >= 0.8,
+            ));
+        }
+        t.push(peer_target(
+            put64,
+            "vovp",
+            "shm",
+            "Python put_tensor 64 B: ≥ 3× multiprocessing.shared_memory's op/s",
+            |a| a >= 3.0,
+        ));
+        for (id, what) in [("vovp", "numpy"), ("vovp_torch", "torch")] {
+            t.push(peer_target(
+                get64,
+                id,
+                "vovp_raw",
+                &format!("Python get_tensor 64 B ({what}): ≥ 0.8× get_buffer's op/s"),
+                |a| a >= 0.8,
+            ));
+        }
+        let lat = p.row(&format!("py.peers.getlat.{MIB}"));
+        for (id, what) in [("vovp", "numpy"), ("vovp_torch", "torch")] {
+            let name =
+                format!("Python get_tensor latency 1 MiB ({what}): within 1.5 µs of get_buffer's");
+            t.push(
+                match lat.and_then(|r| Some((r.median(id)?, r.median("vovp_raw")?))) {
+                    Some((typed, raw)) => Target {
+                        name,
+                        pass: Some(typed - raw <= 1.5),
+                        detail: format!(
+                            "typed {} µs, raw {} µs: +{:.2} µs",
+                            fmt_value(typed),
+                            fmt_value(raw),
+                            typed - raw
+                        ),
+                    },
+                    None => not_measured(name),
+                },
+            );
+        }
+        for op in ["put", "get"] {
+            t.push(ratio_target(
+                self.row(&format!("py.batch.{op}.64")),
+                &format!(
+                    "Python {op}_tensors of 64 × 64 B: faster per tensor than single {op}_tensor calls"
+                ),
+                |r| r > 1.0,
+            ));
+        }
+        for size in [256 * MIB, GIB] {
+            let label = size_label(size);
+            let row = p.row(&format!("py.peers.put.{size}"));
+            let memcpy = ["limit.memcpy", "limit.memcpy_split"]
+                .iter()
+                .filter_map(|k| self.limit(&format!("{k}.{size}"))?.median())
+                .reduce(f64::max);
+            let name = format!("Python put_tensor {label}: ≥ 95% of the parallel memcpy bandwidth");
+            t.push(match (row.and_then(|r| r.median(PEER_REFERENCE)), memcpy) {
+                (Some(put), Some(mc)) => Target {
+                    name,
+                    pass: Some(put >= 0.95 * mc),
+                    detail: format!(
+                        "{} GB/s = {:.0}% of the best parallel memcpy, {} GB/s",
+                        fmt_value(put),
+                        100.0 * put / mc,
+                        fmt_value(mc)
+                    ),
+                },
+                _ => not_measured(name),
+            });
+            let name = format!("Python put_tensor {label}: ≥ 1.0× every peer's put (same run)");
+            let peers: Vec<(String, f64)> = row
+                .map(|r| {
+                    p.stores
+                        .iter()
+                        .filter(|s| !VOVP_COLUMNS.contains(&s.id.as_str()))
+                        .filter_map(|s| {
+                            Some((s.label.clone(), r.advantage(PEER_REFERENCE, &s.id)?))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            t.push(if peers.is_empty() {
+                not_measured(name)
+            } else {
+                Target {
+                    name,
+                    pass: Some(peers.iter().all(|(_, a)| *a >= 1.0)),
+                    detail: peers
+                        .iter()
+                        .map(|(l, a)| format!("{l}: {a:.2}×"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }
+            });
+        }
+        t.push(peer_target(
+            p.row(&format!("py.peers.put.{MIB}")),
+            "vovp",
+            "plasma",
+            "Python put_tensor 1 MiB: ≥ 2× Plasma's GB/s",
+            |a| a >= 2.0,
+        ));
     }
 
     /// Issue 12's remaining targets and issue 13's (gets without a message, creates), and
@@ -370,9 +668,13 @@ impl Report {
         }
     }
 
-    /// The tables (one per group), the machine limits, the targets and the checks, in markdown.
+    /// The peers table first, then the tables (one per group), the machine limits, the
+    /// targets and the checks, in markdown.
     pub fn markdown(&self) -> String {
         let mut out = String::new();
+        if let Some(p) = &self.peers {
+            out.push_str(&p.markdown());
+        }
         let mut groups: Vec<&str> = Vec::new();
         for r in &self.rows {
             if !groups.contains(&r.group.as_str()) {
@@ -452,6 +754,7 @@ impl Report {
                 "name": c.name, "ok": c.ok, "detail": c.detail,
             })).collect::<Vec<_>>(),
             "errors": self.errors,
+            "peers": self.peers.as_ref().map(Peers::to_json),
             "run": extra,
         })
     }
@@ -462,6 +765,30 @@ fn not_measured(name: String) -> Target {
         name,
         pass: None,
         detail: "not measured in this run".into(),
+    }
+}
+
+/// A target on the peers pass: `ok` of store `a`'s advantage over store `b` (rates: a / b,
+/// times: b / a).
+fn peer_target(
+    row: Option<&PeerRow>,
+    a: &str,
+    b: &str,
+    name: &str,
+    ok: impl Fn(f64) -> bool,
+) -> Target {
+    match row.and_then(|r| Some((r, r.advantage(a, b)?))) {
+        Some((r, adv)) => Target {
+            name: name.into(),
+            pass: Some(ok(adv)),
+            detail: format!(
+                "{a} {} vs {b} {} {}: {adv:.2}×",
+                fmt_value(r.median(a).unwrap_or(f64::NAN)),
+                fmt_value(r.median(b).unwrap_or(f64::NAN)),
+                r.unit
+            ),
+        },
+        None => not_measured(name.into()),
     }
 }
 
@@ -536,5 +863,56 @@ mod tests {
         assert_eq!(find("Python get latency flat").pass, Some(true));
         assert_eq!(find("Python get latency below").pass, Some(true));
         assert!(rep.markdown().contains("**FAIL**"));
+    }
+
+    #[test]
+    fn peers_table_and_targets() {
+        let v = json!({
+            "stores": [
+                {"id": "vovp", "label": "vovp", "reason": null, "what": "put_tensor"},
+                {"id": "vovp_raw", "label": "vovp raw", "reason": null, "what": "put"},
+                {"id": "ray", "label": "Ray", "reason": null, "what": "ray.put"},
+                {"id": "vineyard", "label": "Vineyard", "reason": "no vineyardd", "what": ""},
+            ],
+            "rows": [
+                {"key": "py.peers.put.64", "name": "put 64 B", "unit": "op/s",
+                 "higher_is_better": true, "size": 64,
+                 "samples": {"vovp": [90.0], "vovp_raw": [100.0], "ray": [10.0]}},
+                {"key": "py.peers.getlat.1048576", "name": "get latency 1 MiB", "unit": "µs",
+                 "higher_is_better": false, "size": 1048576,
+                 "samples": {"vovp": [5.0], "vovp_raw": [3.0], "ray": [100.0]}},
+                {"key": "py.peers.put.268435456", "name": "put 256 MiB", "unit": "GB/s",
+                 "higher_is_better": true, "size": 268435456,
+                 "samples": {"vovp": [10.0], "ray": [12.0]}},
+            ],
+        });
+        let mut rep = Report {
+            peers: Some(Peers::from_json(&v).unwrap()),
+            ..Default::default()
+        };
+        let p = rep.peers.as_ref().unwrap();
+        assert_eq!(
+            p.row("py.peers.put.64").unwrap().advantage("vovp", "ray"),
+            Some(9.0)
+        );
+        let lat = p.row("py.peers.getlat.1048576").unwrap();
+        assert_eq!(lat.advantage("vovp", "ray"), Some(20.0));
+        rep.evaluate_targets();
+        let find = |p: &str| rep.targets.iter().find(|t| t.name.starts_with(p)).unwrap();
+        assert_eq!(find("Python put_tensor 64 B (numpy").pass, Some(true));
+        assert_eq!(find("Python put_tensor 64 B (torch").pass, None);
+        assert_eq!(
+            find("Python get_tensor latency 1 MiB (numpy").pass,
+            Some(false)
+        );
+        assert_eq!(
+            find("Python put_tensor 256 MiB: ≥ 1.0× every").pass,
+            Some(false)
+        );
+        assert_eq!(find("Python put_tensor 1 GiB: ≥ 1.0× every").pass, None);
+        let md = rep.markdown();
+        assert!(md.starts_with("### vovp against every peer"));
+        assert!(md.contains("| 10.0 (9.0×) |"), "{md}");
+        assert!(md.contains("Vineyard: **not run**: no vineyardd"));
     }
 }
