@@ -51,8 +51,8 @@ import numpy as np
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 MODES = {
-    "quick": dict(ops=500, ops_reps=3, put=[(MiB, 6), (16 * MiB, 4), (256 * MiB, 3)],
-                  getlat=[(MiB, 60)], handoff=[(MiB, 8), (64 * MiB, 4)], batch=64, batch_reps=20),
+    "quick": dict(ops=400, ops_reps=3, put=[(MiB, 5), (16 * MiB, 3), (256 * MiB, 3)],
+                  getlat=[(MiB, 60)], handoff=[(MiB, 8), (64 * MiB, 3)], batch=64, batch_reps=20),
     "full": dict(ops=3000, ops_reps=9, put=[(MiB, 40), (16 * MiB, 20), (256 * MiB, 9), (GiB, 5)],
                  getlat=[(MiB, 400)], handoff=[(MiB, 40), (64 * MiB, 15)], batch=64,
                  batch_reps=200),
@@ -121,8 +121,11 @@ def size_label(n):
 
 
 def make_array(size, seed=1):
-    """float32 values 0..250 (exact in float32, never NaN) of `size` bytes."""
-    return ((np.arange(size // 4, dtype=np.int64) * 7 + seed) % 251).astype(np.float32)
+    """float32 values 0..250 (exact in float32, never NaN) of `size` bytes: a 1 MiB block
+    repeated (cheap to build for 1 GiB)."""
+    n = size // 4
+    block = ((np.arange(min(n, MiB // 4), dtype=np.int64) * 7 + seed) % 251).astype(np.float32)
+    return np.resize(block, n)
 
 
 def expected(arr, typed):
@@ -931,15 +934,17 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
     r = Run(stores, cfg, checks)
     extra = []
     error = None
+    socks = {sid: (v6d.sock if sid.startswith("vineyard") else
+                   plasma_sock if sid == "plasma" else vovp_sock)
+             for sid in stores if sid != "ray"}
     try:
-        r.small()
-        r.large()
-        r.getlat()
-        extra = r.batch() or []
-        socks = {sid: (v6d.sock if sid.startswith("vineyard") else
-                       plasma_sock if sid == "plasma" else vovp_sock)
-                 for sid in stores if sid != "ray"}
-        r.handoff(socks)
+        for name, step in (("ops", r.small), ("put", r.large), ("getlat", r.getlat),
+                           ("batch", lambda: extra.extend(r.batch() or [])),
+                           ("handoff", lambda: r.handoff(socks))):
+            t = time.monotonic()
+            step()
+            info[f"seconds_{name}"] = round(time.monotonic() - t, 1)
+            log(f"{name}: {info[f'seconds_{name}']} s")
     except Exception:  # noqa: BLE001 (the harness fails the run on a driver error)
         error = traceback.format_exc()
     finally:
