@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on CI machines
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 MIB = 1 << 20
 
@@ -37,6 +38,15 @@ def size_label(n):
 COLORS = {"vovp": "C0", "vovp_torch": "#5fa2dd", "vovp_raw": "#9cc7ee", "plasma": "C3",
           "ray": "C1", "vineyard": "C2", "vineyard_blob": "#8fd18f", "shm": "C4",
           "torch_mp": "C5"}
+
+
+def short(v):
+    """12.3k, 456, 7.89, 0.123."""
+    if v >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    if v >= 1e3:
+        return f"{v / 1e3:.1f}k"
+    return f"{v:.3g}"
 
 
 def plot_peers(res, dst):
@@ -62,14 +72,16 @@ def plot_peers(res, dst):
         y = list(range(len(labels)))[::-1]
         ax.barh(y, values, color=colors)
         ax.set_yticks(y, labels, fontsize=7)
-        ax.set_xscale("log")
+        if row["unit"] != "GB/s":  # op/s and µs span orders of magnitude between stores
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         arrow = "higher is better" if row["higher_is_better"] else "lower is better"
         ax.set_title(f"{row['name']}\n{row['unit']}, {arrow}", fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(True, axis="x", which="both", alpha=0.3)
         for yi, v in zip(y, values):
             if v:
-                ax.text(v, yi, f" {v:,.3g}", va="center", fontsize=6)
+                ax.text(v, yi, f" {short(v)}", va="center", fontsize=6)
     for ax in list(axes.flat)[len(rows):]:
         ax.axis("off")
     machine = res.get("run", {}).get("machine", {}).get("summary", "")
