@@ -482,11 +482,10 @@ impl Report {
     fn typed_and_peer_targets(&self, t: &mut Vec<Target>) {
         let empty = Peers::default();
         let p = self.peers.as_ref().unwrap_or(&empty);
-        let put64 = p.row("py.peers.put.64");
-        let get64 = p.row("py.peers.get.64");
         for (id, what) in [("vovp", "numpy array"), ("vovp_torch", "torch tensor")] {
             t.push(peer_target(
-                put64,
+                p,
+                "py.peers.put.64",
                 id,
                 "vovp_raw",
                 &format!("Python put_tensor 64 B ({what}): ≥ 0.8× raw put's op/s"),
@@ -494,7 +493,8 @@ impl Report {
             ));
         }
         t.push(peer_target(
-            put64,
+            p,
+            "py.peers.put.64",
             "vovp",
             "shm",
             "Python put_tensor 64 B: ≥ 3× multiprocessing.shared_memory's op/s",
@@ -502,7 +502,8 @@ impl Report {
         ));
         for (id, what) in [("vovp", "numpy"), ("vovp_torch", "torch")] {
             t.push(peer_target(
-                get64,
+                p,
+                "py.peers.get.64",
                 id,
                 "vovp_raw",
                 &format!("Python get_tensor 64 B ({what}): ≥ 0.8× get_buffer's op/s"),
@@ -586,7 +587,8 @@ impl Report {
             });
         }
         t.push(peer_target(
-            p.row(&format!("py.peers.put.{MIB}")),
+            p,
+            &format!("py.peers.put.{MIB}"),
             "vovp",
             "plasma",
             "Python put_tensor 1 MiB: ≥ 2× Plasma's GB/s",
@@ -771,19 +773,22 @@ fn not_measured(name: String) -> Target {
 /// A target on the peers pass: `ok` of store `a`'s advantage over store `b` (rates: a / b,
 /// times: b / a).
 fn peer_target(
-    row: Option<&PeerRow>,
+    peers: &Peers,
+    key: &str,
     a: &str,
     b: &str,
     name: &str,
     ok: impl Fn(f64) -> bool,
 ) -> Target {
-    match row.and_then(|r| Some((r, r.advantage(a, b)?))) {
+    match peers.row(key).and_then(|r| Some((r, r.advantage(a, b)?))) {
         Some((r, adv)) => Target {
             name: name.into(),
             pass: Some(ok(adv)),
             detail: format!(
-                "{a} {} vs {b} {} {}: {adv:.2}×",
+                "{} {} vs {} {} {}: {adv:.2}×",
+                peers.label(a),
                 fmt_value(r.median(a).unwrap_or(f64::NAN)),
+                peers.label(b),
                 fmt_value(r.median(b).unwrap_or(f64::NAN)),
                 r.unit
             ),
