@@ -10,6 +10,9 @@ adapter that drives pyarrow's Plasma, then (``py.dropin_vs_native.*``) interleav
 with vovp's own client on the same daemon.
 Repetitions interleave the stores (vovp, Plasma, Plasma, vovp, ...: the first store alternates so
 neither always runs on a warmer machine).
+The ``peers`` workload (``benches/peers.py``, ``--peers LIST``) puts vovp beside every peer at
+once: Plasma, Ray's object store, Vineyard, ``multiprocessing.shared_memory`` and
+torch.multiprocessing, in the same repetitions; its JSON goes under "peers".
 
 Every timed loop works on names/ids prepared beforehand; only the store calls are timed.
 Clocks: ``time.perf_counter_ns`` is CLOCK_MONOTONIC on Linux, one clock for every process, so

@@ -112,6 +112,8 @@ pub struct Target {
 pub struct PeerStore {
     pub id: String,
     pub label: String,
+    /// Whether it started (it may still have stopped during the run: `reason`).
+    pub ran: bool,
     /// Why it did not run, or stopped during the run (`None`: it ran throughout).
     pub reason: Option<String>,
     /// What its numbers measure (its calls).
@@ -168,6 +170,7 @@ impl Peers {
             p.stores.push(PeerStore {
                 id: s(st, "id")?,
                 label: s(st, "label")?,
+                ran: st["ran"].as_bool().unwrap_or(false),
                 reason: st["reason"].as_str().map(str::to_owned),
                 what: st["what"].as_str().unwrap_or("").to_owned(),
             });
@@ -246,7 +249,12 @@ impl Peers {
         for st in &self.stores {
             match &st.reason {
                 Some(why) => {
-                    let _ = writeln!(out, "- {}: **not run**: {why}", st.label);
+                    let what = if st.ran {
+                        "stopped during the run (numbers up to then)"
+                    } else {
+                        "not run"
+                    };
+                    let _ = writeln!(out, "- {}: **{what}**: {why}", st.label);
                 }
                 None => {
                     let _ = writeln!(out, "- {}: {}", st.label, st.what);
@@ -260,7 +268,8 @@ impl Peers {
     fn to_json(&self) -> Value {
         json!({
             "stores": self.stores.iter().map(|s| json!({
-                "id": s.id, "label": s.label, "reason": s.reason, "what": s.what,
+                "id": s.id, "label": s.label, "ran": s.ran, "reason": s.reason,
+                "what": s.what,
             })).collect::<Vec<_>>(),
             "rows": self.rows.iter().map(|r| json!({
                 "key": r.key, "name": r.name, "unit": r.unit,
