@@ -310,6 +310,7 @@ class Ray:
 
 
 def vineyardd_path():
+    warnings.filterwarnings("ignore")  # vineyard 0.24 imports the deprecated pkg_resources
     import vineyard
 
     p = os.path.join(os.path.dirname(vineyard.__file__), "bdist", "vineyardd")
