@@ -624,6 +624,7 @@ class Run:
         self.rows = []
         self.bad = {}  # id -> first failed check
         self.failed = {}  # id -> why a peer stopped during the run
+        self.touch = {}  # kind of result -> µs to read its first element (touch_costs)
 
     def fail(self, sid, workload, exc):
         """A peer that raised: dropped from the rest of the run, with the reason (vovp's own
@@ -760,6 +761,29 @@ class Run:
             self.row(f"getlat.{size}", f"get latency {size_label(size)} (+ read, release)",
                      "µs", False, size, lat)
             log(f"get latency {size_label(size)} done")
+
+    def touch_costs(self):
+        """What reading the first element costs on its own (no store), per kind of result:
+        numpy a[0], torch t[0], memoryview mv[0]; median of 5 rounds of 2000, in µs. The
+        typed columns' gets include it (torch's indexing is the dearest)."""
+        arr = make_array(MiB, seed=1)
+        cases = {"numpy": arr, "memoryview": memoryview(arr.view(np.uint8))}
+        try:
+            import torch
+
+            cases["torch"] = torch.from_numpy(arr)
+        except ImportError:
+            pass
+        out = {}
+        for kind, obj in cases.items():
+            rounds = []
+            for _ in range(5):
+                t0 = now()
+                for _ in range(2000):
+                    obj[0]
+                rounds.append((now() - t0) / 2000 / 1e3)
+            out[kind] = sorted(rounds)[2]
+        self.touch = out
 
     def batch(self):
         """vovp only: put_tensors/get_tensors of `batch` 64 B tensors against as many single
@@ -940,6 +964,7 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
              for sid in stores if sid != "ray"}
     try:
         for name, step in (("ops", r.small), ("put", r.large), ("getlat", r.getlat),
+                           ("touch", r.touch_costs),
                            ("batch", lambda: extra.extend(r.batch() or [])),
                            ("handoff", lambda: r.handoff(socks))):
             t = time.monotonic()
@@ -962,5 +987,5 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
     peers_json = dict(
         stores=[dict(id=s, label=LABELS[s], ran=status.get(s) is None,
                      reason=status.get(s) or r.failed.get(s), what=WHAT[s]) for s in wanted],
-        rows=r.rows, info=info)
+        rows=r.rows, info=dict(info, touch_us=r.touch))
     return peers_json, extra, error
