@@ -364,6 +364,15 @@ impl Report {
         self.limits.iter().find(|l| l.key == key)
     }
 
+    /// The machine's parallel memcpy into a warm mapping at `size` (GB/s): the better of the
+    /// two copies measured (`parallel_copy`, one contiguous part per CPU).
+    fn parallel_memcpy(&self, size: u64) -> Option<f64> {
+        ["limit.memcpy", "limit.memcpy_split"]
+            .iter()
+            .filter_map(|k| self.limit(&format!("{k}.{size}"))?.median())
+            .reduce(f64::max)
+    }
+
     pub fn failed(&self) -> bool {
         !self.errors.is_empty() || self.checks.iter().any(|c| !c.ok)
     }
@@ -399,25 +408,12 @@ impl Report {
                 &format!("Python put {label}: ≥ 1.5× Plasma's GB/s"),
                 |r| r >= 1.5,
             ));
-            // The better of the two parallel copies measured is the machine's limit.
-            let memcpy = ["limit.memcpy", "limit.memcpy_split"]
-                .iter()
-                .filter_map(|k| self.limit(&format!("{k}.{size}"))?.median())
-                .reduce(f64::max);
-            let name = format!("Python put {label}: ≥ 80% of the parallel memcpy bandwidth");
-            t.push(match (row.and_then(Row::vovp_median), memcpy) {
-                (Some(put), Some(mc)) => Target {
-                    name,
-                    pass: Some(put >= 0.8 * mc),
-                    detail: format!(
-                        "{} GB/s = {:.0}% of the best parallel memcpy, {} GB/s",
-                        fmt_value(put),
-                        100.0 * put / mc,
-                        fmt_value(mc)
-                    ),
-                },
-                _ => not_measured(name),
-            });
+            t.push(memcpy_share_target(
+                format!("Python put {label}: ≥ 80% of the parallel memcpy bandwidth"),
+                row.and_then(Row::vovp_median),
+                self.parallel_memcpy(size),
+                0.8,
+            ));
         }
         // Get latency: flat over sizes (largest median within 1.5× of the smallest) and below
         // Plasma's at every size.
@@ -572,24 +568,12 @@ impl Report {
         for size in [256 * MIB, GIB] {
             let label = size_label(size);
             let row = p.row(&format!("py.peers.put.{size}"));
-            let memcpy = ["limit.memcpy", "limit.memcpy_split"]
-                .iter()
-                .filter_map(|k| self.limit(&format!("{k}.{size}"))?.median())
-                .reduce(f64::max);
-            let name = format!("Python put_tensor {label}: ≥ 95% of the parallel memcpy bandwidth");
-            t.push(match (row.and_then(|r| r.median(PEER_REFERENCE)), memcpy) {
-                (Some(put), Some(mc)) => Target {
-                    name,
-                    pass: Some(put >= 0.95 * mc),
-                    detail: format!(
-                        "{} GB/s = {:.0}% of the best parallel memcpy, {} GB/s",
-                        fmt_value(put),
-                        100.0 * put / mc,
-                        fmt_value(mc)
-                    ),
-                },
-                _ => not_measured(name),
-            });
+            t.push(memcpy_share_target(
+                format!("Python put_tensor {label}: ≥ 95% of the parallel memcpy bandwidth"),
+                row.and_then(|r| r.median(PEER_REFERENCE)),
+                self.parallel_memcpy(size),
+                0.95,
+            ));
             let name = format!("Python put_tensor {label}: ≥ 1.0× every peer's put (same run)");
             let peers: Vec<(String, f64)> = row
                 .map(|r| {
@@ -797,6 +781,23 @@ fn not_measured(name: String) -> Target {
         name,
         pass: None,
         detail: "not measured in this run".into(),
+    }
+}
+
+/// `put` (GB/s) at least `share` of the machine's parallel memcpy `memcpy` (GB/s).
+fn memcpy_share_target(name: String, put: Option<f64>, memcpy: Option<f64>, share: f64) -> Target {
+    match (put, memcpy) {
+        (Some(put), Some(mc)) => Target {
+            name,
+            pass: Some(put >= share * mc),
+            detail: format!(
+                "{} GB/s = {:.0}% of the best parallel memcpy, {} GB/s",
+                fmt_value(put),
+                100.0 * put / mc,
+                fmt_value(mc)
+            ),
+        },
+        _ => not_measured(name),
     }
 }
 
