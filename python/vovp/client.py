@@ -868,9 +868,7 @@ class Client(CudaMethods):
                 if isinstance(e, ConnectionError):
                     self._connection_lost()
                 raise
-        # (``_owner``'s lease, without its CUDA check: this object is a host one.)
-        owner = np.asarray(obj)
-        L.lease(owner, self, obj)
+        owner = self._owner(obj)
         if plan is None:
             arr, code = owner, T.UINT8
         else:
