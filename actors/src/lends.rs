@@ -44,11 +44,20 @@ struct LendState {
     retired: bool,
 }
 
-/// Every lend of the store, and each holder's current one.
+/// Which of a holder's two current lends: the big one (1/64 of the store; taken back when the
+/// store is short of memory) or the small one (LEND_SMALL; small objects published without
+/// waiting for the reply, never taken back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LendKind {
+    Big,
+    Small,
+}
+
+/// Every lend of the store, and each holder's current ones.
 #[derive(Default)]
 pub(crate) struct Lends {
     by_id: HashMap<u64, LendState>,
-    current: HashMap<HolderId, u64>,
+    current: HashMap<(HolderId, LendKind), u64>,
     next_id: u64,
 }
 
@@ -57,35 +66,38 @@ impl Lends {
         Self::default()
     }
 
-    /// Retires `holder`'s current lend (it is about to take another, or is gone); its block
-    /// when nothing published from it is alive.
-    pub(crate) fn retire(&mut self, holder: HolderId) -> Option<HostBlock> {
-        let id = self.current.remove(&holder)?;
+    /// Retires `holder`'s current lend of `kind` (it is about to take another, or is gone);
+    /// its block when nothing published from it is alive.
+    pub(crate) fn retire(&mut self, holder: HolderId, kind: LendKind) -> Option<HostBlock> {
+        let id = self.current.remove(&(holder, kind))?;
         let state = self.by_id.get_mut(&id)?;
         state.retired = true;
         self.free_if_done(id)
     }
 
-    /// Every holder's current lend that holds no live object: (holder, lend id).
+    /// Every holder's current big lend that holds no live object: (holder, lend id). (Small
+    /// lends are never taken back: the hold table's one revocation word is the big lend's.)
     pub(crate) fn current_empty(&self) -> Vec<(HolderId, u64)> {
         self.current
             .iter()
-            .filter(|(_, id)| self.by_id.get(id).is_some_and(|s| s.live == 0))
-            .map(|(h, id)| (*h, *id))
+            .filter(|((_, kind), id)| {
+                *kind == LendKind::Big && self.by_id.get(id).is_some_and(|s| s.live == 0)
+            })
+            .map(|((h, _), id)| (*h, *id))
             .collect()
     }
 
     /// `holder`'s current lend again, from its start, when nothing published from it is alive
     /// any more: its pages are warm in the client (a put/delete cycle then writes the same
     /// memory over and over, as CREATE's exact-fit reuse does, instead of fresh pages).
-    pub(crate) fn reuse_empty(&mut self, holder: HolderId) -> Option<Lend> {
-        let id = *self.current.get(&holder)?;
+    pub(crate) fn reuse_empty(&mut self, holder: HolderId, kind: LendKind) -> Option<Lend> {
+        let id = *self.current.get(&(holder, kind))?;
         let state = self.by_id.get(&id).filter(|s| s.live == 0)?;
         Some(lend_of(id, &state.block))
     }
 
-    /// Records `block` as `holder`'s new current lend (retire the old one first).
-    pub(crate) fn insert(&mut self, holder: HolderId, block: HostBlock) -> Lend {
+    /// Records `block` as `holder`'s new current lend of `kind` (retire the old one first).
+    pub(crate) fn insert(&mut self, holder: HolderId, kind: LendKind, block: HostBlock) -> Lend {
         self.next_id += 1;
         let id = self.next_id;
         self.by_id.insert(
@@ -98,7 +110,7 @@ impl Lends {
                 retired: false,
             },
         );
-        self.current.insert(holder, id);
+        self.current.insert((holder, kind), id);
         lend_of(id, &block)
     }
 
@@ -192,7 +204,7 @@ mod tests {
     #[test]
     fn only_the_holder_publishes_only_free_aligned_ranges_inside_its_lend() {
         let mut lends = Lends::new();
-        let lend = lends.insert(h(1), HostBlock::for_tests(3, 4096));
+        let lend = lends.insert(h(1), LendKind::Big, HostBlock::for_tests(3, 4096));
         let start = lend.offset;
         assert!(matches!(
             lends.claim(h(2), lend.id, start, 10, 0),
@@ -230,10 +242,13 @@ mod tests {
     #[test]
     fn a_retired_lend_goes_with_its_last_object_and_takes_late_publishes_until_then() {
         let mut lends = Lends::new();
-        let first = lends.insert(h(1), HostBlock::for_tests(1, 4096));
+        let first = lends.insert(h(1), LendKind::Big, HostBlock::for_tests(1, 4096));
         let a = lends.claim(h(1), first.id, first.offset, 64, 0).unwrap();
-        assert!(lends.retire(h(1)).is_none(), "an object still lives in it");
-        let second = lends.insert(h(1), HostBlock::for_tests(2, 4096));
+        assert!(
+            lends.retire(h(1), LendKind::Big).is_none(),
+            "an object still lives in it"
+        );
+        let second = lends.insert(h(1), LendKind::Big, HostBlock::for_tests(2, 4096));
         // A put that reserved its range before the new lend still publishes into the old one.
         let late = lends
             .claim(h(1), first.id, first.offset + 64, 64, 0)
@@ -244,13 +259,46 @@ mod tests {
         assert_eq!(block.segment, 1);
         assert!(lends.claim(h(1), first.id, first.offset, 64, 0).is_err());
         // An empty current lend is handed out again (warm pages), from its start.
-        assert_eq!(lends.reuse_empty(h(1)), Some(second));
+        assert_eq!(lends.reuse_empty(h(1), LendKind::Big), Some(second));
         let c = lends.claim(h(1), second.id, second.offset, 64, 0).unwrap();
-        assert_eq!(lends.reuse_empty(h(1)), None, "an object lives in it");
+        assert_eq!(
+            lends.reuse_empty(h(1), LendKind::Big),
+            None,
+            "an object lives in it"
+        );
         assert!(lends.freed(&c).is_none());
         // The holder going away retires its current lend: empty, so it goes at once.
-        assert_eq!(lends.retire(h(1)).map(|b| b.segment), Some(2));
+        assert_eq!(
+            lends.retire(h(1), LendKind::Big).map(|b| b.segment),
+            Some(2)
+        );
         assert!(lends.is_empty());
         let _ = second;
+    }
+
+    #[test]
+    fn a_holder_has_a_big_and_a_small_lend_and_only_the_big_one_is_taken_back() {
+        let mut lends = Lends::new();
+        let big = lends.insert(h(1), LendKind::Big, HostBlock::for_tests(1, 1 << 20));
+        let small = lends.insert(h(1), LendKind::Small, HostBlock::for_tests(1, 64 << 10));
+        assert_ne!(big.id, small.id);
+        // Both take objects; retiring one kind leaves the other current.
+        let s = lends.claim(h(1), small.id, small.offset, 64, 64).unwrap();
+        assert_eq!(
+            lends.current_empty(),
+            vec![(h(1), big.id)],
+            "small lends: never"
+        );
+        assert_eq!(lends.reuse_empty(h(1), LendKind::Small), None);
+        assert!(
+            lends.retire(h(1), LendKind::Small).is_none(),
+            "an object lives in it"
+        );
+        assert_eq!(lends.reuse_empty(h(1), LendKind::Big), Some(big));
+        // The retired small lend goes with its last object, the big one stays current.
+        assert!(lends.freed(&s).is_some());
+        assert_eq!(lends.len(), 1);
+        assert!(lends.retire(h(1), LendKind::Big).is_some());
+        assert!(lends.is_empty());
     }
 }

@@ -18,7 +18,7 @@ use crate::gpu::{AllocateDevice, FreeDevice, GpuActor, GpuUsage};
 use crate::allocator::{
     AllocFailure, Allocate, AllocatorActor, Free, HostUsage, OwnerGone, Usage, Writer,
 };
-use crate::lends::Lends;
+use crate::lends::{LendKind, Lends};
 use crate::pipelined::PipelinedPuts;
 use crate::segment::Segment;
 use crate::shared::{Shared, SharedConfig, SharedFds};
@@ -300,7 +300,7 @@ impl ObjectTableActor {
         let mut freed = Vec::new();
         for (holder, lend) in self.lends.current_empty() {
             if self.table.revoke_lend(holder, lend) {
-                freed.extend(self.lends.retire(holder));
+                freed.extend(self.lends.retire(holder, LendKind::Big));
             }
         }
         if freed.is_empty() {
@@ -670,8 +670,10 @@ pub struct TakeLend {
     pub holder: HolderId,
     /// The block the client wants to write next (data padded to 64 bytes, then metadata).
     pub at_least: u64,
-    /// The store's lend size ([`crate::lends::lend_size`]).
+    /// The store's lend size ([`crate::lends::lend_size`]), or the small lend's.
     pub size: u64,
+    /// The small-object lend (LEND_SMALL): the holder's second lend, never taken back.
+    pub small: bool,
 }
 
 impl Message<TakeLend> for ObjectTableActor {
@@ -695,24 +697,33 @@ impl Message<TakeLend> for ObjectTableActor {
                     .into(),
             ));
         }
-        // The client asks for a lend only while none of its puts writes into one.
-        self.table.clear_lend_revocation(m.holder);
+        let kind = if m.small {
+            LendKind::Small
+        } else {
+            LendKind::Big
+        };
+        // The client asks for a big lend only while none of its puts writes into one. (Not
+        // for a small one: the mark may name a big lend the client has not seen taken back
+        // yet, and clearing it would let the client write into that lend.)
+        if kind == LendKind::Big {
+            self.table.clear_lend_revocation(m.holder);
+        }
         if let Some(again) = self
             .lends
-            .reuse_empty(m.holder)
+            .reuse_empty(m.holder, kind)
             .filter(|l| l.size == m.size)
         {
             return Ok(again);
         }
         // Retired first, so that an emptied lend's memory can serve the new one.
-        if let Some(old) = self.lends.retire(m.holder) {
+        if let Some(old) = self.lends.retire(m.holder, kind) {
             let _ = self.allocator.tell(Free(vec![old])).await;
         }
         match self
             .allocate(m.size, 0, Device::Cpu, Writer::Client(m.holder))
             .await?
         {
-            Block::Host(h) => Ok(self.lends.insert(m.holder, h)),
+            Block::Host(h) => Ok(self.lends.insert(m.holder, kind, h)),
             other => {
                 self.free_blocks([other]).await;
                 Err(Error::Internal("a lend outside host memory".into()))
@@ -735,12 +746,26 @@ pub struct Publish {
     pub replace: bool,
     /// Keep the creator's reference (the reply's object id must be released later).
     pub keep_reference: bool,
+    /// Sent without waiting for the reply: counted as applied, whatever the outcome
+    /// ([`crate::pipelined`]).
+    pub pipelined: bool,
 }
 
 impl Message<Publish> for ObjectTableActor {
     type Reply = Result<ObjectRef, Error>;
 
     async fn handle(&mut self, m: Publish, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let (holder, pipelined) = (m.holder, m.pipelined);
+        let r = self.publish_lent(m, ctx.actor_ref()).await;
+        if pipelined {
+            self.pipelined.applied_one(holder);
+        }
+        r
+    }
+}
+
+impl ObjectTableActor {
+    async fn publish_lent(&mut self, m: Publish, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name, m.replace, m.holder)?;
         let lent = self
@@ -763,7 +788,7 @@ impl Message<Publish> for ObjectTableActor {
                 return Err(e);
             }
         };
-        self.seal_put(&mut r, m.holder, m.keep_reference, ctx.actor_ref())
+        self.seal_put(&mut r, m.holder, m.keep_reference, me)
             .await?;
         Ok(r)
     }
@@ -973,8 +998,12 @@ impl Message<ReleaseHolder> for ObjectTableActor {
             tracing::debug!("holder {} gone: {} objects freed", m.holder, freed.len());
         }
         self.free(freed).await;
-        if let Some(lend) = self.lends.retire(m.holder) {
-            let _ = self.allocator.tell(Free(vec![lend])).await;
+        let lends: Vec<_> = [LendKind::Big, LendKind::Small]
+            .into_iter()
+            .filter_map(|kind| self.lends.retire(m.holder, kind))
+            .collect();
+        if !lends.is_empty() {
+            let _ = self.allocator.tell(Free(lends)).await;
         }
         let _ = self.allocator.tell(OwnerGone(m.holder)).await;
         self.publish();

@@ -218,18 +218,7 @@ impl Session {
         };
         let name = match checked {
             Ok(name) => name,
-            Err(e) => {
-                // Refused before the table saw it: still done, for misses waiting on it.
-                if options.pipelined {
-                    self.table()
-                        .tell(msg::PipelinedPutRefused {
-                            holder: self.inner.holder,
-                        })
-                        .await
-                        .answer()?;
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(self.refused_before_the_table(options, e).await),
         };
         self.table()
             .ask(msg::PutInline {
@@ -244,6 +233,24 @@ impl Session {
             })
             .await
             .answer()
+    }
+
+    /// A put refused before the table saw it: `e`, and if it was pipelined it still counts as
+    /// applied, for the misses waiting on it (else they would wait for it in vain).
+    async fn refused_before_the_table(&self, options: PutOptions, e: Error) -> Error {
+        if options.pipelined {
+            let told = self
+                .table()
+                .tell(msg::PipelinedPutRefused {
+                    holder: self.inner.holder,
+                })
+                .await
+                .answer();
+            if let Err(dead) = told {
+                return dead;
+            }
+        }
+        e
     }
 
     /// The count of pipelined puts applied, read before a question that may answer
@@ -283,16 +290,25 @@ impl Session {
     }
 
     /// Lends this session a part of its own arena to write objects into itself, each made a
-    /// sealed object by one [`Session::publish`]; its previous lend takes no new object.
-    /// `at_least`: the block it wants to write next (data padded to 64 bytes, then metadata).
-    /// Only for clients in other processes, and only by a store of 64 MiB or more with client
-    /// arenas (not `--prefault`): otherwise [`Error::Config`], and the client creates instead.
-    pub async fn lend(&self, at_least: u64) -> Result<Lend, Error> {
+    /// sealed object by one [`Session::publish`]; its previous lend of the same kind takes no
+    /// new object. `at_least`: the block it wants to write next (data padded to 64 bytes, then
+    /// metadata). `small`: the small-object lend ([`vovp_types::lends::SMALL_LEND_SIZE`],
+    /// never taken back), apart from the big one. Only for clients in other processes, and
+    /// only by a store of 64 MiB or more with client arenas (not `--prefault`): otherwise
+    /// [`Error::Config`], and the client creates instead.
+    pub async fn lend(&self, at_least: u64, small: bool) -> Result<Lend, Error> {
         let config = &self.inner.core.config;
         let size = match (self.inner.kind, config.client_arenas && !config.prefault) {
             (Kind::Client, true) => vovp_types::lends::lend_size(config.capacity),
             _ => None,
         }
+        .map(|big| {
+            if small {
+                vovp_types::lends::SMALL_LEND_SIZE
+            } else {
+                big
+            }
+        })
         .ok_or_else(|| {
             Error::Config(
                 "this store lends no arena (embedded, --prefault, or under 64 MiB): use CREATE"
@@ -304,6 +320,7 @@ impl Session {
                 holder: self.inner.holder,
                 at_least,
                 size,
+                small,
             })
             .await
             .answer()
@@ -322,17 +339,22 @@ impl Session {
         metadata: &[u8],
         options: PutOptions,
     ) -> Result<ObjectRef, Error> {
+        let name = match object_name(name) {
+            Ok(name) => name,
+            Err(e) => return Err(self.refused_before_the_table(options, e).await),
+        };
         self.table()
             .ask(msg::Publish {
                 holder: self.inner.holder,
                 lend,
                 offset,
-                name: object_name(name)?,
+                name,
                 size,
                 metadata: Arc::from(metadata),
                 ephemeral: options.ephemeral,
                 replace: options.replace,
                 keep_reference: options.keep_reference,
+                pipelined: options.pipelined,
             })
             .await
             .answer()

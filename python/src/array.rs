@@ -24,16 +24,58 @@ pub(crate) fn array_interface<'py>(
     Ok(d)
 }
 
-/// `__array_struct__` of `size` bytes at `ptr` (a 1-D uint8 array): numpy's C-level
-/// `PyArrayInterface` in a capsule. numpy asks for it before `__array_interface__`, and it
-/// costs neither a dict of four Python objects nor numpy's parsing of one: about half of a
-/// Python get's time went to that.
-pub(crate) fn array_struct(
-    py: Python<'_>,
+/// How an object's bytes are shown to numpy: a 1-D uint8 array (the default), or a typed
+/// array (a tensor's dtype and shape, set by the Python layer from the tensor header, so that
+/// `numpy.asarray(obj)` is the result itself, not a uint8 array viewed and reshaped).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// numpy's type kind ('f', 'i', 'u', 'b', 'c') and item size in bytes.
+    pub(crate) kind: u8,
+    pub(crate) itemsize: u32,
+    pub(crate) shape: Vec<isize>,
+}
+
+/// The most dimensions a layout may have (numpy 1.x's `NPY_MAXDIMS`).
+const MAX_DIMS: usize = 32;
+
+impl Layout {
+    /// `kind`/`itemsize`/`shape` as a layout of exactly `size` bytes; ValueError otherwise
+    /// (a layout larger than the object would let numpy read past it).
+    pub(crate) fn checked(kind: u8, itemsize: u32, shape: Vec<isize>, size: u64) -> PyResult<Self> {
+        let bytes = shape.iter().try_fold(u64::from(itemsize), |acc, &d| {
+            u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+        });
+        if !b"fiubc".contains(&kind) || itemsize == 0 || shape.len() > MAX_DIMS {
+            return Err(PyValueError::new_err(format!(
+                "not an array layout: kind {:?}, itemsize {itemsize}, {} dimensions",
+                kind as char,
+                shape.len()
+            )));
+        }
+        if bytes != Some(size) {
+            return Err(PyValueError::new_err(format!(
+                "a layout of {shape:?} x {itemsize} bytes does not fit an object of {size} bytes"
+            )));
+        }
+        Ok(Layout {
+            kind,
+            itemsize,
+            shape,
+        })
+    }
+}
+
+/// `__array_struct__` of `size` bytes at `ptr`, as a 1-D uint8 array or with `layout`:
+/// numpy's C-level `PyArrayInterface` in a capsule. numpy asks for it before
+/// `__array_interface__`, and it costs neither a dict of four Python objects nor numpy's
+/// parsing of one: about half of a Python get's time went to that.
+pub(crate) fn array_struct<'py>(
+    py: Python<'py>,
     ptr: usize,
     size: u64,
+    layout: Option<&Layout>,
     readonly: bool,
-) -> PyResult<Bound<'_, PyCapsule>> {
+) -> PyResult<Bound<'py, PyCapsule>> {
     // numpy's flags (ndarraytypes.h).
     const C_CONTIGUOUS: i32 = 0x1;
     const ALIGNED: i32 = 0x100;
@@ -42,14 +84,20 @@ pub(crate) fn array_struct(
     if ptr == 0 && size != 0 {
         return Err(PyValueError::new_err("no host address to export"));
     }
-    let shape = isize::try_from(size).map_err(|_| PyValueError::new_err("object too large"))?;
+    let one = isize::try_from(size).map_err(|_| PyValueError::new_err("object too large"))?;
+    let (kind, itemsize, dims) = match layout {
+        Some(l) => (l.kind, l.itemsize as c_int, &l.shape[..]),
+        None => (b'u', 1, std::slice::from_ref(&one)),
+    };
+    let mut shape = [0isize; MAX_DIMS];
+    shape[..dims.len()].copy_from_slice(dims);
     let flags = C_CONTIGUOUS | ALIGNED | NOTSWAPPED | if readonly { 0 } else { WRITEABLE };
     let value = ArrayStruct {
         interface: PyArrayInterface {
             two: 2,
-            nd: 1,
-            typekind: b'u' as c_char,
-            itemsize: 1,
+            nd: dims.len() as c_int,
+            typekind: kind as c_char,
+            itemsize,
             flags,
             shape: std::ptr::null_mut(),
             strides: std::ptr::null_mut(),
@@ -66,8 +114,39 @@ pub(crate) fn array_struct(
     let inside = capsule.pointer().cast::<ArrayStruct>();
     // SAFETY: `inside` is the capsule's boxed ArrayStruct (PyO3 stores the value first, at the
     // pointer it registers), alive as long as `capsule`; nothing else refers to it yet.
-    unsafe { (*inside).interface.shape = std::ptr::addr_of_mut!((*inside).shape) };
+    unsafe { (*inside).interface.shape = std::ptr::addr_of_mut!((*inside).shape).cast() };
     Ok(capsule)
+}
+
+/// The bytes of a C-contiguous array `src` (numpy's, or anything with `__array_struct__`):
+/// (address, length), read from its `__array_struct__` capsule (~60 ns; `ndarray.ctypes.data`
+/// costs ~1 µs, and the buffer protocol is not in the stable ABI before Python 3.11). The
+/// caller keeps `src` alive while it uses the address. ValueError for anything else.
+pub(crate) fn contiguous_bytes(src: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    const C_CONTIGUOUS: c_int = 0x1;
+    let capsule = src.getattr(pyo3::intern!(src.py(), "__array_struct__"))?;
+    let capsule = capsule
+        .downcast::<PyCapsule>()
+        .map_err(|_| PyValueError::new_err("__array_struct__ is not a capsule"))?;
+    // SAFETY: numpy's `__array_struct__` capsule holds a `PyArrayInterface` (the protocol),
+    // alive as long as `capsule`; read only here.
+    let i = unsafe { &*capsule.pointer().cast::<PyArrayInterface>() };
+    if i.two != 2 || i.flags & C_CONTIGUOUS == 0 || i.nd < 0 || i.itemsize < 0 {
+        return Err(PyValueError::new_err("not a C-contiguous array"));
+    }
+    let mut len = i.itemsize as usize;
+    for d in 0..i.nd as usize {
+        // SAFETY: `shape` has `nd` entries (the protocol).
+        let dim = unsafe { *i.shape.add(d) };
+        len = usize::try_from(dim)
+            .ok()
+            .and_then(|dim| len.checked_mul(dim))
+            .ok_or_else(|| PyValueError::new_err("array too large"))?;
+    }
+    if i.data.is_null() && len != 0 {
+        return Err(PyValueError::new_err("an array without data"));
+    }
+    Ok((i.data as usize, len))
 }
 
 /// numpy's `PyArrayInterface` (the `__array_struct__` protocol), field for field.
@@ -84,11 +163,11 @@ struct PyArrayInterface {
     descr: *mut c_void,
 }
 
-/// A `PyArrayInterface` with the storage of its one dimension.
+/// A `PyArrayInterface` with the storage of its dimensions.
 #[repr(C)]
 struct ArrayStruct {
     interface: PyArrayInterface,
-    shape: isize,
+    shape: [isize; MAX_DIMS],
 }
 
 // SAFETY: the pointers are plain addresses numpy reads under the GIL; nothing is shared

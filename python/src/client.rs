@@ -282,6 +282,135 @@ impl Client {
         })
     }
 
+    /// `put_tensor` of a host tensor up to the inline or lend limit, in one call: the bytes of
+    /// `src` (a C-contiguous numpy array of the dtype to store, read through its
+    /// `__array_struct__`) become object `name`, kept, shown to numpy with the result's layout
+    /// (`Object.set_layout`). A small read-only one comes back at once, *pending*: its id,
+    /// version and any failure come with the store's answer, read later
+    /// (`vovp_client::Client::put_view_later`).
+    #[pyo3(signature = (name, src, metadata, ephemeral, writable, replace, kind, itemsize, shape))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_tensor_host(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        src: &Bound<'_, PyAny>,
+        metadata: &[u8],
+        ephemeral: bool,
+        writable: bool,
+        replace: bool,
+        kind: &str,
+        itemsize: u32,
+        shape: Vec<isize>,
+    ) -> PyResult<Object> {
+        let inner = self.usable()?;
+        let (addr, size) = crate::array::contiguous_bytes(src)?;
+        let layout_kind = match kind.as_bytes() {
+            [k] => *k,
+            _ => 0,
+        };
+        let layout = crate::array::Layout::checked(layout_kind, itemsize, shape, size as u64)?;
+        // SAFETY: `src` (held by the caller for this call) exports `size` contiguous bytes at
+        // `addr` (its `__array_struct__`).
+        let data: &[u8] = if size == 0 {
+            &[]
+        } else {
+            unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
+        };
+        let opts = options(ephemeral, replace);
+        // Pipelined only for read-only results: a writable one (torch's) must view the object
+        // through a private mapping (writes stay in this process), which the small lend, in
+        // this client's own arena, is not. And only with a release thread, which reads the
+        // reply of a result dropped before it came (else its reference would wait for this
+        // client's next call: `release_delay=0` promises releases at once).
+        let later = !writable && inner.defers_releases();
+        let obj = py
+            .allow_threads(|| {
+                if later {
+                    if let Some(p) = inner.put_view_later(name, data, metadata, opts)? {
+                        return Ok(Object::from_pending(p, name, metadata));
+                    }
+                }
+                let v = inner.put_and_view(name, data, metadata, opts)?;
+                if writable {
+                    Object::writable(inner, v)
+                } else {
+                    Ok::<_, Error>(Object::new(v))
+                }
+            })
+            .map_err(to_py)?;
+        obj.set_layout_checked(layout);
+        Ok(obj)
+    }
+
+    /// `put_tensors`' read-only host tensors up to the inline limit, in one call: `items` are
+    /// (name, src, metadata, kind, itemsize, shape) as `put_tensor_host`'s. With a release
+    /// thread the small ones go out together, pipelined (one write), the rest wait one by
+    /// one. Returns an Object (its layout set) or the exception of each item.
+    #[pyo3(signature = (items, ephemeral = false, replace = false))]
+    #[allow(clippy::type_complexity)]
+    fn put_tensors_host(
+        &self,
+        py: Python<'_>,
+        items: Vec<(String, Bound<'_, PyAny>, Vec<u8>, String, u32, Vec<isize>)>,
+        ephemeral: bool,
+        replace: bool,
+    ) -> PyResult<Vec<PyObject>> {
+        let inner = self.usable()?;
+        let opts = options(ephemeral, replace);
+        let mut prepared = Vec::with_capacity(items.len());
+        for (name, src, metadata, kind, itemsize, shape) in &items {
+            let (addr, size) = crate::array::contiguous_bytes(src)?;
+            let kind = match kind.as_bytes() {
+                [k] => *k,
+                _ => 0,
+            };
+            let layout =
+                crate::array::Layout::checked(kind, *itemsize, shape.clone(), size as u64)?;
+            // SAFETY: `src`, held in `items` for this call, exports `size` contiguous bytes at
+            // `addr` (its `__array_struct__`).
+            let data: &[u8] = if size == 0 {
+                &[]
+            } else {
+                unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
+            };
+            prepared.push((name.as_str(), data, metadata.as_slice(), layout));
+        }
+        let later = inner.defers_releases();
+        let objects: Vec<Result<Object, Error>> = py.allow_threads(|| {
+            let puts: Vec<_> = (prepared.iter())
+                .map(|&(name, data, metadata, _)| (name, data, metadata, opts))
+                .collect();
+            let answers = if later {
+                inner.put_views_later(&puts)
+            } else {
+                puts.iter().map(|_| None).collect()
+            };
+            answers
+                .into_iter()
+                .zip(&puts)
+                .map(|(answer, &(name, data, metadata, opts))| match answer {
+                    Some(Ok(p)) => Ok(Object::from_pending(p, name, metadata)),
+                    Some(Err(e)) => Err(e),
+                    None => inner
+                        .put_and_view(name, data, metadata, opts)
+                        .map(Object::new),
+                })
+                .collect()
+        });
+        objects
+            .into_iter()
+            .zip(prepared)
+            .map(|(r, (_, _, _, layout))| match r {
+                Ok(o) => {
+                    o.set_layout_checked(layout);
+                    Ok(Py::new(py, o)?.into_any())
+                }
+                Err(e) => Ok(to_py(e).into_value(py).into_any()),
+            })
+            .collect()
+    }
+
     /// CREATE: an unsealed object of `size` bytes that only this client may write; on
     /// cuda:`device` when given.
     #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false, device = None, replace = false))]

@@ -2,15 +2,16 @@
 //! `Buffer` (an unsealed object its creator writes). Both export their bytes to numpy.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict};
-use vovp_client::Client as RustClient;
+use vovp_client::{Client as RustClient, PipelinedView};
 use vovp_types::{Error, Location, ObjectBuffer, ObjectView};
 
-use crate::array::{array_interface, array_struct};
+use crate::array::{array_interface, array_struct, Layout};
 use crate::errors::to_py;
 use crate::process::{forget_in_child, this_process};
 
@@ -39,22 +40,37 @@ fn place_of(l: Location) -> Option<(u32, u64)> {
     }
 }
 
+/// `Object.lease_fields`: (id, None while pending; name; address; size; place).
+type LeaseFields<'a> = (Option<u64>, &'a str, usize, u64, Option<(u32, u64)>);
+
+/// What an [`Object`] holds: the view of a sealed object, or the store's copy of a small put
+/// whose reply is still to come (its id and version with it).
+pub(crate) enum Held {
+    View(ObjectView),
+    Pending(PipelinedView),
+}
+
 /// A sealed object's view: holds one store reference until released or garbage collected.
+/// A small `put_tensor`'s result starts out *pending* (`Client.put` with `wait=False`): its
+/// bytes are there, its id and version are read from the store's reply when first asked for.
 #[pyclass(module = "vovp._native", frozen, weakref)]
 pub(crate) struct Object {
-    view: Mutex<Option<ObjectView>>,
+    view: Mutex<Option<Held>>,
     /// A CUDA object's IPC mapping in this process (`map_cuda`).
     device: std::sync::OnceLock<vovp_gpu::ipc::DeviceView>,
     /// A writable object's mapping (a private copy-on-write one for others' objects) and its
     /// address of the bytes; set once, before any array is made (`Client.make_writable`).
     writable: std::sync::OnceLock<(usize, Arc<dyn Any + Send + Sync>)>,
-    id: u64,
+    /// How `__array_struct__` shows the bytes (a tensor's dtype and shape); 1-D uint8 if unset.
+    layout: std::sync::OnceLock<Layout>,
+    /// The object id and version; 0 while pending.
+    id: AtomicU64,
+    version: AtomicU64,
     name: String,
     size: u64,
     ptr: usize,
     metadata: Vec<u8>,
     location: Location,
-    version: u64,
     process: u64,
 }
 
@@ -86,13 +102,69 @@ impl Object {
             .view
             .lock()
             .map_err(|_| Error::Internal("object lock poisoned".into()))?;
-        let Some(view) = guard.as_ref() else {
-            return Err(Error::NotHeld(self.id));
+        let writable = match guard.as_ref() {
+            None => return Err(Error::NotHeld(self.id.load(Ordering::Acquire))),
+            Some(Held::View(view)) => client.private_view(view)?,
+            // This client's own small lend, mapped read-write.
+            Some(Held::Pending(p)) => Some(p.writable()),
         };
-        if let Some((ptr, keep)) = client.private_view(view)? {
+        if let Some((ptr, keep)) = writable {
             let _ = self.writable.set((ptr as usize, keep));
         }
         Ok(())
+    }
+
+    /// Sets the layout numpy sees (checked against this object's size by the caller).
+    pub(crate) fn set_layout_checked(&self, layout: Layout) {
+        let _ = self.layout.set(layout);
+    }
+
+    /// The store's copy of a small put, before its reply (see [`Held::Pending`]).
+    pub(crate) fn from_pending(p: PipelinedView, name: &str, metadata: &[u8]) -> Self {
+        Object {
+            device: std::sync::OnceLock::new(),
+            writable: std::sync::OnceLock::new(),
+            layout: std::sync::OnceLock::new(),
+            id: AtomicU64::new(0),
+            version: AtomicU64::new(0),
+            name: name.to_string(),
+            size: p.size(),
+            ptr: p.as_ptr() as usize,
+            metadata: metadata.to_vec(),
+            location: p.location(),
+            process: this_process(),
+            view: Mutex::new(Some(Held::Pending(p))),
+        }
+    }
+
+    /// The object id, reading a pending put's reply first (without the GIL: another thread
+    /// may be using the connection); the put's error if the store refused it.
+    fn resolved_id(&self, py: Python<'_>) -> PyResult<u64> {
+        let id = self.id.load(Ordering::Acquire);
+        if id != 0 {
+            return Ok(id);
+        }
+        let mut guard = self
+            .view
+            .lock()
+            .map_err(|_| to_py(Error::Internal("object lock poisoned".into())))?;
+        let view = match guard.as_ref() {
+            Some(Held::Pending(p)) => {
+                py.allow_threads(|| p.wait()).map_err(to_py)?;
+                p.take_view()
+            }
+            // Resolved meanwhile by another thread, or released.
+            _ => None,
+        };
+        if let Some(v) = view {
+            self.version.store(v.version(), Ordering::Release);
+            self.id.store(v.id().get(), Ordering::Release);
+            *guard = Some(Held::View(v));
+        }
+        match self.id.load(Ordering::Acquire) {
+            0 => Err(to_py(Error::NotHeld(0))),
+            id => Ok(id),
+        }
     }
 
     pub(crate) fn address_now(&self) -> usize {
@@ -103,24 +175,31 @@ impl Object {
         Object {
             device: std::sync::OnceLock::new(),
             writable: std::sync::OnceLock::new(),
-            id: v.id().get(),
+            layout: std::sync::OnceLock::new(),
+            id: AtomicU64::new(v.id().get()),
+            version: AtomicU64::new(v.version()),
             name: v.name().to_string(),
             size: v.size(),
             ptr: v.as_ptr() as usize,
             metadata: v.metadata().to_vec(),
             location: v.location(),
-            version: v.version(),
             process: this_process(),
-            view: Mutex::new(Some(v)),
+            view: Mutex::new(Some(Held::View(v))),
         }
     }
 }
 
 #[pymethods]
 impl Object {
+    /// The object id (a pending put's: once its reply is read; its error if it failed).
     #[getter]
-    fn id(&self) -> u64 {
-        self.id
+    fn id(&self, py: Python<'_>) -> PyResult<u64> {
+        self.resolved_id(py)
+    }
+    /// Whether the store's answer to this put is still to be read (id and version unknown).
+    #[getter]
+    fn pending(&self) -> bool {
+        self.id.load(Ordering::Acquire) == 0
     }
     #[getter]
     fn name(&self) -> &str {
@@ -136,8 +215,9 @@ impl Object {
     }
     /// The name's version this object is (1 for a name's first object, +1 per replace).
     #[getter]
-    fn version(&self) -> u64 {
-        self.version
+    fn version(&self, py: Python<'_>) -> PyResult<u64> {
+        self.resolved_id(py)?;
+        Ok(self.version.load(Ordering::Acquire))
     }
     /// ("host", None) or ("cuda", device index).
     #[getter]
@@ -149,11 +229,13 @@ impl Object {
     fn place(&self) -> Option<(u32, u64)> {
         place_of(self.location)
     }
-    /// (id, name, address, size, place): what the Python layer's lease records, in one call.
+    /// (id, name, address, size, place): what the Python layer's lease records, in one call
+    /// (id None while pending: the lease asks `id` when it needs it).
     #[getter]
-    fn lease_fields(&self) -> (u64, &str, usize, u64, Option<(u32, u64)>) {
+    fn lease_fields(&self) -> LeaseFields<'_> {
+        let id = self.id.load(Ordering::Acquire);
         (
-            self.id,
+            (id != 0).then_some(id),
             &self.name,
             self.address_now(),
             self.size,
@@ -195,6 +277,7 @@ impl Object {
             py,
             self.address_now(),
             self.size,
+            self.layout.get(),
             self.writable.get().is_none(),
         )
     }
@@ -212,6 +295,19 @@ impl Object {
     #[getter]
     fn is_host(&self) -> bool {
         matches!(self.location.device(), vovp_types::Device::Cpu)
+    }
+    /// Shows the bytes to numpy as an array of numpy type kind `kind` ('f', 'i', 'u', 'b',
+    /// 'c'), `itemsize` and `shape` (exactly the object's size), before any array is made:
+    /// `numpy.asarray(obj)` is then the tensor itself. Once; ValueError for a layout that does
+    /// not fit.
+    fn set_layout(&self, kind: &str, itemsize: u32, shape: Vec<isize>) -> PyResult<()> {
+        let kind = match kind.as_bytes() {
+            [k] => *k,
+            _ => 0,
+        };
+        let layout = Layout::checked(kind, itemsize, shape, self.size)?;
+        let _ = self.layout.set(layout);
+        Ok(())
     }
     /// (address, size, metadata) of a host object, None for a CUDA one: what `vovp.plasma`'s
     /// get reads, in one call rather than four (each was ~1.5% of that get).
@@ -243,7 +339,9 @@ impl Object {
     fn __repr__(&self) -> String {
         format!(
             "<vovp._native.Object {:?} id={} size={}>",
-            self.name, self.id, self.size
+            self.name,
+            self.id.load(Ordering::Acquire),
+            self.size
         )
     }
 }
@@ -321,7 +419,7 @@ impl Buffer {
     #[getter]
     fn __array_struct__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
         host_only(self.location, &self.name)?;
-        array_struct(py, self.ptr, self.size, false)
+        array_struct(py, self.ptr, self.size, None, false)
     }
     /// Whether this is a host object (the Python layer's check before making an array).
     #[getter]

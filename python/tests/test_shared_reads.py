@@ -20,7 +20,14 @@ from _helpers import wait_for
 def test_a_get_sends_no_request_and_counts_as_a_reference(client, daemon):
     a = np.arange(16, dtype=np.float32).reshape(4, 4)
     client.put_tensor("t", a)
+    client.put_tensor("first", a)
+    client.sync()  # (a small put_tensor returns before the store applied it)
     other = daemon.client()
+    # Small put_tensors live in the putter's arena: the first get from it maps that arena
+    # (one SEGMENT request per arena, kept mapped), every get after it sends nothing.
+    del_first = other.get_tensor("first")
+    del del_first
+    gc.collect()
     other.flush()
     before = other._requests_sent()
     g = other.get_tensor("t")
@@ -46,7 +53,13 @@ def test_a_get_sends_no_request_and_counts_as_a_reference(client, daemon):
 
 def test_shared_reads_can_be_turned_off(client, daemon):
     client.put_tensor("t", np.arange(4))
+    client.put_tensor("first", np.arange(4))
+    client.sync()  # (a small put_tensor returns before the store applied it)
     other = daemon.client(shared_reads=False)
+    del_first = other.get_tensor("first")  # maps the putter's arena (a SEGMENT request)
+    del del_first
+    gc.collect()
+    other.flush()
     before = other._requests_sent()
     g = other.get_tensor("t")
     assert other._requests_sent() == before + 1

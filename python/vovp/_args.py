@@ -70,7 +70,7 @@ def _host_source(t: Any) -> HostSource:
     if type(t) is np.ndarray:
         return (t, *T.put_plan(t.dtype, t.shape), False)
     if T.is_torch_tensor(t):
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise GpuUnavailable(
                 f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only", 10)
         src, code = T.torch_to_numpy(t)

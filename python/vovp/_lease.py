@@ -56,12 +56,12 @@ class Lease(_Ref):
     release() racing garbage collection releases once.
     """
 
-    __slots__ = ("key", "client", "oid", "name", "start", "size", "token", "cuda", "obj",
-                 "segment", "offset", "version")
+    __slots__ = ("key", "client", "_oid", "name", "start", "size", "token", "cuda", "obj",
+                 "segment", "offset", "_version")
 
     key: int
     client: Any  # vovp.Client (vovp.plasma: its own client)
-    oid: int
+    _oid: Optional[int]  # None: a pipelined put's, whose reply is still to be read
     name: str
     start: int
     size: int
@@ -70,7 +70,35 @@ class Lease(_Ref):
     obj: Callable[[], Any]  # weak reference to the native view
     segment: Optional[int]
     offset: Optional[int]
-    version: int  # the name's version the object is (0 until a created object is sealed)
+    _version: int  # the name's version the object is (0 until a created object is sealed)
+
+    # A small put_tensor's result comes back before the store's answer (its id and version
+    # come with it): they are asked of the native view the first time they are needed, which
+    # reads that answer (and raises the put's error, if the store refused it).
+    def _resolve(self) -> None:
+        obj = self.obj()
+        if obj is None:
+            raise LookupError("the store's answer to this put was not read before its view "
+                              "was released")
+        self._oid, self._version = obj.id, obj.version
+
+    @property
+    def oid(self) -> int:
+        """The object id."""
+        if self._oid is None:
+            self._resolve()
+        return self._oid  # type: ignore[return-value]
+
+    @property
+    def version(self) -> int:
+        """The name's version the object is (0 until a created object is sealed)."""
+        if self._oid is None:
+            self._resolve()
+        return self._version
+
+    @version.setter
+    def version(self, v: int) -> None:
+        self._version = v
 
 
 def _lease_died(lease: Lease) -> None:
@@ -91,12 +119,12 @@ def lease(owner: Any, client: Any, obj: Any, cuda: bool = False,
     self = Lease.__new__(Lease, owner, _lease_died) if entry is None else entry
     self.key = key = id(owner)
     self.client = client
-    self.oid, self.name, self.start, self.size, place = obj.lease_fields
+    self._oid, self.name, self.start, self.size, place = obj.lease_fields
     if cuda:
         self.start = owner.ptr
     self.segment, self.offset = place or (None, None)
     self.cuda = cuda
-    self.version = getattr(obj, "version", 0)
+    self._version = 0 if self._oid is None else getattr(obj, "version", 0)
     self.obj = weakref.ref(obj)
     self.token = [True]
     LEASES[key] = self

@@ -83,7 +83,8 @@ def _cuda_simulate_library_names(names: Optional[Sequence[str]] = None) -> None:
 # --- views.rs --------------------------------------------------------------------------------
 
 # (id, name, address, size, place): what the Python layer's lease records.
-_LeaseFields = Tuple[int, str, int, int, Optional[Tuple[int, int]]]
+# (id: None while a pipelined put's reply is unread, name, address, size, place)
+_LeaseFields = Tuple[Optional[int], str, int, int, Optional[Tuple[int, int]]]
 # ("host", None) or ("cuda", device index).
 _Location = Tuple[Literal["host", "cuda"], Optional[int]]
 
@@ -93,7 +94,11 @@ class Object:
     Not constructible from Python (``Client.get``/``get1``/``put``/``put_many`` make them)."""
 
     @property
-    def id(self) -> int: ...
+    def id(self) -> int:
+        """The object id (a pending put's: once its reply is read; its error if it failed)."""
+    @property
+    def pending(self) -> bool:
+        """Whether the store's answer to this put is still to be read."""
     @property
     def name(self) -> str: ...
     @property
@@ -103,6 +108,9 @@ class Object:
     @property
     def version(self) -> int:
         """The name's version this object is (1 for a name's first object, +1 per replace)."""
+    def set_layout(self, kind: str, itemsize: int, shape: Sequence[int]) -> None:
+        """Show the bytes to numpy with this dtype kind, item size and shape (exactly the
+        object's size; ValueError otherwise), before any array is made."""
     @property
     def location(self) -> _Location: ...
     @property
@@ -216,6 +224,28 @@ class Client:
         replace: bool = False,
     ) -> Union[Object, int, None]:
         """``keep``: the stored object's view; else (``wait``) its object id; else None."""
+    def put_tensor_host(
+        self,
+        name: str,
+        src: Any,
+        metadata: bytes,
+        ephemeral: bool,
+        writable: bool,
+        replace: bool,
+        kind: str,
+        itemsize: int,
+        shape: Sequence[int],
+    ) -> Object:
+        """The kept put of C-contiguous array ``src``, shown with the given layout; a small
+        read-only one comes back at once, pending."""
+    def put_tensors_host(
+        self,
+        items: Sequence[Tuple[str, Any, bytes, str, int, Sequence[int]]],
+        ephemeral: bool = False,
+        replace: bool = False,
+    ) -> builtins.list[Union[Object, BaseException]]:
+        """``put_tensor_host`` (read-only) of each (name, src, metadata, kind, itemsize,
+        shape): an Object or the exception per item."""
     def create(
         self,
         name: str,

@@ -225,14 +225,19 @@ class Client(CudaMethods):
     it is short of memory; a lend's memory comes back with its last object. Needs
     ``shared_reads``.
 
-    ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``)
-    returns once its request is written, without waiting for the store's answer (a write,
-    not a round trip). A name already published (or just put by this client) still fails at
+    ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``),
+    and ``put_tensor`` of a host tensor whose bytes and header take up to 4 KiB, return once
+    the request is written, without waiting for the store's answer (a write, not a round
+    trip). ``put_tensor``'s result is the store's copy all the same: its bytes are written
+    into a small part of this client's arena the store lends it before the request goes
+    out; the object's id and version (``vovp.version_of``) come with the answer, read when
+    first needed. A name already published (or just put by this client) still fails at
     once; any process that learns of the name after ``put`` returned finds the object (the
     store waits for such puts before answering "missing"); this client's own later calls come
     after it. A put that fails in the store anyway (a name
     taken meanwhile by a racing put, full memory) is logged and raised by ``sync()``, not by
-    the ``put``. ``put(..., wait=True)`` waits for the answer (raising its error) and
+    the ``put`` (a ``put_tensor``'s also by ``version_of`` of its result, whose bytes stay
+    readable). ``put(..., wait=True)`` waits for the answer (raising its error) and
     returns the object id. Needs ``shared_reads``.
     """
 
@@ -339,7 +344,7 @@ class Client(CudaMethods):
         by_address = None
         if isinstance(obj, int):
             lease = next((lease for lease in L.leases_of(self)
-                          if lease.oid == obj and lease.token), None)
+                          if lease._oid == obj and lease.token), None)
         else:
             done = _RELEASED_BY_ADDRESS.get(id(obj))
             if done is not None and done() is obj:
@@ -654,14 +659,23 @@ class Client(CudaMethods):
         holds the previous version keeps it, unchanged; its memory goes with its last holder.
         ``vovp.version_of(result)`` is the version it became. Without it, an existing name
         raises ObjectExists.
+
+        A small host tensor (its bytes and header up to 4 KiB) returns without waiting for the
+        store's answer (``pipelined_puts`` in ``Client``): a name already published still
+        raises ObjectExists at once, but one taken meanwhile by another client's racing put is
+        raised by ``sync()`` (and by ``version_of`` of the result), not here.
         """
-        if T.is_torch_tensor(t) and t.device.type == "cuda":
-            return self._put_torch_cuda(name, t, ephemeral, replace)
-        if not T.is_torch_tensor(t) and type(t) is not np.ndarray and \
-                C.cuda_interface(t) is not None:
-            return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable,
-                                 replace=replace)
-        src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
+        if type(t) is np.ndarray:
+            src, torch_in = t, False
+            code, store_dt, view_dt, meta = T.put_plan(t.dtype, t.shape)
+        else:
+            torch_any = T.is_torch_tensor(t)
+            if torch_any and t.is_cuda:
+                return self._put_torch_cuda(name, t, ephemeral, replace)
+            if not torch_any and C.cuda_interface(t) is not None:
+                return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable,
+                                     replace=replace)
+            src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
         writable = writable or torch_in
         name = _name(name)
         size = src.nbytes
@@ -671,9 +685,20 @@ class Client(CudaMethods):
         if size <= self._inline_limit or (as_is and size <= self._lend_limit and not _seal_later):
             if not as_is:
                 src = np.ascontiguousarray(src, dtype=store_dt)
-            obj = self._native.put(name, src.ctypes.data, size, meta, ephemeral, True, writable,
-                                   True, replace)
-            owner = self._owner(obj)
+            if self._closed or _FORKS[0] != self._forks:
+                self._check_usable()
+            # One native call: a small tensor comes back at once, the store's answer read
+            # later (``pipelined_puts`` in ``Client``), and numpy sees the result's dtype and
+            # shape directly (no uint8 array viewed and reshaped).
+            try:
+                obj = self._n.put_tensor_host(name, src, meta, ephemeral, writable, replace,
+                                              view_dt.kind, view_dt.itemsize, src.shape)
+            except ConnectionError:
+                self._connection_lost()
+                raise
+            arr = np.asarray(obj)
+            L.lease(arr, self, obj)
+            return T.numpy_to_torch(arr, code) if torch_in else arr
         else:
             owner = self._create(name, size, meta, ephemeral, None, replace)
             try:
@@ -747,6 +772,22 @@ class Client(CudaMethods):
                    replace: bool = False) -> Optional[BaseException]:
         """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
         torch_any = any(b[5] for b in batch)
+        if not (writable or torch_any):
+            # Read-only results: one native call, the small ones sent together without
+            # waiting (as single put_tensors are), numpy seeing each result's dtype and shape.
+            objs = self._native.put_tensors_host(
+                [(name, src, meta, view_dt.kind, view_dt.itemsize, shape)
+                 for name, src, view_dt, shape, _, _, meta in batch], ephemeral, replace)
+            error = None
+            for (name, *_), obj in zip(batch, objs):
+                if isinstance(obj, BaseException):
+                    error = error or obj
+                    results.pop(name, None)
+                    continue
+                arr = np.asarray(obj)
+                L.lease(arr, self, obj)
+                results[name] = arr
+            return error
         objs = self._native.put_many(
             [(name, src.ctypes.data, src.nbytes, meta) for name, src, *_, meta in batch],
             ephemeral, writable or torch_any, replace)

@@ -283,12 +283,15 @@ def torch_to_numpy(t: torch.Tensor) -> Tuple[npt.NDArray[Any], int]:
     code = to_code.get(t.dtype)
     if code is None:
         raise TypeError(f"vovp cannot store torch dtype {t.dtype}")
-    # numpy() refuses tensors with a pending conjugate/negation bit; resolving is a no-op
-    # for ordinary tensors.
-    t = t.detach().resolve_conj().resolve_neg()
     if code == BFLOAT16:
-        t = t.view(torch.int16)
-    return t.numpy(), code
+        t = t.detach().resolve_conj().resolve_neg().view(torch.int16)
+        return t.numpy(), code
+    try:
+        return t.numpy(), code
+    except (RuntimeError, TypeError):
+        # numpy() refuses tensors that require grad or carry a pending conjugate/negation
+        # bit: resolved first (~1 µs, so only for them).
+        return t.detach().resolve_conj().resolve_neg().numpy(), code
 
 
 def numpy_to_torch(arr: npt.NDArray[Any], code: int) -> torch.Tensor:

@@ -203,12 +203,14 @@ fn a_store_that_lends_nothing_still_takes_every_put() {
 // -- hostile PUBLISH ----------------------------------------------------------------------------
 
 fn lend(raw: &mut Raw, id: u64, at_least: u64) -> (u8, Vec<u8>) {
-    raw.send(&Raw::frame(
-        vovp_proto::VERSION,
-        0x11,
-        id,
-        &at_least.to_le_bytes(),
-    ));
+    lend_of_kind(raw, id, at_least, 0)
+}
+
+/// LEND with `flags` (`LEND_SMALL`: the small-object lend).
+fn lend_of_kind(raw: &mut Raw, id: u64, at_least: u64, flags: u32) -> (u8, Vec<u8>) {
+    let mut p = at_least.to_le_bytes().to_vec();
+    p.extend(flags.to_le_bytes());
+    raw.send(&Raw::frame(vovp_proto::VERSION, 0x11, id, &p));
     let (op, rid, p) = raw.reply_payload().expect("LEND reply");
     assert_eq!((op, rid), (0x91, id));
     (p[0], p)
@@ -280,6 +282,15 @@ fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
     );
     assert_eq!(publish(&mut raw, 12, id, offset + 192, "y", 1), 0);
     assert_eq!(lend(&mut raw, 13, max + 1).0, TOO_LARGE);
+
+    // The small lend (LEND_SMALL) is a second one beside the big one, which stays current.
+    let (status, small) = lend_of_kind(&mut raw, 14, 128, vovp_proto::LEND_SMALL);
+    assert_eq!(status, 0);
+    let s_at = |i: usize| u64::from_le_bytes(small[i..i + 8].try_into().unwrap());
+    assert_eq!((s_at(21), s_at(29)), (64 << 10, 16 << 10));
+    assert_ne!(s_at(1), id);
+    assert_eq!(publish(&mut raw, 15, s_at(1), s_at(13), "small", 64), 0);
+    assert_eq!(publish(&mut raw, 16, id, offset + 256, "big", 64), 0);
 
     // Another client cannot publish into this client's lend.
     let mut other = Raw::connect(&d);

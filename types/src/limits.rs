@@ -35,6 +35,16 @@ pub mod lends {
         (size >= MIN).then(|| size.min(MAX) / ALIGNMENT * ALIGNMENT)
     }
 
+    /// The size of a small lend (LEND with SMALL): objects published without waiting for the
+    /// reply, up to [`SMALL_MAX_BLOCK`] each. Small, because a live small object keeps its
+    /// whole lend (a lend's memory comes back with its last object): at most this much per
+    /// small object that outlives the objects around it.
+    pub const SMALL_LEND_SIZE: u64 = 64 * 1024;
+
+    /// The largest block a client writes into its small lend: a 64-byte tensor with its header
+    /// takes two 64-byte lines; 4 KiB keeps at least 16 objects per small lend.
+    pub const SMALL_MAX_BLOCK: u64 = 4096;
+
     /// The largest block (data padded to 64 bytes, then metadata) a lend of `size` is made for.
     pub fn max_object(size: u64) -> u64 {
         size / 4

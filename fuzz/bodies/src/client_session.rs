@@ -81,6 +81,18 @@ fn call(client: &Client, op: u8, i: usize) {
                 })
             }),
         6 => client.delete(&name),
+        // A small kept put whose reply is read later (its view checked against the reply).
+        _ if op & 8 != 0 => client
+            .put_view_later(&name, &[i as u8; 64], b"m", CreateOptions::default())
+            .and_then(|pending| match pending {
+                None => Ok(()),
+                Some(p) => {
+                    // SAFETY: the view's bytes, mapped while it lives.
+                    let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), 64) };
+                    std::hint::black_box(touch(bytes));
+                    p.wait().map(|()| drop(p.take_view()))
+                }
+            }),
         _ => client.list().map(drop),
     };
     if let Err(e) = r {
@@ -241,7 +253,7 @@ fn answer(
             }
             Reply::Shared { published }
         }
-        Request::Lend { at_least } => {
+        Request::Lend { at_least, .. } => {
             let size = (*at_least).max(script.number());
             Reply::Lent(Lend {
                 id: script.number().max(1),

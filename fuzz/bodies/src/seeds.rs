@@ -207,7 +207,32 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     req("evict", Request::Evict { bytes: 1 << 20 });
     req("stats", Request::Stats);
     req("subscribe", Request::Subscribe);
-    req("lend", Request::Lend { at_least: 1 << 16 });
+    req(
+        "lend",
+        Request::Lend {
+            at_least: 1 << 16,
+            flags: 0,
+        },
+    );
+    req(
+        "lend-small",
+        Request::Lend {
+            at_least: 128,
+            flags: vovp_proto::LEND_SMALL,
+        },
+    );
+    // A small put_tensor's: kept and pipelined, into the small lend.
+    req(
+        "publish-pipelined",
+        Request::Publish {
+            lend: 2,
+            offset: 128,
+            name: "small/a".into(),
+            flags: vovp_proto::PUT_KEEP_REFERENCE | vovp_proto::PUT_PIPELINED,
+            metadata: b"meta".to_vec().into(),
+            size: 64,
+        },
+    );
     req(
         "publish",
         Request::Publish {

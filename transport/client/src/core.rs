@@ -34,13 +34,16 @@ pub(crate) struct Unread {
     pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) kind: UnreadKind,
+    /// A pipelined PUBLISH's view, waiting for this reply ([`crate::pending`]).
+    pub(crate) pending: Option<Arc<crate::pending::Pending>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum UnreadKind {
     /// [`crate::Client::seal_later`]: a failure is only logged.
     Seal,
-    /// A pipelined put: a failure is logged and kept for [`crate::Client::sync`].
+    /// A pipelined put (PUT, or PUBLISH into the small lend): a failure is logged and kept
+    /// for [`crate::Client::sync`].
     Put,
 }
 
@@ -149,6 +152,9 @@ pub(crate) fn newer_or_not_found(
         .ok_or_else(|| Error::NotFound(name.to_string()))
 }
 
+/// Queued releases a pipelined request takes along ([`Core::frame_pipelined`]).
+pub(crate) const RELEASES_PER_FRAME: usize = 64;
+
 /// The mappings and generation of the connection that answered a call (a reply's locations
 /// only make sense in those mappings).
 pub(crate) type Answered = (Arc<Mappings>, u64);
@@ -218,6 +224,28 @@ impl Core {
     /// Starts `wire`'s next batch: the queued releases, then `req`. Returns `req`'s id.
     pub(crate) fn frame(&self, wire: &mut Wire, req: &Request<'_>) -> u64 {
         self.begin(wire);
+        wire.push(req, 0)
+    }
+
+    /// [`Core::frame`] for a request sent without waiting (a pipelined put): the queued
+    /// releases ride along only once [`RELEASES_PER_FRAME`] are queued, else they wait for
+    /// the next waiting request or the release thread (within its delay). A stream of small
+    /// puts whose results are dropped would otherwise send a RELEASE of one id with every
+    /// put, and the store would handle two messages per put.
+    pub(crate) fn frame_pipelined(&self, wire: &mut Wire, req: &Request<'_>) -> u64 {
+        wire.out.clear();
+        let ready = self
+            .deferred_releases
+            .lock()
+            .map(|mut v| {
+                if v.len() >= RELEASES_PER_FRAME {
+                    std::mem::take(&mut *v)
+                } else {
+                    Vec::new()
+                }
+            })
+            .unwrap_or_default();
+        wire.push_releases(&ready);
         wire.push(req, 0)
     }
 
@@ -595,6 +623,7 @@ mod tests {
             id: 1,
             name: "x".into(),
             kind: UnreadKind::Seal,
+            pending: None,
         });
         core.defer_release(4, 0);
         let maps = Mappings::from_hello(2 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();

@@ -17,11 +17,13 @@ mod io;
 mod lent;
 mod mapping;
 mod nonblocking;
+mod pending;
 mod shared;
 
 pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
 pub use lent::CLIENT_LEND_MIN;
 pub use nonblocking::AsyncClient;
+pub use pending::PipelinedView;
 /// `put_cuda_tensor` on a [`Client`] (as on any `Store`).
 pub use vovp_gpu::CudaStore;
 /// The vocabulary (`Error`, `Store`, views, tensors, ...), so that a client program needs no

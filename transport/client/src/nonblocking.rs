@@ -333,7 +333,9 @@ impl AsyncClient {
 
     /// LEND, and the lend's segment mapped writable.
     async fn take_lend(&self, at_least: u64) -> Result<Lent, Error> {
-        let (reply, answered) = self.call_in_session(&Request::Lend { at_least }).await?;
+        let (reply, answered) = self
+            .call_in_session(&Request::Lend { at_least, flags: 0 })
+            .await?;
         let lend = reply.lent()?;
         let segment = match answered.0.segment(lend.segment) {
             Some(s) => s,

@@ -75,6 +75,10 @@ pub const PUT_PIPELINED: u32 = 4;
 /// CREATE, PUT and PUBLISH flag: the name may refer to a sealed object already; this one
 /// becomes the name's next version at its seal (without the flag: ALREADY_EXISTS).
 pub const CREATE_REPLACE: u32 = 8;
+/// LEND flag: the small-object lend, for objects published without waiting for the reply
+/// (a put that returns the store's copy at once). Apart from the big lend, so small objects
+/// never pin a big one; small itself (64 KiB), never taken back.
+pub const LEND_SMALL: u32 = 1;
 
 /// Bytes one LIST entry takes on the wire (what [`Reply::List`] encodes per entry), so the
 /// daemon can cut a page at [`LIST_PAGE_BYTES`] before encoding it.

@@ -77,9 +77,13 @@ pub enum Request<'a> {
     /// for gets without a message.
     Shared,
     /// A part of this client's own arena to create objects in without a message; the
-    /// previous lend, if any, takes no more objects.
+    /// previous lend of the same kind, if any, takes no more objects. `flags`: [`LEND_SMALL`]
+    /// for the small-object lend (apart from the big one).
+    ///
+    /// [`LEND_SMALL`]: crate::LEND_SMALL
     Lend {
         at_least: u64,
+        flags: u32,
     },
     /// Seals the bytes this client wrote at `offset` of its lend `lend` as object `name`
     /// (create + seal in one message, no data in the frame). `flags` as PUT's.
@@ -180,8 +184,8 @@ impl Request<'_> {
             Request::Segment { id } => {
                 w.u32(*id);
             }
-            Request::Lend { at_least } => {
-                w.u64(*at_least);
+            Request::Lend { at_least, flags } => {
+                w.u64(*at_least).u32(*flags);
             }
             Request::Publish {
                 lend,
@@ -255,7 +259,7 @@ impl Request<'_> {
             Request::Subscribe => Request::Subscribe,
             Request::Segment { id } => Request::Segment { id },
             Request::Shared => Request::Shared,
-            Request::Lend { at_least } => Request::Lend { at_least },
+            Request::Lend { at_least, flags } => Request::Lend { at_least, flags },
             Request::Publish {
                 lend,
                 offset,
@@ -373,7 +377,10 @@ impl<'a> Request<'a> {
             Opcode::Subscribe => Request::Subscribe,
             Opcode::Segment => Request::Segment { id: r.u32()? },
             Opcode::Shared => Request::Shared,
-            Opcode::Lend => Request::Lend { at_least: r.u64()? },
+            Opcode::Lend => Request::Lend {
+                at_least: r.u64()?,
+                flags: r.u32()?,
+            },
             Opcode::Publish => Request::Publish {
                 lend: r.u64()?,
                 offset: r.u64()?,

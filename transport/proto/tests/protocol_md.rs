@@ -76,7 +76,10 @@ fn sample(op: Opcode) -> Request<'static> {
         Opcode::Shared => Request::Shared,
         Opcode::Subscribe => Request::Subscribe,
         Opcode::Segment => Request::Segment { id: 3 },
-        Opcode::Lend => Request::Lend { at_least: 4096 },
+        Opcode::Lend => Request::Lend {
+            at_least: 4096,
+            flags: 0,
+        },
         Opcode::Publish => Request::Publish {
             lend: 1,
             offset: 128,

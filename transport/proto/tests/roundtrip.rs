@@ -119,7 +119,8 @@ fn request() -> impl Strategy<Value = Request<'static>> {
         Just(Request::Subscribe),
         any::<u32>().prop_map(|id| Request::Segment { id }),
         Just(Request::Shared),
-        any::<u64>().prop_map(|at_least| Request::Lend { at_least }),
+        (any::<u64>(), any::<u32>())
+            .prop_map(|(at_least, flags)| Request::Lend { at_least, flags }),
         (
             any::<u64>(),
             any::<u64>(),

@@ -9,8 +9,8 @@ use kameo::message::{Context, Message};
 use kameo::Actor;
 use vovp::{CreateOptions, ObjectId, PutOptions, Session, StoreStats};
 use vovp_proto::{
-    Reply, Request, Status, CREATE_EPHEMERAL, CREATE_REPLACE, LIST_END, LIST_PAGE_BYTES,
-    MAX_INLINE, PUT_KEEP_REFERENCE, PUT_PIPELINED,
+    Reply, Request, Status, CREATE_EPHEMERAL, CREATE_REPLACE, LEND_SMALL, LIST_END,
+    LIST_PAGE_BYTES, MAX_INLINE, PUT_KEEP_REFERENCE, PUT_PIPELINED,
 };
 
 use super::Shared;
@@ -156,7 +156,9 @@ impl ConnectionActor {
                 )
                 .into()
             }
-            Request::Lend { at_least } => Reply::Lent(session.lend(at_least).await?).into(),
+            Request::Lend { at_least, flags } => {
+                Reply::Lent(session.lend(at_least, flags & LEND_SMALL != 0).await?).into()
+            }
             Request::Publish {
                 lend,
                 offset,

@@ -10,7 +10,7 @@ use vovp_proto::{Reply, Request};
 use vovp_types::{Error, ObjectRef};
 
 use super::{ClientInner, Conn, DROP_READ_LIMIT};
-use crate::core::{self, Answered, Core, Unread, UnreadKind, Wire};
+use crate::core::{self, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, handshake};
 use crate::mapping::{MappedSegment, Mappings};
 
@@ -21,14 +21,18 @@ impl Conn {
             wire: Wire::new(),
             payload: Vec::new(),
             failed_puts: None,
+            small: super::kept::SmallLendSlot::default(),
         }
     }
 
-    /// Sends the batch `core` frames for `req` and reads `req`'s reply.
+    /// Reads the replies still owed, then sends the batch `core` frames for `req` and reads
+    /// `req`'s reply. Owed replies first: one may release a reference (a pipelined put whose
+    /// view was dropped), and that release must reach the store before `req` (a LIST or
+    /// STATS would count it, a put needing the memory would miss it).
     pub(super) fn exchange(&mut self, core: &Core, req: &Request<'_>) -> Result<Reply, Error> {
+        self.drain_unread()?;
         let id = core.frame(&mut self.wire, req);
         io::write_all(self.stream.as_fd(), &self.wire.out)?;
-        self.drain_unread()?;
         self.read_reply(id, req)
     }
 
@@ -52,6 +56,7 @@ impl Conn {
             id,
             name: owned,
             kind,
+            pending,
         } = u;
         let name = owned.as_str().into();
         let req = match kind {
@@ -63,8 +68,18 @@ impl Conn {
                 data: Default::default(),
             },
         };
-        match (self.read_reply(id, &req), kind) {
-            (Ok(_), _) => Ok(()),
+        // (PUBLISH's reply decodes as PUT's: an objref.)
+        let reply = self.read_reply(id, &req);
+        let reply = match &pending {
+            None => reply.map(drop),
+            Some(p) => {
+                let answer = reply.and_then(|r| r.object());
+                p.resolve(answer.clone());
+                answer.map(drop)
+            }
+        };
+        match (reply, kind) {
+            (Ok(()), _) => Ok(()),
             (Err(e @ (Error::Connection(_) | Error::Protocol(_))), _) => Err(e),
             (Err(e), UnreadKind::Put) => {
                 tracing::warn!("vovp: the put of {owned:?}, sent without waiting, failed: {e}");
@@ -165,9 +180,10 @@ impl ClientInner {
     }
 
     /// The flusher's send: `false` while the connection is busy with a call (queued releases
-    /// then ride with the next request or a later try); `true` when nothing is left to send.
+    /// then ride with the next request or a later try), or while a reply whose view was
+    /// dropped is still on its way; `true` when nothing is left to do.
     pub(super) fn try_flush_deferred(&self) -> bool {
-        if !self.core.has_deferred() || self.is_closed() {
+        if self.is_closed() {
             return true;
         }
         let mut conn = match self.conn.try_lock() {
@@ -175,8 +191,18 @@ impl ClientInner {
             Err(std::sync::TryLockError::WouldBlock) => return false,
             Err(std::sync::TryLockError::Poisoned(_)) => return true,
         };
-        conn.send_releases(&self.core.take_deferred());
-        true
+        // Replies of pipelined puts whose views are gone: the references they grant go back
+        // with the releases below (reading them is the only way to learn the ids).
+        let owed = |c: &Conn| {
+            (c.wire.unread.iter()).any(|u| u.pending.as_ref().is_some_and(|p| p.is_abandoned()))
+        };
+        if owed(&conn) && conn.drain_arrived().is_err() {
+            return true;
+        }
+        if self.core.has_deferred() {
+            conn.send_releases(&self.core.take_deferred());
+        }
+        !owed(&conn)
     }
 
     /// The connection, locked, unless the client was closed.
@@ -222,8 +248,13 @@ impl ClientInner {
                     let e = Error::Connection(format!(
                         "{lost} puts sent without waiting were lost with the old connection"
                     ));
+                    for p in conn.wire.unread.iter().filter_map(|u| u.pending.as_ref()) {
+                        p.resolve(Err(e.clone()));
+                    }
                     conn.record_failed_puts(e, lost);
                 }
+                // The small lend was the old daemon's (views into it keep their mapping).
+                conn.small = super::kept::SmallLendSlot::default();
                 let answered = self.core.reconnected(&mut conn.wire, maps);
                 let reply = conn.exchange(&self.core, req)?;
                 Ok((reply, answered))

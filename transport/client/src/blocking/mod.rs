@@ -20,6 +20,7 @@ use crate::shared::Connection;
 use crate::ClientOptions;
 
 mod conn;
+mod kept;
 mod puts;
 mod releases;
 mod subscription;
@@ -37,6 +38,8 @@ struct Conn {
     /// The first pipelined put that failed and that [`Client::sync`] has not reported yet,
     /// with how many failed in all.
     failed_puts: Option<(Error, u64)>,
+    /// The small lend, where [`Client::put_view_later`] writes.
+    small: kept::SmallLendSlot,
 }
 
 /// How long a dropped client waits for each owed reply (a daemon that stopped answering
@@ -120,6 +123,16 @@ impl Client {
         Ok(Client { inner })
     }
 
+    /// Whether dropped views' releases are queued and sent by a thread of this client
+    /// ([`ClientOptions::release_delay`]): that thread also reads the reply of a
+    /// [`PipelinedView`] dropped before it came, so its reference goes back without another
+    /// call.
+    ///
+    /// [`PipelinedView`]: crate::PipelinedView
+    pub fn defers_releases(&self) -> bool {
+        self.inner.flusher.is_some()
+    }
+
     /// Sends the releases queued by [`ClientOptions::release_delay`] now.
     pub fn flush(&self) {
         self.inner.flush_deferred();
@@ -182,6 +195,7 @@ impl Client {
             id,
             name: name.to_owned(),
             kind: UnreadKind::Seal,
+            pending: None,
         });
         Ok(())
     }
@@ -245,10 +259,11 @@ impl Client {
         let (replies, answered) = {
             let mut conn = self.inner.lock()?;
             let answered = self.inner.core.session.current();
+            // Owed replies first (as `exchange`: their releases go out ahead of the batch).
+            conn.drain_unread()?;
             self.inner.core.begin(&mut conn.wire);
             let ids: Vec<u64> = reqs.iter().map(|r| conn.wire.push(r, 0)).collect();
             io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-            conn.drain_unread()?;
             let mut replies = Vec::with_capacity(reqs.len());
             for (req, id) in reqs.iter().zip(ids) {
                 match conn.read_reply(id, req) {
@@ -262,6 +277,58 @@ impl Client {
             .into_iter()
             .map(|reply| self.view_of(reply?.object()?, answered.clone()))
             .collect())
+    }
+
+    /// A small put that returns the store's copy at once, without waiting for the store's
+    /// answer: the bytes are written into this client's small lend (whole before the request
+    /// goes out, so no one ever reads a half-made object), one PUBLISH goes out, and the
+    /// [`PipelinedView`] over them is returned. Its object id and version (and the put's
+    /// outcome) come with the reply, read by [`PipelinedView::wait`], by this client's next
+    /// call that waits, or by [`Client::sync`]. As with [`Store::put`]'s pipelining: a name
+    /// already published (or put by this client a moment ago) fails at once; a put that fails
+    /// in the store anyway (a name taken meanwhile by a racing put, full memory) is reported
+    /// by `wait` and by `sync`, and its bytes stay readable in the view; any process that
+    /// learns of the name after this returned finds the object.
+    ///
+    /// `Ok(None)`: not this way; [`Client::put_and_view`] then. Objects whose data (padded to
+    /// 64 bytes) and metadata take more than 4 KiB, pipelining off
+    /// ([`ClientOptions::no_pipelined_puts`]), a store that lends nothing (under 64 MiB,
+    /// `--prefault`), or a small lend held by a failed put's view that still lives.
+    ///
+    /// ```no_run
+    /// use vovp_client::{Client, Store};
+    ///
+    /// let client = Client::connect("/tmp/vovp.sock")?;
+    /// match client.put_view_later("step", &7u64.to_le_bytes(), b"", Default::default())? {
+    ///     Some(view) => {
+    ///         view.wait()?; // the store's answer (needed only for the id / an error)
+    ///         assert_eq!(view.take_view().map(|v| v.size()), Some(8));
+    ///     }
+    ///     None => drop(client.put_and_view("step", &7u64.to_le_bytes(), b"", Default::default())?),
+    /// }
+    /// # Ok::<(), vovp_client::Error>(())
+    /// ```
+    pub fn put_view_later(
+        &self,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: CreateOptions,
+    ) -> Result<Option<crate::PipelinedView>, Error> {
+        let mut answers = self
+            .inner
+            .put_views_later(&[(name, data, metadata, options)]);
+        answers.pop().flatten().transpose()
+    }
+
+    /// [`Client::put_view_later`] of several objects in one go (one write for all of them):
+    /// per object its view, its error, or `None` (not this way; put it with
+    /// [`Client::put_and_view`]).
+    pub fn put_views_later(
+        &self,
+        puts: &[(&str, &[u8], &[u8], CreateOptions)],
+    ) -> Vec<Option<Result<crate::PipelinedView, Error>>> {
+        self.inner.put_views_later(puts)
     }
 
     /// [`Store::put`] that returns the new object's id.

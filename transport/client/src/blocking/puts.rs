@@ -119,7 +119,7 @@ impl ClientInner {
                 conn.drain_arrived()?;
             }
             // (After reading the replies that came: a put answered is in the directory.)
-            if shared.is_published(name) {
+            if flags & vovp_proto::CREATE_REPLACE == 0 && shared.is_published(name) {
                 return Err(Error::AlreadyExists(name.to_owned()));
             }
             // This client's own put of the name is still unanswered: wait, so a second put of
@@ -128,12 +128,13 @@ impl ClientInner {
             if conn.wire.unread.iter().any(own) || !shared.count_sent_put() {
                 return Ok(false);
             }
-            let id = self.core.frame(&mut conn.wire, &req);
+            let id = self.core.frame_pipelined(&mut conn.wire, &req);
             io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
             conn.wire.unread.push_back(Unread {
                 id,
                 name: name.to_owned(),
                 kind: UnreadKind::Put,
+                pending: None,
             });
             Ok(true)
         })();
@@ -149,7 +150,7 @@ impl ClientInner {
     /// LEND: a new lend of at least `at_least` bytes, its segment mapped writable, and the
     /// connection generation it belongs to.
     pub(super) fn take_lend(&self, at_least: u64) -> Result<Lent, Error> {
-        let (reply, answered) = self.call_in_session(&Request::Lend { at_least })?;
+        let (reply, answered) = self.call_in_session(&Request::Lend { at_least, flags: 0 })?;
         let lend = reply.lent()?;
         let segment = match answered.0.segment(lend.segment) {
             Some(s) => s,

@@ -12,14 +12,24 @@ use crate::core::{requests, Expect};
 /// [`ClientOptions::release_delay`]'s thread: sends the releases that no request carried within
 /// the delay. It holds the client weakly and ends with it.
 pub(super) struct Flusher {
-    due: Mutex<bool>,
+    due: Mutex<Due>,
     cv: std::sync::Condvar,
+}
+
+/// The flusher's state, under its lock.
+#[derive(Default)]
+struct Due {
+    /// A release was queued since the flusher last looked.
+    due: bool,
+    /// The flusher waits on the condvar (else it is sleeping out a delay and will look by
+    /// itself: no wake-up, which is a system call per release, is needed).
+    waiting: bool,
 }
 
 impl Flusher {
     pub(super) fn start(inner: std::sync::Weak<ClientInner>, delay: Duration) -> Arc<Flusher> {
         let f = Arc::new(Flusher {
-            due: Mutex::new(false),
+            due: Mutex::new(Due::default()),
             cv: std::sync::Condvar::new(),
         });
         let me = f.clone();
@@ -34,8 +44,10 @@ impl Flusher {
     pub(super) fn wake(&self, first: bool) {
         if first {
             if let Ok(mut due) = self.due.lock() {
-                *due = true;
-                self.cv.notify_one();
+                due.due = true;
+                if due.waiting {
+                    self.cv.notify_one();
+                }
             }
         }
     }
@@ -45,17 +57,19 @@ impl Flusher {
             let Ok(mut due) = self.due.lock() else {
                 return;
             };
-            while !*due {
+            while !due.due {
                 // Wakes now and then to notice that the client is gone.
+                due.waiting = true;
                 match self.cv.wait_timeout(due, Duration::from_millis(200)) {
                     Ok((d, _)) => due = d,
                     Err(_) => return,
                 }
+                due.waiting = false;
                 if inner.strong_count() == 0 {
                     return;
                 }
             }
-            *due = false;
+            due.due = false;
             drop(due);
             let mut pause = delay;
             loop {

@@ -1,0 +1,115 @@
+"""A small ``put_tensor`` returns the store's copy before the store answered (issue 27): the
+bytes are written into the putter's small lend first, the PUBLISH goes out without waiting,
+and the id, version and any failure come with the reply, read later. What must not change:
+another process asking after the put returned finds the tensor; the result is the store's
+memory, read-only, holding a reference that goes back when it is dropped or released; a name
+already taken fails at once; a put the store refuses anyway is raised by ``sync()`` and by
+``version_of`` of its result, whose bytes stay readable."""
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import vovp
+from vovp.client import find_lease
+from vovp.errors import ObjectExists
+
+from _helpers import wait_for
+
+# Asked right after the parent's put_tensor returned: no sync, no retry, no wait.
+CHILD = textwrap.dedent("""
+    import sys, numpy as np, vovp
+    c = vovp.Client(sys.argv[1])
+    for line in sys.stdin:
+        name = line.strip()
+        t = c.get_tensor(name)
+        print(name, int(t.sum()), t.dtype, t.shape, flush=True)
+""")
+
+
+def test_a_small_put_returns_before_the_reply_and_another_process_finds_it(
+        client, daemon, subprocess_env):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.socket],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=subprocess_env)
+    try:
+        for i in range(50):
+            a = np.full((2, 4), i, dtype=np.int32)
+            r = client.put_tensor(f"s{i}", a)
+            # The store's copy, read-only, typed, before the store's answer was read.
+            assert find_lease(r)._oid is None
+            assert r.dtype == np.int32 and r.shape == (2, 4) and not r.flags.writeable
+            np.testing.assert_array_equal(r, a)
+            child.stdin.write(f"s{i}\n")
+            child.stdin.flush()
+            assert child.stdout.readline().split() == [f"s{i}", str(8 * i), "int32", "(2,",
+                                                       "4)"]
+        assert vovp.version_of(r) == 1
+        assert find_lease(r).oid > 0
+    finally:
+        child.stdin.close()
+        child.wait(10)
+
+
+def test_the_result_is_the_stores_memory_and_holds_a_reference(client, daemon):
+    watcher = daemon.client()
+    r = client.put_tensor("mine", np.arange(6, dtype=np.float64))
+    g = watcher.get_tensor("mine")
+    np.testing.assert_array_equal(g, r)
+    lr, lg = find_lease(r), find_lease(g)
+    assert (lr.segment, lr.offset) == (lg.segment, lg.offset)
+    assert {e["name"]: e for e in watcher.list()}["mine"]["refcount"] == 2
+    del g
+    gc.collect()
+    assert client.release(r)
+    assert wait_for(lambda: watcher.stats()["references"] == 0)
+    # Dropped before its reply was read, by a client that makes no other call: the
+    # reference the reply grants goes back all the same (the release thread reads it).
+    client.put_tensor("dropped", np.zeros(3))
+    gc.collect()
+    assert wait_for(lambda: {e["name"]: e for e in watcher.list()}
+                    .get("dropped", {}).get("refcount") == 0)
+    watcher.close()
+
+
+def test_a_taken_name_fails_at_once_and_a_racing_put_at_sync(client, daemon):
+    client.put_tensor("p", np.zeros(2))
+    client.sync()
+    with pytest.raises(ObjectExists):
+        client.put_tensor("p", np.ones(2))
+    # Taken by another client's object that is not sealed yet: the shared directory cannot
+    # show it, so the put goes out and the store refuses it.
+    other = daemon.client()
+    unsealed = other.create("racing", 16)
+    r = client.put_tensor("racing", np.arange(2, dtype=np.int64))
+    np.testing.assert_array_equal(r, [0, 1])
+    with pytest.raises(ObjectExists):
+        client.sync()
+    client.sync()  # each failure is raised once
+    with pytest.raises(ObjectExists):
+        vovp.version_of(r)
+    np.testing.assert_array_equal(r, [0, 1])  # its bytes stay readable
+    # The other client's object is untouched.
+    other.abort("racing")
+    del unsealed, r
+    gc.collect()
+    # Replacing is not a failure.
+    t = client.put_tensor("p", np.full(2, 7.0), replace=True)
+    assert vovp.version_of(t) == 2
+    np.testing.assert_array_equal(other.get_tensor("p"), [7.0, 7.0])
+    other.close()
+
+
+def test_writable_and_immediate_release_clients_wait_for_the_store(daemon):
+    """Where the result could not be handed back before the answer: a writable result
+    (torch's) views a private mapping, and ``release_delay=0`` promises a reference back at
+    once (without a release thread no one would read a dropped result's reply)."""
+    for c, kw in ((daemon.client(), dict(writable=True)),
+                  (daemon.client(release_delay=0), {})):
+        r = c.put_tensor(f"w{len(kw)}", np.zeros(4), **kw)
+        assert find_lease(r)._oid is not None
+        c.close()

@@ -1,0 +1,200 @@
+//! Small puts that keep a reference and return before the store's answer
+//! (`Client::put_view_later`, what the Python `put_tensor` of a small tensor does): the
+//! caller gets the store's copy at once, written into its small lend; the id, version and
+//! any failure come with the reply. Real daemon, clients on separate connections; each test
+//! checks a promise that must survive the missing round trip: others find the object once
+//! the put returned, a failure is reported and never frees the bytes under the caller's
+//! view, and the reference goes back however early the view is dropped.
+
+use std::time::Duration;
+
+use vovp::{CreateOptions, Store};
+use vovp_client::{Client, PipelinedView};
+use vovp_tests::Daemon;
+
+fn client(d: &Daemon) -> Client {
+    Client::connect(&d.socket).expect("connect")
+}
+
+fn put_later(c: &Client, name: &str, data: &[u8]) -> Option<PipelinedView> {
+    c.put_view_later(name, data, b"meta", CreateOptions::default())
+        .expect("put_view_later")
+}
+
+fn bytes(v: &PipelinedView) -> &[u8] {
+    // SAFETY: the view's bytes, kept mapped while it lives.
+    unsafe { std::slice::from_raw_parts(v.as_ptr(), v.size() as usize) }
+}
+
+/// The object's refcount as LIST reports it (None: not listed).
+fn refcount(c: &Client, name: &str) -> Option<u32> {
+    let all = c.list().unwrap();
+    all.iter()
+        .find(|o| o.name.as_str() == name)
+        .map(|o| o.refcount)
+}
+
+#[test]
+fn a_kept_small_put_returns_the_stores_copy_before_the_reply() {
+    let d = Daemon::start("64M");
+    let c = client(&d);
+    let other = client(&d);
+    let v = put_later(&c, "v", b"sixty-four bytes or so").expect("through the small lend");
+    assert_eq!(c.unread_replies(), 1, "it did not wait for the reply");
+    assert_eq!(bytes(&v), b"sixty-four bytes or so");
+    // Another connection asking after the put returned finds it (the put was counted).
+    let got = other
+        .get_one("v", None)
+        .expect("found right after the put returned");
+    assert_eq!(got.bytes(), b"sixty-four bytes or so");
+    assert_eq!(got.metadata(), b"meta");
+    assert_eq!(got.location(), v.location(), "the same memory, zero-copy");
+    // The reply: the object's id and version, and the reference the put keeps.
+    v.wait().unwrap();
+    let view = v.take_view().expect("the view, once answered");
+    assert_eq!((view.version(), view.id()), (1, got.id()));
+    assert_eq!(view.as_ptr(), v.as_ptr());
+    assert_eq!(
+        refcount(&other, "v"),
+        Some(2),
+        "the putter's and the getter's"
+    );
+    drop((view, got));
+    vovp_tests::wait_until(Duration::from_secs(10), || refcount(&other, "v") == Some(0));
+    // A name already published fails at once, nothing sent.
+    assert!(matches!(
+        c.put_view_later("v", b"again", b"", CreateOptions::default()),
+        Err(vovp::Error::AlreadyExists(_))
+    ));
+    // Too big for the small lend: not this way (the caller puts the waiting way).
+    assert!(put_later(&c, "big", &[1u8; 8192]).is_none());
+}
+
+/// Dropped before its reply was read, by a client that makes no other call: the reference
+/// the reply grants still goes back (the client reads the reply on its own).
+#[test]
+fn a_view_dropped_before_its_reply_gives_the_reference_back() {
+    let d = Daemon::start("64M");
+    let watcher = client(&d);
+    for delay in [None, Some(Duration::from_millis(2))] {
+        let c = Client::connect_with(
+            &d.socket,
+            vovp_client::ClientOptions {
+                release_delay: delay,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let name = format!("dropped{}", delay.is_some());
+        drop(put_later(&c, &name, b"x").expect("pipelined"));
+        if delay.is_none() {
+            // Without the release thread the reply is read by the client's next call (and
+            // the release it causes, queued while that call held the connection, is sent by
+            // the one after it, or by `flush`).
+            assert!(c.contains(&name).unwrap());
+            c.flush();
+        }
+        vovp_tests::wait_until(Duration::from_secs(10), || {
+            refcount(&watcher, &name) == Some(0)
+        });
+        assert_eq!(c.get_one(&name, None).unwrap().bytes(), b"x");
+    }
+}
+
+/// A put the store refuses (the name is taken by an unsealed object, which the shared
+/// directory does not show) is reported by `wait` and `sync`; its bytes stay readable in the
+/// view, and the small lend they are in is never given up while the view lives (the store
+/// would free it): puts go the waiting way until the view is dropped.
+#[test]
+fn a_failed_put_keeps_its_bytes_and_its_lend_until_its_view_goes() {
+    let d = Daemon::start("64M");
+    let creator = client(&d);
+    let _unsealed = creator
+        .create("taken", 16, b"", CreateOptions::default())
+        .unwrap();
+    let c = client(&d);
+    let failed = put_later(&c, "taken", b"mine").expect("sent: the directory does not show it");
+    match failed.wait() {
+        Err(vovp::Error::AlreadyExists(why)) => assert!(why.contains("taken"), "{why}"),
+        other => panic!("expected the put's failure, got {other:?}"),
+    }
+    assert!(failed.take_view().is_none());
+    assert!(matches!(c.sync(), Err(vovp::Error::AlreadyExists(_))));
+    c.sync().unwrap();
+    // Fill far more than one small lend (64 KiB holds 512 of these) while it lives.
+    let mut kept = Vec::new();
+    let mut waited = 0;
+    for i in 0..2000 {
+        let name = format!("fill{i}");
+        match put_later(&c, &name, &[i as u8; 64]) {
+            Some(v) => kept.push((name, v)),
+            None => {
+                waited += 1;
+                c.put(&name, &[i as u8; 64], b"meta", CreateOptions::default())
+                    .unwrap();
+            }
+        }
+        assert_eq!(
+            bytes(&failed),
+            b"mine",
+            "the failed put's bytes were reused"
+        );
+    }
+    assert!(
+        waited > 0,
+        "a full small lend pinned by a failed view was given up"
+    );
+    c.sync().unwrap();
+    for (name, v) in &kept {
+        assert_eq!(c.get_one(name, None).unwrap().bytes(), bytes(v));
+    }
+    drop(failed);
+    c.sync().unwrap();
+    assert!(
+        put_later(&c, "after", b"a").is_some(),
+        "a new small lend once the failed view is gone"
+    );
+    c.sync().unwrap();
+    for i in 0..2000 {
+        let got = c.get_one(&format!("fill{i}"), None).unwrap();
+        assert_eq!(got.bytes(), &[i as u8; 64]);
+    }
+}
+
+/// Many small puts through a succession of small lends, dropped and deleted, leave no memory
+/// behind beyond the current small lend; a client that goes away with replies owed leaves
+/// every object stored (its requests are carried out) and none referenced.
+#[test]
+fn small_lends_come_back_and_a_putter_that_goes_away_loses_nothing() {
+    let d = Daemon::start("64M");
+    let watcher = client(&d);
+    let idle = watcher.stats().unwrap().used_bytes;
+    {
+        let c = client(&d);
+        for round in 0..3 {
+            for i in 0..1500 {
+                let name = format!("r{round}-{i}");
+                let v = put_later(&c, &name, &[7u8; 100]);
+                assert!(v.is_some(), "{name} went the waiting way");
+            }
+            c.sync().unwrap();
+            for i in 0..1500 {
+                c.delete(&format!("r{round}-{i}")).unwrap();
+            }
+        }
+        // At most the client's small lend (64 KiB) and its current objects' memory.
+        let used = watcher.stats().unwrap().used_bytes;
+        assert!(used <= idle + (64 << 10), "{used} bytes used, {idle} idle");
+        for i in 0..300 {
+            std::mem::forget(put_later(&c, &format!("gone{i}"), &[9u8; 64]));
+        }
+    } // dropped with replies owed, views leaked
+    for i in 0..300 {
+        let got = watcher.get_one(&format!("gone{i}"), None).expect("stored");
+        assert_eq!(got.bytes(), &[9u8; 64]);
+    }
+    vovp_tests::wait_until(Duration::from_secs(10), || {
+        watcher.stats().unwrap().holders <= 1
+    });
+    assert!(watcher.list().unwrap().iter().all(|o| o.refcount <= 1));
+}

@@ -1,0 +1,377 @@
+//! Small puts that keep a reference and return at once ([`Client::put_view_later`]): the
+//! bytes go into this client's *small lend* (LEND with SMALL, apart from the big lend of
+//! `lent`), a PUBLISH with KEEP_REFERENCE | PIPELINED goes out without waiting, and the caller
+//! gets the store's copy as a [`PipelinedView`] whose reply is read later (`crate::pending`).
+//!
+//! Why this is safe without the big lend's hold-table handshake: the store never takes a
+//! small lend back, and a connection's requests are carried out in order, so every PUBLISH
+//! written before the next SMALL LEND is applied before that LEND retires the lend. Only a
+//! PUBLISH that *failed* leaves a range in no object (the store would free it with the
+//! retired lend): the next small lend is taken only after every owed reply was read and no
+//! failed put's view still lives (`pinned`).
+//!
+//! [`Client::put_view_later`]: super::Client::put_view_later
+
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vovp_proto::{Request, CREATE_REPLACE, LEND_SMALL, PUT_KEEP_REFERENCE, PUT_PIPELINED};
+use vovp_types::lends::{block_len, SMALL_MAX_BLOCK};
+use vovp_types::{CreateOptions, Device, Error, Lend, Location};
+
+use super::releases::ViewSink;
+use super::{ClientInner, Conn, MAX_UNREAD};
+use crate::core::{create_flags, requests, Expect, Unread, UnreadKind};
+use crate::io;
+use crate::mapping::MappedSegment;
+use crate::pending::{Pending, PipelinedView, ReplyReader};
+
+/// The puts of a batch written together at most (see `put_one_later`).
+const FLIGHT_PUTS: usize = 8;
+
+/// After a SMALL LEND the store could not grant (short of memory), small puts wait for their
+/// reply this long before asking again.
+const SMALL_LEND_RETRY: Duration = Duration::from_millis(100);
+
+/// The connection's small lend (guarded by the connection's lock, as everything it does is a
+/// request on that connection).
+#[derive(Default)]
+pub(super) struct SmallLendSlot {
+    current: Option<SmallLend>,
+    /// The store lends nothing here (a small store, `--prefault`, no hold table): for good.
+    refused: bool,
+    /// No SMALL LEND before this (the last one failed for want of memory).
+    retry_after: Option<Instant>,
+}
+
+struct SmallLend {
+    lend: Lend,
+    segment: Arc<MappedSegment>,
+    /// Next free offset (absolute in the segment).
+    cursor: u64,
+    /// Views of failed puts into it that still live (see the module doc).
+    pinned: Arc<AtomicUsize>,
+}
+
+/// A range of the small lend for one put.
+struct Range {
+    lend: u64,
+    segment_id: u32,
+    offset: u64,
+    ptr: *mut u8,
+    segment: Arc<MappedSegment>,
+    pinned: Arc<AtomicUsize>,
+}
+
+impl SmallLend {
+    fn take(&mut self, need: u64) -> Option<Range> {
+        let end = self.lend.offset + self.lend.size;
+        if self.cursor + need > end {
+            return None;
+        }
+        let base = self.segment.writable_base().ok()?;
+        let offset = self.cursor;
+        self.cursor += need;
+        Some(Range {
+            lend: self.lend.id,
+            segment_id: self.lend.segment,
+            offset,
+            // SAFETY: inside the lend, which lies inside the mapped segment (`lent::check`).
+            ptr: unsafe { base.add(offset as usize) },
+            segment: self.segment.clone(),
+            pinned: self.pinned.clone(),
+        })
+    }
+}
+
+impl ReplyReader for ClientInner {
+    fn read_until_answered(&self, pending: &Arc<Pending>) -> Result<(), Error> {
+        let mut conn = self.lock()?;
+        while !pending.is_answered() {
+            let owed = conn
+                .wire
+                .unread
+                .iter()
+                .any(|u| u.pending.as_ref().is_some_and(|p| Arc::ptr_eq(p, pending)));
+            if !owed {
+                return Err(Error::Connection(
+                    "the connection that carried this put is gone; its outcome is unknown".into(),
+                ));
+            }
+            conn.read_unread()?;
+        }
+        Ok(())
+    }
+
+    fn abandoned(&self) {
+        match &self.flusher {
+            // The release thread reads it (`try_flush_deferred`), after its delay.
+            Some(flusher) => flusher.wake(true),
+            // Never block in a drop: the replies that came now, else the next call's.
+            None => {
+                if let Ok(mut conn) = self.conn.try_lock() {
+                    if !self.is_closed() && conn.drain_arrived().is_ok() {
+                        conn.send_releases(&self.core.take_deferred());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One kept small put: name, data, metadata, options.
+pub(super) type KeptPut<'a> = (&'a str, &'a [u8], &'a [u8], CreateOptions);
+
+/// What [`ClientInner::put_views_later`] answers per put: the view, the put's error, or `None`
+/// (not this way: the caller puts the waiting way).
+pub(super) type KeptAnswer = Option<Result<PipelinedView, Error>>;
+
+/// The PUBLISH frames of a batch not written yet, and their owed replies: written together,
+/// and queued only once written (the queue's order is the wire's).
+#[derive(Default)]
+struct Flight {
+    bytes: Vec<u8>,
+    owed: Vec<Unread>,
+}
+
+impl Flight {
+    fn flush(&mut self, conn: &mut Conn) -> Result<(), Error> {
+        if self.bytes.is_empty() {
+            return Ok(());
+        }
+        io::write_all(conn.stream.as_fd(), &self.bytes)?;
+        self.bytes.clear();
+        conn.wire.unread.extend(self.owed.drain(..));
+        Ok(())
+    }
+}
+
+impl ClientInner {
+    /// See [`super::Client::put_view_later`]; several at once: one lock, one write (a new
+    /// small lend or the cap on owed replies may split it). Answers per put: `None` when not
+    /// this way (too big for the small lend, opted out of pipelining, no hold table, a store
+    /// that lends nothing, the lend pinned by a failed put's view, this client's own
+    /// unanswered put of the name, a broken connection that a waiting call may reconnect).
+    pub(super) fn put_views_later(self: &Arc<Self>, puts: &[KeptPut<'_>]) -> Vec<KeptAnswer> {
+        let none = || puts.iter().map(|_| None).collect();
+        if !self.pipelined_puts {
+            return none();
+        }
+        let mut conn = match self.lock() {
+            Ok(c) => c,
+            Err(e) => return puts.iter().map(|_| Some(Err(e.clone()))).collect(),
+        };
+        if conn.small.refused {
+            return none();
+        }
+        // The mappings and generation of the connection this lock guards (a reconnect
+        // replaces them under it).
+        let (maps, generation) = self.core.session.current();
+        let Some(shared) = maps.shared.as_ref().filter(|s| s.can_announce()) else {
+            return none();
+        };
+        let mut flight = Flight::default();
+        let mut answers: Vec<KeptAnswer> = Vec::with_capacity(puts.len());
+        let mut broken = None;
+        for put in puts {
+            if let Some(e) = &broken {
+                answers.push(self.after_broken(e));
+                continue;
+            }
+            let answer = self.put_one_later(&mut conn, &mut flight, put, &maps, shared, generation);
+            answers.push(match answer {
+                Ok(view) => view.map(Ok),
+                Err(e @ Error::Connection(_)) => {
+                    let answer = self.after_broken(&e);
+                    broken = Some(e);
+                    answer
+                }
+                Err(e) => Some(Err(e)),
+            });
+        }
+        if broken.is_none() {
+            if let Err(e) = flight.flush(&mut conn) {
+                // Nothing of the batch went out: its views are not the store's.
+                for a in answers.iter_mut().filter(|a| matches!(a, Some(Ok(_)))) {
+                    *a = self.after_broken(&e);
+                }
+            }
+        }
+        answers
+    }
+
+    /// The answer for a put the connection broke under: the waiting way reconnects when it
+    /// may, else the error.
+    fn after_broken(&self, e: &Error) -> KeptAnswer {
+        (!self.core.reconnect).then(|| Err(e.clone()))
+    }
+
+    /// One put of [`ClientInner::put_views_later`]: its frame added to `flight`.
+    fn put_one_later(
+        self: &Arc<Self>,
+        conn: &mut Conn,
+        flight: &mut Flight,
+        &(name, data, metadata, ref options): &KeptPut<'_>,
+        maps: &Arc<crate::mapping::Mappings>,
+        shared: &vovp_shm::SharedReader,
+        generation: u64,
+    ) -> Result<Option<PipelinedView>, Error> {
+        if options.device.is_some_and(|d| d != Device::Cpu) {
+            return Ok(None);
+        }
+        let Some(need) =
+            block_len(data.len() as u64, metadata.len() as u64).filter(|&n| n <= SMALL_MAX_BLOCK)
+        else {
+            return Ok(None);
+        };
+        // Refused here, now, as a waiting put's would be.
+        vovp_types::ObjectName::new(name)?;
+        vovp_types::check_metadata(metadata)?;
+        let flags = create_flags(options) | PUT_KEEP_REFERENCE | PUT_PIPELINED;
+        // Replies owed stay few: read those that came, and wait for them past the cap. A
+        // batch goes out every few puts, so the store works on them while this thread
+        // prepares the next (one write per batch would leave it idle until the cap, and
+        // then this thread idle waiting for it).
+        if conn.wire.unread.len() + flight.owed.len() >= MAX_UNREAD {
+            flight.flush(conn)?;
+            conn.drain_unread()?;
+        } else if flight.owed.len() >= FLIGHT_PUTS {
+            flight.flush(conn)?;
+            conn.drain_arrived()?;
+        } else if flight.owed.is_empty() {
+            conn.drain_arrived()?;
+        }
+        // (After reading the replies that came: a put answered is in the directory.)
+        if flags & CREATE_REPLACE == 0 && shared.is_published(name) {
+            return Err(Error::AlreadyExists(name.to_owned()));
+        }
+        // This client's own put of the name is still unanswered: wait (the waiting way), so a
+        // second put of it fails as it would have without pipelining.
+        let own = |u: &Unread| u.kind == UnreadKind::Put && u.name == name;
+        if conn.wire.unread.iter().chain(&flight.owed).any(own) {
+            return Ok(None);
+        }
+        let range = match conn.small.current.as_mut().and_then(|c| c.take(need)) {
+            Some(r) => r,
+            None => {
+                // A new small lend: what the batch holds goes out first (LEND reads every
+                // owed reply before it).
+                flight.flush(conn)?;
+                match self.small_range(conn, need, maps)? {
+                    Some(r) => r,
+                    None => return Ok(None),
+                }
+            }
+        };
+        // Counted before it goes out: another client told the name is missing waits for it
+        // (vovp-shm's `sent`).
+        if !shared.count_sent_put() {
+            return Ok(None);
+        }
+        // SAFETY: this put's range of the small lend (`need` >= data.len() bytes), mapped
+        // writable and kept mapped by `range.segment`; nothing else writes it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), range.ptr, data.len()) };
+        let req = requests::publish(
+            range.lend,
+            range.offset,
+            name,
+            flags,
+            metadata,
+            data.len() as u64,
+        )?;
+        let id = self.core.frame_pipelined(&mut conn.wire, &req);
+        flight.bytes.extend_from_slice(&conn.wire.out);
+        let sink = Arc::new(ViewSink {
+            inner: self.clone(),
+            generation,
+        });
+        let pending = Pending::new(
+            range.ptr,
+            data.len() as u64,
+            Location::Host {
+                segment: range.segment_id,
+                offset: range.offset,
+            },
+            range.segment,
+            sink,
+            range.pinned,
+        );
+        flight.owed.push(Unread {
+            id,
+            name: name.to_owned(),
+            kind: UnreadKind::Put,
+            pending: Some(pending.clone()),
+        });
+        let reader: Arc<dyn ReplyReader> = self.clone();
+        Ok(Some(PipelinedView::new(pending, reader)))
+    }
+
+    /// `need` bytes of the small lend, asking for a new one (SMALL LEND) when it is full;
+    /// `None`: not now (see [`ClientInner::put_view_later`]).
+    fn small_range(
+        &self,
+        conn: &mut Conn,
+        need: u64,
+        maps: &crate::mapping::Mappings,
+    ) -> Result<Option<Range>, Error> {
+        if let Some(r) = conn.small.current.as_mut().and_then(|c| c.take(need)) {
+            return Ok(Some(r));
+        }
+        if conn.small.retry_after.is_some_and(|t| Instant::now() < t) {
+            return Ok(None);
+        }
+        // Every owed reply read first: a PUBLISH into the old lend that failed pins it.
+        conn.drain_unread()?;
+        let pinned = |c: &SmallLend| c.pinned.load(Ordering::Acquire) > 0;
+        if conn.small.current.as_ref().is_some_and(pinned) {
+            return Ok(None);
+        }
+        let asked = Request::Lend {
+            at_least: need,
+            flags: LEND_SMALL,
+        };
+        let lend = match conn.exchange(&self.core, &asked).and_then(|r| r.lent()) {
+            Ok(lend) => lend,
+            Err(e @ Error::Connection(_)) => return Err(e),
+            Err(e) => {
+                // The store's answer that it lends nothing (MALFORMED, or a daemon without
+                // small lends): for good. Anything else (memory): maybe later.
+                let refusal = match &e {
+                    Error::Protocol(m) => {
+                        m.starts_with("MALFORMED") || m.starts_with("UNKNOWN_OPCODE")
+                    }
+                    Error::Config(_) | Error::TooLarge(_) => true,
+                    _ => false,
+                };
+                if refusal {
+                    conn.small.refused = true;
+                } else {
+                    tracing::debug!("vovp: no small lend ({e}); putting the waiting way");
+                    conn.small.retry_after = Some(Instant::now() + SMALL_LEND_RETRY);
+                }
+                conn.small.current = None;
+                return Ok(None);
+            }
+        };
+        let segment = match maps.segment(lend.segment) {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(conn.map_segment(&self.core, lend.segment)?);
+                maps.insert_segment(lend.segment, s.clone());
+                s
+            }
+        };
+        crate::lent::check(&lend, &segment)?;
+        // A lend handed back again (nothing from it alive) is used from its start.
+        conn.small.retry_after = None;
+        let current = conn.small.current.insert(SmallLend {
+            cursor: lend.offset,
+            lend,
+            segment,
+            pinned: Arc::new(AtomicUsize::new(0)),
+        });
+        Ok(current.take(need))
+    }
+}

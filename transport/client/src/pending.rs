@@ -1,0 +1,249 @@
+//! The store's copy of a small put, handed back before the store answered: a
+//! [`PipelinedView`]. Its bytes are in this client's small lend (written before the PUBLISH
+//! went out, so they are whole when the caller sees them); its object id and version come
+//! with the PUBLISH's reply, which the connection reads later (the next call that waits,
+//! [`crate::Client::sync`], a full queue of owed replies, or [`PipelinedView::wait`]).
+//!
+//! The reply is matched to its view through a [`Pending`] slot shared by the view and the
+//! connection's queue of owed replies. Either side may go first: a view dropped before the
+//! reply leaves the slot *abandoned*, and the reader releases the reference the reply
+//! granted; a reply read first leaves the view (an [`ObjectView`]) in the slot for the caller.
+//!
+//! A PUBLISH that fails leaves its range in no object. The caller's bytes stay readable
+//! there, so the small lend must outlive them: such a view counts itself in its lend's
+//! `pinned` until it is dropped, and the client takes no new small lend (which would retire
+//! this one and let the store free it) while any is counted.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use vovp_types::{Error, Location, ObjectRef, ObjectSink, ObjectView};
+
+use crate::mapping::MappedSegment;
+
+enum State {
+    /// No reply yet; `abandoned`: the view was dropped meanwhile.
+    Waiting { abandoned: bool },
+    /// The reply: the object's view (holding the reference the PUBLISH kept), or why the
+    /// store refused the put.
+    Done(Result<ObjectView, Error>),
+    /// The view was taken out by [`PipelinedView::take_view`].
+    Taken,
+}
+
+/// Where a pipelined put's bytes are, and its reply once read.
+pub(crate) struct Pending {
+    state: Mutex<State>,
+    ptr: *mut u8,
+    size: u64,
+    location: Location,
+    /// Keeps the lend's mapping while the view lives.
+    segment: Arc<MappedSegment>,
+    /// Where the granted reference goes back.
+    sink: Arc<dyn ObjectSink>,
+    /// Failed puts' views still alive in this lend (see the module doc).
+    pinned: Arc<AtomicUsize>,
+}
+
+// SAFETY: `ptr` points into a shared mapping that `segment` keeps alive; the range is this
+// put's alone (the lend hands each range out once), and nothing writes it after the put.
+unsafe impl Send for Pending {}
+unsafe impl Sync for Pending {}
+
+impl Pending {
+    pub(crate) fn new(
+        ptr: *mut u8,
+        size: u64,
+        location: Location,
+        segment: Arc<MappedSegment>,
+        sink: Arc<dyn ObjectSink>,
+        pinned: Arc<AtomicUsize>,
+    ) -> Arc<Self> {
+        Arc::new(Pending {
+            state: Mutex::new(State::Waiting { abandoned: false }),
+            ptr,
+            size,
+            location,
+            segment,
+            sink,
+            pinned,
+        })
+    }
+
+    /// The reader's side: the PUBLISH's answer (`Ok`: the object it made).
+    pub(crate) fn resolve(&self, answer: Result<ObjectRef, Error>) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let State::Waiting { abandoned } = *state else {
+            return;
+        };
+        let view = answer.and_then(|r| {
+            if r.location != self.location || r.size != self.size {
+                let id = r.id;
+                self.sink.release(id);
+                return Err(Error::Protocol(format!(
+                    "PUBLISH of {} answered with an object elsewhere ({:?}, {} bytes)",
+                    r.name, r.location, r.size
+                )));
+            }
+            let owner: Arc<dyn Any + Send + Sync> = self.segment.clone();
+            // SAFETY: the object's bytes are the range this put wrote (checked just above),
+            // inside the mapping `owner` keeps; sealed, so never written again.
+            Ok(unsafe { ObjectView::from_raw(r, self.ptr, owner, self.sink.clone()) })
+        });
+        if abandoned {
+            // Nobody views it: a granted reference goes back (the view's drop), a failure
+            // leaves nothing behind.
+            drop(view);
+            *state = State::Taken;
+            return;
+        }
+        if view.is_err() {
+            self.pinned.fetch_add(1, Ordering::AcqRel);
+        }
+        *state = State::Done(view);
+    }
+
+    /// Whether the view was dropped before the reply was read (the reference the reply
+    /// grants is to be released when it is read).
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.state
+            .lock()
+            .map(|s| matches!(*s, State::Waiting { abandoned: true }))
+            .unwrap_or(false)
+    }
+
+    /// Whether the reply was read (either way).
+    pub(crate) fn is_answered(&self) -> bool {
+        self.state
+            .lock()
+            .map(|s| !matches!(*s, State::Waiting { .. }))
+            .unwrap_or(true)
+    }
+
+    /// The answer, once read: `None` while waiting.
+    fn answer(&self) -> Option<Result<(), Error>> {
+        let state = self.state.lock().ok()?;
+        match &*state {
+            State::Waiting { .. } => None,
+            State::Done(Ok(_)) | State::Taken => Some(Ok(())),
+            State::Done(Err(e)) => Some(Err(e.clone())),
+        }
+    }
+
+    /// The view is gone; `true` when its reply is still to be read (the caller makes sure
+    /// someone reads it: the reference it grants is released then).
+    fn abandon(&self) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        match std::mem::replace(&mut *state, State::Taken) {
+            State::Waiting { .. } => {
+                *state = State::Waiting { abandoned: true };
+                return true;
+            }
+            State::Done(Err(_)) => {
+                self.pinned.fetch_sub(1, Ordering::AcqRel);
+            }
+            // (A view's drop releases its reference.)
+            State::Done(Ok(_)) | State::Taken => {}
+        }
+        false
+    }
+}
+
+/// What waits for a pipelined put's reply on behalf of a [`PipelinedView`]: the client's
+/// connection, which reads owed replies in order.
+pub(crate) trait ReplyReader: Send + Sync {
+    /// Reads owed replies until `pending` is answered (an error: the connection's, or it
+    /// holds no such request any more).
+    fn read_until_answered(&self, pending: &Arc<Pending>) -> Result<(), Error>;
+
+    /// A view was dropped before its reply was read: have the reply read soon (without
+    /// blocking the caller), so that the reference it grants goes back even if the client
+    /// makes no other call.
+    fn abandoned(&self);
+}
+
+/// The store's copy of a small put, returned before the store answered (see
+/// [`crate::Client::put_view_later`]). Its bytes are readable at once; [`PipelinedView::wait`]
+/// gives the put's outcome, after which [`PipelinedView::take_view`] gives the
+/// [`ObjectView`] (object id, version, the reference). Dropped before the reply, the reference
+/// the reply grants is released when the reply is read.
+pub struct PipelinedView {
+    pending: Arc<Pending>,
+    reader: Arc<dyn ReplyReader>,
+}
+
+impl std::fmt::Debug for PipelinedView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelinedView")
+            .field("size", &self.pending.size)
+            .field("location", &self.pending.location)
+            .field("answered", &self.pending.is_answered())
+            .finish()
+    }
+}
+
+impl PipelinedView {
+    pub(crate) fn new(pending: Arc<Pending>, reader: Arc<dyn ReplyReader>) -> Self {
+        PipelinedView { pending, reader }
+    }
+
+    /// The object's bytes (in this client's own arena).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.pending.ptr
+    }
+
+    pub fn size(&self) -> u64 {
+        self.pending.size
+    }
+
+    pub fn location(&self) -> Location {
+        self.pending.location
+    }
+
+    /// A writable address of the bytes (this client's own arena, mapped read-write) and what
+    /// keeps the mapping: for callers that hand out writable views (torch tensors). Writing
+    /// changes the store's object, as with any view of one's own arena.
+    pub fn writable(&self) -> crate::WritableBytes {
+        (self.pending.ptr, self.pending.segment.clone())
+    }
+
+    /// Waits for the put's reply: `Ok` once the object is stored, or the store's refusal (a
+    /// name taken meanwhile, full memory; also reported by [`crate::Client::sync`]).
+    pub fn wait(&self) -> Result<(), Error> {
+        if let Some(answer) = self.pending.answer() {
+            return answer;
+        }
+        self.reader.read_until_answered(&self.pending)?;
+        self.pending.answer().unwrap_or_else(|| {
+            Err(Error::Connection(
+                "the reply to a pipelined put never came".into(),
+            ))
+        })
+    }
+
+    /// The object's view (id, version, the reference) once [`PipelinedView::wait`] said it is
+    /// stored; `None` before, after a failure, or when taken already.
+    pub fn take_view(&self) -> Option<ObjectView> {
+        let mut state = self.pending.state.lock().ok()?;
+        match std::mem::replace(&mut *state, State::Taken) {
+            State::Done(Ok(v)) => Some(v),
+            other => {
+                *state = other;
+                None
+            }
+        }
+    }
+}
+
+impl Drop for PipelinedView {
+    fn drop(&mut self) {
+        if self.pending.abandon() {
+            self.reader.abandoned();
+        }
+    }
+}
