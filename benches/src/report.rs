@@ -147,8 +147,12 @@ impl PeerRow {
 /// The column every other is compared with: vovp's typed calls on numpy arrays.
 pub const PEER_REFERENCE: &str = "vovp";
 
-/// vovp's own columns (the others are peers).
+/// vovp's own columns (the others are peers, but for the limit column).
 pub const VOVP_COLUMNS: [&str; 3] = ["vovp", "vovp_torch", "vovp_raw"];
+
+/// The peers pass's column that is no store: the parallel memcpy into warm vovp memory,
+/// measured in the same repetitions as the large puts (benches/peers.py, `WarmCopy`).
+pub const MEMCPY_COLUMN: &str = "memcpy";
 
 /// The peers pass: vovp and every peer, side by side in one run.
 #[derive(Debug, Clone, Default)]
@@ -568,10 +572,15 @@ impl Report {
         for size in [256 * MIB, GIB] {
             let label = size_label(size);
             let row = p.row(&format!("py.peers.put.{size}"));
+            // The memcpy measured beside the puts (same repetitions); the Rust pass's, minutes
+            // earlier, only where the peers pass has none.
+            let memcpy = row
+                .and_then(|r| r.median(MEMCPY_COLUMN))
+                .or_else(|| self.parallel_memcpy(size));
             t.push(memcpy_share_target(
                 format!("Python put_tensor {label}: ≥ 95% of the parallel memcpy bandwidth"),
                 row.and_then(|r| r.median(PEER_REFERENCE)),
-                self.parallel_memcpy(size),
+                memcpy,
                 0.95,
             ));
             let name = format!("Python put_tensor {label}: ≥ 1.0× every peer's put (same run)");
@@ -579,7 +588,7 @@ impl Report {
                 .map(|r| {
                     p.stores
                         .iter()
-                        .filter(|s| !VOVP_COLUMNS.contains(&s.id.as_str()))
+                        .filter(|s| !VOVP_COLUMNS.contains(&s.id.as_str()) && s.id != MEMCPY_COLUMN)
                         .filter_map(|s| {
                             Some((s.label.clone(), r.advantage(PEER_REFERENCE, &s.id)?))
                         })
@@ -791,7 +800,7 @@ fn memcpy_share_target(name: String, put: Option<f64>, memcpy: Option<f64>, shar
             name,
             pass: Some(put >= share * mc),
             detail: format!(
-                "{} GB/s = {:.0}% of the best parallel memcpy, {} GB/s",
+                "{} GB/s = {:.0}% of the parallel memcpy, {} GB/s",
                 fmt_value(put),
                 100.0 * put / mc,
                 fmt_value(mc)
