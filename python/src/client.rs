@@ -588,6 +588,12 @@ impl Client {
     /// client's own arenas, else through a private copy-on-write mapping.
     fn make_writable(&self, py: Python<'_>, obj: &Object) -> PyResult<()> {
         let inner = self.usable()?;
+        // With the GIL held when the segment's writable mapping exists already (every torch
+        // get after the first of a segment): no system call, and giving the GIL up and
+        // taking it back would cost more than the rest.
+        if obj.writable_mapping_ready(inner) {
+            return obj.make_writable(inner).map_err(to_py);
+        }
         py.allow_threads(|| obj.make_writable(inner)).map_err(to_py)
     }
 

@@ -8,6 +8,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use vovp_types::{DType, Error, TensorMeta};
 
+use crate::array::Layout;
+
 /// Framework codes of the extension byte that a reader follows (1 numpy, 2 torch).
 const KNOWN_FRAMEWORKS: [u8; 2] = [1, 2];
 
@@ -94,6 +96,37 @@ pub(crate) fn decode_tensor_header<'py>(
         device_id,
         framework,
     ))
+}
+
+/// The numpy layout of a host tensor of `size` bytes whose header is `meta`, with its dtype
+/// code and framework byte: `None` when numpy cannot be shown it as it is (not a header, not
+/// a host tensor, big-endian, bfloat16 (numpy has no such dtype: the Python layer picks
+/// ml_dtypes' or raw bits), or a shape that is not `size` bytes).
+pub(crate) fn host_layout(meta: &[u8], size: u64) -> Option<(Layout, u8, u8)> {
+    let m = TensorMeta::decode(meta).ok()?;
+    if m.device != vovp_types::Device::Cpu || !m.little_endian || m.dtype == DType::BF16 {
+        return None;
+    }
+    let kind = match m.dtype {
+        DType::Bool => b'b',
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => b'i',
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => b'u',
+        DType::F16 | DType::F32 | DType::F64 => b'f',
+        DType::C64 | DType::C128 => b'c',
+        DType::BF16 => return None,
+    };
+    let shape = m
+        .shape
+        .iter()
+        .map(|&d| isize::try_from(d).ok())
+        .collect::<Option<_>>()?;
+    let layout = Layout::checked(kind, m.dtype.itemsize() as u32, shape, size).ok()?;
+    let end = FIXED_LEN + 8 * m.shape.len();
+    let framework = match meta.get(end) {
+        Some(&f) if KNOWN_FRAMEWORKS.contains(&f) => f,
+        _ => 0,
+    };
+    Some((layout, m.dtype as u8, framework))
 }
 
 /// Bytes of the header before the shape: those of a 0-d tensor's.

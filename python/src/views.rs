@@ -114,6 +114,18 @@ impl Object {
         Ok(())
     }
 
+    /// Whether [`Object::make_writable`] needs no system call (see
+    /// `vovp_client::Client::private_view_ready`).
+    pub(crate) fn writable_mapping_ready(&self, client: &RustClient) -> bool {
+        if self.writable.get().is_some() {
+            return true;
+        }
+        match self.view.lock().as_deref() {
+            Ok(Some(Held::View(v))) => client.private_view_ready(v),
+            _ => true,
+        }
+    }
+
     /// Sets the layout numpy sees (checked against this object's size by the caller).
     pub(crate) fn set_layout_checked(&self, layout: Layout) {
         let _ = self.layout.set(layout);
@@ -295,6 +307,20 @@ impl Object {
     #[getter]
     fn is_host(&self) -> bool {
         matches!(self.location.device(), vovp_types::Device::Cpu)
+    }
+    /// (dtype code, framework) of a host object with a tensor header numpy can show as it
+    /// is (little-endian, not bfloat16, as many bytes as the object has), its layout set
+    /// (`set_layout`) so that `numpy.asarray(obj)` is the tensor; None for anything else
+    /// (no header, CUDA, bfloat16, big-endian: the Python layer reads those itself). The
+    /// get path's one call for what it did in Python (parse, view, reshape).
+    #[getter]
+    fn tensor_plan(&self) -> Option<(u8, u8)> {
+        if !self.is_host() {
+            return None;
+        }
+        let (layout, code, framework) = crate::tensor::host_layout(&self.metadata, self.size)?;
+        let _ = self.layout.set(layout);
+        Some((code, framework))
     }
     /// Shows the bytes to numpy as an array of numpy type kind `kind` ('f', 'i', 'u', 'b',
     /// 'c'), `itemsize` and `shape` (exactly the object's size), before any array is made:

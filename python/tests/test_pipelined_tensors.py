@@ -113,3 +113,31 @@ def test_writable_and_immediate_release_clients_wait_for_the_store(daemon):
         r = c.put_tensor(f"w{len(kw)}", np.zeros(4), **kw)
         assert find_lease(r)._oid is not None
         c.close()
+
+
+def test_numpy_sees_a_tensor_with_its_dtype_and_shape_and_never_past_the_object(client):
+    """The native layout behind ``np.asarray(obj)`` (put and get paths): the tensor's own
+    dtype and shape for the headers numpy can show as they are; one that does not fit the
+    object is refused (numpy would read past it); anything else keeps the uint8 view."""
+    a = np.arange(12, dtype=np.int16).reshape(3, 4)
+    client.put_tensor("lay", a)
+    client.put("raw", b"x" * 16)
+    client.sync()
+    obj = client._n.get1("lay")
+    assert obj.tensor_plan is not None
+    arr = np.asarray(obj)
+    assert arr.dtype == np.int16 and arr.shape == (3, 4) and not arr.flags.writeable
+    np.testing.assert_array_equal(arr, a)
+    raw = client._n.get1("raw")
+    assert raw.tensor_plan is None
+    assert np.asarray(raw).dtype == np.uint8
+    with pytest.raises(ValueError):
+        raw.set_layout("f", 8, [3])  # 24 bytes over 16
+    with pytest.raises(ValueError):
+        raw.set_layout("O", 8, [2])  # not a plain numpy kind
+    raw.set_layout("u", 4, [2, 2])
+    assert np.asarray(raw).shape == (2, 2)
+    # Big-endian and bfloat16 headers go the Python way, as before.
+    big = client.put_tensor("big-endian", np.arange(3, dtype=">i4"))
+    np.testing.assert_array_equal(client.get_tensor("big-endian"), [0, 1, 2])
+    del big, arr, obj, raw

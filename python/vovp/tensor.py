@@ -242,7 +242,12 @@ def torch_tables() -> Tuple[dict[Any, int], dict[int, Any]]:
             if dt is not None:
                 code_to[code] = dt
         _TORCH_TABLES = ({dt: code for code, dt in code_to.items()}, code_to)
+        _FROM_NUMPY[0] = torch.from_numpy
     return _TORCH_TABLES
+
+
+# torch.from_numpy, once torch_tables() imported torch.
+_FROM_NUMPY: list[Any] = [None]
 
 
 _TORCH_IMPORTABLE: Optional[bool] = None
@@ -296,11 +301,12 @@ def torch_to_numpy(t: torch.Tensor) -> Tuple[npt.NDArray[Any], int]:
 
 def numpy_to_torch(arr: npt.NDArray[Any], code: int) -> torch.Tensor:
     """A torch tensor sharing ``arr``'s memory, with the dtype that ``code`` names."""
+    _, code_to = torch_tables()
+    if code in code_to and code != BFLOAT16:
+        t: torch.Tensor = _FROM_NUMPY[0](arr)  # (every torch get: no import statement)
+        return t
     import torch  # noqa: PLC0415
 
-    _, code_to = torch_tables()
     if code == BFLOAT16:
         return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    if code not in code_to:
-        raise TypeError(f"this torch has no {DTYPE_NAMES[code]} dtype")
-    return torch.from_numpy(arr)
+    raise TypeError(f"this torch has no {DTYPE_NAMES[code]} dtype")

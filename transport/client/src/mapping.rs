@@ -83,6 +83,12 @@ impl MappedSegment {
         self.map.len() as u64
     }
 
+    /// Whether [`MappedSegment::writable_base`] would answer without a system call (this
+    /// client's own arena, or a private mapping made already).
+    pub(crate) fn writable_ready(&self) -> bool {
+        self.own || self.private.get().is_some()
+    }
+
     /// Start of a writable mapping of the segment: the shared one for this client's own
     /// arenas, else a private copy-on-write one (writes stay in this process; a read-only fd
     /// may be mapped so), made on first use — also for segment 0 when the store hands it out

@@ -163,6 +163,17 @@ impl Client {
         Ok(Some((ptr, seg)))
     }
 
+    /// Whether [`Client::private_view`] of `view` answers without a system call (its
+    /// segment's writable mapping exists): a caller holding a lock others wait for (Python's
+    /// GIL) may then call it without letting go.
+    pub fn private_view_ready(&self, view: &ObjectView) -> bool {
+        let Location::Host { segment, .. } = view.location() else {
+            return true;
+        };
+        let maps = self.inner.core.session.maps();
+        maps.segment(segment).is_none_or(|s| s.writable_ready())
+    }
+
     /// Closes the connection now (the daemon releases every reference it held), even while
     /// views or clones of this client live: later calls fail with `Error::Connection` and
     /// never reconnect, and dropped views send nothing. Wakes a thread waiting in a GET.
