@@ -169,6 +169,7 @@ fn small_lends_come_back_and_a_putter_that_goes_away_loses_nothing() {
     let d = Daemon::start("64M");
     let watcher = client(&d);
     let idle = watcher.stats().unwrap().used_bytes;
+    let kept;
     {
         let c = client(&d);
         for round in 0..3 {
@@ -186,15 +187,40 @@ fn small_lends_come_back_and_a_putter_that_goes_away_loses_nothing() {
         let used = watcher.stats().unwrap().used_bytes;
         assert!(used <= idle + (64 << 10), "{used} bytes used, {idle} idle");
         for i in 0..300 {
-            std::mem::forget(put_later(&c, &format!("gone{i}"), &[9u8; 64]));
+            drop(put_later(&c, &format!("gone{i}"), &[9u8; 64]));
         }
-    } // dropped with replies owed, views leaked
+        kept = put_later(&c, "kept", &[5u8; 64]).expect("pipelined");
+    } // dropped with replies owed, one view still held
     for i in 0..300 {
         let got = watcher.get_one(&format!("gone{i}"), None).expect("stored");
         assert_eq!(got.bytes(), &[9u8; 64]);
     }
+    // A view outlives its client's handle: it keeps the connection, so its reference, so its
+    // bytes are still the store's object.
     vovp_tests::wait_until(Duration::from_secs(10), || {
-        watcher.stats().unwrap().holders <= 1
+        refcount(&watcher, "kept") == Some(1)
     });
-    assert!(watcher.list().unwrap().iter().all(|o| o.refcount <= 1));
+    assert_eq!(watcher.connections().unwrap(), 2);
+    assert_eq!(bytes(&kept), &[5u8; 64]);
+    drop(kept);
+    // Then the putter's connection closes (the replies it owed do not keep it alive), and none
+    // of its references is left.
+    vovp_tests::wait_until(Duration::from_secs(10), || {
+        watcher.connections().unwrap() == 1
+    });
+    vovp_tests::wait_until(Duration::from_secs(10), || {
+        watcher.list().unwrap().iter().all(|o| o.refcount == 0)
+    });
+    // Dropped at once after a burst whose views are gone too, replies still on their way:
+    // nothing keeps the client (its owed replies must not), so its connection closes.
+    {
+        let c = client(&d);
+        for i in 0..100 {
+            drop(put_later(&c, &format!("burst{i}"), &[3u8; 64]));
+        }
+    }
+    vovp_tests::wait_until(Duration::from_secs(10), || {
+        watcher.connections().unwrap() == 1
+    });
+    assert!(watcher.contains("burst99").unwrap());
 }

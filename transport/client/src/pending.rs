@@ -22,6 +22,9 @@ use vovp_types::{Error, Location, ObjectRef, ObjectSink, ObjectView};
 
 use crate::mapping::MappedSegment;
 
+/// Makes the sink of a resolved view (see [`Pending`]'s `sink`).
+pub(crate) type SinkMaker = Box<dyn Fn() -> Option<Arc<dyn ObjectSink>> + Send + Sync>;
+
 enum State {
     /// No reply yet; `abandoned`: the view was dropped meanwhile.
     Waiting { abandoned: bool },
@@ -40,8 +43,11 @@ pub(crate) struct Pending {
     location: Location,
     /// Keeps the lend's mapping while the view lives.
     segment: Arc<MappedSegment>,
-    /// Where the granted reference goes back.
-    sink: Arc<dyn ObjectSink>,
+    /// Where the granted reference goes back, made when the reply is read: the slot sits in
+    /// its client's queue of owed replies, so it must not hold the client (a cycle that would
+    /// keep a dropped client's connection open). `None`: the client is gone (and with its
+    /// connection every reference it held).
+    sink: SinkMaker,
     /// Failed puts' views still alive in this lend (see the module doc).
     pinned: Arc<AtomicUsize>,
 }
@@ -57,7 +63,7 @@ impl Pending {
         size: u64,
         location: Location,
         segment: Arc<MappedSegment>,
-        sink: Arc<dyn ObjectSink>,
+        sink: SinkMaker,
         pinned: Arc<AtomicUsize>,
     ) -> Arc<Self> {
         Arc::new(Pending {
@@ -80,9 +86,10 @@ impl Pending {
             return;
         };
         let view = answer.and_then(|r| {
+            let sink = (self.sink)()
+                .ok_or_else(|| Error::Connection("the client that made this put is gone".into()))?;
             if r.location != self.location || r.size != self.size {
-                let id = r.id;
-                self.sink.release(id);
+                sink.release(r.id);
                 return Err(Error::Protocol(format!(
                     "PUBLISH of {} answered with an object elsewhere ({:?}, {} bytes)",
                     r.name, r.location, r.size
@@ -91,7 +98,7 @@ impl Pending {
             let owner: Arc<dyn Any + Send + Sync> = self.segment.clone();
             // SAFETY: the object's bytes are the range this put wrote (checked just above),
             // inside the mapping `owner` keeps; sealed, so never written again.
-            Ok(unsafe { ObjectView::from_raw(r, self.ptr, owner, self.sink.clone()) })
+            Ok(unsafe { ObjectView::from_raw(r, self.ptr, owner, sink) })
         });
         if abandoned {
             // Nobody views it: a granted reference goes back (the view's drop), a failure

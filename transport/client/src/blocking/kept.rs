@@ -26,7 +26,7 @@ use super::{ClientInner, Conn, MAX_UNREAD};
 use crate::core::{create_flags, requests, Expect, Unread, UnreadKind};
 use crate::io;
 use crate::mapping::MappedSegment;
-use crate::pending::{Pending, PipelinedView, ReplyReader};
+use crate::pending::{Pending, PipelinedView, ReplyReader, SinkMaker};
 
 /// The puts of a batch written together at most (see `put_one_later`).
 const FLIGHT_PUTS: usize = 8;
@@ -283,9 +283,12 @@ impl ClientInner {
         )?;
         let id = self.core.frame_pipelined(&mut conn.wire, &req);
         flight.bytes.extend_from_slice(&conn.wire.out);
-        let sink = Arc::new(ViewSink {
-            inner: self.clone(),
-            generation,
+        // (Weakly: the slot sits in this client's queue of owed replies; the view holds the
+        // client strongly, as every view does.)
+        let client = Arc::downgrade(self);
+        let sink: SinkMaker = Box::new(move || {
+            let inner = client.upgrade()?;
+            Some(Arc::new(ViewSink { inner, generation }) as Arc<dyn vovp_types::ObjectSink>)
         });
         let pending = Pending::new(
             range.ptr,
