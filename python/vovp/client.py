@@ -885,6 +885,25 @@ class Client(CudaMethods):
             raise
         return out
 
+    def _torch_result(self, obj: Any, header_framework: int, framework: Optional[str],
+                      writable: bool) -> bool:
+        """Whether ``get_tensor``'s result is a torch tensor (``framework``, else what the
+        header recorded, when torch can be imported); if so ``obj`` is made writable first
+        (torch has no read-only tensors). ``obj`` is released if that fails."""
+        if framework is None:
+            torch_out = header_framework == T.FRAMEWORK_TORCH and T.torch_importable()
+        else:
+            torch_out = framework == "torch"
+        if torch_out and not writable:
+            try:
+                self._n.make_writable(obj)
+            except BaseException as e:
+                obj.release()
+                if isinstance(e, ConnectionError):
+                    self._connection_lost()
+                raise
+        return torch_out
+
     def _tensor_from_obj(self, obj: Any, name: Name, framework: Optional[str],
                          writable: bool) -> Any:
         """The result of ``get_tensor`` for a granted reference (released on failure)."""
@@ -893,19 +912,7 @@ class Client(CudaMethods):
         fast = obj.tensor_plan
         if fast is not None and framework != "cuda":
             code, fw = fast
-            if framework is None:
-                torch_out = fw == T.FRAMEWORK_TORCH and T.torch_importable()
-            else:
-                torch_out = framework == "torch"
-            if torch_out and not writable:
-                # torch has no read-only tensors: a torch result needs a writable mapping.
-                try:
-                    self._n.make_writable(obj)
-                except BaseException as e:
-                    obj.release()
-                    if isinstance(e, ConnectionError):
-                        self._connection_lost()
-                    raise
+            torch_out = self._torch_result(obj, fw, framework, writable)
             arr = np.asarray(obj)
             L.lease(arr, self, obj)
             return T.numpy_to_torch(arr, code) if torch_out else arr
@@ -929,20 +936,8 @@ class Client(CudaMethods):
             except BaseException:
                 obj.release()
                 raise
-        if framework is None:
-            torch_out = plan is not None and plan[5] == T.FRAMEWORK_TORCH and \
-                T.torch_importable()
-        else:
-            torch_out = framework == "torch"
-        if torch_out and not writable:
-            # torch has no read-only tensors: a torch result needs a writable mapping.
-            try:
-                self._n.make_writable(obj)
-            except BaseException as e:
-                obj.release()
-                if isinstance(e, ConnectionError):
-                    self._connection_lost()
-                raise
+        torch_out = self._torch_result(obj, 0 if plan is None else plan[5], framework,
+                                       writable)
         owner = self._owner(obj)
         if plan is None:
             arr, code = owner, T.UINT8
