@@ -63,6 +63,21 @@ impl Layout {
             shape,
         })
     }
+
+    /// [`Layout::checked`] with the kind as Python gives it (numpy's `dtype.kind`, a
+    /// one-letter string).
+    pub(crate) fn of_kind(
+        kind: &str,
+        itemsize: u32,
+        shape: Vec<isize>,
+        size: u64,
+    ) -> PyResult<Self> {
+        let kind = match kind.as_bytes() {
+            [k] => *k,
+            _ => 0,
+        };
+        Self::checked(kind, itemsize, shape, size)
+    }
 }
 
 /// `__array_struct__` of `size` bytes at `ptr`, as a 1-D uint8 array or with `layout`:
@@ -116,6 +131,26 @@ pub(crate) fn array_struct<'py>(
     // pointer it registers), alive as long as `capsule`; nothing else refers to it yet.
     unsafe { (*inside).interface.shape = std::ptr::addr_of_mut!((*inside).shape).cast() };
     Ok(capsule)
+}
+
+/// The bytes of the C-contiguous array `src` to put (see [`contiguous_bytes`]) and the layout
+/// its result is shown with (`kind`, `itemsize`, `shape`: exactly those bytes).
+pub(crate) fn put_source<'a>(
+    src: &'a Bound<'_, PyAny>,
+    kind: &str,
+    itemsize: u32,
+    shape: Vec<isize>,
+) -> PyResult<(&'a [u8], Layout)> {
+    let (addr, size) = contiguous_bytes(src)?;
+    let layout = Layout::of_kind(kind, itemsize, shape, size as u64)?;
+    // SAFETY: `src`, borrowed for `'a`, exports `size` contiguous bytes at `addr` (its
+    // `__array_struct__`); the caller does not resize or free it while it puts them.
+    let data: &[u8] = if size == 0 {
+        &[]
+    } else {
+        unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
+    };
+    Ok((data, layout))
 }
 
 /// The bytes of a C-contiguous array `src` (numpy's, or anything with `__array_struct__`):

@@ -304,19 +304,7 @@ impl Client {
         shape: Vec<isize>,
     ) -> PyResult<Object> {
         let inner = self.usable()?;
-        let (addr, size) = crate::array::contiguous_bytes(src)?;
-        let layout_kind = match kind.as_bytes() {
-            [k] => *k,
-            _ => 0,
-        };
-        let layout = crate::array::Layout::checked(layout_kind, itemsize, shape, size as u64)?;
-        // SAFETY: `src` (held by the caller for this call) exports `size` contiguous bytes at
-        // `addr` (its `__array_struct__`).
-        let data: &[u8] = if size == 0 {
-            &[]
-        } else {
-            unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
-        };
+        let (data, layout) = crate::array::put_source(src, kind, itemsize, shape)?;
         let opts = options(ephemeral, replace);
         // Pipelined only for read-only results: a writable one (torch's) must view the object
         // through a private mapping (writes stay in this process), which the small lend, in
@@ -360,20 +348,7 @@ impl Client {
         let opts = options(ephemeral, replace);
         let mut prepared = Vec::with_capacity(items.len());
         for (name, src, metadata, kind, itemsize, shape) in &items {
-            let (addr, size) = crate::array::contiguous_bytes(src)?;
-            let kind = match kind.as_bytes() {
-                [k] => *k,
-                _ => 0,
-            };
-            let layout =
-                crate::array::Layout::checked(kind, *itemsize, shape.clone(), size as u64)?;
-            // SAFETY: `src`, held in `items` for this call, exports `size` contiguous bytes at
-            // `addr` (its `__array_struct__`).
-            let data: &[u8] = if size == 0 {
-                &[]
-            } else {
-                unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
-            };
+            let (data, layout) = crate::array::put_source(src, kind, *itemsize, shape.clone())?;
             prepared.push((name.as_str(), data, metadata.as_slice(), layout));
         }
         let later = inner.defers_releases();

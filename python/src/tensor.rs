@@ -83,11 +83,7 @@ pub(crate) fn decode_tensor_header<'py>(
         vovp_types::Device::Cpu => (1, 0),
         vovp_types::Device::Cuda(d) => (2, d),
     };
-    let end = FIXED_LEN + 8 * m.shape.len();
-    let framework = match meta.get(end) {
-        Some(&f) if KNOWN_FRAMEWORKS.contains(&f) => f,
-        _ => 0,
-    };
+    let framework = framework_of(meta, &m);
     Ok((
         m.dtype as u8,
         PyTuple::new(py, &m.shape)?,
@@ -121,12 +117,16 @@ pub(crate) fn host_layout(meta: &[u8], size: u64) -> Option<(Layout, u8, u8)> {
         .map(|&d| isize::try_from(d).ok())
         .collect::<Option<_>>()?;
     let layout = Layout::checked(kind, m.dtype.itemsize() as u32, shape, size).ok()?;
-    let end = FIXED_LEN + 8 * m.shape.len();
-    let framework = match meta.get(end) {
+    Some((layout, m.dtype as u8, framework_of(meta, &m)))
+}
+
+/// The framework byte after the shape of header `meta` (decoded as `m`): 0 when there is none
+/// or it is a code this reader does not follow (a newer writer's hint).
+fn framework_of(meta: &[u8], m: &TensorMeta) -> u8 {
+    match meta.get(FIXED_LEN + 8 * m.shape.len()) {
         Some(&f) if KNOWN_FRAMEWORKS.contains(&f) => f,
         _ => 0,
-    };
-    Some((layout, m.dtype as u8, framework))
+    }
 }
 
 /// Bytes of the header before the shape: those of a 0-d tensor's.

@@ -327,11 +327,7 @@ impl Object {
     /// `numpy.asarray(obj)` is then the tensor itself. Once; ValueError for a layout that does
     /// not fit.
     fn set_layout(&self, kind: &str, itemsize: u32, shape: Vec<isize>) -> PyResult<()> {
-        let kind = match kind.as_bytes() {
-            [k] => *k,
-            _ => 0,
-        };
-        let layout = Layout::checked(kind, itemsize, shape, self.size)?;
+        let layout = Layout::of_kind(kind, itemsize, shape, self.size)?;
         let _ = self.layout.set(layout);
         Ok(())
     }

@@ -181,9 +181,20 @@ impl Core {
     }
 
     pub(crate) fn take_deferred(&self) -> Vec<u64> {
+        self.take_deferred_from(0)
+    }
+
+    /// The queued releases, if at least `count` are queued (else none, all left queued).
+    fn take_deferred_from(&self, count: usize) -> Vec<u64> {
         self.deferred_releases
             .lock()
-            .map(|mut v| std::mem::take(&mut *v))
+            .map(|mut v| {
+                if v.len() >= count {
+                    std::mem::take(&mut *v)
+                } else {
+                    Vec::new()
+                }
+            })
             .unwrap_or_default()
     }
 
@@ -234,18 +245,7 @@ impl Core {
     /// put, and the store would handle two messages per put.
     pub(crate) fn frame_pipelined(&self, wire: &mut Wire, req: &Request<'_>) -> u64 {
         wire.out.clear();
-        let ready = self
-            .deferred_releases
-            .lock()
-            .map(|mut v| {
-                if v.len() >= RELEASES_PER_FRAME {
-                    std::mem::take(&mut *v)
-                } else {
-                    Vec::new()
-                }
-            })
-            .unwrap_or_default();
-        wire.push_releases(&ready);
+        wire.push_releases(&self.take_deferred_from(RELEASES_PER_FRAME));
         wire.push(req, 0)
     }
 

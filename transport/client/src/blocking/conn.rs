@@ -93,6 +93,26 @@ impl Conn {
         }
     }
 
+    /// Whether a pipelined put of `name` (PUT or PUBLISH flags `flags`) may go out now, with
+    /// the owed replies that arrived read first. Refused as a waiting put would be: a name in
+    /// the directory (unless REPLACE) is `AlreadyExists` at once; `false` while this client's
+    /// own put of it is unanswered (`also_owed`: puts framed but not written yet), so that a
+    /// second put of it waits and fails as it would have without pipelining.
+    pub(super) fn may_pipeline(
+        &self,
+        shared: &vovp_shm::SharedReader,
+        name: &str,
+        flags: u32,
+        also_owed: &[Unread],
+    ) -> Result<bool, Error> {
+        // (After reading the replies that came: a put answered is in the directory.)
+        if flags & vovp_proto::CREATE_REPLACE == 0 && shared.is_published(name) {
+            return Err(Error::AlreadyExists(name.to_owned()));
+        }
+        let own = |u: &Unread| u.kind == UnreadKind::Put && u.name == name;
+        Ok(!self.wire.unread.iter().chain(also_owed).any(own))
+    }
+
     /// Keeps `e` for [`Client::sync`] (unless an earlier failure is kept) and counts `n` more
     /// failed pipelined puts.
     pub(super) fn record_failed_puts(&mut self, e: Error, n: u64) {

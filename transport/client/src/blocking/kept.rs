@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vovp_proto::{Request, CREATE_REPLACE, LEND_SMALL, PUT_KEEP_REFERENCE, PUT_PIPELINED};
+use vovp_proto::{Request, LEND_SMALL, PUT_KEEP_REFERENCE, PUT_PIPELINED};
 use vovp_types::lends::{block_len, SMALL_MAX_BLOCK};
 use vovp_types::{CreateOptions, Device, Error, Lend, Location};
 
@@ -109,13 +109,10 @@ impl ReplyReader for ClientInner {
         match &self.flusher {
             // The release thread reads it (`try_flush_deferred`), after its delay.
             Some(flusher) => flusher.wake(true),
-            // Never block in a drop: the replies that came now, else the next call's.
+            // Never block in a drop: what the release thread would do, once, now (the replies
+            // that came; the others are read by the next call).
             None => {
-                if let Ok(mut conn) = self.conn.try_lock() {
-                    if !self.is_closed() && conn.drain_arrived().is_ok() {
-                        conn.send_releases(&self.core.take_deferred());
-                    }
-                }
+                self.try_flush_deferred();
             }
         }
     }
@@ -243,14 +240,7 @@ impl ClientInner {
         } else if flight.owed.is_empty() {
             conn.drain_arrived()?;
         }
-        // (After reading the replies that came: a put answered is in the directory.)
-        if flags & CREATE_REPLACE == 0 && shared.is_published(name) {
-            return Err(Error::AlreadyExists(name.to_owned()));
-        }
-        // This client's own put of the name is still unanswered: wait (the waiting way), so a
-        // second put of it fails as it would have without pipelining.
-        let own = |u: &Unread| u.kind == UnreadKind::Put && u.name == name;
-        if conn.wire.unread.iter().chain(&flight.owed).any(own) {
+        if !conn.may_pipeline(shared, name, flags, &flight.owed)? {
             return Ok(None);
         }
         let range = match conn.small.current.as_mut().and_then(|c| c.take(need)) {
@@ -259,7 +249,7 @@ impl ClientInner {
                 // A new small lend: what the batch holds goes out first (LEND reads every
                 // owed reply before it).
                 flight.flush(conn)?;
-                match self.small_range(conn, need, maps)? {
+                match self.new_small_range(conn, need, maps)? {
                     Some(r) => r,
                     None => return Ok(None),
                 }
@@ -311,17 +301,14 @@ impl ClientInner {
         Ok(Some(PipelinedView::new(pending, reader)))
     }
 
-    /// `need` bytes of the small lend, asking for a new one (SMALL LEND) when it is full;
-    /// `None`: not now (see [`ClientInner::put_view_later`]).
-    fn small_range(
+    /// `need` bytes of a new small lend (SMALL LEND), the current one being full; `None`:
+    /// not now (see [`ClientInner::put_views_later`]).
+    fn new_small_range(
         &self,
         conn: &mut Conn,
         need: u64,
         maps: &crate::mapping::Mappings,
     ) -> Result<Option<Range>, Error> {
-        if let Some(r) = conn.small.current.as_mut().and_then(|c| c.take(need)) {
-            return Ok(Some(r));
-        }
         if conn.small.retry_after.is_some_and(|t| Instant::now() < t) {
             return Ok(None);
         }

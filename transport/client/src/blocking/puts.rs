@@ -118,14 +118,7 @@ impl ClientInner {
             } else {
                 conn.drain_arrived()?;
             }
-            // (After reading the replies that came: a put answered is in the directory.)
-            if flags & vovp_proto::CREATE_REPLACE == 0 && shared.is_published(name) {
-                return Err(Error::AlreadyExists(name.to_owned()));
-            }
-            // This client's own put of the name is still unanswered: wait, so a second put of
-            // it fails here as it would have without pipelining.
-            let own = |u: &Unread| u.kind == UnreadKind::Put && u.name == name;
-            if conn.wire.unread.iter().any(own) || !shared.count_sent_put() {
+            if !conn.may_pipeline(shared, name, flags, &[])? || !shared.count_sent_put() {
                 return Ok(false);
             }
             let id = self.core.frame_pipelined(&mut conn.wire, &req);
