@@ -105,8 +105,7 @@ impl Object {
         let writable = match guard.as_ref() {
             None => return Err(Error::NotHeld(self.id.load(Ordering::Acquire))),
             Some(Held::View(view)) => client.private_view(view)?,
-            // This client's own small lend, mapped read-write.
-            Some(Held::Pending(p)) => Some(p.writable()),
+            Some(Held::Pending(p)) => Some(p.private_view()?),
         };
         if let Some((ptr, keep)) = writable {
             let _ = self.writable.set((ptr as usize, keep));

@@ -81,3 +81,57 @@ def test_the_creator_writes_its_own_objects_in_place(daemon, client):
     mine = np.frombuffer(client.get_buffer("mine", writable=True), np.uint8)
     assert mine.ctypes.data == buf.ctypes.data
     other.close()
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    import torch, vovp
+    c = vovp.init_client(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        c.put_tensor(f"new{i}", torch.full((16,), i, dtype=torch.int64))
+""")
+
+
+def test_torch_results_show_new_objects_where_this_process_wrote_old_ones(
+        daemon, client, subprocess_env):
+    """A write into a torch result makes this process a private copy of that page. Once the
+    object is gone and another process's object takes its place, a torch get of the new one
+    must show the new bytes, not the copy (it did, before private views dropped their copies)."""
+    import torch
+    n = 64
+    for i in range(n):  # small torch puts: the store's segment, packed into a few pages
+        client.put_tensor(f"old{i}", torch.zeros(16, dtype=torch.int64))
+    mine = [client.get_tensor(f"old{i}") for i in range(n)]
+    for t in mine:
+        t[:] = -1  # copies of those pages, in this process only
+    del mine, t
+    for i in range(n):
+        client.delete(f"old{i}")
+    p = subprocess.run([sys.executable, "-c", WRITER, daemon.socket, str(n)],
+                       env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    for i in range(n):
+        got = client.get_tensor(f"new{i}")
+        assert isinstance(got, torch.Tensor)
+        assert got.tolist() == [i] * 16, (i, got.tolist())
+
+
+def test_a_torch_result_beside_one_this_process_wrote_shows_its_own_bytes(
+        daemon, client, subprocess_env):
+    """Two small objects in one page: this process wrote into its torch result of the first
+    (a private copy of the page), the second came later. The second's torch result shows its
+    bytes, and both keep this process's writes to them private."""
+    import torch
+    first = client.put_tensor("first", torch.zeros(4, dtype=torch.int64))
+    first[:] = 9
+    p = subprocess.run([sys.executable, "-c", WRITER, daemon.socket, "8"],
+                       env=subprocess_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    news = [client.get_tensor(f"new{i}") for i in range(8)]
+    assert [t.tolist() for t in news] == [[i] * 16 for i in range(8)]
+    news[0][:] = 5
+    assert first.tolist() == [9] * 4
+    other = daemon.client()
+    assert other.get_tensor("first").tolist() == [0] * 4
+    assert other.get_tensor("new0").tolist() == [0] * 16
+    other.close()

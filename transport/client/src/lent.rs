@@ -58,10 +58,7 @@ impl Current {
         if self.revoked || need > self.lend.max_object || self.cursor + need > end {
             return Err(NoRange::Full);
         }
-        let base = self
-            .segment
-            .writable_base()
-            .map_err(|_| NoRange::Unusable)?;
+        let base = self.segment.own_base().map_err(|_| NoRange::Unusable)?;
         match self.shared.begin_lend_write(self.lend.id) {
             LendWrite::Granted => {}
             LendWrite::Revoked => {
@@ -251,7 +248,7 @@ pub(crate) type Lent = (Lend, Arc<MappedSegment>, u64, Arc<SharedReader>);
 /// (outside the store's memory budget).
 fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, populating: Reserved) {
     const PAGE: u64 = 4096;
-    let Ok(base) = segment.writable_base() else {
+    let Ok(base) = segment.own_base() else {
         return;
     };
     let start = lend.offset / PAGE * PAGE;

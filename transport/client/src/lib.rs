@@ -18,6 +18,7 @@ mod lent;
 mod mapping;
 mod nonblocking;
 mod pending;
+mod private;
 mod shared;
 
 pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};

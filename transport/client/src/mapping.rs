@@ -12,9 +12,11 @@ use vovp_types::{
     CreateOptions, Device, Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView,
 };
 
+use crate::private::{self, PrivateMapping};
 use crate::shared::Connection;
 use vovp_shm::held::{held_view, SegmentMap};
 use vovp_shm::SharedReader;
+use vovp_types::lends::SMALL_MAX_BLOCK;
 
 /// One shared-memory segment mapped into this process: read-only unless it is one of this
 /// client's own arenas (the daemon decides, by the fd it hands over).
@@ -24,10 +26,10 @@ pub(crate) struct MappedSegment {
     /// One of this client's own arenas (writes in place are its own objects' bytes). Segment
     /// 0 may be writable (`--prefault`) but is everyone's: private views of it stay private.
     own: bool,
-    /// The segment's fd, kept for a private copy-on-write mapping made on demand
+    /// The segment's fd, kept for private copy-on-write mappings made on demand
     /// ([`crate::Client::private_view`]).
     file: File,
-    private: OnceLock<MmapRaw>,
+    private: OnceLock<Arc<PrivateMapping>>,
 }
 
 // SAFETY: the mapping is shared memory addressed through raw pointers only.
@@ -83,32 +85,53 @@ impl MappedSegment {
         self.map.len() as u64
     }
 
-    /// Whether [`MappedSegment::writable_base`] would answer without a system call (this
-    /// client's own arena, or a private mapping made already).
-    pub(crate) fn writable_ready(&self) -> bool {
-        self.own || self.private.get().is_some()
+    /// Whether [`MappedSegment::private_view`] of `size` bytes would answer without mapping
+    /// the segment again (in place, or its private mapping made already).
+    pub(crate) fn private_ready(&self, size: u64) -> bool {
+        (self.own && size > SMALL_MAX_BLOCK) || self.private.get().is_some()
     }
 
-    /// Start of a writable mapping of the segment: the shared one for this client's own
-    /// arenas, else a private copy-on-write one (writes stay in this process; a read-only fd
-    /// may be mapped so), made on first use — also for segment 0 when the store hands it out
-    /// read-write (`--prefault`): others' objects there are not this client's to change.
-    pub(crate) fn writable_base(&self) -> Result<*mut u8, Error> {
+    /// Start of this client's own arena, mapped read-write (where its lends are).
+    pub(crate) fn own_base(&self) -> Result<*mut u8, Error> {
         if self.own {
-            return Ok(self.map.as_mut_ptr());
+            Ok(self.map.as_mut_ptr())
+        } else {
+            Err(Error::Internal("not one of this client's arenas".into()))
         }
-        if let Some(m) = self.private.get() {
-            return Ok(m.as_mut_ptr());
+    }
+
+    /// A writable view of `size` bytes at `offset` (checked against the segment), private to
+    /// this process (`crate::private`) — also in segment 0 when the store hands it out
+    /// read-write (`--prefault`): others' objects there are not this client's to change —
+    /// except a large object in this client's own arena, viewed in place.
+    ///
+    /// Why small ones are private even in one's own arena: small puts live in this client's
+    /// small lend and were in the store's segment before (their torch results private, and
+    /// tests and users rely on that); a large one was written in place through a lend, and a
+    /// private view of it would fault every page in again.
+    pub(crate) fn private_view(
+        self: &Arc<Self>,
+        offset: u64,
+        size: u64,
+    ) -> Result<(*mut u8, private::Keep), Error> {
+        if offset.saturating_add(size) > self.len() {
+            return Err(Error::Protocol("object outside its segment".into()));
         }
-        // SAFETY: a private mapping of the segment's fd: other processes' writes to pages this
-        // process has not written show through (the same as the shared read-only mapping).
-        let m = unsafe { MmapOptions::new().len(self.map.len()).map_copy(&self.file) }
-            .map_err(|e| Error::Memory(format!("private mapping of a segment: {e}")))?;
-        let _ = self.private.set(MmapRaw::from(m));
-        self.private
-            .get()
-            .map(|m| m.as_mut_ptr())
-            .ok_or_else(|| Error::Internal("private mapping lost".into()))
+        if self.own && size > SMALL_MAX_BLOCK {
+            // SAFETY: in bounds (checked above), kept mapped by the returned `Arc`.
+            return Ok((
+                unsafe { self.map.as_mut_ptr().add(offset as usize) },
+                self.clone(),
+            ));
+        }
+        let mapping = match self.private.get() {
+            Some(m) => m,
+            None => {
+                let m = Arc::new(PrivateMapping::map(&self.file, self.map.len())?);
+                self.private.get_or_init(|| m)
+            }
+        };
+        private::private_view(mapping, &self.file, self.map.as_ptr(), offset, size)
     }
 }
 

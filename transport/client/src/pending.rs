@@ -212,11 +212,13 @@ impl PipelinedView {
         self.pending.location
     }
 
-    /// A writable address of the bytes (this client's own arena, mapped read-write) and what
-    /// keeps the mapping: for callers that hand out writable views (torch tensors). Writing
-    /// changes the store's object, as with any view of one's own arena.
-    pub fn writable(&self) -> crate::WritableBytes {
-        (self.pending.ptr, self.pending.segment.clone())
+    /// A writable address of the bytes, private to this process, and what keeps it: for
+    /// callers that hand out writable views (torch tensors), as `Client::private_view`.
+    pub fn private_view(&self) -> Result<crate::WritableBytes, Error> {
+        let Location::Host { offset, .. } = self.pending.location else {
+            return Err(Error::Internal("a pipelined put of a device object".into()));
+        };
+        self.pending.segment.private_view(offset, self.pending.size)
     }
 
     /// Waits for the put's reply: `Ok` once the object is stored, or the store's refusal (a

@@ -71,7 +71,7 @@ impl SmallLend {
         if self.cursor + need > end {
             return None;
         }
-        let base = self.segment.writable_base().ok()?;
+        let base = self.segment.own_base().ok()?;
         let offset = self.cursor;
         self.cursor += need;
         Some(Range {

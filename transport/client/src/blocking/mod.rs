@@ -139,10 +139,12 @@ impl Client {
     }
 
     /// A writable address of `view`'s bytes in this process, with what keeps it mapped: the
-    /// shared mapping for objects in this client's own arenas, else a private copy-on-write
-    /// mapping of the segment (writes stay in this process and never reach the store). For
-    /// clients that must hand out writable views of sealed objects (the Python package's
-    /// `writable=True` and torch results). `None` for device objects.
+    /// shared mapping for large objects (over 4 KiB) in this client's own arenas, else a
+    /// private copy-on-write mapping (writes stay in this process and never reach the store; every such view shows
+    /// the object's bytes as the store has them, whatever this process wrote through earlier
+    /// views of the same memory). For clients that must hand out writable views of sealed
+    /// objects (the Python package's `writable=True` and torch results). `None` for device
+    /// objects.
     pub fn private_view(&self, view: &ObjectView) -> Result<Option<WritableBytes>, Error> {
         let Location::Host { segment, offset } = view.location() else {
             return Ok(None);
@@ -154,24 +156,20 @@ impl Client {
             .maps()
             .segment(segment)
             .ok_or_else(|| Error::Protocol(format!("segment {segment} is not mapped")))?;
-        if offset.saturating_add(view.size()) > seg.len() {
-            return Err(Error::Protocol("object outside its segment".into()));
-        }
-        let base = seg.writable_base()?;
-        // SAFETY: offset + size lies inside the mapping (checked above), kept alive by `seg`.
-        let ptr = unsafe { base.add(offset as usize) };
-        Ok(Some((ptr, seg)))
+        seg.private_view(offset, view.size()).map(Some)
     }
 
-    /// Whether [`Client::private_view`] of `view` answers without a system call (its
-    /// segment's writable mapping exists): a caller holding a lock others wait for (Python's
-    /// GIL) may then call it without letting go.
+    /// Whether [`Client::private_view`] of `view` answers without mapping anything (its
+    /// segment's private mapping exists; what it may still do is a quick system call or two):
+    /// a caller holding a lock others wait for (Python's GIL) may then call it without letting
+    /// go.
     pub fn private_view_ready(&self, view: &ObjectView) -> bool {
         let Location::Host { segment, .. } = view.location() else {
             return true;
         };
         let maps = self.inner.core.session.maps();
-        maps.segment(segment).is_none_or(|s| s.writable_ready())
+        maps.segment(segment)
+            .is_none_or(|s| s.private_ready(view.size()))
     }
 
     /// Closes the connection now (the daemon releases every reference it held), even while
