@@ -306,17 +306,20 @@ impl Client {
         let inner = self.usable()?;
         let (data, layout) = crate::array::put_source(src, kind, itemsize, shape)?;
         let opts = options(ephemeral, replace);
-        // Pipelined only for read-only results: a writable one (torch's) must view the object
-        // through a private mapping (writes stay in this process), which the small lend, in
-        // this client's own arena, is not. And only with a release thread, which reads the
-        // reply of a result dropped before it came (else its reference would wait for this
-        // client's next call: `release_delay=0` promises releases at once).
-        let later = !writable && inner.defers_releases();
+        // Pipelined only with a release thread, which reads the reply of a result dropped
+        // before it came (else its reference would wait for this client's next call:
+        // `release_delay=0` promises releases at once). A writable result (torch's) views the
+        // small lend through a private mapping (writes stay in this process).
+        let later = inner.defers_releases();
         let obj = py
             .allow_threads(|| {
                 if later {
                     if let Some(p) = inner.put_view_later(name, data, metadata, opts)? {
-                        return Ok(Object::from_pending(p, name, metadata));
+                        let obj = Object::from_pending(p, name, metadata);
+                        if writable {
+                            obj.make_writable(inner)?;
+                        }
+                        return Ok(obj);
                     }
                 }
                 let v = inner.put_and_view(name, data, metadata, opts)?;
@@ -331,52 +334,82 @@ impl Client {
         Ok(obj)
     }
 
-    /// `put_tensors`' read-only host tensors up to the inline limit, in one call: `items` are
-    /// (name, src, metadata, kind, itemsize, shape) as `put_tensor_host`'s. With a release
-    /// thread the small ones go out together, pipelined (one write), the rest wait one by
-    /// one. Returns an Object (its layout set) or the exception of each item.
+    /// `put_tensors`' host tensors up to the inline limit, in one call: `items` are
+    /// (name, src, metadata, kind, itemsize, shape, writable) as `put_tensor_host`'s. With a
+    /// release thread the small ones go out together, pipelined (one write), the rest wait one
+    /// by one. Returns an Object (its layout set, made writable if asked) or the exception of
+    /// each item.
     #[pyo3(signature = (items, ephemeral = false, replace = false))]
     #[allow(clippy::type_complexity)]
     fn put_tensors_host(
         &self,
         py: Python<'_>,
-        items: Vec<(String, Bound<'_, PyAny>, Vec<u8>, String, u32, Vec<isize>)>,
+        items: Vec<(
+            String,
+            Bound<'_, PyAny>,
+            Vec<u8>,
+            String,
+            u32,
+            Vec<isize>,
+            bool,
+        )>,
         ephemeral: bool,
         replace: bool,
     ) -> PyResult<Vec<PyObject>> {
         let inner = self.usable()?;
         let opts = options(ephemeral, replace);
         let mut prepared = Vec::with_capacity(items.len());
-        for (name, src, metadata, kind, itemsize, shape) in &items {
+        for (name, src, metadata, kind, itemsize, shape, writable) in &items {
             let (data, layout) = crate::array::put_source(src, kind, *itemsize, shape.clone())?;
-            prepared.push((name.as_str(), data, metadata.as_slice(), layout));
+            prepared.push((name.as_str(), data, metadata.as_slice(), layout, *writable));
         }
         let later = inner.defers_releases();
-        let objects: Vec<Result<Object, Error>> = py.allow_threads(|| {
+        let objects = py.allow_threads(|| {
             let puts: Vec<_> = (prepared.iter())
-                .map(|&(name, data, metadata, _)| (name, data, metadata, opts))
+                .map(|&(name, data, metadata, _, _)| (name, data, metadata, opts))
                 .collect();
             let answers = if later {
                 inner.put_views_later(&puts)
             } else {
                 puts.iter().map(|_| None).collect()
             };
-            answers
-                .into_iter()
-                .zip(&puts)
-                .map(|(answer, &(name, data, metadata, opts))| match answer {
+            // The others (too big for the small lend, no release thread, ...) wait, in one
+            // round trip: pipelined inline PUTs whose replies are read together.
+            let waiting: Vec<_> = (answers.iter().zip(&puts))
+                .filter(|(answer, _)| answer.is_none())
+                .map(|(_, &put)| put)
+                .collect();
+            let waited = if waiting.is_empty() {
+                Vec::new()
+            } else {
+                inner.put_many(&waiting)?
+            };
+            let mut waited = waited.into_iter();
+            let objects = (answers.into_iter().zip(&puts))
+                .map(|(answer, &(name, _, metadata, _))| match answer {
                     Some(Ok(p)) => Ok(Object::from_pending(p, name, metadata)),
                     Some(Err(e)) => Err(e),
-                    None => inner
-                        .put_and_view(name, data, metadata, opts)
+                    None => waited
+                        .next()
+                        .unwrap_or_else(|| Err(Error::Internal("a put without its answer".into())))
                         .map(Object::new),
                 })
-                .collect()
+                .zip(&prepared)
+                .map(|(r, &(_, _, _, _, writable))| {
+                    let obj = r?;
+                    if writable {
+                        obj.make_writable(inner)?;
+                    }
+                    Ok(obj)
+                })
+                .collect();
+            Ok::<Vec<Result<Object, Error>>, Error>(objects)
         });
         objects
+            .map_err(to_py)?
             .into_iter()
             .zip(prepared)
-            .map(|(r, (_, _, _, layout))| match r {
+            .map(|(r, (_, _, _, layout, _))| match r {
                 Ok(o) => {
                     o.set_layout_checked(layout);
                     Ok(Py::new(py, o)?.into_any())
@@ -410,69 +443,6 @@ impl Client {
             .allow_threads(|| inner.create(name, size, metadata, opts))
             .map_err(to_py)?;
         Ok(Buffer::new(buf))
-    }
-
-    /// Pipelined inline PUTs keeping a reference each: `items` are (name, addr, size,
-    /// metadata) of contiguous buffers the caller keeps alive for the call. One round trip;
-    /// returns an Object or the exception of each item.
-    #[pyo3(signature = (items, ephemeral = false, writable = false, replace = false))]
-    fn put_many(
-        &self,
-        py: Python<'_>,
-        items: Vec<(String, usize, usize, Vec<u8>)>,
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-    ) -> PyResult<Vec<PyObject>> {
-        let inner = self.usable()?;
-        if items
-            .iter()
-            .any(|(_, addr, size, _)| *addr == 0 && *size != 0)
-        {
-            return Err(PyValueError::new_err("a null buffer address"));
-        }
-        let results = py
-            .allow_threads(|| {
-                let batch: Vec<(&str, &[u8], &[u8], CreateOptions)> = items
-                    .iter()
-                    .map(|(name, addr, size, meta)| {
-                        // SAFETY: as for `put`: buffers the caller holds for this call.
-                        let data: &[u8] = if *size == 0 {
-                            &[]
-                        } else {
-                            unsafe { std::slice::from_raw_parts(*addr as *const u8, *size) }
-                        };
-                        (
-                            name.as_str(),
-                            data,
-                            meta.as_slice(),
-                            options(ephemeral, replace),
-                        )
-                    })
-                    .collect();
-                inner.put_many(&batch).map(|views| {
-                    views
-                        .into_iter()
-                        .map(|r| {
-                            r.and_then(|v| {
-                                if writable {
-                                    Object::writable(inner, v)
-                                } else {
-                                    Ok(Object::new(v))
-                                }
-                            })
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .map_err(to_py)?;
-        results
-            .into_iter()
-            .map(|r| match r {
-                Ok(o) => Ok(Py::new(py, o)?.into_any()),
-                Err(e) => Ok(to_py(e).into_value(py).into_any()),
-            })
-            .collect()
     }
 
     /// Waits for the store's answer to every put sent without waiting; raises the first

@@ -104,15 +104,47 @@ def test_a_taken_name_fails_at_once_and_a_racing_put_at_sync(client, daemon):
     other.close()
 
 
-def test_writable_and_immediate_release_clients_wait_for_the_store(daemon):
-    """Where the result could not be handed back before the answer: a writable result
-    (torch's) views a private mapping, and ``release_delay=0`` promises a reference back at
-    once (without a release thread no one would read a dropped result's reply)."""
-    for c, kw in ((daemon.client(), dict(writable=True)),
-                  (daemon.client(release_delay=0), {})):
-        r = c.put_tensor(f"w{len(kw)}", np.zeros(4), **kw)
-        assert find_lease(r)._oid is not None
-        c.close()
+def test_immediate_release_clients_wait_for_the_store(daemon):
+    """``release_delay=0`` promises a reference back at once: without a release thread no one
+    would read a dropped result's reply, so its puts wait for the store's answer."""
+    import torch
+    c = daemon.client(release_delay=0)
+    r = c.put_tensor("w", np.zeros(4))
+    assert find_lease(r)._oid is not None
+    # A batch waits too.
+    before = c._n.unread_replies
+    rs = c.put_tensors({"b1": np.ones(2), "b2": torch.zeros(3), "b3": np.zeros(1)})
+    assert c._n.unread_replies == before == 0
+    assert all(find_lease(x)._oid is not None for x in rs.values())
+    assert isinstance(rs["b2"], torch.Tensor)
+    c.close()
+
+
+def test_writable_and_torch_results_come_back_at_once_and_stay_private(daemon, client):
+    """A writable result (``writable=True``, every torch result) of a small put is pipelined
+    too: it views the store's copy through a private mapping, so writes to it stay in this
+    process, while another process's get sees the bytes that were put."""
+    import torch
+    w = client.put_tensor("w", np.zeros(4), writable=True)
+    t = client.put_tensor("t", torch.zeros(4, dtype=torch.int32))
+    ts = client.put_tensors({"t1": torch.ones(2), "t2": torch.zeros(3)})
+    # Not answered yet (a lease's id comes with the store's answer).
+    assert find_lease(w)._oid is None and find_lease(t)._oid is None
+    assert w.flags.writeable and isinstance(t, torch.Tensor)
+    w[:] = 5.0
+    t[:] = 7
+    ts["t1"][:] = 9.0
+    other = daemon.client()
+    assert other.get_tensor("w", framework="numpy").tolist() == [0.0] * 4
+    assert other.get_tensor("t", framework="numpy").tolist() == [0] * 4
+    assert other.get_tensor("t1", framework="numpy").tolist() == [1.0, 1.0]
+    # This process's own later gets show the store's bytes once its results are gone.
+    assert w.tolist() == [5.0] * 4 and t.tolist() == [7] * 4
+    del w, t, ts
+    gc.collect()
+    assert client.get_tensor("t").tolist() == [0] * 4
+    assert vovp.version_of(client.get_tensor("w")) == 1
+    other.close()
 
 
 def test_numpy_sees_a_tensor_with_its_dtype_and_shape_and_never_past_the_object(client):

@@ -239,7 +239,11 @@ def test_put_tensors_get_tensors(client, daemon):
     tensors["np"] = np.arange(4, dtype=np.uint8)
     stored = client.put_tensors(tensors)
     assert list(stored) == list(tensors)
+    client.sync()  # (small put_tensors return before the store applied them)
     other = daemon.client()
+    # They live in the putter's arena: the first get maps it (a SEGMENT request).
+    first = other.get_tensor("np")
+    del first
     gc.collect()
     other.flush()
     before = other._requests_sent()
@@ -248,6 +252,10 @@ def test_put_tensors_get_tensors(client, daemon):
     assert other._requests_sent() - before == 0
     # Without shared reads: one request, a GET of six names.
     socket_only = daemon.client(shared_reads=False)
+    first = socket_only.get_tensor("np")  # (maps the putter's arena)
+    del first
+    gc.collect()
+    socket_only.flush()
     before = socket_only._requests_sent()
     again = socket_only.get_tensors(list(tensors))
     assert socket_only._requests_sent() - before == 1
@@ -568,13 +576,13 @@ def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
     client.flush()
     before = client._requests_sent()
     stored = client.put_tensors(small)
-    # One PUT per small tensor (101, sent in two pipelined writes) and for the big one CREATE,
-    # SEGMENT (it opened this client's first arena; objects of segment 0 need none) and SEAL:
-    # nothing else (no per-tensor extra requests).
+    # One PUBLISH per small tensor (101, written in batches without waiting) into this
+    # client's small lend (one LEND, and one SEGMENT mapping its first arena), and for the big
+    # one a LEND and its PUBLISH: nothing else (no per-tensor extra requests).
     from vovp.client import find_lease
 
     assert find_lease(stored["big"]).segment != 0
-    assert client._requests_sent() - before == 101 + 3
+    assert client._requests_sent() - before == 101 + 2 + 2
     assert list(stored) == list(small)
     for name, t in small.items():
         g = stored[name]

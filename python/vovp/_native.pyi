@@ -91,7 +91,7 @@ _Location = Tuple[Literal["host", "cuda"], Optional[int]]
 @final
 class Object:
     """A sealed object's view: holds one store reference until released or collected.
-    Not constructible from Python (``Client.get``/``get1``/``put``/``put_many`` make them)."""
+    Not constructible from Python (``Client.get``/``get1``/``put``/``put_tensor_host`` make them)."""
 
     @property
     def id(self) -> int:
@@ -237,15 +237,15 @@ class Client:
         shape: Sequence[int],
     ) -> Object:
         """The kept put of C-contiguous array ``src``, shown with the given layout; a small
-        read-only one comes back at once, pending."""
+        one comes back at once, pending (``writable``: viewed through a private mapping)."""
     def put_tensors_host(
         self,
-        items: Sequence[Tuple[str, Any, bytes, str, int, Sequence[int]]],
+        items: Sequence[Tuple[str, Any, bytes, str, int, Sequence[int], bool]],
         ephemeral: bool = False,
         replace: bool = False,
     ) -> builtins.list[Union[Object, BaseException]]:
-        """``put_tensor_host`` (read-only) of each (name, src, metadata, kind, itemsize,
-        shape): an Object or the exception per item."""
+        """``put_tensor_host`` of each (name, src, metadata, kind, itemsize, shape,
+        writable): an Object or the exception per item."""
     def create(
         self,
         name: str,
@@ -255,14 +255,6 @@ class Client:
         device: Optional[int] = None,
         replace: bool = False,
     ) -> Buffer: ...
-    def put_many(
-        self,
-        items: Sequence[Tuple[str, int, int, bytes]],
-        ephemeral: bool = False,
-        writable: bool = False,
-        replace: bool = False,
-    ) -> builtins.list[Union[Object, BaseException]]:
-        """An Object, or the (vovp.errors) exception, per (name, addr, size, metadata) item."""
     def sync(self) -> None: ...
     def seal_later(self, name: str) -> None: ...
     @property

@@ -663,7 +663,9 @@ class Client(CudaMethods):
         A small host tensor (its bytes and header up to 4 KiB) returns without waiting for the
         store's answer (``pipelined_puts`` in ``Client``): a name already published still
         raises ObjectExists at once, but one taken meanwhile by another client's racing put is
-        raised by ``sync()`` (and by ``version_of`` of the result), not here.
+        raised by ``sync()`` (and by ``version_of`` of the result), not here. Its torch (or
+        ``writable``) result views the store's copy through a private mapping: writes to it
+        stay in this process.
         """
         if type(t) is np.ndarray:
             src, torch_in = t, False
@@ -718,8 +720,8 @@ class Client(CudaMethods):
         """``put_tensor`` of every ``name -> tensor`` item of a mapping (or of (name, tensor)
         pairs); returns ``{name: store's copy}`` in the same order.
 
-        Small host tensors (up to the inline limit) are pipelined: their PUTs go out together
-        and their replies are read together, one round trip for many tensors. Larger ones and
+        Small host tensors (up to the inline limit) are pipelined: their puts go out together
+        and their replies are read later, as a single small ``put_tensor``'s are. Larger ones and
         CUDA tensors are put one after the other. If any put fails, the first error is raised
         after all were attempted; the others stay stored (``delete`` them if needed).
         """
@@ -771,35 +773,21 @@ class Client(CudaMethods):
                    ephemeral: bool, writable: bool,
                    replace: bool = False) -> Optional[BaseException]:
         """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
-        torch_any = any(b[5] for b in batch)
-        if not (writable or torch_any):
-            # Read-only results: one native call, the small ones sent together without
-            # waiting (as single put_tensors are), numpy seeing each result's dtype and shape.
-            objs = self._native.put_tensors_host(
-                [(name, src, meta, view_dt.kind, view_dt.itemsize, shape)
-                 for name, src, view_dt, shape, _, _, meta in batch], ephemeral, replace)
-            error = None
-            for (name, *_), obj in zip(batch, objs):
-                if isinstance(obj, BaseException):
-                    error = error or obj
-                    results.pop(name, None)
-                    continue
-                arr = np.asarray(obj)
-                L.lease(arr, self, obj)
-                results[name] = arr
-            return error
-        objs = self._native.put_many(
-            [(name, src.ctypes.data, src.nbytes, meta) for name, src, *_, meta in batch],
-            ephemeral, writable or torch_any, replace)
+        # One native call: the small ones sent together without waiting (as single
+        # put_tensors are), numpy seeing each result's dtype and shape; torch results (and
+        # ``writable``) view the store's copy through a private mapping.
+        objs = self._native.put_tensors_host(
+            [(name, src, meta, view_dt.kind, view_dt.itemsize, shape, writable or torch_in)
+             for name, src, view_dt, shape, _, torch_in, meta in batch], ephemeral, replace)
         error = None
-        for (name, _, view_dt, shape, code, torch_in, _), obj in zip(batch, objs):
+        for (name, _, _, _, code, torch_in, _), obj in zip(batch, objs):
             if isinstance(obj, BaseException):
                 error = error or obj
                 results.pop(name, None)
                 continue
-            owner = self._owner(obj)
-            results[name] = _host_result(owner, view_dt, shape, code, torch_in,
-                                         writable or torch_in)
+            arr = np.asarray(obj)
+            L.lease(arr, self, obj)
+            results[name] = T.numpy_to_torch(arr, code) if torch_in else arr
         return error
 
     def _requests_sent(self) -> int:
