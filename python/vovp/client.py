@@ -670,6 +670,10 @@ class Client(CudaMethods):
         if type(t) is np.ndarray:
             src, torch_in = t, False
             code, store_dt, view_dt, meta = T.put_plan(t.dtype, t.shape)
+        elif (plain := T.plain_cpu_numpy(t)) is not None:
+            src, torch_in = plain, True
+            code, store_dt, view_dt, meta = T.put_plan(
+                plain.dtype, plain.shape, None, T.FRAMEWORK_TORCH)
         else:
             torch_any = T.is_torch_tensor(t)
             if torch_any and t.is_cuda:

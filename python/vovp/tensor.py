@@ -243,11 +243,29 @@ def torch_tables() -> Tuple[dict[Any, int], dict[int, Any]]:
                 code_to[code] = dt
         _TORCH_TABLES = ({dt: code for code, dt in code_to.items()}, code_to)
         _FROM_NUMPY[0] = torch.from_numpy
+        _TORCH_TENSOR[0] = torch.Tensor
+        _FROM_NUMPY_CODES.update(c for c in code_to if c != BFLOAT16)
     return _TORCH_TABLES
 
 
-# torch.from_numpy, once torch_tables() imported torch.
+# torch.from_numpy and torch.Tensor, once torch_tables() imported torch.
 _FROM_NUMPY: list[Any] = [None]
+_TORCH_TENSOR: list[Any] = [None]
+# The dtype codes torch.from_numpy shows as they are (filled with _FROM_NUMPY).
+_FROM_NUMPY_CODES: set[int] = set()
+
+
+def plain_cpu_numpy(t: object) -> Optional[npt.NDArray[Any]]:
+    """numpy's view of ``t`` if it is a plain CPU ``torch.Tensor`` numpy can show as it is
+    (its dtype has a numpy twin: the same dtype code), else None: ``put_tensor``'s fast path.
+    Everything else (subclasses, CUDA, bfloat16, tensors requiring grad or carrying a
+    conjugate or negation bit) goes ``torch_to_numpy``'s way."""
+    if type(t) is not _TORCH_TENSOR[0]:
+        return None
+    try:
+        return t.numpy()  # type: ignore[attr-defined,no-any-return]
+    except (RuntimeError, TypeError):
+        return None
 
 
 _TORCH_IMPORTABLE: Optional[bool] = None
@@ -301,9 +319,14 @@ def torch_to_numpy(t: torch.Tensor) -> Tuple[npt.NDArray[Any], int]:
 
 def numpy_to_torch(arr: npt.NDArray[Any], code: int) -> torch.Tensor:
     """A torch tensor sharing ``arr``'s memory, with the dtype that ``code`` names."""
+    # Every torch put and get passes here: no call and no import statement for the codes
+    # torch.from_numpy shows as they are.
+    if code in _FROM_NUMPY_CODES:
+        t: torch.Tensor = _FROM_NUMPY[0](arr)
+        return t
     _, code_to = torch_tables()
     if code in code_to and code != BFLOAT16:
-        t: torch.Tensor = _FROM_NUMPY[0](arr)  # (every torch get: no import statement)
+        t = _FROM_NUMPY[0](arr)
         return t
     import torch  # noqa: PLC0415
 
