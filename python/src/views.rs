@@ -121,6 +121,7 @@ impl Object {
         }
         match self.view.lock().as_deref() {
             Ok(Some(Held::View(v))) => client.private_view_ready(v),
+            Ok(Some(Held::Pending(p))) => p.private_view_ready(),
             _ => true,
         }
     }

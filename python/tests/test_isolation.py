@@ -3,6 +3,7 @@ hold the objects it created itself. A client that writes through a view it got (
 ctypes call) dies with SIGSEGV and the object is unchanged for everyone; it cannot punch holes
 either. ``writable=True`` views are private copies-on-write."""
 
+import gc
 import signal
 import subprocess
 import sys
@@ -135,3 +136,36 @@ def test_a_torch_result_beside_one_this_process_wrote_shows_its_own_bytes(
     assert other.get_tensor("first").tolist() == [0] * 4
     assert other.get_tensor("new0").tolist() == [0] * 16
     other.close()
+
+
+def test_a_written_result_given_back_early_never_shows_through_the_next_object(
+        daemon, client, subprocess_env):
+    """``release(t)`` gives the reference back while ``t`` lives on (unused): its object goes,
+    another process's object of the same size takes its place, and this process's torch get
+    of the new one shows the new bytes, not the copy ``t`` still views (small and larger)."""
+    import torch
+    for n in (16, 1024):  # 128 B and 8 KiB
+        client.put_tensor("a", torch.zeros(n, dtype=torch.int64))
+        other = daemon.client()
+        t = other.get_tensor("a")
+        t[:] = 7
+        other.release(t)
+        client.delete("a")
+        gc.collect()
+        p = subprocess.run([sys.executable, "-c", WRITER_SIZED, daemon.socket, "16", str(n)],
+                           env=subprocess_env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        for i in range(16):
+            assert other.get_tensor(f"new{i}").tolist() == [i] * n, (n, i)
+        other.close()
+        for i in range(16):
+            client.delete(f"new{i}")
+
+
+WRITER_SIZED = textwrap.dedent("""
+    import sys
+    import torch, vovp
+    c = vovp.init_client(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        c.put_tensor(f"new{i}", torch.full((int(sys.argv[3]),), i, dtype=torch.int64))
+""")

@@ -86,7 +86,8 @@ impl MappedSegment {
     }
 
     /// Whether [`MappedSegment::private_view`] of `size` bytes would answer without mapping
-    /// the segment again (in place, or its private mapping made already).
+    /// the whole segment (in place, or its private mapping made already; what may remain is a
+    /// mapping of the object's own pages, `crate::private`).
     pub(crate) fn private_ready(&self, size: u64) -> bool {
         (self.own && size > SMALL_MAX_BLOCK) || self.private.get().is_some()
     }

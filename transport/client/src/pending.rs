@@ -212,6 +212,12 @@ impl PipelinedView {
         self.pending.location
     }
 
+    /// Whether [`PipelinedView::private_view`] answers without mapping the segment again (as
+    /// `Client::private_view_ready`).
+    pub fn private_view_ready(&self) -> bool {
+        self.pending.segment.private_ready(self.pending.size)
+    }
+
     /// A writable address of the bytes, private to this process, and what keeps it: for
     /// callers that hand out writable views (torch tensors), as `Client::private_view`.
     pub fn private_view(&self) -> Result<crate::WritableBytes, Error> {

@@ -1,25 +1,25 @@
 //! Private (copy-on-write) views: a writable view of an object this client may not write in
 //! place (a torch result, `writable=True`) of the store's segment or another client's arena.
-//! Writes through one stay in this process.
+//! Writes through one stay in this process, and every view shows the object's bytes as the
+//! store has them, whatever this process wrote through earlier views of the same memory.
 //!
-//! One `MAP_PRIVATE` mapping per segment serves them all, under one rule. A page this process
-//! writes becomes a *copy* of the page as it was then; once the object there is freed and the
-//! store puts another object at that place, the copy is stale, and a view of the new object
-//! through it would read the old bytes. So pages leave private use clean: when the last
-//! private view over a page goes, its copy is dropped (`MADV_DONTNEED` on a private mapping:
-//! the page shows the segment again). A page another *live* private view still covers (two
-//! small objects in one page) may hold a copy made before the new view's object was written:
-//! the new view compares its bytes there with the segment's (a few KiB at most, no system
-//! call) and takes a mapping of its own if they differ. That comparison is enough: a copy
-//! made once an object is written holds its final bytes, and nothing but this process's own
-//! writes changes a copy. A page whose live views are all of the same object needs no
-//! comparison for another view of it (which then shares this process's writes to it, as two
-//! views of one array would; a get after every view has gone shows the store's bytes again).
+//! A small object's views share one `MAP_PRIVATE` mapping of the segment, under one rule. A
+//! page this process writes becomes a *copy* of the page as it was then; once the object there
+//! is freed and the store puts another object at that place, the copy is stale. So pages leave
+//! private use clean: when the last view over a page goes, its copy is dropped
+//! (`MADV_DONTNEED` on a private mapping: the page shows the segment again). A page another
+//! *live* view still covers (small objects share pages) may hold a copy made before the new
+//! view's object was written, or this process's writes to it: the new view compares its bytes
+//! there with the segment's (at most [`SHARED_MAX`] bytes, no system call) and takes a mapping
+//! of its own if they differ. That is enough: nothing but this process's writes changes a
+//! copy, and a copy made once an object is sealed holds its bytes.
+//!
+//! A larger object's view is a mapping of its own, always: the per-page bookkeeping would grow
+//! with the object, and its pages are its own anyway (one mmap per view is small beside it).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -33,22 +33,18 @@ pub(crate) type Keep = Arc<dyn std::any::Any + Send + Sync>;
 /// A segment's private mapping and the pages live views of it cover.
 pub(crate) struct PrivateMapping {
     map: MmapRaw,
-    /// The unit of copy-on-write: the segment's page (its fd's block size: a huge page for a
-    /// huge-page segment).
+    /// The unit of copy-on-write: the system's page, or the huge page of a hugetlbfs segment.
     page: u64,
-    /// Pages (index in the segment) under live views of `map`. A page not here holds no copy.
-    live: Mutex<HashMap<u64, LivePage>>,
-    /// Dropping a copy failed once (a kernel without `MADV_DONTNEED` for huge pages): every
-    /// later view takes a mapping of its own.
+    /// Pages (index in the segment) under live views of `map`, and how many views each. A page
+    /// not here holds no copy.
+    live: Mutex<HashMap<u64, u32>>,
+    /// Dropping a copy failed once (`mlockall`, a kernel without `MADV_DONTNEED` for huge
+    /// pages): every later view takes a mapping of its own.
     poisoned: AtomicBool,
 }
 
-/// A page under live private views.
-struct LivePage {
-    views: u32,
-    /// The object (offset, size) every one of them views, if they all view the same one.
-    object: Option<(u64, u64)>,
-}
+/// The largest object whose views share the segment's private mapping.
+pub(crate) const SHARED_MAX: u64 = 16 << 10;
 
 /// One private view's hold on its bytes (the `Keep` of [`private_view`]).
 struct PrivateView {
@@ -87,37 +83,27 @@ pub(crate) fn private_view(
 ) -> Result<(*mut u8, Keep), Error> {
     let page = mapping.page;
     let pages = offset / page..(offset + size).div_ceil(page);
-    let object = Some((offset, size));
-    let mut live = lock(&mapping.live)?;
-    let shared = !mapping.poisoned.load(Ordering::Acquire) && {
-        // Pages another live view covers may hold a copy older than this object (unless
-        // they are all views of this object).
-        let covered: Vec<u64> = (pages.clone())
-            .filter(|p| live.get(p).is_some_and(|l| l.object != object))
-            .collect();
-        let object = offset..offset + size;
-        let clean = runs(&covered).all(|run| shows_segment(mapping, segment, &object, run));
-        clean
-    };
-    if shared {
-        for p in pages.clone() {
-            let page = live.entry(p).or_insert(LivePage { views: 0, object });
-            if page.object != object {
-                page.object = None;
+    if size <= SHARED_MAX && !mapping.poisoned.load(Ordering::Acquire) {
+        if let Ok(mut live) = mapping.live.lock() {
+            // Pages another live view covers may hold a copy older than this object.
+            let covered: Vec<u64> = pages.clone().filter(|p| live.contains_key(p)).collect();
+            let object = offset..offset + size;
+            if runs(&covered).all(|run| shows_segment(mapping, segment, &object, run)) {
+                for p in pages.clone() {
+                    *live.entry(p).or_insert(0) += 1;
+                }
+                drop(live);
+                // SAFETY: inside the mapping (the caller checked the bounds).
+                let ptr = unsafe { mapping.map.as_mut_ptr().add(offset as usize) };
+                let keep = PrivateView {
+                    mapping: mapping.clone(),
+                    pages,
+                    _own: None,
+                };
+                return Ok((ptr, Arc::new(keep)));
             }
-            page.views += 1;
         }
-        drop(live);
-        // SAFETY: inside the mapping (the caller checked the bounds).
-        let ptr = unsafe { mapping.map.as_mut_ptr().add(offset as usize) };
-        let keep = PrivateView {
-            mapping: mapping.clone(),
-            pages,
-            _own: None,
-        };
-        return Ok((ptr, Arc::new(keep)));
     }
-    drop(live);
     // A mapping of its own, of whole pages around the object.
     let start = pages.start * page;
     let len = (pages.end * page - start).max(page);
@@ -142,6 +128,9 @@ pub(crate) fn private_view(
 
 impl Drop for PrivateView {
     fn drop(&mut self) {
+        if self.pages.is_empty() {
+            return;
+        }
         let Ok(mut live) = self.mapping.live.lock() else {
             // (Only a panic while counting poisons it: views from now on map their own.)
             self.mapping.poisoned.store(true, Ordering::Release);
@@ -149,9 +138,9 @@ impl Drop for PrivateView {
         };
         let mut freed = Vec::new();
         for p in self.pages.clone() {
-            if let Some(page) = live.get_mut(&p) {
-                page.views -= 1;
-                if page.views == 0 {
+            if let Some(views) = live.get_mut(&p) {
+                *views -= 1;
+                if *views == 0 {
                     live.remove(&p);
                     freed.push(p);
                 }
@@ -180,9 +169,9 @@ fn shows_segment(
         return true;
     }
     // SAFETY: `start..end` lies in the object, inside both whole-segment mappings; the
-    // object is sealed (nobody writes its bytes in the segment), and this process's writes to
-    // its private copy are made through views the caller's lock keeps from changing pages
-    // under a new view.
+    // object is sealed (nobody writes its bytes in the segment). Another thread of this
+    // process may be writing them through a live view of the same object: then the bytes
+    // compared may be torn, which only decides between this mapping and one of its own.
     unsafe {
         let private = std::slice::from_raw_parts(mapping.map.as_ptr().add(start), end - start);
         let shared = std::slice::from_raw_parts(segment.add(start), end - start);
@@ -193,23 +182,30 @@ fn shows_segment(
 /// Drops this process's copies of `pages` (they show the segment again); false if it failed.
 fn drop_copies(mapping: &PrivateMapping, pages: Range<u64>) -> bool {
     let page = mapping.page as usize;
-    let len = (pages.end - pages.start) as usize * page;
+    let start = pages.start as usize * page;
+    // (The segment's length is a whole number of pages; clamped all the same: madvise past
+    // the mapping would reach whatever is mapped after it.)
+    let len = ((pages.end - pages.start) as usize * page)
+        .min(mapping.map.len() - start.min(mapping.map.len()));
     // SAFETY: whole pages of this private mapping, which no live view covers (the caller
     // holds `live` and removed them): nothing here is anyone's any more.
     unsafe {
-        let addr = mapping.map.as_mut_ptr().add(pages.start as usize * page);
+        let addr = mapping.map.as_mut_ptr().add(start);
         rustix::mm::madvise(addr.cast(), len, rustix::mm::Advice::LinuxDontNeed).is_ok()
     }
 }
 
-/// The segment's page size: its fd's block size (4 KiB for memfd pages, the huge page's size
-/// on hugetlbfs), never below 4 KiB.
+/// The segment's unit of copy-on-write: the huge page of a hugetlbfs segment, else the
+/// system's page. (Not `st_blksize`: a memfd reports 2 MiB when shmem may use transparent huge
+/// pages, but a private mapping still copies 4 KiB pages.)
 fn page_of(file: &File) -> u64 {
-    let blksize = file.metadata().map(|m| m.blksize()).unwrap_or(4096);
-    if blksize.is_power_of_two() {
-        blksize.max(4096)
-    } else {
-        4096
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    let system = rustix::param::page_size() as u64;
+    // (`f_type`'s integer type differs between targets.)
+    #[allow(clippy::unnecessary_cast)]
+    match rustix::fs::fstatfs(file) {
+        Ok(fs) if fs.f_type as i64 == HUGETLBFS_MAGIC => (fs.f_bsize as u64).max(system),
+        _ => system,
     }
 }
 
@@ -226,11 +222,6 @@ fn runs(sorted: &[u64]) -> impl Iterator<Item = Range<u64>> + '_ {
         }
         Some(start..end)
     })
-}
-
-fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, Error> {
-    m.lock()
-        .map_err(|_| Error::Internal("private mapping's page counts poisoned".into()))
 }
 
 #[cfg(test)]
@@ -302,23 +293,60 @@ mod tests {
         let (b, _kb) = private_view(&mapping, &file, shared.as_ptr(), 64, 64).expect("view");
         assert_eq!(a as usize, base);
         assert_eq!(b as usize, base + 64);
-        assert_eq!(
-            mapping.live.lock().expect("lock").get(&0).map(|p| p.views),
-            Some(2)
-        );
+        assert_eq!(mapping.live.lock().expect("lock").get(&0), Some(&2));
+    }
+
+    /// Another view of an object this process wrote through a live view shows the store's
+    /// bytes (a mapping of its own), not those writes.
+    #[test]
+    fn a_second_view_of_a_written_object_shows_the_store_bytes() {
+        let (file, shared) = segment(2);
+        let mapping = Arc::new(PrivateMapping::map(&file, 2 * 4096).expect("map"));
+        let (a, _keep_a) = private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view");
+        // SAFETY: inside the 8 bytes viewed (here and below).
+        unsafe { a.write(3) };
+        let (b, _keep_b) = private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view");
+        assert_ne!(b, a);
+        assert_eq!(unsafe { (b.read(), a.read()) }, (0, 3));
+    }
+
+    /// The same object got again while the same slot's old view lives on (its reference given
+    /// back early): the new one compares and shows the new bytes.
+    #[test]
+    fn a_new_object_in_a_slot_whose_old_view_lives_on_shows_its_own_bytes() {
+        let (file, shared) = segment(4);
+        let mapping = Arc::new(PrivateMapping::map(&file, 4 * 4096).expect("map"));
+        let (old, _keep_old) =
+            private_view(&mapping, &file, shared.as_ptr(), 0, 8192).expect("view");
+        // SAFETY: inside the 8 KiB viewed (here and below).
+        unsafe { old.write_bytes(7, 8192) };
+        file.write_all_at(&[5u8; 8192], 0).expect("write");
+        let (new, _keep_new) =
+            private_view(&mapping, &file, shared.as_ptr(), 0, 8192).expect("view");
+        assert_eq!(unsafe { (new.read(), new.add(8191).read()) }, (5, 5));
+    }
+
+    /// Objects over SHARED_MAX get mappings of their own and leave no bookkeeping behind.
+    #[test]
+    fn a_large_object_gets_a_mapping_of_its_own() {
+        let pages = (SHARED_MAX / 4096 + 2) as usize;
+        let (file, shared) = segment(pages);
+        let len = pages as u64 * 4096;
+        let mapping = Arc::new(PrivateMapping::map(&file, len as usize).expect("map"));
+        let (big, keep) = private_view(&mapping, &file, shared.as_ptr(), 0, len).expect("view");
+        assert_ne!(big as usize, mapping.map.as_ptr() as usize);
+        assert!(mapping.live.lock().expect("lock").is_empty());
+        // SAFETY: inside the view.
+        unsafe { big.add(len as usize - 1).write(1) };
+        drop(keep);
+        let mut on_file = [9u8; 1];
+        file.read_exact_at(&mut on_file, len - 1).expect("read");
+        assert_eq!(on_file[0], 0);
     }
 
     #[test]
-    fn live_views_of_one_object_share_this_process_writes_until_the_last_goes() {
-        let (file, shared) = segment(2);
-        let mapping = Arc::new(PrivateMapping::map(&file, 2 * 4096).expect("map"));
-        let (a, keep_a) = private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view");
-        // SAFETY: inside the 8 bytes viewed (here and below).
-        unsafe { a.write(3) };
-        let (b, keep_b) = private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view");
-        assert_eq!(b, a);
-        drop((keep_a, keep_b));
-        let (c, _keep_c) = private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view");
-        assert_eq!(unsafe { c.read() }, 0);
+    fn page_of_a_memfd_is_the_system_page() {
+        let (file, _shared) = segment(1);
+        assert_eq!(page_of(&file), rustix::param::page_size() as u64);
     }
 }
