@@ -313,21 +313,19 @@ impl Client {
         let later = inner.defers_releases();
         let obj = py
             .allow_threads(|| {
-                if later {
-                    if let Some(p) = inner.put_view_later(name, data, metadata, opts)? {
-                        let obj = Object::from_pending(p, name, metadata);
-                        if writable {
-                            obj.make_writable(inner)?;
-                        }
-                        return Ok(obj);
-                    }
-                }
-                let v = inner.put_and_view(name, data, metadata, opts)?;
-                if writable {
-                    Object::writable(inner, v)
+                let pending = if later {
+                    inner.put_view_later(name, data, metadata, opts)?
                 } else {
-                    Ok::<_, Error>(Object::new(v))
+                    None
+                };
+                let obj = match pending {
+                    Some(p) => Object::from_pending(p, name, metadata),
+                    None => Object::new(inner.put_and_view(name, data, metadata, opts)?),
+                };
+                if writable {
+                    obj.make_writable(inner)?;
                 }
+                Ok::<_, Error>(obj)
             })
             .map_err(to_py)?;
         obj.set_layout_checked(layout);

@@ -320,13 +320,11 @@ def torch_to_numpy(t: torch.Tensor) -> Tuple[npt.NDArray[Any], int]:
 def numpy_to_torch(arr: npt.NDArray[Any], code: int) -> torch.Tensor:
     """A torch tensor sharing ``arr``'s memory, with the dtype that ``code`` names."""
     # Every torch put and get passes here: no call and no import statement for the codes
-    # torch.from_numpy shows as they are.
+    # torch.from_numpy shows as they are (once torch_tables() filled them in).
+    if code not in _FROM_NUMPY_CODES:
+        torch_tables()
     if code in _FROM_NUMPY_CODES:
         t: torch.Tensor = _FROM_NUMPY[0](arr)
-        return t
-    _, code_to = torch_tables()
-    if code in code_to and code != BFLOAT16:
-        t = _FROM_NUMPY[0](arr)
         return t
     import torch  # noqa: PLC0415
 

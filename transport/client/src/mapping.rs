@@ -89,7 +89,13 @@ impl MappedSegment {
     /// the whole segment (in place, or its private mapping made already; what may remain is a
     /// mapping of the object's own pages, `crate::private`).
     pub(crate) fn private_ready(&self, size: u64) -> bool {
-        (self.own && size > SMALL_MAX_BLOCK) || self.private.get().is_some()
+        self.viewed_in_place(size) || self.private.get().is_some()
+    }
+
+    /// Whether [`MappedSegment::private_view`] of `size` bytes is the shared mapping itself:
+    /// a large object of this client's own arena (its doc says why).
+    fn viewed_in_place(&self, size: u64) -> bool {
+        self.own && size > SMALL_MAX_BLOCK
     }
 
     /// Start of this client's own arena, mapped read-write (where its lends are).
@@ -118,7 +124,7 @@ impl MappedSegment {
         if offset.saturating_add(size) > self.len() {
             return Err(Error::Protocol("object outside its segment".into()));
         }
-        if self.own && size > SMALL_MAX_BLOCK {
+        if self.viewed_in_place(size) {
             // SAFETY: in bounds (checked above), kept mapped by the returned `Arc`.
             return Ok((
                 unsafe { self.map.as_mut_ptr().add(offset as usize) },

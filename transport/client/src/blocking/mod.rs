@@ -140,11 +140,11 @@ impl Client {
 
     /// A writable address of `view`'s bytes in this process, with what keeps it mapped: the
     /// shared mapping for large objects (over 4 KiB) in this client's own arenas, else a
-    /// private copy-on-write mapping (writes stay in this process and never reach the store; every such view shows
-    /// the object's bytes as the store has them, whatever this process wrote through earlier
-    /// views of the same memory). For clients that must hand out writable views of sealed
-    /// objects (the Python package's `writable=True` and torch results). `None` for device
-    /// objects.
+    /// private copy-on-write mapping (writes stay in this process and never reach the store;
+    /// every such view shows the object's bytes as the store has them, whatever this process
+    /// wrote through earlier views of the same memory). For clients that must hand out
+    /// writable views of sealed objects (the Python package's `writable=True` and torch
+    /// results). `None` for device objects.
     pub fn private_view(&self, view: &ObjectView) -> Result<Option<WritableBytes>, Error> {
         let Location::Host { segment, offset } = view.location() else {
             return Ok(None);
@@ -159,10 +159,10 @@ impl Client {
         seg.private_view(offset, view.size()).map(Some)
     }
 
-    /// Whether [`Client::private_view`] of `view` answers without mapping anything (its
-    /// segment's private mapping exists; what it may still do is a quick system call or two):
-    /// a caller holding a lock others wait for (Python's GIL) may then call it without letting
-    /// go.
+    /// Whether [`Client::private_view`] of `view` answers without mapping the whole segment
+    /// (in place, or its private mapping exists; what may remain is a mapping of the object's
+    /// own pages): a caller holding a lock others wait for (Python's GIL) may then call it
+    /// without letting go.
     pub fn private_view_ready(&self, view: &ObjectView) -> bool {
         let Location::Host { segment, .. } = view.location() else {
             return true;
