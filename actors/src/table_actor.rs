@@ -755,16 +755,65 @@ impl Message<Publish> for ObjectTableActor {
     type Reply = Result<ObjectRef, Error>;
 
     async fn handle(&mut self, m: Publish, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        self.publish_counted(m, ctx.actor_ref()).await
+    }
+}
+
+/// Several PUBLISHes of one holder in one message (PUBLISH_MANY): each carried out as its own
+/// [`Publish`] would be, in order; one result each. An item refused before the table (an
+/// invalid name) comes as its error, counted applied here if it was pipelined.
+#[derive(Debug)]
+pub struct PublishMany {
+    pub holder: HolderId,
+    pub items: Vec<Result<Publish, RefusedPublish>>,
+}
+
+/// A PUBLISH_MANY item the session refused: why, and whether the client pipelined it.
+#[derive(Debug)]
+pub struct RefusedPublish {
+    pub error: Error,
+    pub pipelined: bool,
+}
+
+impl Message<PublishMany> for ObjectTableActor {
+    type Reply = Vec<Result<ObjectRef, Error>>;
+
+    async fn handle(
+        &mut self,
+        m: PublishMany,
+        ctx: &mut Context<Self, Self::Reply>,
+    ) -> Self::Reply {
+        let mut results = Vec::with_capacity(m.items.len());
+        for item in m.items {
+            results.push(match item {
+                Ok(p) => self.publish_counted(p, ctx.actor_ref()).await,
+                Err(refused) => {
+                    if refused.pipelined {
+                        self.pipelined.applied_one(m.holder);
+                    }
+                    Err(refused.error)
+                }
+            });
+        }
+        results
+    }
+}
+
+impl ObjectTableActor {
+    /// One PUBLISH, counted applied if it was pipelined, whatever its outcome.
+    async fn publish_counted(
+        &mut self,
+        m: Publish,
+        me: &ActorRef<Self>,
+    ) -> Result<ObjectRef, Error> {
         let (holder, pipelined) = (m.holder, m.pipelined);
-        let r = self.publish_lent(m, ctx.actor_ref()).await;
+        let r = self.publish_lent(m, me).await;
         if pipelined {
             self.pipelined.applied_one(holder);
         }
         r
     }
-}
 
-impl ObjectTableActor {
     async fn publish_lent(&mut self, m: Publish, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name, m.replace, m.holder)?;

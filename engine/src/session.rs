@@ -76,6 +76,18 @@ pub struct PutOptions {
     pub replace: bool,
 }
 
+/// One object of [`Session::publish_many`]: the `size` bytes written at `offset` of the lend,
+/// to become `name` (the metadata goes after the data padded to 64 bytes, written by the
+/// store).
+#[derive(Clone, Copy, Debug)]
+pub struct LentObject<'a> {
+    pub offset: u64,
+    pub name: &'a str,
+    pub size: u64,
+    pub metadata: &'a [u8],
+    pub options: PutOptions,
+}
+
 /// How long a "missing" answer waits for other clients' pipelined puts sent before the
 /// question (vovp-shm's `sent`), per round. A bound, not a delay: the wait ends as soon as
 /// they are applied. A round that runs out while the store applied pipelined puts (a store
@@ -356,6 +368,42 @@ impl Session {
                 keep_reference: options.keep_reference,
                 pipelined: options.pipelined,
             })
+            .await
+            .answer()
+    }
+
+    /// [`Session::publish`] of several objects from lend `lend` in one message to the table,
+    /// in order: one result each (one failing fails no other). `Err` only when the store is
+    /// stopping.
+    pub async fn publish_many(
+        &self,
+        lend: u64,
+        objects: &[LentObject<'_>],
+    ) -> Result<Vec<Result<ObjectRef, Error>>, Error> {
+        let holder = self.inner.holder;
+        let items = objects
+            .iter()
+            .map(|o| {
+                let name = object_name(o.name).map_err(|error| msg::RefusedPublish {
+                    error,
+                    pipelined: o.options.pipelined,
+                })?;
+                Ok(msg::Publish {
+                    holder,
+                    lend,
+                    offset: o.offset,
+                    name,
+                    size: o.size,
+                    metadata: Arc::from(o.metadata),
+                    ephemeral: o.options.ephemeral,
+                    replace: o.options.replace,
+                    keep_reference: o.options.keep_reference,
+                    pipelined: o.options.pipelined,
+                })
+            })
+            .collect();
+        self.table()
+            .ask(msg::PublishMany { holder, items })
             .await
             .answer()
     }

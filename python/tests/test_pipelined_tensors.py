@@ -104,6 +104,39 @@ def test_a_taken_name_fails_at_once_and_a_racing_put_at_sync(client, daemon):
     other.close()
 
 
+def test_a_batch_goes_out_as_few_messages_and_one_refused_put_fails_alone(
+        client, daemon, subprocess_env):
+    # The store refuses one put of the batch (its name is taken by another client's unsealed
+    # object): the others are stored and another process finds them.
+    other = daemon.client()
+    unsealed = other.create("m-racing", 16)
+    client.put_tensor("m-warm", np.zeros(1))  # the small lend, taken beforehand
+    client.sync()
+    before = client._requests_sent()
+    tensors = {f"m{i}": np.full(3, i, dtype=np.int16) for i in range(20)}
+    tensors["m-racing"] = np.arange(4)
+    rs = client.put_tensors(tensors)
+    sent = client._requests_sent() - before
+    assert 1 <= sent <= 4, f"{sent} frames for 21 small puts (a PUBLISH_MANY per 8)"
+    np.testing.assert_array_equal(rs["m-racing"], [0, 1, 2, 3])  # the caller's bytes
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sys, vovp
+            c = vovp.Client(sys.argv[1])
+            print(sum(int(c.get_tensor(f"m{i}").sum()) for i in range(20)),
+                  c.contains("m-racing"))
+        """), daemon.socket], capture_output=True, text=True, env=subprocess_env, timeout=60)
+    assert child.stdout.split() == [str(3 * sum(range(20))), "False"], child.stderr
+    with pytest.raises(ObjectExists):
+        client.sync()
+    with pytest.raises(ObjectExists):
+        vovp.version_of(rs["m-racing"])
+    assert [vovp.version_of(rs[f"m{i}"]) for i in range(20)] == [1] * 20
+    other.abort("m-racing")
+    del unsealed
+    other.close()
+
+
 def test_immediate_release_clients_wait_for_the_store(daemon):
     """``release_delay=0`` promises a reference back at once: without a release thread no one
     would read a dropped result's reply, so its puts wait for the store's answer."""

@@ -576,13 +576,14 @@ def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
     client.flush()
     before = client._requests_sent()
     stored = client.put_tensors(small)
-    # One PUBLISH per small tensor (101, written in batches without waiting) into this
-    # client's small lend (one LEND, and one SEGMENT mapping its first arena), and for the big
-    # one a LEND and its PUBLISH: nothing else (no per-tensor extra requests).
+    # The small tensors (101: batches of 64 and 37) written without waiting into this
+    # client's small lend, one PUBLISH_MANY per 8 of a batch (8 + 5 frames), after one LEND
+    # and one SEGMENT mapping its first arena; for the big one a LEND and its PUBLISH:
+    # nothing else (no per-tensor requests).
     from vovp.client import find_lease
 
     assert find_lease(stored["big"]).segment != 0
-    assert client._requests_sent() - before == 101 + 2 + 2
+    assert client._requests_sent() - before == (8 + 5) + 2 + 2
     assert list(stored) == list(small)
     for name, t in small.items():
         g = stored[name]

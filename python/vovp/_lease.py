@@ -16,9 +16,9 @@ needs it, through a finder (``register_finder``), because indexing cost a quarte
 drop-in get.
 
 This module imports nothing of vovp's: ``vovp.client``, ``vovp.cuda`` and ``vovp.plasma`` use
-it. Its interface to them: ``Lease``, ``lease``, ``lease_of``, ``leases_of``,
-``lease_at``, ``claim``, ``give_back``, ``release_owner``, ``register_finder``, ``FORKS``,
-``LEASES``.
+it. Its interface to them: ``Lease``, ``lease``, ``lease_all``, ``lease_of``,
+``leases_of``, ``lease_at``, ``claim``, ``give_back``, ``release_owner``, ``register_finder``,
+``FORKS``, ``LEASES``.
 """
 
 from __future__ import annotations
@@ -129,6 +129,24 @@ def lease(owner: Any, client: Any, obj: Any, cuda: bool = False,
     self.token = [True]
     LEASES[key] = self
     return self
+
+
+def lease_all(owners: List[Any], client: Any, objs: List[Any]) -> None:
+    """``lease(owner, client, obj)`` of each host owner over its native view, in one call: a
+    batch's (``get_tensors``, ``put_tensors``). The same fields as ``lease``'s, written out
+    here because a call per tensor was a tenth of a batched get."""
+    new, died, ref, index = Lease.__new__, _lease_died, weakref.ref, LEASES
+    for owner, obj in zip(owners, objs):
+        self = new(Lease, owner, died)
+        self.key = key = id(owner)
+        self.client = client
+        self._oid, self.name, self.start, self.size, place = obj.lease_fields
+        self.segment, self.offset = place or (None, None)
+        self.cuda = False
+        self._version = 0 if self._oid is None else getattr(obj, "version", 0)
+        self.obj = ref(obj)
+        self.token = [True]
+        index[key] = self
 
 
 def lease_of(owner: object) -> Optional[Lease]:

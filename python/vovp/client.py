@@ -725,7 +725,8 @@ class Client(CudaMethods):
         pairs); returns ``{name: store's copy}`` in the same order.
 
         Small host tensors (up to the inline limit) are pipelined: their puts go out together
-        and their replies are read later, as a single small ``put_tensor``'s are. Larger ones and
+        (one message for several) and their replies are read later, as a single small
+        ``put_tensor``'s are. Larger ones and
         CUDA tensors are put one after the other. If any put fails, the first error is raised
         after all were attempted; the others stay stored (``delete`` them if needed).
         """
@@ -784,14 +785,18 @@ class Client(CudaMethods):
             [(name, src, meta, view_dt.kind, view_dt.itemsize, shape, writable or torch_in)
              for name, src, view_dt, shape, _, torch_in, meta in batch], ephemeral, replace)
         error = None
+        arrays: builtins.list[Any] = []
+        made: builtins.list[Any] = []
         for (name, _, _, _, code, torch_in, _), obj in zip(batch, objs):
             if isinstance(obj, BaseException):
                 error = error or obj
                 results.pop(name, None)
                 continue
             arr = np.asarray(obj)
-            L.lease(arr, self, obj)
+            arrays.append(arr)
+            made.append(obj)
             results[name] = T.numpy_to_torch(arr, code) if torch_in else arr
+        L.lease_all(arrays, self, made)
         return error
 
     def _requests_sent(self) -> int:
@@ -855,26 +860,30 @@ class Client(CudaMethods):
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise ObjectNotFound(f"no sealed object named {shown}{more}", 1)
         out: builtins.list[Any] = []
-        lease, asarray = L.lease, np.asarray
+        # The common case written out (numpy results of host tensors): no call per tensor
+        # but numpy's, and the leases made in one call; the rest through _tensor_from_obj.
+        plain = framework in (None, "numpy", "np") and not writable
+        header_torch = T.FRAMEWORK_TORCH if framework is None and T.torch_importable() else -1
+        asarray = np.asarray
+        plain_arrays: builtins.list[Any] = []
+        plain_objs: builtins.list[Any] = []
         i = 0
         try:
             for i, obj in enumerate(objs):
-                # ``_tensor_from_obj``'s common case written out (numpy results): a call
-                # less per tensor, which is most of what a batch saves.
-                if framework in (None, "numpy", "np") and not writable:
-                    fast = obj.tensor_plan
-                    if fast is not None and (framework is not None
-                                             or fast[1] != T.FRAMEWORK_TORCH
-                                             or not T.torch_importable()):
-                        arr = asarray(obj)
-                        lease(arr, self, obj)
-                        out.append(arr)
-                        continue
+                fast = obj.tensor_plan if plain else None
+                if fast is not None and fast[1] != header_torch:
+                    arr = asarray(obj)
+                    plain_arrays.append(arr)
+                    plain_objs.append(obj)
+                    out.append(arr)
+                    continue
                 out.append(self._tensor_from_obj(obj, names[i], framework, writable))
         except BaseException:
             for later in objs[i + 1:]:
                 later.release()
             raise
+        finally:
+            L.lease_all(plain_arrays, self, plain_objs)
         return out
 
     def _torch_result(self, obj: Any, header_framework: int, framework: Optional[str],

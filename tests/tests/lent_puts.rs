@@ -309,6 +309,86 @@ fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
     assert!(c.contains("after").unwrap());
 }
 
+/// PUBLISH_MANY of `(offset, name, size)` items from `lend`, as raw bytes: the statuses of
+/// the reply (its own, then one per item).
+fn publish_many(raw: &mut Raw, id: u64, lend: u64, items: &[(u64, &str, u64)]) -> Vec<u8> {
+    let mut p = lend.to_le_bytes().to_vec();
+    p.extend((items.len() as u32).to_le_bytes());
+    for &(offset, name, size) in items {
+        p.extend(offset.to_le_bytes());
+        p.extend(vovp_tests::name_payload(name.as_bytes()));
+        p.extend(0u32.to_le_bytes()); // flags
+        p.extend(0u32.to_le_bytes()); // metadata: empty bytes
+        p.extend(size.to_le_bytes());
+    }
+    raw.send(&Raw::frame(vovp_proto::VERSION, 0x14, id, &p));
+    let (op, rid, reply) = raw.reply_payload().expect("PUBLISH_MANY reply");
+    assert_eq!((op, rid), (0x94, id));
+    let names: Vec<&str> = items.iter().map(|i| i.1).collect();
+    match vovp_proto::Reply::decode(0x14, &reply, &names).expect("a well-formed reply") {
+        vovp_proto::Reply::Published(results) => std::iter::once(0)
+            .chain(
+                results
+                    .iter()
+                    .map(|r| r.as_ref().map_or_else(|f| f.status.code(), |_| 0)),
+            )
+            .collect(),
+        vovp_proto::Reply::Failure(f) => vec![f.status.code()],
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn publish_many_checks_each_object_as_publish_does_and_fails_only_the_bad_ones() {
+    const INVALID_NAME: u8 = 7;
+    const MALFORMED: u8 = 12;
+    const TOO_LARGE: u8 = 15;
+    let d = Daemon::start("256M");
+    let mut raw = Raw::connect(&d);
+    raw.hello();
+    raw.shared(10, true);
+    let (status, p) = lend(&mut raw, 2, 4096);
+    assert_eq!(status, 0);
+    let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
+    let (id, offset) = (u64_at(1), u64_at(13));
+    let statuses = publish_many(
+        &mut raw,
+        3,
+        id,
+        &[
+            (offset, "m0", 100),
+            (offset + 64, "m1", 10),   // inside m0
+            (offset + 192, "", 10),    // no name
+            (offset + 192, "m0", 10),  // taken (by the first item)
+            (offset + 192, "m3", 100), // what the refused ones left free
+            (offset + 1, "m5", 10),    // unaligned
+        ],
+    );
+    let already_exists = 2;
+    assert_eq!(
+        statuses,
+        [0, 0, MALFORMED, INVALID_NAME, already_exists, 0, MALFORMED]
+    );
+    // Empty, and over the limit (the whole request refused, the connection still served).
+    assert_eq!(publish_many(&mut raw, 4, id, &[]), [0]);
+    let many: Vec<(u64, String, u64)> = (0..=vovp_proto::MAX_PUBLISH_MANY as u64)
+        .map(|i| (offset + 4096 + 64 * i, format!("x{i}"), 1))
+        .collect();
+    let many: Vec<(u64, &str, u64)> = many.iter().map(|(o, n, s)| (*o, n.as_str(), *s)).collect();
+    assert_eq!(publish_many(&mut raw, 5, id, &many), [TOO_LARGE]);
+    assert_eq!(publish_many(&mut raw, 6, id, &many[1..]).len(), 1 + 64);
+    // What was published is there, whole, for another client.
+    let c = lender(&d);
+    assert_eq!(c.get_one("m0", None).unwrap().len(), 100);
+    assert_eq!(c.get_one("m3", None).unwrap().len(), 100);
+    assert_eq!(c.get_one("x64", None).unwrap().len(), 1);
+    assert!(!c.contains("m1").unwrap());
+    assert!(
+        !c.contains("x0").unwrap(),
+        "the refused request published nothing"
+    );
+}
+
 #[test]
 fn a_get_keeps_every_arena_it_needs_mapped_while_it_maps_more() {
     // Objects from 33 writers live in 33 arenas. A reader (over the socket, so every get maps

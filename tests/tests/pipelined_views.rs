@@ -224,3 +224,57 @@ fn small_lends_come_back_and_a_putter_that_goes_away_loses_nothing() {
     });
     assert!(watcher.contains("burst99").unwrap());
 }
+
+/// A batch of kept puts (`put_views_later`, what `put_tensors` does) goes out as one
+/// PUBLISH_MANY with one reply owed; a put in it that the store refuses (a name taken by an
+/// unsealed object) fails alone: the others are stored, found by other clients, and answered
+/// with their own ids, and `sync` reports the one failure.
+#[test]
+fn a_batch_of_kept_puts_is_one_message_and_one_refused_put_fails_no_other() {
+    let d = Daemon::start("64M");
+    let creator = client(&d);
+    let _unsealed = creator
+        .create("b-taken", 16, b"", CreateOptions::default())
+        .unwrap();
+    let c = client(&d);
+    let other = client(&d);
+    let names = ["b-0", "b-1", "b-taken", "b-3"];
+    let data: Vec<Vec<u8>> = (0..names.len()).map(|i| vec![i as u8 + 1; 64]).collect();
+    let puts: Vec<_> = names
+        .iter()
+        .zip(&data)
+        .map(|(n, d)| (*n, &d[..], &b"meta"[..], CreateOptions::default()))
+        .collect();
+    // A first put takes the small lend and maps its segment (round trips of their own).
+    let warm = put_later(&c, "b-warm", b"w").expect("through the small lend");
+    c.sync().unwrap();
+    let before = c.last_request_id();
+    let views: Vec<PipelinedView> = c
+        .put_views_later(&puts)
+        .into_iter()
+        .map(|a| a.expect("through the small lend").expect("sent"))
+        .collect();
+    assert_eq!(c.unread_replies(), 1, "one reply owed for the batch");
+    assert_eq!(c.last_request_id() - before, 1, "one PUBLISH_MANY");
+    for (i, v) in views.iter().enumerate() {
+        assert_eq!(bytes(v), &data[i][..]);
+    }
+    for i in [0, 1, 3] {
+        let got = other.get_one(names[i], None).expect("stored");
+        assert_eq!(got.bytes(), &data[i][..]);
+        assert_eq!(got.location(), views[i].location(), "zero-copy");
+    }
+    match views[2].wait() {
+        Err(vovp::Error::AlreadyExists(why)) => assert!(why.contains("b-taken"), "{why}"),
+        other => panic!("expected the refused put's failure, got {other:?}"),
+    }
+    for i in [0, 1, 3] {
+        views[i].wait().unwrap();
+        let view = views[i].take_view().expect("answered");
+        let got = other.get_one(names[i], None).unwrap();
+        assert_eq!((view.id(), view.version()), (got.id(), 1), "{}", names[i]);
+    }
+    assert!(matches!(c.sync(), Err(vovp::Error::AlreadyExists(_))));
+    c.sync().unwrap();
+    drop(warm);
+}

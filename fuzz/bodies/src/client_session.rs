@@ -81,6 +81,25 @@ fn call(client: &Client, op: u8, i: usize) {
                 })
             }),
         6 => client.delete(&name),
+        // Small kept puts in one message (PUBLISH_MANY), each view read and then waited for.
+        _ if op & 0x88 == 0x88 => {
+            let names: Vec<String> = (0..3).map(|k| format!("{name}-{k}")).collect();
+            let data = [i as u8; 64];
+            let puts: Vec<_> = (names.iter())
+                .map(|n| (n.as_str(), &data[..], &b"m"[..], CreateOptions::default()))
+                .collect();
+            let mut first = Ok(());
+            for answer in client.put_views_later(&puts).into_iter().flatten() {
+                let r = answer.and_then(|p| {
+                    // SAFETY: the view's bytes, mapped while it lives.
+                    let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), 64) };
+                    std::hint::black_box(touch(bytes));
+                    p.wait().map(|()| drop(p.take_view()))
+                });
+                first = first.and(r);
+            }
+            first
+        }
         // A small kept put whose reply is read later (its view checked against the reply).
         _ if op & 8 != 0 => client
             .put_view_later(&name, &[i as u8; 64], b"m", CreateOptions::default())
@@ -266,6 +285,19 @@ fn answer(
         Request::Create { name, size, .. } => Reply::Object(object(name, *size, script)),
         Request::Put { name, data, .. } => Reply::Object(object(name, data.len() as u64, script)),
         Request::Publish { name, size, .. } => Reply::Object(object(name, *size, script)),
+        Request::PublishMany { items, .. } => Reply::Published(
+            items
+                .iter()
+                .map(|i| match script.byte() & 3 {
+                    0 => Err(vovp_proto::Failure {
+                        status: vovp_proto::Status::AlreadyExists,
+                        message: format!("{} is taken", i.name),
+                        oom: None,
+                    }),
+                    _ => Ok(object(&i.name, i.size, script)),
+                })
+                .collect(),
+        ),
         Request::Seal { .. } => Reply::Version(script.number()),
         Request::Get { names, .. } | Request::GetNewer { names, .. } => Reply::Objects(
             names

@@ -48,7 +48,9 @@ fn host_object(n: &str, id: u64, size: u64, metadata: &[u8]) -> ObjectRef {
 /// off, against answers that are all well-formed (with sizes of 0, 1 and 2 pages, fds as
 /// announced or half), all junk, or a mix.
 pub fn client_session_seeds() -> Vec<(String, Vec<u8>)> {
-    let calls: Vec<u8> = (0..8).chain([0x10, 0x12, 0x15, 0x20, 0x22]).collect();
+    let calls: Vec<u8> = (0..8)
+        .chain([0x10, 0x12, 0x15, 0x20, 0x22, 0x8F, 0x1F])
+        .collect();
     let answers: [(&str, Vec<u8>); 5] = [
         ("zeros", vec![0; 256]),
         ("one-page", [0u8, 1, 1].repeat(96)),
@@ -231,6 +233,22 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             flags: vovp_proto::PUT_KEEP_REFERENCE | vovp_proto::PUT_PIPELINED,
             metadata: b"meta".to_vec().into(),
             size: 64,
+        },
+    );
+    // A put_tensors batch's: several kept, pipelined puts in one message.
+    req(
+        "publish-many",
+        Request::PublishMany {
+            lend: 2,
+            items: (0..3u64)
+                .map(|i| vovp_proto::PublishItem {
+                    offset: 128 * (i + 1),
+                    name: format!("small/many-{i}").into(),
+                    flags: vovp_proto::PUT_KEEP_REFERENCE | vovp_proto::PUT_PIPELINED,
+                    metadata: b"meta".to_vec().into(),
+                    size: 64,
+                })
+                .collect(),
         },
     );
     req(

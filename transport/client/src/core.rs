@@ -32,8 +32,14 @@ pub(crate) struct Wire {
 /// A request sent without waiting for its reply.
 pub(crate) struct Unread {
     pub(crate) id: u64,
-    pub(crate) name: String,
     pub(crate) kind: UnreadKind,
+    /// The objects it names, in order: one, or a PUBLISH_MANY's several.
+    pub(crate) objects: Vec<OwedObject>,
+}
+
+/// One object of an [`Unread`] request.
+pub(crate) struct OwedObject {
+    pub(crate) name: String,
     /// A pipelined PUBLISH's view, waiting for this reply ([`crate::pending`]).
     pub(crate) pending: Option<Arc<crate::pending::Pending>>,
 }
@@ -42,9 +48,33 @@ pub(crate) struct Unread {
 pub(crate) enum UnreadKind {
     /// [`crate::Client::seal_later`]: a failure is only logged.
     Seal,
-    /// A pipelined put (PUT, or PUBLISH into the small lend): a failure is logged and kept
-    /// for [`crate::Client::sync`].
+    /// A pipelined put (PUT, or PUBLISH or PUBLISH_MANY into the small lend): a failure is
+    /// logged and kept for [`crate::Client::sync`].
     Put,
+}
+
+impl Unread {
+    /// A request about one object.
+    pub(crate) fn one(id: u64, kind: UnreadKind, name: &str) -> Self {
+        Unread {
+            id,
+            kind,
+            objects: vec![OwedObject {
+                name: name.to_owned(),
+                pending: None,
+            }],
+        }
+    }
+
+    /// The views waiting for this reply.
+    pub(crate) fn pending(&self) -> impl Iterator<Item = &Arc<crate::pending::Pending>> {
+        self.objects.iter().filter_map(|o| o.pending.as_ref())
+    }
+
+    /// Whether it is a pipelined put of `name`.
+    pub(crate) fn puts(&self, name: &str) -> bool {
+        self.kind == UnreadKind::Put && self.objects.iter().any(|o| o.name == name)
+    }
 }
 
 impl Wire {
@@ -619,12 +649,7 @@ mod tests {
         let core = core();
         let mut wire = Wire::new();
         core.frame(&mut wire, &Request::Stats);
-        wire.unread.push_back(Unread {
-            id: 1,
-            name: "x".into(),
-            kind: UnreadKind::Seal,
-            pending: None,
-        });
+        wire.unread.push_back(Unread::one(1, UnreadKind::Seal, "x"));
         core.defer_release(4, 0);
         let maps = Mappings::from_hello(2 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
         let (maps, generation) = core.reconnected(&mut wire, maps);

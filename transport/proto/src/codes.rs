@@ -59,6 +59,7 @@ codes! {
         Lend = 0x11, "LEND";
         Publish = 0x12, "PUBLISH";
         GetNewer = 0x13, "GET_NEWER";
+        PublishMany = 0x14, "PUBLISH_MANY";
     }
 }
 

@@ -1,6 +1,6 @@
 //! Why bytes are not a valid frame or message.
 
-use crate::{Status, MAX_GET_NAMES, VERSION};
+use crate::{Status, MAX_GET_NAMES, MAX_PUBLISH_MANY, VERSION};
 
 /// A frame or payload that does not decode. [`DecodeError::status`] is the status the daemon
 /// answers it with; [`DecodeError::is_fatal`] says whether the stream can still be read.
@@ -35,6 +35,8 @@ pub enum DecodeError {
     ForgedCount(u32),
     #[error("GET of {0} names; at most {MAX_GET_NAMES} per request")]
     TooManyNames(usize),
+    #[error("PUBLISH_MANY of {0} objects; at most {MAX_PUBLISH_MANY} per request")]
+    TooManyObjects(usize),
     #[error("PUT announces {announced} data bytes but carries {carried}")]
     PutSize { announced: u64, carried: usize },
     #[error("location kind {0}")]
@@ -52,7 +54,9 @@ impl DecodeError {
     pub fn status(&self) -> Status {
         match self {
             DecodeError::UnsupportedVersion(_) => Status::UnsupportedVersion,
-            DecodeError::FrameTooLarge(_) | DecodeError::TooManyNames(_) => Status::TooLarge,
+            DecodeError::FrameTooLarge(_)
+            | DecodeError::TooManyNames(_)
+            | DecodeError::TooManyObjects(_) => Status::TooLarge,
             DecodeError::UnknownOpcode(_) | DecodeError::NotARequest(_) => Status::UnknownOpcode,
             DecodeError::InvalidName(_) => Status::InvalidName,
             _ => Status::Malformed,

@@ -31,7 +31,7 @@ pub use codes::{Opcode, Status, STATUS_OK};
 pub use error::DecodeError;
 pub use notify::{decode_notification, encode_notification};
 pub use reply::{Failure, Reply, STATS_FIELDS};
-pub use request::Request;
+pub use request::{PublishItem, Request};
 pub use wire::{FrameWriter, Header, Reader};
 
 /// The protocol version in every frame header (and in HELLO's reply).
@@ -57,6 +57,9 @@ pub const REPLY_BIT: u8 = 0x80;
 /// entry per name (~250 bytes each), so this bounds what one request can pin in the daemon
 /// (~4 MiB) whatever the frame size.
 pub const MAX_GET_NAMES: usize = 16 * 1024;
+/// Most objects one PUBLISH_MANY may publish (a client pipelines at most 32 puts; the
+/// daemon believes at most 64 unanswered, `vovp-actors`' `MAX_IN_FLIGHT`).
+pub const MAX_PUBLISH_MANY: usize = 64;
 /// Entries of one LIST page when the request does not say (and the most it may ask for).
 pub const LIST_PAGE_ENTRIES: u32 = 4096;
 pub const MAX_LIST_PAGE_ENTRIES: u32 = 64 * 1024;

@@ -28,6 +28,8 @@ pub enum Reply {
     Object(ObjectRef),
     /// LEND: where the lent range is.
     Lent(Lend),
+    /// PUBLISH_MANY: one result per object, in the request's order.
+    Published(Vec<Result<ObjectRef, Failure>>),
     /// GET, GET_NEWER: one entry per name asked, `None` where not found.
     Objects(Vec<Option<ObjectRef>>),
     /// CONTAINS.
@@ -106,10 +108,7 @@ impl Reply {
         let mut w = FrameWriter::begin(buf, opcode | REPLY_BIT, 0, request_id);
         match self {
             Reply::Failure(f) => {
-                w.u8(f.status.code()).str(&f.message);
-                if let Some((requested, available)) = f.oom {
-                    w.u64(requested).u64(available);
-                }
+                encode_failure(f, &mut w);
             }
             ok => {
                 w.u8(STATUS_OK);
@@ -135,6 +134,15 @@ impl Reply {
             }
             Reply::Object(r) => {
                 w.object(r);
+            }
+            Reply::Published(v) => {
+                w.count(v.len());
+                for result in v {
+                    match result {
+                        Ok(r) => w.u8(STATUS_OK).object(r),
+                        Err(f) => encode_failure(f, w),
+                    };
+                }
             }
             Reply::Objects(v) => {
                 w.count(v.len());
@@ -222,6 +230,7 @@ impl Reply {
                 max_object: r.u64()?,
             }),
             Opcode::Get | Opcode::GetNewer => decode_objects(&mut r, names)?,
+            Opcode::PublishMany => decode_published(&mut r, names)?,
             Opcode::Contains => Reply::Bool(r.u8()? != 0),
             Opcode::Evict => Reply::Count(r.u64()?),
             Opcode::List => decode_list(&mut r)?,
@@ -247,6 +256,15 @@ impl Reply {
         r.finish()?;
         Ok(reply)
     }
+}
+
+/// An error reply's status and body (also one object's result in PUBLISH_MANY's reply).
+fn encode_failure<'w, 'b>(f: &Failure, w: &'w mut FrameWriter<'b>) -> &'w mut FrameWriter<'b> {
+    w.u8(f.status.code()).str(&f.message);
+    if let Some((requested, available)) = f.oom {
+        w.u64(requested).u64(available);
+    }
+    w
 }
 
 /// An error reply's body after its status byte: the message, and OUT_OF_MEMORY's figures.
@@ -302,6 +320,26 @@ fn decode_objects<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Repl
     Ok(Reply::Objects(objects))
 }
 
+/// PUBLISH_MANY's reply: one result per object published, in order (an objref, or a failure
+/// as an error reply's body).
+fn decode_published<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Reply, DecodeError> {
+    let n = r.count(1)?;
+    if n != names.len() {
+        return Err(DecodeError::NameCount {
+            asked: names.len(),
+            got: n,
+        });
+    }
+    let results = names
+        .iter()
+        .map(|name| match r.u8()? {
+            STATUS_OK => r.object(name.as_ref()).map(Ok),
+            status => decode_failure(status, r).map(Err),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Reply::Published(results))
+}
+
 /// LIST's reply: a page of entries and where the next page starts.
 fn decode_list(r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
     let n = r.count(1)?;
@@ -329,6 +367,10 @@ fn decode_list(r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
 impl Reply {
     /// Decodes the payload of the reply to `request` (which names its objects).
     pub fn decode_for(request: &Request<'_>, payload: &[u8]) -> Result<Reply, DecodeError> {
+        if let Request::PublishMany { items, .. } = request {
+            let names: Vec<&str> = items.iter().map(|i| i.name.as_ref()).collect();
+            return Reply::decode(request.opcode().code(), payload, &names);
+        }
         let names: &[Cow<'_, str>] = match request {
             Request::Create { name, .. }
             | Request::Put { name, .. }

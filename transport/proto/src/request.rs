@@ -6,7 +6,9 @@ use std::borrow::Cow;
 use vovp_types::Device;
 
 use crate::wire::{FrameWriter, Reader};
-use crate::{DecodeError, Opcode, LIST_PAGE_ENTRIES, MAX_GET_NAMES, MAX_LIST_PAGE_ENTRIES};
+use crate::{
+    DecodeError, Opcode, LIST_PAGE_ENTRIES, MAX_GET_NAMES, MAX_LIST_PAGE_ENTRIES, MAX_PUBLISH_MANY,
+};
 
 /// One request. Fields borrow where they can: the client encodes its caller's names and bytes
 /// without copying them, and the daemon decodes straight out of its input buffer (then
@@ -95,6 +97,38 @@ pub enum Request<'a> {
         metadata: Cow<'a, [u8]>,
         size: u64,
     },
+    /// PUBLISH of several objects from one lend in one message, each as its own PUBLISH would
+    /// be, in order; the reply has one result per object (one failing fails no other).
+    PublishMany {
+        lend: u64,
+        items: Vec<PublishItem<'a>>,
+    },
+}
+
+/// One object of a [`Request::PublishMany`]: PUBLISH's fields but the lend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishItem<'a> {
+    pub offset: u64,
+    pub name: Cow<'a, str>,
+    pub flags: u32,
+    pub metadata: Cow<'a, [u8]>,
+    pub size: u64,
+}
+
+/// The fewest bytes a [`PublishItem`] takes on the wire (offset, a one-byte name, flags,
+/// empty metadata, size): what a count of them is checked against.
+const PUBLISH_ITEM_MIN: usize = 8 + 3 + 4 + 4 + 8;
+
+impl PublishItem<'_> {
+    fn into_owned(self) -> PublishItem<'static> {
+        PublishItem {
+            offset: self.offset,
+            name: Cow::Owned(self.name.into_owned()),
+            flags: self.flags,
+            metadata: Cow::Owned(self.metadata.into_owned()),
+            size: self.size,
+        }
+    }
 }
 
 impl Request<'_> {
@@ -118,6 +152,7 @@ impl Request<'_> {
             Request::Shared => Opcode::Shared,
             Request::Lend { .. } => Opcode::Lend,
             Request::Publish { .. } => Opcode::Publish,
+            Request::PublishMany { .. } => Opcode::PublishMany,
         }
     }
 
@@ -198,6 +233,13 @@ impl Request<'_> {
                 w.u64(*lend).u64(*offset).str(name).u32(*flags);
                 w.bytes(metadata).u64(*size);
             }
+            Request::PublishMany { lend, items } => {
+                w.u64(*lend).count(items.len());
+                for i in items {
+                    w.u64(i.offset).str(&i.name).u32(i.flags);
+                    w.bytes(&i.metadata).u64(i.size);
+                }
+            }
             Request::Stats | Request::Subscribe | Request::Shared => {}
         }
         w.finish();
@@ -274,6 +316,10 @@ impl Request<'_> {
                 flags,
                 metadata: own_bytes(metadata),
                 size,
+            },
+            Request::PublishMany { lend, items } => Request::PublishMany {
+                lend,
+                items: items.into_iter().map(PublishItem::into_owned).collect(),
             },
         }
     }
@@ -389,6 +435,24 @@ impl<'a> Request<'a> {
                 metadata: Cow::Borrowed(r.bytes()?),
                 size: r.u64()?,
             },
+            Opcode::PublishMany => {
+                let lend = r.u64()?;
+                let n = r.count(PUBLISH_ITEM_MIN)?;
+                if n > MAX_PUBLISH_MANY {
+                    return Err(DecodeError::TooManyObjects(n));
+                }
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(PublishItem {
+                        offset: r.u64()?,
+                        name: name(&mut r)?,
+                        flags: r.u32()?,
+                        metadata: Cow::Borrowed(r.bytes()?),
+                        size: r.u64()?,
+                    });
+                }
+                Request::PublishMany { lend, items }
+            }
             Opcode::Notify => return Err(DecodeError::NotARequest(opcode)),
         };
         r.finish()?;

@@ -88,6 +88,25 @@ fn sample(op: Opcode) -> Request<'static> {
             metadata: b"m".to_vec().into(),
             size: 100,
         },
+        Opcode::PublishMany => Request::PublishMany {
+            lend: 1,
+            items: vec![
+                PublishItem {
+                    offset: 128,
+                    name: "a".into(),
+                    flags: PUT_KEEP_REFERENCE,
+                    metadata: b"m".to_vec().into(),
+                    size: 100,
+                },
+                PublishItem {
+                    offset: 256,
+                    name: "b".into(),
+                    flags: 0,
+                    metadata: b"".to_vec().into(),
+                    size: 8,
+                },
+            ],
+        },
         Opcode::Notify => unreachable!("not a request"),
     }
 }

@@ -137,6 +137,26 @@ fn request() -> impl Strategy<Value = Request<'static>> {
                 metadata: m.into(),
                 size,
             }),
+        (
+            any::<u64>(),
+            prop::collection::vec(
+                (any::<u64>(), name(), any::<u32>(), bytes(64), any::<u64>()),
+                0..6
+            )
+        )
+            .prop_map(move |(lend, items)| Request::PublishMany {
+                lend,
+                items: items
+                    .into_iter()
+                    .map(|(offset, n, flags, m, size)| PublishItem {
+                        offset,
+                        name: owned(n),
+                        flags,
+                        metadata: m.into(),
+                        size,
+                    })
+                    .collect(),
+            }),
     ]
 }
 
@@ -233,6 +253,18 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
                 prop::sample::select(&[Opcode::Get, Opcode::GetNewer][..]),
             )
                 .prop_map(move |(v, op)| (Reply::Objects(v), op, names.clone()))
+        }),
+        prop::collection::vec((name(), any::<bool>(), failure()), 0..6).prop_flat_map(|asked| {
+            let names: Vec<String> = asked.iter().map(|(n, _, _)| n.clone()).collect();
+            let results: Vec<_> = asked
+                .into_iter()
+                .map(|(n, ok, f)| match (ok, f) {
+                    (true, _) => object(n).prop_map(Ok).boxed(),
+                    (false, Reply::Failure(f)) => Just(Err(f)).boxed(),
+                    (false, other) => unreachable!("failure() made {other:?}"),
+                })
+                .collect();
+            results.prop_map(move |v| (Reply::Published(v), Opcode::PublishMany, names.clone()))
         }),
         any::<u64>().prop_map(|v| (Reply::Version(v), Opcode::Seal, vec![])),
         any::<bool>().prop_map(|b| (Reply::Bool(b), Opcode::Contains, vec![])),

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use kameo::message::{Context, Message};
 use kameo::Actor;
-use vovp::{CreateOptions, ObjectId, PutOptions, Session, StoreStats};
+use vovp::{CreateOptions, LentObject, ObjectId, PutOptions, Session, StoreStats};
 use vovp_proto::{
-    Reply, Request, Status, CREATE_EPHEMERAL, CREATE_REPLACE, LEND_SMALL, LIST_END,
+    Failure, Reply, Request, Status, CREATE_EPHEMERAL, CREATE_REPLACE, LEND_SMALL, LIST_END,
     LIST_PAGE_BYTES, MAX_INLINE, PUT_KEEP_REFERENCE, PUT_PIPELINED,
 };
 
@@ -172,6 +172,26 @@ impl ConnectionActor {
                     session
                         .publish(lend, offset, &name, size, &metadata, options)
                         .await?,
+                )
+                .into()
+            }
+            Request::PublishMany { lend, items } => {
+                let objects: Vec<LentObject<'_>> = items
+                    .iter()
+                    .map(|i| LentObject {
+                        offset: i.offset,
+                        name: &i.name,
+                        size: i.size,
+                        metadata: &i.metadata,
+                        options: put_options(i.flags),
+                    })
+                    .collect();
+                let results = session.publish_many(lend, &objects).await?;
+                Reply::Published(
+                    results
+                        .into_iter()
+                        .map(|r| r.map_err(|e| Failure::from_error(&e)))
+                        .collect(),
                 )
                 .into()
             }

@@ -14,6 +14,12 @@ use crate::core::{self, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, handshake};
 use crate::mapping::{MappedSegment, Mappings};
 
+/// Whether `e`, the answer to `req`, is a daemon's refusal of PUBLISH_MANY as unknown.
+fn refused_publish_many(req: &Request<'_>, e: &Error) -> bool {
+    matches!(req, Request::PublishMany { .. })
+        && matches!(e, Error::Protocol(m) if m.starts_with("UNKNOWN_OPCODE"))
+}
+
 impl Conn {
     pub(super) fn new(stream: UnixStream) -> Self {
         Conn {
@@ -49,68 +55,95 @@ impl Conn {
     /// and kept for [`Client::sync`] (another call of this client is not the place: it would
     /// fail for something it did not do). A broken stream is this call's error.
     pub(super) fn read_unread(&mut self) -> Result<(), Error> {
-        let Some(u) = self.wire.unread.pop_front() else {
+        let Some(Unread { id, kind, objects }) = self.wire.unread.pop_front() else {
             return Ok(());
         };
-        let Unread {
-            id,
-            name: owned,
-            kind,
-            pending,
-        } = u;
-        let name = owned.as_str().into();
+        let name = |i: usize| objects[i].name.as_str().into();
         let req = match kind {
-            UnreadKind::Seal => Request::Seal { name },
-            UnreadKind::Put => Request::Put {
-                name,
+            UnreadKind::Seal => Request::Seal { name: name(0) },
+            // (PUBLISH's reply decodes as PUT's: an objref.)
+            UnreadKind::Put if objects.len() == 1 => Request::Put {
+                name: name(0),
                 flags: 0,
                 metadata: Default::default(),
                 data: Default::default(),
             },
+            // (Only the names matter to decode the reply.)
+            UnreadKind::Put => Request::PublishMany {
+                lend: 0,
+                items: (0..objects.len())
+                    .map(|i| vovp_proto::PublishItem {
+                        offset: 0,
+                        name: name(i),
+                        flags: 0,
+                        metadata: Default::default(),
+                        size: 0,
+                    })
+                    .collect(),
+            },
         };
-        // (PUBLISH's reply decodes as PUT's: an objref.)
-        let reply = self.read_reply(id, &req);
-        let reply = match &pending {
-            None => reply.map(drop),
-            Some(p) => {
-                let answer = reply.and_then(|r| r.object());
+        let answers: Vec<Result<ObjectRef, Error>> = match self.read_reply(id, &req) {
+            Ok(Reply::Published(results)) => results
+                .into_iter()
+                .map(|r| r.map_err(Error::from))
+                .collect(),
+            Ok(reply) => vec![reply.object()],
+            // A broken stream: this call's error (and the waiting views').
+            Err(e @ (Error::Connection(_) | Error::Protocol(_)))
+                if !refused_publish_many(&req, &e) =>
+            {
+                for p in objects.iter().filter_map(|o| o.pending.as_ref()) {
+                    p.resolve(Err(e.clone()));
+                }
+                return Err(e);
+            }
+            Err(e) => {
+                if refused_publish_many(&req, &e) {
+                    // A daemon older than PUBLISH_MANY: single PUBLISHes from now on.
+                    self.small.publish_many_refused = true;
+                }
+                objects.iter().map(|_| Err(e.clone())).collect()
+            }
+        };
+        for (object, answer) in objects.iter().zip(answers) {
+            if let Some(p) = &object.pending {
                 p.resolve(answer.clone());
-                answer.map(drop)
             }
-        };
-        match (reply, kind) {
-            (Ok(()), _) => Ok(()),
-            (Err(e @ (Error::Connection(_) | Error::Protocol(_))), _) => Err(e),
-            (Err(e), UnreadKind::Put) => {
-                tracing::warn!("vovp: the put of {owned:?}, sent without waiting, failed: {e}");
-                self.record_failed_puts(e, 1);
-                Ok(())
-            }
-            (Err(e), UnreadKind::Seal) => {
-                tracing::warn!("vovp: deferred seal of {owned:?} failed: {e}");
-                Ok(())
+            let Err(e) = answer else { continue };
+            let owned = &object.name;
+            match kind {
+                UnreadKind::Put => {
+                    tracing::warn!("vovp: the put of {owned:?}, sent without waiting, failed: {e}");
+                    self.record_failed_puts(e, 1);
+                }
+                UnreadKind::Seal => tracing::warn!("vovp: deferred seal of {owned:?} failed: {e}"),
             }
         }
+        Ok(())
     }
 
     /// Whether a pipelined put of `name` (PUT or PUBLISH flags `flags`) may go out now, with
     /// the owed replies that arrived read first. Refused as a waiting put would be: a name in
     /// the directory (unless REPLACE) is `AlreadyExists` at once; `false` while this client's
-    /// own put of it is unanswered (`also_owed`: puts framed but not written yet), so that a
-    /// second put of it waits and fails as it would have without pipelining.
-    pub(super) fn may_pipeline(
+    /// own put of it is unanswered (`also_owed`: names of puts framed but not written yet), so
+    /// that a second put of it waits and fails as it would have without pipelining.
+    pub(super) fn may_pipeline<'n>(
         &self,
         shared: &vovp_shm::SharedReader,
         name: &str,
         flags: u32,
-        also_owed: &[Unread],
+        mut also_owed: impl Iterator<Item = &'n str>,
     ) -> Result<bool, Error> {
         // (After reading the replies that came: a put answered is in the directory.)
         if flags & vovp_proto::CREATE_REPLACE == 0 && shared.is_published(name) {
             return Err(Error::AlreadyExists(name.to_owned()));
         }
-        let own = |u: &Unread| u.kind == UnreadKind::Put && u.name == name;
-        Ok(!self.wire.unread.iter().chain(also_owed).any(own))
+        Ok(!self.wire.unread.iter().any(|u| u.puts(name)) && !also_owed.any(|n| n == name))
+    }
+
+    /// Objects named by the requests whose replies are still owed.
+    pub(super) fn owed_objects(&self) -> usize {
+        self.wire.unread.iter().map(|u| u.objects.len()).sum()
     }
 
     /// Keeps `e` for [`Client::sync`] (unless an earlier failure is kept) and counts `n` more
@@ -213,9 +246,7 @@ impl ClientInner {
         };
         // Replies of pipelined puts whose views are gone: the references they grant go back
         // with the releases below (reading them is the only way to learn the ids).
-        let owed = |c: &Conn| {
-            (c.wire.unread.iter()).any(|u| u.pending.as_ref().is_some_and(|p| p.is_abandoned()))
-        };
+        let owed = |c: &Conn| (c.wire.unread.iter()).any(|u| u.pending().any(|p| p.is_abandoned()));
         if owed(&conn) && conn.drain_arrived().is_err() {
             return true;
         }
@@ -263,12 +294,13 @@ impl ClientInner {
                 // every object it held): `sync` says so.
                 let lost = (conn.wire.unread.iter())
                     .filter(|u| u.kind == UnreadKind::Put)
-                    .count() as u64;
+                    .map(|u| u.objects.len() as u64)
+                    .sum::<u64>();
                 if lost > 0 {
                     let e = Error::Connection(format!(
                         "{lost} puts sent without waiting were lost with the old connection"
                     ));
-                    for p in conn.wire.unread.iter().filter_map(|u| u.pending.as_ref()) {
+                    for p in conn.wire.unread.iter().flat_map(Unread::pending) {
                         p.resolve(Err(e.clone()));
                     }
                     conn.record_failed_puts(e, lost);

@@ -17,13 +17,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vovp_proto::{Request, LEND_SMALL, PUT_KEEP_REFERENCE, PUT_PIPELINED};
+use vovp_proto::{PublishItem, Request, LEND_SMALL, PUT_KEEP_REFERENCE, PUT_PIPELINED};
 use vovp_types::lends::{block_len, SMALL_MAX_BLOCK};
 use vovp_types::{CreateOptions, Device, Error, Lend, Location};
 
 use super::releases::ViewSink;
 use super::{ClientInner, Conn, MAX_UNREAD};
-use crate::core::{create_flags, requests, Expect, Unread, UnreadKind};
+use crate::core::{create_flags, Core, Expect, OwedObject, Unread, UnreadKind};
 use crate::io;
 use crate::mapping::MappedSegment;
 use crate::pending::{Pending, PipelinedView, ReplyReader, SinkMaker};
@@ -42,6 +42,8 @@ pub(super) struct SmallLendSlot {
     current: Option<SmallLend>,
     /// The store lends nothing here (a small store, `--prefault`, no hold table): for good.
     refused: bool,
+    /// The store does not know PUBLISH_MANY (older than it): one PUBLISH per put.
+    pub(super) publish_many_refused: bool,
     /// No SMALL LEND before this (the last one failed for want of memory).
     retry_after: Option<Instant>,
 }
@@ -94,7 +96,7 @@ impl ReplyReader for ClientInner {
                 .wire
                 .unread
                 .iter()
-                .any(|u| u.pending.as_ref().is_some_and(|p| Arc::ptr_eq(p, pending)));
+                .any(|u| u.pending().any(|p| Arc::ptr_eq(p, pending)));
             if !owed {
                 return Err(Error::Connection(
                     "the connection that carried this put is gone; its outcome is unknown".into(),
@@ -125,22 +127,70 @@ pub(super) type KeptPut<'a> = (&'a str, &'a [u8], &'a [u8], CreateOptions);
 /// (not this way: the caller puts the waiting way).
 pub(super) type KeptAnswer = Option<Result<PipelinedView, Error>>;
 
-/// The PUBLISH frames of a batch not written yet, and their owed replies: written together,
-/// and queued only once written (the queue's order is the wire's).
+/// The puts of a batch not written yet, all into one small lend: written together as one
+/// PUBLISH_MANY (a PUBLISH when alone), one reply owed for them all, queued only once written
+/// (the queue's order is the wire's).
 #[derive(Default)]
-struct Flight {
-    bytes: Vec<u8>,
-    owed: Vec<Unread>,
+struct Flight<'a> {
+    lend: u64,
+    items: Vec<PublishItem<'a>>,
+    owed: Vec<OwedObject>,
 }
 
-impl Flight {
-    fn flush(&mut self, conn: &mut Conn) -> Result<(), Error> {
-        if self.bytes.is_empty() {
+impl<'a> Flight<'a> {
+    /// Adds a put of `item` from lend `lend` (the flight holds puts into one lend only).
+    fn add(&mut self, lend: u64, item: PublishItem<'a>, owed: OwedObject) {
+        debug_assert!(self.items.is_empty() || self.lend == lend);
+        self.lend = lend;
+        self.items.push(item);
+        self.owed.push(owed);
+    }
+
+    /// Writes what the flight holds (one frame, with the releases due).
+    fn flush(&mut self, core: &Core, conn: &mut Conn) -> Result<(), Error> {
+        if self.items.is_empty() {
             return Ok(());
         }
-        io::write_all(conn.stream.as_fd(), &self.bytes)?;
-        self.bytes.clear();
-        conn.wire.unread.extend(self.owed.drain(..));
+        let objects: Vec<OwedObject> = self.owed.drain(..).collect();
+        if self.items.len() == 1 || conn.small.publish_many_refused {
+            // One PUBLISH per put (a daemon without PUBLISH_MANY; or just one put).
+            conn.wire.out.clear();
+            let mut owed = Vec::with_capacity(objects.len());
+            for (item, object) in self.items.drain(..).zip(objects) {
+                let req = Request::Publish {
+                    lend: self.lend,
+                    offset: item.offset,
+                    name: item.name,
+                    flags: item.flags,
+                    metadata: item.metadata,
+                    size: item.size,
+                };
+                let id = if owed.is_empty() {
+                    core.frame_pipelined(&mut conn.wire, &req)
+                } else {
+                    conn.wire.push(&req, 0)
+                };
+                owed.push(Unread {
+                    id,
+                    kind: UnreadKind::Put,
+                    objects: vec![object],
+                });
+            }
+            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+            conn.wire.unread.extend(owed);
+            return Ok(());
+        }
+        let req = Request::PublishMany {
+            lend: self.lend,
+            items: std::mem::take(&mut self.items),
+        };
+        let id = core.frame_pipelined(&mut conn.wire, &req);
+        io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+        conn.wire.unread.push_back(Unread {
+            id,
+            kind: UnreadKind::Put,
+            objects,
+        });
         Ok(())
     }
 }
@@ -189,9 +239,15 @@ impl ClientInner {
             });
         }
         if broken.is_none() {
-            if let Err(e) = flight.flush(&mut conn) {
-                // Nothing of the batch went out: its views are not the store's.
-                for a in answers.iter_mut().filter(|a| matches!(a, Some(Ok(_)))) {
+            let unsent = flight.owed.len();
+            if let Err(e) = flight.flush(&self.core, &mut conn) {
+                // The flight's puts (the last ones answered with a view) did not go out:
+                // their views are not the store's.
+                let viewed = answers
+                    .iter_mut()
+                    .rev()
+                    .filter(|a| matches!(a, Some(Ok(_))));
+                for a in viewed.take(unsent) {
                     *a = self.after_broken(&e);
                 }
             }
@@ -206,11 +262,11 @@ impl ClientInner {
     }
 
     /// One put of [`ClientInner::put_views_later`]: its frame added to `flight`.
-    fn put_one_later(
+    fn put_one_later<'a>(
         self: &Arc<Self>,
         conn: &mut Conn,
-        flight: &mut Flight,
-        &(name, data, metadata, ref options): &KeptPut<'_>,
+        flight: &mut Flight<'a>,
+        &(name, data, metadata, ref options): &KeptPut<'a>,
         maps: &Arc<crate::mapping::Mappings>,
         shared: &vovp_shm::SharedReader,
         generation: u64,
@@ -231,16 +287,19 @@ impl ClientInner {
         // batch goes out every few puts, so the store works on them while this thread
         // prepares the next (one write per batch would leave it idle until the cap, and
         // then this thread idle waiting for it).
-        if conn.wire.unread.len() + flight.owed.len() >= MAX_UNREAD {
-            flight.flush(conn)?;
-            conn.drain_unread()?;
+        if conn.owed_objects() + flight.owed.len() >= MAX_UNREAD {
+            flight.flush(&self.core, conn)?;
+            while conn.owed_objects() + FLIGHT_PUTS > MAX_UNREAD {
+                conn.read_unread()?;
+            }
         } else if flight.owed.len() >= FLIGHT_PUTS {
-            flight.flush(conn)?;
+            flight.flush(&self.core, conn)?;
             conn.drain_arrived()?;
         } else if flight.owed.is_empty() {
             conn.drain_arrived()?;
         }
-        if !conn.may_pipeline(shared, name, flags, &flight.owed)? {
+        let framed = flight.owed.iter().map(|o| o.name.as_str());
+        if !conn.may_pipeline(shared, name, flags, framed)? {
             return Ok(None);
         }
         let range = match conn.small.current.as_mut().and_then(|c| c.take(need)) {
@@ -248,7 +307,7 @@ impl ClientInner {
             None => {
                 // A new small lend: what the batch holds goes out first (LEND reads every
                 // owed reply before it).
-                flight.flush(conn)?;
+                flight.flush(&self.core, conn)?;
                 match self.new_small_range(conn, need, maps)? {
                     Some(r) => r,
                     None => return Ok(None),
@@ -263,16 +322,6 @@ impl ClientInner {
         // SAFETY: this put's range of the small lend (`need` >= data.len() bytes), mapped
         // writable and kept mapped by `range.segment`; nothing else writes it.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), range.ptr, data.len()) };
-        let req = requests::publish(
-            range.lend,
-            range.offset,
-            name,
-            flags,
-            metadata,
-            data.len() as u64,
-        )?;
-        let id = self.core.frame_pipelined(&mut conn.wire, &req);
-        flight.bytes.extend_from_slice(&conn.wire.out);
         // (Weakly: the slot sits in this client's queue of owed replies; the view holds the
         // client strongly, as every view does.)
         let client = Arc::downgrade(self);
@@ -291,12 +340,18 @@ impl ClientInner {
             sink,
             range.pinned,
         );
-        flight.owed.push(Unread {
-            id,
+        let item = PublishItem {
+            offset: range.offset,
+            name: name.into(),
+            flags,
+            metadata: metadata.into(),
+            size: data.len() as u64,
+        };
+        let owed = OwedObject {
             name: name.to_owned(),
-            kind: UnreadKind::Put,
             pending: Some(pending.clone()),
-        });
+        };
+        flight.add(range.lend, item, owed);
         let reader: Arc<dyn ReplyReader> = self.clone();
         Ok(Some(PipelinedView::new(pending, reader)))
     }

@@ -46,9 +46,10 @@ struct Conn {
 /// must not hang the dropping thread; the daemon applies what was sent anyway).
 const DROP_READ_LIMIT: Duration = Duration::from_secs(2);
 
-/// Requests sent without waiting whose replies may stay unread: past this a pipelined put
-/// first reads them all. Small, so the replies always fit in the socket's receive buffer
-/// (the daemon never blocks writing them while the client blocks writing puts).
+/// Objects of requests sent without waiting whose replies may stay unread: past this a
+/// pipelined put first reads them all. Small, so the replies always fit in the socket's
+/// receive buffer (the daemon never blocks writing them while the client blocks writing
+/// puts), and within what the store believes a client has in flight (64).
 const MAX_UNREAD: usize = 32;
 
 struct ClientInner {
@@ -200,12 +201,9 @@ impl Client {
         let id = self.inner.core.frame(&mut conn.wire, &req);
         let conn = &mut *conn;
         io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-        conn.wire.unread.push_back(Unread {
-            id,
-            name: name.to_owned(),
-            kind: UnreadKind::Seal,
-            pending: None,
-        });
+        conn.wire
+            .unread
+            .push_back(Unread::one(id, UnreadKind::Seal, name));
         Ok(())
     }
 

@@ -113,22 +113,21 @@ impl ClientInner {
         }
         let sent = (|| {
             // Replies owed stay few: read those that came, and wait for them past the cap.
-            if conn.wire.unread.len() >= MAX_UNREAD {
+            if conn.owed_objects() >= MAX_UNREAD {
                 conn.drain_unread()?;
             } else {
                 conn.drain_arrived()?;
             }
-            if !conn.may_pipeline(shared, name, flags, &[])? || !shared.count_sent_put() {
+            if !conn.may_pipeline(shared, name, flags, std::iter::empty())?
+                || !shared.count_sent_put()
+            {
                 return Ok(false);
             }
             let id = self.core.frame_pipelined(&mut conn.wire, &req);
             io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-            conn.wire.unread.push_back(Unread {
-                id,
-                name: name.to_owned(),
-                kind: UnreadKind::Put,
-                pending: None,
-            });
+            conn.wire
+                .unread
+                .push_back(Unread::one(id, UnreadKind::Put, name));
             Ok(true)
         })();
         match sent {
