@@ -54,7 +54,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MODES = {
     "quick": dict(ops=400, ops_reps=3, put=[(MiB, 5), (16 * MiB, 3), (256 * MiB, 3)],
                   getlat=[(MiB, 60)], handoff=[(MiB, 8), (64 * MiB, 3)], batch=64, batch_reps=20),
-    "full": dict(ops=3000, ops_reps=9, put=[(MiB, 40), (16 * MiB, 20), (256 * MiB, 9), (GiB, 5)],
+    "full": dict(ops=3000, ops_reps=9, put=[(MiB, 40), (16 * MiB, 20), (256 * MiB, 9), (GiB, 9)],
                  getlat=[(MiB, 400)], handoff=[(MiB, 40), (64 * MiB, 15)], batch=64,
                  batch_reps=200),
 }

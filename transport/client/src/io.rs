@@ -101,29 +101,130 @@ pub(crate) fn read_frame_with_fds(fd: BorrowedFd<'_>) -> Result<(Vec<u8>, Vec<Ow
     }
 }
 
-/// How long a blocking call polls for its reply before sleeping in `recv`.
+/// How long a blocking call polls for its reply before sleeping in `recv`. A small request is
+/// answered in a few microseconds of daemon work, but waking a sleeping reader on another CPU
+/// costs tens of microseconds on virtual machines (measured 45-65 µs here, vovp-bench "machine
+/// limits"); polling skips that wake-up. `sched_yield` between polls keeps them from starving
+/// the daemon when both share a CPU.
 const REPLY_SPIN: Duration = Duration::from_micros(50);
 
-/// Polls (yielding the CPU between polls) until the reply starts to arrive or `REPLY_SPIN`
-/// passes. A small request is answered in a few microseconds of daemon work, but waking a
-/// sleeping reader on another CPU costs tens of microseconds on virtual machines (measured
-/// 45-65 µs here, vovp-bench "machine limits"); polling skips that wake-up. `sched_yield`
-/// keeps the poll from starving the daemon when both share a CPU.
-pub(crate) fn spin_until_readable(fd: BorrowedFd<'_>) {
-    let start = Instant::now();
-    while start.elapsed() < REPLY_SPIN && !readable_now(fd) {
-        rustix::thread::sched_yield();
-    }
+/// Replies read ahead, for a connection with pipelined requests: one `recv` takes whatever has
+/// arrived (many replies of pipelined puts in one system call, where reading each header and
+/// payload exactly cost two, and asking whether one had come a third), and frames are parsed
+/// out of the buffer. Never for a reply that carries fds (HELLO, SHARED, SEGMENT: a plain
+/// `recv` would drop them): those are asked for only when nothing is owed, so nothing is read
+/// ahead of them ([`ReadAhead::is_empty`] says so).
+pub(crate) struct ReadAhead {
+    /// Received bytes are `buf[start..end]`; `buf` keeps its length (zeroed once, grown only
+    /// for a frame larger than it).
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
 }
 
-/// Whether a byte can be read now without blocking (or the stream ended or failed: the read
-/// then says why).
-pub(crate) fn readable_now(fd: BorrowedFd<'_>) -> bool {
-    let mut probe = [0u8; 1];
-    !matches!(
-        rustix::net::recv(fd, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT),
-        Err(Errno::AGAIN)
-    )
+/// Bytes one `recv` may take at most, unless a larger frame is being read.
+const READ_AHEAD: usize = 64 << 10;
+
+impl ReadAhead {
+    pub(crate) fn new() -> Self {
+        ReadAhead {
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Whether nothing received is left unparsed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// Forgets what was received (a new stream).
+    pub(crate) fn clear(&mut self) {
+        (self.start, self.end) = (0, 0);
+    }
+
+    /// The header of the whole frame at the front, if it has arrived whole.
+    fn whole(&self) -> Result<Option<Header>, Error> {
+        let got = &self.buf[self.start..self.end];
+        Ok(Header::parse(got)?.filter(|h| got.len() >= h.frame_len()))
+    }
+
+    /// Whether a whole frame has arrived, reading what has without waiting.
+    pub(crate) fn frame_arrived(&mut self, fd: BorrowedFd<'_>) -> Result<bool, Error> {
+        if self.whole()?.is_some() {
+            return Ok(true);
+        }
+        self.fill(fd, false)?;
+        Ok(self.whole()?.is_some())
+    }
+
+    /// Waits for the next frame (on a blocking socket) and hands its header and payload to
+    /// `parse`. Polls (yielding the CPU) for [`REPLY_SPIN`] before it sleeps in `recv`. A read
+    /// timeout on the socket (`SO_RCVTIMEO`) ends the wait with an error.
+    pub(crate) fn next_frame<R>(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        parse: impl FnOnce(&Header, &[u8]) -> R,
+    ) -> Result<R, Error> {
+        let began = Instant::now();
+        loop {
+            if let Some(h) = self.whole()? {
+                let frame = &self.buf[self.start..self.start + h.frame_len()];
+                let parsed = parse(&h, &frame[HEADER_LEN..]);
+                self.start += h.frame_len();
+                if self.is_empty() {
+                    self.clear();
+                    if self.buf.len() > 16 * READ_AHEAD {
+                        self.buf = Vec::new(); // after a rare large reply (a LIST page)
+                    }
+                }
+                return Ok(parsed);
+            }
+            let spinning = began.elapsed() < REPLY_SPIN;
+            if !self.fill(fd, !spinning)? && spinning {
+                rustix::thread::sched_yield();
+            }
+        }
+    }
+
+    /// One `recv` into the buffer (`wait`: block until something arrives); whether anything
+    /// came.
+    fn fill(&mut self, fd: BorrowedFd<'_>, wait: bool) -> Result<bool, Error> {
+        // Room at the back: the unparsed bytes moved to the front, and the buffer grown to
+        // hold the frame being read whole (or one read-ahead chunk).
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        let frame = Header::parse(&self.buf[..self.end])?.map_or(0, |h| h.frame_len());
+        let want = frame.max(self.end + READ_AHEAD);
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
+        }
+        let flags = if wait {
+            RecvFlags::empty()
+        } else {
+            RecvFlags::DONTWAIT
+        };
+        loop {
+            match rustix::net::recv(fd, &mut self.buf[self.end..], flags) {
+                Ok((0, _)) => return Err(conn_err(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok((n, _)) => {
+                    self.end += n;
+                    return Ok(true);
+                }
+                Err(Errno::AGAIN) if !wait => return Ok(false),
+                Err(Errno::AGAIN) => {
+                    return Err(Error::Connection(
+                        "no reply from the daemon within the socket's read timeout".into(),
+                    ))
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(errno_err(e)),
+            }
+        }
+    }
 }
 
 /// Connects and performs the HELLO handshake (receiving and mapping the segment fds); with
@@ -186,5 +287,73 @@ fn attach_shared(fd: BorrowedFd<'_>) -> Result<Option<vovp_shm::SharedReader>, E
         },
         Reply::Shared { published: false } | Reply::Failure(_) => Ok(None),
         other => Err(crate::core::unexpected(&other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply frame of `n` payload bytes of value `id as u8`, as request `id`'s.
+    fn frame(id: u64, n: usize) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut w = vovp_proto::FrameWriter::begin(&mut buf, 0x85, 0, id);
+        w.raw(&vec![id as u8; n]);
+        w.finish();
+        buf
+    }
+
+    #[test]
+    fn read_ahead_parses_many_replies_from_one_recv_and_waits_for_split_ones() {
+        let (mut daemon, client) = UnixStream::pair().unwrap();
+        let mut input = ReadAhead::new();
+        let fd = client.as_fd();
+        assert!(!input.frame_arrived(fd).unwrap(), "nothing yet");
+        // Three replies at once, then one that comes in two parts, then one larger than a
+        // read-ahead chunk.
+        let mut bytes: Vec<u8> = [frame(1, 5), frame(2, 0), frame(3, 70)].concat();
+        let split = frame(4, 100);
+        bytes.extend_from_slice(&split[..20]);
+        std::io::Write::write_all(&mut daemon, &bytes).unwrap();
+        let read = |input: &mut ReadAhead| {
+            input
+                .next_frame(fd, |h, p| (h.request_id, p.to_vec()))
+                .unwrap()
+        };
+        for (id, n) in [(1, 5), (2, 0), (3, 70)] {
+            assert!(input.frame_arrived(fd).unwrap());
+            assert_eq!(read(&mut input), (id, vec![id as u8; n]));
+        }
+        assert!(
+            !input.frame_arrived(fd).unwrap(),
+            "only a part of the fourth"
+        );
+        let rest = split[20..].to_vec();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20)); // past the poll: `recv` waits
+            std::io::Write::write_all(&mut daemon, &rest).unwrap();
+            std::io::Write::write_all(&mut daemon, &frame(5, 3 * READ_AHEAD)).unwrap();
+            daemon
+        });
+        assert_eq!(read(&mut input), (4, vec![4; 100]));
+        assert_eq!(read(&mut input), (5, vec![5; 3 * READ_AHEAD]));
+        assert!(input.is_empty());
+        // The stream ends inside a frame: an error naming the closed connection.
+        let mut daemon = writer.join().unwrap();
+        std::io::Write::write_all(&mut daemon, &frame(6, 10)[..12]).unwrap();
+        drop(daemon);
+        let e = input.next_frame(fd, |_, _| ()).unwrap_err();
+        assert!(e.to_string().contains("closed the connection"), "{e}");
+    }
+
+    #[test]
+    fn a_read_timeout_ends_the_wait_with_an_error() {
+        let (_daemon, client) = UnixStream::pair().unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_millis(10)))
+            .unwrap();
+        let mut input = ReadAhead::new();
+        let e = input.next_frame(client.as_fd(), |_, _| ()).unwrap_err();
+        assert!(e.to_string().contains("read timeout"), "{e}");
     }
 }

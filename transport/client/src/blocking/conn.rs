@@ -25,7 +25,7 @@ impl Conn {
         Conn {
             stream,
             wire: Wire::new(),
-            payload: Vec::new(),
+            input: io::ReadAhead::new(),
             failed_puts: None,
             small: super::kept::SmallLendSlot::default(),
         }
@@ -45,9 +45,8 @@ impl Conn {
     /// Reads the reply to request `id`, `req` (the next frame on the stream).
     pub(super) fn read_reply(&mut self, id: u64, req: &Request<'_>) -> Result<Reply, Error> {
         let fd = self.stream.as_fd();
-        io::spin_until_readable(fd);
-        let h = io::read_frame(fd, &mut self.payload)?;
-        core::decode_reply(&h, &self.payload, id, req)
+        self.input
+            .next_frame(fd, |h, payload| core::decode_reply(h, payload, id, req))?
     }
 
     /// Reads the reply of the oldest request sent without waiting. A failed SEAL can only be
@@ -176,7 +175,7 @@ impl Conn {
 
     /// Reads the owed replies that have arrived, without waiting for the others.
     pub(super) fn drain_arrived(&mut self) -> Result<(), Error> {
-        while !self.wire.unread.is_empty() && io::readable_now(self.stream.as_fd()) {
+        while !self.wire.unread.is_empty() && self.input.frame_arrived(self.stream.as_fd())? {
             self.read_unread()?;
         }
         Ok(())
@@ -190,6 +189,11 @@ impl Conn {
     ) -> Result<MappedSegment, Error> {
         // The SEGMENT reply carries an fd: read what is still due before asking.
         self.drain_unread()?;
+        if !self.input.is_empty() {
+            return Err(Error::Protocol(
+                "bytes from the daemon that no request asked for, before a SEGMENT reply".into(),
+            ));
+        }
         let id = core.frame(&mut self.wire, &Request::Segment { id: segment });
         let fd = self.stream.as_fd();
         io::write_all(fd, &self.wire.out)?;
@@ -290,6 +294,7 @@ impl ClientInner {
                     *c = stream.try_clone().ok();
                 }
                 conn.stream = stream;
+                conn.input.clear();
                 // Puts sent without waiting and never answered went with the old daemon (as
                 // every object it held): `sync` says so.
                 let lost = (conn.wire.unread.iter())

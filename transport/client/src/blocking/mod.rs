@@ -34,7 +34,8 @@ pub type WritableBytes = (*mut u8, Arc<dyn std::any::Any + Send + Sync>);
 struct Conn {
     stream: UnixStream,
     wire: Wire,
-    payload: Vec<u8>,
+    /// Replies received and not read yet (several pipelined ones come in one `recv`).
+    input: io::ReadAhead,
     /// The first pipelined put that failed and that [`Client::sync`] has not reported yet,
     /// with how many failed in all.
     failed_puts: Option<(Error, u64)>,
@@ -427,8 +428,10 @@ impl Client {
         // Not through `Core::frame`: the queued releases belong to the main connection.
         let id = conn.wire.push(&Request::Subscribe, 0);
         io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-        let h = io::read_frame(conn.stream.as_fd(), &mut conn.payload)?;
-        core::decode_reply(&h, &conn.payload, id, &Request::Subscribe)?.empty()?;
+        // Read exactly: the notifications after it are the subscription's.
+        let mut payload = Vec::new();
+        let h = io::read_frame(conn.stream.as_fd(), &mut payload)?;
+        core::decode_reply(&h, &payload, id, &Request::Subscribe)?.empty()?;
         Ok(Subscription {
             stream: conn.stream,
             pending: Vec::new(),
