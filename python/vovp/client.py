@@ -738,19 +738,32 @@ class Client(CudaMethods):
         # (name, contiguous source, view dtype, shape, code, torch input, header)
         batch: builtins.list[_BatchItem] = []
         batch_bytes = 0
+        put_plan, inline_limit = T.put_plan, self._inline_limit
         for name, t in items:
-            cuda = (T.is_torch_tensor(t) and t.device.type == "cuda") or (
-                not T.is_torch_tensor(t) and type(t) is not np.ndarray
-                and C.cuda_interface(t) is not None)
             try:
-                name = _name(name)
-                if not cuda:
-                    src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
+                if type(name) is not str:
+                    name = _name(name)
+                # put_tensor's planning, its common cases first: a numpy array, a plain CPU
+                # torch tensor (numpy's view of it), else CUDA or anything array-like.
+                cuda = False
+                if type(t) is np.ndarray:
+                    src, torch_in = t, False
+                    code, store_dt, view_dt, meta = put_plan(t.dtype, t.shape)
+                elif (plain := T.plain_cpu_numpy(t)) is not None:
+                    src, torch_in = plain, True
+                    code, store_dt, view_dt, meta = put_plan(
+                        plain.dtype, plain.shape, None, T.FRAMEWORK_TORCH)
+                else:
+                    torch_any = T.is_torch_tensor(t)
+                    cuda = t.device.type == "cuda" if torch_any else (
+                        C.cuda_interface(t) is not None)
+                    if not cuda:
+                        src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
             except Exception as e:  # noqa: BLE001 (raised once the others are stored)
                 error = error or e
                 continue
             results[name] = None
-            if cuda or src.nbytes > self._inline_limit:
+            if cuda or src.nbytes > inline_limit:
                 sequential.append((name, t))
                 continue
             if src.dtype is not store_dt or not src.flags.c_contiguous:
