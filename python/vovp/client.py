@@ -852,7 +852,8 @@ class Client(CudaMethods):
     def get_tensors(self, names: Iterable[Name], timeout: Optional[float] = None,
                     framework: Optional[str] = None,
                     writable: bool = False) -> builtins.list[Any]:
-        """``[get_tensor(n) for n in names]`` in one round trip (one GET of many names).
+        """``[get_tensor(n) for n in names]`` in one call (the shared directory, else one GET
+        of the names it lacks).
 
         ``timeout`` bounds the wait for all of them together (None: don't wait). When any is
         still missing, raises ObjectNotFound naming the missing ones and holds nothing.
