@@ -216,13 +216,29 @@ fn lend_of_kind(raw: &mut Raw, id: u64, at_least: u64, flags: u32) -> (u8, Vec<u
     (p[0], p)
 }
 
-fn publish(raw: &mut Raw, id: u64, lend: u64, offset: u64, name: &str, size: u64) -> u8 {
-    let mut p = lend.to_le_bytes().to_vec();
+/// A raw connection with a lend: (connection, [lend id, offset, size, max object]).
+fn raw_with_lend(d: &Daemon) -> (Raw, [u64; 4]) {
+    let mut raw = Raw::connect(d);
+    raw.hello();
+    raw.shared(10, true);
+    let (status, p) = lend(&mut raw, 2, 4096);
+    assert_eq!(status, 0);
+    let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
+    (raw, [u64_at(1), u64_at(13), u64_at(21), u64_at(29)])
+}
+
+/// PUBLISH's fields after the lend, flags 0 and no metadata (PUBLISH_MANY's items too).
+fn publish_fields(p: &mut Vec<u8>, offset: u64, name: &str, size: u64) {
     p.extend(offset.to_le_bytes());
     p.extend(vovp_tests::name_payload(name.as_bytes()));
     p.extend(0u32.to_le_bytes()); // flags
     p.extend(0u32.to_le_bytes()); // metadata: empty bytes
     p.extend(size.to_le_bytes());
+}
+
+fn publish(raw: &mut Raw, id: u64, lend: u64, offset: u64, name: &str, size: u64) -> u8 {
+    let mut p = lend.to_le_bytes().to_vec();
+    publish_fields(&mut p, offset, name, size);
     raw.send(&Raw::frame(vovp_proto::VERSION, 0x12, id, &p));
     let (op, rid, status) = raw.reply().expect("PUBLISH reply");
     assert_eq!((op, rid), (0x92, id));
@@ -235,13 +251,7 @@ fn a_client_can_publish_only_unused_aligned_ranges_of_its_own_lend() {
     const MALFORMED: u8 = 12;
     const TOO_LARGE: u8 = 15;
     let d = Daemon::start("256M");
-    let mut raw = Raw::connect(&d);
-    raw.hello();
-    raw.shared(10, true);
-    let (status, p) = lend(&mut raw, 2, 4096);
-    assert_eq!(status, 0);
-    let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
-    let (id, offset, size, max) = (u64_at(1), u64_at(13), u64_at(21), u64_at(29));
+    let (mut raw, [id, offset, size, max]) = raw_with_lend(&d);
     assert_eq!((size, max), (4 * MIB, MIB));
 
     assert_eq!(publish(&mut raw, 3, id + 1, offset, "x", 10), NOT_FOUND);
@@ -315,11 +325,7 @@ fn publish_many(raw: &mut Raw, id: u64, lend: u64, items: &[(u64, &str, u64)]) -
     let mut p = lend.to_le_bytes().to_vec();
     p.extend((items.len() as u32).to_le_bytes());
     for &(offset, name, size) in items {
-        p.extend(offset.to_le_bytes());
-        p.extend(vovp_tests::name_payload(name.as_bytes()));
-        p.extend(0u32.to_le_bytes()); // flags
-        p.extend(0u32.to_le_bytes()); // metadata: empty bytes
-        p.extend(size.to_le_bytes());
+        publish_fields(&mut p, offset, name, size);
     }
     raw.send(&Raw::frame(vovp_proto::VERSION, 0x14, id, &p));
     let (op, rid, reply) = raw.reply_payload().expect("PUBLISH_MANY reply");
@@ -344,13 +350,7 @@ fn publish_many_checks_each_object_as_publish_does_and_fails_only_the_bad_ones()
     const MALFORMED: u8 = 12;
     const TOO_LARGE: u8 = 15;
     let d = Daemon::start("256M");
-    let mut raw = Raw::connect(&d);
-    raw.hello();
-    raw.shared(10, true);
-    let (status, p) = lend(&mut raw, 2, 4096);
-    assert_eq!(status, 0);
-    let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().unwrap());
-    let (id, offset) = (u64_at(1), u64_at(13));
+    let (mut raw, [id, offset, ..]) = raw_with_lend(&d);
     let statuses = publish_many(
         &mut raw,
         3,

@@ -301,8 +301,13 @@ fn decode_hello(r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
     })
 }
 
-/// GET's reply: one present flag (and object) per name asked, in order.
-fn decode_objects<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Reply, DecodeError> {
+/// A reply's `u32 n` entries, one per name the request named, each decoded by `entry` (the
+/// reader and that name), in order.
+fn per_name<S: AsRef<str>, T>(
+    r: &mut Reader<'_>,
+    names: &[S],
+    mut entry: impl FnMut(&mut Reader<'_>, &str) -> Result<T, DecodeError>,
+) -> Result<Vec<T>, DecodeError> {
     let n = r.count(1)?;
     if n != names.len() {
         return Err(DecodeError::NameCount {
@@ -310,33 +315,25 @@ fn decode_objects<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Repl
             got: n,
         });
     }
-    let objects = names
-        .iter()
-        .map(|name| match r.u8()? {
-            0 => Ok(None),
-            _ => r.object(name.as_ref()).map(Some),
-        })
-        .collect::<Result<_, _>>()?;
+    names.iter().map(|name| entry(r, name.as_ref())).collect()
+}
+
+/// GET's reply: one present flag (and object) per name asked, in order.
+fn decode_objects<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Reply, DecodeError> {
+    let objects = per_name(r, names, |r, name| match r.u8()? {
+        0 => Ok(None),
+        _ => r.object(name).map(Some),
+    })?;
     Ok(Reply::Objects(objects))
 }
 
 /// PUBLISH_MANY's reply: one result per object published, in order (an objref, or a failure
 /// as an error reply's body).
 fn decode_published<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Reply, DecodeError> {
-    let n = r.count(1)?;
-    if n != names.len() {
-        return Err(DecodeError::NameCount {
-            asked: names.len(),
-            got: n,
-        });
-    }
-    let results = names
-        .iter()
-        .map(|name| match r.u8()? {
-            STATUS_OK => r.object(name.as_ref()).map(Ok),
-            status => decode_failure(status, r).map(Err),
-        })
-        .collect::<Result<_, _>>()?;
+    let results = per_name(r, names, |r, name| match r.u8()? {
+        STATUS_OK => r.object(name).map(Ok),
+        status => decode_failure(status, r).map(Err),
+    })?;
     Ok(Reply::Published(results))
 }
 
