@@ -157,6 +157,21 @@ print(type(f).__module__, f.tolist(), bf.dtype.name, bf.view("int16").tolist(), 
     assert out.strip().split("|") == ["numpy", "[1.5, 2.5]", "uint16", str(bits)]
 
 
+def test_numpy_gets_never_import_torch(client, daemon):
+    # torch is installed here; a process that gets only numpy tensors must not pay its import
+    # (seconds), single gets or batches alike.
+    client.put_tensors({"np0": np.arange(3), "np1": np.ones(2)})
+    client.sync()
+    out = spawn_python(f"""
+import sys, vovp
+c = vovp.init_client({daemon.socket!r})
+a = c.get_tensor("np0")
+b, d = c.get_tensors(["np0", "np1"])
+print(type(b).__module__, int(a.sum() + b.sum() + d.sum()), "torch" in sys.modules, sep="|")
+""")
+    assert out.strip().split("|") == ["numpy", "8", "False"]
+
+
 def test_zero_copy_views(client):
     r = client.put_tensor("z", torch.arange(10, dtype=torch.float32))
     g = client.get_tensor("z")  # torch in, torch out
@@ -577,13 +592,14 @@ def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
     before = client._requests_sent()
     stored = client.put_tensors(small)
     # The small tensors (101: batches of 64 and 37) written without waiting into this
-    # client's small lend, one PUBLISH_MANY per 8 of a batch (8 + 5 frames), after one LEND
-    # and one SEGMENT mapping its first arena; for the big one a LEND and its PUBLISH:
-    # nothing else (no per-tensor requests).
+    # client's small lend, one PUBLISH_MANY per 8 of a batch (8 + 5 frames), after one LEND,
+    # the connection's one question whether the store knows PUBLISH_MANY, and one SEGMENT
+    # mapping its first arena; for the big one a LEND and its PUBLISH: nothing else (no
+    # per-tensor requests).
     from vovp.client import find_lease
 
     assert find_lease(stored["big"]).segment != 0
-    assert client._requests_sent() - before == (8 + 5) + 2 + 2
+    assert client._requests_sent() - before == (8 + 5) + 3 + 2
     assert list(stored) == list(small)
     for name, t in small.items():
         g = stored[name]

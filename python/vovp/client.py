@@ -877,7 +877,9 @@ class Client(CudaMethods):
         # The common case written out (numpy results of host tensors): no call per tensor
         # but numpy's, and the leases made in one call; the rest through _tensor_from_obj.
         plain = framework in (None, "numpy", "np") and not writable
-        header_torch = T.FRAMEWORK_TORCH if framework is None and T.torch_importable() else -1
+        # A header saying torch makes a torch result only with framework None and torch
+        # importable (asked only then: the question imports torch).
+        header_torch = T.FRAMEWORK_TORCH if framework is None else -1
         asarray = np.asarray
         plain_arrays: builtins.list[Any] = []
         plain_objs: builtins.list[Any] = []
@@ -885,7 +887,7 @@ class Client(CudaMethods):
         try:
             for i, obj in enumerate(objs):
                 fast = obj.tensor_plan if plain else None
-                if fast is not None and fast[1] != header_torch:
+                if fast is not None and (fast[1] != header_torch or not T.torch_importable()):
                     arr = asarray(obj)
                     plain_arrays.append(arr)
                     plain_objs.append(obj)

@@ -278,3 +278,41 @@ fn a_batch_of_kept_puts_is_one_message_and_one_refused_put_fails_no_other() {
     c.sync().unwrap();
     drop(warm);
 }
+
+/// Puts of a batch whose write fails (the daemon died) are never answered as stored: a put
+/// is answered with a view only once its frame went out (a flight of 8), and then its reply
+/// is owed; a put whose flight's write failed gets the connection's error.
+#[test]
+fn a_batch_whose_write_fails_answers_unsent_puts_with_the_error() {
+    let mut d = Daemon::start("64M");
+    let c = client(&d);
+    let warm = put_later(&c, "warm", b"w").expect("through the small lend");
+    c.sync().unwrap();
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    // Its socket is closed a moment after the process (with its io_uring).
+    std::thread::sleep(Duration::from_millis(200));
+    let names: Vec<String> = (0..12).map(|i| format!("lost{i}")).collect();
+    let data = [7u8; 64];
+    let puts: Vec<_> = names
+        .iter()
+        .map(|n| (n.as_str(), &data[..], &b"m"[..], CreateOptions::default()))
+        .collect();
+    let mut viewed: usize = 0;
+    for (i, answer) in c.put_views_later(&puts).into_iter().enumerate() {
+        match answer {
+            Some(Ok(_)) => viewed += 1,
+            Some(Err(vovp::Error::Connection(_))) => {}
+            other => panic!("put {i}: {:?}", other.map(|a| a.map(|_| ()))),
+        }
+    }
+    // Every view handed out is of a flight that went out (if the dead daemon's socket still
+    // took a write): the first 8 puts are one, the last 4 another.
+    assert!(viewed == 0 || viewed == 8 || viewed == 12, "{viewed} views");
+    assert_eq!(
+        c.unread_replies(),
+        viewed.div_ceil(8),
+        "a view of a put never sent"
+    );
+    drop(warm);
+}

@@ -14,12 +14,6 @@ use crate::core::{self, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, handshake};
 use crate::mapping::{MappedSegment, Mappings};
 
-/// Whether `e`, the answer to `req`, is a daemon's refusal of PUBLISH_MANY as unknown.
-fn refused_publish_many(req: &Request<'_>, e: &Error) -> bool {
-    matches!(req, Request::PublishMany { .. })
-        && matches!(e, Error::Protocol(m) if m.starts_with("UNKNOWN_OPCODE"))
-}
-
 impl Conn {
     pub(super) fn new(stream: UnixStream) -> Self {
         Conn {
@@ -88,21 +82,13 @@ impl Conn {
                 .collect(),
             Ok(reply) => vec![reply.object()],
             // A broken stream: this call's error (and the waiting views').
-            Err(e @ (Error::Connection(_) | Error::Protocol(_)))
-                if !refused_publish_many(&req, &e) =>
-            {
+            Err(e @ (Error::Connection(_) | Error::Protocol(_))) => {
                 for p in objects.iter().filter_map(|o| o.pending.as_ref()) {
                     p.resolve(Err(e.clone()));
                 }
                 return Err(e);
             }
-            Err(e) => {
-                if refused_publish_many(&req, &e) {
-                    // A daemon older than PUBLISH_MANY: single PUBLISHes from now on.
-                    self.small.publish_many_refused = true;
-                }
-                objects.iter().map(|_| Err(e.clone())).collect()
-            }
+            Err(e) => objects.iter().map(|_| Err(e.clone())).collect(),
         };
         for (object, answer) in objects.iter().zip(answers) {
             if let Some(p) = &object.pending {

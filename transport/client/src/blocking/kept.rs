@@ -42,8 +42,9 @@ pub(super) struct SmallLendSlot {
     current: Option<SmallLend>,
     /// The store lends nothing here (a small store, `--prefault`, no hold table): for good.
     refused: bool,
-    /// The store does not know PUBLISH_MANY (older than it): one PUBLISH per put.
-    pub(super) publish_many_refused: bool,
+    /// Whether the store knows PUBLISH_MANY (asked once, with the first small lend; a store
+    /// older than it gets one PUBLISH per put).
+    pub(super) publish_many: Option<bool>,
     /// No SMALL LEND before this (the last one failed for want of memory).
     retry_after: Option<Instant>,
 }
@@ -146,51 +147,55 @@ impl<'a> Flight<'a> {
         self.owed.push(owed);
     }
 
-    /// Writes what the flight holds (one frame, with the releases due).
+    /// Writes what the flight holds (one frame, with the releases due; one PUBLISH per put
+    /// to a store that has no PUBLISH_MANY). The flight is emptied only once written: after a
+    /// failed write its puts are still here, for `put_views_later` to report as not sent.
     fn flush(&mut self, core: &Core, conn: &mut Conn) -> Result<(), Error> {
         if self.items.is_empty() {
             return Ok(());
         }
-        let objects: Vec<OwedObject> = self.owed.drain(..).collect();
-        if self.items.len() == 1 || conn.small.publish_many_refused {
-            // One PUBLISH per put (a daemon without PUBLISH_MANY; or just one put).
-            conn.wire.out.clear();
-            let mut owed = Vec::with_capacity(objects.len());
-            for (item, object) in self.items.drain(..).zip(objects) {
-                let req = Request::Publish {
-                    lend: self.lend,
-                    offset: item.offset,
-                    name: item.name,
-                    flags: item.flags,
-                    metadata: item.metadata,
-                    size: item.size,
-                };
-                let id = if owed.is_empty() {
-                    core.frame_pipelined(&mut conn.wire, &req)
-                } else {
-                    conn.wire.push(&req, 0)
-                };
-                owed.push(Unread {
+        let ids: Vec<u64> = if self.items.len() == 1 || conn.small.publish_many != Some(true) {
+            let publish = |item: &PublishItem<'a>| Request::Publish {
+                lend: self.lend,
+                offset: item.offset,
+                name: item.name.clone(),
+                flags: item.flags,
+                metadata: item.metadata.clone(),
+                size: item.size,
+            };
+            let mut ids = Vec::with_capacity(self.items.len());
+            for item in &self.items {
+                ids.push(match ids.is_empty() {
+                    true => core.frame_pipelined(&mut conn.wire, &publish(item)),
+                    false => conn.wire.push(&publish(item), 0),
+                });
+            }
+            ids
+        } else {
+            let req = Request::PublishMany {
+                lend: self.lend,
+                items: self.items.clone(),
+            };
+            vec![core.frame_pipelined(&mut conn.wire, &req)]
+        };
+        io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+        self.items.clear();
+        let objects = std::mem::take(&mut self.owed);
+        if ids.len() == 1 {
+            conn.wire.unread.push_back(Unread {
+                id: ids[0],
+                kind: UnreadKind::Put,
+                objects,
+            });
+        } else {
+            for (id, object) in ids.into_iter().zip(objects) {
+                conn.wire.unread.push_back(Unread {
                     id,
                     kind: UnreadKind::Put,
                     objects: vec![object],
                 });
             }
-            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-            conn.wire.unread.extend(owed);
-            return Ok(());
         }
-        let req = Request::PublishMany {
-            lend: self.lend,
-            items: std::mem::take(&mut self.items),
-        };
-        let id = core.frame_pipelined(&mut conn.wire, &req);
-        io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-        conn.wire.unread.push_back(Unread {
-            id,
-            kind: UnreadKind::Put,
-            objects,
-        });
         Ok(())
     }
 }
@@ -228,31 +233,39 @@ impl ClientInner {
                 continue;
             }
             let answer = self.put_one_later(&mut conn, &mut flight, put, &maps, shared, generation);
-            answers.push(match answer {
+            let answer = match answer {
                 Ok(view) => view.map(Ok),
                 Err(e @ Error::Connection(_)) => {
+                    // A flush that failed left its puts in the flight: not sent either.
+                    self.not_sent(&mut answers, &mut flight, &e);
                     let answer = self.after_broken(&e);
                     broken = Some(e);
                     answer
                 }
                 Err(e) => Some(Err(e)),
-            });
+            };
+            answers.push(answer);
         }
         if broken.is_none() {
-            let unsent = flight.owed.len();
             if let Err(e) = flight.flush(&self.core, &mut conn) {
-                // The flight's puts (the last ones answered with a view) did not go out:
-                // their views are not the store's.
-                let viewed = answers
-                    .iter_mut()
-                    .rev()
-                    .filter(|a| matches!(a, Some(Ok(_))));
-                for a in viewed.take(unsent) {
-                    *a = self.after_broken(&e);
-                }
+                self.not_sent(&mut answers, &mut flight, &e);
             }
         }
         answers
+    }
+
+    /// The puts left in `flight` did not go out: their answers (the last ones with a view)
+    /// become the broken connection's (their views are not the store's).
+    fn not_sent(&self, answers: &mut [KeptAnswer], flight: &mut Flight<'_>, e: &Error) {
+        let viewed = answers
+            .iter_mut()
+            .rev()
+            .filter(|a| matches!(a, Some(Ok(_))));
+        for a in viewed.take(flight.owed.len()) {
+            *a = self.after_broken(e);
+        }
+        flight.items.clear();
+        flight.owed.clear();
     }
 
     /// The answer for a put the connection broke under: the waiting way reconnects when it
@@ -409,6 +422,20 @@ impl ClientInner {
             }
         };
         crate::lent::check(&lend, &segment)?;
+        if conn.small.publish_many.is_none() {
+            // Whether batches may go out as PUBLISH_MANY: an empty one is answered with no
+            // results by a store that knows it, UNKNOWN_OPCODE by one older (asked once per
+            // connection, not learnt from a batch's refusal, which would lose its puts).
+            let probe = Request::PublishMany {
+                lend: lend.id,
+                items: Vec::new(),
+            };
+            conn.small.publish_many = match conn.exchange(&self.core, &probe) {
+                Ok(_) => Some(true),
+                Err(e @ Error::Connection(_)) => return Err(e),
+                Err(_) => Some(false),
+            };
+        }
         // A lend handed back again (nothing from it alive) is used from its start.
         conn.small.retry_after = None;
         let current = conn.small.current.insert(SmallLend {
