@@ -351,25 +351,42 @@ impl Session {
         metadata: &[u8],
         options: PutOptions,
     ) -> Result<ObjectRef, Error> {
-        let name = match object_name(name) {
-            Ok(name) => name,
-            Err(e) => return Err(self.refused_before_the_table(options, e).await),
+        let object = LentObject {
+            offset,
+            name,
+            size,
+            metadata,
+            options,
         };
-        self.table()
-            .ask(msg::Publish {
-                holder: self.inner.holder,
-                lend,
-                offset,
-                name,
-                size,
-                metadata: Arc::from(metadata),
-                ephemeral: options.ephemeral,
-                replace: options.replace,
-                keep_reference: options.keep_reference,
-                pipelined: options.pipelined,
-            })
-            .await
-            .answer()
+        match self.publish_message(lend, &object) {
+            Ok(publish) => self.table().ask(publish).await.answer(),
+            Err(refused) => Err(self.refused_before_the_table(options, refused.error).await),
+        }
+    }
+
+    /// The table's message publishing `o` from lend `lend`, or why the session refuses it
+    /// before the table (a bad name).
+    fn publish_message(
+        &self,
+        lend: u64,
+        o: &LentObject<'_>,
+    ) -> Result<msg::Publish, msg::RefusedPublish> {
+        let name = object_name(o.name).map_err(|error| msg::RefusedPublish {
+            error,
+            pipelined: o.options.pipelined,
+        })?;
+        Ok(msg::Publish {
+            holder: self.inner.holder,
+            lend,
+            offset: o.offset,
+            name,
+            size: o.size,
+            metadata: Arc::from(o.metadata),
+            ephemeral: o.options.ephemeral,
+            replace: o.options.replace,
+            keep_reference: o.options.keep_reference,
+            pipelined: o.options.pipelined,
+        })
     }
 
     /// [`Session::publish`] of several objects from lend `lend` in one message to the table,
@@ -383,24 +400,7 @@ impl Session {
         let holder = self.inner.holder;
         let items = objects
             .iter()
-            .map(|o| {
-                let name = object_name(o.name).map_err(|error| msg::RefusedPublish {
-                    error,
-                    pipelined: o.options.pipelined,
-                })?;
-                Ok(msg::Publish {
-                    holder,
-                    lend,
-                    offset: o.offset,
-                    name,
-                    size: o.size,
-                    metadata: Arc::from(o.metadata),
-                    ephemeral: o.options.ephemeral,
-                    replace: o.options.replace,
-                    keep_reference: o.options.keep_reference,
-                    pipelined: o.options.pipelined,
-                })
-            })
+            .map(|o| self.publish_message(lend, o))
             .collect();
         self.table()
             .ask(msg::PublishMany { holder, items })

@@ -307,6 +307,17 @@ pub(crate) fn decode_reply(
     id: u64,
     req: &Request<'_>,
 ) -> Result<Reply, Error> {
+    decode_reply_with(h, payload, id, |p| Reply::decode_for(req, p))
+}
+
+/// [`decode_reply`] with the body decoded by `decode` (for a reply read after its request
+/// was sent and let go: a pipelined one, decoded by its opcode and names).
+pub(crate) fn decode_reply_with(
+    h: &Header,
+    payload: &[u8],
+    id: u64,
+    decode: impl FnOnce(&[u8]) -> Result<Reply, vovp_proto::DecodeError>,
+) -> Result<Reply, Error> {
     if h.request_id != id {
         // Whatever it was, say what it said: usually an error frame of a broken stream.
         let why = Reply::decode::<&str>(h.opcode & !REPLY_BIT, payload, &[])
@@ -321,7 +332,7 @@ pub(crate) fn decode_reply(
             why.unwrap_or_default()
         )));
     }
-    match Reply::decode_for(req, payload)? {
+    match decode(payload)? {
         Reply::Failure(f) => Err(f.into()),
         reply => Ok(reply),
     }

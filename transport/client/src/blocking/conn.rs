@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use vovp_proto::{Reply, Request};
+use vovp_proto::{Opcode, Reply, Request};
 use vovp_types::{Error, ObjectRef};
 
 use super::{ClientInner, Conn, DROP_READ_LIMIT};
@@ -38,9 +38,19 @@ impl Conn {
 
     /// Reads the reply to request `id`, `req` (the next frame on the stream).
     pub(super) fn read_reply(&mut self, id: u64, req: &Request<'_>) -> Result<Reply, Error> {
+        self.read_reply_with(id, |payload| Reply::decode_for(req, payload))
+    }
+
+    /// [`Conn::read_reply`] with the reply's body decoded by `decode`.
+    fn read_reply_with(
+        &mut self,
+        id: u64,
+        decode: impl FnOnce(&[u8]) -> Result<Reply, vovp_proto::DecodeError>,
+    ) -> Result<Reply, Error> {
         let fd = self.stream.as_fd();
-        self.input
-            .next_frame(fd, |h, payload| core::decode_reply(h, payload, id, req))?
+        self.input.next_frame(fd, |h, payload| {
+            core::decode_reply_with(h, payload, id, decode)
+        })?
     }
 
     /// Reads the reply of the oldest request sent without waiting. A failed SEAL can only be
@@ -51,31 +61,15 @@ impl Conn {
         let Some(Unread { id, kind, objects }) = self.wire.unread.pop_front() else {
             return Ok(());
         };
-        let name = |i: usize| objects[i].name.as_str().into();
-        let req = match kind {
-            UnreadKind::Seal => Request::Seal { name: name(0) },
-            // (PUBLISH's reply decodes as PUT's: an objref.)
-            UnreadKind::Put if objects.len() == 1 => Request::Put {
-                name: name(0),
-                flags: 0,
-                metadata: Default::default(),
-                data: Default::default(),
-            },
-            // (Only the names matter to decode the reply.)
-            UnreadKind::Put => Request::PublishMany {
-                lend: 0,
-                items: (0..objects.len())
-                    .map(|i| vovp_proto::PublishItem {
-                        offset: 0,
-                        name: name(i),
-                        flags: 0,
-                        metadata: Default::default(),
-                        size: 0,
-                    })
-                    .collect(),
-            },
+        // Decoded by opcode and names (PUBLISH's reply decodes as PUT's: an objref).
+        let names: Vec<&str> = objects.iter().map(|o| o.name.as_str()).collect();
+        let opcode = match kind {
+            UnreadKind::Seal => Opcode::Seal,
+            UnreadKind::Put if names.len() == 1 => Opcode::Put,
+            UnreadKind::Put => Opcode::PublishMany,
         };
-        let answers: Vec<Result<ObjectRef, Error>> = match self.read_reply(id, &req) {
+        let reply = self.read_reply_with(id, |p| Reply::decode(opcode.code(), p, &names));
+        let answers: Vec<Result<ObjectRef, Error>> = match reply {
             Ok(Reply::Published(results)) => results
                 .into_iter()
                 .map(|r| r.map_err(Error::from))
