@@ -29,8 +29,11 @@ Columns ("stores"), each driven through its fastest documented Python path:
   its Queue makes); hand-off = a fresh tensor through a ``torch.multiprocessing`` Queue (no get
   by name, no get latency).
 
-Every store runs in the same repetitions, in an order that rotates by one store per repetition
-(no store always runs first or right after another). All ops are timed in one process (A); the
+Every store runs in the same repetitions, in an order shuffled afresh for each repetition
+(seeded by its number, so a run is repeatable): every store runs first, last and right after
+every other about equally often. (A rotation, used before, kept each store's predecessor the
+same in all repetitions but one, and what a store leaves behind — its daemon still working, a
+GiB just freed — fell on the same column every time: BENCHMARKS.md, finding 18.) All ops are timed in one process (A); the
 hand-off's reader (B) is one spawned process that holds a client of every store.
 """
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 import gc
 import mmap
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -688,9 +692,13 @@ class Reader:
 # --- workloads -----------------------------------------------------------------------------------
 
 
-def rotated(ids, rep):
-    k = rep % len(ids)
-    return ids[k:] + ids[:k]
+def shuffled(ids, rep):
+    """The stores' order in repetition ``rep``: a permutation seeded by ``rep`` alone, so
+    each store follows each other one in about 1/(n-1) of the repetitions (see the module's
+    docstring) and two runs with the same stores use the same orders."""
+    order = list(ids)
+    random.Random(0x5EED + rep).shuffle(order)
+    return order
 
 
 class Run:
@@ -739,7 +747,7 @@ class Run:
         put = {s: [] for s in ids}
         get = {s: [] for s in ids}
         for rep in range(reps):
-            for sid in rotated(ids, rep):
+            for sid in shuffled(ids, rep):
                 if sid not in self.stores:
                     continue
                 try:
@@ -777,7 +785,7 @@ class Run:
             ids = self.ids("put")
             gbs = {s: [] for s in ids}
             for rep in range(-1, reps):  # repetition -1: first use of each store's memory
-                for sid in rotated(ids, rep):
+                for sid in shuffled(ids, rep):
                     if sid not in self.stores:
                         continue
                     try:
@@ -819,7 +827,7 @@ class Run:
             ids = self.ids("getlat")
             lat = {s: [] for s in ids}
             for rep in range(-1, reps):
-                for sid in rotated(ids, rep):
+                for sid in shuffled(ids, rep):
                     if sid not in self.stores:
                         continue
                     get, k = self.stores[sid].get, keys[sid]
@@ -916,7 +924,7 @@ class Run:
                 ids = self.ids("handoff")
                 lat = {s: [] for s in ids}
                 for rep in range(-1, reps):
-                    for sid in rotated(ids, rep):
+                    for sid in shuffled(ids, rep):
                         if sid not in self.stores:
                             continue
                         try:
