@@ -17,9 +17,9 @@ use tokio::sync::oneshot;
 use vovp_types::HolderId;
 
 /// The most pipelined puts a client of this build has sent and not had answered (its cap on
-/// owed replies is 32), with room to spare. A hold table claiming more is not believed: a
-/// client writing its own count could otherwise make every miss wait.
-pub(crate) const MAX_IN_FLIGHT: u64 = 64;
+/// owed replies is 64; 32 before), with room to spare. A hold table claiming more is not
+/// believed: a client writing its own count could otherwise make every miss wait.
+pub(crate) const MAX_IN_FLIGHT: u64 = 128;
 
 /// Pipelined puts applied per client, and the questions waiting for more.
 #[derive(Default)]

@@ -57,8 +57,8 @@ pub const REPLY_BIT: u8 = 0x80;
 /// entry per name (~250 bytes each), so this bounds what one request can pin in the daemon
 /// (~4 MiB) whatever the frame size.
 pub const MAX_GET_NAMES: usize = 16 * 1024;
-/// Most objects one PUBLISH_MANY may publish (a client pipelines at most 32 puts; the
-/// daemon believes at most 64 unanswered, `vovp-actors`' `MAX_IN_FLIGHT`).
+/// Most objects one PUBLISH_MANY may publish (a client pipelines at most 64 puts; the
+/// daemon believes at most 128 unanswered, `vovp-actors`' `MAX_IN_FLIGHT`).
 pub const MAX_PUBLISH_MANY: usize = 64;
 /// Entries of one LIST page when the request does not say (and the most it may ask for).
 pub const LIST_PAGE_ENTRIES: u32 = 4096;
