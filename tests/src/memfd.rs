@@ -45,10 +45,11 @@ pub fn object_memfd_bytes_running(pid: u32) -> u64 {
 }
 
 /// A process stopped (every thread, not only signalled) until drop.
-struct Stopped(u32);
+pub struct Stopped(u32);
 
 impl Stopped {
-    fn new(pid: u32) -> Stopped {
+    /// Stops `pid` (SIGSTOP) and waits (up to 1 s) until every thread has stopped.
+    pub fn new(pid: u32) -> Stopped {
         let p = rustix::process::Pid::from_raw(pid as i32);
         if let Some(p) = p {
             let _ = rustix::process::kill_process(p, rustix::process::Signal::STOP);

@@ -279,6 +279,53 @@ fn a_batch_of_kept_puts_is_one_message_and_one_refused_put_fails_no_other() {
     drop(warm);
 }
 
+/// A client may owe 64 replies (`MAX_UNREAD`): a batch of 64 kept puts goes out whole, 8
+/// flights, without waiting for the store halfway (with 32 it waited at the fifth flight,
+/// and client and store no longer overlapped). Here the store is stopped and answers
+/// nothing, so a client that waited would hang until it is resumed.
+#[test]
+fn a_batch_of_64_goes_out_without_waiting_for_the_store() {
+    let d = Daemon::start("64M");
+    let c = client(&d);
+    let other = client(&d);
+    let warm = put_later(&c, "warm", b"w").expect("through the small lend");
+    c.sync().unwrap();
+    let names: Vec<String> = (0..64).map(|i| format!("n{i}")).collect();
+    let data: Vec<Vec<u8>> = (0..64u8).map(|i| vec![i; 64]).collect();
+    let stopped = vovp_tests::memfd::Stopped::new(d.child.id());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let batch = std::thread::spawn(move || {
+        let puts: Vec<_> = names
+            .iter()
+            .zip(&data)
+            .map(|(n, d)| (n.as_str(), &d[..], &b"m"[..], CreateOptions::default()))
+            .collect();
+        let views: Vec<PipelinedView> = c
+            .put_views_later(&puts)
+            .into_iter()
+            .map(|a| a.expect("through the small lend").expect("sent"))
+            .collect();
+        let owed = c.unread_replies();
+        let _ = tx.send(owed);
+        (c, views)
+    });
+    let owed = rx.recv_timeout(Duration::from_secs(10));
+    drop(stopped);
+    let (c, views) = batch.join().unwrap();
+    assert_eq!(
+        owed,
+        Ok(8),
+        "the batch waited for the stopped store (or went out in other than 8 frames)"
+    );
+    for (i, v) in views.iter().enumerate() {
+        v.wait().unwrap();
+        let got = other.get_one(&format!("n{i}"), None).expect("stored");
+        assert_eq!(got.bytes(), &[i as u8; 64][..]);
+    }
+    c.sync().unwrap();
+    drop(warm);
+}
+
 /// Puts of a batch whose write fails (the daemon died) are never answered as stored: a put
 /// is answered with a view only once its frame went out (a flight of 8), and then its reply
 /// is owed; a put whose flight's write failed gets the connection's error.
