@@ -29,11 +29,13 @@ Columns ("stores"), each driven through its fastest documented Python path:
   its Queue makes); hand-off = a fresh tensor through a ``torch.multiprocessing`` Queue (no get
   by name, no get latency).
 
-Every store runs in the same repetitions, in an order shuffled afresh for each repetition
-(seeded by its number, so a run is repeatable): every store runs first, last and right after
-every other about equally often. (A rotation, used before, kept each store's predecessor the
-same in all repetitions but one, and what a store leaves behind — its daemon still working, a
-GiB just freed — fell on the same column every time: BENCHMARKS.md, finding 18.) All ops are timed in one process (A); the
+Every store runs in the same repetitions, in an order that changes with each repetition so
+that, over the rows of a Williams design (n repetitions for n stores, 2n when n is odd), every
+store runs first once and right after every other store equally often (``ordered``). A
+rotation, used before, kept each store's predecessor the same in all repetitions but one, so
+what a store leaves behind (its daemon still working, a GiB just freed) fell on one column
+every time; a seeded shuffle after it left chance imbalances in a fixed pattern
+(benches/FINDINGS.md, finding 18). All ops are timed in one process (A); the
 hand-off's reader (B) is one spawned process that holds a client of every store.
 """
 
@@ -42,7 +44,6 @@ from __future__ import annotations
 import gc
 import mmap
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -692,13 +693,31 @@ class Reader:
 # --- workloads -----------------------------------------------------------------------------------
 
 
-def shuffled(ids, rep):
-    """The stores' order in repetition ``rep``: a permutation seeded by ``rep`` alone, so
-    each store follows each other one in about 1/(n-1) of the repetitions (see the module's
-    docstring) and two runs with the same stores use the same orders."""
-    order = list(ids)
-    random.Random(0x5EED + rep).shuffle(order)
-    return order
+def williams_rows(n):
+    """The rows of a Williams design for n items: orders of range(n) in which every ordered
+    pair (a, b) is adjacent, a right before b, equally often over all rows (once per n rows
+    for even n, twice per 2n rows for odd n), and every item comes first equally often."""
+    first, lo, hi = [0], 1, n - 1
+    for k in range(1, n):
+        if k % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return rows
+
+
+def ordered(ids, rep):
+    """The stores' order in repetition ``rep`` (-1: the warm-up): a row of the Williams design
+    for ``ids`` (see the module's docstring); repetitions walk through its rows in turn. What
+    is balanced is the order within a repetition; the last store of one repetition also
+    precedes the first of the next."""
+    rows = williams_rows(len(ids))
+    return [ids[i] for i in rows[rep % len(rows)]]
 
 
 class Run:
@@ -747,7 +766,7 @@ class Run:
         put = {s: [] for s in ids}
         get = {s: [] for s in ids}
         for rep in range(reps):
-            for sid in shuffled(ids, rep):
+            for sid in ordered(ids, rep):
                 if sid not in self.stores:
                     continue
                 try:
@@ -785,7 +804,7 @@ class Run:
             ids = self.ids("put")
             gbs = {s: [] for s in ids}
             for rep in range(-1, reps):  # repetition -1: first use of each store's memory
-                for sid in shuffled(ids, rep):
+                for sid in ordered(ids, rep):
                     if sid not in self.stores:
                         continue
                     try:
@@ -827,7 +846,7 @@ class Run:
             ids = self.ids("getlat")
             lat = {s: [] for s in ids}
             for rep in range(-1, reps):
-                for sid in shuffled(ids, rep):
+                for sid in ordered(ids, rep):
                     if sid not in self.stores:
                         continue
                     get, k = self.stores[sid].get, keys[sid]
@@ -924,7 +943,7 @@ class Run:
                 ids = self.ids("handoff")
                 lat = {s: [] for s in ids}
                 for rep in range(-1, reps):
-                    for sid in shuffled(ids, rep):
+                    for sid in ordered(ids, rep):
                         if sid not in self.stores:
                             continue
                         try:

@@ -11,8 +11,9 @@ import numpy as np
 
 # Copies larger than this are split across the copy pool.
 PARALLEL_COPY_MIN = 1 << 20
-# Threads of the copy pool (the caller is one of them). Asked once: os.cpu_count() reads
-# /sys on every call (6 µs here, 60 µs after a garbage collection), which every large put paid.
+# Slabs of a large copy at most, and threads of the copy pool (the caller copies slabs too, so
+# at most _WORKERS - 1 pool threads work at once). Asked once: os.cpu_count() reads /sys on
+# every call (6 µs here, 60 µs after a garbage collection), which every large put paid.
 _WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 _POOL = None

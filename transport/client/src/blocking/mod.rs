@@ -47,13 +47,15 @@ struct Conn {
 /// must not hang the dropping thread; the daemon applies what was sent anyway).
 const DROP_READ_LIMIT: Duration = Duration::from_secs(2);
 
-/// Objects of requests sent without waiting whose replies may stay unread: past this a
-/// pipelined put first reads the oldest. Small, so the replies always fit in the socket's
-/// receive buffer (the daemon never blocks writing them while the client blocks writing
-/// puts), and within what the store believes a client has in flight (128; a daemon before
-/// this cap was raised from 32 believes 64, still enough). 64, not 32: a `put_tensors` of 64
-/// went out as 4 flights, then waited for the store at each further flight (FINDINGS.md,
-/// finding 18: 1.01-1.24× → 1.25-1.46× single calls standalone).
+/// Objects of requests sent without waiting whose replies may stay unread: at this a pipelined
+/// put first reads replies (a kept batch the oldest until a flight fits, `kept.rs`; a raw
+/// `put` all of them). Within what the store believes a client has in flight (128; a daemon
+/// from before this cap was raised from 32 believes up to 64: exactly enough). The daemon
+/// never blocks writing replies while the client blocks writing puts: the client reads what
+/// has arrived before each pipelined write and reads instead of writing at the cap, and the
+/// replies of kept puts (≤ 4 KiB each with their metadata) fit the socket buffer anyway.
+/// 64, not 32: a `put_tensors` of 64 went out as 4 flights and then waited for the store
+/// at each further one (FINDINGS.md, finding 18: 1.01-1.24× → 1.25-1.46× single calls).
 const MAX_UNREAD: usize = 64;
 
 struct ClientInner {
