@@ -285,9 +285,9 @@ impl Client {
     /// `put_tensor` of a host tensor up to the inline or lend limit, in one call: the bytes of
     /// `src` (a C-contiguous numpy array of the dtype to store, read through its
     /// `__array_struct__`) become object `name`, kept, shown to numpy with the result's layout
-    /// (`Object.set_layout`). A small read-only one comes back at once, *pending*: its id,
-    /// version and any failure come with the store's answer, read later
-    /// (`vovp_client::Client::put_view_later`).
+    /// (`Object.set_layout`). A small one, or one through the lend (64 KiB up to the lend's
+    /// largest object), comes back at once, *pending*: its id, version and any failure come
+    /// with the store's answer, read later (`vovp_client::Client::put_view_later`).
     #[pyo3(signature = (name, src, metadata, ephemeral, writable, replace, kind, itemsize, shape))]
     #[allow(clippy::too_many_arguments)]
     fn put_tensor_host(
@@ -308,8 +308,8 @@ impl Client {
         let opts = options(ephemeral, replace);
         // Pipelined only with a release thread, which reads the reply of a result dropped
         // before it came (else its reference would wait for this client's next call:
-        // `release_delay=0` promises releases at once). A writable result (torch's) views the
-        // small lend through a private mapping (writes stay in this process).
+        // `release_delay=0` promises releases at once). A writable result (torch's) views a
+        // small one through a private mapping (writes stay in this process).
         let later = inner.defers_releases();
         let obj = py
             .allow_threads(|| {

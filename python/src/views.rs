@@ -43,7 +43,7 @@ fn place_of(l: Location) -> Option<(u32, u64)> {
 /// `Object.lease_fields`: (id, None while pending; name; address; size; place).
 type LeaseFields<'a> = (Option<u64>, &'a str, usize, u64, Option<(u32, u64)>);
 
-/// What an [`Object`] holds: the view of a sealed object, or the store's copy of a small put
+/// What an [`Object`] holds: the view of a sealed object, or the store's copy of a put
 /// whose reply is still to come (its id and version with it).
 pub(crate) enum Held {
     View(ObjectView),
@@ -131,7 +131,7 @@ impl Object {
         let _ = self.layout.set(layout);
     }
 
-    /// The store's copy of a small put, before its reply (see [`Held::Pending`]).
+    /// The store's copy of a pipelined put, before its reply (see [`Held::Pending`]).
     pub(crate) fn from_pending(p: PipelinedView, name: &str, metadata: &[u8]) -> Self {
         Object {
             device: std::sync::OnceLock::new(),

@@ -1,5 +1,6 @@
-"""A small ``put_tensor`` returns the store's copy before the store answered (issue 27): the
-bytes are written into the putter's small lend first, the PUBLISH goes out without waiting,
+"""A ``put_tensor`` of a host tensor up to 4 KiB, or of 64 KiB up to the lend's largest
+object, returns the store's copy before the store answered (issue 27): the bytes are written
+into the putter's small lend (or its lend) first, the PUBLISH goes out without waiting,
 and the id, version and any failure come with the reply, read later. What must not change:
 another process asking after the put returned finds the tensor; the result is the store's
 memory, read-only, holding a reference that goes back when it is dropped or released; a name
@@ -53,6 +54,45 @@ def test_a_small_put_returns_before_the_reply_and_another_process_finds_it(
     finally:
         child.stdin.close()
         child.wait(10)
+
+
+def test_a_put_through_the_lend_returns_before_the_reply_too(client, daemon, subprocess_env):
+    """64 KiB up to the lend's largest object (1 MiB, a quarter of a 256 MiB store's lend)
+    goes the same way through the putter's lend: the copy, then a PUBLISH not waited for."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.socket],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=subprocess_env)
+    try:
+        for i, n in enumerate([16 << 10, 64 << 10, 128 << 10] * 4):
+            a = np.full(n, i, dtype=np.int32)
+            r = client.put_tensor(f"l{i}", a)
+            assert find_lease(r)._oid is None, "it waited for the store's answer"
+            assert r.dtype == np.int32 and r.shape == (n,) and not r.flags.writeable
+            np.testing.assert_array_equal(r, a)
+            child.stdin.write(f"l{i}\n")
+            child.stdin.flush()
+            assert child.stdout.readline().split() == [f"l{i}", str(n * i), "int32", f"({n},)"]
+            assert vovp.version_of(r) == 1
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    # A racing put (the name taken by another client's unsealed object) fails at sync, and
+    # its bytes stay readable however many puts follow.
+    other = daemon.client()
+    unsealed = other.create("l-racing", 16)
+    r = client.put_tensor("l-racing", np.arange(64 << 10, dtype=np.int32))
+    with pytest.raises(ObjectExists):
+        client.sync()
+    with pytest.raises(ObjectExists):
+        vovp.version_of(r)
+    for i in range(40):
+        client.put_tensor(f"after{i}", np.full(64 << 10, i, dtype=np.int32))
+        client.delete(f"after{i}")
+        np.testing.assert_array_equal(r[:3], [0, 1, 2])
+    np.testing.assert_array_equal(r, np.arange(64 << 10, dtype=np.int32))
+    other.abort("l-racing")
+    del unsealed, r
+    other.close()
 
 
 def test_the_result_is_the_stores_memory_and_holds_a_reference(client, daemon):

@@ -72,7 +72,7 @@ class Lease(_Ref):
     offset: Optional[int]
     _version: int  # the name's version the object is (0 until a created object is sealed)
 
-    # A small put_tensor's result comes back before the store's answer (its id and version
+    # A pipelined put_tensor's result comes back before the store's answer (its id and version
     # come with it): they are asked of the native view the first time they are needed, which
     # reads that answer (and raises the put's error, if the store refused it).
     def _resolve(self) -> None:

@@ -226,11 +226,11 @@ class Client(CudaMethods):
     ``shared_reads``.
 
     ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``),
-    and ``put_tensor`` of a host tensor whose bytes and header take up to 4 KiB, return once
-    the request is written, without waiting for the store's answer (a write, not a round
-    trip). ``put_tensor``'s result is the store's copy all the same: its bytes are written
-    into a small part of this client's arena the store lends it before the request goes
-    out; the object's id and version (``vovp.version_of``) come with the answer, read when
+    and ``put_tensor`` of a host tensor whose bytes and header take up to 4 KiB (or, with
+    ``lend_puts``, of 64 KiB up to 4 MiB), return once the request is written, without
+    waiting for the store's answer (a write, not a round trip). ``put_tensor``'s result is
+    the store's copy all the same: its bytes are written into a part of this client's arena
+    the store lends it before the request goes out; the object's id and version (``vovp.version_of``) come with the answer, read when
     first needed. A name already published (or just put by this client) still fails at
     once; any process that learns of the name after ``put`` returned finds the object (the
     store waits for such puts before answering "missing"); this client's own later calls come
@@ -660,12 +660,12 @@ class Client(CudaMethods):
         ``vovp.version_of(result)`` is the version it became. Without it, an existing name
         raises ObjectExists.
 
-        A small host tensor (its bytes and header up to 4 KiB) returns without waiting for the
-        store's answer (``pipelined_puts`` in ``Client``): a name already published still
-        raises ObjectExists at once, but one taken meanwhile by another client's racing put is
-        raised by ``sync()`` (and by ``version_of`` of the result), not here. Its torch (or
-        ``writable``) result views the store's copy through a private mapping: writes to it
-        stay in this process.
+        A host tensor whose bytes and header take up to 4 KiB, or (``lend_puts``) of 64 KiB up
+        to 4 MiB, returns without waiting for the store's answer (``pipelined_puts`` in
+        ``Client``): a name already published still raises ObjectExists at once, but one taken
+        meanwhile by another client's racing put is raised by ``sync()`` (and by
+        ``version_of`` of the result), not here. A small one's torch (or ``writable``) result
+        views the store's copy through a private mapping: writes to it stay in this process.
         """
         if type(t) is np.ndarray:
             src, torch_in = t, False

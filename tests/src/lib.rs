@@ -596,3 +596,40 @@ pub mod cuda {
         }
     }
 }
+
+/// A kept put that returns before the store's answer (`Client::put_view_later`, metadata
+/// `meta`); `None`: not that way.
+pub fn put_later(
+    c: &vovp_client::Client,
+    name: &str,
+    data: &[u8],
+) -> Option<vovp_client::PipelinedView> {
+    c.put_view_later(name, data, b"meta", Default::default())
+        .expect("put_view_later")
+}
+
+/// The bytes a pipelined put's view shows.
+pub fn view_bytes(v: &vovp_client::PipelinedView) -> &[u8] {
+    // SAFETY: the view's bytes, kept mapped while it lives.
+    unsafe { std::slice::from_raw_parts(v.as_ptr(), v.size() as usize) }
+}
+
+/// A kept put (`put_later`) of `name`, which another client holds unsealed (the shared
+/// directory does not show it, so the put goes out and the store refuses it): checks that
+/// `wait` reports the refusal, that there is no object view, and that `sync` reports it once.
+/// Returns the failed put's view.
+pub fn refused_put_later(
+    c: &vovp_client::Client,
+    name: &str,
+    data: &[u8],
+) -> vovp_client::PipelinedView {
+    let failed = put_later(c, name, data).expect("sent: the directory does not show it");
+    match failed.wait() {
+        Err(vovp::Error::AlreadyExists(why)) => assert!(why.contains(name), "{why}"),
+        other => panic!("expected the put's failure, got {other:?}"),
+    }
+    assert!(failed.take_view().is_none());
+    assert!(matches!(c.sync(), Err(vovp::Error::AlreadyExists(_))));
+    c.sync().expect("a failure is reported once");
+    failed
+}

@@ -10,20 +10,10 @@ use std::time::Duration;
 
 use vovp::{CreateOptions, Store};
 use vovp_client::{Client, PipelinedView};
-use vovp_tests::Daemon;
+use vovp_tests::{put_later, view_bytes as bytes, Daemon};
 
 fn client(d: &Daemon) -> Client {
     Client::connect(&d.socket).expect("connect")
-}
-
-fn put_later(c: &Client, name: &str, data: &[u8]) -> Option<PipelinedView> {
-    c.put_view_later(name, data, b"meta", CreateOptions::default())
-        .expect("put_view_later")
-}
-
-fn bytes(v: &PipelinedView) -> &[u8] {
-    // SAFETY: the view's bytes, kept mapped while it lives.
-    unsafe { std::slice::from_raw_parts(v.as_ptr(), v.size() as usize) }
 }
 
 /// The object's refcount as LIST reports it (None: not listed).
@@ -113,14 +103,7 @@ fn a_failed_put_keeps_its_bytes_and_its_lend_until_its_view_goes() {
         .create("taken", 16, b"", CreateOptions::default())
         .unwrap();
     let c = client(&d);
-    let failed = put_later(&c, "taken", b"mine").expect("sent: the directory does not show it");
-    match failed.wait() {
-        Err(vovp::Error::AlreadyExists(why)) => assert!(why.contains("taken"), "{why}"),
-        other => panic!("expected the put's failure, got {other:?}"),
-    }
-    assert!(failed.take_view().is_none());
-    assert!(matches!(c.sync(), Err(vovp::Error::AlreadyExists(_))));
-    c.sync().unwrap();
+    let failed = vovp_tests::refused_put_later(&c, "taken", b"mine");
     // Fill far more than one small lend (64 KiB holds 512 of these) while it lives.
     let mut kept = Vec::new();
     let mut waited = 0;

@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..client import Client
+from ..client import Client, version_of
 from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
 from ._agent import Agent, agent_name, alive_nodes
 from ._directory import DIRECTORY_NAME, NAMESPACE, Directory
@@ -110,6 +110,11 @@ def publish(name: str, tensor: Any = None) -> Any:
     published anywhere already."""
     c = client()
     result = None if tensor is None else c.put_tensor(name, tensor)
+    if result is not None:
+        # A put_tensor may return before the store answered: its refusal (a name taken by a
+        # racing put here, a full store) is raised here, before another object of the name
+        # could be published in its place.
+        version_of(result)
     try:
         view, metadata = c.get_buffer(name, with_metadata=True)
     except ObjectNotFound:

@@ -42,6 +42,9 @@ pub(crate) struct OwedObject {
     pub(crate) name: String,
     /// A pipelined PUBLISH's view, waiting for this reply ([`crate::pending`]).
     pub(crate) pending: Option<Arc<crate::pending::Pending>>,
+    /// A PUBLISH into the lend: its announced write, withdrawn only once this reply is read
+    /// (the store may take the lend back from then on: `vovp_shm::lend`).
+    pub(crate) writing: Option<crate::lent::Reserved>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +65,7 @@ impl Unread {
             objects: vec![OwedObject {
                 name: name.to_owned(),
                 pending: None,
+                writing: None,
             }],
         }
     }

@@ -7,7 +7,8 @@
 //! into it: the store frees a retired lend once its objects are gone, and a put still writing
 //! into it would then write memory the store may have handed out again. For the same reason
 //! each put announces itself in the connection's hold table before writing and withdraws only
-//! after PUBLISH's reply (`vovp_shm::lend`): the store, short of memory, takes back a lend only
+//! after PUBLISH's reply (`vovp_shm::lend`; a kept put that did not wait for it withdraws when
+//! the reply is read, `OwedObject::writing`): the store, short of memory, takes back a lend only
 //! while no put writes into it, and a put that finds its lend taken back asks for a new one.
 //!
 //! On by default ([`crate::ClientOptions::no_lend_puts`] opts out); a connection without a
@@ -72,12 +73,13 @@ impl Current {
         self.writing += 1;
         Ok(Reserved {
             lend: self.lend.id,
+            segment_id: self.lend.segment,
             offset,
             generation: self.generation,
             // SAFETY: inside the lend, which lies inside the mapped segment (checked when the
             // lend was taken).
             ptr: unsafe { base.add(offset as usize) },
-            _segment: self.segment.clone(),
+            segment: self.segment.clone(),
             shared: self.shared.clone(),
             slot: slot.clone(),
             gone: false,
@@ -119,12 +121,14 @@ pub(crate) struct LendSlot {
 /// lend (also when a driver's future is cancelled), so the lend can be replaced again.
 pub(crate) struct Reserved {
     pub lend: u64,
+    /// The segment the lend lies in, and the range's offset there.
+    pub segment_id: u32,
     pub offset: u64,
     pub generation: u64,
     /// Where to write the data.
     ptr: *mut u8,
     /// Keeps the mapping alive while writing.
-    _segment: Arc<MappedSegment>,
+    segment: Arc<MappedSegment>,
     /// Where this put announced itself; withdrawn when it is dropped.
     shared: Arc<SharedReader>,
     slot: Arc<Mutex<LendSlot>>,
@@ -132,7 +136,7 @@ pub(crate) struct Reserved {
     gone: bool,
 }
 
-// SAFETY: the pointer is into a shared mapping that `_segment` keeps alive; the range is this
+// SAFETY: the pointer is into a shared mapping that `segment` keeps alive; the range is this
 // put's alone, and only `write` (which takes `&self` once, in the put's own task) writes it.
 unsafe impl Send for Reserved {}
 unsafe impl Sync for Reserved {}
@@ -164,23 +168,31 @@ impl Reserved {
         self.gone = true;
     }
 
-    /// Writes the object's bytes into the reserved range; the PUBLISH that makes it an object.
+    /// Where the range starts in this process.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The mapping the range lies in.
+    pub(crate) fn segment(&self) -> &Arc<MappedSegment> {
+        &self.segment
+    }
+
+    /// Writes the object's bytes into the reserved range; the PUBLISH that makes it an object
+    /// (`put_flags`: PUT_KEEP_REFERENCE, PUT_PIPELINED, beside the options' own).
     pub(crate) fn write<'a>(
         &self,
         name: &'a str,
         data: &[u8],
         metadata: &'a [u8],
         options: &CreateOptions,
-        keep: bool,
+        put_flags: u32,
     ) -> Result<Request<'a>, Error> {
         // SAFETY: a range of this client's own lend, mapped writable and kept mapped by `self`,
         // reserved for this put alone (block_len(data, metadata) bytes from `ptr`).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr, data.len()) };
         parallel_copy(dst, data);
-        let mut flags = crate::core::create_flags(options);
-        if keep {
-            flags |= vovp_proto::PUT_KEEP_REFERENCE;
-        }
+        let flags = crate::core::create_flags(options) | put_flags;
         requests::publish(
             self.lend,
             self.offset,

@@ -313,7 +313,7 @@ impl AsyncClient {
             }
         };
         let result = async {
-            let req = reserved.write(name, data, metadata, options, false)?;
+            let req = reserved.write(name, data, metadata, options, 0)?;
             let (reply, answered) = self.call_in_session(&req).await?;
             if answered.1 != reserved.generation {
                 return Err(Error::Connection(

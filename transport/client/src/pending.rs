@@ -1,8 +1,9 @@
-//! The store's copy of a small put, handed back before the store answered: a
-//! [`PipelinedView`]. Its bytes are in this client's small lend (written before the PUBLISH
-//! went out, so they are whole when the caller sees them); its object id and version come
-//! with the PUBLISH's reply, which the connection reads later (the next call that waits,
-//! [`crate::Client::sync`], a full queue of owed replies, or [`PipelinedView::wait`]).
+//! The store's copy of a put, handed back before the store answered: a [`PipelinedView`].
+//! Its bytes are in this client's small lend (a small put) or its lend (one of 64 KiB up to
+//! the lend's largest object), written before the PUBLISH went out, so they are whole when
+//! the caller sees them; its object id and version come with the PUBLISH's reply, which the
+//! connection reads later (the next call that waits, [`crate::Client::sync`], a full queue of
+//! owed replies, or [`PipelinedView::wait`]).
 //!
 //! The reply is matched to its view through a [`Pending`] slot shared by the view and the
 //! connection's queue of owed replies. Either side may go first: a view dropped before the
@@ -10,9 +11,12 @@
 //! granted; a reply read first leaves the view (an [`ObjectView`]) in the slot for the caller.
 //!
 //! A PUBLISH that fails leaves its range in no object. The caller's bytes stay readable
-//! there, so the small lend must outlive them: such a view counts itself in its lend's
-//! `pinned` until it is dropped, and the client takes no new small lend (which would retire
-//! this one and let the store free it) while any is counted.
+//! there, so the lend must outlive them, as long as the view lives:
+//! * a small lend: the view counts itself in its lend's `pinned`, and the client takes no new
+//!   small lend (which would retire this one and let the store free it) while any is counted;
+//! * the lend: the put's announced write (`Reserved`, which the owed reply carried) stays
+//!   with the view, so the client asks for no new lend and the store takes none back
+//!   (`vovp_shm::lend`) until the view is gone.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use vovp_types::{Error, Location, ObjectRef, ObjectSink, ObjectView};
 
+use crate::lent::Reserved;
 use crate::mapping::MappedSegment;
 
 /// Makes the sink of a resolved view (see [`Pending`]'s `sink`).
@@ -48,8 +53,11 @@ pub(crate) struct Pending {
     /// keep a dropped client's connection open). `None`: the client is gone (and with its
     /// connection every reference it held).
     sink: SinkMaker,
-    /// Failed puts' views still alive in this lend (see the module doc).
-    pinned: Arc<AtomicUsize>,
+    /// A small lend's count of failed puts' views still alive (see the module doc).
+    pinned: Option<Arc<AtomicUsize>>,
+    /// A failed put's announced write into the lend, kept while its view lives (see the
+    /// module doc).
+    failed_write: Mutex<Option<Reserved>>,
 }
 
 // SAFETY: `ptr` points into a shared mapping that `segment` keeps alive; the range is this
@@ -64,7 +72,7 @@ impl Pending {
         location: Location,
         segment: Arc<MappedSegment>,
         sink: SinkMaker,
-        pinned: Arc<AtomicUsize>,
+        pinned: Option<Arc<AtomicUsize>>,
     ) -> Arc<Self> {
         Arc::new(Pending {
             state: Mutex::new(State::Waiting { abandoned: false }),
@@ -74,11 +82,14 @@ impl Pending {
             segment,
             sink,
             pinned,
+            failed_write: Mutex::new(None),
         })
     }
 
-    /// The reader's side: the PUBLISH's answer (`Ok`: the object it made).
-    pub(crate) fn resolve(&self, answer: Result<ObjectRef, Error>) {
+    /// The reader's side: the PUBLISH's answer (`Ok`: the object it made), and the put's
+    /// announced write into the lend if it went through one (withdrawn here, or kept by a
+    /// failed put's view).
+    pub(crate) fn resolve(&self, answer: Result<ObjectRef, Error>, writing: Option<Reserved>) {
         let Ok(mut state) = self.state.lock() else {
             return;
         };
@@ -108,7 +119,12 @@ impl Pending {
             return;
         }
         if view.is_err() {
-            self.pinned.fetch_add(1, Ordering::AcqRel);
+            if let Some(pinned) = &self.pinned {
+                pinned.fetch_add(1, Ordering::AcqRel);
+            }
+            if let Ok(mut kept) = self.failed_write.lock() {
+                *kept = writing;
+            }
         }
         *state = State::Done(view);
     }
@@ -152,7 +168,10 @@ impl Pending {
                 return true;
             }
             State::Done(Err(_)) => {
-                self.pinned.fetch_sub(1, Ordering::AcqRel);
+                if let Some(pinned) = &self.pinned {
+                    pinned.fetch_sub(1, Ordering::AcqRel);
+                }
+                drop(self.failed_write.lock().map(|mut w| w.take()));
             }
             // (A view's drop releases its reference.)
             State::Done(Ok(_)) | State::Taken => {}
@@ -174,7 +193,7 @@ pub(crate) trait ReplyReader: Send + Sync {
     fn abandoned(&self);
 }
 
-/// The store's copy of a small put, returned before the store answered (see
+/// The store's copy of a put, returned before the store answered (see
 /// [`crate::Client::put_view_later`]). Its bytes are readable at once; [`PipelinedView::wait`]
 /// gives the put's outcome, after which [`PipelinedView::take_view`] gives the
 /// [`ObjectView`] (object id, version, the reference). Dropped before the reply, the reference

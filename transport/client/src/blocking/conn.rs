@@ -78,15 +78,22 @@ impl Conn {
             // A broken stream: this call's error (and the waiting views').
             Err(e @ (Error::Connection(_) | Error::Protocol(_))) => {
                 for p in objects.iter().filter_map(|o| o.pending.as_ref()) {
-                    p.resolve(Err(e.clone()));
+                    p.resolve(Err(e.clone()), None);
                 }
                 return Err(e);
             }
             Err(e) => objects.iter().map(|_| Err(e.clone())).collect(),
         };
-        for (object, answer) in objects.iter().zip(answers) {
+        for (object, answer) in objects.into_iter().zip(answers) {
+            // (A put's announced write ends here, now that the store has applied its PUBLISH,
+            // unless a failed put's view keeps it.)
+            let mut writing = object.writing;
+            if let (Some(w), Err(Error::NotFound(_))) = (writing.as_mut(), &answer) {
+                // PUBLISH's NOT_FOUND is about the lend (never the name): forget it.
+                w.lend_gone();
+            }
             if let Some(p) = &object.pending {
-                p.resolve(answer.clone());
+                p.resolve(answer.clone(), writing);
             }
             let Err(e) = answer else { continue };
             let owned = &object.name;
@@ -151,6 +158,16 @@ impl Conn {
             self.read_unread()?;
         }
         Ok(())
+    }
+
+    /// Before one more pipelined put: replies owed stay few, so this reads those that came,
+    /// and at the cap waits for all of them.
+    pub(super) fn make_room_for_a_put(&mut self) -> Result<(), Error> {
+        if self.owed_objects() >= super::MAX_UNREAD {
+            self.drain_unread()
+        } else {
+            self.drain_arrived()
+        }
     }
 
     /// Reads the owed replies that have arrived, without waiting for the others.
@@ -286,7 +303,7 @@ impl ClientInner {
                         "{lost} puts sent without waiting were lost with the old connection"
                     ));
                     for p in conn.wire.unread.iter().flat_map(Unread::pending) {
-                        p.resolve(Err(e.clone()));
+                        p.resolve(Err(e.clone()), None);
                     }
                     conn.record_failed_puts(e, lost);
                 }

@@ -340,13 +340,6 @@ impl ClientInner {
         // SAFETY: this put's range of the small lend (`need` >= data.len() bytes), mapped
         // writable and kept mapped by `range.segment`; nothing else writes it.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), range.ptr, data.len()) };
-        // (Weakly: the slot sits in this client's queue of owed replies; the view holds the
-        // client strongly, as every view does.)
-        let client = Arc::downgrade(self);
-        let sink: SinkMaker = Box::new(move || {
-            let inner = client.upgrade()?;
-            Some(Arc::new(ViewSink { inner, generation }) as Arc<dyn vovp_types::ObjectSink>)
-        });
         let pending = Pending::new(
             range.ptr,
             data.len() as u64,
@@ -355,8 +348,8 @@ impl ClientInner {
                 offset: range.offset,
             },
             range.segment,
-            sink,
-            range.pinned,
+            self.sink_maker(generation),
+            Some(range.pinned),
         );
         let item = PublishItem {
             offset: range.offset,
@@ -368,10 +361,22 @@ impl ClientInner {
         let owed = OwedObject {
             name: name.to_owned(),
             pending: Some(pending.clone()),
+            writing: None,
         };
         flight.add(range.lend, item, owed);
         let reader: Arc<dyn ReplyReader> = self.clone();
         Ok(Some(PipelinedView::new(pending, reader)))
+    }
+
+    /// Where a pipelined put's view sends its reference back, made when its reply is read:
+    /// weakly, since the slot sits in this client's queue of owed replies (the view holds the
+    /// client strongly, as every view does).
+    pub(super) fn sink_maker(self: &Arc<Self>, generation: u64) -> SinkMaker {
+        let client = Arc::downgrade(self);
+        Box::new(move || {
+            let inner = client.upgrade()?;
+            Some(Arc::new(ViewSink { inner, generation }) as Arc<dyn vovp_types::ObjectSink>)
+        })
     }
 
     /// `need` bytes of a new small lend (SMALL LEND), the current one being full; `None`:

@@ -292,9 +292,10 @@ impl Client {
             .collect())
     }
 
-    /// A small put that returns the store's copy at once, without waiting for the store's
-    /// answer: the bytes are written into this client's small lend (whole before the request
-    /// goes out, so no one ever reads a half-made object), one PUBLISH goes out, and the
+    /// A put that returns the store's copy at once, without waiting for the store's answer:
+    /// the bytes are written into this client's small lend (a small object) or its lend (64
+    /// KiB up to the lend's largest object, a quarter of the lend), whole before the request
+    /// goes out, so no one ever reads a half-made object; one PUBLISH goes out, and the
     /// [`PipelinedView`] over them is returned. Its object id and version (and the put's
     /// outcome) come with the reply, read by [`PipelinedView::wait`], by this client's next
     /// call that waits, or by [`Client::sync`]. As with [`Store::put`]'s pipelining: a name
@@ -304,9 +305,11 @@ impl Client {
     /// learns of the name after this returned finds the object.
     ///
     /// `Ok(None)`: not this way; [`Client::put_and_view`] then. Objects whose data (padded to
-    /// 64 bytes) and metadata take more than 4 KiB, pipelining off
-    /// ([`ClientOptions::no_pipelined_puts`]), a store that lends nothing (under 64 MiB,
-    /// `--prefault`), or a small lend held by a failed put's view that still lives.
+    /// 64 bytes) and metadata take more than 4 KiB but whose data is under 64 KiB, objects
+    /// too big for the lend, pipelining off ([`ClientOptions::no_pipelined_puts`]) or lend
+    /// puts off ([`ClientOptions::no_lend_puts`], for the bigger ones), a store that lends
+    /// nothing (under 64 MiB, `--prefault`), or a lend held by a failed put's view that
+    /// still lives (the lend can be replaced only once such views are gone).
     ///
     /// ```no_run
     /// use vovp_client::{Client, Store};
@@ -328,6 +331,11 @@ impl Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<Option<crate::PipelinedView>, Error> {
+        if data.len() >= crate::lent::CLIENT_LEND_MIN {
+            return (self.inner)
+                .put_lent_later(name, data, metadata, &options)
+                .transpose();
+        }
         let mut answers = self
             .inner
             .put_views_later(&[(name, data, metadata, options)]);

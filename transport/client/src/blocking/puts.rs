@@ -1,15 +1,18 @@
-//! Puts that skip a round trip: through this client's lend (one PUBLISH, no CREATE) and
-//! pipelined small puts (no wait for the reply; failures reported by `Client::sync`).
+//! Puts that skip a round trip: through this client's lend (one PUBLISH, no CREATE; kept ones
+//! also without waiting for its reply) and pipelined small puts (no wait for the reply;
+//! failures reported by `Client::sync`).
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
-use vovp_proto::{Reply, Request};
-use vovp_types::{CreateOptions, Error};
+use vovp_proto::{Reply, Request, PUT_KEEP_REFERENCE, PUT_PIPELINED};
+use vovp_types::{CreateOptions, Error, Location};
 
-use super::{ClientInner, MAX_UNREAD};
-use crate::core::{requests, Answered, Expect, Unread, UnreadKind};
+use super::ClientInner;
+use crate::core::{requests, Answered, Expect, OwedObject, Unread, UnreadKind};
 use crate::io;
 use crate::lent::{self, Lent, Reservation, Reserved};
+use crate::pending::{Pending, PipelinedView, ReplyReader};
 
 impl ClientInner {
     /// Puts through a lend: the bytes are written into this client's lend and one PUBLISH
@@ -23,25 +26,9 @@ impl ClientInner {
         options: &CreateOptions,
         keep: bool,
     ) -> Option<Result<(Reply, Answered), Error>> {
-        if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
-            return None;
-        }
-        let need = self.lends.wants(data.len(), metadata.len())?;
-        // A lend is taken back through the hold table: no table (or a forked child, which
-        // cannot announce its writes there), no lend.
-        if !self.core.session.maps().shared.as_ref()?.can_announce() {
-            return None;
-        }
-        let generation = self.core.session.generation();
-        let mut reserved = match self.lends.reserve(need, generation) {
-            Reservation::Got(r) => r,
-            Reservation::No => return None,
-            Reservation::Lend(asked) => {
-                let lent = self.take_lend(asked.at_least);
-                asked.install(lent)?
-            }
-        };
-        let result = self.publish_reserved(&reserved, name, data, metadata, options, keep);
+        let mut reserved = self.reserve_lent(data.len(), metadata.len(), options)?;
+        let flags = if keep { PUT_KEEP_REFERENCE } else { 0 };
+        let result = self.publish_reserved(&reserved, name, data, metadata, options, flags);
         // NOT_FOUND from PUBLISH is about the lend (never the name): the store no longer
         // has it, so put another way (the bytes are copied again, once).
         if matches!(result, Err(Error::NotFound(_))) {
@@ -51,16 +38,44 @@ impl ClientInner {
         Some(result)
     }
 
-    pub(super) fn publish_reserved(
+    /// A range of this client's lend for a put of `size` data and `metadata_len` metadata
+    /// bytes (asking for a new lend when the current one is full); `None`: not through a lend.
+    fn reserve_lent(
+        &self,
+        size: usize,
+        metadata_len: usize,
+        options: &CreateOptions,
+    ) -> Option<Reserved> {
+        if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
+            return None;
+        }
+        let need = self.lends.wants(size, metadata_len)?;
+        // A lend is taken back through the hold table: no table (or a forked child, which
+        // cannot announce its writes there), no lend.
+        if !self.core.session.maps().shared.as_ref()?.can_announce() {
+            return None;
+        }
+        let generation = self.core.session.generation();
+        match self.lends.reserve(need, generation) {
+            Reservation::Got(r) => Some(r),
+            Reservation::No => None,
+            Reservation::Lend(asked) => {
+                let lent = self.take_lend(asked.at_least);
+                asked.install(lent)
+            }
+        }
+    }
+
+    fn publish_reserved(
         &self,
         r: &Reserved,
         name: &str,
         data: &[u8],
         metadata: &[u8],
         options: &CreateOptions,
-        keep: bool,
+        put_flags: u32,
     ) -> Result<(Reply, Answered), Error> {
-        let req = r.write(name, data, metadata, options, keep)?;
+        let req = r.write(name, data, metadata, options, put_flags)?;
         let (reply, answered) = self.call_in_session(&req)?;
         if answered.1 != r.generation {
             // Reconnected in between: the new daemon knows no such lend (it answered NOT_FOUND).
@@ -69,6 +84,112 @@ impl ClientInner {
             ));
         }
         Ok((reply, answered))
+    }
+
+    /// [`super::Client::put_view_later`] of a put through the lend (64 KiB up to the lend's
+    /// largest object): written into the lend as [`ClientInner::put_lent`] does, but the
+    /// PUBLISH (KEEP_REFERENCE | PIPELINED) goes out without waiting, and the store's copy
+    /// comes back as a [`PipelinedView`]. The put's announced write into the lend rides in
+    /// the owed reply and is withdrawn only when that reply is read (a failed put's view
+    /// keeps it while it lives: `crate::pending`), as `vovp_shm::lend` requires. `None`: not
+    /// this way (pipelining off, not through a lend, a connection that changed meanwhile).
+    pub(super) fn put_lent_later(
+        self: &Arc<Self>,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        options: &CreateOptions,
+    ) -> Option<Result<PipelinedView, Error>> {
+        if !self.pipelined_puts {
+            return None;
+        }
+        // Refused here, now, as a waiting put's would be (before any byte is copied).
+        if let Err(e) =
+            vovp_types::ObjectName::new(name).and_then(|_| vovp_types::check_metadata(metadata))
+        {
+            return Some(Err(e));
+        }
+        let reserved = match self.reserve_lent(data.len(), metadata.len(), options) {
+            Some(r) => r,
+            // The lend may be full with only this client's owed puts still counted as
+            // writing into it: once their replies are read, it may be replaced.
+            None if self.read_owed_lend_puts() => {
+                self.reserve_lent(data.len(), metadata.len(), options)?
+            }
+            None => return None,
+        };
+        // The copy runs outside the connection's lock (other threads' calls go on meanwhile).
+        let flags = crate::core::create_flags(options) | PUT_KEEP_REFERENCE | PUT_PIPELINED;
+        let req = match reserved.write(name, data, metadata, options, flags) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut conn = match self.lock() {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        // The mappings and generation of the connection this lock guards: the lend must be
+        // that connection's, and the put counted in its hold table.
+        let (maps, generation) = self.core.session.current();
+        let shared = maps.shared.as_ref().filter(|s| s.can_announce())?;
+        if generation != reserved.generation {
+            return None;
+        }
+        let sent = (|| {
+            conn.make_room_for_a_put()?;
+            if !conn.may_pipeline(shared, name, flags, std::iter::empty())? {
+                // This client's own put of the name is unanswered: its answer first, as a
+                // waiting put would have had it (the name may be taken now).
+                conn.drain_unread()?;
+                if !conn.may_pipeline(shared, name, flags, std::iter::empty())? {
+                    return Ok(None);
+                }
+            }
+            // Counted before it goes out: another client told the name is missing waits
+            // for it (vovp-shm's `sent`).
+            if !shared.count_sent_put() {
+                return Ok(None);
+            }
+            let pending = Pending::new(
+                reserved.ptr(),
+                data.len() as u64,
+                Location::Host {
+                    segment: reserved.segment_id,
+                    offset: reserved.offset,
+                },
+                reserved.segment().clone(),
+                self.sink_maker(generation),
+                None,
+            );
+            let id = self.core.frame_pipelined(&mut conn.wire, &req);
+            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+            conn.wire.unread.push_back(Unread {
+                id,
+                kind: UnreadKind::Put,
+                objects: vec![OwedObject {
+                    name: name.to_owned(),
+                    pending: Some(pending.clone()),
+                    writing: Some(reserved),
+                }],
+            });
+            let reader: Arc<dyn ReplyReader> = self.clone();
+            Ok(Some(PipelinedView::new(pending, reader)))
+        })();
+        match sent {
+            Ok(view) => view.map(Ok),
+            // The waiting way reconnects when it may.
+            Err(Error::Connection(_)) if self.core.reconnect => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Reads every owed reply if some are of puts into the lend (`true`: there were).
+    fn read_owed_lend_puts(&self) -> bool {
+        let Ok(mut conn) = self.lock() else {
+            return false;
+        };
+        let owed = (conn.wire.unread.iter()).any(|u| u.objects.iter().any(|o| o.writing.is_some()));
+        owed && conn.drain_unread().is_ok()
     }
 
     /// An inline PUT sent without waiting for its reply (read before the next call that
@@ -112,12 +233,7 @@ impl ClientInner {
             return None;
         }
         let sent = (|| {
-            // Replies owed stay few: read those that came, and wait for them past the cap.
-            if conn.owed_objects() >= MAX_UNREAD {
-                conn.drain_unread()?;
-            } else {
-                conn.drain_arrived()?;
-            }
+            conn.make_room_for_a_put()?;
             if !conn.may_pipeline(shared, name, flags, std::iter::empty())?
                 || !shared.count_sent_put()
             {

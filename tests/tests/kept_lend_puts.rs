@@ -1,0 +1,148 @@
+//! Kept puts of 64 KiB and more that return before the store's answer
+//! (`Client::put_view_later` through the client's lend, what the Python `put_tensor` of a
+//! host tensor up to 4 MiB does): the bytes are copied into the lend, the PUBLISH goes out,
+//! and the caller gets the store's copy at once. Real daemon, clients on separate
+//! connections. What must survive the missing round trip: others find the object once the
+//! put returned; the lend is never taken back or replaced while a PUBLISH into it is still
+//! unanswered, nor while a failed put's view still shows its bytes.
+
+use std::time::Duration;
+
+use vovp::{CreateOptions, Store};
+use vovp_client::PipelinedView;
+use vovp_tests::{put_later, view_bytes as bytes, Daemon};
+
+const MIB: usize = 1 << 20;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// With the store stopped (SIGSTOP), a 1 MiB kept put still returns with its view: it
+/// waited for nothing. Once the store runs again, another client finds the object, in the
+/// same memory, and the view resolves to its id.
+#[test]
+fn a_kept_lend_put_returns_before_the_store_answers() {
+    let d = Daemon::start("1G");
+    let c = d.client();
+    let other = d.client();
+    // The first put takes the lend (a LEND round trip).
+    let first = put_later(&c, "first", &pattern(MIB, 1)).expect("through the lend");
+    first.wait().unwrap();
+    let data = pattern(MIB, 2);
+    let stopped = vovp_tests::memfd::Stopped::new(d.child.id());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let putter = std::thread::spawn(move || {
+        let v = put_later(&c, "m", &data).expect("through the lend");
+        let _ = tx.send(c.unread_replies());
+        (c, v, data)
+    });
+    let owed = rx.recv_timeout(Duration::from_secs(10));
+    drop(stopped);
+    let (c, v, data) = putter.join().unwrap();
+    assert_eq!(owed, Ok(1), "the put waited for the stopped store");
+    assert_eq!(bytes(&v), &data[..]);
+    let got = other
+        .get_one("m", None)
+        .expect("found once the put returned");
+    assert_eq!(got.bytes(), &data[..]);
+    assert_eq!(got.metadata(), b"meta");
+    assert_eq!(got.location(), v.location(), "the same memory, zero-copy");
+    v.wait().unwrap();
+    let view = v.take_view().expect("the view, once answered");
+    assert_eq!((view.version(), view.id()), (1, got.id()));
+    // A name already published fails at once; under 64 KiB and over 4 KiB: not this way.
+    assert!(matches!(
+        c.put_view_later("m", &data, b"", CreateOptions::default()),
+        Err(vovp::Error::AlreadyExists(_))
+    ));
+    assert!(put_later(&c, "mid", &[1u8; 8192]).is_none());
+    c.sync().unwrap();
+}
+
+/// Kept puts back to back fill lend after lend (16 MiB lends, 1 MiB puts): a full lend whose
+/// puts are still unanswered is replaced once their replies are read, so every put goes this
+/// way, and every object is stored whole.
+#[test]
+fn kept_lend_puts_back_to_back_replace_full_lends() {
+    let d = Daemon::start("1G");
+    let c = d.client();
+    let other = d.client();
+    let views: Vec<PipelinedView> = (0..40)
+        .map(|i| put_later(&c, &format!("b{i}"), &pattern(MIB, i as u8)).expect("this way"))
+        .collect();
+    assert!(c.unread_replies() > 0, "nothing left unanswered");
+    for (i, v) in views.iter().enumerate() {
+        let got = other.get_one(&format!("b{i}"), None).expect("stored");
+        assert_eq!(got.bytes(), &pattern(MIB, i as u8)[..]);
+        assert_eq!(got.location(), v.location());
+        v.wait().unwrap();
+    }
+    c.sync().unwrap();
+}
+
+/// A put the store refuses (the name is taken by an unsealed object, which the shared
+/// directory does not show) is reported by `wait` and `sync`; its bytes stay readable in the
+/// view, in a range of the lend that no object owns. So while the view lives the client
+/// takes no new lend and the store, short of memory, does not take this one back (it would
+/// free the range, and the client's next lend or object could land there): puts go the
+/// waiting way once the lend is full, and the bytes never change.
+#[test]
+fn a_failed_lend_put_keeps_its_bytes_and_its_lend_until_its_view_goes() {
+    // 64 MiB: lends of 1 MiB, objects up to 256 KiB through them.
+    let d = Daemon::start("64M");
+    let creator = d.client();
+    let _unsealed = creator
+        .create("taken", 16, b"", CreateOptions::default())
+        .unwrap();
+    let c = d.client();
+    let mine = pattern(128 << 10, 7);
+    let failed = vovp_tests::refused_put_later(&c, "taken", &mine);
+    // Fill several lends' worth, each object deleted at once (so a lend would empty).
+    let mut waited = 0;
+    for i in 0..24u8 {
+        let name = format!("fill{i}");
+        let data = pattern(128 << 10, i);
+        match put_later(&c, &name, &data) {
+            Some(v) => v.wait().unwrap(),
+            None => {
+                waited += 1;
+                c.put(&name, &data, b"meta", CreateOptions::default())
+                    .unwrap();
+            }
+        }
+        assert_eq!(c.get_one(&name, None).unwrap().bytes(), &data[..]);
+        c.delete(&name).unwrap();
+        assert_eq!(bytes(&failed), &mine[..], "the failed put's bytes changed");
+    }
+    assert!(waited > 0, "a full lend held by a failed view was replaced");
+    // Short of memory, the store takes back empty lends no put writes into: not this one.
+    let hog = d.client();
+    let mut held = Vec::new();
+    for i in 0.. {
+        match hog.put_and_view(&format!("hog{i}"), &[0xee; MIB], b"", Default::default()) {
+            Ok(v) => held.push(v),
+            Err(vovp::Error::OutOfMemory { .. }) => break,
+            Err(e) => panic!("the hog's put failed otherwise: {e}"),
+        }
+        assert!(i < 128, "a 64 MiB store took 128 MiB");
+    }
+    for i in 0..4u8 {
+        let data = pattern(128 << 10, 100 + i);
+        let name = format!("after{i}");
+        if c.put(&name, &data, b"", CreateOptions::default()).is_ok() {
+            c.delete(&name).unwrap();
+        }
+    }
+    assert_eq!(bytes(&failed), &mine[..], "the lend was taken back");
+    drop(held);
+    drop(failed);
+    c.sync().unwrap();
+    assert!(
+        put_later(&c, "after", &pattern(128 << 10, 9)).is_some(),
+        "a new lend once the failed view is gone"
+    );
+    c.sync().unwrap();
+}
