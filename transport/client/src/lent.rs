@@ -221,6 +221,9 @@ pub(crate) enum Reservation {
     Got(Reserved),
     /// Send LEND for `at_least` bytes, then hand the outcome to [`LendAsked::install`].
     Lend(LendAsked),
+    /// The current lend is full (or taken back) and puts still write into it, so it cannot be
+    /// replaced yet: put another way, or end those puts and ask again.
+    Busy,
     /// No lend now: put another way.
     No,
 }
@@ -339,8 +342,11 @@ impl Lends {
                 Err(NoRange::Full) => {}
             }
         }
-        if slot.lending || slot.current.as_ref().is_some_and(|c| c.writing > 0) {
+        if slot.lending {
             return Reservation::No;
+        }
+        if slot.current.as_ref().is_some_and(|c| c.writing > 0) {
+            return Reservation::Busy;
         }
         if slot
             .retry_after

@@ -68,7 +68,7 @@ pub struct ClientOptions {
     pub no_lend_puts: bool,
     /// Wait for the store's answer to every put. By default a [`Client`]'s `put` of an
     /// object small enough to ride in the request (below 64 KiB, where lends start; 256 KiB
-    /// with lends off; no reference kept) returns once
+    /// with lends off; no reference kept), and [`Client::put_view_later`], return once
     /// the request is written, without waiting for the reply: a put costs a write, not a
     /// round trip. What stays true: a name already published fails at once
     /// (`AlreadyExists`); any other process that learns of the name after `put` returned and

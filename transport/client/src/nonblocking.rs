@@ -306,7 +306,7 @@ impl AsyncClient {
         let generation = self.inner.core.session.generation();
         let mut reserved = match lends.reserve(need, generation) {
             Reservation::Got(r) => r,
-            Reservation::No => return None,
+            Reservation::No | Reservation::Busy => return None,
             Reservation::Lend(asked) => {
                 let lent = self.take_lend(asked.at_least).await;
                 asked.install(lent)?

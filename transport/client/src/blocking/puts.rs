@@ -14,6 +14,14 @@ use crate::io;
 use crate::lent::{self, Lent, Reservation, Reserved};
 use crate::pending::{Pending, PipelinedView, ReplyReader};
 
+/// Why [`ClientInner::reserve_lent`] gave no range.
+enum Unlent {
+    /// Not through a lend (see [`ClientInner::put_lent`]).
+    No,
+    /// The lend is full and puts still write into it ([`Reservation::Busy`]).
+    Busy,
+}
+
 impl ClientInner {
     /// Puts through a lend: the bytes are written into this client's lend and one PUBLISH
     /// makes them a sealed object. `None`: not through a lend (too small or too big for one,
@@ -26,7 +34,9 @@ impl ClientInner {
         options: &CreateOptions,
         keep: bool,
     ) -> Option<Result<(Reply, Answered), Error>> {
-        let mut reserved = self.reserve_lent(data.len(), metadata.len(), options)?;
+        let mut reserved = self
+            .reserve_lent(data.len(), metadata.len(), options)
+            .ok()?;
         let flags = if keep { PUT_KEEP_REFERENCE } else { 0 };
         let result = self.publish_reserved(&reserved, name, data, metadata, options, flags);
         // NOT_FOUND from PUBLISH is about the lend (never the name): the store no longer
@@ -39,29 +49,31 @@ impl ClientInner {
     }
 
     /// A range of this client's lend for a put of `size` data and `metadata_len` metadata
-    /// bytes (asking for a new lend when the current one is full); `None`: not through a lend.
+    /// bytes (asking for a new lend when the current one is full); else why not.
     fn reserve_lent(
         &self,
         size: usize,
         metadata_len: usize,
         options: &CreateOptions,
-    ) -> Option<Reserved> {
+    ) -> Result<Reserved, Unlent> {
         if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
-            return None;
+            return Err(Unlent::No);
         }
-        let need = self.lends.wants(size, metadata_len)?;
+        let need = self.lends.wants(size, metadata_len).ok_or(Unlent::No)?;
         // A lend is taken back through the hold table: no table (or a forked child, which
         // cannot announce its writes there), no lend.
-        if !self.core.session.maps().shared.as_ref()?.can_announce() {
-            return None;
+        let maps = self.core.session.maps();
+        if !maps.shared.as_ref().is_some_and(|s| s.can_announce()) {
+            return Err(Unlent::No);
         }
         let generation = self.core.session.generation();
         match self.lends.reserve(need, generation) {
-            Reservation::Got(r) => Some(r),
-            Reservation::No => None,
+            Reservation::Got(r) => Ok(r),
+            Reservation::Busy => Err(Unlent::Busy),
+            Reservation::No => Err(Unlent::No),
             Reservation::Lend(asked) => {
                 let lent = self.take_lend(asked.at_least);
-                asked.install(lent)
+                asked.install(lent).ok_or(Unlent::No)
             }
         }
     }
@@ -93,6 +105,10 @@ impl ClientInner {
     /// the owed reply and is withdrawn only when that reply is read (a failed put's view
     /// keeps it while it lives: `crate::pending`), as `vovp_shm::lend` requires. `None`: not
     /// this way (pipelining off, not through a lend, a connection that changed meanwhile).
+    ///
+    /// Kept puts only: the reference the put keeps is what keeps its lend from emptying
+    /// while the reply is owed. A raw put's object could be evicted meanwhile, and an idle
+    /// client's unread reply would then stop the store from taking the emptied lend back.
     pub(super) fn put_lent_later(
         self: &Arc<Self>,
         name: &str,
@@ -110,17 +126,18 @@ impl ClientInner {
             return Some(Err(e));
         }
         let reserved = match self.reserve_lent(data.len(), metadata.len(), options) {
-            Some(r) => r,
-            // The lend may be full with only this client's owed puts still counted as
-            // writing into it: once their replies are read, it may be replaced.
-            None if self.read_owed_lend_puts() => {
-                self.reserve_lent(data.len(), metadata.len(), options)?
-            }
-            None => return None,
+            Ok(r) => r,
+            // The lend is full and puts still count as writing into it: if they are this
+            // client's owed ones, it may be replaced once their replies are read.
+            Err(Unlent::Busy) if self.read_owed_lend_puts() => self
+                .reserve_lent(data.len(), metadata.len(), options)
+                .ok()?,
+            Err(_) => return None,
         };
         // The copy runs outside the connection's lock (other threads' calls go on meanwhile).
-        let flags = crate::core::create_flags(options) | PUT_KEEP_REFERENCE | PUT_PIPELINED;
-        let req = match reserved.write(name, data, metadata, options, flags) {
+        let put_flags = PUT_KEEP_REFERENCE | PUT_PIPELINED;
+        let flags = crate::core::create_flags(options) | put_flags;
+        let req = match reserved.write(name, data, metadata, options, put_flags) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
