@@ -237,8 +237,8 @@ class Client:
         shape: Sequence[int],
     ) -> Object:
         """The kept put of C-contiguous array ``src``, shown with the given layout; a small
-        one, or one through the lend (64 KiB up to 4 MiB), comes back at once, pending
-        (``writable``: viewed through a private mapping, or in place when large)."""
+        one, or one through the lend (64 KiB up to a quarter of a lend), comes back at once,
+        pending (``writable``: viewed through a private mapping, or in place when large)."""
     def put_tensors_host(
         self,
         items: Sequence[Tuple[str, Any, bytes, str, int, Sequence[int], bool]],

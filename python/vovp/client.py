@@ -219,18 +219,20 @@ class Client(CudaMethods):
     directory and record a hold in this client's own hold table, with no message to the
     daemon; everything else, and every get with ``shared_reads=False``, is a request.
 
-    ``lend_puts`` (default on): puts of 64 KiB up to 4 MiB are copied into a part of this
-    client's own arena the store lends it and made objects with one message (no CREATE round
-    trip). The store takes an empty, idle lend (1/64 of the store, at most 16 MiB) back when
-    it is short of memory; a lend's memory comes back with its last object. Needs
-    ``shared_reads``.
+    ``lend_puts`` (default on): puts of 64 KiB up to a quarter of a lend (4 MiB on a store of
+    1 GiB or more) are copied into a part of this client's own arena the store lends it and
+    made objects with one message (no CREATE round trip). The store takes an empty, idle
+    lend (1/64 of the store, at most 16 MiB) back when it is short of memory; a lend's memory
+    comes back with its last object. Needs ``shared_reads``.
 
     ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``),
     and ``put_tensor`` of a host tensor whose bytes and header take up to 4 KiB (or, with
-    ``lend_puts``, of 64 KiB up to 4 MiB), return once the request is written, without
-    waiting for the store's answer (a write, not a round trip). ``put_tensor``'s result is
-    the store's copy all the same: its bytes are written into a part of this client's arena
-    the store lends it before the request goes out; the object's id and version (``vovp.version_of``) come with the answer, read when
+    ``lend_puts``, of a C-contiguous little-endian one from 64 KiB up to what the lend takes:
+    a quarter of a lend, 4 MiB on a store of 1 GiB or more), return once the request is
+    written, without waiting for the store's answer (a write, not a round trip).
+    ``put_tensor``'s result is the store's copy all the same: its bytes are written into a
+    part of this client's arena the store lends it before the request goes out; the
+    object's id and version (``vovp.version_of``) come with the answer, read when
     first needed. A name already published (or just put by this client) still fails at
     once; any process that learns of the name after ``put`` returned finds the object (the
     store waits for such puts before answering "missing"); this client's own later calls come
@@ -660,12 +662,15 @@ class Client(CudaMethods):
         ``vovp.version_of(result)`` is the version it became. Without it, an existing name
         raises ObjectExists.
 
-        A host tensor whose bytes and header take up to 4 KiB, or (``lend_puts``) of 64 KiB up
-        to 4 MiB, returns without waiting for the store's answer (``pipelined_puts`` in
-        ``Client``): a name already published still raises ObjectExists at once, but one taken
-        meanwhile by another client's racing put is raised by ``sync()`` (and by
-        ``version_of`` of the result), not here. A small one's torch (or ``writable``) result
-        views the store's copy through a private mapping: writes to it stay in this process.
+        A host tensor whose bytes and header take up to 4 KiB, or (``lend_puts``) a
+        C-contiguous little-endian one of 64 KiB up to what the lend takes (4 MiB on a store
+        of 1 GiB or more), returns without waiting for the store's answer (``pipelined_puts``
+        in ``Client``): a name already published still raises ObjectExists at once, but one
+        taken meanwhile by another client's racing put is raised by ``sync()`` (and by
+        ``version_of`` of the result), not here. While such a failed result lives, the part
+        of the arena it is in is kept for it, so once that lend is full this client's larger
+        puts wait for the store again. A small one's torch (or ``writable``) result views the
+        store's copy through a private mapping: writes to it stay in this process.
         """
         if type(t) is np.ndarray:
             src, torch_in = t, False
@@ -727,8 +732,11 @@ class Client(CudaMethods):
         Small host tensors (up to the inline limit) are pipelined: their puts go out together
         (one message for several) and their replies are read later, as a single small
         ``put_tensor``'s are. Larger ones and
-        CUDA tensors are put one after the other. If any put fails, the first error is raised
-        after all were attempted; the others stay stored (``delete`` them if needed).
+        CUDA tensors are put one after the other, each as ``put_tensor`` puts it (so one of
+        64 KiB up to what the lend takes does not wait for the store's answer either). If any
+        put fails here, the first error is raised after all were attempted; the others stay
+        stored (``delete`` them if needed). A pipelined put the store refuses is raised by
+        ``sync()`` and by ``version_of`` of its result, not here.
         """
         items: builtins.list[Tuple[Name, Any]] = list(
             tensors.items() if hasattr(tensors, "items") else tensors)

@@ -146,3 +146,61 @@ fn a_failed_lend_put_keeps_its_bytes_and_its_lend_until_its_view_goes() {
     );
     c.sync().unwrap();
 }
+
+/// While its PUBLISH is unanswered a put still counts as writing into its lend, so the store,
+/// short of memory at that moment, cannot take the lend back (it would free the range the
+/// PUBLISH names). The store is stopped while another client's create that needs the lend's
+/// memory is queued and then the put goes out: whichever the store applies first, the put is
+/// stored and the create refused. Once the object is gone the same create succeeds (the
+/// emptied lend is taken back), so the refusal was the lend's.
+#[test]
+fn an_unanswered_lend_put_keeps_its_lend_from_being_taken_back() {
+    // 64 MiB: lends of 1 MiB, objects up to 256 KiB through them.
+    let d = Daemon::start("64M");
+    let c = d.client();
+    let warm = put_later(&c, "warm", &pattern(128 << 10, 1)).expect("through the lend");
+    warm.wait().unwrap();
+    drop(warm);
+    c.delete("warm").unwrap();
+    // (The new lend's background populate counts as a writer for a moment.)
+    std::thread::sleep(Duration::from_millis(300));
+    let hog = vovp_client::Client::connect_with(
+        &d.socket,
+        vovp_client::ClientOptions {
+            no_lend_puts: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let big = 64 * MIB - MIB / 2;
+    let stopped = vovp_tests::memfd::Stopped::new(d.child.id());
+    let queued = {
+        let hog = hog.clone();
+        std::thread::spawn(move || {
+            hog.create("big", big as u64, b"", CreateOptions::default())
+                .map(drop)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let data = pattern(128 << 10, 2);
+    let v = put_later(&c, "p", &data).expect("through the lend");
+    drop(stopped);
+    assert!(
+        matches!(queued.join().unwrap(), Err(vovp::Error::OutOfMemory { .. })),
+        "the lend was taken back under an unanswered put"
+    );
+    v.wait().expect("the put was stored");
+    assert_eq!(hog.get_one("p", None).unwrap().bytes(), &data[..]);
+    drop(v);
+    c.delete("p").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match hog.create("big", big as u64, b"", CreateOptions::default()) {
+            Ok(_) => break,
+            Err(vovp::Error::OutOfMemory { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("the emptied lend was not taken back: {e}"),
+        }
+    }
+}

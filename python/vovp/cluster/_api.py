@@ -113,8 +113,13 @@ def publish(name: str, tensor: Any = None) -> Any:
     if result is not None:
         # A put_tensor may return before the store answered: its refusal (a name taken by a
         # racing put here, a full store) is raised here, before another object of the name
-        # could be published in its place.
-        version_of(result)
+        # could be published in its place. (A failed result is let go first: while it
+        # lives, its part of this client's lend is kept for it.)
+        try:
+            version_of(result)
+        except VovpError:
+            del result
+            raise
     try:
         view, metadata = c.get_buffer(name, with_metadata=True)
     except ObjectNotFound:

@@ -166,6 +166,14 @@ impl Reserved {
     /// The store answered that it has no such lend: forget it when this put ends.
     pub(crate) fn lend_gone(&mut self) {
         self.gone = true;
+        // No further put takes a range of it (it is forgotten once no put writes into it).
+        if let Ok(mut slot) = self.slot.lock() {
+            if let Some(c) = (slot.current.as_mut())
+                .filter(|c| c.lend.id == self.lend && c.generation == self.generation)
+            {
+                c.revoked = true;
+            }
+        }
     }
 
     /// Where the range starts in this process.
@@ -174,7 +182,7 @@ impl Reserved {
     }
 
     /// The mapping the range lies in.
-    pub(crate) fn segment(&self) -> &Arc<MappedSegment> {
+    pub(crate) fn mapping(&self) -> &Arc<MappedSegment> {
         &self.segment
     }
 
@@ -328,11 +336,11 @@ impl Lends {
             return Reservation::No;
         };
         // A lend belongs to one connection: a caller on an older one puts another way; a
-        // newer connection forgets the old lend once no put writes into it.
-        match slot.current.as_ref().map(|c| (c.generation, c.writing)) {
-            Some((g, _)) if g > generation => return Reservation::No,
-            Some((g, 0)) if g < generation => slot.current = None,
-            Some((g, _)) if g < generation => return Reservation::No,
+        // newer connection forgets the old lend (puts still writing into it, or a failed
+        // put's view keeping it, hold their own mapping; none counts in the new one).
+        match slot.current.as_ref().map(|c| c.generation) {
+            Some(g) if g > generation => return Reservation::No,
+            Some(g) if g < generation => slot.current = None,
             _ => {}
         }
         if let Some(c) = slot.current.as_mut() {
@@ -391,15 +399,21 @@ impl LendAsked {
                     writing: 0,
                     revoked: false,
                 });
-                if fresh {
-                    // The populate is a writer like a put (an empty reservation, announced
-                    // now under the lock): the store cannot take the lend back under it, and
-                    // this client asks for no new lend while it runs.
-                    if let Ok(populating) = current.take(0, &slot_ref) {
-                        populate_in_background(&current.segment, &current.lend, populating);
-                    }
+                // The populate is a writer like a put (an empty reservation, announced now
+                // under the lock): the store cannot take the lend back under it, and this
+                // client asks for no new lend while it runs.
+                let populate = fresh
+                    .then(|| current.take(0, &slot_ref).ok())
+                    .flatten()
+                    .map(|r| (current.segment.clone(), current.lend, r));
+                let reserved = current.take(self.need, &slot_ref).ok();
+                // Started once the lock is let go: a failed spawn drops the populate's
+                // reservation, whose drop takes this lock.
+                drop(slot);
+                if let Some((segment, lend, populating)) = populate {
+                    populate_in_background(&segment, &lend, populating);
                 }
-                current.take(self.need, &slot_ref).ok()
+                reserved
             }
             Err(e) => {
                 // The store's answer that it lends nothing (MALFORMED), or a daemon without

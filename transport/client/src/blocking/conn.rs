@@ -77,8 +77,12 @@ impl Conn {
             Ok(reply) => vec![reply.object()],
             // A broken stream: this call's error (and the waiting views').
             Err(e @ (Error::Connection(_) | Error::Protocol(_))) => {
-                for p in objects.iter().filter_map(|o| o.pending.as_ref()) {
-                    p.resolve(Err(e.clone()), None);
+                // (The store may not have applied the PUBLISH: a view keeps its put's range
+                // of the lend, as for a refused put.)
+                for o in objects {
+                    if let Some(p) = &o.pending {
+                        p.resolve(Err(e.clone()), o.writing);
+                    }
                 }
                 return Err(e);
             }
@@ -89,8 +93,10 @@ impl Conn {
             // unless a failed put's view keeps it.)
             let mut writing = object.writing;
             if let (Some(w), Err(Error::NotFound(_))) = (writing.as_mut(), &answer) {
-                // PUBLISH's NOT_FOUND is about the lend (never the name): forget it.
+                // PUBLISH's NOT_FOUND is about the lend (never the name): the store no longer
+                // has it, so forget it, and there is nothing left for a view to keep.
                 w.lend_gone();
+                writing = None;
             }
             if let Some(p) = &object.pending {
                 p.resolve(answer.clone(), writing);

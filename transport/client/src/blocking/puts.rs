@@ -106,9 +106,11 @@ impl ClientInner {
     /// keeps it while it lives: `crate::pending`), as `vovp_shm::lend` requires. `None`: not
     /// this way (pipelining off, not through a lend, a connection that changed meanwhile).
     ///
-    /// Kept puts only: the reference the put keeps is what keeps its lend from emptying
+    /// Kept puts only: the reference a stored put keeps is what keeps its lend from emptying
     /// while the reply is owed. A raw put's object could be evicted meanwhile, and an idle
-    /// client's unread reply would then stop the store from taking the emptied lend back.
+    /// client's unread reply would then stop the store from taking the emptied lend back
+    /// (as a failed kept put's unread reply, or its live view, does: rare, and bounded by
+    /// one lend).
     pub(super) fn put_lent_later(
         self: &Arc<Self>,
         name: &str,
@@ -174,7 +176,7 @@ impl ClientInner {
                     segment: reserved.segment_id,
                     offset: reserved.offset,
                 },
-                reserved.segment().clone(),
+                reserved.mapping().clone(),
                 self.sink_maker(generation),
                 None,
             );
