@@ -56,17 +56,24 @@ pub(crate) enum UnreadKind {
     Put,
 }
 
+impl OwedObject {
+    /// An object whose reply carries nothing for anyone (no view waits for it).
+    pub(crate) fn named(name: &str) -> Self {
+        OwedObject {
+            name: name.to_owned(),
+            pending: None,
+            writing: None,
+        }
+    }
+}
+
 impl Unread {
     /// A request about one object.
     pub(crate) fn one(id: u64, kind: UnreadKind, name: &str) -> Self {
         Unread {
             id,
             kind,
-            objects: vec![OwedObject {
-                name: name.to_owned(),
-                pending: None,
-                writing: None,
-            }],
+            objects: vec![OwedObject::named(name)],
         }
     }
 

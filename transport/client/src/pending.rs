@@ -33,9 +33,14 @@ pub(crate) type SinkMaker = Box<dyn Fn() -> Option<Arc<dyn ObjectSink>> + Send +
 enum State {
     /// No reply yet; `abandoned`: the view was dropped meanwhile.
     Waiting { abandoned: bool },
-    /// The reply: the object's view (holding the reference the PUBLISH kept), or why the
-    /// store refused the put.
-    Done(Result<ObjectView, Error>),
+    /// The reply: the object's view (holding the reference the PUBLISH kept).
+    Stored(ObjectView),
+    /// Why the store refused the put (or its reply was lost); `_writing`: a put through the
+    /// lend keeps its announced write into it while the view lives (see the module doc).
+    Failed {
+        error: Error,
+        _writing: Option<Reserved>,
+    },
     /// The view was taken out by [`PipelinedView::take_view`].
     Taken,
 }
@@ -55,9 +60,6 @@ pub(crate) struct Pending {
     sink: SinkMaker,
     /// A small lend's count of failed puts' views still alive (see the module doc).
     pinned: Option<Arc<AtomicUsize>>,
-    /// A failed put's announced write into the lend, kept while its view lives (see the
-    /// module doc).
-    failed_write: Mutex<Option<Reserved>>,
 }
 
 // SAFETY: `ptr` points into a shared mapping that `segment` keeps alive; the range is this
@@ -82,7 +84,6 @@ impl Pending {
             segment,
             sink,
             pinned,
-            failed_write: Mutex::new(None),
         })
     }
 
@@ -118,15 +119,18 @@ impl Pending {
             *state = State::Taken;
             return;
         }
-        if view.is_err() {
-            if let Some(pinned) = &self.pinned {
-                pinned.fetch_add(1, Ordering::AcqRel);
+        *state = match view {
+            Ok(view) => State::Stored(view),
+            Err(e) => {
+                if let Some(pinned) = &self.pinned {
+                    pinned.fetch_add(1, Ordering::AcqRel);
+                }
+                State::Failed {
+                    error: e,
+                    _writing: writing,
+                }
             }
-            if let Ok(mut kept) = self.failed_write.lock() {
-                *kept = writing;
-            }
-        }
-        *state = State::Done(view);
+        };
     }
 
     /// Whether the view was dropped before the reply was read (the reference the reply
@@ -151,8 +155,8 @@ impl Pending {
         let state = self.state.lock().ok()?;
         match &*state {
             State::Waiting { .. } => None,
-            State::Done(Ok(_)) | State::Taken => Some(Ok(())),
-            State::Done(Err(e)) => Some(Err(e.clone())),
+            State::Stored(_) | State::Taken => Some(Ok(())),
+            State::Failed { error, .. } => Some(Err(error.clone())),
         }
     }
 
@@ -167,14 +171,14 @@ impl Pending {
                 *state = State::Waiting { abandoned: true };
                 return true;
             }
-            State::Done(Err(_)) => {
+            // (A lend put's announced write is withdrawn with it.)
+            State::Failed { .. } => {
                 if let Some(pinned) = &self.pinned {
                     pinned.fetch_sub(1, Ordering::AcqRel);
                 }
-                drop(self.failed_write.lock().map(|mut w| w.take()));
             }
             // (A view's drop releases its reference.)
-            State::Done(Ok(_)) | State::Taken => {}
+            State::Stored(_) | State::Taken => {}
         }
         false
     }
@@ -265,7 +269,7 @@ impl PipelinedView {
     pub fn take_view(&self) -> Option<ObjectView> {
         let mut state = self.pending.state.lock().ok()?;
         match std::mem::replace(&mut *state, State::Taken) {
-            State::Done(Ok(v)) => Some(v),
+            State::Stored(v) => Some(v),
             other => {
                 *state = other;
                 None

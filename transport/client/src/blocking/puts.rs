@@ -8,7 +8,7 @@ use std::sync::Arc;
 use vovp_proto::{Reply, Request, PUT_KEEP_REFERENCE, PUT_PIPELINED};
 use vovp_types::{CreateOptions, Error, Location};
 
-use super::ClientInner;
+use super::{ClientInner, Conn};
 use crate::core::{requests, Answered, Expect, OwedObject, Unread, UnreadKind};
 use crate::io;
 use crate::lent::{self, Lent, Reservation, Reserved};
@@ -154,21 +154,7 @@ impl ClientInner {
         if generation != reserved.generation {
             return None;
         }
-        let sent = (|| {
-            conn.make_room_for_a_put()?;
-            if !conn.may_pipeline(shared, name, flags, std::iter::empty())? {
-                // This client's own put of the name is unanswered: its answer first, as a
-                // waiting put would have had it (the name may be taken now).
-                conn.drain_unread()?;
-                if !conn.may_pipeline(shared, name, flags, std::iter::empty())? {
-                    return Ok(None);
-                }
-            }
-            // Counted before it goes out: another client told the name is missing waits
-            // for it (vovp-shm's `sent`).
-            if !shared.count_sent_put() {
-                return Ok(None);
-            }
+        let sent = self.send_pipelined(&mut conn, shared, name, flags, &req, || {
             let pending = Pending::new(
                 reserved.ptr(),
                 data.len() as u64,
@@ -180,20 +166,14 @@ impl ClientInner {
                 self.sink_maker(generation),
                 None,
             );
-            let id = self.core.frame_pipelined(&mut conn.wire, &req);
-            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-            conn.wire.unread.push_back(Unread {
-                id,
-                kind: UnreadKind::Put,
-                objects: vec![OwedObject {
-                    name: name.to_owned(),
-                    pending: Some(pending.clone()),
-                    writing: Some(reserved),
-                }],
-            });
+            let owed = OwedObject {
+                name: name.to_owned(),
+                pending: Some(pending.clone()),
+                writing: Some(reserved),
+            };
             let reader: Arc<dyn ReplyReader> = self.clone();
-            Ok(Some(PipelinedView::new(pending, reader)))
-        })();
+            (owed, PipelinedView::new(pending, reader))
+        });
         match sent {
             Ok(view) => view.map(Ok),
             // The waiting way reconnects when it may.
@@ -251,27 +231,48 @@ impl ClientInner {
         if !shared.can_announce() {
             return None;
         }
-        let sent = (|| {
-            conn.make_room_for_a_put()?;
-            if !conn.may_pipeline(shared, name, flags, std::iter::empty())?
-                || !shared.count_sent_put()
-            {
-                return Ok(false);
-            }
-            let id = self.core.frame_pipelined(&mut conn.wire, &req);
-            io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
-            conn.wire
-                .unread
-                .push_back(Unread::one(id, UnreadKind::Put, name));
-            Ok(true)
-        })();
+        let sent = self.send_pipelined(&mut conn, shared, name, flags, &req, || {
+            (OwedObject::named(name), ())
+        });
         match sent {
-            Ok(true) => Some(Ok(())),
-            Ok(false) => None,
+            Ok(sent) => sent.map(Ok),
             // The waiting way reconnects when it may.
             Err(Error::Connection(_)) if self.core.reconnect => None,
             Err(e) => Some(Err(e)),
         }
+    }
+
+    /// Under the connection's lock (`conn`, whose hold table is `shared`): sends `req`, a
+    /// pipelined put of `name` with flags `flags`, once the checks every pipelined put makes
+    /// pass: room among the owed replies, [`Conn::may_pipeline`], and the put counted in
+    /// `puts_sent`. `owe` makes its owed-reply entry and what the caller returns. `Ok(None)`:
+    /// not this way (this client's own put of the name is unanswered, so the caller puts the
+    /// waiting way, which reads that answer first; or a table that cannot count).
+    fn send_pipelined<T>(
+        &self,
+        conn: &mut Conn,
+        shared: &vovp_shm::SharedReader,
+        name: &str,
+        flags: u32,
+        req: &Request<'_>,
+        owe: impl FnOnce() -> (OwedObject, T),
+    ) -> Result<Option<T>, Error> {
+        conn.make_room_for_a_put()?;
+        // Counted before it goes out: another client told the name is missing waits for it
+        // (vovp-shm's `sent`).
+        if !conn.may_pipeline(shared, name, flags, std::iter::empty())? || !shared.count_sent_put()
+        {
+            return Ok(None);
+        }
+        let (owed, answer) = owe();
+        let id = self.core.frame_pipelined(&mut conn.wire, req);
+        io::write_all(conn.stream.as_fd(), &conn.wire.out)?;
+        conn.wire.unread.push_back(Unread {
+            id,
+            kind: UnreadKind::Put,
+            objects: vec![owed],
+        });
+        Ok(Some(answer))
     }
 
     /// LEND: a new lend of at least `at_least` bytes, its segment mapped writable, and the
