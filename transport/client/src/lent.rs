@@ -336,11 +336,15 @@ impl Lends {
             return Reservation::No;
         };
         // A lend belongs to one connection: a caller on an older one puts another way; a
-        // newer connection forgets the old lend (puts still writing into it, or a failed
-        // put's view keeping it, hold their own mapping; none counts in the new one).
-        match slot.current.as_ref().map(|c| c.generation) {
-            Some(g) if g > generation => return Reservation::No,
-            Some(g) if g < generation => slot.current = None,
+        // newer connection forgets the old lend once no put writes into it. (Not before: a
+        // waiting put still holding a range of it may send its PUBLISH on the new
+        // connection, and a restarted daemon numbers its lends from 1 again, so the new
+        // lend could carry the old one's id and place. A failed kept put's view of the old
+        // lend thus keeps lend puts off until it is dropped.)
+        match slot.current.as_ref().map(|c| (c.generation, c.writing)) {
+            Some((g, _)) if g > generation => return Reservation::No,
+            Some((g, 0)) if g < generation => slot.current = None,
+            Some((g, _)) if g < generation => return Reservation::No,
             _ => {}
         }
         if let Some(c) = slot.current.as_mut() {

@@ -171,11 +171,13 @@ impl ClientInner {
                 pending: Some(pending.clone()),
                 writing: Some(reserved),
             };
-            let reader: Arc<dyn ReplyReader> = self.clone();
-            (owed, PipelinedView::new(pending, reader))
+            (owed, pending)
         });
+        // (The view only once its PUBLISH went out: one dropped before would wake the
+        // release thread for a reply never owed.)
+        let reader: Arc<dyn ReplyReader> = self.clone();
         match sent {
-            Ok(view) => view.map(Ok),
+            Ok(pending) => pending.map(|p| Ok(PipelinedView::new(p, reader))),
             // The waiting way reconnects when it may.
             Err(Error::Connection(_)) if self.core.reconnect => None,
             Err(e) => Some(Err(e)),
