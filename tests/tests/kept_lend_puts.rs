@@ -204,3 +204,75 @@ fn an_unanswered_lend_put_keeps_its_lend_from_being_taken_back() {
         }
     }
 }
+
+/// Two threads of one client put through its lend at once (each copy runs outside the
+/// connection lock), and every object is stored whole; a put that finds the lend busy with
+/// the other thread's goes the waiting way.
+#[test]
+fn two_threads_put_through_one_lend() {
+    let d = Daemon::start("1G");
+    let c = d.client();
+    let threads: Vec<_> = (0..2u8)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 0..30u8 {
+                    let (name, data) = (format!("t{t}-{i}"), pattern(256 << 10, t * 64 + i));
+                    match put_later(&c, &name, &data) {
+                        Some(v) => v.wait().unwrap(),
+                        None => drop(c.put_and_view(&name, &data, b"meta", Default::default())),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    c.sync().unwrap();
+    let other = d.client();
+    for t in 0..2u8 {
+        for i in 0..30u8 {
+            let got = other.get_one(&format!("t{t}-{i}"), None).expect("stored");
+            assert_eq!(got.bytes(), &pattern(256 << 10, t * 64 + i)[..]);
+        }
+    }
+}
+
+/// A daemon that dies with a kept lend put unanswered: its view reports the loss, and a
+/// client that reconnects puts through a lend of the new daemon.
+#[test]
+fn a_reconnecting_client_puts_through_the_new_daemons_lend() {
+    let mut first = Daemon::start("1G");
+    let socket = first.socket.clone();
+    let c = vovp_client::Client::connect_with(
+        &socket,
+        vovp_client::ClientOptions {
+            reconnect: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    put_later(&c, "warm", &pattern(MIB, 1))
+        .expect("through the lend")
+        .wait()
+        .unwrap();
+    let stopped = vovp_tests::memfd::Stopped::new(first.child.id());
+    let lost = put_later(&c, "lost", &pattern(MIB, 2)).expect("through the lend");
+    // Killed while stopped: it never reads the PUBLISH. (No SIGCONT to a reaped pid.)
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    std::mem::forget(stopped);
+    let second = Daemon::start_with_socket("1G", &socket);
+    assert!(lost.wait().is_err(), "a put the old daemon never answered");
+    assert!(!c.contains("lost").unwrap(), "the next call reconnects");
+    let _ = c.sync(); // (reports the lost put, if not already)
+    let data = pattern(MIB, 3);
+    let v = put_later(&c, "after", &data).expect("through the new daemon's lend");
+    v.wait().unwrap();
+    assert_eq!(
+        second.client().get_one("after", None).unwrap().bytes(),
+        &data[..]
+    );
+    drop(lost);
+}

@@ -77,11 +77,14 @@ impl Conn {
             Ok(reply) => vec![reply.object()],
             // A broken stream: this call's error (and the waiting views').
             Err(e @ (Error::Connection(_) | Error::Protocol(_))) => {
-                // (The store may not have applied the PUBLISH: a view keeps its put's range
-                // of the lend, as for a refused put.)
+                // After a reply that makes no sense the connection stays in use and the store
+                // may not have applied the PUBLISH yet: a view keeps its put's range of the
+                // lend, as for a refused put. A lost connection took its lends with it (a
+                // reconnect starts afresh): nothing left to keep.
+                let keep = matches!(e, Error::Protocol(_));
                 for o in objects {
                     if let Some(p) = &o.pending {
-                        p.resolve(Err(e.clone()), o.writing);
+                        p.resolve(Err(e.clone()), o.writing.filter(|_| keep));
                     }
                 }
                 return Err(e);
