@@ -420,6 +420,14 @@ fn check_name(n: &str) -> Result<(), Error> {
     ObjectName::new(n).map(drop)
 }
 
+/// What the store refuses in a put whatever its state (a bad name, too much metadata): a put
+/// sent without waiting checks it before anything goes out, so it fails at once as a waiting
+/// put would.
+pub(crate) fn check_put(name: &str, metadata: &[u8]) -> Result<(), Error> {
+    check_name(name)?;
+    vovp_types::check_metadata(metadata)
+}
+
 /// The requests of the `Store` calls, with the caller's arguments checked (a bad name never
 /// reaches the wire) and borrowed, not copied.
 pub(crate) mod requests {

@@ -298,8 +298,7 @@ impl ClientInner {
             return Ok(None);
         };
         // Refused here, now, as a waiting put's would be.
-        vovp_types::ObjectName::new(name)?;
-        vovp_types::check_metadata(metadata)?;
+        crate::core::check_put(name, metadata)?;
         let flags = create_flags(options) | PUT_KEEP_REFERENCE | PUT_PIPELINED;
         // Replies owed stay few: read those that came, and wait for them past the cap. A
         // batch goes out every few puts, so the store works on them while this thread

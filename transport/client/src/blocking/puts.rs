@@ -122,9 +122,7 @@ impl ClientInner {
             return None;
         }
         // Refused here, now, as a waiting put's would be (before any byte is copied).
-        if let Err(e) =
-            vovp_types::ObjectName::new(name).and_then(|_| vovp_types::check_metadata(metadata))
-        {
+        if let Err(e) = crate::core::check_put(name, metadata) {
             return Some(Err(e));
         }
         let reserved = match self.reserve_lent(data.len(), metadata.len(), options) {
@@ -212,10 +210,7 @@ impl ClientInner {
         // put's would be: a bad name, too much metadata, a name published already or put by
         // this client a moment ago. (A name another client took but has not published yet
         // fails in the store: `sync` reports it.)
-        if let Err(e) = vovp_types::ObjectName::new(name) {
-            return Some(Err(e));
-        }
-        if let Err(e) = vovp_types::check_metadata(metadata) {
+        if let Err(e) = crate::core::check_put(name, metadata) {
             return Some(Err(e));
         }
         let req = match requests::put(name, flags | vovp_proto::PUT_PIPELINED, metadata, data) {
