@@ -132,6 +132,11 @@ impl Daemon {
         vovp_client::Client::connect(&self.socket).expect("connect")
     }
 
+    /// A client of this daemon with `options`.
+    pub fn client_with(&self, options: vovp_client::ClientOptions) -> vovp_client::Client {
+        vovp_client::Client::connect_with(&self.socket, options).expect("connect")
+    }
+
     /// Runs the `vovp` CLI against this daemon to completion.
     pub fn cli(&self, args: &[&str]) -> Output {
         self.run("vovp", args)
@@ -632,4 +637,11 @@ pub fn refused_put_later(
     assert!(matches!(c.sync(), Err(vovp::Error::AlreadyExists(_))));
     c.sync().expect("a failure is reported once");
     failed
+}
+
+/// `len` bytes that differ with `seed` (period 251, so no page repeats its neighbour's bytes).
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+        .collect()
 }

@@ -6,7 +6,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use vovp::{CreateOptions, Error, NotificationKind, Store};
-use vovp_tests::{name_payload, read_line, wait_until, Daemon, Raw};
+use vovp_tests::{name_payload, pattern, read_line, wait_until, Daemon, Raw};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -592,12 +592,6 @@ fn assert_write_faulted(out: &Output, what: &str) {
         text(out)
     );
     assert_eq!(out.stdout, b"got\n", "{what}: {}", text(out));
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
-        .collect()
 }
 
 /// An `--allow-uid` client (another uid) with client arenas (the default): it gets only

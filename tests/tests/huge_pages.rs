@@ -255,14 +255,10 @@ fn with_no_huge_page_left_a_put_is_out_of_memory_and_the_daemon_serves_on() {
         0,
         "segment 0 reserved the 8 pages"
     );
-    let c = vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            no_pipelined_puts: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let c = d.client_with(vovp_client::ClientOptions {
+        no_pipelined_puts: true,
+        ..Default::default()
+    });
 
     // Inline puts (into segment 0) evicting each other: every page of segment 0 is backed.
     // Deleted, their pages stay with the store (warm for the next puts).

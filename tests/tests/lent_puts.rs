@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use vovp::{CreateOptions, Store};
 use vovp_client::CLIENT_LEND_MIN;
-use vovp_tests::{read_line, wait_until, Daemon, Raw};
+use vovp_tests::{pattern, read_line, wait_until, Daemon, Raw};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -20,14 +20,10 @@ const MIB: u64 = 1 << 20;
 
 /// A client that puts with CREATE / PUT only.
 fn opted_out(d: &Daemon) -> vovp_client::Client {
-    vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            no_lend_puts: true,
-            ..Default::default()
-        },
-    )
-    .expect("connect")
+    d.client_with(vovp_client::ClientOptions {
+        no_lend_puts: true,
+        ..Default::default()
+    })
 }
 
 /// `create` of `size` bytes, retried while the store answers OUT_OF_MEMORY for up to `T`: a
@@ -47,12 +43,6 @@ fn create_once_lends_idle(
             other => return other,
         }
     }
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
-        .collect()
 }
 
 #[test]
@@ -406,14 +396,10 @@ fn a_get_keeps_every_arena_it_needs_mapped_while_it_maps_more() {
         )
         .unwrap();
     }
-    let reader = vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            no_shared_reads: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let reader = d.client_with(vovp_client::ClientOptions {
+        no_shared_reads: true,
+        ..Default::default()
+    });
     for i in 0..32 {
         drop(reader.get_one(&format!("w{i}"), None).unwrap());
     }

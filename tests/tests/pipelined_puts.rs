@@ -29,14 +29,10 @@ fn a_small_put_returns_before_its_reply_and_sync_reads_it() {
     assert_eq!(got.bytes(), b"pipelined");
 
     // Opted out: every put waits.
-    let waiting = vovp_client::Client::connect_with(
-        &d.socket,
-        vovp_client::ClientOptions {
-            no_pipelined_puts: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let waiting = d.client_with(vovp_client::ClientOptions {
+        no_pipelined_puts: true,
+        ..Default::default()
+    });
     put(&waiting, "w", b"waited").unwrap();
     assert_eq!(waiting.unread_replies(), 0);
 }

@@ -67,14 +67,10 @@ fn a_view_dropped_before_its_reply_gives_the_reference_back() {
     let d = Daemon::start("64M");
     let watcher = client(&d);
     for delay in [None, Some(Duration::from_millis(2))] {
-        let c = Client::connect_with(
-            &d.socket,
-            vovp_client::ClientOptions {
-                release_delay: delay,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let c = d.client_with(vovp_client::ClientOptions {
+            release_delay: delay,
+            ..Default::default()
+        });
         let name = format!("dropped{}", delay.is_some());
         drop(put_later(&c, &name, b"x").expect("pipelined"));
         if delay.is_none() {

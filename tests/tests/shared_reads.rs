@@ -12,14 +12,10 @@ use vovp_tests::{read_line, wait_until, Daemon};
 const T: Duration = Duration::from_secs(20);
 
 fn no_shared(d: &Daemon) -> Client {
-    Client::connect_with(
-        &d.socket,
-        ClientOptions {
-            no_shared_reads: true,
-            ..Default::default()
-        },
-    )
-    .expect("connect")
+    d.client_with(ClientOptions {
+        no_shared_reads: true,
+        ..Default::default()
+    })
 }
 
 #[test]
