@@ -411,6 +411,45 @@ fn a_get_keeps_every_arena_it_needs_mapped_while_it_maps_more() {
 }
 
 #[test]
+fn a_first_put_too_big_for_any_lend_takes_none() {
+    // 256 MiB: lends of 4 MiB, for objects up to 1 MiB. A client learns that from its first
+    // lend; before one, the store's capacity tells it, so a first put of 2 MiB (waiting, kept
+    // or async) asks for no lend: only the object is charged, and nothing once it is deleted.
+    let d = Daemon::start("256M");
+    let observer = d.client();
+    let used = || observer.stats().unwrap().used_bytes;
+    let big = pattern(2 << 20, 3);
+    let writer = lender(&d);
+    writer
+        .put("w", &big, b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(used(), 2 * MIB, "the object alone, no lend beside it");
+    let kept = lender(&d);
+    let later = kept.put_view_later("k", &big, b"", CreateOptions::default());
+    assert!(later.unwrap().is_none(), "too big to be answered later");
+    let view = kept
+        .put_and_view("k", &big, b"", CreateOptions::default())
+        .unwrap();
+    assert_eq!(&view[..], &big[..]);
+    assert_eq!(used(), 4 * MIB);
+    vovp_tests::runtime().block_on(async {
+        use vovp::AsyncStore;
+        let c = vovp_client::AsyncClient::connect(&d.socket).await.unwrap();
+        c.put("a", &big, b"", CreateOptions::default())
+            .await
+            .unwrap();
+    });
+    assert_eq!(used(), 6 * MIB);
+    drop(view);
+    for name in ["w", "k", "a"] {
+        observer.delete(name).unwrap();
+    }
+    wait_until(T, || used() == 0);
+    // The writers are still connected: no lend is held for them.
+    assert_eq!(writer.stats().unwrap().objects, 0);
+}
+
+#[test]
 fn the_async_client_puts_through_its_lend_too() {
     use vovp::AsyncStore;
     let d = Daemon::start("256M");

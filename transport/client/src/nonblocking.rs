@@ -289,18 +289,11 @@ impl AsyncClient {
             return None;
         }
         let lends = &self.inner.lends;
-        let need = lends.wants(data.len(), metadata.len())?;
+        let maps = self.inner.core.session.maps();
+        let need = lends.wants(data.len(), metadata.len(), maps.capacity)?;
         // A lend is taken back through the hold table: no table (or a forked child, which
         // cannot announce its writes there), no lend.
-        if !self
-            .inner
-            .core
-            .session
-            .maps()
-            .shared
-            .as_ref()?
-            .can_announce()
-        {
+        if !maps.shared.as_ref()?.can_announce() {
             return None;
         }
         let generation = self.inner.core.session.generation();
