@@ -158,7 +158,13 @@ pub(crate) fn put_source<'a>(
 /// costs ~1 µs, and the buffer protocol is not in the stable ABI before Python 3.11). The
 /// caller keeps `src` alive while it uses the address. ValueError for anything else.
 pub(crate) fn contiguous_bytes(src: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+    array_bytes(src, false)
+}
+
+/// [`contiguous_bytes`] of an array that must also be writable (numpy's WRITEABLE flag).
+fn array_bytes(src: &Bound<'_, PyAny>, writable: bool) -> PyResult<(usize, usize)> {
     const C_CONTIGUOUS: c_int = 0x1;
+    const WRITEABLE: c_int = 0x400;
     let capsule = src.getattr(pyo3::intern!(src.py(), "__array_struct__"))?;
     let capsule = capsule
         .downcast::<PyCapsule>()
@@ -168,6 +174,9 @@ pub(crate) fn contiguous_bytes(src: &Bound<'_, PyAny>) -> PyResult<(usize, usize
     let i = unsafe { &*capsule.pointer().cast::<PyArrayInterface>() };
     if i.two != 2 || i.flags & C_CONTIGUOUS == 0 || i.nd < 0 || i.itemsize < 0 {
         return Err(PyValueError::new_err("not a C-contiguous array"));
+    }
+    if writable && i.flags & WRITEABLE == 0 {
+        return Err(PyValueError::new_err("not a writable array"));
     }
     let mut len = i.itemsize as usize;
     for d in 0..i.nd as usize {
@@ -182,6 +191,42 @@ pub(crate) fn contiguous_bytes(src: &Bound<'_, PyAny>) -> PyResult<(usize, usize
         return Err(PyValueError::new_err("an array without data"));
     }
     Ok((i.data as usize, len))
+}
+
+/// `dst[...] = src` for two C-contiguous arrays of the same byte length (the caller checked
+/// that their dtypes are equal): the bytes copied by `vovp_shm`'s parallel copy, split across
+/// the rayon pool above 1 MB like every other large put's copy, with the GIL released.
+/// Returns False, copying nothing, when the two overlap (numpy's `copyto` handles that).
+#[pyfunction]
+pub(crate) fn copy_bytes(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
+    let (to, len) = array_bytes(dst, true)?;
+    let (from, src_len) = contiguous_bytes(src)?;
+    if len != src_len {
+        return Err(PyValueError::new_err(format!(
+            "copy of {src_len} bytes into {len}"
+        )));
+    }
+    if len == 0 {
+        return Ok(true);
+    }
+    if to < from + len && from < to + len {
+        return Ok(false);
+    }
+    // SAFETY: both arrays, borrowed for this call, export `len` contiguous bytes at these
+    // addresses (their `__array_struct__`), `dst` writable; the ranges do not overlap. The
+    // caller does not resize or free either while the copy runs without the GIL.
+    let (dst, src) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(to as *mut u8, len),
+            std::slice::from_raw_parts(from as *const u8, len),
+        )
+    };
+    py.allow_threads(|| vovp_shm::copy::parallel_copy(dst, src));
+    Ok(true)
 }
 
 /// numpy's `PyArrayInterface` (the `__array_struct__` protocol), field for field.

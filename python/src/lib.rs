@@ -39,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Objects up to this size go through one PUT frame (the Rust client's choice, which the
     // Python layer makes too).
     m.add("INLINE_LIMIT", vovp_types::CLIENT_INLINE_PUT)?;
+    m.add_function(wrap_pyfunction!(array::copy_bytes, m)?)?;
     m.add_class::<client::Client>()?;
     m.add_class::<views::Object>()?;
     m.add_class::<views::Buffer>()?;

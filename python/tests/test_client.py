@@ -110,6 +110,41 @@ def test_big_endian_input_is_stored_little_endian(client, n):
     assert T.decode_header(e["metadata"]).byte_order == T.LITTLE
 
 
+def test_copy_into_large_arrays_of_every_kind():
+    """The parallel copy behind large puts: byte-for-byte (native), converting the byte order,
+    strided, and between overlapping ranges of one array (numpy's copy, never slabs at once)."""
+    from vovp.client import copy_into
+
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 1 << 62, 3 << 17, dtype=np.int64)  # 3 MiB
+    dst = np.zeros_like(src)
+    copy_into(dst, src)
+    np.testing.assert_array_equal(dst, src)
+    be = src.astype(">i8")
+    dst = np.zeros(src.shape, "<i8")
+    copy_into(dst, be)
+    np.testing.assert_array_equal(dst, src)
+    grid = src.reshape(768, 512)
+    dst = np.zeros((512, 768), np.int64)
+    copy_into(dst, grid.T)
+    np.testing.assert_array_equal(dst, grid.T)
+    for shift in (1000, -1000):  # overlapping, forwards and backwards
+        buf = np.arange(1 << 20, dtype=np.int64)  # 8 MiB
+        expect = np.arange(1 << 20, dtype=np.int64)
+        a, b = (slice(shift, None), slice(None, -shift)) if shift > 0 else \
+            (slice(None, shift), slice(-shift, None))
+        copy_into(buf[a], buf[b])
+        expect[a] = expect[b].copy()
+        np.testing.assert_array_equal(buf, expect)
+    strided = np.arange(1 << 21, dtype=np.int64)
+    want = strided.copy()
+    copy_into(strided[2::2], strided[:-2:2])
+    want[2::2] = want[:-2:2].copy()
+    np.testing.assert_array_equal(strided, want)
+    with pytest.raises(ValueError):  # a read-only destination
+        copy_into(np.frombuffer(bytes(src.nbytes), np.int64), src)
+
+
 def test_big_endian_header_is_honoured(client):
     data = np.arange(5, dtype=">i4")
     client.put("raw-be", data.tobytes(), metadata=T.encode_header(T.INT32, (5,), T.BIG))

@@ -1,4 +1,9 @@
-"""Copies into the store's memory: ``copy_into`` splits large ones across a small thread pool."""
+"""Copies into the store's memory: ``copy_into`` splits large ones across threads.
+
+A byte-for-byte copy (same dtype, both C-contiguous) is the native one every other large put
+makes (``vovp_shm::copy::parallel_copy``, the rayon pool); one numpy must convert (byte order)
+or walk strides goes to a small thread pool of numpy copies.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from . import _native
 
 # Copies larger than this are split across the copy pool.
 PARALLEL_COPY_MIN = 1 << 20
@@ -43,12 +50,21 @@ os.register_at_fork(after_in_child=_reset_pool_after_fork)
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` (same shape, dtypes equal up to byte order), in parallel when large.
 
-    numpy releases the GIL for plain copies, so a few threads each copying a slab get close to
-    memory bandwidth instead of the ~one-core speed of a single memcpy.
+    A few threads each copying a slab get close to memory bandwidth instead of the ~one-core
+    speed of a single memcpy: the native copy's rayon pool for a byte-for-byte copy, numpy's
+    copies (which release the GIL) on the copy pool for one that converts or walks strides.
     """
     nbytes = dst.nbytes
     workers = _WORKERS
     if nbytes < PARALLEL_COPY_MIN * 2 or workers < 2:
+        np.copyto(dst, src, casting="equiv")
+        return
+    if (dst.dtype == src.dtype and dst.shape == src.shape and dst.flags.c_contiguous
+            and src.flags.c_contiguous):
+        if not _native.copy_bytes(dst, src):
+            np.copyto(dst, src)  # they overlap: numpy copies through a buffer
+        return
+    if np.may_share_memory(dst, src):  # (slabs copied at once would read what others wrote)
         np.copyto(dst, src, casting="equiv")
         return
     if src.flags.c_contiguous:

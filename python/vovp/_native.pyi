@@ -20,6 +20,7 @@ __all__ = [
     "cuda_mem_free",
     "cuda_sync_stream",
     "_cuda_simulate_library_names",
+    "copy_bytes",
     "encode_tensor_header",
     "decode_tensor_header",
     "TENSOR_MAGIC",
@@ -66,6 +67,13 @@ def encode_tensor_header(
 def decode_tensor_header(meta: bytes) -> Tuple[int, Tuple[int, ...], int, int, int, int]:
     """(dtype code, shape, byte order, device type, device id, framework) of a header;
     vovp.ProtocolError when it is not one this build understands."""
+
+# --- array.rs --------------------------------------------------------------------------------
+
+def copy_bytes(dst: Any, src: Any) -> bool:
+    """``dst[...] = src`` for two C-contiguous arrays of equal byte length (dtypes the caller
+    checked), through the rayon pool's parallel copy, without the GIL; False (nothing copied)
+    when they overlap."""
 
 # --- cuda.rs ---------------------------------------------------------------------------------
 

@@ -103,12 +103,13 @@ if TYPE_CHECKING:
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
 # Objects up to this size go to the native put in any case (one PUT frame; through a lend,
-# those of 64 KiB or more through its lend: copy + one PUBLISH); larger ones through CREATE +
-# copy + SEAL unless LEND_LIMIT takes them (the Rust client's CLIENT_INLINE_PUT, 256 KiB).
+# those of 64 KiB or more through its lend: copy + one PUBLISH); larger ones too when stored
+# as they are (contiguous, little-endian), through a lend or CREATE + copy + SEAL (the Rust
+# client's CLIENT_INLINE_PUT, 256 KiB).
 INLINE_LIMIT = N.INLINE_LIMIT
-# Contiguous, little-endian objects up to this size go to the native put too: the largest a
-# lend takes (a quarter of the largest lend, 16 MiB); the native core falls back to CREATE +
-# copy + SEAL itself where its lend cannot take one (a smaller store, --prefault).
+# The largest object a lend takes (a quarter of the largest lend, 16 MiB); the native core
+# falls back to CREATE + copy + SEAL itself where its lend cannot take one (a smaller store,
+# --prefault). vovp.plasma's creates use it.
 LEND_LIMIT = N.LEND_LIMIT
 # (A choice of the Python client, not a store limit.) Garbage-collected references are
 # released within this many seconds: the native core queues
@@ -270,7 +271,6 @@ class Client(CudaMethods):
                 f"{path}` (installed with the package), or from Python "
                 f"`vovp.init_client({path!r}, start=True)` / `vovp.start_store(socket=...)`"
             ) from None
-        self._lend_limit = LEND_LIMIT if lend_puts and shared_reads else 0
         self._guard = _Guarded(self)
         self._closed = False
         self.capacity = self._n.capacity
@@ -691,9 +691,12 @@ class Client(CudaMethods):
         name = _name(name)
         size = src.nbytes
         as_is = src.dtype is store_dt and src.flags.c_contiguous
-        # (A hand-off's put, _seal_later, keeps CREATE + copy + a SEAL whose reply is read
-        # later: it waits for one round trip, as a PUBLISH would.)
-        if size <= self._inline_limit or (as_is and size <= self._lend_limit and not _seal_later):
+        # One native call for every tensor stored as it is (small ones made so): inline,
+        # through a lend, or CREATE + the parallel copy + SEAL, as the native client picks
+        # (three calls from here cost 0.5-1.5 GB/s at 16-64 MiB). Not for a hand-off's put
+        # (_seal_later: CREATE + copy + a SEAL whose reply is read later, as it waits one
+        # round trip as a PUBLISH would), nor a large one numpy converts during the copy.
+        if size <= self._inline_limit or (as_is and not _seal_later):
             if not as_is:
                 src = np.ascontiguousarray(src, dtype=store_dt)
             if self._closed or _FORKS[0] != self._forks:
