@@ -729,6 +729,7 @@ class Run:
         self.bad = {}  # id -> first failed check
         self.failed = {}  # id -> why a peer stopped during the run
         self.touch = {}  # kind of result -> µs to read its first element (touch_costs)
+        self.torch_calls = {}  # "put"/"get" -> µs of torch's own calls per op (touch_costs)
 
     def fail(self, sid, workload, exc):
         """A peer that raised: dropped from the rest of the run, with the reason (vovp's own
@@ -889,6 +890,46 @@ class Run:
                 rounds.append((now() - t0) / 2000 / 1e3)
             out[kind] = sorted(rounds)[2]
         self.touch = out
+        self.torch_calls = self._torch_calls()
+
+    def _torch_calls(self):
+        """What torch's own calls cost a typed 64 B op of the torch column, with no store
+        (median of 5 rounds of 2000, µs): "put", put_tensor's source read (the tensor's numpy
+        view) and its result made and dropped (torch.from_numpy); "get", the result made, t[0]
+        read and dropped, less numpy's a[0]. A torch column costs at least the numpy
+        column's time plus these (the report says what that bounds its targets to)."""
+        try:
+            import torch
+        except ImportError:
+            return {}
+        from vovp import tensor as T
+
+        t = torch.from_numpy(make_array(64, seed=3))
+        arr = t.numpy()
+        code = T.put_plan(arr.dtype, arr.shape)[0]
+        plain, to_torch = T.plain_cpu_numpy, T.numpy_to_torch
+
+        def put_side():
+            plain(t)
+            r = to_torch(arr, code)
+            del r
+
+        def get_side():
+            r = to_torch(arr, code)
+            r[0]
+            del r
+
+        out = {}
+        for side, op in (("put", put_side), ("get", get_side)):
+            rounds = []
+            for _ in range(5):
+                t0 = now()
+                for _ in range(2000):
+                    op()
+                rounds.append((now() - t0) / 2000 / 1e3)
+            out[side] = sorted(rounds)[2]
+        out["get"] = max(0.0, out["get"] - self.touch.get("numpy", 0.0))
+        return out
 
     def batch(self):
         """vovp only: put_tensors/get_tensors of `batch` 64 B tensors against as many single
@@ -1101,5 +1142,5 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
     peers_json = dict(
         stores=[dict(id=s, label=LABELS[s], ran=status.get(s) is None,
                      reason=status.get(s) or r.failed.get(s), what=WHAT[s]) for s in wanted],
-        rows=r.rows, info=dict(info, touch_us=r.touch))
+        rows=r.rows, info=dict(info, touch_us=r.touch, torch_calls_us=r.torch_calls))
     return peers_json, extra, error
