@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict};
 use vovp_client::{Client as RustClient, ClientOptions};
 use vovp_types::{CreateOptions, Error, ObjectView, Store};
 
+use crate::array::Layout;
 use crate::errors::to_py;
 use crate::process::this_process;
 use crate::subscription::Subscription;
@@ -54,6 +55,48 @@ impl Client {
             )));
         }
         Ok(&self.inner)
+    }
+
+    /// The put behind `put_tensor_host` and `put_array`: `data` with `metadata` as object
+    /// `name`, kept, its result shown to numpy with `layout` (made writable if asked).
+    #[allow(clippy::too_many_arguments)]
+    fn put_host(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        data: &[u8],
+        metadata: &[u8],
+        layout: Layout,
+        ephemeral: bool,
+        writable: bool,
+        replace: bool,
+    ) -> PyResult<Object> {
+        let inner = self.usable()?;
+        let opts = options(ephemeral, replace);
+        // Pipelined only with a release thread, which reads the reply of a result dropped
+        // before it came (else its reference would wait for this client's next call:
+        // `release_delay=0` promises releases at once). A writable result (torch's) views a
+        // small one through a private mapping (writes stay in this process).
+        let later = inner.defers_releases();
+        let obj = py
+            .allow_threads(|| {
+                let pending = if later {
+                    inner.put_view_later(name, data, metadata, opts)?
+                } else {
+                    None
+                };
+                let obj = match pending {
+                    Some(p) => Object::from_pending(p, name, metadata),
+                    None => Object::new(inner.put_and_view(name, data, metadata, opts)?),
+                };
+                if writable {
+                    obj.make_writable(inner)?;
+                }
+                Ok::<_, Error>(obj)
+            })
+            .map_err(to_py)?;
+        obj.set_layout_checked(layout);
+        Ok(obj)
     }
 }
 
@@ -303,35 +346,38 @@ impl Client {
         itemsize: u32,
         shape: Vec<isize>,
     ) -> PyResult<Object> {
-        let inner = self.usable()?;
         let (data, layout) = crate::array::put_source(src, kind, itemsize, shape)?;
-        let opts = options(ephemeral, replace);
-        // Pipelined only with a release thread, which reads the reply of a result dropped
-        // before it came (else its reference would wait for this client's next call:
-        // `release_delay=0` promises releases at once). A writable result (torch's) views a
-        // small one through a private mapping (writes stay in this process).
-        let later = inner.defers_releases();
-        let obj = py
-            .allow_threads(|| {
-                let pending = if later {
-                    inner.put_view_later(name, data, metadata, opts)?
-                } else {
-                    None
-                };
-                let obj = match pending {
-                    Some(p) => Object::from_pending(p, name, metadata),
-                    None => Object::new(inner.put_and_view(name, data, metadata, opts)?),
-                };
-                if writable {
-                    obj.make_writable(inner)?;
-                }
-                Ok::<_, Error>(obj)
-            })
-            .map_err(to_py)?;
-        obj.set_layout_checked(layout);
-        Ok(obj)
+        self.put_host(
+            py, name, data, metadata, layout, ephemeral, writable, replace,
+        )
     }
 
+    /// `put_tensor_host` of a numpy array `put_tensor` can store as it is (see
+    /// `array::tensor_source`: C-contiguous, little-endian, a dtype the header names), its
+    /// header (framework byte `framework`) and result layout made here from one read of its
+    /// `__array_struct__`. None, sending nothing, for any other array.
+    #[pyo3(signature = (name, src, framework, ephemeral, writable, replace))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_array(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        src: &Bound<'_, PyAny>,
+        framework: u8,
+        ephemeral: bool,
+        writable: bool,
+        replace: bool,
+    ) -> PyResult<Option<Object>> {
+        let Some(source) = crate::array::tensor_source(src)? else {
+            return Ok(None);
+        };
+        let metadata = crate::tensor::host_header(source.dtype, &source.layout.shape, framework);
+        let (data, layout) = (source.data, source.layout);
+        self.put_host(
+            py, name, data, &metadata, layout, ephemeral, writable, replace,
+        )
+        .map(Some)
+    }
     /// `put_tensors`' host tensors up to the inline limit, in one call: `items` are
     /// (name, src, metadata, kind, itemsize, shape, writable) as `put_tensor_host`'s. With a
     /// release thread the small ones go out together, pipelined (one write), the rest wait one

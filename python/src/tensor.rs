@@ -43,14 +43,31 @@ pub(crate) fn encode_tensor_header<'py>(
             other => return Err(PyValueError::new_err(format!("byte order {other}"))),
         },
     };
-    let mut header = meta.encode();
     // What the engine writes it must read back (this refuses too many dimensions).
-    TensorMeta::decode(&header)
+    TensorMeta::decode(&meta.encode())
         .map_err(|e| PyValueError::new_err(format!("cannot encode this tensor header: {e}")))?;
+    Ok(PyBytes::new(py, &with_framework(&meta, framework)))
+}
+
+/// The header of a little-endian host tensor of `dtype` and `shape` (at most `MAX_NDIM`
+/// dimensions, each non-negative: a numpy array's), as [`encode_tensor_header`] writes it.
+pub(crate) fn host_header(dtype: DType, shape: &[isize], framework: u8) -> Vec<u8> {
+    let meta = TensorMeta {
+        dtype,
+        shape: shape.iter().map(|&d| d as i64).collect(),
+        device: vovp_types::Device::Cpu,
+        little_endian: true,
+    };
+    with_framework(&meta, framework)
+}
+
+/// `meta` encoded, then the framework byte unless it is 0 (unspecified).
+fn with_framework(meta: &TensorMeta, framework: u8) -> Vec<u8> {
+    let mut header = meta.encode();
     if framework != 0 {
         header.push(framework);
     }
-    Ok(PyBytes::new(py, &header))
+    header
 }
 
 /// (dtype code, shape, byte order, device type, device id, framework) of a tensor header;

@@ -110,6 +110,36 @@ def test_big_endian_input_is_stored_little_endian(client, n):
     assert T.decode_header(e["metadata"]).byte_order == T.LITTLE
 
 
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3, 4)])
+def test_put_tensor_writes_the_header_encode_header_writes(client, shape):
+    """An array the store keeps as it is goes through one native call that reads its dtype
+    and shape and writes the tensor header itself; for every dtype that header is byte for
+    byte ``encode_header``'s, the one a big-endian copy (converted first, in Python) gets, and
+    a torch tensor's ends with the torch framework byte."""
+    import torch
+
+    expect = {}
+    for code, name in T.DTYPE_NAMES.items():
+        if code == T.BFLOAT16:
+            continue
+        a = (np.arange(int(np.prod(shape))) % 2).astype(name).reshape(shape)
+        r = client.put_tensor(f"{name}", a)
+        assert (r.dtype, r.shape, r.flags.writeable) == (a.dtype, a.shape, False)
+        np.testing.assert_array_equal(r, a)
+        expect[name] = T.encode_header(code, shape)
+        if a.dtype.itemsize > 1:
+            client.put_tensor(f"{name}-be", a.astype(a.dtype.newbyteorder(">")))
+            expect[f"{name}-be"] = expect[name]
+        if getattr(torch, name, None) is not None:
+            t = client.put_tensor(f"{name}-torch", torch.from_numpy(a))
+            assert isinstance(t, torch.Tensor) and t.shape == a.shape
+            np.testing.assert_array_equal(t.numpy(), a)
+            expect[f"{name}-torch"] = T.encode_header(code, shape,
+                                                      framework=T.FRAMEWORK_TORCH)
+    got = {e["name"]: e["metadata"] for e in client.list()}
+    assert {k: got[k] for k in expect} == expect
+
+
 def test_copy_into_large_arrays_of_every_kind():
     """The parallel copy behind large puts: byte-for-byte (native), converting the byte order,
     strided, and between overlapping ranges of one array (numpy's copy, never slabs at once)."""

@@ -247,6 +247,18 @@ class Client:
         """The kept put of C-contiguous array ``src``, shown with the given layout; a small
         one, or one through the lend (64 KiB up to a quarter of a lend), comes back at once,
         pending (``writable``: viewed through a private mapping, or in place when large)."""
+    def put_array(
+        self,
+        name: str,
+        src: Any,
+        framework: int,
+        ephemeral: bool,
+        writable: bool,
+        replace: bool,
+    ) -> Optional[Object]:
+        """``put_tensor_host`` of a numpy array stored as it is (C-contiguous, little-endian,
+        a dtype the tensor header names), its header and layout read from the array; None,
+        nothing sent, for any other array."""
     def put_tensors_host(
         self,
         items: Sequence[Tuple[str, Any, bytes, str, int, Sequence[int], bool]],

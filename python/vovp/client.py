@@ -672,10 +672,22 @@ class Client(CudaMethods):
         puts wait for the store again. A small one's torch (or ``writable``) result views the
         store's copy through a private mapping: writes to it stay in this process.
         """
+        # An array stored as it is (C-contiguous, little-endian, a dtype the header names), a
+        # torch tensor's numpy view included, goes in one native call that reads its dtype,
+        # shape and bytes itself (``_put_as_is``); any other is converted first, below.
         if type(t) is np.ndarray:
+            if not _seal_later:
+                arr = self._put_as_is(name, t, T.FRAMEWORK_UNSPECIFIED, ephemeral, writable,
+                                      replace)
+                if arr is not None:
+                    return arr
             src, torch_in = t, False
             code, store_dt, view_dt, meta = T.put_plan(t.dtype, t.shape)
         elif (plain := T.plain_cpu_numpy(t)) is not None:
+            if not _seal_later:
+                arr = self._put_as_is(name, plain, T.FRAMEWORK_TORCH, ephemeral, True, replace)
+                if arr is not None:
+                    return T.torch_of_numpy(arr)
             src, torch_in = plain, True
             code, store_dt, view_dt, meta = T.put_plan(
                 plain.dtype, plain.shape, None, T.FRAMEWORK_TORCH)
@@ -725,6 +737,26 @@ class Client(CudaMethods):
                 self._drop_owner(owner)
                 raise
         return _host_result(owner, view_dt, src.shape, code, torch_in, writable)
+
+    def _put_as_is(self, name: Name, src: npt.NDArray[Any], framework: int, ephemeral: bool,
+                   writable: bool, replace: bool) -> Optional[npt.NDArray[Any]]:
+        """``put_tensor`` of numpy array ``src`` in one native call (``put_array``) when the
+        store keeps it as it is: the result (leased), or None, nothing sent, for an array to
+        convert first. The native call reads its dtype, shape and bytes from one
+        ``__array_struct__`` and writes the tensor header itself (``framework`` its last byte)."""
+        if self._closed or _FORKS[0] != self._forks:
+            self._check_usable()
+        try:
+            obj = self._n.put_array(name if type(name) is str else _name(name), src, framework,
+                                    ephemeral, writable, replace)
+        except ConnectionError:
+            self._connection_lost()
+            raise
+        if obj is None:
+            return None
+        arr: npt.NDArray[Any] = np.asarray(obj)
+        L.lease(arr, self, obj)
+        return arr
 
     def put_tensors(self, tensors: Union[Mapping[Any, Any], Iterable[Tuple[Name, Any]]],
                     ephemeral: bool = False, writable: bool = False,

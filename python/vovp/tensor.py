@@ -317,6 +317,15 @@ def torch_to_numpy(t: torch.Tensor) -> Tuple[npt.NDArray[Any], int]:
         return t.detach().resolve_conj().resolve_neg().numpy(), code
 
 
+def torch_of_numpy(arr: npt.NDArray[Any]) -> torch.Tensor:
+    """``torch.from_numpy(arr)`` for an array of a dtype torch shows as it is (the numpy view
+    of a torch tensor's), without looking its code up."""
+    if _FROM_NUMPY[0] is None:
+        torch_tables()
+    t: torch.Tensor = _FROM_NUMPY[0](arr)
+    return t
+
+
 def numpy_to_torch(arr: npt.NDArray[Any], code: int) -> torch.Tensor:
     """A torch tensor sharing ``arr``'s memory, with the dtype that ``code`` names."""
     # Every torch put and get passes here: no call and no import statement for the codes
