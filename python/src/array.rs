@@ -219,6 +219,20 @@ fn read_array(src: &Bound<'_, PyAny>, mut shape: Option<&mut Vec<isize>>) -> PyR
     })
 }
 
+/// numpy's type kind of the dtype (with its item size, numpy's dtype): `None` for bfloat16,
+/// which numpy has no dtype of its own for (the Python layer shows it with ml_dtypes' or as
+/// raw bits).
+pub(crate) fn numpy_kind(dtype: DType) -> Option<u8> {
+    Some(match dtype {
+        DType::Bool => b'b',
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => b'i',
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => b'u',
+        DType::F16 | DType::F32 | DType::F64 => b'f',
+        DType::C64 | DType::C128 => b'c',
+        DType::BF16 => return None,
+    })
+}
+
 /// An array `put_tensor` stores as it is: its bytes, the dtype its tensor header names, and
 /// its shape (also the result's layout).
 pub(crate) struct TensorSource<'a> {
@@ -242,22 +256,11 @@ pub(crate) fn tensor_source<'a>(src: &'a Bound<'_, PyAny>) -> PyResult<Option<Te
     if !cfg!(target_endian = "little") || a.flags & NOTSWAPPED == 0 {
         return Ok(None);
     }
-    let dtype = match (a.kind, a.itemsize) {
-        (b'b', 1) => DType::Bool,
-        (b'i', 1) => DType::I8,
-        (b'i', 2) => DType::I16,
-        (b'i', 4) => DType::I32,
-        (b'i', 8) => DType::I64,
-        (b'u', 1) => DType::U8,
-        (b'u', 2) => DType::U16,
-        (b'u', 4) => DType::U32,
-        (b'u', 8) => DType::U64,
-        (b'f', 2) => DType::F16,
-        (b'f', 4) => DType::F32,
-        (b'f', 8) => DType::F64,
-        (b'c', 8) => DType::C64,
-        (b'c', 16) => DType::C128,
-        _ => return Ok(None),
+    let Some(&dtype) = DType::ALL
+        .iter()
+        .find(|d| numpy_kind(**d) == Some(a.kind) && d.itemsize() == a.itemsize)
+    else {
+        return Ok(None);
     };
     if shape.len() > vovp_types::tensor::MAX_NDIM || shape.len() > MAX_DIMS {
         return Ok(None);
@@ -289,6 +292,12 @@ pub(crate) fn copy_bytes(
 ) -> PyResult<bool> {
     let (to, len) = array_bytes(dst, true)?;
     let (from, src_len) = contiguous_bytes(src)?;
+    if read_array(dst, None)?.kind == b'O' {
+        // (Bytes of object pointers copied without their reference counts.)
+        return Err(PyValueError::new_err(
+            "an array of Python objects is not copied as bytes",
+        ));
+    }
     if len != src_len {
         return Err(PyValueError::new_err(format!(
             "copy of {src_len} bytes into {len}"

@@ -117,17 +117,10 @@ pub(crate) fn decode_tensor_header<'py>(
 /// ml_dtypes' or raw bits), or a shape that is not `size` bytes).
 pub(crate) fn host_layout(meta: &[u8], size: u64) -> Option<(Layout, u8, u8)> {
     let m = TensorMeta::decode(meta).ok()?;
-    if m.device != vovp_types::Device::Cpu || !m.little_endian || m.dtype == DType::BF16 {
+    if m.device != vovp_types::Device::Cpu || !m.little_endian {
         return None;
     }
-    let kind = match m.dtype {
-        DType::Bool => b'b',
-        DType::I8 | DType::I16 | DType::I32 | DType::I64 => b'i',
-        DType::U8 | DType::U16 | DType::U32 | DType::U64 => b'u',
-        DType::F16 | DType::F32 | DType::F64 => b'f',
-        DType::C64 | DType::C128 => b'c',
-        DType::BF16 => return None,
-    };
+    let kind = crate::array::numpy_kind(m.dtype)?;
     let shape = m
         .shape
         .iter()

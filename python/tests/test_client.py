@@ -111,13 +111,18 @@ def test_big_endian_input_is_stored_little_endian(client, n):
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3, 4)])
-def test_put_tensor_writes_the_header_encode_header_writes(client, shape):
+def test_put_tensor_writes_the_header_encode_header_writes(client, shape, monkeypatch):
     """An array the store keeps as it is goes through one native call that reads its dtype
-    and shape and writes the tensor header itself; for every dtype that header is byte for
-    byte ``encode_header``'s, the one a big-endian copy (converted first, in Python) gets, and
-    a torch tensor's ends with the torch framework byte."""
+    and shape and writes the tensor header itself (the Python plan is not asked); for every
+    dtype that header is byte for byte ``encode_header``'s, the one a big-endian copy
+    (converted first, through the plan) gets, and a torch tensor's ends with the torch
+    framework byte."""
     import torch
 
+    T.torch_tables()  # (a process's first torch put looks torch up: the Python way, once)
+    planned = []
+    plan = T.put_plan
+    monkeypatch.setattr(T, "put_plan", lambda dt, *a: planned.append(dt) or plan(dt, *a))
     expect = {}
     for code, name in T.DTYPE_NAMES.items():
         if code == T.BFLOAT16:
@@ -127,29 +132,43 @@ def test_put_tensor_writes_the_header_encode_header_writes(client, shape):
         assert (r.dtype, r.shape, r.flags.writeable) == (a.dtype, a.shape, False)
         np.testing.assert_array_equal(r, a)
         expect[name] = T.encode_header(code, shape)
-        if a.dtype.itemsize > 1:
-            client.put_tensor(f"{name}-be", a.astype(a.dtype.newbyteorder(">")))
-            expect[f"{name}-be"] = expect[name]
         if getattr(torch, name, None) is not None:
             t = client.put_tensor(f"{name}-torch", torch.from_numpy(a))
             assert isinstance(t, torch.Tensor) and t.shape == a.shape
             np.testing.assert_array_equal(t.numpy(), a)
             expect[f"{name}-torch"] = T.encode_header(code, shape,
                                                       framework=T.FRAMEWORK_TORCH)
+        assert planned == [], "an array stored as it is went the Python way"
+        if a.dtype.itemsize > 1:
+            be = a.astype(a.dtype.newbyteorder(">"))
+            r = client.put_tensor(f"{name}-be", be)
+            np.testing.assert_array_equal(r, a)
+            assert planned == [be.dtype]
+            planned.clear()
+            expect[f"{name}-be"] = expect[name]
     got = {e["name"]: e["metadata"] for e in client.list()}
     assert {k: got[k] for k in expect} == expect
 
 
-def test_copy_into_large_arrays_of_every_kind():
+def test_copy_into_large_arrays_of_every_kind(monkeypatch):
     """The parallel copy behind large puts: byte-for-byte (native), converting the byte order,
     strided, and between overlapping ranges of one array (numpy's copy, never slabs at once)."""
+    from vovp import _copy
     from vovp.client import copy_into
 
+    # Two copy threads at least (a one-CPU runner copies with numpy alone), and the native
+    # byte copy counted: the first two copies below must take it, the others must not.
+    monkeypatch.setattr(_copy, "_WORKERS", 2)
+    native = []
+    copy_bytes = _copy._native.copy_bytes
+    monkeypatch.setattr(_copy, "_native", type("N", (), {"copy_bytes": staticmethod(
+        lambda d, s: native.append(d.nbytes) or copy_bytes(d, s))}))
     rng = np.random.default_rng(5)
     src = rng.integers(0, 1 << 62, 3 << 17, dtype=np.int64)  # 3 MiB
     dst = np.zeros_like(src)
     copy_into(dst, src)
     np.testing.assert_array_equal(dst, src)
+    assert native == [src.nbytes]
     be = src.astype(">i8")
     dst = np.zeros(src.shape, "<i8")
     copy_into(dst, be)
@@ -171,6 +190,13 @@ def test_copy_into_large_arrays_of_every_kind():
     copy_into(strided[2::2], strided[:-2:2])
     want[2::2] = want[:-2:2].copy()
     np.testing.assert_array_equal(strided, want)
+    # Byte copies: the first, and the two overlapping ones (which numpy then makes).
+    assert native == [src.nbytes] + [buf.nbytes - 8000] * 2
+    rec = np.zeros(1 << 18, dtype=[("a", "<i8"), ("b", "<f8")])  # 4 MiB of records
+    rec["a"] = np.arange(rec.size)
+    out = np.zeros_like(rec)
+    copy_into(out, rec)  # (structured: numpy's copy)
+    assert (out == rec).all() and len(native) == 3
     with pytest.raises(ValueError):  # a read-only destination
         copy_into(np.frombuffer(bytes(src.nbytes), np.int64), src)
 

@@ -59,8 +59,9 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     if nbytes < PARALLEL_COPY_MIN * 2 or workers < 2:
         np.copyto(dst, src, casting="equiv")
         return
-    if (dst.dtype == src.dtype and dst.shape == src.shape and dst.flags.c_contiguous
-            and src.flags.c_contiguous):
+    dt = dst.dtype
+    if (dt == src.dtype and dt.names is None and not dt.hasobject and dst.shape == src.shape
+            and dst.flags.c_contiguous and src.flags.c_contiguous):
         if not _native.copy_bytes(dst, src):
             np.copyto(dst, src)  # they overlap: numpy copies through a buffer
         return

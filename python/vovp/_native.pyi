@@ -246,7 +246,8 @@ class Client:
     ) -> Object:
         """The kept put of C-contiguous array ``src``, shown with the given layout; a small
         one, or one through the lend (64 KiB up to a quarter of a lend), comes back at once,
-        pending (``writable``: viewed through a private mapping, or in place when large)."""
+        pending (``writable``: viewed through a private mapping, or in place when this client's
+        own arena holds it)."""
     def put_array(
         self,
         name: str,

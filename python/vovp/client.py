@@ -102,12 +102,12 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
-# Objects up to this size go to the native put in any case (one PUT frame; through a lend,
-# those of 64 KiB or more through its lend: copy + one PUBLISH); larger ones too when stored
-# as they are (contiguous, little-endian), through a lend or CREATE + copy + SEAL (the Rust
-# client's CLIENT_INLINE_PUT, 256 KiB).
+# Objects up to this size (the Rust client's CLIENT_INLINE_PUT, 256 KiB) go to the native put
+# in any case (one PUT frame; through a lend, those of 64 KiB or more through its lend: copy +
+# one PUBLISH); larger ones too when stored as they are (contiguous, little-endian), through
+# a lend or CREATE + copy + SEAL.
 INLINE_LIMIT = N.INLINE_LIMIT
-# The largest object a lend takes (a quarter of the largest lend, 16 MiB); the native core
+# The largest object a lend takes: 4 MiB, a quarter of the largest lend (16 MiB); the native core
 # falls back to CREATE + copy + SEAL itself where its lend cannot take one (a smaller store,
 # --prefault). vovp.plasma's creates use it.
 LEND_LIMIT = N.LEND_LIMIT
@@ -202,6 +202,14 @@ def _find_lease(obj: object) -> Tuple[Optional[Lease], bool]:
 
 
 copy_into = _copy.copy_into
+
+
+def _shown_kind(view_dt: np.dtype[Any]) -> str:
+    """The numpy kind the native core shows a result of dtype ``view_dt`` with: its own, or
+    unsigned for one it has no kind for (ml_dtypes' bfloat16, kind 'V': its bits, which the
+    caller then views as ``view_dt``)."""
+    kind: str = view_dt.kind
+    return kind if kind in "biufc" else "u"
 
 
 # --- client ------------------------------------------------------------------------------------
@@ -670,7 +678,10 @@ class Client(CudaMethods):
         ``version_of`` of the result), not here. While such a failed result lives, the part
         of the arena it is in is kept for it, so once that lend is full this client's larger
         puts wait for the store again. A small one's torch (or ``writable``) result views the
-        store's copy through a private mapping: writes to it stay in this process.
+        store's copy through a private mapping: writes to it stay in this process. A larger
+        one's is the store's copy itself, in this client's own arena (writes to it are seen by
+        every reader: do not write to stored tensors); on a store without client arenas
+        (``--prefault``) it is a private mapping too.
         """
         # An array stored as it is (C-contiguous, little-endian, a dtype the header names), a
         # torch tensor's numpy view included, goes in one native call that reads its dtype,
@@ -718,12 +729,15 @@ class Client(CudaMethods):
             # shape directly (no uint8 array viewed and reshaped).
             try:
                 obj = self._n.put_tensor_host(name, src, meta, ephemeral, writable, replace,
-                                              view_dt.kind, view_dt.itemsize, src.shape)
+                                              _shown_kind(view_dt), view_dt.itemsize,
+                                              src.shape)
             except ConnectionError:
                 self._connection_lost()
                 raise
             arr = np.asarray(obj)
             L.lease(arr, self, obj)
+            if arr.dtype != view_dt:
+                arr = arr.view(view_dt)  # (ml_dtypes' bfloat16, shown as its bits)
             return T.numpy_to_torch(arr, code) if torch_in else arr
         else:
             owner = self._create(name, size, meta, ephemeral, None, replace)
@@ -838,12 +852,13 @@ class Client(CudaMethods):
         # put_tensors are), numpy seeing each result's dtype and shape; torch results (and
         # ``writable``) view the store's copy through a private mapping.
         objs = self._native.put_tensors_host(
-            [(name, src, meta, view_dt.kind, view_dt.itemsize, shape, writable or torch_in)
+            [(name, src, meta, _shown_kind(view_dt), view_dt.itemsize, shape,
+              writable or torch_in)
              for name, src, view_dt, shape, _, torch_in, meta in batch], ephemeral, replace)
         error = None
         arrays: builtins.list[Any] = []
         made: builtins.list[Any] = []
-        for (name, _, _, _, code, torch_in, _), obj in zip(batch, objs):
+        for (name, _, view_dt, _, code, torch_in, _), obj in zip(batch, objs):
             if isinstance(obj, BaseException):
                 error = error or obj
                 results.pop(name, None)
@@ -851,6 +866,8 @@ class Client(CudaMethods):
             arr = np.asarray(obj)
             arrays.append(arr)
             made.append(obj)
+            if arr.dtype != view_dt:
+                arr = arr.view(view_dt)  # (ml_dtypes' bfloat16, shown as its bits)
             results[name] = T.numpy_to_torch(arr, code) if torch_in else arr
         L.lease_all(arrays, self, made)
         return error

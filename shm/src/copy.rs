@@ -13,7 +13,7 @@
 //! against 22; claimed chunks 12). Claiming also spares the caller every wake-up of its own,
 //! and a busy pool (another put's copy) only means the caller copies more itself.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Copies at or below this size run on the calling thread. 1 MB, not 1 MiB: a 1 MiB put into
@@ -28,7 +28,7 @@ const MIN_CHUNK: usize = 128 * 1024;
 /// ```
 /// let src = vec![7u8; 3 << 20];
 /// let mut dst = vec![0u8; src.len()];
-/// vovp_shm::copy::parallel_copy(&mut dst, &src); // 3 MiB: split across the rayon pool
+/// vovp_shm::copy::parallel_copy(&mut dst, &src); // 3 MiB: split across the copy pool
 /// assert_eq!(dst, src);
 /// ```
 ///
@@ -36,11 +36,14 @@ const MIN_CHUNK: usize = 128 * 1024;
 /// If the lengths differ (a caller bug, never client-controlled).
 pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "parallel_copy: length mismatch");
-    let threads = rayon::current_num_threads();
-    if src.len() <= PARALLEL_COPY_THRESHOLD || threads < 2 {
+    let pool = (src.len() > PARALLEL_COPY_THRESHOLD)
+        .then(process_pool)
+        .flatten();
+    let Some(pool) = pool.filter(|p| p.current_num_threads() >= 2) else {
         dst.copy_from_slice(src);
         return;
-    }
+    };
+    let threads = pool.current_num_threads();
     // One contiguous chunk per thread: measured (vovp-bench, 1 GiB) ~40 % faster than four
     // smaller chunks per thread, which interleave the threads' streams through the memory
     // controller and TLB.
@@ -60,7 +63,7 @@ pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
     });
     for _ in 1..copy.chunks {
         let helper = copy.clone();
-        rayon::spawn(move || helper.copy_claimed());
+        pool.spawn(move || helper.copy_claimed());
     }
     copy.copy_claimed();
     // Every chunk is claimed; wait for those still being copied by a worker (a few dozen µs
@@ -74,6 +77,48 @@ pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
             std::thread::yield_now();
         }
     }
+}
+
+/// The copy pool of this process, built on its first large copy: a rayon pool of one thread
+/// per CPU. Per process, not rayon's global pool, because fork() copies only the calling
+/// thread: in a child forked after its parent copied, the parent's pool has no workers, so
+/// jobs spawned on it would never run and never be freed (a leak per copy, and every chunk
+/// copied by the caller). Forked children are common clients (a DataLoader's workers put
+/// their batches), so a child builds a pool of its own; the parent's, in the child's memory,
+/// is left alone (its threads are not there to stop). `None` when no pool can be built.
+fn process_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: AtomicPtr<ProcessPool> = AtomicPtr::new(std::ptr::null_mut());
+    let pid = std::process::id();
+    let current = POOL.load(Ordering::Acquire);
+    // SAFETY: POOL only ever holds null or a leaked `Box<ProcessPool>`, never freed.
+    if let Some(p) = unsafe { current.as_ref() }.filter(|p| p.pid == pid) {
+        return Some(&p.pool);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("vovp-copy-{i}"))
+        .build()
+        .ok()?;
+    let fresh = Box::into_raw(Box::new(ProcessPool { pid, pool }));
+    match POOL.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // (The entry replaced, if any, was a parent's: leaked on purpose, see above.)
+        // SAFETY: `fresh` is now POOL's, leaked, never freed.
+        Ok(_) => Some(unsafe { &(*fresh).pool }),
+        Err(won) => {
+            // Another thread of this process built one first: use it, and drop ours (its
+            // threads are this process's, so they stop).
+            // SAFETY: `fresh` was never shared; `won` is a leaked entry, never freed.
+            drop(unsafe { Box::from_raw(fresh) });
+            unsafe { won.as_ref() }
+                .filter(|p| p.pid == pid)
+                .map(|p| &p.pool)
+        }
+    }
+}
+
+/// A copy pool and the process it belongs to.
+struct ProcessPool {
+    pid: u32,
+    pool: rayon::ThreadPool,
 }
 
 /// One parallel copy, shared by the caller and the rayon jobs it spawned. The addresses are
@@ -150,18 +195,58 @@ mod tests {
     }
 
     #[test]
+    fn a_forked_child_copies_with_a_pool_of_its_own() {
+        // The parent's pool exists (and has workers) before the fork; the child's copy must
+        // come out right and run on workers the child started, not on the parent's pool,
+        // whose workers the child does not have.
+        let len = 8 << 20;
+        let src: Vec<u8> = (0..len).map(|i| (i % 249) as u8).collect();
+        let mut dst = vec![0u8; len];
+        parallel_copy(&mut dst, &src);
+        let parent_pool = process_pool().expect("a copy pool") as *const rayon::ThreadPool;
+        // SAFETY: the child only copies, reads /proc and exits with _exit (no destructors,
+        // no test harness code).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let mut dst = vec![0u8; len];
+            parallel_copy(&mut dst, &src);
+            let own = process_pool().map(|p| p as *const rayon::ThreadPool);
+            let threads = std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
+            let code = match (dst == src, own != Some(parent_pool), threads > 1) {
+                (false, _, _) => 1,
+                (_, false, _) => 2,
+                (_, _, false) => 3,
+                _ => 0,
+            };
+            // SAFETY: ends the child at once, as fork's child must in a threaded test.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child did not exit: {status}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "1: bytes wrong, 2: the parent's pool, 3: no worker threads in the child"
+        );
+    }
+
+    #[test]
     fn a_copy_never_waits_for_a_busy_pool() {
-        // Occupy every worker of the global pool until the copy is done: the caller must copy
+        // Occupy every worker of the copy pool until the copy is done: the caller must copy
         // every chunk itself instead of waiting for a worker (with a plain par_chunks this
         // deadlocks, and the timeout below fails the test).
-        let workers = rayon::current_num_threads();
+        let pool = process_pool().expect("a copy pool");
+        let workers = pool.current_num_threads();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let release_rx = std::sync::Arc::new(std::sync::Mutex::new(release_rx));
         let (busy_tx, busy_rx) = std::sync::mpsc::channel::<()>();
         for _ in 0..workers {
             let rx = release_rx.clone();
             let busy = busy_tx.clone();
-            rayon::spawn(move || {
+            pool.spawn(move || {
                 let _ = busy.send(());
                 let _ = rx.lock().map(|rx| rx.recv());
             });

@@ -314,20 +314,30 @@ impl Lends {
     }
 
     /// Whether a put of `size` data bytes and `metadata_len` metadata bytes should go through a
-    /// lend of a store of `capacity` bytes: big enough to be worth it, small enough for one,
-    /// and a store that lends.
-    pub(crate) fn wants(&self, size: usize, metadata_len: usize, capacity: u64) -> Option<u64> {
+    /// lend of a store of `capacity()` bytes (asked only when it matters): big enough to be
+    /// worth it, small enough for one, and a store that lends.
+    pub(crate) fn wants(
+        &self,
+        size: usize,
+        metadata_len: usize,
+        capacity: impl FnOnce() -> u64,
+    ) -> Option<u64> {
         if size < CLIENT_LEND_MIN {
             return None;
         }
         let need = block_len(size, metadata_len)?;
-        let slot = self.slot.lock().ok()?;
+        let (refused, known) = {
+            let slot = self.slot.lock().ok()?;
+            (slot.refused, slot.max_object)
+        };
         // Until a lend said how large its objects may be, the store's capacity says it (the
         // size of its lends): an object too big for them asks for no lend (one would be held
-        // for nothing, and the put would wait a round trip more).
-        let largest = (slot.max_object)
-            .or_else(|| vovp_types::lends::lend_size(capacity).map(vovp_types::lends::max_object));
-        if slot.refused || largest.is_none_or(|m| need > m) {
+        // for nothing, and the put would wait a round trip more). Asked with the slot's lock
+        // let go: it reads the session's mappings.
+        let largest = known.or_else(|| {
+            vovp_types::lends::lend_size(capacity()).map(vovp_types::lends::max_object)
+        });
+        if refused || largest.is_none_or(|m| need > m) {
             return None;
         }
         Some(need)

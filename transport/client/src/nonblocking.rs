@@ -289,10 +289,11 @@ impl AsyncClient {
             return None;
         }
         let lends = &self.inner.lends;
-        let maps = self.inner.core.session.maps();
-        let need = lends.wants(data.len(), metadata.len(), maps.capacity)?;
+        let capacity = || self.inner.core.session.maps().capacity;
+        let need = lends.wants(data.len(), metadata.len(), capacity)?;
         // A lend is taken back through the hold table: no table (or a forked child, which
         // cannot announce its writes there), no lend.
+        let maps = self.inner.core.session.maps();
         if !maps.shared.as_ref()?.can_announce() {
             return None;
         }

@@ -59,10 +59,11 @@ impl ClientInner {
         if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
             return Err(Unlent::No);
         }
-        let maps = self.core.session.maps();
-        let need = (self.lends.wants(size, metadata_len, maps.capacity)).ok_or(Unlent::No)?;
+        let capacity = || self.core.session.maps().capacity;
+        let need = (self.lends.wants(size, metadata_len, capacity)).ok_or(Unlent::No)?;
         // A lend is taken back through the hold table: no table (or a forked child, which
         // cannot announce its writes there), no lend.
+        let maps = self.core.session.maps();
         if !maps.shared.as_ref().is_some_and(|s| s.can_announce()) {
             return Err(Unlent::No);
         }
