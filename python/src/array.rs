@@ -144,14 +144,19 @@ pub(crate) fn put_source<'a>(
 ) -> PyResult<(&'a [u8], Layout)> {
     let (addr, size) = contiguous_bytes(src)?;
     let layout = Layout::of_kind(kind, itemsize, shape, size as u64)?;
-    // SAFETY: `src`, borrowed for `'a`, exports `size` contiguous bytes at `addr` (its
-    // `__array_struct__`); the caller does not resize or free it while it puts them.
-    let data: &[u8] = if size == 0 {
-        &[]
-    } else {
-        unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
-    };
-    Ok((data, layout))
+    Ok((exported_bytes(src, addr, size), layout))
+}
+
+/// The `len` bytes at `addr` that array `src` exports (read from its `__array_struct__`), as
+/// a slice borrowed with `src`.
+fn exported_bytes<'a>(_src: &'a Bound<'_, PyAny>, addr: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: `src`, borrowed for `'a`, exports `len` contiguous bytes at `addr` (its
+    // `__array_struct__`, read by the caller); the caller does not resize or free it while
+    // it puts them.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
 }
 
 /// The bytes of a C-contiguous array `src` (numpy's, or anything with `__array_struct__`):
@@ -265,13 +270,7 @@ pub(crate) fn tensor_source<'a>(src: &'a Bound<'_, PyAny>) -> PyResult<Option<Te
     if shape.len() > vovp_types::tensor::MAX_NDIM || shape.len() > MAX_DIMS {
         return Ok(None);
     }
-    // SAFETY: `src`, borrowed for `'a`, exports `len` contiguous bytes at `addr` (its
-    // `__array_struct__`); the caller does not resize or free it while it puts them.
-    let data: &[u8] = if a.len == 0 {
-        &[]
-    } else {
-        unsafe { std::slice::from_raw_parts(a.addr as *const u8, a.len) }
-    };
+    let data = exported_bytes(src, a.addr, a.len);
     let layout = Layout::checked(a.kind, a.itemsize as u32, shape, a.len as u64)?;
     Ok(Some(TensorSource {
         data,
