@@ -164,17 +164,7 @@ fn exported_bytes<'a>(_src: &'a Bound<'_, PyAny>, addr: usize, len: usize) -> &'
 /// costs ~1 µs, and the buffer protocol is not in the stable ABI before Python 3.11). The
 /// caller keeps `src` alive while it uses the address. ValueError for anything else.
 pub(crate) fn contiguous_bytes(src: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
-    array_bytes(src, false)
-}
-
-/// [`contiguous_bytes`] of an array that must also be writable (numpy's WRITEABLE flag).
-fn array_bytes(src: &Bound<'_, PyAny>, writable: bool) -> PyResult<(usize, usize)> {
-    const WRITEABLE: c_int = 0x400;
-    let a = read_array(src, None)?;
-    if writable && a.flags & WRITEABLE == 0 {
-        return Err(PyValueError::new_err("not a writable array"));
-    }
-    Ok((a.addr, a.len))
+    read_array(src, None).map(|a| (a.addr, a.len))
 }
 
 /// What [`read_array`] reads of a C-contiguous array's `__array_struct__`.
@@ -289,14 +279,19 @@ pub(crate) fn copy_bytes(
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
 ) -> PyResult<bool> {
-    let (to, len) = array_bytes(dst, true)?;
-    let (from, src_len) = contiguous_bytes(src)?;
-    if read_array(dst, None)?.kind == b'O' {
+    const WRITEABLE: c_int = 0x400;
+    let to = read_array(dst, None)?;
+    if to.flags & WRITEABLE == 0 {
+        return Err(PyValueError::new_err("not a writable array"));
+    }
+    if to.kind == b'O' {
         // (Bytes of object pointers copied without their reference counts.)
         return Err(PyValueError::new_err(
             "an array of Python objects is not copied as bytes",
         ));
     }
+    let (to, len) = (to.addr, to.len);
+    let (from, src_len) = contiguous_bytes(src)?;
     if len != src_len {
         return Err(PyValueError::new_err(format!(
             "copy of {src_len} bytes into {len}"

@@ -378,6 +378,7 @@ impl Client {
         )
         .map(Some)
     }
+
     /// `put_tensors`' host tensors up to the inline limit, in one call: `items` are
     /// (name, src, metadata, kind, itemsize, shape, writable) as `put_tensor_host`'s. With a
     /// release thread the small ones go out together, pipelined (one write), the rest wait one
