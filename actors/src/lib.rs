@@ -8,12 +8,13 @@
 
 mod allocator;
 mod answer;
+mod block;
 pub mod gpu;
-mod lends;
+mod lend_ledger;
 mod memory_room;
 mod pipelined;
 mod segment;
-mod shared;
+mod shared_regions;
 mod table;
 pub mod table_actor;
 
@@ -24,4 +25,4 @@ pub use allocator::{
 pub use answer::{Answer, StoreFailure};
 pub use memory_room::{available_memory, BACKING_MARGIN};
 pub use segment::Segment;
-pub use shared::{SharedConfig, SharedFds};
+pub use shared_regions::{SharedConfig, SharedFds};

@@ -1,4 +1,5 @@
-//! Lends: parts of a client's own arena lent to it, so that a put costs no CREATE round trip.
+//! The lend ledger: the store's record of the lends, parts of a client's own arena lent to it
+//! so that a put costs no CREATE round trip (the client's side is vovp-client's `lent`).
 //! The client writes each object at an offset of its lend (data padded to 64 bytes, then room
 //! for the metadata) and PUBLISHes it: one message creates and seals it. Plain data structure
 //! (the table actor owns one), unit-testable without a runtime.
@@ -7,7 +8,7 @@
 //! published from it do not own memory of their own: freeing one gives the lend back one
 //! object, and the lend's block goes back to the allocator when the lend is retired (its holder
 //! took a new one or went away, or the store took it back) and its last object is gone — a slab's trade-off, bounded by
-//! the lend's size (1/64 of the store, at most 16 MiB, see [`lend_size`]).
+//! the lend's size (1/64 of the store, at most 16 MiB, see [`vovp_types::lends::lend_size`]).
 //!
 //! Trust: the client says where it wrote; the store checks that the range lies inside a lend
 //! of that client and overlaps no live object published from it, so a client can only name
@@ -16,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::allocator::HostBlock;
-use crate::table::LentBlock;
+use crate::block::LentBlock;
 use vovp_types::lends::{block_len, max_object};
 use vovp_types::Error;
 use vovp_types::ALIGNMENT;
@@ -55,13 +56,13 @@ pub(crate) enum LendKind {
 
 /// Every lend of the store, and each holder's current ones.
 #[derive(Default)]
-pub(crate) struct Lends {
+pub(crate) struct LendLedger {
     by_id: HashMap<u64, LendState>,
     current: HashMap<(HolderId, LendKind), u64>,
     next_id: u64,
 }
 
-impl Lends {
+impl LendLedger {
     pub(crate) fn new() -> Self {
         Self::default()
     }
@@ -203,7 +204,7 @@ mod tests {
 
     #[test]
     fn only_the_holder_publishes_only_free_aligned_ranges_inside_its_lend() {
-        let mut lends = Lends::new();
+        let mut lends = LendLedger::new();
         let lend = lends.insert(h(1), LendKind::Big, HostBlock::for_tests(3, 4096));
         let start = lend.offset;
         assert!(matches!(
@@ -241,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_retired_lend_goes_with_its_last_object_and_takes_late_publishes_until_then() {
-        let mut lends = Lends::new();
+        let mut lends = LendLedger::new();
         let first = lends.insert(h(1), LendKind::Big, HostBlock::for_tests(1, 4096));
         let a = lends.claim(h(1), first.id, first.offset, 64, 0).unwrap();
         assert!(
@@ -278,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_holder_has_a_big_and_a_small_lend_and_only_the_big_one_is_taken_back() {
-        let mut lends = Lends::new();
+        let mut lends = LendLedger::new();
         let big = lends.insert(h(1), LendKind::Big, HostBlock::for_tests(1, 1 << 20));
         let small = lends.insert(h(1), LendKind::Small, HostBlock::for_tests(1, 64 << 10));
         assert_ne!(big.id, small.id);

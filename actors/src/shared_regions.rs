@@ -55,18 +55,18 @@ pub struct SharedFds {
     pub hold_slots: usize,
 }
 
-/// The directory and the live clients' hold tables.
-pub(crate) struct Shared {
+/// The directory and the live clients' hold tables (vovp-shm's regions, from the store's side).
+pub(crate) struct SharedRegions {
     directory: DirectoryRegion,
     tables: HashMap<HolderId, HoldRegion>,
     hold_slots: usize,
 }
 
-impl Shared {
+impl SharedRegions {
     pub(crate) fn new(config: SharedConfig) -> Result<Self, Error> {
         let directory = DirectoryRegion::create(config.directory_entries)
             .map_err(|e| Error::Memory(format!("creating the shared directory: {e}")))?;
-        Ok(Shared {
+        Ok(SharedRegions {
             directory,
             tables: HashMap::new(),
             hold_slots: config.hold_slots,

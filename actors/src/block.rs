@@ -1,0 +1,111 @@
+//! The memory behind one object, as the table keeps it: a host block (the allocator's), a device
+//! block (the GPU actor's) or a part of a client's lend. The table only carries blocks; the
+//! table actor gives each back to whoever it came from when its object goes, and each block
+//! says which pool it counts against and how much of it.
+
+use vovp_types::{Device, DeviceBlock, Location};
+
+use crate::allocator::HostBlock;
+
+/// The memory behind one object, returned to its allocator when the object goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Block {
+    Host(HostBlock),
+    Cuda(DeviceBlock),
+    /// Part of a block lent to a client (LEND), which wrote the object there itself: freeing
+    /// it gives the lend back one object, and the lend's block goes when its last object does.
+    Lent(LentBlock),
+}
+
+/// Where an object published from a lend lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LentBlock {
+    pub lend: u64,
+    pub segment: u32,
+    pub offset: u64,
+    /// Data padded to 64 bytes plus metadata, rounded to 64: what it occupies of the lend.
+    pub charged: u64,
+}
+
+impl Block {
+    pub(crate) fn location(&self) -> Location {
+        match self {
+            Block::Host(h) => Location::Host {
+                segment: h.segment,
+                offset: h.offset,
+            },
+            Block::Cuda(d) => Location::Cuda(*d),
+            Block::Lent(l) => Location::Host {
+                segment: l.segment,
+                offset: l.offset,
+            },
+        }
+    }
+
+    pub(crate) fn pool(&self) -> Pool {
+        match self {
+            Block::Host(_) | Block::Lent(_) => Pool::Host,
+            Block::Cuda(d) => Pool::Cuda(d.device),
+        }
+    }
+
+    /// Bytes the object counts against its pool's capacity (what evicting it frees).
+    pub(crate) fn reserved(&self) -> u64 {
+        match self {
+            Block::Host(h) => h.charged,
+            Block::Cuda(d) => d.size,
+            Block::Lent(l) => l.charged,
+        }
+    }
+}
+
+/// A memory pool with its own capacity and its own LRU: host memory, or one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Pool {
+    Host,
+    Cuda(u32),
+}
+
+impl From<Device> for Pool {
+    fn from(d: Device) -> Self {
+        match d {
+            Device::Cpu => Pool::Host,
+            Device::Cuda(n) => Pool::Cuda(n),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lent_and_host_blocks_count_against_host_memory_device_blocks_against_their_gpu() {
+        let host = Block::Host(HostBlock::for_tests(2, 100));
+        let lent = Block::Lent(LentBlock {
+            lend: 1,
+            segment: 3,
+            offset: 128,
+            charged: 192,
+        });
+        let device = Block::Cuda(DeviceBlock {
+            device: 1,
+            pool: 0,
+            ipc_handle: [0; 64],
+            offset: 4096,
+            size: 512,
+        });
+        assert_eq!((host.pool(), host.reserved()), (Pool::Host, 100));
+        assert_eq!(
+            lent.location(),
+            Location::Host {
+                segment: 3,
+                offset: 128
+            }
+        );
+        assert_eq!((lent.pool(), lent.reserved()), (Pool::Host, 192));
+        assert_eq!((device.pool(), device.reserved()), (Pool::Cuda(1), 512));
+        assert_eq!(Pool::from(Device::Cuda(1)), device.pool());
+        assert_eq!(Pool::from(Device::Cpu), Pool::Host);
+    }
+}

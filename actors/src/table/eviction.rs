@@ -1,0 +1,179 @@
+//! Eviction: when a pool is full, which unreferenced sealed objects go ([`ObjectTable::victims`],
+//! from the LRU, oldest first) and what becomes of each one picked
+//! ([`ObjectTable::evict_victim`]: freed now, or parked while a hold table names it). Those
+//! two functions are the one place for each decision: a policy that keeps a victim's bytes
+//! elsewhere instead of dropping them adds a [`Victim`] and a branch there.
+//!
+//! Race with clients: a client takes a hold through its hold table with no message, so a
+//! candidate may become held between the first look and its unpublish. Candidates are
+//! therefore unpublished first and checked again after; those held now are parked instead of
+//! evicted and the next candidates tried, so every round either evicts, parks or stops.
+
+use std::collections::HashSet;
+
+use vovp_types::{NotificationKind, ObjectId};
+
+use super::publication::Publication;
+use super::{Freed, ObjectTable};
+use crate::block::Pool;
+
+/// What became of an eviction victim.
+enum Victim {
+    /// Gone: its memory goes back to its allocator.
+    Freed(Freed),
+    /// A hold table named it after all: parked (out of the LRU) until none does, under this
+    /// generation.
+    Parked { generation: u64 },
+}
+
+impl ObjectTable {
+    /// Objects that eviction could free in `pool` now.
+    pub(crate) fn evictable_objects(&self, pool: Pool) -> usize {
+        self.lru.objects(pool)
+    }
+
+    /// Bytes that eviction could free in `pool` now.
+    pub(crate) fn evictable_bytes(&self, pool: Pool) -> u64 {
+        self.lru.bytes(pool)
+    }
+
+    /// Evicts least-recently-used unreferenced sealed objects of `pool` until at least `bytes`
+    /// are freed or none is left (see the module doc for objects clients hold meanwhile).
+    pub(crate) fn evict(&mut self, pool: Pool, bytes: u64) -> Vec<Freed> {
+        self.fold_access_stamps();
+        let mut held = self.publication.held_generations();
+        let mut freed = Vec::new();
+        let mut total = 0;
+        while total < bytes {
+            let candidates = self.victims(pool, bytes - total, &held);
+            if candidates.is_empty() {
+                break;
+            }
+            for &key in &candidates {
+                self.publication.unpublish(&mut self.objects[key].listing);
+            }
+            let held_now = self.publication.held_generations();
+            for key in candidates {
+                match self.evict_victim(key, &held_now) {
+                    Victim::Freed(f) => {
+                        total += f.block.reserved();
+                        freed.push(f);
+                    }
+                    Victim::Parked { generation } => {
+                        held.insert(generation);
+                    }
+                }
+            }
+        }
+        freed
+    }
+
+    /// The least recently used entries of `pool` that free at least `need` bytes together
+    /// (fewer if the pool has fewer), skipping those whose publication is in `held`.
+    fn victims(&self, pool: Pool, need: u64, held: &HashSet<u64>) -> Vec<usize> {
+        let mut victims = Vec::new();
+        let mut bytes = 0;
+        for key in self.lru.oldest_first(pool) {
+            let e = &self.objects[key];
+            if Publication::among(&e.listing, held) {
+                continue;
+            }
+            victims.push(key);
+            bytes += e.block.reserved();
+            if bytes >= need {
+                break;
+            }
+        }
+        victims
+    }
+
+    /// What becomes of the victim `key` (unpublished already), given the generations held
+    /// after its unpublish.
+    fn evict_victim(&mut self, key: usize, held_now: &HashSet<u64>) -> Victim {
+        let listing = self.objects[key].listing;
+        if Publication::among(&listing, held_now) {
+            self.park(key);
+            return Victim::Parked {
+                generation: listing.generation(),
+            };
+        }
+        self.stats
+            .record(NotificationKind::Evicted, &self.objects[key]);
+        let f = self.remove(key);
+        self.stats.evicted(f.block.reserved());
+        Victim::Freed(f)
+    }
+
+    /// Moves objects that clients got through their hold tables since they entered the LRU
+    /// to where those gets put them (a get without a message leaves only a stamp).
+    fn fold_access_stamps(&mut self) {
+        let stamps = self.publication.stamps();
+        if stamps.is_empty() {
+            return;
+        }
+        let now = vovp_shm::now_stamp();
+        for (object_id, stamp) in stamps {
+            let Some(key) = self.objects.key_of(ObjectId::from_raw(object_id)) else {
+                continue;
+            };
+            let e = &mut self.objects[key];
+            let pool = e.block.pool();
+            // A client's stamp is not trusted to lie in the future.
+            self.lru.touch(key, &mut e.lru, pool, stamp.min(now));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::test_support::{n, names, ok, put, A, B, POOL};
+
+    #[test]
+    fn eviction_follows_least_recent_use_and_spares_held_objects() {
+        let mut t = ObjectTable::new();
+        put(&mut t, "a", 100);
+        put(&mut t, "b", 100);
+        put(&mut t, "c", 100);
+        put(&mut t, "d", 100);
+        // Using "a" makes it the most recent; "b" stays held.
+        let a = t.get_now(&n("a"), 0, B).unwrap();
+        t.release(a.id, B).unwrap();
+        let _b = t.get_now(&n("b"), 0, B).unwrap();
+        assert_eq!(t.evictable_objects(POOL), 3);
+        assert_eq!(t.evictable_bytes(POOL), 300);
+
+        // At least one byte: exactly the least recently used object.
+        let freed = t.evict(POOL, 1);
+        assert_eq!(names(&freed), ["c"]);
+        // Other pools are not touched.
+        assert!(t.evict(Pool::Cuda(1), u64::MAX).is_empty());
+        assert!(t.evict(Pool::Host, u64::MAX).is_empty());
+        let freed = t.evict(POOL, 150);
+        assert_eq!(names(&freed), ["d", "a"]);
+        assert!(t.evict(POOL, u64::MAX).is_empty());
+        assert!(t.contains(&n("b")));
+        let s = t.stats();
+        assert_eq!((s.evicted_objects, s.evicted_bytes), (3, 300));
+        assert!(!t.contains(&n("a")) && t.check_name_free(&n("a"), false, A).is_ok());
+        ok(&t);
+    }
+
+    #[test]
+    fn evicted_objects_are_announced_and_their_names_free() {
+        let mut t = ObjectTable::new();
+        t.set_recording(true);
+        put(&mut t, "x", 64);
+        t.take_events();
+        let freed = t.evict(POOL, 64);
+        assert_eq!(names(&freed), ["x"]);
+        let events = t.take_events();
+        assert_eq!(
+            events.iter().map(|e| e.kind).collect::<Vec<_>>(),
+            [NotificationKind::Evicted]
+        );
+        assert!(t.get_now(&n("x"), 0, B).is_none());
+        assert!(t.is_empty());
+        ok(&t);
+    }
+}

@@ -1,0 +1,475 @@
+//! The object table: names, life cycle, per-holder reference counts, the LRU of evictable
+//! objects, waiting gets and publication in the shared directory. Plain synchronous data
+//! structure (the table actor wraps it), so every rule of the object life cycle is
+//! unit-testable without a runtime.
+//!
+//! Life cycle: `insert` (unsealed, creator holds one reference) → `seal` (immutable, visible)
+//! → references come and go through `get`/`release` → sealed objects with no reference sit in
+//! the LRU and may be evicted → `delete` unlinks the name at once and frees the memory when the
+//! last holder releases. An unsealed object lives only while its creator holds it: the creator's
+//! release (or disconnect) aborts it.
+//!
+//! Versions: a name's first sealed object is version 1. A create with `replace` of a name whose
+//! object is sealed makes a *replacement*: unnamed (not found by get, not listed) until its
+//! seal, which moves the name to it as the next version in one step and unlinks the previous
+//! version as `delete` would (its holders keep it; its memory goes with the last of them).
+//! Replacements of one name by different creators seal in any order, each taking the next
+//! version; one creator writes one replacement of a name at a time.
+//!
+//! Parts, each with its own invariants in its module doc:
+//! - [`objects`]: the entries, their names and the holders' references;
+//! - [`lru`]: per pool, the evictable entries in order of use;
+//! - [`waiting`]: the gets waiting for names to be sealed;
+//! - [`publication`]: the shared directory, and the entries parked while hold tables name them;
+//! - [`stats`]: counters, notifications, and the views (`list`, pages, STATS);
+//! - [`eviction`]: which entries go when a pool is full, and what becomes of each.
+//!
+//! This module coordinates them; its own invariant (checked by
+//! [`ObjectTable::check_invariants`]): an entry is in the LRU exactly when it is sealed, named,
+//! unreferenced and not parked.
+
+mod eviction;
+mod lru;
+mod objects;
+mod publication;
+mod stats;
+mod waiting;
+
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests;
+
+use std::time::SystemTime;
+
+use tokio::sync::oneshot;
+use vovp_types::{
+    Error, HolderId, Notification, NotificationKind, ObjectId, ObjectName, ObjectRef,
+};
+
+use crate::block::Block;
+use crate::shared_regions::{SharedFds, SharedRegions};
+use lru::Lru;
+use objects::Objects;
+use publication::Publication;
+use stats::Stats;
+use waiting::GetQueue;
+
+pub(crate) use objects::NewObject;
+pub(crate) use waiting::{CompletedGet, GetResults, WaiterId};
+
+/// What a seal did: the version the object became, the gets it completed, and the previous
+/// version's memory when a replace freed it at once.
+pub(crate) struct Sealed {
+    pub version: u64,
+    pub done: Vec<CompletedGet>,
+    pub freed: Option<Freed>,
+}
+
+/// An object that left the table and whose memory must go back to its allocator.
+#[derive(Debug)]
+pub(crate) struct Freed {
+    pub block: Block,
+    /// Which object it was: the tests check it, logs print it (`Debug`).
+    #[allow(dead_code)]
+    pub name: ObjectName,
+    #[allow(dead_code)]
+    pub size: u64,
+}
+
+/// The parts (see the module doc).
+#[derive(Default)]
+pub(crate) struct ObjectTable {
+    objects: Objects,
+    lru: Lru,
+    waiting: GetQueue,
+    publication: Publication,
+    stats: Stats,
+}
+
+impl ObjectTable {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// A table that publishes its sealed host objects in `regions` (clients then get them
+    /// without a message while their hold tables pin them).
+    pub(crate) fn with_shared(regions: SharedRegions) -> Self {
+        ObjectTable {
+            publication: Publication::new(Some(regions)),
+            ..Self::default()
+        }
+    }
+
+    /// The shared directory and hold tables, when the store publishes (the lend handshake and
+    /// pipelined puts' counts are read there).
+    pub(crate) fn shared_regions(&self) -> Option<&SharedRegions> {
+        self.publication.regions()
+    }
+
+    /// Gives `holder` its hold table and the directory to map (`None`: not publishing).
+    pub(crate) fn attach_shared(&mut self, holder: HolderId) -> Option<Result<SharedFds, Error>> {
+        Some(self.publication.regions_mut()?.attach(holder))
+    }
+
+    /// Record changes as notifications (while someone subscribes).
+    pub(crate) fn set_recording(&mut self, on: bool) {
+        self.stats.set_recording(on);
+    }
+
+    pub(crate) fn recording(&self) -> bool {
+        self.stats.recording()
+    }
+
+    /// Notifications recorded since the last call.
+    pub(crate) fn take_events(&mut self) -> Vec<Notification> {
+        self.stats.take_events()
+    }
+
+    /// Fails when `creator` may not create `name` now (see [`objects::Objects::check_name_free`]).
+    /// Asked before memory is allocated, and again by [`ObjectTable::insert`].
+    pub(crate) fn check_name_free(
+        &self,
+        name: &ObjectName,
+        replace: bool,
+        creator: HolderId,
+    ) -> Result<(), Error> {
+        self.objects.check_name_free(name, replace, creator)
+    }
+
+    /// Adds an unsealed object; the creator holds one reference. With `replace`, a name whose
+    /// object is sealed gets a replacement (see the module doc).
+    pub(crate) fn insert(&mut self, new: NewObject) -> Result<ObjectRef, Error> {
+        let key = self.objects.insert(new)?;
+        self.stats.created();
+        Ok(self.objects[key].object_ref())
+    }
+
+    /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
+    /// outlived its aborted object cannot seal a newer object of the same name (`NotFound`).
+    /// A replacement takes the name over as its next version; the previous version is
+    /// unlinked as by `delete`.
+    pub(crate) fn seal(
+        &mut self,
+        name: &ObjectName,
+        holder: HolderId,
+        id: Option<ObjectId>,
+    ) -> Result<Sealed, Error> {
+        let key = self.objects.key_to_finish(name, holder)?;
+        let e = &self.objects[key];
+        if id.is_some_and(|id| id != e.id) {
+            return Err(Error::NotFound(name.to_string()));
+        }
+        if e.sealed {
+            return Err(Error::AlreadySealed(name.to_string()));
+        }
+        if e.creator != holder {
+            return Err(Error::NotCreator(name.to_string()));
+        }
+        let mut freed = None;
+        let mut kind = NotificationKind::Sealed;
+        let mut version = 1;
+        if e.replacing {
+            if let Some(old) = self.objects.named(name) {
+                if !self.objects[old].sealed {
+                    // The previous version went and a plain create took the name since.
+                    return Err(Error::AlreadyExists(format!(
+                        "{name} (deleted and being created again since this replace began)"
+                    )));
+                }
+                version = self.objects[old].version + 1;
+                kind = NotificationKind::Replaced;
+                freed = self.unlink(old);
+            }
+            self.objects.take_name(key);
+        }
+        let e = &mut self.objects[key];
+        e.sealed = true;
+        e.version = version;
+        e.last_access = SystemTime::now();
+        self.stats.record(kind, e);
+        self.publication.publish(e);
+        Ok(Sealed {
+            version,
+            done: self.wake_waiters(name, key),
+            freed,
+        })
+    }
+
+    /// Fills the waiting gets' slots that `key` (just sealed as `name`) answers, one reference
+    /// per slot: the gets that completed.
+    fn wake_waiters(&mut self, name: &ObjectName, key: usize) -> Vec<CompletedGet> {
+        let version = self.objects[key].version;
+        let mut done = Vec::new();
+        for fill in self.waiting.sealed(name, version) {
+            for slot in fill.slots {
+                let r = self.take_ref(key, fill.holder);
+                done.extend(self.waiting.fill(fill.waiter, slot, r));
+            }
+        }
+        done
+    }
+
+    /// Aborts an unsealed object (creator only): its name is free at once. Its memory is
+    /// returned now, with the creator's reference, unless `keep_while_held`: then it goes with
+    /// the creator's release, like a deleted object's (the embedded engine, whose creator may
+    /// still hold a writable buffer of it: freed now, that buffer would write into whatever
+    /// object gets the memory next).
+    pub(crate) fn abort(
+        &mut self,
+        name: &ObjectName,
+        holder: HolderId,
+        keep_while_held: bool,
+    ) -> Result<Option<Freed>, Error> {
+        let key = self.objects.key_to_finish(name, holder)?;
+        let e = &self.objects[key];
+        if e.sealed {
+            return Err(Error::AlreadySealed(name.to_string()));
+        }
+        if e.creator != holder {
+            return Err(Error::NotCreator(name.to_string()));
+        }
+        if keep_while_held {
+            self.objects.unname(key);
+            return Ok(None);
+        }
+        self.objects.drop_refs_to(key, holder);
+        Ok(Some(self.remove(key)))
+    }
+
+    /// One more reference of `holder` to `key`: out of the LRU while referenced.
+    fn take_ref(&mut self, key: usize, holder: HolderId) -> ObjectRef {
+        self.objects.add_ref(key, holder);
+        let e = &mut self.objects[key];
+        let (pool, reserved) = (e.block.pool(), e.block.reserved());
+        self.lru.leave(&mut e.lru, pool, reserved);
+        e.object_ref()
+    }
+
+    /// A reference to `name` if it is sealed now, as a version above `newer_than`.
+    pub(crate) fn get_now(
+        &mut self,
+        name: &ObjectName,
+        newer_than: u64,
+        holder: HolderId,
+    ) -> Option<ObjectRef> {
+        let key = self.objects.named(name)?;
+        let e = &self.objects[key];
+        if !e.sealed || e.version <= newer_than {
+            return None;
+        }
+        Some(self.take_ref(key, holder))
+    }
+
+    /// Gets every name; when some are missing and `wait` is set, registers a waiter whose
+    /// results go to `reply` (as soon as all are sealed, or at timeout through `finish_waiter`).
+    /// `newer_than`: per name, the version it must be above (empty: any sealed version).
+    pub(crate) fn begin_get(
+        &mut self,
+        holder: HolderId,
+        names: Vec<ObjectName>,
+        newer_than: Vec<u64>,
+        wait: bool,
+        reply: oneshot::Sender<GetResults>,
+    ) -> Result<WaiterId, (GetResults, oneshot::Sender<GetResults>)> {
+        let mut newer_than = newer_than;
+        newer_than.resize(names.len(), 0);
+        let results: GetResults = names
+            .iter()
+            .zip(&newer_than)
+            .map(|(n, &v)| self.get_now(n, v, holder))
+            .collect();
+        if results.iter().all(Option::is_some) || !wait {
+            return Err((results, reply));
+        }
+        Ok(self.waiting.wait(holder, names, newer_than, results, reply))
+    }
+
+    /// Ends a waiting get (timeout): its partial results, or `None` if it completed already.
+    pub(crate) fn finish_waiter(&mut self, waiter: WaiterId) -> Option<CompletedGet> {
+        self.waiting.finish(waiter)
+    }
+
+    /// Drops one reference of `holder` to object `id`. Returns the memory to free when that was
+    /// the last reference of a deleted, ephemeral or unsealed object.
+    pub(crate) fn release(
+        &mut self,
+        id: ObjectId,
+        holder: HolderId,
+    ) -> Result<Option<Freed>, Error> {
+        let key = self.objects.drop_ref(id, holder)?;
+        Ok(self.after_release(key))
+    }
+
+    /// After references to `key` were dropped: at the last, the object goes (deleted, unsealed
+    /// or ephemeral ones) or becomes evictable.
+    fn after_release(&mut self, key: usize) -> Option<Freed> {
+        let e = &self.objects[key];
+        if e.refcount > 0 {
+            return None;
+        }
+        if !e.is_kept_unreferenced() {
+            if e.named && e.sealed {
+                self.stats.record(NotificationKind::Deleted, e);
+            }
+            return self.free_or_park(key);
+        }
+        if !e.listing.is_parked() {
+            self.enter_lru(key);
+        }
+        None
+    }
+
+    fn enter_lru(&mut self, key: usize) {
+        let e = &mut self.objects[key];
+        let (pool, reserved) = (e.block.pool(), e.block.reserved());
+        self.lru.enter(key, &mut e.lru, pool, reserved);
+    }
+
+    /// Takes the entry out of the LRU until no hold table names it (it is unpublished).
+    fn park(&mut self, key: usize) {
+        let e = &mut self.objects[key];
+        let (pool, reserved) = (e.block.pool(), e.block.reserved());
+        self.lru.leave(&mut e.lru, pool, reserved);
+        self.publication.park(key, &mut e.listing);
+    }
+
+    /// The entry's memory goes now, or, while a hold table still names it, once none does.
+    fn free_or_park(&mut self, key: usize) -> Option<Freed> {
+        self.publication.unpublish(&mut self.objects[key].listing);
+        if self.publication.is_held(&self.objects[key].listing) {
+            self.park(key);
+            return None;
+        }
+        Some(self.remove(key))
+    }
+
+    /// Removes the entry from every part: its memory is the caller's to free.
+    fn remove(&mut self, key: usize) -> Freed {
+        let e = &mut self.objects[key];
+        let (pool, reserved) = (e.block.pool(), e.block.reserved());
+        self.publication.forget(key, &mut e.listing);
+        self.lru.leave(&mut e.lru, pool, reserved);
+        let e = self.objects.remove(key);
+        Freed {
+            block: e.block,
+            name: e.name,
+            size: e.size,
+        }
+    }
+
+    /// Looks again at the parked entries: those no hold table names any more are freed
+    /// (deleted ones) or published again and back in the LRU (ones whose eviction a hold
+    /// prevented). Run when memory is short, when a client goes, and on the table actor's
+    /// timer while any entry is parked.
+    pub(crate) fn collect_parked(&mut self) -> Vec<Freed> {
+        let mut freed = Vec::new();
+        for key in self.publication.unpark_unheld(&mut self.objects) {
+            let e = &mut self.objects[key];
+            if e.refcount > 0 {
+                self.publication.publish(e);
+            } else if e.is_kept_unreferenced() {
+                self.publication.publish(e);
+                self.enter_lru(key);
+            } else {
+                freed.push(self.remove(key));
+            }
+        }
+        freed
+    }
+
+    /// Entries waiting for clients' holds to go.
+    pub(crate) fn parked(&self) -> usize {
+        self.publication.parked()
+    }
+
+    /// Deletes `name`: the name is free at once; the memory is returned now if nobody holds the
+    /// object, else when its last holder releases it.
+    pub(crate) fn delete(&mut self, name: &ObjectName) -> Result<Option<Freed>, Error> {
+        let key = self.objects.named_key(name)?;
+        if !self.objects[key].sealed {
+            return Err(Error::NotSealed(name.to_string()));
+        }
+        self.stats
+            .record(NotificationKind::Deleted, &self.objects[key]);
+        Ok(self.unlink(key))
+    }
+
+    /// Takes the name from the sealed object `key` (deleted, or replaced by a newer version):
+    /// its memory now if nobody holds it, else with its last holder.
+    fn unlink(&mut self, key: usize) -> Option<Freed> {
+        self.publication.unpublish(&mut self.objects[key].listing);
+        let unreferenced = self.objects[key].refcount == 0;
+        if unreferenced && !self.publication.is_held(&self.objects[key].listing) {
+            return Some(self.remove(key));
+        }
+        self.objects.unname(key);
+        if unreferenced {
+            // Held through a hold table only: gone once no table names it.
+            self.park(key);
+        }
+        None
+    }
+
+    /// Releases everything `holder` holds (its connection went away): references dropped,
+    /// unsealed objects it created aborted, its waiting gets cancelled.
+    pub(crate) fn release_holder(&mut self, holder: HolderId) -> Vec<Freed> {
+        let mut freed = Vec::new();
+        // Its hold table goes first: a dead client's holds pin nothing.
+        if self.publication.detach(holder) {
+            freed.extend(self.collect_parked());
+        }
+        for waiter in self.waiting.of_holder(holder) {
+            // The partial results' references belong to the holder and are dropped below.
+            self.waiting.finish(waiter);
+        }
+        for key in self.objects.drop_holder(holder) {
+            freed.extend(self.after_release(key));
+        }
+        freed
+    }
+
+    /// True when `name` is sealed and present.
+    pub(crate) fn contains(&self, name: &ObjectName) -> bool {
+        self.objects.contains(name)
+    }
+
+    /// Checks the table's internal invariants: every part's, and the LRU membership rule
+    /// (tests and debug builds).
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        self.objects.check()?;
+        let mut evictable = 0;
+        for (_, e) in self.objects.iter() {
+            let should_be_evictable =
+                e.sealed && e.named && e.refcount == 0 && !e.listing.is_parked();
+            if should_be_evictable != e.lru.is_evictable() {
+                return Err(format!("{:?}: LRU membership wrong", e.name));
+            }
+            evictable += usize::from(should_be_evictable);
+        }
+        if evictable != self.lru.len() {
+            return Err(format!(
+                "{} entries in the LRU, {evictable} evictable",
+                self.lru.len()
+            ));
+        }
+        self.lru.check(|key| {
+            self.objects
+                .get(key)
+                .map(|e| (e.lru, e.block.pool(), e.block.reserved()))
+        })?;
+        self.waiting.check()?;
+        self.publication.check(&self.objects)
+    }
+
+    /// Number of entries (named or waiting for their last holder).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.objects.len() == 0
+    }
+}
