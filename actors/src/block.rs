@@ -1,7 +1,8 @@
 //! The memory behind one object, as the table keeps it: a host block (the allocator's), a device
 //! block (the GPU actor's) or a part of a client's lend. The table only carries blocks; the
 //! table actor gives each back to whoever it came from when its object goes, and each block
-//! says which pool it counts against and how much of it.
+//! says which device's capacity (host memory, or one GPU: each has its own, and its own LRU)
+//! it counts against and how much of it.
 
 use vovp_types::{Device, DeviceBlock, Location};
 
@@ -42,35 +43,19 @@ impl Block {
         }
     }
 
-    pub(crate) fn pool(&self) -> Pool {
+    pub(crate) fn device(&self) -> Device {
         match self {
-            Block::Host(_) | Block::Lent(_) => Pool::Host,
-            Block::Cuda(d) => Pool::Cuda(d.device),
+            Block::Host(_) | Block::Lent(_) => Device::Cpu,
+            Block::Cuda(d) => Device::Cuda(d.device),
         }
     }
 
-    /// Bytes the object counts against its pool's capacity (what evicting it frees).
+    /// Bytes the object counts against its device's capacity (what evicting it frees).
     pub(crate) fn reserved(&self) -> u64 {
         match self {
             Block::Host(h) => h.charged,
             Block::Cuda(d) => d.size,
             Block::Lent(l) => l.charged,
-        }
-    }
-}
-
-/// A memory pool with its own capacity and its own LRU: host memory, or one GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Pool {
-    Host,
-    Cuda(u32),
-}
-
-impl From<Device> for Pool {
-    fn from(d: Device) -> Self {
-        match d {
-            Device::Cpu => Pool::Host,
-            Device::Cuda(n) => Pool::Cuda(n),
         }
     }
 }
@@ -95,7 +80,7 @@ mod tests {
             offset: 4096,
             size: 512,
         });
-        assert_eq!((host.pool(), host.reserved()), (Pool::Host, 100));
+        assert_eq!((host.device(), host.reserved()), (Device::Cpu, 100));
         assert_eq!(
             lent.location(),
             Location::Host {
@@ -103,9 +88,7 @@ mod tests {
                 offset: 128
             }
         );
-        assert_eq!((lent.pool(), lent.reserved()), (Pool::Host, 192));
-        assert_eq!((device.pool(), device.reserved()), (Pool::Cuda(1), 512));
-        assert_eq!(Pool::from(Device::Cuda(1)), device.pool());
-        assert_eq!(Pool::from(Device::Cpu), Pool::Host);
+        assert_eq!((lent.device(), lent.reserved()), (Device::Cpu, 192));
+        assert_eq!((device.device(), device.reserved()), (Device::Cuda(1), 512));
     }
 }

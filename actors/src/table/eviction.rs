@@ -1,4 +1,4 @@
-//! Eviction: when a pool is full, which unreferenced sealed objects go ([`ObjectTable::victims`],
+//! Eviction: when a device is full, which unreferenced sealed objects go ([`ObjectTable::victims`],
 //! from the LRU, oldest first) and what becomes of each one picked
 //! ([`ObjectTable::evict_victim`]: freed now, or parked while a hold table names it). Those
 //! two functions are the one place for each decision: a policy that keeps a victim's bytes
@@ -11,11 +11,10 @@
 
 use std::collections::HashSet;
 
-use vovp_types::{NotificationKind, ObjectId};
+use vovp_types::{Device, NotificationKind, ObjectId};
 
 use super::publication::Publication;
 use super::{Freed, ObjectTable};
-use crate::block::Pool;
 
 /// What became of an eviction victim.
 enum Victim {
@@ -27,25 +26,25 @@ enum Victim {
 }
 
 impl ObjectTable {
-    /// Objects that eviction could free in `pool` now.
-    pub(crate) fn evictable_objects(&self, pool: Pool) -> usize {
-        self.lru.objects(pool)
+    /// Objects that eviction could free in `device` now.
+    pub(crate) fn evictable_objects(&self, device: Device) -> usize {
+        self.lru.objects(device)
     }
 
-    /// Bytes that eviction could free in `pool` now.
-    pub(crate) fn evictable_bytes(&self, pool: Pool) -> u64 {
-        self.lru.bytes(pool)
+    /// Bytes that eviction could free in `device` now.
+    pub(crate) fn evictable_bytes(&self, device: Device) -> u64 {
+        self.lru.bytes(device)
     }
 
-    /// Evicts least-recently-used unreferenced sealed objects of `pool` until at least `bytes`
+    /// Evicts least-recently-used unreferenced sealed objects of `device` until at least `bytes`
     /// are freed or none is left (see the module doc for objects clients hold meanwhile).
-    pub(crate) fn evict(&mut self, pool: Pool, bytes: u64) -> Vec<Freed> {
+    pub(crate) fn evict(&mut self, device: Device, bytes: u64) -> Vec<Freed> {
         self.fold_access_stamps();
         let mut held = self.publication.held_generations();
         let mut freed = Vec::new();
         let mut total = 0;
         while total < bytes {
-            let candidates = self.victims(pool, bytes - total, &held);
+            let candidates = self.victims(device, bytes - total, &held);
             if candidates.is_empty() {
                 break;
             }
@@ -68,12 +67,12 @@ impl ObjectTable {
         freed
     }
 
-    /// The least recently used entries of `pool` that free at least `need` bytes together
-    /// (fewer if the pool has fewer), skipping those whose publication is in `held`.
-    fn victims(&self, pool: Pool, need: u64, held: &HashSet<u64>) -> Vec<usize> {
+    /// The least recently used entries of `device` that free at least `need` bytes together
+    /// (fewer if the device has fewer), skipping those whose publication is in `held`.
+    fn victims(&self, device: Device, need: u64, held: &HashSet<u64>) -> Vec<usize> {
         let mut victims = Vec::new();
         let mut bytes = 0;
-        for key in self.lru.oldest_first(pool) {
+        for key in self.lru.oldest_first(device) {
             let e = &self.objects[key];
             if Publication::among(&e.listing, held) {
                 continue;
@@ -97,10 +96,10 @@ impl ObjectTable {
                 generation: listing.generation(),
             };
         }
-        self.stats
+        self.activity
             .record(NotificationKind::Evicted, &self.objects[key]);
         let f = self.remove(key);
-        self.stats.evicted(f.block.reserved());
+        self.activity.evicted(f.block.reserved());
         Victim::Freed(f)
     }
 
@@ -117,9 +116,9 @@ impl ObjectTable {
                 continue;
             };
             let e = &mut self.objects[key];
-            let pool = e.block.pool();
+            let device = e.block.device();
             // A client's stamp is not trusted to lie in the future.
-            self.lru.touch(key, &mut e.lru, pool, stamp.min(now));
+            self.lru.touch(key, &mut e.lru, device, stamp.min(now));
         }
     }
 }
@@ -127,7 +126,7 @@ impl ObjectTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::test_support::{n, names, ok, put, A, B, POOL};
+    use crate::table::test_support::{n, names, ok, put, A, B, GPU0};
 
     #[test]
     fn eviction_follows_least_recent_use_and_spares_held_objects() {
@@ -140,18 +139,18 @@ mod tests {
         let a = t.get_now(&n("a"), 0, B).unwrap();
         t.release(a.id, B).unwrap();
         let _b = t.get_now(&n("b"), 0, B).unwrap();
-        assert_eq!(t.evictable_objects(POOL), 3);
-        assert_eq!(t.evictable_bytes(POOL), 300);
+        assert_eq!(t.evictable_objects(GPU0), 3);
+        assert_eq!(t.evictable_bytes(GPU0), 300);
 
         // At least one byte: exactly the least recently used object.
-        let freed = t.evict(POOL, 1);
+        let freed = t.evict(GPU0, 1);
         assert_eq!(names(&freed), ["c"]);
-        // Other pools are not touched.
-        assert!(t.evict(Pool::Cuda(1), u64::MAX).is_empty());
-        assert!(t.evict(Pool::Host, u64::MAX).is_empty());
-        let freed = t.evict(POOL, 150);
+        // Other devices are not touched.
+        assert!(t.evict(Device::Cuda(1), u64::MAX).is_empty());
+        assert!(t.evict(Device::Cpu, u64::MAX).is_empty());
+        let freed = t.evict(GPU0, 150);
         assert_eq!(names(&freed), ["d", "a"]);
-        assert!(t.evict(POOL, u64::MAX).is_empty());
+        assert!(t.evict(GPU0, u64::MAX).is_empty());
         assert!(t.contains(&n("b")));
         let s = t.stats();
         assert_eq!((s.evicted_objects, s.evicted_bytes), (3, 300));
@@ -165,7 +164,7 @@ mod tests {
         t.set_recording(true);
         put(&mut t, "x", 64);
         t.take_events();
-        let freed = t.evict(POOL, 64);
+        let freed = t.evict(GPU0, 64);
         assert_eq!(names(&freed), ["x"]);
         let events = t.take_events();
         assert_eq!(

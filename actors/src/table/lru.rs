@@ -1,21 +1,22 @@
-//! The LRU: per pool, the evictable entries in order of last use, and their bytes. Eviction
+//! The LRU: per device (host memory, or one GPU: each has its own capacity), the evictable
+//! entries in order of last use, and their bytes. Eviction
 //! ([`super::eviction`]) reads victims from here oldest first; which entries are in it is the
 //! table's rule (sealed, named, unreferenced, not parked: see `ObjectTable::check_invariants`).
 //!
-//! Order: positions are monotonic nanoseconds ([`vovp_shm::now_stamp`]), kept unique per pool,
+//! Order: positions are monotonic nanoseconds ([`vovp_shm::now_stamp`]), kept unique per device,
 //! so that the access stamps clients leave in their hold tables (a get without a message)
 //! fold into the same order ([`Lru::touch`]): an object got that way since it entered moves to
 //! where that get puts it.
 //!
-//! Invariants (checked by [`Lru::check`]): an entry is in at most one pool's order, at the
-//! position its [`LruPlace`] says; a pool's byte count is the sum of its entries' reserved
+//! Invariants (checked by [`Lru::check`]): an entry is in at most one device's order, at the
+//! position its [`LruPlace`] says; a device's byte count is the sum of its entries' reserved
 //! bytes.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::block::Pool;
+use vovp_types::Device;
 
-/// An entry's position in its pool's order while it is evictable (kept in the entry).
+/// An entry's position in its device's order while it is evictable (kept in the entry).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct LruPlace(Option<u64>);
 
@@ -25,11 +26,11 @@ impl LruPlace {
     }
 }
 
-/// Per pool, the evictable entries (position -> key) and their reserved bytes.
+/// Per device, the evictable entries (position -> key) and their reserved bytes.
 #[derive(Default)]
 pub(super) struct Lru {
-    order: BTreeMap<Pool, BTreeMap<u64, usize>>,
-    bytes: HashMap<Pool, u64>,
+    order: HashMap<Device, BTreeMap<u64, usize>>,
+    bytes: HashMap<Device, u64>,
     /// The last position given (positions only grow).
     tick: u64,
 }
@@ -40,24 +41,30 @@ impl Lru {
         self.tick
     }
 
-    /// `key` becomes evictable in `pool` as its most recently used entry.
-    pub(super) fn enter(&mut self, key: usize, place: &mut LruPlace, pool: Pool, reserved: u64) {
+    /// `key` becomes evictable in `device` as its most recently used entry.
+    pub(super) fn enter(
+        &mut self,
+        key: usize,
+        place: &mut LruPlace,
+        device: Device,
+        reserved: u64,
+    ) {
         debug_assert!(place.0.is_none(), "entered the LRU twice");
         let tick = self.next_tick();
         place.0 = Some(tick);
-        self.order.entry(pool).or_default().insert(tick, key);
-        *self.bytes.entry(pool).or_insert(0) += reserved;
+        self.order.entry(device).or_default().insert(tick, key);
+        *self.bytes.entry(device).or_insert(0) += reserved;
     }
 
-    /// Takes the entry at `place` out of `pool`'s order, if it is in it.
-    pub(super) fn leave(&mut self, place: &mut LruPlace, pool: Pool, reserved: u64) {
+    /// Takes the entry at `place` out of `device`'s order, if it is in it.
+    pub(super) fn leave(&mut self, place: &mut LruPlace, device: Device, reserved: u64) {
         let Some(tick) = place.0.take() else {
             return;
         };
-        if let Some(order) = self.order.get_mut(&pool) {
+        if let Some(order) = self.order.get_mut(&device) {
             order.remove(&tick);
         }
-        if let Some(b) = self.bytes.get_mut(&pool) {
+        if let Some(b) = self.bytes.get_mut(&device) {
             *b -= reserved;
         }
     }
@@ -65,11 +72,11 @@ impl Lru {
     /// A client got the entry at `stamp` (its hold table's access stamp, not trusted to lie
     /// in the future: the caller caps it at now): moves it there if that is later than its
     /// position.
-    pub(super) fn touch(&mut self, key: usize, place: &mut LruPlace, pool: Pool, stamp: u64) {
+    pub(super) fn touch(&mut self, key: usize, place: &mut LruPlace, device: Device, stamp: u64) {
         let Some(old) = place.0.filter(|&t| t < stamp) else {
             return;
         };
-        let Some(order) = self.order.get_mut(&pool) else {
+        let Some(order) = self.order.get_mut(&device) else {
             return;
         };
         let mut tick = stamp;
@@ -82,49 +89,53 @@ impl Lru {
         place.0 = Some(tick);
     }
 
-    /// `pool`'s evictable entries, least recently used first.
-    pub(super) fn oldest_first(&self, pool: Pool) -> impl Iterator<Item = usize> + '_ {
+    /// `device`'s evictable entries, least recently used first.
+    pub(super) fn oldest_first(&self, device: Device) -> impl Iterator<Item = usize> + '_ {
         self.order
-            .get(&pool)
+            .get(&device)
             .into_iter()
             .flat_map(|order| order.values().copied())
     }
 
-    /// Entries that eviction could free in `pool` now.
-    pub(super) fn objects(&self, pool: Pool) -> usize {
-        self.order.get(&pool).map_or(0, BTreeMap::len)
+    /// Entries that eviction could free in `device` now.
+    pub(super) fn objects(&self, device: Device) -> usize {
+        self.order.get(&device).map_or(0, BTreeMap::len)
     }
 
-    /// Entries evictable in any pool.
+    /// Entries evictable on any device.
     pub(super) fn len(&self) -> usize {
         self.order.values().map(BTreeMap::len).sum()
     }
 
-    /// Bytes that eviction could free in `pool` now.
-    pub(super) fn bytes(&self, pool: Pool) -> u64 {
-        self.bytes.get(&pool).copied().unwrap_or(0)
+    /// Bytes that eviction could free in `device` now.
+    pub(super) fn bytes(&self, device: Device) -> u64 {
+        self.bytes.get(&device).copied().unwrap_or(0)
     }
 
     /// The invariants in the module doc; `place_of(key)` is where the entry says it is, with
-    /// its pool and reserved bytes.
+    /// its device and reserved bytes.
     pub(super) fn check(
         &self,
-        place_of: impl Fn(usize) -> Option<(LruPlace, Pool, u64)>,
+        place_of: impl Fn(usize) -> Option<(LruPlace, Device, u64)>,
     ) -> Result<(), String> {
-        for (pool, order) in &self.order {
+        for (device, order) in &self.order {
             let mut sum = 0;
             for (&tick, &key) in order {
                 match place_of(key) {
-                    Some((LruPlace(Some(t)), p, reserved)) if t == tick && p == *pool => {
+                    Some((LruPlace(Some(t)), p, reserved)) if t == tick && p == *device => {
                         sum += reserved
                     }
-                    _ => return Err(format!("{pool:?}: LRU position {tick} of key {key} wrong")),
+                    _ => {
+                        return Err(format!(
+                            "{device:?}: LRU position {tick} of key {key} wrong"
+                        ))
+                    }
                 }
             }
-            if sum != self.bytes(*pool) {
+            if sum != self.bytes(*device) {
                 return Err(format!(
-                    "{pool:?}: evictable bytes {} != {sum}",
-                    self.bytes(*pool)
+                    "{device:?}: evictable bytes {} != {sum}",
+                    self.bytes(*device)
                 ));
             }
         }
@@ -136,7 +147,7 @@ impl Lru {
 mod tests {
     use super::*;
 
-    const GPU: Pool = Pool::Cuda(0);
+    const GPU: Device = Device::Cuda(0);
 
     fn lru_of(sizes: &[u64]) -> (Lru, Vec<LruPlace>) {
         let mut lru = Lru::default();
@@ -158,7 +169,7 @@ mod tests {
         let (mut lru, mut places) = lru_of(&sizes);
         assert_eq!(lru.oldest_first(GPU).collect::<Vec<_>>(), [0, 1, 2]);
         assert_eq!((lru.objects(GPU), lru.bytes(GPU)), (3, 60));
-        assert_eq!((lru.objects(Pool::Host), lru.bytes(Pool::Host)), (0, 0));
+        assert_eq!((lru.objects(Device::Cpu), lru.bytes(Device::Cpu)), (0, 0));
         check(&lru, &places, &sizes);
         lru.leave(&mut places[1], GPU, 20);
         assert!(!places[1].is_evictable());

@@ -18,11 +18,12 @@
 //!
 //! Parts, each with its own invariants in its module doc:
 //! - [`objects`]: the entries, their names and the holders' references;
-//! - [`lru`]: per pool, the evictable entries in order of use;
+//! - [`lru`]: per device, the evictable entries in order of use;
 //! - [`waiting`]: the gets waiting for names to be sealed;
 //! - [`publication`]: the shared directory, and the entries parked while hold tables name them;
-//! - [`stats`]: counters, notifications, and the views (`list`, pages, STATS);
-//! - [`eviction`]: which entries go when a pool is full, and what becomes of each.
+//! - [`stats`]: counters and notifications ([`stats::Activity`]), and the views (`list`,
+//!   pages, STATS);
+//! - [`eviction`]: which entries go when a device is full, and what becomes of each.
 //!
 //! This module coordinates them; its own invariant (checked by
 //! [`ObjectTable::check_invariants`]): an entry is in the LRU exactly when it is sealed, named,
@@ -52,7 +53,7 @@ use crate::shared_regions::{SharedFds, SharedRegions};
 use lru::Lru;
 use objects::Objects;
 use publication::Publication;
-use stats::Stats;
+use stats::Activity;
 use waiting::GetQueue;
 
 pub(crate) use objects::NewObject;
@@ -84,7 +85,7 @@ pub(crate) struct ObjectTable {
     lru: Lru,
     waiting: GetQueue,
     publication: Publication,
-    stats: Stats,
+    activity: Activity,
 }
 
 impl ObjectTable {
@@ -114,16 +115,16 @@ impl ObjectTable {
 
     /// Record changes as notifications (while someone subscribes).
     pub(crate) fn set_recording(&mut self, on: bool) {
-        self.stats.set_recording(on);
+        self.activity.set_recording(on);
     }
 
     pub(crate) fn recording(&self) -> bool {
-        self.stats.recording()
+        self.activity.recording()
     }
 
     /// Notifications recorded since the last call.
     pub(crate) fn take_events(&mut self) -> Vec<Notification> {
-        self.stats.take_events()
+        self.activity.take_events()
     }
 
     /// Fails when `creator` may not create `name` now (see [`objects::Objects::check_name_free`]).
@@ -141,7 +142,7 @@ impl ObjectTable {
     /// object is sealed gets a replacement (see the module doc).
     pub(crate) fn insert(&mut self, new: NewObject) -> Result<ObjectRef, Error> {
         let key = self.objects.insert(new)?;
-        self.stats.created();
+        self.activity.created();
         Ok(self.objects[key].object_ref())
     }
 
@@ -187,7 +188,7 @@ impl ObjectTable {
         e.sealed = true;
         e.version = version;
         e.last_access = SystemTime::now();
-        self.stats.record(kind, e);
+        self.activity.record(kind, e);
         self.publication.publish(e);
         Ok(Sealed {
             version,
@@ -241,8 +242,8 @@ impl ObjectTable {
     fn take_ref(&mut self, key: usize, holder: HolderId) -> ObjectRef {
         self.objects.add_ref(key, holder);
         let e = &mut self.objects[key];
-        let (pool, reserved) = (e.block.pool(), e.block.reserved());
-        self.lru.leave(&mut e.lru, pool, reserved);
+        let (device, reserved) = (e.block.device(), e.block.reserved());
+        self.lru.leave(&mut e.lru, device, reserved);
         e.object_ref()
     }
 
@@ -310,7 +311,7 @@ impl ObjectTable {
         }
         if !e.is_kept_unreferenced() {
             if e.named && e.sealed {
-                self.stats.record(NotificationKind::Deleted, e);
+                self.activity.record(NotificationKind::Deleted, e);
             }
             return self.free_or_park(key);
         }
@@ -322,15 +323,15 @@ impl ObjectTable {
 
     fn enter_lru(&mut self, key: usize) {
         let e = &mut self.objects[key];
-        let (pool, reserved) = (e.block.pool(), e.block.reserved());
-        self.lru.enter(key, &mut e.lru, pool, reserved);
+        let (device, reserved) = (e.block.device(), e.block.reserved());
+        self.lru.enter(key, &mut e.lru, device, reserved);
     }
 
     /// Takes the entry out of the LRU until no hold table names it (it is unpublished).
     fn park(&mut self, key: usize) {
         let e = &mut self.objects[key];
-        let (pool, reserved) = (e.block.pool(), e.block.reserved());
-        self.lru.leave(&mut e.lru, pool, reserved);
+        let (device, reserved) = (e.block.device(), e.block.reserved());
+        self.lru.leave(&mut e.lru, device, reserved);
         self.publication.park(key, &mut e.listing);
     }
 
@@ -347,9 +348,9 @@ impl ObjectTable {
     /// Removes the entry from every part: its memory is the caller's to free.
     fn remove(&mut self, key: usize) -> Freed {
         let e = &mut self.objects[key];
-        let (pool, reserved) = (e.block.pool(), e.block.reserved());
+        let (device, reserved) = (e.block.device(), e.block.reserved());
         self.publication.forget(key, &mut e.listing);
-        self.lru.leave(&mut e.lru, pool, reserved);
+        self.lru.leave(&mut e.lru, device, reserved);
         let e = self.objects.remove(key);
         Freed {
             block: e.block,
@@ -390,7 +391,7 @@ impl ObjectTable {
         if !self.objects[key].sealed {
             return Err(Error::NotSealed(name.to_string()));
         }
-        self.stats
+        self.activity
             .record(NotificationKind::Deleted, &self.objects[key]);
         Ok(self.unlink(key))
     }
@@ -456,7 +457,7 @@ impl ObjectTable {
         self.lru.check(|key| {
             self.objects
                 .get(key)
-                .map(|e| (e.lru, e.block.pool(), e.block.reserved()))
+                .map(|e| (e.lru, e.block.device(), e.block.reserved()))
         })?;
         self.waiting.check()?;
         self.publication.check(&self.objects)

@@ -45,7 +45,7 @@ pub(super) struct Entry {
     /// An unsealed replacement (in `replacements`, not `by_name`): the name is another
     /// object's until this one's seal.
     pub replacing: bool,
-    /// Its place in its pool's eviction order ([`super::lru`]).
+    /// Its place in its device's eviction order ([`super::lru`]).
     pub lru: LruPlace,
     /// Its publication in the shared directory ([`super::publication`]).
     pub listing: Listing,

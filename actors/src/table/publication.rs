@@ -231,10 +231,10 @@ impl Publication {
 #[cfg(test)]
 mod tests {
     use vovp_shm::SharedReader;
-    use vovp_types::HolderId;
+    use vovp_types::{Device, HolderId};
 
     use crate::allocator::HostBlock;
-    use crate::block::{Block, Pool};
+    use crate::block::Block;
     use crate::shared_regions::{SharedConfig, SharedRegions};
     use crate::table::test_support::{insert, n, names, new_object, ok, refcount, A, B};
     use crate::table::ObjectTable;
@@ -319,14 +319,14 @@ mod tests {
         // A get through the table (since released) makes "old" the most recently used.
         let hold = client.hold("old").unwrap();
         client.release(hold.slot, hold.snapshot).unwrap();
-        assert_eq!(names(&t.evict(Pool::Host, 1)), ["new"]);
+        assert_eq!(names(&t.evict(Device::Cpu, 1)), ["new"]);
         ok(&t);
         // Held: never a victim, and the eviction gives up rather than loop.
         put_host(&mut t, "other", 64, false);
         let _held = client.hold("old").unwrap();
-        assert_eq!(names(&t.evict(Pool::Host, u64::MAX)), ["other"]);
+        assert_eq!(names(&t.evict(Device::Cpu, u64::MAX)), ["other"]);
         assert!(t.contains(&n("old")));
-        assert!(t.evict(Pool::Host, u64::MAX).is_empty());
+        assert!(t.evict(Device::Cpu, u64::MAX).is_empty());
         ok(&t);
     }
 

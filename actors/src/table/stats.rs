@@ -14,9 +14,9 @@ use vovp_types::{Notification, NotificationKind, ObjectInfo, StoreStats};
 use super::objects::Entry;
 use super::ObjectTable;
 
-/// Counters and the notification log.
+/// What the table did: counters, and the notification log while someone subscribes.
 #[derive(Default)]
-pub(super) struct Stats {
+pub(super) struct Activity {
     creates: u64,
     evicted_objects: u64,
     evicted_bytes: u64,
@@ -25,7 +25,7 @@ pub(super) struct Stats {
     events: Vec<Notification>,
 }
 
-impl Stats {
+impl Activity {
     pub(super) fn created(&mut self) {
         self.creates += 1;
     }
@@ -132,7 +132,7 @@ impl ObjectTable {
                 .filter(|h| !self.objects.is_holder(h))
                 .count();
         let named = self.objects.named_or_replacing();
-        let st = &self.stats;
+        let st = &self.activity;
         let mut s = StoreStats {
             objects: named as u64,
             pending_delete: (self.objects.len() - named) as u64,
@@ -191,7 +191,7 @@ mod tests {
             (s.creates, s.objects, s.sealed, s.references, s.holders),
             (2, 2, 2, 1, 1)
         );
-        t.evict(crate::table::test_support::POOL, u64::MAX);
+        t.evict(crate::table::test_support::GPU0, u64::MAX);
         let s = t.stats();
         assert_eq!((s.evicted_objects, s.evicted_bytes, s.objects), (1, 100, 1));
         t.release(held.id, B).unwrap();

@@ -3,15 +3,15 @@
 
 use std::sync::Arc;
 
-use vovp_types::{DeviceBlock, HolderId, ObjectName, ObjectRef};
+use vovp_types::{Device, DeviceBlock, HolderId, ObjectName, ObjectRef};
 
 use super::{Freed, NewObject, ObjectTable};
-use crate::block::{Block, Pool};
+use crate::block::Block;
 
 pub(crate) const A: HolderId = HolderId::from_raw(1);
 pub(crate) const B: HolderId = HolderId::from_raw(2);
-/// The pool of the blocks made by [`block`].
-pub(crate) const POOL: Pool = Pool::Cuda(0);
+/// The device of the blocks made by [`block`].
+pub(crate) const GPU0: Device = Device::Cuda(0);
 
 pub(crate) fn n(s: &str) -> ObjectName {
     ObjectName::new(s).unwrap()

@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 use vovp_types::{Error, NotificationKind, ObjectId};
 
 use super::test_support::{
-    block, insert, n, names, new_object, ok, put, refcount, replace, A, B, POOL,
+    block, insert, n, names, new_object, ok, put, refcount, replace, A, B, GPU0,
 };
 use super::{NewObject, ObjectTable};
 
@@ -41,8 +41,8 @@ fn life_cycle_create_seal_get_release() {
     assert!(t.release(g.id, B).unwrap().is_none());
     // Sealed and unreferenced: kept, and evictable.
     assert!(t.contains(&n("x")));
-    assert_eq!(t.evictable_objects(POOL), 1);
-    assert_eq!(t.evictable_bytes(POOL), 100);
+    assert_eq!(t.evictable_objects(GPU0), 1);
+    assert_eq!(t.evictable_bytes(GPU0), 100);
     let s = t.stats();
     assert_eq!((s.sealed, s.references, s.holders, s.creates), (1, 0, 0, 1));
     ok(&t);
@@ -123,8 +123,8 @@ fn references_count_per_holder_and_per_get() {
     assert_eq!(refcount(&t, "x"), 3);
     assert_eq!(t.stats().holders, 2);
     // Referenced: out of the LRU.
-    assert_eq!(t.evictable_objects(POOL), 0);
-    assert!(t.evict(POOL, u64::MAX).is_empty());
+    assert_eq!(t.evictable_objects(GPU0), 0);
+    assert!(t.evict(GPU0, u64::MAX).is_empty());
     ok(&t);
 
     t.release(a1.id, A).unwrap();
@@ -137,7 +137,7 @@ fn references_count_per_holder_and_per_get() {
     t.release(a2.id, A).unwrap();
     assert_eq!(t.release(a2.id, A).err(), Some(Error::NotHeld(r.id.get())));
     assert_eq!(refcount(&t, "x"), 0);
-    assert_eq!(t.evictable_objects(POOL), 1);
+    assert_eq!(t.evictable_objects(GPU0), 1);
     // An id that never existed.
     let bogus = ObjectId::from_raw(0xdead_0000_0042);
     assert_eq!(t.release(bogus, A).err(), Some(Error::NotHeld(bogus.get())));
@@ -189,7 +189,7 @@ fn ephemeral_objects_go_at_their_last_release() {
     let other = t.get_now(&n("e"), 0, B).unwrap();
     assert!(t.release(r.id, A).unwrap().is_none());
     // Never in the LRU, even when unreferenced for a moment.
-    assert_eq!(t.evictable_objects(POOL), 0);
+    assert_eq!(t.evictable_objects(GPU0), 0);
     t.take_events();
     let freed = t.release(other.id, B).unwrap().unwrap();
     assert_eq!(freed.name.as_str(), "e");

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use kameo::message::{Context, Message};
 use tokio::sync::{mpsc, oneshot};
-use vovp_types::{Error, HolderId, Notification, ObjectId, ObjectInfo, ObjectName, StoreStats};
+use vovp_types::{
+    Device, Error, HolderId, Notification, ObjectId, ObjectInfo, ObjectName, StoreStats,
+};
 
 use super::ObjectTableActor;
 use crate::allocator::{Free, OwnerGone};
-use crate::block::Pool;
 use crate::lend_ledger::LendKind;
 use crate::shared_regions::SharedFds;
 use crate::table::{CompletedGet, GetResults, WaiterId};
@@ -180,7 +181,7 @@ impl Message<Evict> for ObjectTableActor {
     type Reply = u64;
 
     async fn handle(&mut self, m: Evict, ctx: &mut Context<Self, Self::Reply>) -> u64 {
-        let freed = self.table.evict(Pool::Host, m.bytes);
+        let freed = self.table.evict(Device::Cpu, m.bytes);
         let bytes = freed.iter().map(|f| f.block.reserved()).sum();
         self.free(freed).await;
         self.notify_subscribers();

@@ -1,5 +1,5 @@
 //! The table actor's memory handling: memory for a new object from the allocator actor (host)
-//! or the GPU actor (CUDA), and when a pool is full, the loop that frees parked objects, takes
+//! or the GPU actor (CUDA), and when a device is full, the loop that frees parked objects, takes
 //! back empty lends and evicts until the object fits or provably cannot; blocks given back to
 //! whoever gave them (a lent object's to its lend); the metadata the store writes into host
 //! blocks; and the timer that looks at parked objects again.
@@ -13,7 +13,7 @@ use vovp_types::{Device, Error, Location, ObjectRef, ALIGNMENT};
 
 use super::{CollectParked, ObjectTableActor};
 use crate::allocator::{AllocFailure, Allocate, Free, HostUsage, SegmentById, Usage, Writer};
-use crate::block::{Block, Pool};
+use crate::block::Block;
 use crate::gpu::{AllocateDevice, FreeDevice, GpuUsage};
 use crate::lend_ledger::LendKind;
 use crate::table::Freed;
@@ -146,10 +146,10 @@ impl ObjectTableActor {
             .map_err(|_| Error::ShuttingDown)
     }
 
-    /// (capacity, used) of a pool; `None` for a GPU whose pool does not exist yet.
-    async fn pool_usage(&self, pool: Pool) -> Result<Option<(u64, u64)>, Error> {
-        match pool {
-            Pool::Host => {
+    /// (capacity, used) of a device's memory; `None` for a GPU whose pool does not exist yet.
+    async fn device_usage(&self, device: Device) -> Result<Option<(u64, u64)>, Error> {
+        match device {
+            Device::Cpu => {
                 let u = self.host_usage().await?;
                 // Past what the machine can back, the store's free bytes are not available.
                 Ok(Some((
@@ -157,7 +157,7 @@ impl ObjectTableActor {
                     u.used,
                 )))
             }
-            Pool::Cuda(n) => {
+            Device::Cuda(n) => {
                 let usage = self
                     .gpu
                     .ask(GpuUsage)
@@ -172,7 +172,7 @@ impl ObjectTableActor {
     }
 
     /// Memory for an object of `size` data bytes and `metadata_len` metadata bytes on `device`,
-    /// evicting LRU objects of that pool as needed. A request that cannot fit even after
+    /// evicting LRU objects of that device as needed. A request that cannot fit even after
     /// evicting everything evictable fails before evicting anything, so a hopeless create never
     /// empties the cache.
     ///
@@ -180,7 +180,7 @@ impl ObjectTableActor {
     /// room for the metadata), so `-m` bounds what the metadata the table keeps on the heap
     /// can cost as well (CUDA objects: see `Create`).
     ///
-    /// Termination: every pass either returns or evicts at least one object from the pool's
+    /// Termination: every pass either returns or evicts at least one object from the device's
     /// LRU, and nothing else can touch the table in between (an actor handles one message at a
     /// time), so there are at most as many passes as evictable objects plus one.
     pub(super) async fn allocate(
@@ -190,17 +190,16 @@ impl ObjectTableActor {
         device: Device,
         writer: Writer,
     ) -> Result<Block, Error> {
-        let pool = Pool::from(device);
-        let bytes = match pool {
-            Pool::Host => size.checked_next_multiple_of(ALIGNMENT),
-            Pool::Cuda(_) => Some(size),
+        let bytes = match device {
+            Device::Cpu => size.checked_next_multiple_of(ALIGNMENT),
+            Device::Cuda(_) => Some(size),
         }
         .and_then(|b| b.checked_add(metadata_len as u64));
         // What eviction must free: the bytes the object is charged (`None` only for sizes near
         // 2^64, which nothing can hold).
-        let needed = match pool {
-            Pool::Host => vovp_types::lends::block_len(size, metadata_len as u64),
-            Pool::Cuda(_) => bytes,
+        let needed = match device {
+            Device::Cpu => vovp_types::lends::block_len(size, metadata_len as u64),
+            Device::Cuda(_) => bytes,
         };
         let oom = |available| Error::OutOfMemory {
             requested: size,
@@ -225,12 +224,12 @@ impl ObjectTableActor {
             // stay (an active client's lend taken back at every shortage would make each of
             // its puts take a whole new lend); once eviction has taken their last object they
             // are empty, and this gives them back on the next turn.
-            if pool == Pool::Host && self.revoke_empty_lends().await {
+            if device == Device::Cpu && self.revoke_empty_lends().await {
                 continue;
             }
             // Usage is asked only on failure: the hot path is one message to the allocator.
-            let (capacity, used) = self.pool_usage(pool).await?.unwrap_or((0, 0));
-            let evictable = self.table.evictable_bytes(pool);
+            let (capacity, used) = self.device_usage(device).await?.unwrap_or((0, 0));
+            let evictable = self.table.evictable_bytes(device);
             let available = capacity.saturating_sub(used).saturating_add(evictable);
             let Some(needed) = needed else {
                 return Err(oom(available));
@@ -238,7 +237,7 @@ impl ObjectTableActor {
 
             let target = match failure {
                 AllocFailure::TooManyAllocations { limit } => {
-                    if self.table.evictable_objects(pool) == 0 {
+                    if self.table.evictable_objects(device) == 0 {
                         return Err(Error::TooManyObjects { limit });
                     }
                     // Any one evicted object frees a slot; retry decides whether bytes fit too.
@@ -251,7 +250,7 @@ impl ObjectTableActor {
                     needed
                 }
             };
-            let freed = self.table.evict(pool, target);
+            let freed = self.table.evict(device, target);
             if freed.is_empty() {
                 // Everything evictable is held through clients' hold tables (or, never while
                 // the LRU and its byte count agree, nothing was): never loop on it.

@@ -1,16 +1,16 @@
 //! The eviction/refcount actor: owns the [`ObjectTable`], asks the allocator actor (host) or the
-//! GPU actor (CUDA) for memory, evicts LRU objects when a pool is full, answers waiting gets and
+//! GPU actor (CUDA) for memory, evicts LRU objects when a device is full, answers waiting gets and
 //! pushes notifications to subscribers. Every client (a daemon connection or an embedded
 //! handle, each through its engine `Session`) talks to this one actor, so the whole life cycle
 //! is serialised in one place.
 //!
 //! - this module: the actor's state, and the steps every message that changes objects ends
 //!   with (seal, answer waiting gets, notify subscribers);
-//! - [`memory`]: memory for objects (allocate, evict and retry; lends taken back; metadata
+//! - `memory`: memory for objects (allocate, evict and retry; lends taken back; metadata
 //!   placed; blocks freed to whoever gave them) and the parked objects' timer;
-//! - [`puts`]: the messages that make objects (CREATE/SEAL/ABORT, inline PUT, LEND/PUBLISH,
+//! - `puts`: the messages that make objects (CREATE/SEAL/ABORT, inline PUT, LEND/PUBLISH,
 //!   pipelined puts' bookkeeping);
-//! - [`access`]: the messages that read, release, delete and list them, and a client's
+//! - `access`: the messages that read, release, delete and list them, and a client's
 //!   attach/subscribe/detach.
 
 mod access;
