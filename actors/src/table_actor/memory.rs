@@ -23,6 +23,9 @@ use crate::table::Freed;
 /// comes back within this long of the last release (at once when memory runs short).
 const PARKED_RESCAN: Duration = Duration::from_millis(5);
 
+#[cfg(test)]
+mod tests;
+
 impl ObjectTableActor {
     /// Memory for a new object of `size` data bytes on `device` (see [`Self::allocate`]), with
     /// its `metadata` placed: in the block for a host object, charged to host memory for a
