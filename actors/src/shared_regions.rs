@@ -131,11 +131,6 @@ impl SharedRegions {
         self.tables.remove(&holder).is_some()
     }
 
-    /// The directory's read-only fd (the embedded engine maps it to read like a client).
-    pub(crate) fn directory_fd(&self) -> &File {
-        self.directory.read_only_fd()
-    }
-
     /// Publishes a sealed host object; `None` when it cannot be (directory full): its gets then
     /// take the socket path, which is always correct.
     pub(crate) fn publish(&mut self, p: &Publish<'_>) -> Option<Published> {

@@ -68,7 +68,6 @@ pub enum AllocFailure {
 #[derive(Debug)]
 pub struct SegmentAllocator {
     inner: Allocator,
-    capacity: u64,
     used: u64,
     live: u64,
     max_allocs: u64,
@@ -92,7 +91,6 @@ impl SegmentAllocator {
                 units,
                 max_allocs.saturating_mul(2).saturating_add(1),
             ),
-            capacity: units as u64 * ALIGNMENT,
             used: 0,
             live: 0,
             max_allocs: max_allocs as u64,
@@ -116,27 +114,21 @@ impl SegmentAllocator {
         Ok((allocation.offset as u64 * ALIGNMENT, reserved, allocation))
     }
 
+    /// Gives back what [`Self::allocate`] reserved.
     pub fn free(&mut self, allocation: Allocation, reserved: u64) {
         self.inner.free(allocation);
         self.used -= reserved;
         self.live -= 1;
     }
 
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
+    /// Bytes reserved now.
     pub fn used(&self) -> u64 {
         self.used
     }
 
+    /// Allocations held now.
     pub fn live_allocations(&self) -> u64 {
         self.live
-    }
-
-    /// The largest request that would succeed now.
-    pub fn largest_free(&self) -> u64 {
-        self.inner.storage_report().largest_free_region as u64 * ALIGNMENT
     }
 }
 

@@ -266,25 +266,6 @@ impl Message<AttachShared> for ObjectTableActor {
     }
 }
 
-/// The shared directory's read-only fd, duplicated (the embedded engine reads it as a
-/// client does); `None`: the store does not publish.
-#[derive(Debug)]
-pub struct SharedDirectory;
-
-impl Message<SharedDirectory> for ObjectTableActor {
-    type Reply = Option<std::fs::File>;
-
-    async fn handle(
-        &mut self,
-        _: SharedDirectory,
-        _: &mut Context<Self, Self::Reply>,
-    ) -> Self::Reply {
-        self.table
-            .shared_regions()
-            .and_then(|r| r.directory_fd().try_clone().ok())
-    }
-}
-
 /// Subscribe to seal/delete/evict notifications.
 #[derive(Debug)]
 pub struct Subscribe;

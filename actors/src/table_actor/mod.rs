@@ -34,7 +34,7 @@ use vovp_types::{Error, HolderId, Notification, ObjectId, ObjectName, ObjectRef}
 
 pub use access::{
     AttachShared, CheckInvariants, CollectParked, Contains, Delete, Evict, Get, List, ListPage,
-    Release, ReleaseHolder, SharedDirectory, Stats, Subscribe, WaiterTimedOut,
+    Release, ReleaseHolder, Stats, Subscribe, WaiterTimedOut,
 };
 pub use puts::{
     Abort, AwaitSentPuts, Create, PipelinedPutRefused, Publish, PublishMany, PutInline,
