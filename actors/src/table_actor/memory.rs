@@ -181,7 +181,7 @@ impl ObjectTableActor {
     ///
     /// A host object's metadata is counted in its block (data padded to [`ALIGNMENT`], then
     /// room for the metadata), so `-m` bounds what the metadata the table keeps on the heap
-    /// can cost as well (CUDA objects: see `Create`).
+    /// can cost as well (CUDA objects: see [`Self::allocate_object`]).
     ///
     /// Termination: every pass either returns or evicts at least one object from the device's
     /// LRU, and nothing else can touch the table in between (an actor handles one message at a
