@@ -207,14 +207,16 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
     let engine = vovp::Engine::start(config.engine.clone())
         .await
         .map_err(|e| TransportError::Setup(format!("starting the engine: {e}")))?;
-    let listener = bind_socket(&config.socket, config.socket_mode)?;
-    *bound = true;
     let shared = Arc::new(Shared::default());
+    // Before the socket: a client that can connect can scrape, and a port that cannot be
+    // bound stops the start before the socket file exists.
     if let Some(addr) = config.metrics {
         let metrics_addr = start_metrics(addr, &engine, &shared)?;
         // Machine-readable (the `metrics_addr` field): how a port 0 is found.
         tracing::info!(%metrics_addr, "serving metrics at http://{metrics_addr}/metrics");
     }
+    let listener = bind_socket(&config.socket, config.socket_mode)?;
+    *bound = true;
     // tokio's reactor runs inside tokio-uring's runtime; accepting through it sidesteps
     // tokio-uring's listener, which sets SO_REUSEPORT and fails on Unix sockets (EOPNOTSUPP).
     let listener = tokio::net::UnixListener::from_std(listener)?;
