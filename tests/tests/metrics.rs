@@ -519,3 +519,34 @@ fn vovp_top_shows_frames_without_a_terminal_and_stops_on_ctrl_c() {
     };
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn the_grafana_dashboard_names_only_metrics_the_daemon_reports() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../ops/grafana-vovp.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("ops/grafana-vovp.json"))
+            .expect("the dashboard is JSON");
+    let (_d, addr) = with_metrics("16M", &[]);
+    let (_, page) = get(addr, "/metrics");
+    let reported: Vec<&str> = page
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let mut named = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("an expression");
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("vovp_") {
+                    named += 1;
+                    assert!(
+                        reported.contains(&word),
+                        "{word} (in {expr:?}) is not reported"
+                    );
+                }
+            }
+        }
+    }
+    assert!(named >= 20, "{named} metric names in the dashboard");
+}

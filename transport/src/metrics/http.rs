@@ -91,9 +91,9 @@ async fn serve(listener: TcpListener, snapshots: Snapshots) {
                 .header_read_timeout(HEAD_TIMEOUT)
                 .max_buf_size(MAX_REQUEST_HEAD)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
-                Ok(Err(e)) => tracing::debug!("metrics endpoint: {peer}: {e}"),
-                Ok(Ok(())) | Err(_) => {}
+            // Past its lifetime the connection is simply dropped (closed).
+            if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+                tracing::debug!("metrics endpoint: {peer}: {e}");
             }
         });
     }

@@ -67,7 +67,7 @@ pub fn run(socket: &Path, options: &TopOptions, out: &mut impl Write) -> Result<
     let mut shown = 0u64;
     while !STOP.load(Ordering::Relaxed) {
         let (stats, connections) = inspector.stats()?;
-        if stats.objects <= LIST_EVERY_ABOVE || shown % LIST_EVERY == 0 {
+        if stats.objects <= LIST_EVERY_ABOVE || shown.is_multiple_of(LIST_EVERY) {
             objects = inspector.largest(options.rows)?;
         }
         let frame = Frame {
@@ -468,8 +468,8 @@ fn holders(t: &mut String, m: &Exposition, rows: usize) {
     let refs = top("vovp_client_references");
     let _ = writeln!(
         t,
-        "\n{:<34} {}",
-        "TOP HOLDERS BY BYTES", "TOP HOLDERS BY REFERENCES"
+        "\n{:<34} TOP HOLDERS BY REFERENCES",
+        "TOP HOLDERS BY BYTES"
     );
     if bytes.is_empty() && refs.is_empty() {
         let _ = writeln!(t, "(not reported by this daemon)");
