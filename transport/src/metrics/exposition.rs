@@ -8,10 +8,10 @@
 use std::fmt::Error as FmtError;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::counters::{ServerSnapshot, LATENCY_BUCKETS};
@@ -53,19 +53,22 @@ impl Collector for SnapshotCollector {
 /// The engine's STATS.
 fn store(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError> {
     let bytes = Some(&Unit::Bytes);
-    e.gauge(
+    e.one(
+        Gauge,
         "capacity",
         "Host memory the store may use for objects (-m).",
         bytes,
         s.capacity,
     )?;
-    e.gauge(
+    e.one(
+        Gauge,
         "used",
         "Host memory handed out for objects (sizes rounded up to 64 bytes, with metadata).",
         bytes,
         s.used_bytes,
     )?;
-    e.gauge_family(
+    e.each(
+        Gauge,
         "objects",
         "Objects by state: sealed and unsealed ones have a name; pending_delete ones were \
          deleted and wait for their last holder.",
@@ -77,44 +80,51 @@ fn store(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError>
             ("pending_delete", s.pending_delete),
         ],
     )?;
-    e.gauge(
+    e.one(
+        Gauge,
         "references",
         "References held on objects, hold-table holds included.",
         None,
         s.references,
     )?;
-    e.gauge(
+    e.one(
+        Gauge,
         "holders",
         "Holders (connections) holding at least one reference.",
         None,
         s.holders,
     )?;
-    e.gauge(
+    e.one(
+        Gauge,
         "shared_holds",
         "References held through clients' hold tables (gets without a message).",
         None,
         s.shared_holds,
     )?;
-    e.gauge(
+    e.one(
+        Gauge,
         "waiting_gets",
         "GETs waiting for a name to be sealed.",
         None,
         s.waiting_gets,
     )?;
-    e.counter("creates", "Objects created.", None, s.creates)?;
-    e.counter(
+    e.one(Counter, "creates", "Objects created.", None, s.creates)?;
+    e.one(
+        Counter,
         "evicted_objects",
         "Objects evicted to make room.",
         None,
         s.evicted_objects,
     )?;
-    e.counter(
+    e.one(
+        Counter,
         "evicted",
         "Bytes of the objects evicted to make room.",
         bytes,
         s.evicted_bytes,
     )?;
-    e.counter(
+    e.one(
+        Counter,
         "put_barriers",
         "Misses that first waited for other clients' pipelined puts to be applied.",
         None,
@@ -125,45 +135,52 @@ fn store(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError>
 /// The connection layer's counters.
 fn server(e: &mut Families<'_, '_>, s: &ServerSnapshot) -> Result<(), FmtError> {
     let bytes = Some(&Unit::Bytes);
-    e.gauge(
+    e.one(
+        Gauge,
         "connections",
         "Client connections served now.",
         None,
         s.connections,
     )?;
-    e.gauge(
+    e.one(
+        Gauge,
         "connections_half_closed",
         "Connections whose client shut down its sending side; kept, with their references, \
          until it closes.",
         None,
         s.half_closed,
     )?;
-    e.counter(
+    e.one(
+        Counter,
         "connections_opened",
         "Client connections accepted.",
         None,
         s.connections_opened,
     )?;
-    e.counter(
+    e.one(
+        Counter,
         "connections_closed",
         "Client connections ended (everything they held released).",
         None,
         s.connections_closed,
     )?;
-    e.counter_family(
+    e.each(
+        Counter,
         "connections_refused",
         "Connections refused: uid (not an allowed uid) or limit (--max-connections).",
         None,
         "reason",
         &[("uid", s.refused_uid), ("limit", s.refused_limit)],
     )?;
-    e.counter(
+    e.one(
+        Counter,
         "socket_received",
         "Bytes read from client sockets.",
         bytes,
         s.socket_received_bytes,
     )?;
-    e.counter(
+    e.one(
+        Counter,
         "socket_sent",
         "Bytes written to client sockets.",
         bytes,
@@ -189,7 +206,8 @@ fn server(e: &mut Families<'_, '_>, s: &ServerSnapshot) -> Result<(), FmtError> 
             .encode_histogram::<NoLabelSet>(r.sum_seconds, r.count(), &buckets, None)?;
     }
     let errors: Vec<(&str, u64)> = s.errors.iter().map(|(st, n)| (st.name(), *n)).collect();
-    e.counter_family(
+    e.each(
+        Counter,
         "request_errors",
         "Error replies, by status (PROTOCOL.md name).",
         None,
@@ -202,70 +220,48 @@ fn server(e: &mut Families<'_, '_>, s: &ServerSnapshot) -> Result<(), FmtError> 
 struct Families<'e, 'a>(&'e mut DescriptorEncoder<'a>);
 
 impl Families<'_, '_> {
-    fn gauge(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Option<&Unit>,
-        v: u64,
-    ) -> Result<(), FmtError> {
-        let m = self
-            .0
-            .encode_descriptor(name, help, unit, MetricType::Gauge)?;
-        ConstGauge::new(v).encode(m)
-    }
-
-    fn counter(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Option<&Unit>,
-        v: u64,
-    ) -> Result<(), FmtError> {
-        let m = self
-            .0
-            .encode_descriptor(name, help, unit, MetricType::Counter)?;
-        ConstCounter::new(v).encode(m)
-    }
-
     fn info(&mut self, name: &str, help: &str, labels: &[(&str, &str)]) -> Result<(), FmtError> {
         self.0
             .encode_descriptor(name, help, None, MetricType::Info)?
             .encode_info(&labels)
     }
 
-    fn gauge_family(
+    /// One sample of a counter or gauge.
+    fn one(
         &mut self,
+        kind: MetricType,
+        name: &str,
+        help: &str,
+        unit: Option<&Unit>,
+        v: u64,
+    ) -> Result<(), FmtError> {
+        let m = self.0.encode_descriptor(name, help, unit, kind)?;
+        encode_value(kind, v, m)
+    }
+
+    /// A counter or gauge with one sample per value of `label`.
+    fn each(
+        &mut self,
+        kind: MetricType,
         name: &str,
         help: &str,
         unit: Option<&Unit>,
         label: &str,
         values: &[(&str, u64)],
     ) -> Result<(), FmtError> {
-        let mut m = self
-            .0
-            .encode_descriptor(name, help, unit, MetricType::Gauge)?;
+        let mut m = self.0.encode_descriptor(name, help, unit, kind)?;
         for (value, v) in values {
-            ConstGauge::new(*v).encode(m.encode_family(&[(label, *value)])?)?;
+            encode_value(kind, *v, m.encode_family(&[(label, *value)])?)?;
         }
         Ok(())
     }
+}
 
-    fn counter_family(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Option<&Unit>,
-        label: &str,
-        values: &[(&str, u64)],
-    ) -> Result<(), FmtError> {
-        let mut m = self
-            .0
-            .encode_descriptor(name, help, unit, MetricType::Counter)?;
-        for (value, v) in values {
-            ConstCounter::new(*v).encode(m.encode_family(&[(label, *value)])?)?;
-        }
-        Ok(())
+/// `v` as a counter's or a gauge's value.
+fn encode_value(kind: MetricType, v: u64, m: MetricEncoder<'_>) -> Result<(), FmtError> {
+    match kind {
+        Counter => ConstCounter::new(v).encode(m),
+        _ => ConstGauge::new(v).encode(m),
     }
 }
 
