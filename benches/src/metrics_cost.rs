@@ -1,11 +1,14 @@
 //! `vovp-bench --metrics-cost`: what the metrics cost the small operations. The Rust
 //! client's small-op batch ([`crate::rust_level::small_batch`]: 64 B put, contains,
 //! get+release, delete) against daemons that differ only in the metrics, in one run,
-//! repetitions interleaved (the order rotates) so a slow patch of the machine hits all alike:
+//! repetitions interleaved (the order rotates and reverses) so a slow patch of the machine hits
+//! all alike:
 //!
 //! * `off`: no `--metrics` (the connection layer still counts: its counters are always on);
 //! * `on`: `--metrics 127.0.0.1:0`, scraped every second by a thread of this process for the
 //!   whole run (what a Prometheus server does, 15 times more often);
+//! * `off again`: a second daemon exactly like `off`, the control: `off again / off` is what
+//!   two identical daemons differ by in this run (the noise floor of the other ratios);
 //! * `before` (with `--baseline-engine PATH`): another build, e.g. the commit before the
 //!   metrics, which counts nothing: `off` against it is the counters' own cost.
 //!
@@ -65,14 +68,16 @@ pub fn run(cfg: &CostConfig) -> Result<String, String> {
             &cfg.engine,
             vec!["--metrics".into(), "127.0.0.1:0".into()],
         ),
+        ("off again", &cfg.engine, vec![]),
     ];
     if let Some(b) = &cfg.baseline {
         plan.push(("before", b, vec![]));
     }
     let mut variants = Vec::new();
     for (name, program, extra) in plan {
-        let socket = cfg.out.join(format!("metrics-cost-{name}.sock"));
-        let log = cfg.out.join(format!("metrics-cost-{name}.log"));
+        let file = name.replace(' ', "-");
+        let socket = cfg.out.join(format!("metrics-cost-{file}.sock"));
+        let log = cfg.out.join(format!("metrics-cost-{file}.log"));
         let mut args: Vec<String> = vec!["-m".into(), "256M".into(), "-s".into()];
         args.push(socket.display().to_string());
         args.extend(extra);
@@ -103,10 +108,15 @@ pub fn run(cfg: &CostConfig) -> Result<String, String> {
     };
     let names: Vec<String> = (0..cfg.ops).map(|i| format!("cost-{i}")).collect();
     let data = crate::pattern(64, 5);
-    // Repetition -1 warms up connections and caches; it is not recorded.
+    // Repetition -1 warms up connections and caches; it is not recorded. The order rotates,
+    // and reverses every other cycle, so no variant always follows the same one.
+    let n = variants.len() as i64;
     for rep in -1..cfg.reps as i64 {
         let mut order: Vec<usize> = (0..variants.len()).collect();
-        order.rotate_left(rep.rem_euclid(variants.len() as i64) as usize);
+        order.rotate_left(rep.rem_euclid(n) as usize);
+        if rep.div_euclid(n) % 2 == 1 {
+            order.reverse();
+        }
         for i in order {
             let v = &mut variants[i];
             let shared = small_batch(&v.clients[0], &names, &data)
@@ -188,16 +198,20 @@ fn scrape_every_second(
 }
 
 fn markdown(variants: &[Variant], scrapes: u64) -> String {
+    // (column, numerator, denominator) by variant index: on/off, the control, off/before.
+    let mut ratios = vec![("on/off", 1, 0), ("off again/off", 2, 0)];
+    if variants.len() > 3 {
+        ratios.push(("off/before", 0, 3));
+    }
     let mut t = String::from("| op (µs, median) |");
     for v in variants {
         t.push_str(&format!(" {} |", v.name));
     }
-    t.push_str(" on/off |");
-    if variants.len() > 2 {
-        t.push_str(" off/before |");
+    for (name, _, _) in &ratios {
+        t.push_str(&format!(" {name} |"));
     }
     t.push('\n');
-    t.push_str(&"|---".repeat(variants.len() + 1 + variants.len().saturating_sub(1)));
+    t.push_str(&"|---".repeat(1 + variants.len() + ratios.len()));
     t.push_str("|\n");
     for (i, op) in OPS.iter().enumerate() {
         let m: Vec<Option<f64>> = variants.iter().map(|v| median(&v.samples[i])).collect();
@@ -205,13 +219,11 @@ fn markdown(variants: &[Variant], scrapes: u64) -> String {
         for x in &m {
             t.push_str(&x.map_or(" - |".into(), |x| format!(" {x:.2} |")));
         }
-        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => format!(" {:.2}x |", a / b),
-            _ => " - |".into(),
-        };
-        t.push_str(&ratio(m[1], m[0]));
-        if variants.len() > 2 {
-            t.push_str(&ratio(m[0], m[2]));
+        for &(_, a, b) in &ratios {
+            t.push_str(&match (m[a], m[b]) {
+                (Some(a), Some(b)) if b > 0.0 => format!(" {:.2}x |", a / b),
+                _ => " - |".into(),
+            });
         }
         t.push('\n');
     }
