@@ -20,6 +20,7 @@
 //! targets, a markdown table and `target/bench/results.json`.
 
 pub mod limits;
+pub mod metrics_cost;
 pub mod probes;
 pub mod procs;
 pub mod report;

@@ -23,6 +23,7 @@ const USAGE: &str =
                   [--peers LIST] [--soak-only|--skip-soak]
        vovp-bench --cluster
        vovp-bench --weights [--quick]
+       vovp-bench --metrics-cost [--quick|--full] [--baseline-engine PATH]
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
@@ -48,6 +49,10 @@ const USAGE: &str =
                  replace against delete + put and against Ray (the test venv's python, as for
                  --cluster); writes target/bench/weights.json. --full runs it too (with Ray
                  when the test venv exists), --quick runs its vovp variants at the quick sizes
+  --metrics-cost only what the metrics cost: the Rust client's 64 B put/contains/get/delete
+                 against daemons without and with --metrics (scraped every second), in one
+                 run, interleaved; with --baseline-engine PATH also against that build (e.g.
+                 the commit before the metrics). Writes target/bench/metrics_cost.json
 
 Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
 target/bench/results.md, target/bench/throughput.png and (with the peers workload)
@@ -101,6 +106,10 @@ struct Args {
     cluster: bool,
     /// --weights: only the weight-sync benchmark.
     weights: bool,
+    /// --metrics-cost: only the metrics' cost.
+    metrics_cost: bool,
+    /// --baseline-engine: the build `--metrics-cost` also compares with.
+    baseline_engine: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -112,6 +121,8 @@ fn parse_args() -> Result<Args, String> {
     let mut peers = None;
     let mut cluster = false;
     let mut weights = false;
+    let mut metrics_cost = false;
+    let mut baseline_engine = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -146,6 +157,13 @@ fn parse_args() -> Result<Args, String> {
             "--skip-soak" => soak = false,
             "--cluster" => cluster = true,
             "--weights" => weights = true,
+            "--metrics-cost" => metrics_cost = true,
+            "--baseline-engine" => {
+                baseline_engine = Some(PathBuf::from(
+                    it.next()
+                        .ok_or("--baseline-engine needs a vovp-engine binary")?,
+                ))
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -154,6 +172,7 @@ fn parse_args() -> Result<Args, String> {
     let mode = mode
         .or(cluster.then_some(Mode::Quick))
         .or(weights.then_some(Mode::Full))
+        .or(metrics_cost.then_some(Mode::Quick))
         .ok_or("say --quick or --full")?;
     Ok(Args {
         mode,
@@ -166,6 +185,8 @@ fn parse_args() -> Result<Args, String> {
         peers,
         cluster,
         weights,
+        metrics_cost,
+        baseline_engine,
     })
 }
 
@@ -301,6 +322,35 @@ fn run_weights_alone(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
     }
 }
 
+/// `--metrics-cost`: the table on stdout, the samples in target/bench/metrics_cost.json.
+fn run_metrics_cost(paths: &Paths, engine_bin: &Path, args: &Args) -> ExitCode {
+    if let Err(e) = std::fs::create_dir_all(&paths.out) {
+        eprintln!("vovp-bench: {}: {e}", paths.out.display());
+        return ExitCode::from(2);
+    }
+    let (reps, ops) = match args.mode {
+        Mode::Quick => (9, 2000),
+        Mode::Full => (21, 5000),
+    };
+    let cfg = vovp_bench::metrics_cost::CostConfig {
+        engine: engine_bin.to_owned(),
+        baseline: args.baseline_engine.clone(),
+        reps,
+        ops,
+        out: paths.out.clone(),
+    };
+    match vovp_bench::metrics_cost::run(&cfg) {
+        Ok(table) => {
+            println!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vovp-bench: --metrics-cost: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// weights.json's checks, as the report's.
 fn weights_checks(v: &Value) -> Vec<Check> {
     v["checks"]
@@ -380,6 +430,9 @@ fn main() -> ExitCode {
     }
     if args.weights {
         return run_weights_alone(&paths, &engine_bin, args.mode);
+    }
+    if args.metrics_cost {
+        return run_metrics_cost(&paths, &engine_bin, &args);
     }
     if let Err(e) = std::fs::create_dir_all(&paths.out) {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());

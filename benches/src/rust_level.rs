@@ -59,7 +59,7 @@ fn err(what: &str) -> impl Fn(vovp::Error) -> String + '_ {
 }
 
 /// Mean µs per op of put, contains, get+release and delete over `names`.
-fn small_batch(store: &dyn Store, names: &[String], data: &[u8]) -> Res<[f64; 4]> {
+pub fn small_batch(store: &dyn Store, names: &[String], data: &[u8]) -> Res<[f64; 4]> {
     let per_op = |t: Instant| t.elapsed().as_secs_f64() * 1e6 / names.len() as f64;
     let opts = CreateOptions::default();
     let t = Instant::now();

@@ -61,7 +61,16 @@
 //! | 56 | `lend_client` | client: [`LEND_CLIENT`] (`"VOVPLEND"`) once it takes part in the lend handshake |
 //! | 64 | `puts_sent` | client: puts sent without waiting for their replies, ever ([`crate::sent`]) |
 //! | 72 | `holding` | client: slots in use; 0 lets the store skip the table |
-//! | 80..128 | `reserved` | 6 words |
+//! | 80 | `shared_gets` | client: gets it served from the directory (holds taken), ever; for metrics |
+//! | 88 | `shared_get_bytes` | client: the data bytes of those gets, ever; for metrics |
+//! | 96..128 | `reserved` | 4 words |
+//!
+//! `shared_gets` and `shared_get_bytes` were reserved words before (`LAYOUT_VERSION` 5 did
+//! not change for them): the store zeroes a table it creates and an older client never writes
+//! them, so a store reads 0 gets from it, which is all the difference. They are the client's
+//! word about itself and only feed the store's metrics (a client can inflate its own count,
+//! nothing else); the client bumps them with plain `Relaxed` stores (it is their only writer,
+//! under its reader's lock), so a get costs no locked instruction for them.
 //!
 //! **Hold slot** `i` ([`HoldSlot`], [`SLOT_SIZE`] = 32 B, at `128 + 32 i`), written only by
 //! its client, read by the store:
@@ -242,13 +251,18 @@ pub struct HoldHeader {
     /// whose count is 0 (most tables, most of the time), so a free costs a load per client
     /// instead of a scan of every slot. A client that under-counts only exposes itself.
     pub holding: AtomicU64,
-    pub reserved: [AtomicU64; 6],
+    /// Gets this client served from the directory (each a hold taken), ever (written by the
+    /// client, read by the store's metrics).
+    pub shared_gets: AtomicU64,
+    /// The data bytes of those gets, ever (as `shared_gets`).
+    pub shared_get_bytes: AtomicU64,
+    pub reserved: [AtomicU64; 4],
 }
 
 impl HoldHeader {
     pub fn new() -> Self {
-        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, lend_client, puts_sent, holding] =
-            zero_words::<10>();
+        let [magic, version_slot_size, slots, slots_offset, client_id, lend_writers, lend_revoked, lend_client, puts_sent, holding, shared_gets, shared_get_bytes] =
+            zero_words::<12>();
         HoldHeader {
             magic,
             version_slot_size,
@@ -260,6 +274,8 @@ impl HoldHeader {
             lend_client,
             puts_sent,
             holding,
+            shared_gets,
+            shared_get_bytes,
             reserved: zero_words(),
         }
     }
@@ -414,9 +430,11 @@ mod tests {
                 offset_of!(HoldHeader, lend_client),
                 offset_of!(HoldHeader, puts_sent),
                 offset_of!(HoldHeader, holding),
+                offset_of!(HoldHeader, shared_gets),
+                offset_of!(HoldHeader, shared_get_bytes),
                 offset_of!(HoldHeader, reserved),
             ],
-            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80]
+            [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]
         );
         assert_eq!(
             [

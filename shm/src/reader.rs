@@ -75,7 +75,11 @@ impl SharedReader {
         let dir = self.directory.reader();
         let stamp = crate::now_stamp();
         match holds.with_holds(|h| h.get(&dir, name.as_bytes(), stamp)) {
-            Ok(Get::Held(hold)) => Some(hold),
+            Ok(Get::Held(hold)) => {
+                // For the store's metrics: gets with no message are counted by their client.
+                holds.count_shared_get(hold.snapshot.size);
+                Some(hold)
+            }
             Ok(Get::Missing | Get::Busy) | Err(_) => None,
         }
     }

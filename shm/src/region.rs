@@ -318,6 +318,20 @@ impl HoldRegion {
         crate::sent::SentPuts::new(h).sent()
     }
 
+    /// The client's own count of the gets it served from the directory: (gets, data bytes),
+    /// ever (the header's `shared_gets` and `shared_get_bytes`; 0 from a client that predates
+    /// them). The client's word, for metrics only: a store that reports a counter over it
+    /// adds what a table's count rose by since it last looked (and folds a table's last rise
+    /// in when its client goes), so a table's count going down cannot make the sum go down.
+    pub fn shared_gets(&self) -> (u64, u64) {
+        // SAFETY: the map was created `HEADER_SIZE + slots * SLOT_SIZE` long.
+        let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, self.slots) };
+        (
+            h.shared_gets.load(Relaxed),
+            h.shared_get_bytes.load(Relaxed),
+        )
+    }
+
     /// The store's view; uses the store's own slot count, never the (client-writable) header's,
     /// and of the header only the `holding` count (which can only expose the client's own holds).
     pub fn view(&self) -> HoldsView<'_> {
@@ -377,6 +391,19 @@ impl HoldMap {
         // SAFETY: at least HEADER_SIZE bytes are mapped (checked at open).
         let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, 0) };
         crate::sent::SentPuts::new(h)
+    }
+
+    /// Counts one get served from the directory, of `bytes` data bytes, in the header's
+    /// `shared_gets` and `shared_get_bytes` (for the store's metrics). Plain stores, no
+    /// read-modify-write: this client is their only writer, and `&mut self` (its reader's
+    /// lock) orders its own updates.
+    pub fn count_shared_get(&mut self, bytes: u64) {
+        // SAFETY: at least HEADER_SIZE bytes are mapped (checked at open).
+        let (h, _) = unsafe { parts::<HoldHeader, HoldSlot>(&self.map, 0) };
+        let gets = h.shared_gets.load(Relaxed);
+        h.shared_gets.store(gets.wrapping_add(1), Relaxed);
+        let total = h.shared_get_bytes.load(Relaxed);
+        h.shared_get_bytes.store(total.wrapping_add(bytes), Relaxed);
     }
 
     /// The client's hold operations, rebuilt from the table (rescans every slot).
@@ -488,6 +515,24 @@ mod tests {
         );
         holds.release(h).unwrap();
         assert!(!is_held([region.view()], g));
+    }
+
+    #[test]
+    fn gets_served_from_the_directory_are_counted_in_the_clients_table() {
+        let mut dir = DirectoryRegion::create(8).unwrap();
+        publish(&mut dir, b"a", 1);
+        let region = HoldRegion::create(4, 42).unwrap();
+        assert_eq!(region.shared_gets(), (0, 0), "a new table counts nothing");
+        let reader = crate::SharedReader::open(dir.read_only_fd(), region.fd()).unwrap();
+        let first = reader.hold("a").expect("a is published");
+        let second = reader.hold("a").expect("a second hold");
+        assert!(reader.hold("missing").is_none());
+        // Two gets of the 8-byte object; a miss (the store answers it) is not one.
+        assert_eq!(region.shared_gets(), (2, 16));
+        for h in [first, second] {
+            reader.release(h.slot, h.snapshot).unwrap();
+        }
+        assert_eq!(region.shared_gets(), (2, 16), "a release leaves the count");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 #![warn(unreachable_pub, missing_debug_implementations)]
 
+pub mod metrics;
 pub mod response;
 pub mod server;
 

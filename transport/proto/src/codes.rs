@@ -60,6 +60,7 @@ codes! {
         Publish = 0x12, "PUBLISH";
         GetNewer = 0x13, "GET_NEWER";
         PublishMany = 0x14, "PUBLISH_MANY";
+        Metrics = 0x15, "METRICS";
     }
 }
 

@@ -56,6 +56,8 @@ pub enum Reply {
     Shared {
         published: bool,
     },
+    /// METRICS: the Prometheus text exposition (format 0.0.4), as `GET /metrics` serves it.
+    Metrics(String),
     /// Any request's error reply.
     Failure(Failure),
 }
@@ -188,6 +190,9 @@ impl Reply {
             Reply::Shared { published } => {
                 w.u8(*published as u8);
             }
+            Reply::Metrics(text) => {
+                w.bytes(text.as_bytes());
+            }
             Reply::Lent(l) => {
                 w.u64(l.id).u32(l.segment).u64(l.offset).u64(l.size);
                 w.u64(l.max_object);
@@ -251,6 +256,11 @@ impl Reply {
             Opcode::Shared => Reply::Shared {
                 published: r.u8()? != 0,
             },
+            Opcode::Metrics => Reply::Metrics(
+                std::str::from_utf8(r.bytes()?)
+                    .map_err(|_| DecodeError::NotUtf8)?
+                    .to_owned(),
+            ),
             Opcode::Notify => return Err(DecodeError::NotARequest(opcode)),
         };
         r.finish()?;

@@ -103,6 +103,9 @@ pub enum Request<'a> {
         lend: u64,
         items: Vec<PublishItem<'a>>,
     },
+    /// The daemon's metrics, as the Prometheus text its `--metrics` endpoint serves (what
+    /// `vovp top` shows: request rates and latencies are not in STATS).
+    Metrics,
 }
 
 /// One object of a [`Request::PublishMany`]: PUBLISH's fields but the lend.
@@ -153,6 +156,7 @@ impl Request<'_> {
             Request::Lend { .. } => Opcode::Lend,
             Request::Publish { .. } => Opcode::Publish,
             Request::PublishMany { .. } => Opcode::PublishMany,
+            Request::Metrics => Opcode::Metrics,
         }
     }
 
@@ -240,7 +244,7 @@ impl Request<'_> {
                     w.bytes(&i.metadata).u64(i.size);
                 }
             }
-            Request::Stats | Request::Subscribe | Request::Shared => {}
+            Request::Stats | Request::Subscribe | Request::Shared | Request::Metrics => {}
         }
         w.finish();
     }
@@ -301,6 +305,7 @@ impl Request<'_> {
             Request::Subscribe => Request::Subscribe,
             Request::Segment { id } => Request::Segment { id },
             Request::Shared => Request::Shared,
+            Request::Metrics => Request::Metrics,
             Request::Lend { at_least, flags } => Request::Lend { at_least, flags },
             Request::Publish {
                 lend,
@@ -423,6 +428,7 @@ impl<'a> Request<'a> {
             Opcode::Subscribe => Request::Subscribe,
             Opcode::Segment => Request::Segment { id: r.u32()? },
             Opcode::Shared => Request::Shared,
+            Opcode::Metrics => Request::Metrics,
             Opcode::Lend => Request::Lend {
                 at_least: r.u64()?,
                 flags: r.u32()?,

@@ -73,6 +73,7 @@ fn sample(op: Opcode) -> Request<'static> {
         },
         Opcode::Evict => Request::Evict { bytes: 100 },
         Opcode::Stats => Request::Stats,
+        Opcode::Metrics => Request::Metrics,
         Opcode::Shared => Request::Shared,
         Opcode::Subscribe => Request::Subscribe,
         Opcode::Segment => Request::Segment { id: 3 },

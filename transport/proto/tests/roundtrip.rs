@@ -268,6 +268,7 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
         }),
         any::<u64>().prop_map(|v| (Reply::Version(v), Opcode::Seal, vec![])),
         any::<bool>().prop_map(|b| (Reply::Bool(b), Opcode::Contains, vec![])),
+        ".*".prop_map(|text| (Reply::Metrics(text), Opcode::Metrics, vec![])),
         any::<u64>().prop_map(|n| (Reply::Count(n), Opcode::Evict, vec![])),
         (prop::collection::vec(info(), 0..4), any::<u64>()).prop_map(|(entries, next)| (
             Reply::List { entries, next },

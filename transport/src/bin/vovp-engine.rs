@@ -6,7 +6,13 @@
 //! Of `plasma-store-server`'s flags, `-m BYTES`, `-s SOCKET` and `-d DIR` are accepted as they
 //! are; `-h` (huge pages) is `--huge-pages` here because `-h` is help, and `-e` (external
 //! store) does not exist in vovp.
+//!
+//! The log goes to stderr: colour codes only when stderr is a terminal (and `NO_COLOR` is not
+//! set), one JSON object a line with `--log-format json`. `--metrics ADDR` serves Prometheus
+//! metrics at `http://ADDR/metrics`.
 
+use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -75,6 +81,37 @@ struct Args {
     /// error, warn, info, debug or trace.
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// text (for people) or json (one object a line, for log collectors).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (off by
+    /// default). Port 0 takes a free port, logged at start (`metrics_addr`). Anyone who can
+    /// reach ADDR can read them: bind a loopback or private address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The log on stderr, as `--log-level` and `--log-format` say.
+fn init_logging(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => {
+            // Colour codes in a file or a pipe are noise to whoever reads it.
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            log.with_ansi(colour).init();
+        }
+        LogFormat::Json => log.json().with_ansi(false).init(),
+    }
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -111,12 +148,7 @@ fn directory_wants_huge_pages(dir: &std::path::Path) -> Result<bool, String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(&args.log_level, args.log_format);
     let mut engine = vovp::Config::with_capacity(args.memory);
     engine.huge_pages = args.huge_pages;
     if let Some(dir) = &args.plasma_directory {
@@ -156,6 +188,7 @@ fn main() -> ExitCode {
     config.limits.handshake_timeout = args.handshake_timeout;
     config.limits.frame_timeout = args.handshake_timeout;
     config.limits.write_timeout = args.write_timeout;
+    config.metrics = args.metrics;
     match vovp_transport::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -185,6 +218,7 @@ mod tests {
         assert_eq!(a.socket, PathBuf::from("/tmp/dgl_socket"));
         assert_eq!(a.plasma_directory, Some(PathBuf::from("/dev/shm")));
         assert!(!a.huge_pages);
+        assert_eq!((a.metrics, a.log_format), (None, LogFormat::Text));
         assert_eq!(
             Args::try_parse_from(["vovp-engine", "-m", "1G", "-s", "x"])
                 .unwrap()

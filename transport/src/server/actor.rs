@@ -246,6 +246,11 @@ impl ConnectionActor {
                 connections: self.shared.connections.load(Ordering::Relaxed),
             }
             .into(),
+            // Encoded here, on the daemon's thread: a METRICS request is as rare as a LIST.
+            Request::Metrics => Reply::Metrics(crate::metrics::encode_text(
+                super::snapshot(session, &self.shared).await?,
+            ))
+            .into(),
             Request::Subscribe => Response::Subscribed(session.subscribe().await?),
             Request::Shared => Response::Shared(session.attach_shared().await?),
             Request::Segment { id } => {

@@ -1,6 +1,7 @@
 //! One connection's socket: the io_uring read/write loop that cuts frames, hands each request
 //! to the connection's actor and writes the replies (those carrying fds through `sendmsg`),
-//! the read deadlines, and noticing a client that went away.
+//! the read deadlines, and noticing a client that went away. It counts what it sees for the
+//! metrics ([`ServerCounters`]: each request's latency by opcode, error replies, bytes).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -11,6 +12,8 @@ use std::time::Duration;
 use kameo::actor::{ActorRef, Spawn};
 use vovp::{EngineHandle, Session};
 use vovp_proto::{Header, Reply, Request, Status, FLAG_NO_REPLY, HEADER_LEN};
+
+use crate::metrics::ServerCounters;
 
 use super::actor::{ConnectionActor, Disconnect, Incoming, SegmentFds};
 use super::notify::notify_loop;
@@ -45,6 +48,7 @@ pub(super) async fn serve_connection(
         limits,
         peer_closed: std::cell::Cell::new(false),
         half_closed: &counters.half_closed,
+        counters: &counters.counters,
     };
     let result = connection_loop(&io, &conn, &session).await;
     // Whatever the reason the connection ended, everything it held goes back.
@@ -63,6 +67,8 @@ pub(super) struct ConnIo<'a> {
     peer_closed: std::cell::Cell<bool>,
     /// The daemon's count of half-closed connections (STATS `half_closed`).
     half_closed: &'a AtomicU64,
+    /// The daemon's request, error and byte counters.
+    pub(super) counters: &'a ServerCounters,
 }
 
 impl ConnIo<'_> {
@@ -79,6 +85,7 @@ impl ConnIo<'_> {
             out.clear();
             return (Ok(()), out);
         }
+        self.counters.sent(out.len());
         match tokio::time::timeout(self.limits.write_timeout, self.stream.write_all(out)).await {
             Ok((res, mut back)) => {
                 back.clear();
@@ -108,6 +115,8 @@ impl ConnIo<'_> {
     async fn last_words(&self, status: Status, message: String) {
         let mut out = Vec::new();
         Response::error(status, message).encode(0, 0, &mut out);
+        self.counters.error(status);
+        self.counters.sent(out.len());
         let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(out)).await;
     }
 }
@@ -143,7 +152,10 @@ async fn connection_loop(
             }
             let payload = &inbuf[consumed + HEADER_LEN..consumed + header.frame_len()];
             consumed += header.frame_len();
+            let started = std::time::Instant::now();
             let response = respond(io, conn, session, header, payload).await?;
+            io.counters
+                .answered(header.opcode, started.elapsed(), failed(&response));
             match deliver(io, conn, header, response, &mut out).await? {
                 Delivered::Queued => {}
                 Delivered::Greeted => greeted = true,
@@ -213,7 +225,10 @@ async fn connection_loop(
                 io.half_closed.fetch_sub(1, Ordering::Relaxed);
                 return hung_up;
             }
-            Ok(_) => inbuf.extend_from_slice(&rbuf),
+            Ok(n) => {
+                io.counters.received(n);
+                inbuf.extend_from_slice(&rbuf);
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -253,6 +268,14 @@ async fn respond(
             Err(e) => Response::error(e.status(), e.to_string()),
         },
     )
+}
+
+/// The status of an error reply, for the error counters.
+fn failed(response: &Response) -> Option<Status> {
+    match response {
+        Response::Reply(Reply::Failure(f)) => Some(f.status),
+        _ => None,
+    }
 }
 
 /// What delivering one response did to the connection.
@@ -469,6 +492,7 @@ async fn send_with_fd(
         }
         Err(e) => return Err(e.into()),
     };
+    io.counters.sent(sent);
     if sent < reply.len() {
         let rest = reply[sent..].to_vec();
         let (res, _) = io.flush(rest).await;

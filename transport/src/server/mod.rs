@@ -1,8 +1,11 @@
 //! The daemon: a Unix-socket server on io_uring (tokio-uring) with one kameo actor per
 //! connection. Everything runs on one thread: tokio-uring drives a current-thread tokio runtime,
 //! and kameo spawns its actors with `tokio::spawn`, so the engine's actors, the connection
-//! actors and the socket tasks share that runtime and no message crosses a thread.
+//! actors and the socket tasks share that runtime and no message crosses a thread. The one
+//! exception is the `--metrics` endpoint, on a thread of its own ([`crate::metrics::http`]):
+//! it asks this thread for a snapshot ([`snapshot`]) and nothing else.
 
+use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
@@ -12,6 +15,8 @@ use std::time::Duration;
 
 use vovp_proto::{Opcode, Status};
 
+use crate::metrics::counters::Refusal;
+use crate::metrics::{ServerCounters, Snapshot};
 use crate::response::{Response, TransportError};
 
 mod actor;
@@ -31,6 +36,9 @@ pub struct ServerConfig {
     /// Peer uids allowed to connect (checked with SO_PEERCRED).
     pub allowed_uids: Vec<u32>,
     pub limits: ConnectionLimits,
+    /// Serve the Prometheus metrics at `http://ADDR/metrics` (`--metrics`; off when `None`).
+    /// Port 0 binds a port the kernel picks, logged at start (the `metrics_addr` field).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -41,6 +49,7 @@ impl ServerConfig {
             socket_mode: 0o600,
             allowed_uids: vec![rustix::process::getuid().as_raw()],
             limits: ConnectionLimits::default(),
+            metrics: None,
         }
     }
 }
@@ -104,6 +113,49 @@ struct Shared {
     connections: AtomicU64,
     /// Connections kept after their client shut down its sending side (STATS `half_closed`).
     half_closed: AtomicU64,
+    /// Requests, errors, bytes and connections, for the metrics.
+    counters: ServerCounters,
+}
+
+/// What a scrape reports, collected on the daemon's thread: the engine's STATS through
+/// `session` (one table message) and the connection layer's counters.
+async fn snapshot(session: &vovp::Session, shared: &Shared) -> Result<Snapshot, vovp::Error> {
+    let half_closed = shared.half_closed.load(Ordering::Relaxed);
+    Ok(Snapshot {
+        store: vovp::StoreStats {
+            half_closed,
+            ..session.stats().await?
+        },
+        server: shared
+            .counters
+            .snapshot(shared.connections.load(Ordering::Relaxed), half_closed),
+    })
+}
+
+/// Serves the metrics endpoint at `addr`: its thread, and the task on this thread that answers
+/// its snapshot requests (with a session of its own, which holds nothing).
+fn start_metrics(
+    addr: SocketAddr,
+    engine: &vovp::EngineHandle,
+    shared: &Arc<Shared>,
+) -> Result<SocketAddr, TransportError> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Snapshot>>(16);
+    let bound = crate::metrics::http::start(addr, tx)
+        .map_err(|e| TransportError::Setup(format!("--metrics {addr}: {e}")))?;
+    let session = engine.client_session();
+    let shared = shared.clone();
+    tokio_uring::spawn(async move {
+        while let Some(reply) = rx.recv().await {
+            match snapshot(&session, &shared).await {
+                Ok(s) => {
+                    let _ = reply.send(s);
+                }
+                // The store is stopping: the scrape gets no snapshot (503).
+                Err(e) => tracing::debug!("metrics snapshot: {e}"),
+            }
+        }
+    });
+    Ok(bound)
 }
 
 /// Binds the socket (refusing a path a live daemon serves, replacing a stale one), then serves
@@ -155,9 +207,16 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
     let engine = vovp::Engine::start(config.engine.clone())
         .await
         .map_err(|e| TransportError::Setup(format!("starting the engine: {e}")))?;
+    let shared = Arc::new(Shared::default());
+    // Before the socket: a client that can connect can scrape, and a port that cannot be
+    // bound stops the start before the socket file exists.
+    if let Some(addr) = config.metrics {
+        let metrics_addr = start_metrics(addr, &engine, &shared)?;
+        // Machine-readable (the `metrics_addr` field): how a port 0 is found.
+        tracing::info!(%metrics_addr, "serving metrics at http://{metrics_addr}/metrics");
+    }
     let listener = bind_socket(&config.socket, config.socket_mode)?;
     *bound = true;
-    let shared = Arc::new(Shared::default());
     // tokio's reactor runs inside tokio-uring's runtime; accepting through it sidesteps
     // tokio-uring's listener, which sets SO_REUSEPORT and fails on Unix sockets (EOPNOTSUPP).
     let listener = tokio::net::UnixListener::from_std(listener)?;
@@ -185,27 +244,39 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
                         continue;
                     }
                 };
+                // The peer's pid, for every log line about this client (0 if unknown).
+                let pid = stream.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(0);
                 let stream = match stream.into_std() {
                     Ok(s) => s,
-                    Err(e) => { tracing::warn!("socket conversion failed: {e}"); continue; }
+                    Err(e) => {
+                        tracing::warn!(pid, "a client's socket is unusable: {e}");
+                        continue;
+                    }
                 };
                 match peer_allowed(&stream, &allowed) {
                     Ok(()) => {}
-                    Err(why) => { tracing::warn!("refused a connection: {why}"); continue; }
+                    Err(why) => {
+                        shared.counters.refused(Refusal::Uid);
+                        tracing::warn!(pid, "refused a connection: {why}");
+                        continue;
+                    }
                 }
                 if shared.connections.load(Ordering::Relaxed) as usize >= max_connections {
-                    refuse_busy(stream, max_connections);
+                    shared.counters.refused(Refusal::Limit);
+                    refuse_busy(stream, max_connections, pid);
                     continue;
                 }
                 let engine = engine.clone();
                 let shared = shared.clone();
                 let limits = limits.clone();
                 shared.connections.fetch_add(1, Ordering::Relaxed);
+                shared.counters.opened();
                 tokio_uring::spawn(async move {
                     if let Err(e) = serve_connection(stream, engine, shared.clone(), &limits).await {
-                        tracing::debug!("connection ended: {e}");
+                        tracing::debug!(pid, "connection ended: {e}");
                     }
                     shared.connections.fetch_sub(1, Ordering::Relaxed);
+                    shared.counters.closed();
                 });
             }
             _ = sigterm.recv() => break,
@@ -253,7 +324,7 @@ impl AcceptBackoff {
 
 /// Tells a connection over the limit why it is closed (one small reply into an empty socket
 /// buffer: never blocks) and closes it.
-fn refuse_busy(stream: StdUnixStream, max: usize) {
+fn refuse_busy(stream: StdUnixStream, max: usize, pid: i32) {
     use std::io::Write;
     let mut frame = Vec::new();
     Response::error(
@@ -263,7 +334,7 @@ fn refuse_busy(stream: StdUnixStream, max: usize) {
     .encode(Opcode::Hello.code(), 0, &mut frame);
     let _ = stream.set_nonblocking(true);
     let _ = (&stream).write(&frame);
-    tracing::warn!("refused a connection: {max} connections already");
+    tracing::warn!(pid, "refused a connection: {max} connections already");
     // Closing with the client's HELLO unread would reset the connection and lose the reply
     // above: read what it sends (for up to a second) before closing.
     if let Ok(stream) = tokio::net::UnixStream::from_std(stream) {
@@ -283,11 +354,10 @@ fn refuse_busy(stream: StdUnixStream, max: usize) {
     }
 }
 
-/// SO_PEERCRED: only allowed uids may talk to the store.
+/// SO_PEERCRED: only allowed uids may talk to the store. (The caller logs the peer's pid.)
 fn peer_allowed(stream: &StdUnixStream, allowed: &[u32]) -> Result<(), String> {
     let cred = rustix::net::sockopt::socket_peercred(stream).map_err(|e| e.to_string())?;
     check_uid(cred.uid.as_raw(), allowed)
-        .map_err(|e| format!("pid {}: {e}", cred.pid.as_raw_nonzero()))
 }
 
 /// The permission rule itself (unit-tested).

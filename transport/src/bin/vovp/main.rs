@@ -1,5 +1,6 @@
 //! `vovp`: a command-line client for a running `vovp-engine` (inspection and scripting; the
-//! tests' out-of-process client for user-facing commands). The test-only commands (holding
+//! tests' out-of-process client for user-facing commands). `vovp top` is the live view
+//! ([`top`]). The test-only commands (holding
 //! references, hammering, CUDA checks and measurements) are in the tests' fixture binary,
 //! `vovp-fixture` (tests/src/bin/vovp-fixture.rs).
 
@@ -9,6 +10,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+
+mod top;
 use serde_json::json;
 use vovp_client::{
     Client, CreateOptions, DType, Device, Error, ObjectInfo, Store, StoreStats, TensorMeta,
@@ -79,6 +82,30 @@ enum Command {
     Delete { name: String },
     /// Evict unreferenced objects until BYTES are freed; prints the bytes freed.
     Evict { bytes: u64 },
+    /// A live view, refreshed every second: memory, objects, request rates and latencies,
+    /// the clients holding the most, the largest objects. Ctrl-C ends it.
+    Top {
+        /// Show this many frames, then exit (for scripts; default: until Ctrl-C).
+        #[arg(short = 'n', long = "iterations", value_name = "N")]
+        iterations: Option<u64>,
+        /// Show one frame and exit (as `-n 1`).
+        #[arg(long, conflicts_with = "iterations")]
+        once: bool,
+        /// Seconds between frames.
+        #[arg(long, default_value = "1", value_parser = parse_interval)]
+        interval: Duration,
+        /// Rows of each list (requests, holders, objects).
+        #[arg(long, default_value_t = 10)]
+        rows: usize,
+    },
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.05)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{s:?} is not a number of seconds (at least 0.05)"))
 }
 
 fn main() -> ExitCode {
@@ -97,8 +124,23 @@ fn timeout(ms: u64) -> Option<Duration> {
 }
 
 fn run(args: Args) -> Result<(), Error> {
-    let client = Client::connect(&args.socket)?;
     let mut out = std::io::stdout().lock();
+    if let Command::Top {
+        iterations,
+        once,
+        interval,
+        rows,
+    } = args.command
+    {
+        // A connection of its own that maps nothing (top.rs).
+        let options = top::TopOptions {
+            frames: if once { Some(1) } else { iterations },
+            interval,
+            rows,
+        };
+        return top::run(&args.socket, &options, &mut out);
+    }
+    let client = Client::connect(&args.socket)?;
     let io = |e: std::io::Error| Error::Internal(e.to_string());
     match args.command {
         Command::Put {
@@ -180,6 +222,7 @@ fn run(args: Args) -> Result<(), Error> {
         }
         Command::Delete { name } => client.delete(&name)?,
         Command::Evict { bytes } => writeln!(out, "{}", client.evict(bytes)?).map_err(io)?,
+        Command::Top { .. } => unreachable!("answered above"),
     }
     Ok(())
 }

@@ -1,0 +1,328 @@
+//! A [`Snapshot`] as the Prometheus text format, written by prometheus-client: a `Collector`
+//! over the snapshot's values, registered in a registry made for the one scrape.
+//!
+//! Naming follows Prometheus' conventions: everything is `vovp_...`; prometheus-client appends
+//! the unit (`_bytes`, `_seconds`) and a counter's `_total`. Each family's HELP says what it
+//! counts. The families, their types and labels are listed in one place, the collector below.
+
+use std::fmt::Error as FmtError;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::registry::{Registry, Unit};
+
+use super::counters::{ServerSnapshot, LATENCY_BUCKETS};
+use super::Snapshot;
+
+/// The `Content-Type` of what [`encode_text`] writes (Prometheus text format 0.0.4).
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The snapshot in the Prometheus text format (version 0.0.4).
+pub fn encode_text(snapshot: Snapshot) -> String {
+    let mut registry = Registry::with_prefix("vovp");
+    registry.register_collector(Box::new(SnapshotCollector(snapshot)));
+    let mut text = String::new();
+    // Writing into a String cannot fail, and the collector only fails when its writer does.
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut text, &registry) {
+        tracing::error!("encoding the metrics failed: {e}");
+    }
+    text
+}
+
+/// Encodes one snapshot: every family the daemon reports.
+#[derive(Debug)]
+struct SnapshotCollector(Snapshot);
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), FmtError> {
+        let mut e = Families(&mut e);
+        e.info(
+            "build",
+            "The daemon's version.",
+            &[("version", env!("CARGO_PKG_VERSION"))],
+        )?;
+        store(&mut e, &self.0.store)?;
+        server(&mut e, &self.0.server)
+        // The table's own counters (phase B of issue 46) go here, from a field of Snapshot.
+    }
+}
+
+/// The engine's STATS.
+fn store(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError> {
+    let bytes = Some(&Unit::Bytes);
+    e.one(
+        Gauge,
+        "capacity",
+        "Host memory the store may use for objects (-m).",
+        bytes,
+        s.capacity,
+    )?;
+    e.one(
+        Gauge,
+        "used",
+        "Host memory handed out for objects (sizes rounded up to 64 bytes, with metadata).",
+        bytes,
+        s.used_bytes,
+    )?;
+    e.each(
+        Gauge,
+        "objects",
+        "Objects by state: sealed and unsealed ones have a name; pending_delete ones were \
+         deleted and wait for their last holder.",
+        None,
+        "state",
+        &[
+            ("sealed", s.sealed),
+            ("unsealed", s.unsealed),
+            ("pending_delete", s.pending_delete),
+        ],
+    )?;
+    e.one(
+        Gauge,
+        "references",
+        "References held on objects, hold-table holds included.",
+        None,
+        s.references,
+    )?;
+    e.one(
+        Gauge,
+        "holders",
+        "Holders (connections) holding at least one reference.",
+        None,
+        s.holders,
+    )?;
+    e.one(
+        Gauge,
+        "shared_holds",
+        "References held through clients' hold tables (gets without a message).",
+        None,
+        s.shared_holds,
+    )?;
+    e.one(
+        Gauge,
+        "waiting_gets",
+        "GETs waiting for a name to be sealed.",
+        None,
+        s.waiting_gets,
+    )?;
+    e.one(Counter, "creates", "Objects created.", None, s.creates)?;
+    e.one(
+        Counter,
+        "evicted_objects",
+        "Objects evicted to make room.",
+        None,
+        s.evicted_objects,
+    )?;
+    e.one(
+        Counter,
+        "evicted",
+        "Bytes of the objects evicted to make room.",
+        bytes,
+        s.evicted_bytes,
+    )?;
+    e.one(
+        Counter,
+        "put_barriers",
+        "Misses that first waited for other clients' pipelined puts to be applied.",
+        None,
+        s.put_barriers,
+    )
+}
+
+/// The connection layer's counters.
+fn server(e: &mut Families<'_, '_>, s: &ServerSnapshot) -> Result<(), FmtError> {
+    let bytes = Some(&Unit::Bytes);
+    e.one(
+        Gauge,
+        "connections",
+        "Client connections served now.",
+        None,
+        s.connections,
+    )?;
+    e.one(
+        Gauge,
+        "connections_half_closed",
+        "Connections whose client shut down its sending side; kept, with their references, \
+         until it closes.",
+        None,
+        s.half_closed,
+    )?;
+    e.one(
+        Counter,
+        "connections_opened",
+        "Client connections accepted.",
+        None,
+        s.connections_opened,
+    )?;
+    e.one(
+        Counter,
+        "connections_closed",
+        "Client connections ended (everything they held released).",
+        None,
+        s.connections_closed,
+    )?;
+    e.each(
+        Counter,
+        "connections_refused",
+        "Connections refused: uid (not an allowed uid) or limit (--max-connections).",
+        None,
+        "reason",
+        &[("uid", s.refused_uid), ("limit", s.refused_limit)],
+    )?;
+    e.one(
+        Counter,
+        "socket_received",
+        "Bytes read from client sockets.",
+        bytes,
+        s.socket_received_bytes,
+    )?;
+    e.one(
+        Counter,
+        "socket_sent",
+        "Bytes written to client sockets.",
+        bytes,
+        s.socket_sent_bytes,
+    )?;
+    let mut requests = e.0.encode_descriptor(
+        "request_duration",
+        "Time the daemon took to answer a request, by opcode (PROTOCOL.md name): from its \
+         frame read whole to its reply ready to write; a GET's wait for a seal included. \
+         _count is the number of requests.",
+        Some(&Unit::Seconds),
+        MetricType::Histogram,
+    )?;
+    for r in &s.requests {
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(r.buckets)
+            .collect();
+        requests
+            .encode_family(&[("op", r.op)])?
+            .encode_histogram::<NoLabelSet>(r.sum_seconds, r.count(), &buckets, None)?;
+    }
+    let errors: Vec<(&str, u64)> = s.errors.iter().map(|(st, n)| (st.name(), *n)).collect();
+    e.each(
+        Counter,
+        "request_errors",
+        "Error replies, by status (PROTOCOL.md name).",
+        None,
+        "status",
+        &errors,
+    )
+}
+
+/// The shapes of family this daemon writes, over prometheus-client's encoder.
+struct Families<'e, 'a>(&'e mut DescriptorEncoder<'a>);
+
+impl Families<'_, '_> {
+    fn info(&mut self, name: &str, help: &str, labels: &[(&str, &str)]) -> Result<(), FmtError> {
+        self.0
+            .encode_descriptor(name, help, None, MetricType::Info)?
+            .encode_info(&labels)
+    }
+
+    /// One sample of a counter or gauge.
+    fn one(
+        &mut self,
+        kind: MetricType,
+        name: &str,
+        help: &str,
+        unit: Option<&Unit>,
+        v: u64,
+    ) -> Result<(), FmtError> {
+        let m = self.0.encode_descriptor(name, help, unit, kind)?;
+        encode_value(kind, v, m)
+    }
+
+    /// A counter or gauge with one sample per value of `label`.
+    fn each(
+        &mut self,
+        kind: MetricType,
+        name: &str,
+        help: &str,
+        unit: Option<&Unit>,
+        label: &str,
+        values: &[(&str, u64)],
+    ) -> Result<(), FmtError> {
+        let mut m = self.0.encode_descriptor(name, help, unit, kind)?;
+        for (value, v) in values {
+            encode_value(kind, *v, m.encode_family(&[(label, *value)])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// `v` as a counter's or a gauge's value.
+fn encode_value(kind: MetricType, v: u64, m: MetricEncoder<'_>) -> Result<(), FmtError> {
+    match kind {
+        Counter => ConstCounter::new(v).encode(m),
+        _ => ConstGauge::new(v).encode(m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::ServerCounters;
+    use vovp_proto::{Opcode, Status};
+
+    fn sample() -> Snapshot {
+        let counters = ServerCounters::default();
+        counters.answered(
+            Opcode::Get.code(),
+            std::time::Duration::from_micros(3),
+            None,
+        );
+        counters.answered(
+            Opcode::Seal.code(),
+            std::time::Duration::from_micros(30),
+            Some(Status::NotCreator),
+        );
+        counters.received(100);
+        Snapshot {
+            store: vovp::StoreStats {
+                capacity: 1 << 20,
+                used_bytes: 4096,
+                sealed: 2,
+                evicted_bytes: 128,
+                ..Default::default()
+            },
+            server: counters.snapshot(1, 0),
+        }
+    }
+
+    #[test]
+    fn families_follow_prometheus_naming() {
+        let text = encode_text(sample());
+        for line in [
+            "# TYPE vovp_capacity_bytes gauge",
+            "vovp_capacity_bytes 1048576",
+            "vovp_used_bytes 4096",
+            "vovp_objects{state=\"sealed\"} 2",
+            "# TYPE vovp_evicted_bytes_total counter",
+            "vovp_evicted_bytes_total 128",
+            "vovp_socket_received_bytes_total 100",
+            "# TYPE vovp_request_duration_seconds histogram",
+            "vovp_request_duration_seconds_bucket{op=\"GET\",le=\"2.5e-06\"} 0",
+            "vovp_request_duration_seconds_bucket{op=\"GET\",le=\"5e-06\"} 1",
+            "vovp_request_duration_seconds_bucket{op=\"GET\",le=\"+Inf\"} 1",
+            "vovp_request_duration_seconds_count{op=\"GET\"} 1",
+            "vovp_request_errors_total{status=\"NOT_CREATOR\"} 1",
+            "vovp_connections_refused_total{reason=\"limit\"} 0",
+            "vovp_build_info{version=\"0.1.0\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        // Every family has its HELP and TYPE before its samples.
+        let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("# HELP ")).count(),
+            families
+        );
+    }
+}
