@@ -556,68 +556,55 @@ class Client:
             L.lease_all(plain_arrays, core, plain_objs)
         return out
 
-    def _torch_result(self, obj: Any, header_framework: int, framework: Optional[str],
-                      writable: bool) -> bool:
-        """Whether ``get_tensor``'s result is a torch tensor (``framework``, else what the
-        header recorded, when torch can be imported); if so ``obj`` is made writable first
-        (torch has no read-only tensors). ``obj`` is released if that fails."""
+    def _tensor_from_obj(self, obj: Any, name: Name, framework: Optional[str],
+                         writable: bool) -> Any:
+        """The result of ``get_tensor`` for a granted reference (released on failure)."""
+        # The common case: a host tensor the native core shows numpy as it is (its header
+        # parsed and its dtype and shape set natively).
+        fast = obj.tensor_plan
+        shown = fast is not None and framework != "cuda"
+        if shown:
+            code, header_framework = fast
+        else:
+            plan = None
+            if not obj.is_host:
+                return self._cuda.tensor_of(obj, name, framework, writable)
+            if framework == "cuda":
+                obj.release()
+                raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA "
+                                "objects (copy it to a device with to_device)")
+            meta = obj.metadata
+            code, header_framework = T.UINT8, T.FRAMEWORK_UNSPECIFIED
+            if meta[:4] == T.MAGIC:
+                try:
+                    plan = T.get_plan(meta)
+                    if plan[4] != T.DEVICE_CPU:
+                        raise ProtocolError(
+                            f"{name!r} is a host object with a CUDA tensor header")
+                    if plan[3] != obj.size:
+                        raise ProtocolError(
+                            f"{name!r}: tensor header describes {plan[3]} bytes, object has "
+                            f"{obj.size}")
+                except BaseException:
+                    obj.release()
+                    raise
+                code, header_framework = plan[0], plan[5]
+        # A torch tensor (``framework``, else what the header recorded, when torch can be
+        # imported) views the object writable: torch has no read-only tensors.
         if framework is None:
             torch_out = header_framework == T.FRAMEWORK_TORCH and T.torch_importable()
         else:
             torch_out = framework == "torch"
         if torch_out and not writable:
             self.core.make_writable(obj)
-        return torch_out
-
-    def _tensor_from_obj(self, obj: Any, name: Name, framework: Optional[str],
-                         writable: bool) -> Any:
-        """The result of ``get_tensor`` for a granted reference (released on failure)."""
-        # The common case in one native call: a host tensor numpy can be shown as it is
-        # (its header parsed and its dtype and shape set natively).
-        fast = obj.tensor_plan
-        if fast is not None and framework != "cuda":
-            code, fw = fast
-            # (_torch_result written out: a call less on every typed get's path)
-            if framework is None:
-                torch_out = fw == T.FRAMEWORK_TORCH and T.torch_importable()
-            else:
-                torch_out = framework == "torch"
-            if torch_out and not writable:
-                self.core.make_writable(obj)
+        if shown:
             arr = np.asarray(obj)
             L.lease(arr, self.core, obj)
-            return T.numpy_to_torch(arr, code) if torch_out else arr
-        if not obj.is_host:
-            return self._cuda.tensor_of(obj, name, framework, writable)
-        if framework == "cuda":
-            obj.release()
-            raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA objects "
-                            "(copy it to a device with to_device)")
-        meta = obj.metadata
-        plan = None
-        if meta[:4] == T.MAGIC:
-            try:
-                plan = T.get_plan(meta)
-                if plan[4] != T.DEVICE_CPU:
-                    raise ProtocolError(f"{name!r} is a host object with a CUDA tensor header")
-                if plan[3] != obj.size:
-                    raise ProtocolError(
-                        f"{name!r}: tensor header describes {plan[3]} bytes, object has "
-                        f"{obj.size}")
-            except BaseException:
-                obj.release()
-                raise
-        torch_out = self._torch_result(obj, 0 if plan is None else plan[5], framework,
-                                       writable)
-        owner = self.core.owner(obj)
-        if plan is None:
-            arr, code = owner, T.UINT8
         else:
-            code, view_dt, shape = plan[0], plan[1], plan[2]
-            arr = owner.view(view_dt).reshape(shape)
-        if torch_out:
-            return T.numpy_to_torch(arr, code)
-        return arr
+            arr = self.core.owner(obj)
+            if plan is not None:
+                arr = arr.view(plan[1]).reshape(plan[2])
+        return T.numpy_to_torch(arr, code) if torch_out else arr
 
     # -- CUDA objects (vovp._client_cuda) --------------------------------------------------------
 
