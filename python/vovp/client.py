@@ -134,6 +134,9 @@ class Client:
     the ``put`` (a ``put_tensor``'s also by ``version_of`` of its result, whose bytes stay
     readable). ``put(..., wait=True)`` waits for the answer (raising its error) and
     returns the object id. Needs ``shared_reads``.
+
+    ``core`` is the connection underneath (``vovp._core.ClientCore``): the package's own
+    interface to it (``vovp.plasma``, ``vovp.reduction``), not an API of its own.
     """
 
     def __init__(self, path: Optional[Union[str, os.PathLike[str]]] = None,
@@ -143,8 +146,7 @@ class Client:
                  pipelined_puts: bool = True):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
-        # The connection (the package's interface to it: vovp.plasma and vovp.reduction use
-        # it too); CUDA objects go through a collaborator over the same connection.
+        # CUDA objects go through a collaborator over the same connection.
         self.core = ClientCore(path, connect_timeout, release_delay, reconnect, shared_reads,
                                lend_puts, pipelined_puts)
         self._cuda = CudaObjects(self.core)

@@ -90,7 +90,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import TypeAlias
 
-
     # What a Plasma user names an object by: an ObjectID, or a str used as the vovp name.
     _Key: TypeAlias = "ObjectID | str"
     # A buffer handed out: pyarrow.Buffer when pyarrow is importable, else PlasmaBuffer.
