@@ -41,6 +41,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 import vovp.cluster as vc  # noqa: E402
+from vovp.cluster import _api  # noqa: E402
 
 MiB = 1 << 20
 
@@ -57,7 +58,7 @@ class Reader:
         if transport is None:
             t = vc.fetch(name)
         else:
-            ray.get(vc._agent(vc.node_id()).ensure.remote(name, None, None, transport))
+            ray.get(_api.agent_actor(vc.node_id()).ensure.remote(name, None, None, transport))
             t = vc.client().get_tensor(name)
         dt = time.perf_counter() - t0
         assert t.nbytes > 0
@@ -83,7 +84,7 @@ class Reader:
                 t0 = time.perf_counter()
                 t.pull(sel)
                 samples[label].append(time.perf_counter() - t0)
-        agent = vc._agent(t.nodes[1 - me])
+        agent = _api.agent_actor(t.nodes[1 - me])
         remote_local_ids = t.locate(ids[part != me])[1]
         samples["dist_pull call alone"] = []
         for _ in range(9):

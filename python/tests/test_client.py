@@ -730,9 +730,9 @@ def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subproce
     a = np.arange(1 << 17, dtype=np.float32)  # 512 KiB (a 256 MiB store lends up to 1 MiB)
     b = np.arange(1 << 15, dtype=np.int64)  # 256 KiB
     kept_a = c.put_tensor("a", a)  # (kept: a dropped result's release would be a frame too)
-    before = c._requests_sent()
+    before = c.core.requests_sent()
     kept = c.put_tensor("b", b)
-    assert c._requests_sent() == before + 1, "one PUBLISH"
+    assert c.core.requests_sent() == before + 1, "one PUBLISH"
     assert np.array_equal(kept, b)
     child = textwrap.dedent("""
         import sys, numpy as np, vovp
@@ -747,9 +747,9 @@ def test_lend_puts_put_with_one_message_and_read_back_elsewhere(daemon, subproce
     # A client that opts out asks for no lend: its 512 KiB put is CREATE + copy + SEAL.
     d = vovp.Client(daemon.socket, lend_puts=False)
     kept_c = d.put_tensor("c", a)
-    before = d._requests_sent()
+    before = d.core.requests_sent()
     kept_d = d.put_tensor("d", a)
-    assert d._requests_sent() == before + 2
+    assert d.core.requests_sent() == before + 2
     del kept_a, kept_c, kept_d
     c.close()
     d.close()
@@ -807,12 +807,12 @@ def test_a_pipelined_put_that_fails_is_raised_by_sync(daemon):
 def test_pipelined_puts_can_be_turned_off(daemon):
     c = vovp.Client(daemon.socket, pipelined_puts=False)
     assert c.put("w", b"waited") is None
-    assert c._n.unread_replies == 0, "waited for the answer"
+    assert c.core.unread_replies == 0, "waited for the answer"
     d = vovp.Client(daemon.socket)
     d.put("p", b"x")
-    assert d._n.unread_replies == 1
+    assert d.core.unread_replies == 1
     d.sync()
-    assert d._n.unread_replies == 0
+    assert d.core.unread_replies == 0
     c.close()
     d.close()
 

@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import vovp
 import vovp.cluster as vc
+from vovp.cluster import _api
 from conftest import ENGINE, PYTHON_DIR
 
 # Tasks defined here run in Ray workers, which cannot import this test module: ship them by
@@ -124,13 +125,13 @@ def test_concurrent_ensure_calls_coalesce_in_the_agent(cluster):
     """Callers that overlap for sure: four ensure calls sent to one agent before the name is
     published all wait on the one pull."""
     b = others(cluster)[1]
-    agent = vc._agent(b)
+    agent = _api.agent_actor(b)
     refs = [agent.ensure.remote("coalesce", 30) for _ in range(4)]
     time.sleep(0.5)  # they wait in the agent (lookup) until the publish
     offers = vc.agent_stats()["offers"]
     transfers = vc.agent_stats(b)["transfers"]
     vc.publish("coalesce", np.arange(1 << 20, dtype=np.float64))
-    results = vc._call(refs, 60)
+    results = _api.call(refs, 60)
     assert all(r["transferred"] for r in results)  # each was answered by the one pull
     assert vc.agent_stats(b)["transfers"] == transfers + 1
     assert vc.agent_stats()["offers"] == offers + 1
@@ -283,7 +284,7 @@ def test_owner_dying_mid_transfer_is_object_lost_and_leaves_nothing(cluster):
     # Made on d: an argument that large would not fit the nodes' small Ray object stores.
     ray.get(on(d, _publish_ones, "inflight", 96 << 20))
     here = vc.client()
-    agent = vc._agent(vc.node_id())
+    agent = _api.agent_actor(vc.node_id())
     pid = ray.get(agent.info.remote())["pid"]
     ref = agent.ensure.remote("inflight", 60)
     # The receiving agent creates the object, then fills it: catch it unsealed.
@@ -299,7 +300,7 @@ def test_owner_dying_mid_transfer_is_object_lost_and_leaves_nothing(cluster):
     finally:
         os.kill(pid, signal.SIGCONT)
     with pytest.raises(vovp.ObjectLost, match=d):
-        vc._call(ref, 30)
+        _api.call(ref, 30)
     assert not any(e["name"] == "inflight" for e in here.list())
     with pytest.raises(vovp.ObjectLost):
         vc.fetch("inflight", timeout=10)

@@ -152,11 +152,11 @@ def test_a_batch_goes_out_as_few_messages_and_one_refused_put_fails_alone(
     unsealed = other.create("m-racing", 16)
     client.put_tensor("m-warm", np.zeros(1))  # the small lend, taken beforehand
     client.sync()
-    before = client._requests_sent()
+    before = client.core.requests_sent()
     tensors = {f"m{i}": np.full(3, i, dtype=np.int16) for i in range(20)}
     tensors["m-racing"] = np.arange(4)
     rs = client.put_tensors(tensors)
-    sent = client._requests_sent() - before
+    sent = client.core.requests_sent() - before
     assert 1 <= sent <= 4, f"{sent} frames for 21 small puts (a PUBLISH_MANY per 8)"
     np.testing.assert_array_equal(rs["m-racing"], [0, 1, 2, 3])  # the caller's bytes
     child = subprocess.run(
@@ -185,9 +185,9 @@ def test_immediate_release_clients_wait_for_the_store(daemon):
     r = c.put_tensor("w", np.zeros(4))
     assert find_lease(r)._oid is not None
     # A batch waits too.
-    before = c._n.unread_replies
+    before = c.core.unread_replies
     rs = c.put_tensors({"b1": np.ones(2), "b2": torch.zeros(3), "b3": np.zeros(1)})
-    assert c._n.unread_replies == before == 0
+    assert c.core.unread_replies == before == 0
     assert all(find_lease(x)._oid is not None for x in rs.values())
     assert isinstance(rs["b2"], torch.Tensor)
     c.close()
@@ -228,12 +228,12 @@ def test_numpy_sees_a_tensor_with_its_dtype_and_shape_and_never_past_the_object(
     client.put_tensor("lay", a)
     client.put("raw", b"x" * 16)
     client.sync()
-    obj = client._n.get1("lay")
+    obj = client.core.native.get1("lay")
     assert obj.tensor_plan is not None
     arr = np.asarray(obj)
     assert arr.dtype == np.int16 and arr.shape == (3, 4) and not arr.flags.writeable
     np.testing.assert_array_equal(arr, a)
-    raw = client._n.get1("raw")
+    raw = client.core.native.get1("raw")
     assert raw.tensor_plan is None
     assert np.asarray(raw).dtype == np.uint8
     with pytest.raises(ValueError):

@@ -29,9 +29,9 @@ def test_a_get_sends_no_request_and_counts_as_a_reference(client, daemon):
     del del_first
     gc.collect()
     other.flush()
-    before = other._requests_sent()
+    before = other.core.requests_sent()
     g = other.get_tensor("t")
-    assert other._requests_sent() == before
+    assert other.core.requests_sent() == before
     assert g.dtype == np.float32 and g.shape == (4, 4)
     np.testing.assert_array_equal(g, a)
     st = client.stats()
@@ -44,7 +44,7 @@ def test_a_get_sends_no_request_and_counts_as_a_reference(client, daemon):
 
     t = other.get_tensor("t", framework="torch")
     assert isinstance(t, torch.Tensor) and torch.equal(t, torch.from_numpy(a))
-    assert other._requests_sent() == before
+    assert other.core.requests_sent() == before
     del t
     gc.collect()
     assert client.stats()["shared_holds"] == 0
@@ -60,9 +60,9 @@ def test_shared_reads_can_be_turned_off(client, daemon):
     del del_first
     gc.collect()
     other.flush()
-    before = other._requests_sent()
+    before = other.core.requests_sent()
     g = other.get_tensor("t")
-    assert other._requests_sent() == before + 1
+    assert other.core.requests_sent() == before + 1
     assert client.stats()["shared_holds"] == 0 and client.stats()["references"] == 1
     del g
     other.close()
@@ -72,7 +72,7 @@ CHILD = textwrap.dedent("""
     import sys, time, numpy as np, vovp
     c = vovp.Client(sys.argv[1])
     a = c.get_tensor("big")
-    assert c._requests_sent() == 0, c._requests_sent()
+    assert c.core.requests_sent() == 0, c.core.requests_sent()
     print(int(a.sum()), flush=True)
     time.sleep(3600)
 """)

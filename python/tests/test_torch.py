@@ -281,19 +281,19 @@ def test_put_tensors_get_tensors(client, daemon):
     del first
     gc.collect()
     other.flush()
-    before = other._requests_sent()
+    before = other.core.requests_sent()
     got = other.get_tensors(list(tensors))
     # Small host objects: all six come from the shared directory, with no request at all.
-    assert other._requests_sent() - before == 0
+    assert other.core.requests_sent() - before == 0
     # Without shared reads: one request, a GET of six names.
     socket_only = daemon.client(shared_reads=False)
     first = socket_only.get_tensor("np")  # (maps the putter's arena)
     del first
     gc.collect()
     socket_only.flush()
-    before = socket_only._requests_sent()
+    before = socket_only.core.requests_sent()
     again = socket_only.get_tensors(list(tensors))
-    assert socket_only._requests_sent() - before == 1
+    assert socket_only.core.requests_sent() - before == 1
     del again
     for (name, t), g in zip(tensors.items(), got):
         if name == "np":
@@ -335,7 +335,7 @@ def test_dlpack_host_results_are_zero_copy(client):
     n = client.get_tensor("d", framework="numpy")  # read-only numpy view of the store
     for obj in (t, n, client.get_tensor("d")):
         assert obj.__dlpack_device__() == (1, 0)  # kDLCPU
-        addr = vovp.client._data_address(obj)
+        addr = vovp._lookup.data_address(obj)
         for consume in (torch.from_dlpack, np.from_dlpack):
             if obj is n and not (NUMPY2 and _tells_read_only(consume)):
                 # A read-only numpy array is exported only by numpy 2, only to a consumer that
@@ -609,7 +609,7 @@ def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
     small["arr"] = np.arange(3)
     gc.collect()
     client.flush()
-    before = client._requests_sent()
+    before = client.core.requests_sent()
     stored = client.put_tensors(small)
     # The small tensors (101: batches of 64 and 37) written without waiting into this
     # client's small lend, one PUBLISH_MANY per 8 of a batch (8 + 5 frames), after one LEND,
@@ -619,7 +619,7 @@ def test_put_tensors_pipelines_small_ones_and_reports_errors(client):
     from vovp.client import find_lease
 
     assert find_lease(stored["big"]).segment != 0
-    assert client._requests_sent() - before == (8 + 5) + 3 + 2
+    assert client.core.requests_sent() - before == (8 + 5) + 3 + 2
     assert list(stored) == list(small)
     for name, t in small.items():
         g = stored[name]
@@ -639,7 +639,7 @@ def test_handoff_does_not_wait_for_the_seal_reply(start_daemon, reduction_to):
     reduction_to(d.socket)
     data = ForkingPickler.dumps(torch.arange(1 << 18, dtype=torch.float32))  # 1 MiB
     sender = vovp.default_client(d.socket)
-    assert sender._n.unread_replies == 1  # the SEAL's reply is not read yet
+    assert sender.core.unread_replies == 1  # the SEAL's reply is not read yet
     other = d.client()
     # (the daemon may see this LIST before the SEAL: they come on different connections)
     assert wait_for(lambda: [(e["sealed"], e["ephemeral"]) for e in other.list()] ==
@@ -647,7 +647,7 @@ def test_handoff_does_not_wait_for_the_seal_reply(start_daemon, reduction_to):
     back = ForkingPickler.loads(data)
     assert torch.equal(back, torch.arange(1 << 18, dtype=torch.float32)) and store_backed(back)
     assert sender.stats()["objects"] == 1  # the next request consumed the seal's reply first
-    assert sender._n.unread_replies == 0
+    assert sender.core.unread_replies == 0
     del back
     gc.collect()
     assert wait_for(lambda: other.stats()["objects"] == 0)

@@ -1,63 +1,52 @@
-"""CUDA objects of ``vovp.Client`` (``put_cuda``, ``to_device``, gets of CUDA objects): a base
-class of ``Client``, kept apart from its host objects. Device memory is mapped and copied by the
-native core (``vovp.cuda``, through the gpu crate); what holds a reference is a device owner
+"""The CUDA objects of a ``vovp.Client`` (``put_cuda``, ``to_device``, CUDA ``put_tensor`` and
+``get_tensor``): ``CudaObjects``, a collaborator the client hands those calls to, over the same
+connection (``vovp._core.ClientCore``). Device memory is mapped and copied by the native core
+(``vovp.cuda``, through the gpu crate); what holds a reference is a device owner
 (``vovp.cuda.DeviceBuffer``), leased like host owners.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 import numpy as np
 
 from . import cuda as C
 from . import tensor as T
-from ._args import _c_strides, _dtype_code, _name
+from ._args import c_strides, dtype_code, object_name
 from .errors import ProtocolError
 
 if TYPE_CHECKING:
     import torch
 
-    from .client import Metadata, Name
+    from ._args import Name
+    from ._core import ClientCore
 
 
-class CudaMethods:
-    """``vovp.Client``'s CUDA methods (see ``Client``)."""
+class CudaObjects:
+    """Puts and gets of CUDA objects over one connection (see ``Client``)."""
 
-    if TYPE_CHECKING:
-        # Client's, used here.
-        def _create(self, name: str, size: int, metadata: Metadata, ephemeral: bool,
-                    device: Optional[int] = None, replace: bool = False) -> Any: ...
-        def _owner(self, obj: Any, name: Optional[str] = None) -> Any: ...
-        def _cuda_owner(self, obj: Any) -> Any: ...
-        def _drop_owner(self, owner: object) -> None: ...
-        def _get1(self, name: Name, timeout: Optional[float], writable: bool = False,
-                  missing_ok: bool = False) -> Any: ...
-        def seal(self, name: Name) -> int: ...
+    def __init__(self, core: ClientCore) -> None:
+        self._core = core
+
+    def put_tensor(self, name: Name, t: Any, ephemeral: bool, writable: bool,
+                   replace: bool) -> Any:
+        """``put_tensor`` of a CUDA tensor: a CUDA torch tensor, or any other object with
+        ``__cuda_array_interface__`` (through ``put_cuda``)."""
+        if T.is_torch_tensor(t):
+            return self._put_torch(name, t, ephemeral, replace)
+        return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable, replace=replace)
 
     def put_cuda(self, name: Name, ptr: Any, nbytes: Optional[int] = None,
                  dtype: Any = None, shape: Any = None,
                  device: Optional[int] = None, ephemeral: bool = False,
                  writable: bool = False, framework: str = "cuda",
                  stream: Optional[int] = None, replace: bool = False) -> Any:
-        """Store device memory as a CUDA tensor object; return the store's copy, zero-copy.
-
-        ``ptr``: a device address (int) with ``nbytes``/``dtype`` (default uint8)/``shape``
-        (default 1-D), or any object with ``__cuda_array_interface__`` (C-contiguous; its
-        shape, dtype and stream are used). ``device``: the ordinal to store on; by default the
-        device ``ptr`` lives on (asked from the driver). ``stream``: a CUDA stream handle to
-        wait for before copying (the interface's own ``stream`` is honoured too).
-
-        Creates the object on the device, copies device-to-device into the store's memory,
-        waits for the copy, seals. Returns a ``CudaTensor`` (read-only unless ``writable``),
-        or a torch tensor with ``framework="torch"``; it holds one reference like every
-        result. Raises GpuUnavailable when this process has no usable CUDA driver (or the
-        daemon has none), before anything is created. ``replace``: as ``put_tensor``'s.
-        """
+        """``Client.put_cuda``."""
         C.driver()  # the reason, before anything reaches the daemon
-        fw = self._cuda_framework(framework, name)
+        fw = self._framework(framework, name)
         byte_order = T.LITTLE
-        iface = None if isinstance(ptr, int) else C.cuda_interface(ptr)
+        iface = None if isinstance(ptr, int) else T.cuda_interface(ptr)
         if iface is not None:
             if iface.get("mask") is not None:
                 raise ValueError("masked CUDA arrays are not supported")
@@ -65,7 +54,7 @@ class CudaMethods:
             np_dt = np.dtype(iface["typestr"])
             ishape = tuple(int(d) for d in iface["shape"])
             strides = iface.get("strides")
-            if strides is not None and tuple(strides) != _c_strides(ishape, np_dt.itemsize):
+            if strides is not None and tuple(strides) != c_strides(ishape, np_dt.itemsize):
                 raise ValueError("put_cuda needs a C-contiguous CUDA array; make it contiguous "
                                  "first")
             if dtype is not None and np.dtype(dtype) != np_dt:
@@ -87,7 +76,7 @@ class CudaMethods:
             except TypeError:
                 raise TypeError("put_cuda takes a device address (int) or an object with "
                                 f"__cuda_array_interface__, not {type(ptr).__name__}") from None
-            code = _dtype_code(dtype if dtype is not None else np.uint8)
+            code = dtype_code(dtype if dtype is not None else np.uint8)
             itemsize = T.ITEMSIZE[code]
             if shape is None:
                 if nbytes is None:
@@ -108,11 +97,11 @@ class CudaMethods:
         pre_copy = None if stream is None else (lambda: C.sync_stream(stream))
         owner = self._put_device(name, src, nbytes, code, shape, byte_order, device, ephemeral,
                                  pre_copy, replace=replace)
-        return self._cuda_result(owner, code, shape, byte_order, fw, writable, name)
+        return self._result(owner, code, shape, byte_order, fw, writable, name)
 
-    def _put_torch_cuda(self, name: Name, t: torch.Tensor,
-                        ephemeral: bool, replace: bool = False) -> Any:  # a CUDA torch.Tensor
-        """put_tensor of a CUDA torch tensor (see put_tensor)."""
+    def _put_torch(self, name: Name, t: torch.Tensor,
+                   ephemeral: bool, replace: bool = False) -> Any:  # a CUDA torch.Tensor
+        """put_tensor of a CUDA torch tensor (see ``Client.put_tensor``)."""
         C.driver()
         import torch  # noqa: PLC0415 (t is a torch tensor: torch is imported)
 
@@ -134,7 +123,7 @@ class CudaMethods:
 
         owner = self._put_device(name, t.data_ptr(), nbytes, code, shape, T.LITTLE, device,
                                  ephemeral, pre_copy, T.FRAMEWORK_TORCH, replace)
-        return self._cuda_result(owner, code, shape, T.LITTLE, "torch", True, name)
+        return self._result(owner, code, shape, T.LITTLE, "torch", True, name)
 
     def _put_device(self, name: Name, src: int, nbytes: int, code: int,
                     shape: Tuple[int, ...], byte_order: int, device: int, ephemeral: bool,
@@ -142,37 +131,32 @@ class CudaMethods:
                     framework: int = T.FRAMEWORK_UNSPECIFIED, replace: bool = False) -> Any:
         """CREATE on cuda:device, D2D copy from ``src`` (device address), wait, SEAL; the
         device owner holding the (now sealed) creator's reference."""
-        name = _name(name)
+        name = object_name(name)
         meta = T.encode_header(code, shape, byte_order, T.DEVICE_CUDA, device, framework)
-        owner = self._create(name, nbytes, meta, ephemeral, device, replace)
+        core = self._core
+        owner = core.create(name, nbytes, meta, ephemeral, device, replace)
         try:
             if pre_copy is not None:
                 pre_copy()
             C.copy_d2d(owner.ptr, src, nbytes, device)
-            self.seal(name)
+            core.seal(name)
         except BaseException:
-            self._drop_owner(owner)  # releasing the creator's reference aborts the object
+            core.drop_owner(owner)  # releasing the creator's reference aborts the object
             raise
         return owner
 
     def to_device(self, name: Name, new_name: Name, device: int = 0,
                   ephemeral: bool = False, framework: Optional[str] = None,
                   writable: bool = False, timeout: Optional[float] = None) -> Any:
-        """Store a copy of object ``name`` on cuda:``device`` under ``new_name``.
-
-        A host object is copied host-to-device straight from the store's mapping; a CUDA
-        object device-to-device (e.g. to another GPU). The tensor header, if any, is kept
-        with its device fields updated. Returns the new object like ``get_tensor`` would
-        (``framework``: None, "torch" or "cuda"); the source's reference is released before
-        returning. GpuUnavailable without a usable CUDA driver.
-        """
+        """``Client.to_device``."""
         C.driver()
-        fw = self._cuda_framework(framework, new_name)
+        fw = self._framework(framework, new_name)
         device = int(device)
-        new_name = _name(new_name)
-        obj = self._get1(name, timeout)
+        new_name = object_name(new_name)
+        core = self._core
+        obj = core.get1(name, timeout)
         host = obj.location[0] == "host"
-        src_owner = self._owner(obj) if host else self._cuda_owner(obj)
+        src_owner: Any = core.owner(obj) if host else core.cuda_owner(obj)
         try:
             meta = obj.metadata
             shape: Tuple[int, ...]
@@ -184,26 +168,26 @@ class CudaMethods:
                                         f"object has {obj.size}")
                 code, shape, order = m.dtype_code, m.shape, m.byte_order
                 meta = T.encode_header(code, shape, order, T.DEVICE_CUDA, device, m.framework)
-            dst = self._create(new_name, obj.size, meta, ephemeral, device)
+            dst = core.create(new_name, obj.size, meta, ephemeral, device)
             try:
                 if host:
                     C.copy_h2d(dst.ptr, src_owner, device)
                 else:
                     C.copy_d2d(dst.ptr, src_owner.ptr, obj.size, device)
-                self.seal(new_name)
+                core.seal(new_name)
             except BaseException:
-                self._drop_owner(dst)
+                core.drop_owner(dst)
                 raise
         finally:
             del obj
-            self._drop_owner(src_owner)  # the source's reference is not needed any more
-        return self._cuda_result(dst, code, shape, order, fw, writable, new_name)
+            core.drop_owner(src_owner)  # the source's reference is not needed any more
+        return self._result(dst, code, shape, order, fw, writable, new_name)
 
-    def _get_cuda(self, obj: Any, name: Name, framework: Optional[str],
+    def tensor_of(self, obj: Any, name: Name, framework: Optional[str],
                   writable: bool) -> Any:
         """get_tensor of a CUDA object: validate, wrap (reference released on failure)."""
         try:
-            fw = self._cuda_framework(framework, name)
+            fw = self._framework(framework, name)
             meta = obj.metadata
             shape: Tuple[int, ...]
             code, shape, order = T.UINT8, (obj.size,), T.LITTLE
@@ -218,11 +202,11 @@ class CudaMethods:
         except BaseException:
             obj.release()
             raise
-        owner = self._cuda_owner(obj)
-        return self._cuda_result(owner, code, shape, order, fw, writable, name)
+        owner = self._core.cuda_owner(obj)
+        return self._result(owner, code, shape, order, fw, writable, name)
 
     @staticmethod
-    def _cuda_framework(framework: Optional[str], name: Name) -> str:
+    def _framework(framework: Optional[str], name: Name) -> str:
         """'torch' or 'cuda' for a CUDA result; None picks torch when it is usable."""
         if framework is None:
             return "torch" if C.torch_cuda_usable() else "cuda"
@@ -234,7 +218,7 @@ class CudaMethods:
         raise ValueError(f"framework must be None, 'torch' or 'cuda', not {framework!r}")
 
     @staticmethod
-    def _cuda_result(owner: Any, code: int, shape: Tuple[int, ...], byte_order: int,
+    def _result(owner: Any, code: int, shape: Tuple[int, ...], byte_order: int,
                      framework: str, writable: bool, name: Name) -> Any:
         if framework == "torch":
             return C.to_torch(owner, code, shape, byte_order)

@@ -6,17 +6,17 @@ Every reference the daemon grants is held by a native view (``vovp._native.Objec
 array over a host object, ``vovp.cuda.DeviceBuffer`` over a CUDA one) and views of it. A
 ``Lease`` is a weak reference to the owner with what is known of the reference (object id,
 name, address range); ``LEASES`` (id(owner) -> Lease) is only an index: ``Client.release(arr)``
-and ``find_lease(arr)`` find the reference behind an array by its owner, or by address (torch
-tensors), and ``release`` gives it back early through the native view.
+and ``find_lease(arr)`` (``vovp._lookup``) find the reference behind an array by its owner, or
+by address (torch tensors), and ``release`` gives it back early through the native view.
 
-One lease per reference: ``lease()`` makes and indexes the lease of an owner ``vovp.client``
+One lease per reference: ``lease()`` makes and indexes the lease of an owner ``vovp._core``
 makes. ``vovp.plasma`` keeps one record per object in use, its entry, which is a ``Lease``
 subclass: ``lease(..., entry=entry)`` fills it in and indexes it only when an address lookup
 needs it, through a finder (``register_finder``), because indexing cost a quarter of a
 drop-in get.
 
-This module imports nothing of vovp's: ``vovp.client``, ``vovp.cuda`` and ``vovp.plasma`` use
-it. Its interface to them: ``Lease``, ``lease``, ``lease_all``, ``lease_of``,
+This module imports nothing of vovp's: ``vovp._core``, ``vovp._lookup``, ``vovp.cuda`` and
+``vovp.plasma`` use it. Its interface to them: ``Lease``, ``lease``, ``lease_all``, ``lease_of``,
 ``leases_of``, ``lease_at``, ``claim``, ``give_back``, ``release_owner``, ``register_finder``,
 ``FORKS``, ``LEASES``.
 """
@@ -48,7 +48,7 @@ _FINDERS: list[Callable[[int, bool], Optional[Lease]]] = []
 class Lease(_Ref):
     """Weak reference to an owner (array or device buffer): where a reference's bytes are.
 
-    ``client``: the ``vovp.Client`` whose connection holds the reference; ``oid``, ``name``:
+    ``client``: the connection that holds the reference (``vovp._core.ClientCore``); ``oid``, ``name``:
     the object's; ``start``, ``size``: its bytes in this process (host: the address of the
     first byte; CUDA: the device address); ``segment``, ``offset``: where the store keeps a
     host object (None for CUDA); ``obj``: weak reference to the native view; ``token``: whoever
@@ -60,7 +60,7 @@ class Lease(_Ref):
                  "segment", "offset", "_version")
 
     key: int
-    client: Any  # vovp.Client (vovp.plasma: its own client)
+    client: Any  # vovp._core.ClientCore (vovp.plasma's: its vovp.Client's)
     _oid: Optional[int]  # None: a pipelined put's, whose reply is still to be read
     name: str
     start: int
@@ -88,6 +88,11 @@ class Lease(_Ref):
         if self._oid is None:
             self._resolve()
         return self._oid  # type: ignore[return-value]
+
+    @property
+    def known_oid(self) -> Optional[int]:
+        """The object id, or None while a pipelined put's answer is unread (not read here)."""
+        return self._oid
 
     @property
     def version(self) -> int:

@@ -1,10 +1,13 @@
-"""The vovp client: ``vovp.Client`` over the native core (``vovp._native``, the Rust client).
+"""The vovp client: ``vovp.Client``, the Python API (arguments, tensors, leases) over the native
+core (``vovp._native``, the Rust client).
 
 The connection, HELLO and SEGMENT, requests and replies, fd passing, segment mappings (read-only;
 this client's own arenas writable; private copy-on-write mappings for writable views of
 others' objects), request ids, deferred releases, reconnect and CUDA IPC mappings (through the
-gpu crate) are the Rust client's (transport/src/client.rs), not a second implementation of
-PROTOCOL.md. This module is the Python API on top: arguments, tensors, leases.
+gpu crate) are the Rust client's (transport/client/src/), not a second implementation of
+PROTOCOL.md. What every call on it must respect (this process only, closed on a lost
+connection) is ``vovp._core``'s; put planning is ``vovp.tensor.plan_host_put`` and the host
+routes ``vovp._puts``; CUDA objects are ``vovp._client_cuda``'s.
 
 Zero-copy and reference lifetime
 --------------------------------
@@ -20,27 +23,13 @@ it (sent at once when the connection is idle, else ahead of the next request). A
 also keeps its connection open, so a reference outlives the client that got it.
 
 Leases (``vovp._lease``) are only an index of these references: ``release(arr)`` and
-``find_lease(arr)`` find the reference behind an array (by its owner, or by address for torch
-tensors), and ``release`` gives it back early through the native object.
+``find_lease(arr)`` (``vovp._lookup``) find the reference behind an array (by its owner, or
+by address for torch tensors), and ``release`` gives it back early through the native object.
 
 Fork: a child must not talk on its parent's socket. A client used in another process than the
 one that created it raises ConnectionError, and references that reached a child are never
 released from it (the parent's connection owns them); ``vovp.default_client()`` opens a new
 connection per process.
-
-Internal interface
-------------------
-What the rest of the package (``vovp.plasma``, ``vovp.reduction``) uses of a ``Client``
-besides its public methods; everything else here is private to this module:
-
-- ``_get1(name, timeout, writable=False, missing_ok=False)``: the single get, the native
-  view (holding the reference) or None / ObjectNotFound;
-- ``_owner(obj)``: the host owner array over a native view, leased (GpuUnavailable, releasing
-  the reference, for a CUDA object); ``_drop_owner(owner)``: release its reference now;
-- ``put_tensor(..., _seal_later=True)``: a hand-off's put whose SEAL reply is read later;
-- ``_usable_here()``: open, and created in this process;
-- the module's ``INLINE_LIMIT``, ``LEND_LIMIT``, ``RELEASE_DELAY``, ``copy_into``,
-  ``find_lease``.
 """
 
 from __future__ import annotations
@@ -62,43 +51,33 @@ from typing import (
 
 import numpy as np
 
-from . import _copy
 from . import _lease as L
 from . import _native as N
-from . import cuda as C
+from . import _puts as P
 from . import daemon
 from . import tensor as T
 from ._args import (
-    _byte_array,
-    _check_framework,
-    _host_result,
-    _host_source,
-    _metadata,
-    _name,
-    _timeout,
-    _version,
+    byte_array,
+    check_framework,
+    metadata_bytes,
+    object_name,
+    wait_seconds,
 )
-from ._client_cuda import CudaMethods
-from .errors import (
-    ConnectionError,
-    GpuUnavailable,
-    InvalidArgument,
-    ObjectNotFound,
-    ProtocolError,
-)
+from ._client_cuda import CudaObjects
+from ._core import ClientCore
+from ._lookup import release
+# Re-exported (``X as X``): vovp.client's names for them, used by examples, tests and benches.
+from ._copy import copy_into as copy_into
+from ._lookup import find_lease as find_lease
+from ._lookup import version_of as version_of
+from .errors import InvalidArgument, ObjectNotFound, ProtocolError
 
 if TYPE_CHECKING:
     import numpy.typing as npt
     import torch
 
-    from ._lease import Lease
-    # An object name: str, or its UTF-8 bytes.
-    Name = Union[str, bytes, bytearray, memoryview]
-    # Object metadata: any bytes-like object.
-    Metadata = Union[bytes, bytearray, memoryview]
-    # put_tensors' batch: (name, contiguous source, view dtype, shape, code, torch input,
-    # header).
-    _BatchItem = Tuple[str, npt.NDArray[Any], np.dtype[Any], Tuple[int, ...], int, bool, bytes]
+    from ._args import Metadata, Name
+    from ._puts import BatchItem
 
 DEFAULT_SOCKET = "/tmp/vovp.sock"
 
@@ -119,103 +98,8 @@ RELEASE_DELAY = 0.002
 
 __all__ = ["Client", "init_client", "DEFAULT_SOCKET"]
 
-# This process's fork count (vovp._lease's): a module global, read on every call.
-_FORKS = L.FORKS
 
-
-# --- finding the reference behind an array ---------------------------------------------------
-
-# Objects found by address that were released explicitly (id -> weakref), so that releasing
-# the same torch tensor twice does not release a second reference of the same store object.
-_RELEASED_BY_ADDRESS: dict[int, weakref.ref[Any]] = {}
-
-
-def _data_address(obj: Any) -> Any:
-    """Address of the first byte of an ndarray / torch tensor / buffer, or None."""
-    try:
-        if isinstance(obj, np.ndarray):
-            return obj.__array_interface__["data"][0]
-        if T.is_torch_tensor(obj):
-            return obj.data_ptr()
-        return np.frombuffer(obj, np.uint8).__array_interface__["data"][0]
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def find_lease(obj: object) -> Optional[Lease]:
-    """The lease (``vovp._lease.Lease``) whose object ``obj`` (an array, tensor or memoryview)
-    points into, or None."""
-    return _find_lease(obj)[0]
-
-
-def version_of(obj: object) -> int:
-    """The version of its name that the store object behind ``obj`` is: an array, tensor or
-    memoryview a ``vovp.Client`` returned (or any view of one). 1 for a name's first object,
-    one more for each ``put_tensor(..., replace=True)``; pass it as ``get_tensor``'s
-    ``newer_than`` to wait for the next one. InvalidArgument when ``obj`` is not store memory
-    (or was released)."""
-    lease = _find_lease(obj)[0]
-    if lease is None or not lease.token:
-        raise InvalidArgument("not an object of the store (or released already): no version")
-    return lease.version
-
-
-def _cuda_address(obj: Any) -> Any:
-    """Device address of a CUDA torch tensor or ``__cuda_array_interface__`` object, or None."""
-    if isinstance(obj, (np.ndarray, memoryview, bytes, bytearray)):
-        return None
-    try:
-        if T.is_torch_tensor(obj):
-            return obj.data_ptr() if obj.is_cuda else None
-        iface = C.cuda_interface(obj)
-        if iface is not None:
-            return int(iface["data"][0])
-    except Exception:  # noqa: BLE001
-        pass
-    return None
-
-
-def _find_lease(obj: object) -> Tuple[Optional[Lease], bool]:
-    """(lease, found by address) for ``obj``; (None, False) when it is not store memory."""
-    if isinstance(obj, C.CudaTensor):
-        return L.lease_of(obj._owner), False
-    addr = _cuda_address(obj)
-    cuda = addr is not None
-    if not cuda:
-        # Fast path: arrays derived from an owner have it as their base (or are the owner).
-        candidates: builtins.list[object] = []
-        if isinstance(obj, np.ndarray):
-            candidates = [obj, obj.base]
-        elif isinstance(obj, memoryview):
-            candidates = [obj.obj, getattr(obj.obj, "base", None)]
-        for c in candidates:
-            if c is not None:
-                lease = L.lease_of(c)
-                if lease is not None:
-                    return lease, False
-        # Slow path (torch tensors, arrays rebuilt from buffers): match the address range.
-        addr = _data_address(obj)
-        if addr is None:
-            return None, False
-    lease = L.lease_at(addr, cuda)
-    return (lease, True) if lease is not None else (None, False)
-
-
-copy_into = _copy.copy_into
-
-
-def _shown_kind(view_dt: np.dtype[Any]) -> str:
-    """The numpy kind the native core shows a result of dtype ``view_dt`` with: its own, or
-    unsigned for one it has no kind for (ml_dtypes' bfloat16, kind 'V': its bits, which the
-    caller then views as ``view_dt``)."""
-    kind: str = view_dt.kind
-    return kind if kind in "biufc" else "u"
-
-
-# --- client ------------------------------------------------------------------------------------
-
-
-class Client(CudaMethods):
+class Client:
     """A connection to a vovp store. Thread-safe; use one per process (see ``init_client``).
 
     Arrays returned by ``get_tensor``/``put_tensor`` are read-only views of the store's memory
@@ -250,6 +134,9 @@ class Client(CudaMethods):
     the ``put`` (a ``put_tensor``'s also by ``version_of`` of its result, whose bytes stay
     readable). ``put(..., wait=True)`` waits for the answer (raising its error) and
     returns the object id. Needs ``shared_reads``.
+
+    ``core`` is the connection underneath (``vovp._core.ClientCore``): the package's own
+    interface to it (``vovp.plasma``, ``vovp.reduction``), not an API of its own.
     """
 
     def __init__(self, path: Optional[Union[str, os.PathLike[str]]] = None,
@@ -259,52 +146,27 @@ class Client(CudaMethods):
                  pipelined_puts: bool = True):
         path = os.fspath(path) if path is not None else os.environ.get(
             "VOVP_SOCKET", DEFAULT_SOCKET)
-        self._path = path
-        self._pid = os.getpid()
-        self._forks = _FORKS[0]
-        self._reconnect = reconnect
-        self._release_delay = release_delay
-        self._closed = True  # until HELLO succeeded
-        # name -> owner lease of objects this client created, not sealed
-        self._unsealed: dict[Any, Optional[Lease]] = {}
-        try:
-            self._n = N.Client(path, float(connect_timeout or 0.0), bool(reconnect),
-                               float(release_delay or 0.0), bool(shared_reads),
-                               bool(lend_puts), bool(pipelined_puts))
-        except ConnectionError as e:
-            if "cannot connect" not in str(e):
-                raise
-            raise ConnectionError(
-                f"no vovp store answers at {path} ({e}). Start one: `vovp-engine -m 1G -s "
-                f"{path}` (installed with the package), or from Python "
-                f"`vovp.init_client({path!r}, start=True)` / `vovp.start_store(socket=...)`"
-            ) from None
-        self._guard = _Guarded(self)
-        self._closed = False
-        self.capacity = self._n.capacity
-        self.max_inline = self._n.max_inline
-        self._inline_limit = min(self.max_inline, INLINE_LIMIT)
+        # CUDA objects go through a collaborator over the same connection.
+        self.core = ClientCore(path, connect_timeout, release_delay, reconnect, shared_reads,
+                               lend_puts, pipelined_puts)
+        self._cuda = CudaObjects(self.core)
+        self.capacity = self.core.capacity
+        self.max_inline = self.core.max_inline
 
     # -- connection ---------------------------------------------------------------------------
 
     @property
     def path(self) -> str:
         """Socket path of the daemon."""
-        return self._path
+        return self.core.path
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.core.closed
 
     def close(self) -> None:
         """Close the connection: the daemon releases every reference it held."""
-        if self._closed:
-            return
-        self._closed = True
-        self._n.close()
-        for lease in L.leases_of(self):
-            L.claim(lease)  # the connection's end released them all
-        self._unsealed.clear()
+        self.core.close()
 
     def __enter__(self) -> Client:
         return self
@@ -313,34 +175,8 @@ class Client(CudaMethods):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"capacity={self.capacity}"
-        return f"<vovp.Client {self._path!r} {state}>"
-
-    def _usable_here(self) -> bool:
-        """Whether this client may be used: open, and created in this process."""
-        return not self._closed and self._pid == os.getpid()
-
-    def _check_usable(self) -> None:
-        if os.getpid() != self._pid:
-            raise ConnectionError(
-                "this vovp client was created in another process (fork); create a new one")
-        if self._closed:
-            raise ConnectionError("the vovp client is closed")
-
-    @property
-    def _native(self) -> N.Client:
-        if self._closed or _FORKS[0] != self._forks:
-            self._check_usable()
-        return self._guard  # type: ignore[return-value] # (forwards to N.Client's methods)
-
-    def _connection_lost(self) -> None:
-        """A call failed with ConnectionError: without reconnect the client is closed (the
-        daemon is gone, or the stream cannot be resynchronised)."""
-        if not self._reconnect:
-            self._closed = True
-            self._n.close()
-            for lease in L.leases_of(self):
-                L.claim(lease)
+        state = "closed" if self.core.closed else f"capacity={self.capacity}"
+        return f"<vovp.Client {self.core.path!r} {state}>"
 
     # -- releases -------------------------------------------------------------------------------
 
@@ -351,91 +187,14 @@ class Client(CudaMethods):
         or an object id. Returns False when there was nothing (left) to release, so a double
         release is harmless. The array must not be used afterwards: the memory may be reused.
         """
-        by_address = None
-        if isinstance(obj, int):
-            lease = next((lease for lease in L.leases_of(self)
-                          if lease._oid == obj and lease.token), None)
-        else:
-            done = _RELEASED_BY_ADDRESS.get(id(obj))
-            if done is not None and done() is obj:
-                return False
-            lease, found_by_address = _find_lease(obj)
-            if lease is not None and lease.client is not self:
-                lease = None
-            if found_by_address:
-                by_address = obj  # e.g. a torch tensor: remember it, as it has no owner link
-        if lease is None or not L.claim(lease):
-            return False
-        if by_address is not None:
-            key = id(by_address)
-            try:
-                _RELEASED_BY_ADDRESS[key] = weakref.ref(
-                    by_address,
-                    lambda _, key=key: _RELEASED_BY_ADDRESS.pop(key, None))  # type: ignore[misc]
-            except TypeError:  # not weak-referenceable
-                pass
-        if os.getpid() == self._pid and not self._closed:
-            L.give_back(lease)
-        return True
+        return release(self.core, obj)
 
     def flush(self) -> None:
         """Send the releases that garbage collection queued (normally sent within
         ``release_delay`` seconds, or with the next request)."""
-        if os.getpid() != self._pid:
-            return
-        self._native.flush()
-
-    # -- owners ---------------------------------------------------------------------------------
-
-    def _owner(self, obj: Any, name: Optional[str] = None) -> Any:
-        """uint8 array over native ``obj``'s bytes, leased (``vovp._lease``); the reference lives
-        as long as some array over it does."""
-        if not obj.is_host:
-            obj.release()
-            raise GpuUnavailable(
-                f"{obj.name!r} is a CUDA object: it has no host memory to map (get it with "
-                "get_tensor, which returns a CUDA tensor)", 10)
-        owner = np.asarray(obj)
-        L.lease(owner, self, obj)
-        return owner
-
-    def _cuda_owner(self, obj: Any) -> Any:
-        """A device owner over a CUDA native ``obj``, indexed like ``_owner``'s arrays.
-
-        A got object is mapped here (CUDA IPC, by the native core through the gpu crate; the
-        pool is opened once per process). On failure (no driver here: GpuUnavailable; a handle
-        the driver refuses: GpuError) the reference is released at once.
-        """
-        if obj.cuda_ptr is None:
-            try:
-                C.driver()  # the reason, as this process sees its driver
-                obj.map_cuda()
-            except BaseException:
-                obj.release()
-                raise
-        owner = C.DeviceBuffer(obj.cuda_ptr, obj.size, obj.location[1], None, obj)
-        L.lease(owner, self, obj, cuda=True)
-        return owner
-
-    def _drop_owner(self, owner: object) -> None:
-        """Release ``owner``'s reference now (error paths)."""
-        lease = L.lease_of(owner)
-        if lease is not None and L.claim(lease):
-            if self._unsealed.get(lease.name) is lease:
-                del self._unsealed[lease.name]
-            L.give_back(lease)
+        self.core.flush()
 
     # -- raw objects ----------------------------------------------------------------------------
-
-    def _create(self, name: str, size: int, metadata: Metadata, ephemeral: bool,
-                device: Optional[int] = None, replace: bool = False) -> Any:
-        buf = self._native.create(name, size, bytes(metadata), ephemeral, device, replace)
-        if device is None:
-            owner = self._owner(buf)
-        else:
-            owner = self._cuda_owner(buf)
-        self._unsealed[name] = L.lease_of(owner)
-        return owner
 
     def create(self, name: Name, size: int, metadata: Metadata = b"",
                ephemeral: bool = False, replace: bool = False) -> npt.NDArray[np.uint8]:
@@ -449,8 +208,8 @@ class Client(CudaMethods):
         size = int(size)
         if not 0 <= size < 2**64:
             raise InvalidArgument(f"size must be between 0 and 2**64 - 1 bytes, got {size}")
-        owner: npt.NDArray[np.uint8] = self._create(
-            _name(name), size, _metadata(metadata), ephemeral, None, replace)
+        owner: npt.NDArray[np.uint8] = self.core.create(
+            object_name(name), size, metadata_bytes(metadata), ephemeral, None, replace)
         return owner
 
     def create_tensor(self, name: Name, shape: Any, dtype: npt.DTypeLike,
@@ -468,29 +227,11 @@ class Client(CudaMethods):
     def seal(self, name: Name) -> int:
         """Seal an object created by this client: it becomes immutable and visible to GET.
         Returns the name's version it became (1 for a new name; a replace's next one)."""
-        version: int = self._native.seal(_name(name))
-        lease = self._unsealed.pop(name, None)
-        if lease is not None:
-            lease.version = version
-        return version
-
-    def _seal_later(self, name: Name) -> None:
-        """Send SEAL without waiting for its reply (read in front of the next request's).
-
-        For hand-offs (vovp.reduction): the receiver's GET waits for the seal anyway, so the
-        sender need not pay a round trip before sending the name. A failure of such a seal can
-        only be reported later (logged); the receiver's GET then times out.
-        """
-        self._native.seal_later(_name(name))
-        self._unsealed.pop(name, None)
+        return self.core.seal(object_name(name))
 
     def abort(self, name: Name) -> None:
         """Abort an unsealed object created by this client; its memory is freed."""
-        self._native.abort(_name(name))
-        # The creator's reference went with the object; do not release it again later.
-        lease = self._unsealed.pop(name, None)
-        if lease is not None:
-            L.claim(lease)
+        self.core.abort(object_name(name))
 
     def put(self, name: Name, data: Any, metadata: Metadata = b"", ephemeral: bool = False,
             wait: bool = False, replace: bool = False) -> Optional[int]:
@@ -505,17 +246,17 @@ class Client(CudaMethods):
         wait for the store's answer and return the object id. ``replace``: ``name`` may
         exist already; this object becomes its next version (see ``put_tensor``).
         """
-        name = _name(name)
-        metadata = _metadata(metadata)
-        src = _byte_array(data)
-        return self._native.put(name, src.ctypes.data, src.nbytes, metadata,  # type: ignore
-                                ephemeral, False, False, bool(wait),
-                                bool(replace))  # (keep=False: id or None)
+        name = object_name(name)
+        metadata = metadata_bytes(metadata)
+        src = byte_array(data)
+        return self.core.native.put(name, src.ctypes.data, src.nbytes,  # type: ignore
+                                    metadata, ephemeral, False, False, bool(wait),
+                                    bool(replace))  # (keep=False: id or None)
 
     def sync(self) -> None:
         """Wait for the store's answer to every put that did not wait for it; raises the
         first that failed since the last ``sync`` (each failure is raised by one ``sync``)."""
-        self._native.sync()
+        self.core.native.sync()
 
     @overload
     def get_buffer(self, name: Name, timeout: Optional[float] = None,
@@ -539,37 +280,9 @@ class Client(CudaMethods):
         With ``with_metadata=True`` returns ``(memoryview, metadata bytes)``.
         ``newer_than``: only a version above it (see ``get_tensor``).
         """
-        obj = self._get1(name, timeout, writable, newer_than=newer_than)
-        mv = memoryview(self._owner(obj))
+        obj = self.core.get1(name, timeout, writable, newer_than=newer_than)
+        mv = memoryview(self.core.owner(obj))
         return (mv, obj.metadata) if with_metadata else mv
-
-    def _get1(self, name: Name, timeout: Optional[float], writable: bool = False,
-              missing_ok: bool = False,
-              newer_than: Optional[int] = None) -> Any:  # N.Object, or None when missing_ok
-        """The single get: the native view of sealed object ``name`` (it holds the reference),
-        or None when it is still missing and ``missing_ok``, else ObjectNotFound. ``timeout``
-        as in ``get_buffer``. Every get of one name takes this path (``get_buffer``,
-        ``to_device``, vovp.plasma, vovp.reduction): the usability checks and the ``_native``
-        guard are written out here rather than called."""
-        if self._closed or _FORKS[0] != self._forks:
-            self._check_usable()
-        if timeout is not None and (type(timeout) is not float or timeout < 0):
-            timeout = _timeout(timeout)
-        try:
-            if newer_than:
-                obj = self._n.get1(_name(name), timeout, writable, _version(newer_than))
-            else:
-                obj = self._n.get1(name if type(name) is str else _name(name), timeout,
-                                   writable)
-        except ConnectionError:
-            self._connection_lost()
-            raise
-        if obj is None and not missing_ok:
-            if newer_than:
-                raise ObjectNotFound(
-                    f"no version of {name!r} newer than {newer_than} was sealed in time", 1)
-            raise ObjectNotFound(f"no sealed object named {name!r}", 1)
-        return obj
 
     def get_buffers(self, names: Iterable[Name], timeout: Optional[float] = None,
                     writable: bool = False
@@ -581,14 +294,16 @@ class Client(CudaMethods):
         ``get_buffer``), so a batch costs one round trip and one wait. Each memoryview holds its
         own reference, released like ``get_buffer``'s.
         """
-        objs = self._native.get([_name(n) for n in names], _timeout(timeout), writable)
+        core = self.core
+        objs = core.native.get([object_name(n) for n in names], wait_seconds(timeout),
+                               writable)
         out: builtins.list[Optional[Tuple[memoryview, bytes]]] = []
         for i, obj in enumerate(objs):
             if obj is None:
                 out.append(None)
                 continue
             try:
-                owner = self._owner(obj)
+                owner = core.owner(obj)
             except BaseException:
                 for later in objs[i + 1:]:
                     if later is not None:
@@ -599,19 +314,19 @@ class Client(CudaMethods):
 
     def contains(self, name: Name) -> bool:
         """Whether a sealed object of that name exists."""
-        return self._native.contains(_name(name))
+        return self.core.native.contains(object_name(name))
 
     def __contains__(self, name: Name) -> bool:
         return self.contains(name)
 
     def delete(self, name: Name) -> None:
         """Remove the name now; the memory is freed when the last holder releases it."""
-        self._native.delete(_name(name))
+        self.core.native.delete(object_name(name))
 
     def list(self) -> builtins.list[dict[str, Any]]:
         """Every object: dicts with name, id, size, device, sealed, ephemeral, refcount,
         last_access (unix seconds), metadata, and dtype/shape for tensor objects."""
-        entries = self._native.list()
+        entries = self.core.native.list()
         for e in entries:
             meta = e["metadata"]
             if T.is_tensor_header(meta):
@@ -625,31 +340,28 @@ class Client(CudaMethods):
 
     def stats(self) -> dict[str, int]:
         """Store counters (the STATS fields of PROTOCOL.md)."""
-        return self._native.stats()
+        return self.core.native.stats()
 
     def evict(self, nbytes: int) -> int:
         """Evict unreferenced sealed objects until ``nbytes`` are free; returns bytes freed."""
-        return self._native.evict(int(nbytes))
+        return self.core.native.evict(int(nbytes))
 
     # -- tensors --------------------------------------------------------------------------------
 
     @overload
     def put_tensor(self, name: Name, t: torch.Tensor, ephemeral: bool = False,
-                   writable: bool = False, _seal_later: bool = False,
-                   replace: bool = False) -> torch.Tensor: ...
+                   writable: bool = False, replace: bool = False) -> torch.Tensor: ...
 
     @overload
     def put_tensor(self, name: Name, t: npt.NDArray[Any], ephemeral: bool = False,
-                   writable: bool = False, _seal_later: bool = False,
-                   replace: bool = False) -> npt.NDArray[Any]: ...
+                   writable: bool = False, replace: bool = False) -> npt.NDArray[Any]: ...
 
     @overload
     def put_tensor(self, name: Name, t: Any, ephemeral: bool = False,
-                   writable: bool = False, _seal_later: bool = False,
-                   replace: bool = False) -> Any: ...
+                   writable: bool = False, replace: bool = False) -> Any: ...
 
     def put_tensor(self, name: Name, t: Any, ephemeral: bool = False, writable: bool = False,
-                   _seal_later: bool = False, replace: bool = False) -> Any:
+                   replace: bool = False) -> Any:
         """Store a numpy array or torch tensor (CPU or CUDA); return the store's copy, zero-copy.
 
         The result (numpy array, or torch tensor for torch input) is a view of the store's
@@ -685,92 +397,20 @@ class Client(CudaMethods):
         """
         # An array stored as it is (C-contiguous, little-endian, a dtype the header names), a
         # torch tensor's numpy view included, goes in one native call that reads its dtype,
-        # shape and bytes itself (``_put_as_is``); any other is converted first, below.
+        # shape and bytes itself; any other is planned and converted (vovp._puts).
         if type(t) is np.ndarray:
-            if not _seal_later:
-                arr = self._put_as_is(name, t, T.FRAMEWORK_UNSPECIFIED, ephemeral, writable,
+            arr = self.core.put_array(name, t, T.FRAMEWORK_UNSPECIFIED, ephemeral, writable,
                                       replace)
-                if arr is not None:
-                    return arr
-            src, torch_in = t, False
-            code, store_dt, view_dt, meta = T.put_plan(t.dtype, t.shape)
+            if arr is not None:
+                return arr
         elif (plain := T.plain_cpu_numpy(t)) is not None:
-            if not _seal_later:
-                arr = self._put_as_is(name, plain, T.FRAMEWORK_TORCH, ephemeral, True, replace)
-                if arr is not None:
-                    return T.torch_of_numpy(arr)
-            src, torch_in = plain, True
-            code, store_dt, view_dt, meta = T.put_plan(
-                plain.dtype, plain.shape, None, T.FRAMEWORK_TORCH)
-        else:
-            torch_any = T.is_torch_tensor(t)
-            if torch_any and t.is_cuda:
-                return self._put_torch_cuda(name, t, ephemeral, replace)
-            if not torch_any and C.cuda_interface(t) is not None:
-                return self.put_cuda(name, t, ephemeral=ephemeral, writable=writable,
-                                     replace=replace)
-            src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
-        writable = writable or torch_in
-        name = _name(name)
-        size = src.nbytes
-        as_is = src.dtype is store_dt and src.flags.c_contiguous
-        # One native call for every tensor stored as it is (small ones made so): inline,
-        # through a lend, or CREATE + the parallel copy + SEAL, as the native client picks
-        # (three calls from here cost 0.5-1.5 GB/s at 16-64 MiB). Not for a hand-off's put
-        # (_seal_later: CREATE + copy + a SEAL whose reply is read later, as it waits one
-        # round trip as a PUBLISH would), nor a large one numpy converts during the copy.
-        if size <= self._inline_limit or (as_is and not _seal_later):
-            if not as_is:
-                src = np.ascontiguousarray(src, dtype=store_dt)
-            if self._closed or _FORKS[0] != self._forks:
-                self._check_usable()
-            # One native call: a small tensor comes back at once, the store's answer read
-            # later (``pipelined_puts`` in ``Client``), and numpy sees the result's dtype and
-            # shape directly (no uint8 array viewed and reshaped).
-            try:
-                obj = self._n.put_tensor_host(name, src, meta, ephemeral, writable, replace,
-                                              _shown_kind(view_dt), view_dt.itemsize,
-                                              src.shape)
-            except ConnectionError:
-                self._connection_lost()
-                raise
-            arr = np.asarray(obj)
-            L.lease(arr, self, obj)
-            if arr.dtype != view_dt:
-                arr = arr.view(view_dt)  # (ml_dtypes' bfloat16, shown as its bits)
-            return T.numpy_to_torch(arr, code) if torch_in else arr
-        else:
-            owner = self._create(name, size, meta, ephemeral, None, replace)
-            try:
-                copy_into(owner.view(store_dt).reshape(src.shape), src)
-                if _seal_later:
-                    self._seal_later(name)
-                else:
-                    self.seal(name)
-            except BaseException:
-                self._drop_owner(owner)
-                raise
-        return _host_result(owner, view_dt, src.shape, code, torch_in, writable)
-
-    def _put_as_is(self, name: Name, src: npt.NDArray[Any], framework: int, ephemeral: bool,
-                   writable: bool, replace: bool) -> Optional[npt.NDArray[Any]]:
-        """``put_tensor`` of numpy array ``src`` in one native call (``put_array``) when the
-        store keeps it as it is: the result (leased), or None, nothing sent, for an array to
-        convert first. The native call reads its dtype, shape and bytes from one
-        ``__array_struct__`` and writes the tensor header itself (``framework`` its last byte)."""
-        if self._closed or _FORKS[0] != self._forks:
-            self._check_usable()
-        try:
-            obj = self._n.put_array(name if type(name) is str else _name(name), src, framework,
-                                    ephemeral, writable, replace)
-        except ConnectionError:
-            self._connection_lost()
-            raise
-        if obj is None:
-            return None
-        arr: npt.NDArray[Any] = np.asarray(obj)
-        L.lease(arr, self, obj)
-        return arr
+            arr = self.core.put_array(name, plain, T.FRAMEWORK_TORCH, ephemeral, True, replace)
+            if arr is not None:
+                return T.torch_of_numpy(arr)
+        plan = T.plan_host_put(t)
+        if plan is None:
+            return self._cuda.put_tensor(name, t, ephemeral, writable, replace)
+        return P.put_host(self.core, object_name(name), plan, ephemeral, writable, replace)
 
     def put_tensors(self, tensors: Union[Mapping[Any, Any], Iterable[Tuple[Name, Any]]],
                     ephemeral: bool = False, writable: bool = False,
@@ -792,37 +432,23 @@ class Client(CudaMethods):
         results: dict[str, Any] = {}  # filled in input order: placeholders first
         error: Optional[BaseException] = None
         sequential = []  # CUDA and large tensors: put_tensor one by one
-        # (name, contiguous source, view dtype, shape, code, torch input, header)
-        batch: builtins.list[_BatchItem] = []
+        batch: builtins.list[BatchItem] = []
         batch_bytes = 0
-        put_plan, inline_limit = T.put_plan, self._inline_limit
+        core, plan_host_put = self.core, T.plan_host_put
+        inline_limit = core.inline_limit
         for name, t in items:
             try:
                 if type(name) is not str:
-                    name = _name(name)
-                # put_tensor's planning, its common cases first: a numpy array, a plain CPU
-                # torch tensor (numpy's view of it), else CUDA or anything array-like.
-                cuda = False
-                if type(t) is np.ndarray:
-                    src, torch_in = t, False
-                    code, store_dt, view_dt, meta = put_plan(t.dtype, t.shape)
-                elif (plain := T.plain_cpu_numpy(t)) is not None:
-                    src, torch_in = plain, True
-                    code, store_dt, view_dt, meta = put_plan(
-                        plain.dtype, plain.shape, None, T.FRAMEWORK_TORCH)
-                else:
-                    torch_any = T.is_torch_tensor(t)
-                    cuda = t.device.type == "cuda" if torch_any else (
-                        C.cuda_interface(t) is not None)
-                    if not cuda:
-                        src, code, store_dt, view_dt, meta, torch_in = _host_source(t)
+                    name = object_name(name)
+                plan = plan_host_put(t)  # put_tensor's planning
             except Exception as e:  # noqa: BLE001 (raised once the others are stored)
                 error = error or e
                 continue
             results[name] = None
-            if cuda or src.nbytes > inline_limit:
+            if plan is None or plan[0].nbytes > inline_limit:  # CUDA, or large
                 sequential.append((name, t))
                 continue
+            src, code, store_dt, view_dt, meta, torch_in = plan
             if src.dtype is not store_dt or not src.flags.c_contiguous:
                 src = np.ascontiguousarray(src, dtype=store_dt)
             batch.append((name, src, view_dt, src.shape, code, torch_in, meta))
@@ -830,10 +456,11 @@ class Client(CudaMethods):
             # Bounded batches: the daemon's replies must never fill our receive buffer while
             # we are still sending.
             if len(batch) >= 64 or batch_bytes >= (4 << 20):
-                error = self._put_batch(batch, results, ephemeral, writable, replace) or error
+                error = P.put_batch(core, batch, results, ephemeral, writable,
+                                    replace) or error
                 batch, batch_bytes = [], 0
         if batch:
-            error = self._put_batch(batch, results, ephemeral, writable, replace) or error
+            error = P.put_batch(core, batch, results, ephemeral, writable, replace) or error
         for name, t in sequential:
             try:
                 results[name] = self.put_tensor(name, t, ephemeral, writable, replace=replace)
@@ -843,39 +470,6 @@ class Client(CudaMethods):
         if error is not None:
             raise error
         return results
-
-    def _put_batch(self, batch: builtins.list[_BatchItem], results: dict[str, Any],
-                   ephemeral: bool, writable: bool,
-                   replace: bool = False) -> Optional[BaseException]:
-        """Pipelined inline PUTs (see put_tensors); returns the first error, or None."""
-        # One native call: the small ones sent together without waiting (as single
-        # put_tensors are), numpy seeing each result's dtype and shape; torch results (and
-        # ``writable``) view the store's copy through a private mapping.
-        objs = self._native.put_tensors_host(
-            [(name, src, meta, _shown_kind(view_dt), view_dt.itemsize, shape,
-              writable or torch_in)
-             for name, src, view_dt, shape, _, torch_in, meta in batch], ephemeral, replace)
-        error = None
-        arrays: builtins.list[Any] = []
-        made: builtins.list[Any] = []
-        for (name, _, view_dt, _, code, torch_in, _), obj in zip(batch, objs):
-            if isinstance(obj, BaseException):
-                error = error or obj
-                results.pop(name, None)
-                continue
-            arr = np.asarray(obj)
-            arrays.append(arr)
-            made.append(obj)
-            if arr.dtype != view_dt:
-                arr = arr.view(view_dt)  # (ml_dtypes' bfloat16, shown as its bits)
-            results[name] = T.numpy_to_torch(arr, code) if torch_in else arr
-        L.lease_all(arrays, self, made)
-        return error
-
-    def _requests_sent(self) -> int:
-        """Frames this connection sent so far (requests and releases): for tests that count
-        round trips."""
-        return self._n.last_request_id
 
     def get_tensor(self, name: Name, timeout: Optional[float] = None,
                    framework: Optional[str] = None, writable: bool = False,
@@ -903,10 +497,10 @@ class Client(CudaMethods):
         how a reader follows a name that a writer replaces (``put_tensor(replace=True)``).
         """
         if framework is not None:
-            _check_framework(framework)
-        # The single get's path (``_get1``: the shared directory, else one GET), not a batch
-        # of one: a typed get costs a raw get plus the header's plan (issue 27).
-        obj = self._get1(name, timeout, writable, newer_than=newer_than)
+            check_framework(framework)
+        # The single get's path (the shared directory, else one GET), not a batch of one: a
+        # typed get costs a raw get plus the header's plan (issue 27).
+        obj = self.core.get1(name, timeout, writable, newer_than=newer_than)
         return self._tensor_from_obj(obj, name, framework, writable)
 
     def get_tensors(self, names: Iterable[Name], timeout: Optional[float] = None,
@@ -919,12 +513,14 @@ class Client(CudaMethods):
         still missing, raises ObjectNotFound naming the missing ones and holds nothing.
         ``framework`` and ``writable`` apply to every result, as in ``get_tensor``.
         """
-        _check_framework(framework)
+        check_framework(framework)
         names = list(names)
         if not names:
             return []
-        objs: builtins.list[Any] = self._native.get(
-            [n if type(n) is str else _name(n) for n in names], _timeout(timeout), writable)
+        core = self.core
+        objs: builtins.list[Any] = core.native.get(
+            [n if type(n) is str else object_name(n) for n in names], wait_seconds(timeout),
+            writable)
         missing = [n for n, o in zip(names, objs) if o is None]
         if missing:
             for o in objs:
@@ -959,99 +555,102 @@ class Client(CudaMethods):
                 later.release()
             raise
         finally:
-            L.lease_all(plain_arrays, self, plain_objs)
+            L.lease_all(plain_arrays, core, plain_objs)
         return out
 
-    def _torch_result(self, obj: Any, header_framework: int, framework: Optional[str],
-                      writable: bool) -> bool:
-        """Whether ``get_tensor``'s result is a torch tensor (``framework``, else what the
-        header recorded, when torch can be imported); if so ``obj`` is made writable first
-        (torch has no read-only tensors). ``obj`` is released if that fails."""
+    def _tensor_from_obj(self, obj: Any, name: Name, framework: Optional[str],
+                         writable: bool) -> Any:
+        """The result of ``get_tensor`` for a granted reference (released on failure)."""
+        # The common case: a host tensor the native core shows numpy as it is (its header
+        # parsed and its dtype and shape set natively).
+        fast = obj.tensor_plan
+        shown = fast is not None and framework != "cuda"
+        if shown:
+            code, header_framework = fast
+        else:
+            plan = None
+            if not obj.is_host:
+                return self._cuda.tensor_of(obj, name, framework, writable)
+            if framework == "cuda":
+                obj.release()
+                raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA "
+                                "objects (copy it to a device with to_device)")
+            meta = obj.metadata
+            code, header_framework = T.UINT8, T.FRAMEWORK_UNSPECIFIED
+            if meta[:4] == T.MAGIC:
+                try:
+                    plan = T.get_plan(meta)
+                    if plan[4] != T.DEVICE_CPU:
+                        raise ProtocolError(
+                            f"{name!r} is a host object with a CUDA tensor header")
+                    if plan[3] != obj.size:
+                        raise ProtocolError(
+                            f"{name!r}: tensor header describes {plan[3]} bytes, object has "
+                            f"{obj.size}")
+                except BaseException:
+                    obj.release()
+                    raise
+                code, header_framework = plan[0], plan[5]
+        # A torch tensor (``framework``, else what the header recorded, when torch can be
+        # imported) views the object writable: torch has no read-only tensors.
         if framework is None:
             torch_out = header_framework == T.FRAMEWORK_TORCH and T.torch_importable()
         else:
             torch_out = framework == "torch"
         if torch_out and not writable:
-            try:
-                self._n.make_writable(obj)
-            except BaseException as e:
-                obj.release()
-                if isinstance(e, ConnectionError):
-                    self._connection_lost()
-                raise
-        return torch_out
-
-    def _tensor_from_obj(self, obj: Any, name: Name, framework: Optional[str],
-                         writable: bool) -> Any:
-        """The result of ``get_tensor`` for a granted reference (released on failure)."""
-        # The common case in one native call: a host tensor numpy can be shown as it is
-        # (its header parsed and its dtype and shape set natively).
-        fast = obj.tensor_plan
-        if fast is not None and framework != "cuda":
-            code, fw = fast
-            torch_out = self._torch_result(obj, fw, framework, writable)
+            self.core.make_writable(obj)
+        if shown:
             arr = np.asarray(obj)
-            L.lease(arr, self, obj)
-            return T.numpy_to_torch(arr, code) if torch_out else arr
-        if not obj.is_host:
-            return self._get_cuda(obj, name, framework, writable)
-        if framework == "cuda":
-            obj.release()
-            raise TypeError(f"{name!r} is a host object; framework='cuda' is for CUDA objects "
-                            "(copy it to a device with to_device)")
-        meta = obj.metadata
-        plan = None
-        if meta[:4] == T.MAGIC:
-            try:
-                plan = T.get_plan(meta)
-                if plan[4] != T.DEVICE_CPU:
-                    raise ProtocolError(f"{name!r} is a host object with a CUDA tensor header")
-                if plan[3] != obj.size:
-                    raise ProtocolError(
-                        f"{name!r}: tensor header describes {plan[3]} bytes, object has "
-                        f"{obj.size}")
-            except BaseException:
-                obj.release()
-                raise
-        torch_out = self._torch_result(obj, 0 if plan is None else plan[5], framework,
-                                       writable)
-        owner = self._owner(obj)
-        if plan is None:
-            arr, code = owner, T.UINT8
+            L.lease(arr, self.core, obj)
         else:
-            code, view_dt, shape = plan[0], plan[1], plan[2]
-            arr = owner.view(view_dt).reshape(shape)
-        if torch_out:
-            return T.numpy_to_torch(arr, code)
-        return arr
+            arr = self.core.owner(obj)
+            if plan is not None:
+                arr = arr.view(plan[1]).reshape(plan[2])
+        return T.numpy_to_torch(arr, code) if torch_out else arr
+
+    # -- CUDA objects (vovp._client_cuda) --------------------------------------------------------
+
+    def put_cuda(self, name: Name, ptr: Any, nbytes: Optional[int] = None,
+                 dtype: Any = None, shape: Any = None,
+                 device: Optional[int] = None, ephemeral: bool = False,
+                 writable: bool = False, framework: str = "cuda",
+                 stream: Optional[int] = None, replace: bool = False) -> Any:
+        """Store device memory as a CUDA tensor object; return the store's copy, zero-copy.
+
+        ``ptr``: a device address (int) with ``nbytes``/``dtype`` (default uint8)/``shape``
+        (default 1-D), or any object with ``__cuda_array_interface__`` (C-contiguous; its
+        shape, dtype and stream are used). ``device``: the ordinal to store on; by default the
+        device ``ptr`` lives on (asked from the driver). ``stream``: a CUDA stream handle to
+        wait for before copying (the interface's own ``stream`` is honoured too).
+
+        Creates the object on the device, copies device-to-device into the store's memory,
+        waits for the copy, seals. Returns a ``CudaTensor`` (read-only unless ``writable``),
+        or a torch tensor with ``framework="torch"``; it holds one reference like every
+        result. Raises GpuUnavailable when this process has no usable CUDA driver (or the
+        daemon has none), before anything is created. ``replace``: as ``put_tensor``'s.
+        """
+        return self._cuda.put_cuda(name, ptr, nbytes, dtype, shape, device, ephemeral,
+                                   writable, framework, stream, replace)
+
+    def to_device(self, name: Name, new_name: Name, device: int = 0,
+                  ephemeral: bool = False, framework: Optional[str] = None,
+                  writable: bool = False, timeout: Optional[float] = None) -> Any:
+        """Store a copy of object ``name`` on cuda:``device`` under ``new_name``.
+
+        A host object is copied host-to-device straight from the store's mapping; a CUDA
+        object device-to-device (e.g. to another GPU). The tensor header, if any, is kept
+        with its device fields updated. Returns the new object like ``get_tensor`` would
+        (``framework``: None, "torch" or "cuda"); the source's reference is released before
+        returning. GpuUnavailable without a usable CUDA driver.
+        """
+        return self._cuda.to_device(name, new_name, device, ephemeral, framework, writable,
+                                    timeout)
 
     def subscribe(self) -> Subscription:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,
         kind being "sealed", "deleted", "evicted" or "replaced" (a new version took the name:
         one notification, no "deleted" of the old one). Close it with ``.close()``."""
-        return Subscription(self._path)
-
-
-class _Guarded:
-    """The native client's methods, noting a lost connection (``Client.closed``)."""
-
-    def __init__(self, client: Client) -> None:
-        self._client = weakref.proxy(client)
-        self._n = client._n
-
-    def __getattr__(self, attr: str) -> Any:
-        fn = getattr(self._n, attr)
-        client = self._client
-
-        def call(*args: Any) -> Any:
-            try:
-                return fn(*args)
-            except ConnectionError:
-                client._connection_lost()
-                raise
-
-        setattr(self, attr, call)  # found once per method
-        return call
+        return Subscription(self.core.path)
 
 
 class Subscription:
@@ -1059,7 +658,7 @@ class Subscription:
 
     def __init__(self, path: Optional[Union[str, os.PathLike[str]]]) -> None:
         self._client = Client(path)
-        self._sub: Optional[N.Subscription] = self._client._native.subscribe()
+        self._sub: Optional[N.Subscription] = self._client.core.native.subscribe()
 
     def __iter__(self) -> Subscription:
         return self

@@ -311,6 +311,12 @@ class CudaTensor:
                 f"at {self.ptr:#x}{' read-only' if self.readonly else ''}>")
 
 
+def lease_of_tensor(t: CudaTensor) -> Any:
+    """The lease (``vovp._lease.Lease``) of the store reference ``t`` holds, or None once it
+    was released (``find_lease`` of a CudaTensor)."""
+    return _lease.lease_of(t._owner)
+
+
 class _TorchSource:
     """What ``torch.as_tensor`` wraps: torch Py_INCREFs it and drops it in the storage's
     deleter, so the DeviceBuffer (store reference + mapping) lives exactly as long as the
@@ -367,12 +373,3 @@ def torch_cuda_usable() -> bool:
         except Exception:  # noqa: BLE001 (not installed, or broken)
             _TORCH_CUDA = False
     return _TORCH_CUDA
-
-
-def cuda_interface(obj):
-    """``obj.__cuda_array_interface__`` or None (without raising for objects that lack it;
-    torch CPU tensors raise AttributeError from the property)."""
-    try:
-        return obj.__cuda_array_interface__
-    except AttributeError:
-        return None

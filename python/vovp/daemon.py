@@ -160,13 +160,13 @@ def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: boo
     The daemon stops with this process (even by SIGKILL) unless ``detach=True``; ``stop()`` or
     leaving a ``with`` block stops it earlier. Its output goes to ``<socket>.log``.
     """
-    return _spawn((), memory, socket, detach, timeout, options)
+    return spawn((), memory, socket, detach, timeout, options)
 
 
-def _spawn(prefix: Tuple[str, ...], memory: Any, socket: Optional[str], detach: bool,
+def spawn(prefix: Tuple[str, ...], memory: Any, socket: Optional[str], detach: bool,
            timeout: float, options: dict[str, Any], extra: Tuple[str, ...] = (),
            binary: Optional[str] = None) -> StoreProcess:
-    """start_store's work, for the package's other starters (``vovp.plasma``,
+    """``start_store``, for the package's other starters (``vovp.plasma``,
     ``vovp.cluster``): ``prefix`` runs the daemon under another program (Plasma's
     ``use_valgrind``), ``extra`` are raw daemon arguments, ``binary`` a daemon to run."""
     owned_dir = None

@@ -80,6 +80,8 @@ from . import _lease
 from . import client as _vc
 from . import daemon as _daemon
 from . import errors as E
+from ._copy import copy_into
+from ._lookup import find_lease
 from ._native import Object as _NativeObject
 
 if TYPE_CHECKING:
@@ -87,8 +89,6 @@ if TYPE_CHECKING:
     import subprocess
     from collections.abc import Callable, Iterator
     from typing import TypeAlias
-
-    from ._native import _Notification
 
     # What a Plasma user names an object by: an ObjectID, or a str used as the vovp name.
     _Key: TypeAlias = "ObjectID | str"
@@ -344,7 +344,7 @@ def _remember_creation(name: str, header: bytes, holder: object, created_ms: int
     if header:
         return  # the header has it
     if object_id is None:
-        lease = _vc.find_lease(holder)
+        lease = find_lease(holder)
         if lease is None:
             return
         object_id = lease.oid
@@ -535,7 +535,7 @@ def _find_anchor(addr: int, cuda: bool) -> _lease.Lease | None:
                 return None  # leased already (and released: the lease index skipped it)
             if not isinstance(native, _NativeObject):
                 continue  # (leased anchors were found by the lease index already)
-            return _lease.lease(anchor, client._vovp, native, entry=entry)
+            return _lease.lease(anchor, client._vovp.core, native, entry=entry)
     return None
 
 
@@ -552,6 +552,7 @@ class PlasmaClient:
         delay = _vc.RELEASE_DELAY if deferred_release else 0
         with _translated():
             self._vovp = _vc.Client(store_socket_name, release_delay=delay, lend_puts=lend_puts)
+        self._core = self._vovp.core  # its connection: the single get, owners
         self._lend_limit = _vc.LEND_LIMIT if lend_puts else 0
         self._path = store_socket_name
         self._lock = threading.Lock()
@@ -751,7 +752,7 @@ class PlasmaClient:
                 if got is not None:
                     return _data_buffer(*got) if data else got
             timeout = None if timeout_ms == 0 else (3.15e9 if timeout_ms < 0 else timeout_ms / 1000)
-            vc = self._vovp
+            core = self._core
             try:
                 # vovp.Client's single get, without its memoryview and lease: the anchor is
                 # the native object (or, without pyarrow, numpy's array over it), which holds
@@ -759,12 +760,12 @@ class PlasmaClient:
                 # client). Indexing the entry as a lease (for vovp.Client.release and
                 # find_lease) cost a quarter of a get: _find_anchor does when an address is
                 # looked up.
-                obj = vc._get1(name, timeout, False, True)
+                obj = core.get1(name, timeout, False, True)
                 if obj is None:
                     return None
                 fields = obj.host_fields
                 if fields is None:
-                    vc._owner(obj)  # (raises GpuUnavailable, releasing the reference)
+                    core.owner(obj)  # (raises GpuUnavailable, releasing the reference)
                 address, size, meta = fields
                 anchor = obj if _foreign is not None else np.asarray(obj)
                 entry, _ = self._entry_of(name, anchor, size, meta)
@@ -906,7 +907,7 @@ class PlasmaClient:
                     try:
                         for off, piece in pieces:
                             src = np.frombuffer(piece, np.uint8)
-                            _vc.copy_into(owner[off:off + src.size], src)
+                            copy_into(owner[off:off + src.size], src)
                         if metadata:
                             owner[data_size:] = np.frombuffer(metadata, np.uint8)
                         self._vovp.seal(name)
@@ -1234,9 +1235,9 @@ class _NotifyStream:
     no threads of its own): cheap to keep."""
 
     def __init__(self, vovp_client: _vc.Client) -> None:
-        self._sub = vovp_client._native.subscribe()
+        self._sub = vovp_client.core.native.subscribe()
 
-    def next(self, timeout: float | None = None) -> _Notification | None:
+    def next(self, timeout: float | None = None) -> tuple[str, str, int, bytes] | None:
         """(kind, name, data_size, metadata) of the next notification; None on timeout or
         after close(). E.ConnectionError when the daemon ended the stream."""
         return self._sub.next(timeout)
@@ -1395,7 +1396,7 @@ def start_plasma_store(plasma_store_memory: int, use_valgrind: bool = False,
     elif use_profiler:
         prefix = ("valgrind", "--tool=callgrind")
     options = {"directory": plasma_directory, "huge_pages": bool(use_hugepages)}
-    store = _daemon._spawn(prefix, int(plasma_store_memory), None, False,
+    store = _daemon.spawn(prefix, int(plasma_store_memory), None, False,
                            60 if use_valgrind or use_profiler else 10, options)
     try:
         yield store.socket, store.process

@@ -71,7 +71,9 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import tensor as T
-from .client import DEFAULT_SOCKET, Client, find_lease, last_init_client
+from ._lookup import find_lease
+from ._puts import put_host
+from .client import DEFAULT_SOCKET, Client, last_init_client
 from .errors import ConnectionError, OutOfMemory, VovpError
 
 __all__ = ["init_reduction", "default_client", "worker_init_fn", "DEFAULT_THRESHOLD"]
@@ -126,10 +128,10 @@ def default_client(path: Optional[str] = None) -> Client:
     """
     path = path or os.environ.get("VOVP_SOCKET") or DEFAULT_SOCKET
     c = _clients.get(path)
-    if c is None or not c._usable_here():
+    if c is None or not c.core.usable_here():
         with _clients_lock:
             c = _clients.get(path)
-            if c is None or not c._usable_here():
+            if c is None or not c.core.usable_here():
                 c = Client(path)
                 _clients[path] = c
     return c
@@ -137,7 +139,7 @@ def default_client(path: Optional[str] = None) -> Client:
 
 def _sender_client() -> Client:
     c = _config["client"]
-    if c is not None and c._usable_here():
+    if c is not None and c.core.usable_here():
         return c
     return default_client(_config["path"])
 
@@ -278,24 +280,28 @@ def _supported(dtype) -> bool:
 def _share(src, arr, torch_dtype):
     """Reduce value for ``src`` (ndarray or tensor; ``arr`` its numpy view) sent by name."""
     lease = find_lease(src)
-    if lease is not None and lease.token and lease.client._usable_here() \
-            and lease.client.contains(lease.name):
+    # (A lease's client is the connection that holds it: vovp._core.ClientCore.)
+    if lease is not None and lease.token and lease.client.usable_here() \
+            and lease.client.native.contains(lease.name):
         # Already store memory (received or got earlier), hence immutable: send the view's
         # coordinates in that object, no copy.
-        client = lease.client
         offset = arr.__array_interface__["data"][0] - lease.start
-        holder, name, oid, path = src, lease.name, lease.oid, client.path
+        holder, name, oid, path = src, lease.name, lease.oid, lease.client.path
         view = arr
     else:
         # A copy per send: the source may be refilled in place and sent again.
-        client = _sender_client()
+        core = _sender_client().core
         name = f"vovp-mp-{uuid.uuid4().hex}"
-        # The receiver's GET waits for the seal: no need to wait for its reply here.
-        holder = client.put_tensor(name, src, ephemeral=True, _seal_later=True)
+        # put_tensor's planning and host routes, except that a large one's SEAL is sent
+        # without waiting for its reply: the receiver's GET waits for the seal.
+        plan = T.plan_host_put(src)
+        assert plan is not None, "only host arrays and CPU tensors are sent through the store"
+        holder = put_host(core, name, plan, ephemeral=True, writable=False, replace=False,
+                          seal_later=True)
         lease = find_lease(holder)
         assert lease is not None, "put_tensor's result is a store lease"
         oid = lease.oid
-        path = client.path
+        path = core.path
         view = T.torch_to_numpy(holder)[0] if torch_dtype is not None else holder
         offset = 0
     seq = next(_seq)
@@ -429,13 +435,13 @@ def _rebuild(path, name, oid, offset, dtype, shape, strides, torch_dtype, ack_ad
     client = default_client(path)
     try:
         # Waits for the sender's seal, which may reach the daemon after this GET does.
-        obj = client._get1(name, RECEIVE_TIMEOUT, writable=torch_dtype is not None)
-        owner = client._owner(obj)
+        obj = client.core.get1(name, RECEIVE_TIMEOUT, writable=torch_dtype is not None)
+        owner = client.core.owner(obj)
     finally:
         # Ack even on failure: the sender's hold cannot help a receiver that already failed.
         _send_ack(ack_addr, seq)
     if obj.id != oid:
-        client._drop_owner(owner)
+        client.core.drop_owner(owner)
         raise VovpError(f"store object {name!r} was replaced before it was received")
     arr = np.ndarray(shape, dtype, buffer=owner, offset=offset, strides=strides)
     if torch_dtype is None:

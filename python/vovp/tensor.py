@@ -29,7 +29,6 @@ A numpy array whose dtype is named "bfloat16" (ml_dtypes) is stored as bfloat16.
 
 from __future__ import annotations
 
-import struct
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence, Tuple
 
@@ -41,17 +40,19 @@ if TYPE_CHECKING:
 
     # put_plan's result: (code, dtype to store as, dtype of the result, header).
     PutPlan = Tuple[int, np.dtype[Any], np.dtype[Any], bytes]
+    # plan_host_put's result: (numpy view of the data, code, dtype to store as, dtype of the
+    # result, header, torch input).
+    HostPut = Tuple[npt.NDArray[Any], int, np.dtype[Any], np.dtype[Any], bytes, bool]
     # get_plan's result: (code, view dtype, shape, nbytes, device_type, framework).
     GetPlan = Tuple[int, np.dtype[Any], Tuple[int, ...], int, int, int]
 
 from . import _native
-from .errors import ProtocolError
+from .errors import GpuUnavailable, ProtocolError
 
-# The header's format is the engine's (engine/src/tensor.rs, vovp::TensorMeta): encoded and
-# decoded there, through vovp._native; these constants are what it writes.
+# The header's format is the Rust one (types/src/tensor.rs, vovp_types::TensorMeta): encoded
+# and decoded there, through vovp._native; these constants are what it writes.
 MAGIC = _native.TENSOR_MAGIC  # b"VTNS"
 VERSION = _native.TENSOR_VERSION  # 1
-HEADER = struct.Struct("<4sBBBBII")  # magic, version, dtype, device_type, byte_order, dev, ndim
 HEADER_SIZE = _native.TENSOR_HEADER_SIZE  # 16
 MAX_NDIM = _native.MAX_NDIM
 _encode = _native.encode_tensor_header
@@ -225,6 +226,50 @@ def get_plan(meta: bytes) -> GetPlan:
     return plan
 
 
+def plan_host_put(t: Any) -> Optional[HostPut]:
+    """``put_tensor``'s planning, the one step ``Client.put_tensor``, ``Client.put_tensors``
+    and vovp.reduction's hand-offs share: (numpy view of the data, code, dtype to store as,
+    dtype of the result, header, torch input) for a numpy array, a CPU torch tensor or
+    anything numpy takes; None for a CUDA tensor (a CUDA torch tensor, or an object with
+    ``__cuda_array_interface__``), which ``vovp._client_cuda`` puts. GpuUnavailable for a
+    torch tensor on any other device. Common cases first: a numpy array, a plain CPU torch
+    tensor (numpy's view of it)."""
+    code: Optional[int] = None
+    framework = FRAMEWORK_UNSPECIFIED
+    torch_in = False
+    if type(t) is np.ndarray:
+        src = t
+    elif (plain := plain_cpu_numpy(t)) is not None:
+        src, framework, torch_in = plain, FRAMEWORK_TORCH, True
+    elif is_torch_tensor(t):
+        if t.is_cuda:
+            return None
+        if not t.is_cpu:
+            raise GpuUnavailable(
+                f"cannot put a {t.device} tensor: vovp stores host and CUDA tensors only", 10)
+        src, code = torch_to_numpy(t)
+        framework, torch_in = FRAMEWORK_TORCH, True
+    elif cuda_interface(t) is not None:
+        return None
+    else:
+        src = np.asarray(t)
+    # put_plan's cache, looked up here: one call per put, not two (put_tensors' batches).
+    plan = _PUT_PLANS.get((src.dtype, src.shape, code, framework))
+    if plan is None:
+        plan = put_plan(src.dtype, src.shape, code, framework)
+    return (src, *plan, torch_in)
+
+
+def cuda_interface(obj: object) -> Optional[dict[str, Any]]:
+    """``obj.__cuda_array_interface__`` or None (without raising for objects that lack it;
+    torch CPU tensors raise AttributeError from the property)."""
+    try:
+        iface: dict[str, Any] = obj.__cuda_array_interface__  # type: ignore[attr-defined]
+        return iface
+    except AttributeError:
+        return None
+
+
 # --- torch (imported lazily: torch is optional) ---------------------------------------------
 
 _TORCH_TABLES: Optional[Tuple[dict[Any, int], dict[int, Any]]] = None
@@ -274,6 +319,8 @@ _TORCH_IMPORTABLE: Optional[bool] = None
 def torch_importable() -> bool:
     """Whether torch is (or can be) imported in this process; tried once."""
     global _TORCH_IMPORTABLE
+    if _TORCH_IMPORTABLE:
+        return True  # (every get of a tensor put from torch asks)
     imported = sys.modules.get("torch") is not None
     if _TORCH_IMPORTABLE is None or (not _TORCH_IMPORTABLE and imported):
         if imported:
@@ -330,10 +377,12 @@ def numpy_to_torch(arr: npt.NDArray[Any], code: int) -> torch.Tensor:
     """A torch tensor sharing ``arr``'s memory, with the dtype that ``code`` names."""
     # Every torch put and get passes here: no call and no import statement for the codes
     # torch.from_numpy shows as they are (once torch_tables() filled them in).
-    if code not in _FROM_NUMPY_CODES:
-        torch_tables()
     if code in _FROM_NUMPY_CODES:
         t: torch.Tensor = _FROM_NUMPY[0](arr)
+        return t
+    torch_tables()
+    if code in _FROM_NUMPY_CODES:
+        t = _FROM_NUMPY[0](arr)
         return t
     import torch  # noqa: PLC0415
 

@@ -23,11 +23,8 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
     ) from e
 
 from ..errors import ObjectLost
-from ._api import (  # noqa: F401 - _agent, _call, _directory: for tests and benches/
+from ._api import (
     DEFAULT_SOCKET,
-    _agent,
-    _call,
-    _directory,
     agent_stats,
     broadcast,
     client,

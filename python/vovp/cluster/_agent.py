@@ -21,7 +21,8 @@ import numpy as np
 import ray
 
 from .. import daemon
-from ..client import Client, copy_into
+from .._copy import copy_into
+from ..client import Client
 from ..errors import (
     ConnectionError as VovpConnectionError,
     InvalidArgument,
@@ -87,7 +88,7 @@ class Agent:
         try:
             # Started as vovp.start_store starts one: it dies with this agent, even when Ray
             # kills the agent with SIGKILL.
-            self._engine = daemon._spawn(
+            self._engine = daemon.spawn(
                 (), self._config.get("memory", "1G"), self.socket, False, 30, {},
                 extra=tuple(self._config.get("engine_args", ())), binary=binary)
         except FileNotFoundError as e:

@@ -1,5 +1,6 @@
 """The calls of ``vovp.cluster`` (re-exported by its ``__init__``) and the per-process
-handles they share: the directory, the agents, this process's client of its node's store.
+handles they share: the directory, the agents, this process's client of its node's store
+(``directory_actor``, ``agent_actor``, ``call``: the package's, and the tests' and benches').
 ``_dist`` builds on them; nothing here knows DistTensor.
 """
 
@@ -53,10 +54,10 @@ def init(address: str | None = None, *, socket: str | None = None, memory: str |
     proposed = {"socket": socket or DEFAULT_SOCKET, "memory": str(memory), "engine": engine,
                 "start": bool(start), "transport": transport,
                 "stall_timeout": float(stall_timeout), "engine_args": list(engine_args)}
-    directory = _directory()
+    directory = directory_actor()
     ray.get(directory.config.remote(proposed), timeout=timeout)
-    agents = [_agent(n) for n in sorted(alive_nodes())]
-    _call([a.info.remote() for a in agents], timeout)
+    agents = [agent_actor(n) for n in sorted(alive_nodes())]
+    call([a.info.remote() for a in agents], timeout)
 
 
 def shutdown() -> None:
@@ -98,7 +99,7 @@ def client() -> Client:
     """This process's client of its node's store (one per process, made on first use)."""
     state = _local()
     if state["client"] is None or state["client"].closed:
-        info = _call(_agent(node_id()).info.remote(), 60.0)
+        info = call(agent_actor(node_id()).info.remote(), 60.0)
         state["client"] = Client(info["socket"])
     return state["client"]
 
@@ -127,7 +128,7 @@ def publish(name: str, tensor: Any = None) -> Any:
             from None
     size = view.nbytes
     c.release(view)
-    entry = _call(_directory().publish.remote(name, node_id(), size, metadata), 60.0)
+    entry = call(directory_actor().publish.remote(name, node_id(), size, metadata), 60.0)
     if entry is None:
         if tensor is not None:
             c.delete(name)
@@ -154,7 +155,7 @@ def fetch(name: str, timeout: float | None = None, framework: str | None = None,
         except ObjectNotFound:
             pass
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        _call(_agent(node_id()).ensure.remote(name, left), left)
+        call(agent_actor(node_id()).ensure.remote(name, left), left)
     return c.get_tensor(name, framework=framework, writable=writable)
 
 
@@ -173,7 +174,7 @@ def broadcast(name: str, nodes: list[str] | None = None, timeout: float | None =
     if int(fanout) < 1:
         raise InvalidArgument(f"fanout must be at least 1, got {fanout!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    entry = _call(_directory().lookup.remote(name, timeout), timeout)
+    entry = call(directory_actor().lookup.remote(name, timeout), timeout)
     if entry is None:
         if timeout is not None:
             raise TimeoutError(f"{name!r} was not published within {timeout} s")
@@ -192,8 +193,8 @@ def broadcast(name: str, nodes: list[str] | None = None, timeout: float | None =
     while todo:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         pairs = list(zip([src for src in have for _ in range(int(fanout))], todo))
-        refs = [_agent(dst).ensure.remote(name, left, src) for src, dst in pairs]
-        _call(refs, left)
+        refs = [agent_actor(dst).ensure.remote(name, left, src) for src, dst in pairs]
+        call(refs, left)
         sent = [dst for _, dst in pairs]
         have = sent + have  # the new copies send first: the owner is not everyone's source
         done += sent
@@ -204,12 +205,12 @@ def broadcast(name: str, nodes: list[str] | None = None, timeout: float | None =
 def unpublish(name: str) -> bool:
     """Remove ``name`` cluster-wide: from the directory and from every store holding a copy
     (memory is freed when the last local holder releases it). False when not published."""
-    entry = _call(_directory().unpublish.remote(name), 60.0)
+    entry = call(directory_actor().unpublish.remote(name), 60.0)
     if entry is None:
         return False
     alive = alive_nodes()
-    refs = [_agent(n).drop.remote(name) for n in entry.holders if n in alive]
-    _call(refs, 60.0)
+    refs = [agent_actor(n).drop.remote(name) for n in entry.holders if n in alive]
+    call(refs, 60.0)
     return True
 
 
@@ -218,13 +219,13 @@ delete = unpublish
 
 def names() -> list[str]:
     """Every published name."""
-    return _call(_directory().names.remote(), 60.0)
+    return call(directory_actor().names.remote(), 60.0)
 
 
 def agent_stats(node: str | None = None) -> dict[str, int]:
     """Counters of a node's agent (default: this node's): transfers, bytes_received,
     offers, bytes_sent."""
-    return _call(_agent(node or node_id()).stats.remote(), 60.0)
+    return call(agent_actor(node or node_id()).stats.remote(), 60.0)
 
 
 # -- plumbing ----------------------------------------------------------------------------------
@@ -238,7 +239,7 @@ def _local():
         return _state
 
 
-def _directory():
+def directory_actor():
     state = _local()
     if state["directory"] is None:
         if not ray.is_initialized():
@@ -251,12 +252,12 @@ def _directory():
     return state["directory"]
 
 
-def _agent(node: str):
+def agent_actor(node: str):
     """The agent of ``node``, created on first use (a node that joined after ``init``)."""
     state = _local()
     handle = state["agents"].get(node)
     if handle is None:
-        config = _call(_directory().config.remote(), 60.0)
+        config = call(directory_actor().config.remote(), 60.0)
         if config is None:
             raise VovpError("vovp.cluster is not initialized: call vovp.cluster.init() first")
         handle = ray.remote(Agent).options(
@@ -268,7 +269,7 @@ def _agent(node: str):
     return handle
 
 
-def _call(refs, timeout):
+def call(refs, timeout):
     """ray.get with vovp's errors: the exception raised in an actor comes out as itself (not
     wrapped in RayTaskError), a timeout as TimeoutError, a dead agent as VovpError."""
     try:

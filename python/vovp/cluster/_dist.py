@@ -22,10 +22,10 @@ from .. import tensor as T
 from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
 from ._agent import alive_nodes
 from ._api import (
-    _agent,
-    _call,
-    _directory,
+    agent_actor,
+    call,
     client,
+    directory_actor,
     fetch,
     node_id,
     publish,
@@ -51,7 +51,7 @@ class DistTensor:
 
         self.name = name
         if shape is None:
-            spec = _call(_directory().dist_spec.remote(name, timeout), timeout)
+            spec = call(directory_actor().dist_spec.remote(name, timeout), timeout)
             if spec is None:
                 if timeout is not None:
                     raise TimeoutError(f"no DistTensor named {name!r} within {timeout} s")
@@ -59,7 +59,7 @@ class DistTensor:
         else:
             spec = self._spec(name, shape, dtype, partition, nodes, alive_nodes())
             book = spec.pop("book_data")
-            got, created = _call(_directory().create_dist.remote(name, spec), 60.0)
+            got, created = call(directory_actor().create_dist.remote(name, spec), 60.0)
             if created and book is not None:
                 publish(spec["book"], book)  # attachers wait for it in _book_arrays
             if got is None:
@@ -79,7 +79,7 @@ class DistTensor:
         self._view = None
         # Every node's partition exists before anyone pulls (idempotent: the agent creates it
         # once, whoever asks first).
-        refs = [_agent(node).dist_create.remote(name, spec["parts"][k], spec["counts"][k],
+        refs = [agent_actor(node).dist_create.remote(name, spec["parts"][k], spec["counts"][k],
                                                 self.shape[1:], spec["dtype"])
                 for k, node in enumerate(self.nodes)]
         self._call_nodes(refs, list(range(len(self.nodes))))
@@ -205,7 +205,7 @@ class DistTensor:
             if k == me:
                 continue
             sel = np.nonzero(part == k)[0]
-            remote.append(_agent(self.nodes[k]).dist_pull.remote(self.name, local[sel]))
+            remote.append(agent_actor(self.nodes[k]).dist_pull.remote(self.name, local[sel]))
             sels.append(sel)
             ks.append(k)
         if me is not None:
@@ -238,7 +238,7 @@ class DistTensor:
         refs, ks = [], []
         for k in np.unique(part).tolist():
             sel = np.nonzero(part == k)[0]
-            refs.append(_agent(self.nodes[k]).dist_push.remote(self.name, local[sel],
+            refs.append(agent_actor(self.nodes[k]).dist_push.remote(self.name, local[sel],
                                                                rows[sel], op))
             ks.append(k)
         self._call_nodes(refs, ks)
@@ -251,11 +251,11 @@ class DistTensor:
     def delete(self) -> None:
         """Drop every partition and the name, cluster-wide."""
 
-        _call(_directory().drop_dist.remote(self.name), 60.0)
+        call(directory_actor().drop_dist.remote(self.name), 60.0)
         alive = alive_nodes()
-        refs = [_agent(n).dist_drop.remote(self.name, self._spec_["parts"][k])
+        refs = [agent_actor(n).dist_drop.remote(self.name, self._spec_["parts"][k])
                 for k, n in enumerate(self.nodes) if n in alive]
-        _call(refs, 60.0)
+        call(refs, 60.0)
         if self._spec_["book"] is not None:
             unpublish(self._spec_["book"])
         self._view = None
@@ -264,7 +264,7 @@ class DistTensor:
         """Wait for one call per partition; a dead node's partition is an ObjectLost that
         names it."""
         try:
-            return _call(refs, None)
+            return call(refs, None)
         except VovpError as e:
             alive = alive_nodes()
             dead = [self.nodes[k] for k in ks if self.nodes[k] not in alive]
