@@ -44,7 +44,7 @@ fn main() -> Result<(), vovp_types::Error> {
     };
     // Names cycled through, so that no put waits for this client's unanswered put of the
     // same name (a pipelined put of a name whose put is owed goes the waiting way).
-    let names: Vec<String> = (0..4096).map(|i| format!("small-ops-{i}")).collect();
+    let names: Vec<String> = (0..4096).map(|i| format!("small-ops-n{i}")).collect();
     let name = |i: u32| names[i as usize % names.len()].as_str();
     time("contains", &mut |_| c.contains("small-ops").map(drop))?;
     time("get_one+release", &mut |_| {
