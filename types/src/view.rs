@@ -245,6 +245,13 @@ impl ObjectBuffer {
     pub fn into_view(self) -> ObjectView {
         self.view
     }
+
+    /// For callers that sealed it by name (a SEAL of their own): the reference, as a view of
+    /// `version`, the version SEAL said it became.
+    pub fn sealed(mut self, version: u64) -> ObjectView {
+        self.view.obj.version = version;
+        self.view
+    }
 }
 
 impl fmt::Debug for ObjectBuffer {

@@ -19,15 +19,10 @@ use std::sync::{Arc, Mutex};
 use vovp_proto::Request;
 use vovp_shm::copy::parallel_copy;
 use vovp_shm::{LendWrite, SharedReader};
-use vovp_types::{CreateOptions, Error, Lend};
+use vovp_types::{Error, Lend, PutOptions};
 
-use crate::core::requests;
+use crate::core::{requests, Answered};
 use crate::mapping::MappedSegment;
-
-/// Puts smaller than this go inline (PUT: the bytes ride in the frame, the daemon copies them
-/// into its own segment): the socket copy is cheap there, and small objects packed into lends
-/// would pin whole lends (a lend's memory comes back only with its last object).
-pub const CLIENT_LEND_MIN: usize = 64 * 1024;
 
 /// The bytes an object takes in a lend: data padded to 64 bytes, then the metadata, rounded
 /// to 64 (the store checks the same arithmetic).
@@ -187,29 +182,51 @@ impl Reserved {
     }
 
     /// Writes the object's bytes into the reserved range; the PUBLISH that makes it an object
-    /// (`put_flags`: PUT_KEEP_REFERENCE, PUT_PIPELINED, beside the options' own).
+    /// with `options` (whether it keeps the reference and waits for its reply included).
     pub(crate) fn write<'a>(
         &self,
         name: &'a str,
         data: &[u8],
         metadata: &'a [u8],
-        options: &CreateOptions,
-        put_flags: u32,
+        options: &PutOptions,
     ) -> Result<Request<'a>, Error> {
         // SAFETY: a range of this client's own lend, mapped writable and kept mapped by `self`,
         // reserved for this put alone (block_len(data, metadata) bytes from `ptr`).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr, data.len()) };
         parallel_copy(dst, data);
-        let flags = crate::core::create_flags(options) | put_flags;
-        requests::publish(
-            self.lend,
-            self.offset,
-            name,
-            flags,
-            metadata,
-            data.len() as u64,
-        )
+        let size = data.len() as u64;
+        requests::publish(self.lend, self.offset, name, options, metadata, size)
     }
+}
+
+/// A PUBLISH of `reserved` answered on connection `generation`: an error unless that is the
+/// connection the lend belongs to (reconnected in between, the new daemon knows no such lend).
+pub(crate) fn check_answered(
+    reserved: &Reserved,
+    &(_, generation): &Answered,
+) -> Result<(), Error> {
+    if generation != reserved.generation {
+        return Err(Error::Connection(
+            "the daemon went away during a put; put again".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A LEND's answer, `lend` in `segment` (mapped), from connection `answered`: the lend to
+/// install once it lies in a segment this client may write.
+pub(crate) fn accept(
+    lend: Lend,
+    segment: Arc<MappedSegment>,
+    (maps, generation): &Answered,
+) -> Result<Lent, Error> {
+    check(&lend, &segment)?;
+    // The store lends only to connections with a hold table; one without gets no lend route
+    // (`crate::core::put_paths`), so this is a daemon out of step: put another way.
+    let shared = maps.shared.clone().ok_or_else(|| {
+        Error::Config("a lend without a hold table to take it back through".into())
+    })?;
+    Ok((lend, segment, *generation, shared))
 }
 
 /// A lend must lie inside a segment this client may write.
@@ -224,7 +241,7 @@ pub(crate) fn check(lend: &Lend, segment: &MappedSegment) -> Result<(), Error> {
     Ok(())
 }
 
-/// What [`Lends::reserve`] answers.
+/// What [`ClientLend::reserve`] answers.
 pub(crate) enum Reservation {
     Got(Reserved),
     /// Send LEND for `at_least` bytes, then hand the outcome to [`LendAsked::install`].
@@ -297,50 +314,35 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, populating:
         });
 }
 
+/// This client's lend: the one it writes into now, and what it learnt of the store's lends.
 #[derive(Default)]
-pub(crate) struct Lends {
+pub(crate) struct ClientLend {
     slot: Arc<Mutex<LendSlot>>,
 }
 
-impl Lends {
-    /// Lends for a client that did not opt out ([`crate::ClientOptions::no_lend_puts`]);
+impl ClientLend {
+    /// The lend of a client that did not opt out ([`crate::ClientOptions::no_lend_puts`]);
     /// otherwise one that never asks for one.
     pub(crate) fn new(enabled: bool) -> Self {
-        let lends = Lends::default();
+        let lends = ClientLend::default();
         if let Ok(mut slot) = lends.slot.lock() {
             slot.refused = !enabled;
         }
         lends
     }
 
-    /// Whether a put of `size` data bytes and `metadata_len` metadata bytes should go through a
-    /// lend of a store of `capacity()` bytes (asked only when it matters): big enough to be
-    /// worth it, small enough for one, and a store that lends.
-    pub(crate) fn wants(
-        &self,
-        size: usize,
-        metadata_len: usize,
-        capacity: impl FnOnce() -> u64,
-    ) -> Option<u64> {
-        if size < CLIENT_LEND_MIN {
+    /// The largest block (data padded, then metadata) a put may write into a lend of a store
+    /// of `capacity` bytes; `None` when this client asks for no lend (opted out, or the store
+    /// lends nothing). Until a lend said how large its objects may be, the store's capacity
+    /// says it (the size of its lends): an object too big for them asks for no lend (one would
+    /// be held for nothing, and the put would wait a round trip more).
+    pub(crate) fn largest(&self, capacity: u64) -> Option<u64> {
+        let slot = self.slot.lock().ok()?;
+        if slot.refused {
             return None;
         }
-        let need = block_len(size, metadata_len)?;
-        let (refused, known) = {
-            let slot = self.slot.lock().ok()?;
-            (slot.refused, slot.max_object)
-        };
-        // Until a lend said how large its objects may be, the store's capacity says it (the
-        // size of its lends): an object too big for them asks for no lend (one would be held
-        // for nothing, and the put would wait a round trip more). Asked with the slot's lock
-        // let go: it reads the session's mappings.
-        let largest = known.or_else(|| {
-            vovp_types::lends::lend_size(capacity()).map(vovp_types::lends::max_object)
-        });
-        if refused || largest.is_none_or(|m| need > m) {
-            return None;
-        }
-        Some(need)
+        (slot.max_object)
+            .or_else(|| vovp_types::lends::lend_size(capacity).map(vovp_types::lends::max_object))
     }
 
     /// Reserves `need` bytes for a put on connection `generation`, or says to ask for a new

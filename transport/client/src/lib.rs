@@ -17,19 +17,25 @@ mod io;
 mod lent;
 mod mapping;
 mod nonblocking;
+mod notify;
+mod ops;
 mod pending;
 mod private;
 mod shared;
 
 pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
-pub use lent::CLIENT_LEND_MIN;
-pub use nonblocking::AsyncClient;
+pub use nonblocking::{AsyncClient, AsyncSubscription};
+pub use ops::Put;
 pub use pending::PipelinedView;
 /// `put_cuda_tensor` on a [`Client`] (as on any `Store`).
 pub use vovp_gpu::CudaStore;
 /// The vocabulary (`Error`, `Store`, views, tensors, ...), so that a client program needs no
 /// other vovp crate.
 pub use vovp_types::*;
+
+/// Puts smaller than this go inline rather than through this client's lend
+/// ([`vovp_types::lends::MIN_OBJECT`]).
+pub const CLIENT_LEND_MIN: usize = vovp_types::lends::MIN_OBJECT;
 
 /// How a [`Client`] or [`AsyncClient`] connects.
 #[derive(Clone, Copy, Debug, Default)]

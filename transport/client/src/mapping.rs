@@ -7,14 +7,10 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use memmap2::{MmapOptions, MmapRaw};
-use vovp_proto::PUT_KEEP_REFERENCE;
-use vovp_types::{
-    CreateOptions, Device, Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView,
-};
+use vovp_types::{Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView};
 
 use crate::private::{self, PrivateMapping};
-use crate::shared::Connection;
-use vovp_shm::held::{held_view, SegmentMap};
+use vovp_shm::held::{held_view, Holder, SegmentMap};
 use vovp_shm::SharedReader;
 use vovp_types::lends::SMALL_MAX_BLOCK;
 
@@ -156,9 +152,6 @@ enum SegmentSlot {
 /// arena whose owner has gone stays alive (punched, so not resident) while anyone maps it.
 const RECENT_ARENAS: usize = 32;
 
-/// Largest put sent inline even when the daemon allows more (see [`vovp_types::CLIENT_INLINE_PUT`]).
-const INLINE_PUT_PREFERRED: usize = vovp_types::CLIENT_INLINE_PUT;
-
 /// One connection's mappings and what its HELLO said.
 pub(crate) struct Mappings {
     segments: Mutex<HashMap<u32, SegmentSlot>>,
@@ -214,7 +207,7 @@ impl Mappings {
 
     /// A view of `name` got through the shared directory, with no message: `None` when the
     /// socket must answer (not published, busy, hold table full, segment not mapped here).
-    pub(crate) fn shared_view(&self, name: &str, connection: &Connection) -> Option<ObjectView> {
+    pub(crate) fn shared_view(&self, name: &str, connection: &Holder) -> Option<ObjectView> {
         let shared = self.shared.as_ref()?;
         let segment = |id: u32| {
             let seg = self.segment(id)?;
@@ -325,26 +318,6 @@ impl Mappings {
         }
         // SAFETY: a sealed object inside our mapping; `owner` keeps the mapping.
         Ok(unsafe { ObjectView::from_raw(r, ptr, owner, sink) })
-    }
-
-    /// PUT flags when `len` bytes go inline (host objects up to `max_inline`: one round trip),
-    /// or `None` when the object must be created, written and sealed.
-    pub(crate) fn inline_flags(
-        &self,
-        len: usize,
-        options: &CreateOptions,
-        keep_reference: bool,
-    ) -> Option<u32> {
-        if len > (self.max_inline as usize).min(INLINE_PUT_PREFERRED)
-            || options.device.is_some_and(|d| d != Device::Cpu)
-        {
-            return None;
-        }
-        let mut flags = crate::core::create_flags(options);
-        if keep_reference {
-            flags |= PUT_KEEP_REFERENCE;
-        }
-        Some(flags)
     }
 
     /// Views for a GET's results. On a failure every reference is still released (the views

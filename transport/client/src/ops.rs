@@ -1,0 +1,422 @@
+//! The store operations of both clients, written once as async code over a [`Driver`] (a
+//! connection's I/O): a request's checks, the put route ([`vovp_types::put::route`]) and its
+//! fallbacks, the get route (the shared directory first, `vovp_shm::held::DirectoryPart`),
+//! what a reply becomes (views, buffers, the segments they need mapped first) and the puts
+//! through the lend. The async client awaits them; the blocking client's driver does its I/O
+//! before it returns a future, so every future here is ready at its first poll and the blocking
+//! client runs them with [`ready`], no executor in between.
+//!
+//! What stays with each driver: sending a request and reading its reply (and reconnecting),
+//! mapping a segment, where a view's release goes, and the blocking client's puts that do not
+//! wait for their reply ([`Driver::put_later`]: the async client has none).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vovp_proto::{Reply, Request, LIST_END};
+use vovp_shm::held::{self, DirectoryPart};
+use vovp_types::put::{self, PutPaths, Route};
+use vovp_types::{
+    Error, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef, ObjectSink, ObjectView, PutOptions,
+    StoreStats,
+};
+
+use crate::core::{self, requests, Answered, Core, Expect};
+use crate::lent::{self, ClientLend, Lent, Reservation, Reserved};
+use crate::mapping::{MappedSegment, Mappings};
+use crate::pending::PipelinedView;
+
+/// What a put gives back, by what it was asked to keep and whether it could return before the
+/// store's answer ([`PutOptions::keep_reference`], [`PutOptions::pipelined`]).
+#[derive(Debug)]
+pub enum Put {
+    /// Sent without waiting, no reference kept: its outcome comes with `Client::sync`.
+    Sent,
+    /// Stored, no reference kept: the new object's id.
+    Stored(ObjectId),
+    /// Stored and kept: the store's copy.
+    Kept(ObjectView),
+    /// Kept, returned before the store's answer: the store's copy, whose id and outcome come
+    /// with the reply ([`PipelinedView::wait`]).
+    Pending(PipelinedView),
+}
+
+/// One put's arguments, as every route takes them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PutArgs<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) data: &'a [u8],
+    pub(crate) metadata: &'a [u8],
+    pub(crate) options: PutOptions,
+}
+
+/// A connection's I/O, as the operations need it (see the module doc).
+pub(crate) trait Driver: Send + Sync {
+    fn core(&self) -> &Core;
+
+    /// This client's lend.
+    fn lend(&self) -> &ClientLend;
+
+    /// Whether this client sends puts without waiting for their reply where the connection
+    /// allows it (its option; never the async client).
+    fn pipelines(&self) -> bool;
+
+    /// Sends `req` and reads its reply, with the mappings and generation of the connection
+    /// that answered (one reconnect and retry where the client allows it).
+    fn call_in_session<'a>(
+        &'a self,
+        req: &'a Request<'_>,
+    ) -> impl Future<Output = Result<(Reply, Answered), Error>> + Send + 'a;
+
+    /// Maps segment `segment` (SEGMENT) into `maps`, those of connection `generation`.
+    fn map_segment_of<'a>(
+        &'a self,
+        maps: &'a Mappings,
+        generation: u64,
+        segment: u32,
+    ) -> impl Future<Output = Result<Arc<MappedSegment>, Error>> + Send + 'a;
+
+    /// Where the views of connection `generation` send their releases.
+    fn sink(&self, generation: u64) -> Arc<dyn ObjectSink>;
+
+    /// The shared directory's lookup for this client now: a view of a name it has, with no
+    /// message (`None`: the store must answer; always, once the client is closed).
+    fn directory(&self) -> impl FnMut(&str) -> Option<ObjectView> + '_;
+
+    /// A put route that does not wait for the store's answer ([`Route::is_pipelined`]):
+    /// `None` when not this way now (the caller falls back to the next route).
+    fn put_later(&self, _route: Route, _put: &PutArgs<'_>) -> Option<Result<Put, Error>> {
+        None
+    }
+}
+
+/// The output of a future that is ready at its first poll (the blocking driver's, see the
+/// module doc); one that is not is an internal error, never a hang.
+pub(crate) fn ready<T>(fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    poll_once(fut).unwrap_or_else(|| {
+        Err(Error::Internal(
+            "a blocking client's operation did not complete".into(),
+        ))
+    })
+}
+
+/// `fut`'s output if it is ready at its first poll.
+pub(crate) fn poll_once<T>(fut: impl Future<Output = T>) -> Option<T> {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
+}
+
+pub(crate) async fn call<D: Driver>(d: &D, req: &Request<'_>) -> Result<Reply, Error> {
+    Ok(d.call_in_session(req).await?.0)
+}
+
+/// Holds the segments of `refs` that are mapped and maps those that are not, asking the
+/// daemon for their fds (read-write only for this client's own arenas): the returned mappings
+/// keep them all alive until the caller's views hold them. `answered`: the connection the refs
+/// came from.
+async fn pin_segments<'r, D: Driver>(
+    d: &D,
+    (maps, generation): &Answered,
+    refs: impl IntoIterator<Item = &'r ObjectRef>,
+) -> Result<Vec<Arc<MappedSegment>>, Error> {
+    let (mut pins, missing) = maps.segments_of(refs);
+    for segment in missing {
+        pins.push(d.map_segment_of(maps, *generation, segment).await?);
+    }
+    Ok(pins)
+}
+
+/// A view of the object a reply of connection `answered` located (mapping its segment first
+/// if need be); the reference is released if that fails.
+pub(crate) async fn view_of<D: Driver>(
+    d: &D,
+    r: ObjectRef,
+    answered: Answered,
+) -> Result<ObjectView, Error> {
+    let sink = d.sink(answered.1);
+    let id = r.id;
+    let _pins = pin_segments(d, &answered, [&r])
+        .await
+        .inspect_err(|_| sink.release(id))?;
+    answered
+        .0
+        .view(r, sink.clone())
+        .inspect_err(|_| sink.release(id))
+}
+
+/// The views a GET or GET_NEWER answers with.
+async fn views_of<D: Driver>(d: &D, req: &Request<'_>) -> Result<Vec<Option<ObjectView>>, Error> {
+    let (reply, answered) = d.call_in_session(req).await?;
+    let objects = reply.objects()?;
+    let sink = d.sink(answered.1);
+    // Kept until the views hold the segments they point into.
+    let _pins = match pin_segments(d, &answered, objects.iter().flatten()).await {
+        Ok(pins) => pins,
+        Err(e) => {
+            objects.iter().flatten().for_each(|r| sink.release(r.id));
+            return Err(e);
+        }
+    };
+    answered.0.views(objects, sink)
+}
+
+pub(crate) async fn create<D: Driver>(
+    d: &D,
+    name: &str,
+    size: u64,
+    metadata: &[u8],
+    options: PutOptions,
+) -> Result<ObjectBuffer, Error> {
+    Ok(created(d, name, size, metadata, options).await?.0)
+}
+
+/// [`create`], with the connection generation that created it (only that connection may seal
+/// it).
+async fn created<D: Driver>(
+    d: &D,
+    name: &str,
+    size: u64,
+    metadata: &[u8],
+    options: PutOptions,
+) -> Result<(ObjectBuffer, u64), Error> {
+    let req = requests::create(name, size, metadata, options)?;
+    let (reply, answered) = d.call_in_session(&req).await?;
+    let r = reply.object()?;
+    let id = r.id;
+    let sink = d.sink(answered.1);
+    core::check_created(&r, size).inspect_err(|_| sink.release(id))?;
+    let _pins = pin_segments(d, &answered, [&r])
+        .await
+        .inspect_err(|_| sink.release(id))?;
+    let buffer = (answered.0.buffer(r, sink.clone())).inspect_err(|_| sink.release(id))?;
+    Ok((buffer, answered.1))
+}
+
+pub(crate) async fn seal<D: Driver>(d: &D, name: &str) -> Result<u64, Error> {
+    call(d, &requests::seal(name)?).await?.version()
+}
+
+/// GET over the socket: the store answers for every name (the names a get's shared directory
+/// did not serve, or a caller's that looked there itself).
+pub(crate) async fn get_from_store<D: Driver>(
+    d: &D,
+    names: &[&str],
+    timeout: Option<Duration>,
+) -> Result<Vec<Option<ObjectView>>, Error> {
+    views_of(d, &requests::get(names, timeout)?).await
+}
+
+/// The get route: names published in the shared directory are got with no message (a hold in
+/// this connection's table); the rest, if any, in one GET.
+pub(crate) async fn get<D: Driver>(
+    d: &D,
+    names: &[&str],
+    timeout: Option<Duration>,
+) -> Result<Vec<Option<ObjectView>>, Error> {
+    let part = DirectoryPart::look(names, d.directory());
+    let rest = part.rest();
+    let got = match rest.is_empty() {
+        true => Vec::new(),
+        false => get_from_store(d, &rest, timeout).await?,
+    };
+    Ok(part.fill(got))
+}
+
+/// One name: [`get`] without the lists (every single get).
+pub(crate) async fn get_one<D: Driver>(
+    d: &D,
+    name: &str,
+    timeout: Option<Duration>,
+) -> Result<ObjectView, Error> {
+    let held = d.directory()(name);
+    let view = match held {
+        Some(v) => Some(v),
+        None => get_from_store(d, &[name], timeout).await?.pop().flatten(),
+    };
+    view.ok_or_else(|| Error::NotFound(name.to_string()))
+}
+
+/// GET_NEWER of `name`: the store answers with a version above `newer_than`, waiting up to
+/// `timeout` for one to be sealed (`NotFound` when none is).
+pub(crate) async fn get_newer_from_store<D: Driver>(
+    d: &D,
+    name: &str,
+    newer_than: u64,
+    timeout: Option<Duration>,
+) -> Result<ObjectView, Error> {
+    let req = requests::get_newer(name, newer_than, timeout)?;
+    (views_of(d, &req).await?.pop().flatten()).ok_or_else(|| Error::NotFound(name.to_string()))
+}
+
+/// The shared directory first (a held version above `newer_than` is the answer, an older one
+/// is let go at once), then GET_NEWER, which waits for the next version to be sealed.
+pub(crate) async fn get_newer<D: Driver>(
+    d: &D,
+    name: &str,
+    newer_than: u64,
+    timeout: Option<Duration>,
+) -> Result<ObjectView, Error> {
+    // (The lookup holds no mappings past it: a reconnect may replace them while GET_NEWER
+    // waits.)
+    let held = d.directory()(name);
+    match held::newer(held, newer_than) {
+        Some(v) => Ok(v),
+        None => get_newer_from_store(d, name, newer_than, timeout).await,
+    }
+}
+
+pub(crate) async fn list<D: Driver>(d: &D) -> Result<Vec<ObjectInfo>, Error> {
+    let mut all = Vec::new();
+    let mut start = 0;
+    while start != LIST_END {
+        let (page, next) = call(d, &requests::list(start)).await?.list()?;
+        all.extend(page);
+        start = next;
+    }
+    Ok(all)
+}
+
+pub(crate) async fn stats<D: Driver>(d: &D) -> Result<StoreStats, Error> {
+    Ok(call(d, &Request::Stats).await?.stats()?.0)
+}
+
+/// The ways a put of `size` bytes may take on `d`'s connection now.
+pub(crate) fn put_paths<D: Driver>(d: &D, size: usize) -> PutPaths {
+    let maps = d.core().current.maps();
+    let announce = maps.shared.as_ref().is_some_and(|s| s.can_announce());
+    core::put_paths(size, maps.max_inline, announce, d.pipelines(), || {
+        d.lend().largest(maps.capacity)
+    })
+}
+
+/// The put route: [`vovp_types::put::route`] decides, the route is tried, and a route that did
+/// not work now is taken away and the decision made again (see `vovp_types::put`).
+pub(crate) async fn put<D: Driver>(d: &D, put: PutArgs<'_>) -> Result<Put, Error> {
+    let mut paths = put_paths(d, put.data.len());
+    loop {
+        let route = put::route(put.data.len(), put.metadata.len(), &put.options, &paths)?;
+        let tried = match route {
+            Route::Inline => Some(put_inline(d, &put).await),
+            Route::Lend => put_lent(d, &put).await,
+            Route::CreateCopySeal => Some(create_copy_seal(d, &put).await),
+            Route::InlinePipelined | Route::LendPipelined | Route::SmallLend => {
+                d.put_later(route, &put)
+            }
+        };
+        match tried {
+            Some(outcome) => return outcome,
+            None => paths = paths.without(route),
+        }
+    }
+}
+
+/// What a waiting put's reply makes: the kept view, or the new object's id.
+async fn stored<D: Driver>(
+    d: &D,
+    put: &PutArgs<'_>,
+    (reply, answered): (Reply, Answered),
+) -> Result<Put, Error> {
+    let r = reply.object()?;
+    if put.options.keep_reference {
+        return Ok(Put::Kept(view_of(d, r, answered).await?));
+    }
+    Ok(Put::Stored(r.id))
+}
+
+/// PUT with the bytes in the frame, its reply awaited.
+async fn put_inline<D: Driver>(d: &D, put: &PutArgs<'_>) -> Result<Put, Error> {
+    let options = put.options.with(put.options.keep_reference, false);
+    let req = requests::put(put.name, &options, put.metadata, put.data)?;
+    let answer = d.call_in_session(&req).await?;
+    stored(d, put, answer).await
+}
+
+/// CREATE, the copy into the mapping (in parallel above 1 MB), SEAL.
+async fn create_copy_seal<D: Driver>(d: &D, put: &PutArgs<'_>) -> Result<Put, Error> {
+    let size = put.data.len() as u64;
+    let (mut buf, generation) = created(d, put.name, size, put.metadata, put.options).await?;
+    vovp_shm::copy::parallel_copy(buf.as_mut_slice(), put.data);
+    // Sealed only on the connection that created it (a daemon gone away took it along).
+    d.core().check_generation(generation, put.name)?;
+    let version = seal(d, put.name).await?;
+    let view = buf.sealed(version);
+    Ok(match put.options.keep_reference {
+        true => Put::Kept(view),
+        false => Put::Stored(view.id()),
+    })
+}
+
+/// Why [`reserve_lent`] gave no range.
+pub(crate) enum Unlent {
+    /// Not through the lend now: put another way.
+    No,
+    /// The lend is full and puts still write into it ([`Reservation::Busy`]).
+    Busy,
+}
+
+/// A range of this client's lend for a put of `size` data and `metadata_len` metadata bytes
+/// (asking for a new lend when the current one is full), else why not.
+pub(crate) async fn reserve_lent<D: Driver>(
+    d: &D,
+    size: usize,
+    metadata_len: usize,
+) -> Result<Reserved, Unlent> {
+    let need = lent::block_len(size, metadata_len).ok_or(Unlent::No)?;
+    let generation = d.core().current.generation();
+    match d.lend().reserve(need, generation) {
+        Reservation::Got(r) => Ok(r),
+        Reservation::Busy => Err(Unlent::Busy),
+        Reservation::No => Err(Unlent::No),
+        Reservation::Lend(asked) => {
+            let lent = take_lend(d, asked.at_least).await;
+            asked.install(lent).ok_or(Unlent::No)
+        }
+    }
+}
+
+/// LEND: a new lend of at least `at_least` bytes, its segment mapped writable, and the
+/// connection it belongs to.
+async fn take_lend<D: Driver>(d: &D, at_least: u64) -> Result<Lent, Error> {
+    let req = Request::Lend { at_least, flags: 0 };
+    let (reply, answered) = d.call_in_session(&req).await?;
+    let lend = reply.lent()?;
+    let segment = match answered.0.segment(lend.segment) {
+        Some(s) => s,
+        None => (d.map_segment_of(&answered.0, answered.1, lend.segment)).await?,
+    };
+    lent::accept(lend, segment, &answered)
+}
+
+/// A put through the lend: the bytes are written into this client's lend and one PUBLISH
+/// makes them a sealed object. `None`: not through the lend now (busy, refused, or the store
+/// no longer has it); the caller puts another way.
+async fn put_lent<D: Driver>(d: &D, put: &PutArgs<'_>) -> Option<Result<Put, Error>> {
+    let mut reserved = reserve_lent(d, put.data.len(), put.metadata.len())
+        .await
+        .ok()?;
+    let options = put.options.with(put.options.keep_reference, false);
+    let published = async {
+        let req = reserved.write(put.name, put.data, put.metadata, &options)?;
+        let answer = d.call_in_session(&req).await?;
+        lent::check_answered(&reserved, &answer.1)?;
+        stored(d, put, answer).await
+    };
+    let result = published.await;
+    // NOT_FOUND from PUBLISH is about the lend (never the name): the store no longer has it,
+    // so put another way (the bytes are copied again, once).
+    if matches!(result, Err(Error::NotFound(_))) {
+        reserved.lend_gone();
+        return None;
+    }
+    Some(result)
+}
+
+/// Maps the outcome of a pipelined route to what [`put`] expects of [`Driver::put_later`].
+pub(crate) fn pending(outcome: Option<Result<PipelinedView, Error>>) -> Option<Result<Put, Error>> {
+    outcome.map(|r| r.map(Put::Pending))
+}
