@@ -648,11 +648,7 @@ impl Session {
                 let ptr = seg
                     .ptr(offset, r.size)
                     .ok_or_else(|| Error::Internal("object outside its segment".into()))?;
-                Ok(Mapped {
-                    ptr,
-                    device_ptr: 0,
-                    owner: seg.clone(),
-                })
+                Ok(Mapped::host(ptr, r.size, seg.clone()))
             }
             // In the process that owns the pool the device pointer is direct (a process cannot
             // open its own IPC handle); the GPU actor knows it.
@@ -663,11 +659,7 @@ impl Session {
                     .ask(vovp_actors::gpu::BlockPtr(block))
                     .await
                     .answer()?;
-                Ok(Mapped {
-                    ptr: std::ptr::null_mut(),
-                    device_ptr,
-                    owner: Arc::new(()),
-                })
+                Ok(Mapped::device(device_ptr, Arc::new(())))
             }
         }
     }

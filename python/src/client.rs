@@ -16,7 +16,7 @@ use crate::array::Layout;
 use crate::errors::to_py;
 use crate::process::this_process;
 use crate::put::{self, PutOptions};
-use crate::subscription::Subscription;
+use crate::subscription::PySubscription;
 use crate::views::{Buffer, Object};
 
 /// A batch item as `put_batch` takes it: (name, src, metadata, layout, writable).
@@ -588,11 +588,11 @@ impl Client {
     }
 
     /// A notification stream on a new connection to the same daemon.
-    fn subscribe(&self, py: Python<'_>) -> PyResult<Subscription> {
+    fn subscribe(&self, py: Python<'_>) -> PyResult<PySubscription> {
         let inner = self.usable()?;
         let sub = py.allow_threads(|| inner.subscribe()).map_err(to_py)?;
         let closer = sub.closer().map_err(to_py)?;
-        Ok(Subscription {
+        Ok(PySubscription {
             stream: Mutex::new(Some(sub)),
             closer,
             closed: AtomicBool::new(false),

@@ -46,6 +46,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<put::PutOptions>()?;
     m.add_class::<views::Object>()?;
     m.add_class::<views::Buffer>()?;
-    m.add_class::<subscription::Subscription>()?;
+    m.add_class::<subscription::PySubscription>()?;
     Ok(())
 }

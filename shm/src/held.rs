@@ -8,20 +8,11 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use vovp_types::{Error, Location, ObjectId, ObjectName, ObjectRef, ObjectSink, ObjectView};
+use vovp_types::{
+    Error, Location, Mapped, ObjectId, ObjectName, ObjectRef, ObjectSink, ObjectView,
+};
 
 use crate::{to_usize, SharedReader, Snapshot};
-
-/// A host segment as mapped in this process.
-#[derive(Debug)]
-pub struct SegmentMap {
-    /// Start of the mapping of the whole segment.
-    pub base: *const u8,
-    /// Bytes mapped from `base`.
-    pub len: u64,
-    /// Keeps the mapping alive (views hold it).
-    pub owner: Arc<dyn Any + Send + Sync>,
-}
 
 /// What keeps a holder (a client connection, an embedded session) alive: the store honours a
 /// hold table only while its holder lives (it drops the whole table when the holder goes), so a
@@ -30,15 +21,15 @@ pub struct SegmentMap {
 pub type Holder = Arc<dyn Any + Send + Sync>;
 
 /// A view of `name` through `reader`'s directory, or `None` when the store must answer.
-/// `segment` maps a segment id to its mapping here.
+/// `segment` maps a segment id to the mapping of the whole segment here.
 ///
 /// # Safety
-/// Every [`SegmentMap`] `segment` returns must describe a live mapping of that segment of the
-/// store `reader` reads (the ranges of published objects are then checked against `len`).
+/// Every [`Mapped`] `segment` returns must describe a live mapping of that whole segment of
+/// the store `reader` reads (the ranges of published objects are then checked against `len`).
 pub unsafe fn held_view(
     reader: &Arc<SharedReader>,
     name: &str,
-    segment: impl FnOnce(u32) -> Option<SegmentMap>,
+    segment: impl FnOnce(u32) -> Option<Mapped>,
     holder: &Holder,
 ) -> Option<ObjectView> {
     let hold = reader.hold(name)?;
@@ -54,9 +45,9 @@ pub unsafe fn held_view(
         // create, immutable since its seal, pinned by the hold).
         let (data, metadata) = unsafe {
             (
-                map.base.add(to_usize(s.offset)),
+                map.ptr.add(to_usize(s.offset)).cast_const(),
                 std::slice::from_raw_parts(
-                    map.base.add(to_usize(s.meta_offset)),
+                    map.ptr.add(to_usize(s.meta_offset)),
                     to_usize(s.meta_len),
                 ),
             )

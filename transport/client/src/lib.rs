@@ -28,7 +28,7 @@ mod pending;
 mod private;
 mod shared;
 
-pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
+pub use blocking::{Client, Subscription, SubscriptionCloser};
 #[cfg(feature = "async")]
 pub use nonblocking::{AsyncClient, AsyncSubscription};
 pub use ops::Put;

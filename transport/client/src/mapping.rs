@@ -7,10 +7,10 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use memmap2::{MmapOptions, MmapRaw};
-use vovp_types::{Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView};
+use vovp_types::{Error, Location, Mapped, ObjectBuffer, ObjectRef, ObjectSink, ObjectView};
 
 use crate::private::{self, PrivateMapping};
-use vovp_shm::held::{held_view, Holder, SegmentMap};
+use vovp_shm::held::{held_view, Holder};
 use vovp_shm::SharedReader;
 use vovp_types::lends::SMALL_MAX_BLOCK;
 
@@ -112,20 +112,14 @@ impl MappedSegment {
     /// small lend and were in the store's segment before (their torch results private, and
     /// tests and users rely on that); a large one was written in place through a lend, and a
     /// private view of it would fault every page in again.
-    pub(crate) fn private_view(
-        self: &Arc<Self>,
-        offset: u64,
-        size: u64,
-    ) -> Result<(*mut u8, private::Keep), Error> {
+    pub(crate) fn private_view(self: &Arc<Self>, offset: u64, size: u64) -> Result<Mapped, Error> {
         if offset.saturating_add(size) > self.len() {
             return Err(Error::Protocol("object outside its segment".into()));
         }
         if self.viewed_in_place(size) {
-            // SAFETY: in bounds (checked above), kept mapped by the returned `Arc`.
-            return Ok((
-                unsafe { self.map.as_mut_ptr().add(offset as usize) },
-                self.clone(),
-            ));
+            // SAFETY: in bounds (checked above), kept mapped by the returned owner.
+            let ptr = unsafe { self.map.as_mut_ptr().add(offset as usize) };
+            return Ok(Mapped::host(ptr, size, self.clone()));
         }
         let mapping = match self.private.get() {
             Some(m) => m,
@@ -165,9 +159,6 @@ pub(crate) struct Mappings {
     /// them ([`crate::ClientOptions::shared_reads`]).
     pub(crate) shared: Option<Arc<SharedReader>>,
 }
-
-/// Where an object is in this process: (host address or null, device address or 0, owner).
-type Located = (*mut u8, u64, Arc<dyn std::any::Any + Send + Sync>);
 
 impl Mappings {
     /// A connection's mappings from its HELLO reply: the store's own segments, read-only.
@@ -211,17 +202,14 @@ impl Mappings {
         let shared = self.shared.as_ref()?;
         let segment = |id: u32| {
             let seg = self.segment(id)?;
-            Some(SegmentMap {
-                base: seg.map.as_ptr(),
-                len: seg.len(),
-                owner: seg,
-            })
+            Some(Mapped::host(seg.map.as_mut_ptr(), seg.len(), seg))
         };
         // SAFETY: `segment` gives this client's live mappings of the store's segments, whole.
         unsafe { held_view(shared, name, segment, connection) }
     }
 
-    fn locate(&self, r: &ObjectRef) -> Result<Located, Error> {
+    /// Where the object `r` locates is in this process.
+    fn locate(&self, r: &ObjectRef) -> Result<Mapped, Error> {
         match r.location {
             Location::Host { segment, offset } => {
                 let seg = self
@@ -235,12 +223,12 @@ impl Mappings {
                 }
                 // SAFETY: in bounds (checked above).
                 let ptr = unsafe { seg.map.as_mut_ptr().add(offset as usize) };
-                Ok((ptr, 0, seg.clone()))
+                Ok(Mapped::host(ptr, r.size, seg.clone()))
             }
             // Opened through CUDA IPC once per pool (cached by vovp-gpu), closed with the last view.
             Location::Cuda(block) => {
                 let view = vovp_gpu::ipc::open(&block)?;
-                Ok((std::ptr::null_mut(), view.ptr(), Arc::new(view)))
+                Ok(Mapped::device(view.ptr(), Arc::new(view)))
             }
         }
     }
@@ -312,12 +300,9 @@ impl Mappings {
             // SAFETY: a null pointer is never read through (`bytes()` is empty for it).
             return Ok(unsafe { ObjectView::from_raw(r, std::ptr::null(), Arc::new(()), sink) });
         }
-        let (ptr, device_ptr, owner) = self.locate(&r)?;
-        if device_ptr != 0 {
-            return Ok(ObjectView::from_device(r, device_ptr, owner, sink));
-        }
+        let mapped = self.locate(&r)?;
         // SAFETY: a sealed object inside our mapping; `owner` keeps the mapping.
-        Ok(unsafe { ObjectView::from_raw(r, ptr, owner, sink) })
+        Ok(unsafe { ObjectView::from_mapped(r, mapped, sink) })
     }
 
     /// Views for a GET's results. On a failure every reference is still released (the views
@@ -361,11 +346,8 @@ impl Mappings {
                 )));
             }
         }
-        let (ptr, device_ptr, owner) = self.locate(&r)?;
-        if device_ptr != 0 {
-            return Ok(ObjectBuffer::from_device(r, device_ptr, owner, sink));
-        }
+        let mapped = self.locate(&r)?;
         // SAFETY: a fresh unsealed object of ours inside the mapping.
-        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, sink) })
+        Ok(unsafe { ObjectBuffer::from_mapped(r, mapped, sink) })
     }
 }

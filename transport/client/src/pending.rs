@@ -243,7 +243,7 @@ impl PipelinedView {
 
     /// A writable address of the bytes, private to this process, and what keeps it: for
     /// callers that hand out writable views (torch tensors), as `Client::private_view`.
-    pub fn private_view(&self) -> Result<crate::WritableBytes, Error> {
+    pub fn private_view(&self) -> Result<vovp_types::Mapped, Error> {
         let Location::Host { offset, .. } = self.pending.location else {
             return Err(Error::Internal("a pipelined put of a device object".into()));
         };

@@ -31,9 +31,6 @@ mod subscription;
 use releases::{Flusher, ViewSink};
 pub use subscription::{Subscription, SubscriptionCloser};
 
-/// A writable address of an object's bytes and what keeps its mapping alive.
-pub type WritableBytes = (*mut u8, Arc<dyn std::any::Any + Send + Sync>);
-
 struct Conn {
     stream: UnixStream,
     wire: Wire,
@@ -155,7 +152,7 @@ impl Client {
     /// wrote through earlier views of the same memory). For clients that must hand out
     /// writable views of sealed objects (the Python package's `writable=True` and torch
     /// results). `None` for device objects.
-    pub fn private_view(&self, view: &ObjectView) -> Result<Option<WritableBytes>, Error> {
+    pub fn private_view(&self, view: &ObjectView) -> Result<Option<vovp_types::Mapped>, Error> {
         let Location::Host { segment, offset } = view.location() else {
             return Ok(None);
         };
