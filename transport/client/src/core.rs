@@ -603,25 +603,11 @@ impl Expect for Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::frames;
 
     fn core() -> Core {
         let maps = Mappings::from_hello(1 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
         Core::new(PathBuf::from("/nonexistent"), maps, true)
-    }
-
-    /// The frames of a batch: (opcode, flags, request id, request).
-    fn frames(out: &[u8]) -> Vec<(u8, u16, u64, Request<'static>)> {
-        let mut rest = out;
-        let mut v = Vec::new();
-        while let Some(h) = Header::parse(rest).unwrap() {
-            let req = Request::decode(h.opcode, &rest[HEADER_LEN..h.frame_len()])
-                .unwrap()
-                .into_owned();
-            v.push((h.opcode, h.flags, h.request_id, req));
-            rest = &rest[h.frame_len()..];
-        }
-        assert!(rest.is_empty());
-        v
     }
 
     #[test]

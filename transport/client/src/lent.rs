@@ -458,3 +458,274 @@ impl LendAsked {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{foreign_segment, mappings, own_segment, Table};
+    use std::time::{Duration, Instant};
+
+    const MIB: u64 = 1 << 20;
+
+    /// Lend `id` of `size` bytes at `offset` of a fresh arena, its largest object a quarter.
+    fn lent(
+        table: &Table,
+        id: u64,
+        offset: u64,
+        size: u64,
+        generation: u64,
+    ) -> Result<Lent, Error> {
+        let lend = Lend {
+            id,
+            segment: 1,
+            offset,
+            size,
+            max_object: size / 4,
+        };
+        Ok((
+            lend,
+            own_segment(offset + size),
+            generation,
+            table.reader.clone(),
+        ))
+    }
+
+    fn what(r: &Reservation) -> &'static str {
+        match r {
+            Reservation::Got(_) => "got",
+            Reservation::Lend(_) => "lend",
+            Reservation::Busy => "busy",
+            Reservation::No => "no",
+        }
+    }
+
+    fn got(r: Reservation) -> Reserved {
+        match r {
+            Reservation::Got(r) => r,
+            other => panic!("a range, not {}", what(&other)),
+        }
+    }
+
+    fn asked(r: Reservation) -> LendAsked {
+        match r {
+            Reservation::Lend(a) => a,
+            other => panic!("a LEND to send, not {}", what(&other)),
+        }
+    }
+
+    /// Puts writing into the current lend, once the populating thread of a fresh lend (a
+    /// writer like a put) is done.
+    fn writers_settled(lend: &ClientLend, puts: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let writing = lend
+                .slot
+                .lock()
+                .unwrap()
+                .current
+                .as_ref()
+                .map_or(0, |c| c.writing);
+            if writing == puts {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{writing} writers, not {puts}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn the_largest_object_is_the_stores_until_a_lend_says_and_none_once_refused() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        // A 1 GiB store lends 16 MiB, for objects up to 4 MiB; one under 64 MiB lends nothing.
+        assert_eq!(lend.largest(1 << 30), Some(4 * MIB));
+        assert_eq!(lend.largest(32 * MIB), None);
+        assert_eq!(ClientLend::new(false).largest(1 << 30), None);
+        let r = asked(lend.reserve(64, 0)).install(lent(&table, 1, 0, 4 * MIB, 0));
+        assert!(r.is_some());
+        assert_eq!(lend.largest(1 << 30), Some(MIB));
+        // The store's answer that it lends nothing holds for good.
+        let refused = ClientLend::new(true);
+        let e = Error::Protocol("MALFORMED: no lends here".into());
+        assert!(asked(refused.reserve(64, 0)).install(Err(e)).is_none());
+        assert_eq!(refused.largest(1 << 30), None);
+    }
+
+    #[test]
+    fn puts_take_ranges_in_order_and_a_full_lend_is_replaced_only_once_none_writes() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let first = asked(lend.reserve(128, 0));
+        // Until a lend said how large its objects may be, any lend is asked for.
+        assert_eq!(first.at_least, 0);
+        let a = first.install(lent(&table, 1, 4096, 1024, 0)).unwrap();
+        let b = got(lend.reserve(128, 0));
+        let c = got(lend.reserve(256, 0));
+        assert_eq!(
+            (a.offset, b.offset, c.offset),
+            (4096, 4096 + 128, 4096 + 256)
+        );
+        assert_eq!((a.lend, a.segment_id, a.generation), (1, 1, 0));
+        // Too big for the lend's objects, or past its end: full, and puts write into it.
+        assert_eq!(what(&lend.reserve(257, 0)), "busy");
+        let d = got(lend.reserve(256, 0));
+        let e = got(lend.reserve(256, 0));
+        assert_eq!(e.offset + 256, 4096 + 1024, "the lend is full");
+        assert_eq!(what(&lend.reserve(64, 0)), "busy");
+        // The store cannot take it back while puts write into it.
+        writers_settled(&lend, 5);
+        assert!(!table.holds.lend_revoker().revoke(1));
+        drop((a, b, c, d, e));
+        writers_settled(&lend, 0);
+        let next = asked(lend.reserve(256, 0));
+        assert_eq!(next.at_least, 256, "the store's object size is known now");
+        let f = next.install(lent(&table, 2, 0, 1024, 0)).unwrap();
+        assert_eq!((f.lend, f.offset), (2, 0));
+    }
+
+    #[test]
+    fn a_lend_the_store_took_back_is_not_written_and_another_is_asked_for() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let a = asked(lend.reserve(64, 0)).install(lent(&table, 1, 0, 4096, 0));
+        drop(a);
+        writers_settled(&lend, 0);
+        assert!(table.holds.lend_revoker().revoke(1));
+        let r = lend.reserve(64, 0);
+        assert_eq!(what(&r), "lend");
+    }
+
+    #[test]
+    fn one_lend_is_asked_for_at_a_time_and_a_dropped_ask_may_be_made_again() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let first = asked(lend.reserve(64, 0));
+        assert_eq!(what(&lend.reserve(64, 0)), "no", "a LEND is on its way");
+        drop(first);
+        let again = asked(lend.reserve(64, 0));
+        assert!(again.install(lent(&table, 1, 0, 4096, 0)).is_some());
+    }
+
+    #[test]
+    fn a_lend_the_store_could_not_grant_is_not_asked_again_at_once() {
+        let lend = ClientLend::new(true);
+        let short = Error::OutOfMemory {
+            requested: 1,
+            available: 0,
+        };
+        assert!(asked(lend.reserve(64, 0)).install(Err(short)).is_none());
+        assert_eq!(what(&lend.reserve(64, 0)), "no");
+        assert_eq!(lend.largest(1 << 30), Some(4 * MIB), "not refused for good");
+    }
+
+    #[test]
+    fn a_lend_belongs_to_its_connection() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let a = asked(lend.reserve(64, 1)).install(lent(&table, 1, 0, 4096, 1));
+        // A caller of an older connection puts another way.
+        assert_eq!(what(&lend.reserve(64, 0)), "no");
+        // A newer one waits for the old lend's puts, then forgets it.
+        writers_settled(&lend, 1);
+        assert_eq!(what(&lend.reserve(64, 2)), "no");
+        drop(a);
+        writers_settled(&lend, 0);
+        assert_eq!(what(&lend.reserve(64, 2)), "lend");
+    }
+
+    #[test]
+    fn a_lend_the_store_no_longer_has_is_forgotten_once_its_last_put_ends() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let mut a = asked(lend.reserve(64, 0))
+            .install(lent(&table, 1, 0, 4096, 0))
+            .unwrap();
+        a.lend_gone();
+        writers_settled(&lend, 1);
+        assert_eq!(what(&lend.reserve(64, 0)), "busy");
+        drop(a);
+        assert!(lend.slot.lock().unwrap().current.is_none());
+        assert_eq!(what(&lend.reserve(64, 0)), "lend");
+    }
+
+    #[test]
+    fn a_range_takes_the_bytes_and_publishes_them_with_the_options() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let r = asked(lend.reserve(128, 0))
+            .install(lent(&table, 3, 1024, 4096, 0))
+            .unwrap();
+        let options = PutOptions {
+            replace: true,
+            keep_reference: true,
+            pipelined: true,
+            ..Default::default()
+        };
+        let req = r.write("n", b"bytes", b"meta", &options).unwrap();
+        let Request::Publish {
+            lend,
+            offset,
+            name,
+            flags,
+            metadata,
+            size,
+        } = req
+        else {
+            panic!("not a PUBLISH: {req:?}");
+        };
+        assert_eq!((lend, offset, &*name, size), (3, 1024, "n", 5));
+        assert_eq!(
+            (flags, &*metadata),
+            (vovp_proto::put_flags(&options), &b"meta"[..])
+        );
+        // SAFETY: the range's first 5 bytes, just written, kept mapped by `r`.
+        let written = unsafe { std::slice::from_raw_parts(r.ptr(), 5) };
+        assert_eq!(written, b"bytes");
+        assert!(matches!(
+            r.write("", b"", b"", &options),
+            Err(Error::InvalidName(_))
+        ));
+    }
+
+    #[test]
+    fn a_lend_lies_in_a_segment_this_client_writes_on_the_connection_that_lent_it() {
+        let lend = |offset, size| Lend {
+            id: 1,
+            segment: 1,
+            offset,
+            size,
+            max_object: size / 4,
+        };
+        let own = own_segment(8192);
+        assert!(check(&lend(4096, 4096), &own).is_ok());
+        assert!(matches!(
+            check(&lend(4096, 4097), &own),
+            Err(Error::Protocol(_))
+        ));
+        assert!(matches!(
+            check(&lend(u64::MAX, 2), &own),
+            Err(Error::Protocol(_))
+        ));
+        let theirs = foreign_segment(8192);
+        assert!(matches!(
+            check(&lend(0, 4096), &theirs),
+            Err(Error::Protocol(_))
+        ));
+        // A lend on a connection without a hold table: a daemon out of step.
+        let answered = (Arc::new(mappings(1 << 30, None)), 0);
+        let no_table = accept(lend(0, 4096), own.clone(), &answered);
+        assert!(matches!(no_table, Err(Error::Config(_))));
+        // A PUBLISH answered on a newer connection than its lend's.
+        let table = Table::new();
+        let lends = ClientLend::new(true);
+        let r = asked(lends.reserve(64, 0))
+            .install(lent(&table, 1, 0, 4096, 0))
+            .unwrap();
+        let maps = Arc::new(mappings(1 << 30, Some(table.reader.clone())));
+        assert!(check_answered(&r, &(maps.clone(), 0)).is_ok());
+        assert!(matches!(
+            check_answered(&r, &(maps, 1)),
+            Err(Error::Connection(_))
+        ));
+    }
+}

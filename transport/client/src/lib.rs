@@ -27,6 +27,8 @@ mod ops;
 mod pending;
 mod private;
 mod shared;
+#[cfg(test)]
+mod test_support;
 
 pub use blocking::{Client, Subscription, SubscriptionCloser};
 #[cfg(feature = "async")]

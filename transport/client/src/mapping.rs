@@ -351,3 +351,141 @@ impl Mappings {
         Ok(unsafe { ObjectBuffer::from_mapped(r, mapped, sink) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{foreign_segment, mappings, memfd, object, own_segment, Counted};
+
+    fn sink() -> (Arc<Counted>, Arc<dyn ObjectSink>) {
+        let counted = Arc::new(Counted::default());
+        (counted.clone(), counted)
+    }
+
+    #[test]
+    fn a_segment_smaller_than_its_announced_size_is_refused_not_mapped() {
+        let short = MappedSegment::map(memfd(4096), 8192, false, false);
+        assert!(matches!(short, Err(Error::Protocol(_))));
+        // Segment 0 handed out read-write (`--prefault`) is still nobody's own.
+        let zero = MappedSegment::map(memfd(4096), 4096, true, false).unwrap();
+        assert!(!zero.is_own() && zero.own_base().is_err());
+    }
+
+    #[test]
+    fn views_point_inside_their_segment_or_are_refused() {
+        let maps = mappings(1 << 30, None);
+        let seg = foreign_segment(4096);
+        maps.insert_segment(1, seg.clone());
+        let (_, s) = sink();
+        let v = maps.view(object("a", 1, 64, 64), s.clone()).unwrap();
+        assert_eq!(v.as_ptr(), seg.map.as_ptr().wrapping_add(64));
+        let outside = maps.view(object("b", 1, 4090, 64), s.clone());
+        assert!(matches!(outside, Err(Error::Protocol(_))));
+        let unknown = maps.view(object("c", 7, 0, 8), s);
+        assert!(matches!(unknown, Err(Error::Protocol(_))));
+    }
+
+    #[test]
+    fn a_failed_view_among_many_gives_every_reference_back() {
+        let maps = mappings(1 << 30, None);
+        maps.insert_segment(1, foreign_segment(4096));
+        let (counted, s) = sink();
+        let good = object("good", 1, 0, 8);
+        let bad = object("bad", 1, 4095, 64);
+        let got = maps.views(vec![Some(good.clone()), None, Some(bad.clone())], s);
+        assert!(matches!(got, Err(Error::Protocol(_))));
+        let mut released = counted.released();
+        released.sort_unstable();
+        assert_eq!(released, [good.id.get(), bad.id.get()]);
+    }
+
+    #[test]
+    fn buffers_only_in_segments_this_client_writes() {
+        let maps = mappings(1 << 30, None);
+        maps.insert_segment(1, foreign_segment(4096));
+        maps.insert_segment(2, own_segment(4096));
+        let (_, s) = sink();
+        let theirs = maps.buffer(object("t", 1, 0, 8), s.clone());
+        assert!(matches!(theirs, Err(Error::Protocol(_))));
+        let mut mine = maps.buffer(object("m", 2, 64, 8), s).unwrap();
+        mine.as_mut_slice().copy_from_slice(b"12345678");
+        let view = maps.view(object("m", 2, 64, 8), sink().1).unwrap();
+        assert_eq!(&view[..], b"12345678");
+    }
+
+    #[test]
+    fn the_segments_of_a_reply_are_pinned_if_mapped_and_listed_once_if_not() {
+        let maps = mappings(1 << 30, None);
+        let seg = foreign_segment(4096);
+        maps.insert_segment(1, seg.clone());
+        let refs = [
+            object("a", 1, 0, 8),
+            object("b", 3, 0, 8),
+            object("c", 1, 64, 8),
+            object("d", 2, 0, 8),
+            object("e", 3, 64, 8),
+        ];
+        let (pins, missing) = maps.segments_of(refs.iter());
+        assert_eq!(missing, [2, 3]);
+        assert_eq!(pins.len(), 1);
+        assert!(Arc::ptr_eq(&pins[0], &seg));
+    }
+
+    #[test]
+    fn other_clients_arenas_stay_mapped_while_viewed_or_among_the_last_mapped() {
+        let maps = mappings(1 << 30, None);
+        maps.insert_segment(100, own_segment(4096));
+        let viewed = foreign_segment(4096);
+        maps.insert_segment(1, viewed.clone());
+        for id in 2..=(RECENT_ARENAS as u32 + 2) {
+            maps.insert_segment(id, foreign_segment(4096));
+        }
+        // Segment 2 fell out of the recent list and nothing views it: unmapped.
+        assert!(maps.segment(2).is_none());
+        assert!(maps.segment(3).is_some());
+        // Segment 1 is out of the list too, but viewed; this client's own arena is kept.
+        assert!(maps.segment(1).is_some());
+        assert!(maps.segment(100).is_some());
+        drop(viewed);
+        maps.insert_segment(200, foreign_segment(4096));
+        assert!(maps.segment(1).is_none());
+    }
+
+    #[test]
+    fn writable_views_are_in_place_only_for_large_objects_of_this_clients_arena() {
+        let own = own_segment(64 << 10);
+        let big = own.private_view(8192, SMALL_MAX_BLOCK + 1).unwrap();
+        assert_eq!(big.ptr, own.map.as_mut_ptr().wrapping_add(8192));
+        assert!(own.private_ready(SMALL_MAX_BLOCK + 1));
+        let small = own.private_view(0, 64).unwrap();
+        assert_ne!(small.ptr, own.map.as_mut_ptr());
+        let theirs = foreign_segment(64 << 10);
+        assert!(!theirs.private_ready(SMALL_MAX_BLOCK + 1));
+        let copy = theirs.private_view(8192, SMALL_MAX_BLOCK + 1).unwrap();
+        assert_ne!(copy.ptr, theirs.map.as_mut_ptr().wrapping_add(8192));
+        assert!(theirs.private_ready(SMALL_MAX_BLOCK + 1));
+        assert!(matches!(
+            theirs.private_view(60 << 10, 8 << 10),
+            Err(Error::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn a_cuda_object_a_caller_maps_itself_comes_back_empty() {
+        let mut maps = mappings(1 << 30, None);
+        maps.defer_cuda = true;
+        let block = vovp_types::DeviceBlock {
+            device: 0,
+            pool: 0,
+            ipc_handle: [0; 64],
+            offset: 0,
+            size: 256,
+        };
+        let cuda = ObjectRef {
+            location: Location::Cuda(block),
+            ..object("g", 0, 0, 256)
+        };
+        let v = maps.view(cuda, sink().1).unwrap();
+        assert!(v.as_ptr().is_null() && v.bytes().is_empty() && v.cuda_ptr().is_none());
+    }
+}

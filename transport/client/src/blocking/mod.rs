@@ -696,3 +696,8 @@ impl Store for Client {
         ready(ops::stats(&self.inner))
     }
 }
+
+/// The blocking client over one end of a socket pair whose other end a test plays the daemon
+/// on: its puts, batches and owed replies, with no daemon.
+#[cfg(test)]
+mod tests;
