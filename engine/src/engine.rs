@@ -35,29 +35,23 @@ impl Engine {
     pub fn spawn(config: Config) -> Result<EngineHandle, Error> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("vovp-engine".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(Error::Internal(format!("tokio runtime: {e}"))));
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let started = Engine::start(config).await;
-                    let ok = started.is_ok();
-                    let _ = ready_tx.send(started);
-                    if ok {
-                        let _ = stop_rx.await;
-                    }
-                });
-            })
-            .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
+        let thread = runtime_thread("vovp-engine", "engine", move |rt| {
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let started = Engine::start(config).await;
+                let ok = started.is_ok();
+                let _ = ready_tx.send(started);
+                if ok {
+                    let _ = stop_rx.await;
+                }
+            });
+        })?;
         let handle = ready_rx
             .recv()
             .map_err(|_| Error::Internal("engine thread died while starting".into()))??;
@@ -147,27 +141,39 @@ impl Engine {
     }
 }
 
+/// Runs `work` on a new thread `name` with a current-thread tokio runtime of its own (`work`
+/// gets the runtime, or why there is none); `what` names the thread in the error when it
+/// cannot be started.
+fn runtime_thread(
+    name: &str,
+    what: &str,
+    work: impl FnOnce(Result<tokio::runtime::Runtime, Error>) + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, Error> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::Internal(format!("tokio runtime: {e}")));
+            work(rt)
+        })
+        .map_err(|e| Error::Internal(format!("cannot start the {what} thread: {e}")))
+}
+
 /// The GPU actor gets a thread of its own: its driver calls block (the first request on a device
 /// creates a context and a pool, up to about a second), and must not stall the engine's thread.
 fn spawn_gpu_actor(config: vovp_gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Error> {
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("vovp-gpu".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(_) => return,
-            };
-            rt.block_on(async move {
-                let gpu = GpuActor::spawn(GpuActor::new(config));
-                let _ = tx.send(gpu.clone());
-                gpu.wait_for_shutdown().await;
-            });
-        })
-        .map_err(|e| Error::Internal(format!("cannot start the GPU thread: {e}")))?;
+    runtime_thread("vovp-gpu", "GPU", move |rt| {
+        // (No runtime: the sender drops unsent, and the caller learns the thread died.)
+        let Ok(rt) = rt else { return };
+        rt.block_on(async move {
+            let gpu = GpuActor::spawn(GpuActor::new(config));
+            let _ = tx.send(gpu.clone());
+            gpu.wait_for_shutdown().await;
+        });
+    })?;
     rx.recv()
         .map_err(|_| Error::Internal("the GPU thread died while starting".into()))
 }
@@ -235,8 +241,10 @@ impl EngineHandle {
             let _ = thread.join();
         }
     }
+}
 
-    async fn create_inner(
+impl AsyncStore for EngineHandle {
+    async fn create(
         &self,
         name: &str,
         size: u64,
@@ -253,18 +261,6 @@ impl EngineHandle {
                 Err(e)
             }
         }
-    }
-}
-
-impl AsyncStore for EngineHandle {
-    async fn create(
-        &self,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectBuffer, Error> {
-        self.create_inner(name, size, metadata, options).await
     }
 
     async fn seal(&self, name: &str) -> Result<u64, Error> {

@@ -203,6 +203,15 @@ pub(crate) struct Core {
     pub(crate) path: PathBuf,
 }
 
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("socket", &self.path)
+            .field("generation", &self.current.generation())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Core {
     pub(crate) fn new(path: PathBuf, maps: Mappings, reconnect: bool) -> Self {
         Core {

@@ -12,18 +12,28 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vovp_proto::{Header, Reply, Request, HEADER_LEN};
 use vovp_shm::held::Holder;
-use vovp_types::{
-    AsyncStore, CreateOptions, Error, Notification, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef,
-    ObjectSink, ObjectView, PutOptions, StoreStats,
-};
+use vovp_types::{AsyncStore, Error, Notification, ObjectId, ObjectRef, ObjectSink, ObjectView};
 
 use crate::core::{requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
 use crate::lent::ClientLend;
 use crate::mapping::{MappedSegment, Mappings};
 use crate::notify::Notifications;
-use crate::ops::{self, Driver, Put, PutArgs};
+use crate::ops::{self, Driver};
 use crate::ClientOptions;
+
+/// Reads one whole frame from `stream`: its header, and its payload into `payload`.
+async fn read_frame(
+    stream: &mut tokio::net::UnixStream,
+    payload: &mut Vec<u8>,
+) -> Result<Header, Error> {
+    let mut header = [0u8; HEADER_LEN];
+    stream.read_exact(&mut header).await.map_err(conn_err)?;
+    let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
+    payload.resize(h.payload_len, 0);
+    stream.read_exact(payload).await.map_err(conn_err)?;
+    Ok(h)
+}
 
 struct AsyncConn {
     stream: tokio::net::UnixStream,
@@ -46,17 +56,7 @@ impl AsyncConn {
             .write_all(&self.wire.out)
             .await
             .map_err(conn_err)?;
-        let mut header = [0u8; HEADER_LEN];
-        self.stream
-            .read_exact(&mut header)
-            .await
-            .map_err(conn_err)?;
-        let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
-        self.payload.resize(h.payload_len, 0);
-        self.stream
-            .read_exact(&mut self.payload)
-            .await
-            .map_err(conn_err)?;
+        let h = read_frame(&mut self.stream, &mut self.payload).await?;
         crate::core::decode_reply(&h, &self.payload, id, req)
     }
 
@@ -180,14 +180,6 @@ pub struct AsyncClient {
     inner: Arc<AsyncInner>,
 }
 
-impl std::fmt::Debug for AsyncClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncClient")
-            .field("socket", &self.inner.core.path)
-            .finish_non_exhaustive()
-    }
-}
-
 impl AsyncClient {
     /// Connects to the daemon listening on `path`, on the current tokio runtime.
     ///
@@ -228,42 +220,6 @@ impl AsyncClient {
         ops::call(self, &Request::Stats).await.map(drop)
     }
 
-    /// The one put, as the blocking client's [`crate::Client::put_with`], waiting for the
-    /// store's answer whatever `options.pipelined` says (see the module doc): the new object's
-    /// id ([`Put::Stored`]) or, kept, its view ([`Put::Kept`]).
-    pub async fn put_with(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: PutOptions,
-    ) -> Result<Put, Error> {
-        let put = PutArgs {
-            name,
-            data,
-            metadata,
-            options,
-        };
-        ops::put(self, put).await
-    }
-
-    /// Puts and keeps a reference: the view is the store's copy.
-    pub async fn put_and_view(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectView, Error> {
-        match self
-            .put_with(name, data, metadata, options.with(true, false))
-            .await?
-        {
-            Put::Kept(view) => Ok(view),
-            other => Err(Error::Internal(format!("a kept put answered {other:?}"))),
-        }
-    }
-
     /// Opens a notification stream (its own connection, as the blocking client's
     /// [`crate::Client::subscribe`]).
     pub async fn subscribe(&self) -> Result<AsyncSubscription, Error> {
@@ -276,18 +232,8 @@ impl AsyncClient {
             .await
             .map_err(conn_err)?;
         // Read exactly: the notifications after it are the subscription's.
-        let mut header = [0u8; HEADER_LEN];
-        conn.stream
-            .read_exact(&mut header)
-            .await
-            .map_err(conn_err)?;
-        let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
-        let mut payload = vec![0; h.payload_len];
-        conn.stream
-            .read_exact(&mut payload)
-            .await
-            .map_err(conn_err)?;
-        crate::notify::subscribed(&h, &payload, id)?;
+        let h = read_frame(&mut conn.stream, &mut conn.payload).await?;
+        crate::notify::subscribed(&h, &conn.payload, id)?;
         Ok(AsyncSubscription {
             stream: conn.stream,
             received: Notifications::default(),
@@ -391,13 +337,12 @@ impl Driver for AsyncClient {
         AsyncClient::call_in_session(self, req)
     }
 
-    fn map_segment_of<'a>(
+    fn map_segment<'a>(
         &'a self,
-        maps: &'a Mappings,
-        generation: u64,
+        (maps, generation): &'a Answered,
         segment: u32,
     ) -> impl std::future::Future<Output = Result<Arc<MappedSegment>, Error>> + Send + 'a {
-        AsyncClient::map_segment_of(self, maps, generation, segment)
+        self.map_segment_of(maps, *generation, segment)
     }
 
     fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
@@ -414,72 +359,21 @@ impl Driver for AsyncClient {
     }
 }
 
-impl AsyncStore for AsyncClient {
-    async fn create(
-        &self,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectBuffer, Error> {
-        ops::create(self, name, size, metadata, options).await
-    }
-
-    async fn seal(&self, name: &str) -> Result<u64, Error> {
-        ops::seal(self, name).await
-    }
-
-    async fn abort(&self, name: &str) -> Result<(), Error> {
-        ops::call(self, &requests::abort(name)?).await?.empty()
-    }
-
-    async fn put(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<(), Error> {
-        let options = options.with(false, false);
-        self.put_with(name, data, metadata, options).await.map(drop)
-    }
-
-    /// As the blocking client's: the shared directory first, one GET for the rest.
-    async fn get(
-        &self,
-        names: &[&str],
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Option<ObjectView>>, Error> {
-        ops::get(self, names, timeout).await
-    }
-
-    /// As the blocking client's: a held version above `newer_than`, else GET_NEWER.
-    async fn get_newer(
-        &self,
-        name: &str,
-        newer_than: u64,
-        timeout: Option<Duration>,
-    ) -> Result<ObjectView, Error> {
-        ops::get_newer(self, name, newer_than, timeout).await
-    }
-
-    async fn contains(&self, name: &str) -> Result<bool, Error> {
-        ops::call(self, &requests::contains(name)?).await?.boolean()
-    }
-
-    async fn delete(&self, name: &str) -> Result<(), Error> {
-        ops::call(self, &requests::delete(name)?).await?.empty()
-    }
-
-    async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        ops::list(self).await
-    }
-
-    async fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        ops::call(self, &Request::Evict { bytes }).await?.count()
-    }
-
-    async fn stats(&self) -> Result<StoreStats, Error> {
-        ops::stats(self).await
+impl std::fmt::Debug for AsyncClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AsyncClient")
+            .field(&self.inner.core)
+            .finish()
     }
 }
+
+impl AsyncClient {
+    /// The driver its operations run on (`crate::ops`): itself.
+    fn driver(&self) -> &Self {
+        self
+    }
+}
+
+crate::ops::puts_on_driver!(AsyncClient, async, |op| op.await);
+
+crate::ops::store_on_driver!(AsyncStore for AsyncClient, async, |op| op.await, {});

@@ -24,11 +24,23 @@ use vovp_types::{
 
 use crate::core::{self, requests, Answered, Core, Expect};
 use crate::lent::{self, ClientLend, Lent, Reservation, Reserved};
-use crate::mapping::{MappedSegment, Mappings};
+use crate::mapping::MappedSegment;
 use crate::pending::PipelinedView;
 
 /// What a put gives back, by what it was asked to keep and whether it could return before the
 /// store's answer ([`PutOptions::keep_reference`], [`PutOptions::pipelined`]).
+///
+/// ```no_run
+/// use vovp_client::{Client, Put, PutOptions};
+///
+/// let client = Client::connect("/tmp/vovp.sock")?;
+/// let kept = PutOptions { keep_reference: true, ..Default::default() };
+/// let Put::Kept(view) = client.put_with("step", &7u64.to_le_bytes(), b"", kept)? else {
+///     unreachable!("a kept put that waits answers with its view")
+/// };
+/// assert_eq!(view.size(), 8);
+/// # Ok::<(), vovp_client::Error>(())
+/// ```
 #[derive(Debug)]
 pub enum Put {
     /// Sent without waiting, no reference kept: its outcome comes with `Client::sync`.
@@ -69,11 +81,11 @@ pub(crate) trait Driver: Send + Sync {
         req: &'a Request<'_>,
     ) -> impl Future<Output = Result<(Reply, Answered), Error>> + Send + 'a;
 
-    /// Maps segment `segment` (SEGMENT) into `maps`, those of connection `generation`.
-    fn map_segment_of<'a>(
+    /// Maps segment `segment` (SEGMENT) into the mappings of connection `on` (the one that
+    /// answered with an object in it).
+    fn map_segment<'a>(
         &'a self,
-        maps: &'a Mappings,
-        generation: u64,
+        on: &'a Answered,
         segment: u32,
     ) -> impl Future<Output = Result<Arc<MappedSegment>, Error>> + Send + 'a;
 
@@ -121,12 +133,12 @@ pub(crate) async fn call<D: Driver>(d: &D, req: &Request<'_>) -> Result<Reply, E
 /// came from.
 async fn pin_segments<'r, D: Driver>(
     d: &D,
-    (maps, generation): &Answered,
+    answered: &Answered,
     refs: impl IntoIterator<Item = &'r ObjectRef>,
 ) -> Result<Vec<Arc<MappedSegment>>, Error> {
-    let (mut pins, missing) = maps.segments_of(refs);
+    let (mut pins, missing) = answered.0.segments_of(refs);
     for segment in missing {
-        pins.push(d.map_segment_of(maps, *generation, segment).await?);
+        pins.push(d.map_segment(answered, segment).await?);
     }
     Ok(pins)
 }
@@ -387,7 +399,7 @@ async fn take_lend<D: Driver>(d: &D, at_least: u64) -> Result<Lent, Error> {
     let lend = reply.lent()?;
     let segment = match answered.0.segment(lend.segment) {
         Some(s) => s,
-        None => (d.map_segment_of(&answered.0, answered.1, lend.segment)).await?,
+        None => d.map_segment(&answered, lend.segment).await?,
     };
     lent::accept(lend, segment, &answered)
 }
@@ -420,3 +432,236 @@ async fn put_lent<D: Driver>(d: &D, put: &PutArgs<'_>) -> Option<Result<Put, Err
 pub(crate) fn pending(outcome: Option<Result<PipelinedView, Error>>) -> Option<Result<Put, Error>> {
     outcome.map(|r| r.map(Put::Pending))
 }
+
+pub(crate) async fn abort<D: Driver>(d: &D, name: &str) -> Result<(), Error> {
+    call(d, &requests::abort(name)?).await?.empty()
+}
+
+pub(crate) async fn contains<D: Driver>(d: &D, name: &str) -> Result<bool, Error> {
+    call(d, &requests::contains(name)?).await?.boolean()
+}
+
+pub(crate) async fn delete<D: Driver>(d: &D, name: &str) -> Result<(), Error> {
+    call(d, &requests::delete(name)?).await?.empty()
+}
+
+pub(crate) async fn evict<D: Driver>(d: &D, bytes: u64) -> Result<u64, Error> {
+    call(d, &Request::Evict { bytes }).await?.count()
+}
+
+/// The one put, with its four arguments.
+pub(crate) async fn put_with<D: Driver>(
+    d: &D,
+    name: &str,
+    data: &[u8],
+    metadata: &[u8],
+    options: PutOptions,
+) -> Result<Put, Error> {
+    let args = PutArgs {
+        name,
+        data,
+        metadata,
+        options,
+    };
+    put(d, args).await
+}
+
+/// A put that waits and keeps no reference: the new object's id.
+pub(crate) async fn put_id<D: Driver>(
+    d: &D,
+    name: &str,
+    data: &[u8],
+    metadata: &[u8],
+    options: PutOptions,
+) -> Result<u64, Error> {
+    match put_with(d, name, data, metadata, options.with(false, false)).await? {
+        Put::Stored(id) => Ok(id.get()),
+        other => Err(unexpected_put(other)),
+    }
+}
+
+/// A put that waits and keeps a reference: the store's copy.
+pub(crate) async fn put_and_view<D: Driver>(
+    d: &D,
+    name: &str,
+    data: &[u8],
+    metadata: &[u8],
+    options: PutOptions,
+) -> Result<ObjectView, Error> {
+    match put_with(d, name, data, metadata, options.with(true, false)).await? {
+        Put::Kept(view) => Ok(view),
+        other => Err(unexpected_put(other)),
+    }
+}
+
+/// A put answered with another outcome than its options ask for: the route's bug, reported.
+fn unexpected_put(outcome: Put) -> Error {
+    Error::Internal(format!("a put answered with {outcome:?}"))
+}
+
+/// `Store::put`: keeps no reference, and may return before the store's answer where the
+/// driver can.
+pub(crate) async fn put_unkept<D: Driver>(
+    d: &D,
+    name: &str,
+    data: &[u8],
+    metadata: &[u8],
+    options: PutOptions,
+) -> Result<(), Error> {
+    let options = options.with(false, true);
+    let args = PutArgs {
+        name,
+        data,
+        metadata,
+        options,
+    };
+    put(d, args).await.map(drop)
+}
+
+/// The `Store` of the blocking client and the `AsyncStore` of the async one, from one list:
+/// each method runs the operation of this module of its name on the client's driver
+/// (`$client::driver()`), `$run` running the future `$op` (blocking: [`ready`]; async:
+/// awaited). `$extra`: methods of one client only.
+macro_rules! store_on_driver {
+    ($trait:ident for $client:ty, $($asyncness:ident)?, |$op:ident| $run:expr, { $($extra:item)* }) => {
+        impl $trait for $client {
+            $($asyncness)? fn create(
+                &self,
+                name: &str,
+                size: u64,
+                metadata: &[u8],
+                options: vovp_types::CreateOptions,
+            ) -> Result<vovp_types::ObjectBuffer, Error> {
+                let $op = $crate::ops::create(self.driver(), name, size, metadata, options);
+                $run
+            }
+
+            $($asyncness)? fn seal(&self, name: &str) -> Result<u64, Error> {
+                let $op = $crate::ops::seal(self.driver(), name);
+                $run
+            }
+
+            $($asyncness)? fn abort(&self, name: &str) -> Result<(), Error> {
+                let $op = $crate::ops::abort(self.driver(), name);
+                $run
+            }
+
+            /// Keeps no reference; returns before the store's answer where the client may
+            /// (the blocking client, see `ClientOptions::no_pipelined_puts`).
+            $($asyncness)? fn put(
+                &self,
+                name: &str,
+                data: &[u8],
+                metadata: &[u8],
+                options: vovp_types::CreateOptions,
+            ) -> Result<(), Error> {
+                let $op = $crate::ops::put_unkept(self.driver(), name, data, metadata, options);
+                $run
+            }
+
+            /// Names published in the shared directory are got with no message (a hold in
+            /// this connection's table); the rest, if any, in one GET.
+            $($asyncness)? fn get(
+                &self,
+                names: &[&str],
+                timeout: Option<std::time::Duration>,
+            ) -> Result<Vec<Option<vovp_types::ObjectView>>, Error> {
+                let $op = $crate::ops::get(self.driver(), names, timeout);
+                $run
+            }
+
+            /// The shared directory first (a held version above `newer_than` is the answer,
+            /// an older one is let go at once), then GET_NEWER, which waits for the next
+            /// version to be sealed.
+            $($asyncness)? fn get_newer(
+                &self,
+                name: &str,
+                newer_than: u64,
+                timeout: Option<std::time::Duration>,
+            ) -> Result<vovp_types::ObjectView, Error> {
+                let $op = $crate::ops::get_newer(self.driver(), name, newer_than, timeout);
+                $run
+            }
+
+            $($asyncness)? fn contains(&self, name: &str) -> Result<bool, Error> {
+                let $op = $crate::ops::contains(self.driver(), name);
+                $run
+            }
+
+            $($asyncness)? fn delete(&self, name: &str) -> Result<(), Error> {
+                let $op = $crate::ops::delete(self.driver(), name);
+                $run
+            }
+
+            $($asyncness)? fn list(&self) -> Result<Vec<vovp_types::ObjectInfo>, Error> {
+                let $op = $crate::ops::list(self.driver());
+                $run
+            }
+
+            $($asyncness)? fn evict(&self, bytes: u64) -> Result<u64, Error> {
+                let $op = $crate::ops::evict(self.driver(), bytes);
+                $run
+            }
+
+            $($asyncness)? fn stats(&self) -> Result<vovp_types::StoreStats, Error> {
+                let $op = $crate::ops::stats(self.driver());
+                $run
+            }
+
+            $($extra)*
+        }
+    };
+}
+pub(crate) use store_on_driver;
+
+/// The puts both clients have besides `Store::put`, from one list (as [`store_on_driver`]).
+macro_rules! puts_on_driver {
+    ($client:ty, $($asyncness:ident)?, |$op:ident| $run:expr) => {
+        impl $client {
+            /// The one put: `data` with `metadata` as object `name`, the way
+            /// [`vovp_types::put::route`] picks for its size and `options` on this connection
+            /// (see [`crate::Put`] for what comes back: `options.keep_reference` and
+            /// `options.pipelined` decide; an `AsyncClient`'s put always waits for the store's
+            /// answer). The other puts are this with those two set: `Store::put` (none kept,
+            /// may return before the answer), `put_id` (none kept, waits), `put_and_view`
+            /// (kept, waits), the blocking client's `put_view_later` (kept, returns before the
+            /// answer).
+            pub $($asyncness)? fn put_with(
+                &self,
+                name: &str,
+                data: &[u8],
+                metadata: &[u8],
+                options: vovp_types::PutOptions,
+            ) -> Result<$crate::Put, Error> {
+                let $op = $crate::ops::put_with(self.driver(), name, data, metadata, options);
+                $run
+            }
+
+            /// `Store::put` that waits for the store's answer and returns the new object's id.
+            pub $($asyncness)? fn put_id(
+                &self,
+                name: &str,
+                data: &[u8],
+                metadata: &[u8],
+                options: vovp_types::CreateOptions,
+            ) -> Result<u64, Error> {
+                let $op = $crate::ops::put_id(self.driver(), name, data, metadata, options);
+                $run
+            }
+
+            /// Puts and keeps a reference: the view is the store's copy (zero-copy
+            /// afterwards).
+            pub $($asyncness)? fn put_and_view(
+                &self,
+                name: &str,
+                data: &[u8],
+                metadata: &[u8],
+                options: vovp_types::CreateOptions,
+            ) -> Result<vovp_types::ObjectView, Error> {
+                let $op = $crate::ops::put_and_view(self.driver(), name, data, metadata, options);
+                $run
+            }
+        }
+    };
+}
+pub(crate) use puts_on_driver;

@@ -11,14 +11,13 @@ use vovp_proto::Request;
 use vovp_shm::held::{DirectoryPart, Holder};
 use vovp_types::put::Route;
 use vovp_types::{
-    CreateOptions, Error, Location, ObjectBuffer, ObjectInfo, ObjectSink, ObjectView, PutOptions,
-    Store, StoreStats,
+    CreateOptions, Error, Location, ObjectSink, ObjectView, PutOptions, Store, StoreStats,
 };
 
 use crate::core::{requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, handshake};
 use crate::lent::ClientLend;
-use crate::mapping::{MappedSegment, Mappings};
+use crate::mapping::MappedSegment;
 use crate::ops::{self, ready, Driver, Put, PutArgs};
 use crate::ClientOptions;
 
@@ -84,14 +83,6 @@ const MAX_DEFERRED_RELEASES: usize = 1024;
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
-}
-
-impl std::fmt::Debug for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("socket", &self.inner.core.path)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Client {
@@ -248,40 +239,6 @@ impl Client {
             .lock()
             .map(|c| c.wire.last_id())
             .unwrap_or(0)
-    }
-
-    /// The one put: `data` with `metadata` as object `name`, the way
-    /// [`vovp_types::put::route`] picks for its size and `options` on this connection (see
-    /// [`Put`] for what comes back: `options.keep_reference` and `options.pipelined` decide).
-    /// The other puts are this with those two set: [`Store::put`] (none kept, may return
-    /// before the answer), [`Client::put_id`] (none kept, waits), [`Client::put_and_view`]
-    /// (kept, waits), [`Client::put_view_later`] (kept, returns before the answer).
-    ///
-    /// ```no_run
-    /// use vovp_client::{Client, Put, PutOptions};
-    ///
-    /// let client = Client::connect("/tmp/vovp.sock")?;
-    /// let kept = PutOptions { keep_reference: true, ..Default::default() };
-    /// let Put::Kept(view) = client.put_with("step", &7u64.to_le_bytes(), b"", kept)? else {
-    ///     unreachable!("a kept put that waits answers with its view")
-    /// };
-    /// assert_eq!(view.size(), 8);
-    /// # Ok::<(), vovp_client::Error>(())
-    /// ```
-    pub fn put_with(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: PutOptions,
-    ) -> Result<Put, Error> {
-        let put = PutArgs {
-            name,
-            data,
-            metadata,
-            options,
-        };
-        ready(ops::put(&self.inner, put))
     }
 
     /// [`Client::put_with`] of every `(name, data, metadata)` of `items` with `options`, the
@@ -459,34 +416,6 @@ impl Client {
         self.inner.put_views_later(puts)
     }
 
-    /// [`Store::put`] that waits for the store's answer and returns the new object's id.
-    pub fn put_id(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<u64, Error> {
-        match self.put_with(name, data, metadata, options.with(false, false))? {
-            Put::Stored(id) => Ok(id.get()),
-            other => Err(unexpected_put(other)),
-        }
-    }
-
-    /// Puts and keeps a reference: the view is the store's copy (zero-copy afterwards).
-    pub fn put_and_view(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectView, Error> {
-        match self.put_with(name, data, metadata, options.with(true, false))? {
-            Put::Kept(view) => Ok(view),
-            other => Err(unexpected_put(other)),
-        }
-    }
-
     /// Host bytes the daemon manages.
     pub fn capacity(&self) -> u64 {
         self.inner.core.current.maps().capacity
@@ -555,9 +484,17 @@ impl Client {
     }
 }
 
-/// A put answered with another outcome than its options ask for: the route's bug, reported.
-fn unexpected_put(outcome: Put) -> Error {
-    Error::Internal(format!("a put answered with {outcome:?}"))
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Client").field(&self.inner.core).finish()
+    }
+}
+
+impl Client {
+    /// The driver its operations run on (`crate::ops`).
+    fn driver(&self) -> &Arc<ClientInner> {
+        &self.inner
+    }
 }
 
 /// The blocking driver of the shared operations (`crate::ops`): every call does its I/O before
@@ -583,13 +520,12 @@ impl Driver for Arc<ClientInner> {
         std::future::ready(ClientInner::call_in_session(self, req))
     }
 
-    fn map_segment_of<'a>(
+    fn map_segment<'a>(
         &'a self,
-        maps: &'a Mappings,
-        generation: u64,
+        (maps, generation): &'a Answered,
         segment: u32,
     ) -> impl std::future::Future<Output = Result<Arc<MappedSegment>, Error>> + Send + 'a {
-        std::future::ready(ClientInner::map_segment_of(self, maps, generation, segment))
+        std::future::ready(self.map_segment_of(maps, *generation, segment))
     }
 
     fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
@@ -619,83 +555,13 @@ impl Driver for Arc<ClientInner> {
     }
 }
 
-impl Store for Client {
-    fn create(
-        &self,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectBuffer, Error> {
-        ready(ops::create(&self.inner, name, size, metadata, options))
-    }
+crate::ops::puts_on_driver!(Client, , |op| ready(op));
 
-    fn seal(&self, name: &str) -> Result<u64, Error> {
-        ready(ops::seal(&self.inner, name))
-    }
-
-    fn abort(&self, name: &str) -> Result<(), Error> {
-        self.inner.call(&requests::abort(name)?)?.empty()
-    }
-
-    /// Keeps no reference, and returns before the store's answer where the client may (see
-    /// [`ClientOptions::no_pipelined_puts`]).
-    fn put(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<(), Error> {
-        self.put_with(name, data, metadata, options.with(false, true))
-            .map(drop)
-    }
-
-    /// Names published in the shared directory are got with no message (a hold in this
-    /// connection's table); the rest, if any, in one GET.
-    fn get(
-        &self,
-        names: &[&str],
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Option<ObjectView>>, Error> {
-        ready(ops::get(&self.inner, names, timeout))
-    }
-
+crate::ops::store_on_driver!(Store for Client, , |op| ready(op), {
     fn get_one(&self, name: &str, timeout: Option<Duration>) -> Result<ObjectView, Error> {
         ready(ops::get_one(&self.inner, name, timeout))
     }
-
-    /// The shared directory first (a held version above `newer_than` is the answer, an older
-    /// one is let go at once), then GET_NEWER, which waits for the next version to be sealed.
-    fn get_newer(
-        &self,
-        name: &str,
-        newer_than: u64,
-        timeout: Option<Duration>,
-    ) -> Result<ObjectView, Error> {
-        ready(ops::get_newer(&self.inner, name, newer_than, timeout))
-    }
-
-    fn contains(&self, name: &str) -> Result<bool, Error> {
-        self.inner.call(&requests::contains(name)?)?.boolean()
-    }
-
-    fn delete(&self, name: &str) -> Result<(), Error> {
-        self.inner.call(&requests::delete(name)?)?.empty()
-    }
-
-    fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        ready(ops::list(&self.inner))
-    }
-
-    fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        self.inner.call(&Request::Evict { bytes })?.count()
-    }
-
-    fn stats(&self) -> Result<StoreStats, Error> {
-        ready(ops::stats(&self.inner))
-    }
-}
+});
 
 /// The blocking client over one end of a socket pair whose other end a test plays the daemon
 /// on: its puts, batches and owed replies, with no daemon.

@@ -37,12 +37,7 @@ impl ClientInner {
         self: &Arc<Self>,
         put: &PutArgs<'_>,
     ) -> Option<Result<PipelinedView, Error>> {
-        let &PutArgs {
-            name,
-            data,
-            metadata,
-            options,
-        } = put;
+        let (name, data, metadata) = (put.name, put.data, put.metadata);
         // Refused here, now, as a waiting put's would be (before any byte is copied).
         if let Err(e) = crate::core::check_put(name, metadata) {
             return Some(Err(e));
@@ -59,7 +54,7 @@ impl ClientInner {
             Err(_) => return None,
         };
         // The copy runs outside the connection's lock (other threads' calls go on meanwhile).
-        let options = options.with(true, true);
+        let options = put.options.with(true, true);
         let req = match reserved.write(name, data, metadata, &options) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
@@ -120,13 +115,8 @@ impl ClientInner {
     /// while the PUT is on its way (vovp-shm's `sent`). `None`: not this way (opted out, no
     /// hold table, a forked child, a broken connection that a waiting call may reconnect).
     pub(super) fn put_pipelined(&self, put: &PutArgs<'_>) -> Option<Result<(), Error>> {
-        let &PutArgs {
-            name,
-            data,
-            metadata,
-            options,
-        } = put;
-        let options = options.with(false, true);
+        let (name, data, metadata) = (put.name, put.data, put.metadata);
+        let options = put.options.with(false, true);
         // What the store would refuse whatever its state is refused here, now, as a waiting
         // put's would be: a bad name, too much metadata, a name published already or put by
         // this client a moment ago. (A name another client took but has not published yet
