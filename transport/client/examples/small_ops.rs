@@ -1,7 +1,10 @@
 //! Tight loop of small operations against a running daemon: the blocking client's small-op
 //! costs (µs per op, the median of `rounds` timed rounds), and a loop to profile the request
 //! path under (`perf record -p $(pidof vovp-engine)` while this runs). Not a benchmark
-//! (vovp-bench is): a before/after check of the client's own overhead on one machine.
+//! (vovp-bench is): a before/after check of the client's own overhead on one machine. One
+//! row's own instructions: `SMALL_OPS_ROW=put valgrind --tool=callgrind` at two `n`, the
+//! difference divided (a row that gets through the shared directory does not run under
+//! valgrind: its vDSO clock read faults there).
 //!
 //!     cargo run --release -p vovp-client --example small_ops -- /tmp/vovp.sock 20000 5
 
@@ -15,11 +18,17 @@ fn main() -> Result<(), vovp_types::Error> {
     let socket = args.next().unwrap_or_else(|| "/tmp/vovp.sock".into());
     let n: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(5);
+    // SMALL_OPS_ROW: run only the row whose name starts with it (see the module doc).
+    let only = std::env::var("SMALL_OPS_ROW").ok();
     let c = vovp_client::Client::connect(&socket)?;
     c.put("small-ops", &[1u8; 64], b"", CreateOptions::default())?;
+    c.sync()?;
     let time = |what: &str,
                 f: &mut dyn FnMut(u32) -> Result<(), vovp_types::Error>|
      -> Result<(), vovp_types::Error> {
+        if only.as_deref().is_some_and(|o| !what.starts_with(o)) {
+            return Ok(());
+        }
         let mut per_round = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             let start = Instant::now();

@@ -19,7 +19,7 @@ use crate::io::{self, conn_err, handshake};
 use crate::lent::ClientLend;
 use crate::mapping::{MappedSegment, Mappings};
 use crate::notify::Notifications;
-use crate::ops::{self, Driver};
+use crate::ops::{self, Driver, Put, PutArgs};
 use crate::ClientOptions;
 
 /// Reads one whole frame from `stream`: its header, and its payload into `payload`.
@@ -350,6 +350,13 @@ impl Driver for AsyncClient {
             inner: self.inner.clone(),
             generation,
         })
+    }
+
+    fn put<'a>(
+        &'a self,
+        put: PutArgs<'a>,
+    ) -> impl std::future::Future<Output = Result<Put, Error>> + Send + 'a {
+        ops::put(self, put)
     }
 
     fn directory(&self) -> impl FnMut(&str) -> Option<ObjectView> + '_ {

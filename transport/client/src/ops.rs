@@ -96,6 +96,9 @@ pub(crate) trait Driver: Send + Sync {
     /// message (`None`: the store must answer; always, once the client is closed).
     fn directory(&self) -> impl FnMut(&str) -> Option<ObjectView> + '_;
 
+    /// The put route (`put`, `put_blocking`), run as this driver runs its operations.
+    fn put<'a>(&'a self, put: PutArgs<'a>) -> impl Future<Output = Result<Put, Error>> + Send + 'a;
+
     /// A put route that does not wait for the store's answer ([`Route::is_pipelined`]):
     /// `None` when not this way now (the caller falls back to the next route).
     fn put_later(&self, _route: Route, _put: &PutArgs<'_>) -> Option<Result<Put, Error>> {
@@ -105,6 +108,7 @@ pub(crate) trait Driver: Send + Sync {
 
 /// The output of a future that is ready at its first poll (the blocking driver's, see the
 /// module doc); one that is not is an internal error, never a hang.
+#[inline]
 pub(crate) fn ready<T>(fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
     poll_once(fut).unwrap_or_else(|| {
         Err(Error::Internal(
@@ -114,8 +118,10 @@ pub(crate) fn ready<T>(fut: impl Future<Output = Result<T, Error>>) -> Result<T,
 }
 
 /// `fut`'s output if it is ready at its first poll.
-pub(crate) fn poll_once<T>(fut: impl Future<Output = T>) -> Option<T> {
-    let mut fut = std::pin::pin!(fut);
+#[inline]
+pub(crate) fn poll_once<T>(mut fut: impl Future<Output = T>) -> Option<T> {
+    // SAFETY: `fut` is pinned where it is, a local never moved again (it is dropped here).
+    let mut fut = unsafe { std::pin::Pin::new_unchecked(&mut fut) };
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     match fut.as_mut().poll(&mut cx) {
         std::task::Poll::Ready(out) => Some(out),
@@ -239,18 +245,21 @@ pub(crate) async fn get<D: Driver>(
     Ok(part.fill(got))
 }
 
-/// One name: [`get`] without the lists (every single get).
-pub(crate) async fn get_one<D: Driver>(
+/// One name, the shared directory first: [`get`] without the lists (every single get), in two
+/// halves, so that the blocking client makes no future for a get the directory serves. This
+/// half: `name` through the directory, with no message.
+pub(crate) fn held_one<D: Driver>(d: &D, name: &str) -> Option<ObjectView> {
+    d.directory()(name)
+}
+
+/// The second half: GET of one name the directory did not serve.
+pub(crate) async fn get_one_from_store<D: Driver>(
     d: &D,
     name: &str,
     timeout: Option<Duration>,
 ) -> Result<ObjectView, Error> {
-    let held = d.directory()(name);
-    let view = match held {
-        Some(v) => Some(v),
-        None => get_from_store(d, &[name], timeout).await?.pop().flatten(),
-    };
-    view.ok_or_else(|| Error::NotFound(name.to_string()))
+    let found = get_from_store(d, &[name], timeout).await?.pop().flatten();
+    found.ok_or_else(|| Error::NotFound(name.to_string()))
 }
 
 /// GET_NEWER of `name`: the store answers with a version above `newer_than`, waiting up to
@@ -307,15 +316,62 @@ pub(crate) fn put_paths<D: Driver>(d: &D, size: usize) -> PutPaths {
 }
 
 /// The put route: [`vovp_types::put::route`] decides, the route is tried, and a route that did
-/// not work now is taken away and the decision made again (see `vovp_types::put`).
+/// not work now is taken out of the paths and the decision made again (see
+/// `vovp_types::put`). Drivers run it through [`Driver::put`]: the async one awaits this, the
+/// blocking one runs [`put_blocking`].
+#[cfg(feature = "async")]
 pub(crate) async fn put<D: Driver>(d: &D, put: PutArgs<'_>) -> Result<Put, Error> {
+    match put_start(d, &put) {
+        Started::Done(outcome) => outcome,
+        Started::Waits(paths) => put_from(d, put, paths).await,
+    }
+}
+
+/// The blocking driver's `put`: the routes that need no future first, so that the common
+/// small put (pipelined, into the small lend) makes none; a future, run by [`ready`], only for
+/// a put that waits. (A future is moved several times on its way: the put route's is most of
+/// a kilobyte.)
+pub(crate) fn put_blocking<D: Driver>(d: &D, put: PutArgs<'_>) -> Result<Put, Error> {
+    match put_start(d, &put) {
+        Started::Done(outcome) => outcome,
+        Started::Waits(paths) => ready(put_from(d, put, paths)),
+    }
+}
+
+/// Where a put stands after [`put_start`].
+enum Started {
+    Done(Result<Put, Error>),
+    /// A route that waits for the store's answer comes next, on these paths.
+    Waits(PutPaths),
+}
+
+/// The put route's first steps, which need no future: decides, and tries the routes that
+/// return before the store's answer, until one concludes or a route that waits is picked.
+fn put_start<D: Driver>(d: &D, put: &PutArgs<'_>) -> Started {
     let mut paths = put_paths(d, put.data.len());
+    loop {
+        let route = match put::route(put.data.len(), put.metadata.len(), &put.options, &paths) {
+            Ok(route) if !route.is_pipelined() => return Started::Waits(paths),
+            Ok(route) => route,
+            Err(e) => return Started::Done(Err(e)),
+        };
+        match d.put_later(route, put) {
+            Some(outcome) => return Started::Done(outcome),
+            None => paths = paths.without(route),
+        }
+    }
+}
+
+/// The put route from `paths` on (the first route that waits, its fallbacks after it).
+async fn put_from<D: Driver>(d: &D, put: PutArgs<'_>, mut paths: PutPaths) -> Result<Put, Error> {
     loop {
         let route = put::route(put.data.len(), put.metadata.len(), &put.options, &paths)?;
         let tried = match route {
             Route::Inline => Some(put_inline(d, &put).await),
-            Route::Lend => put_lent(d, &put).await,
-            Route::CreateCopySeal => Some(create_copy_seal(d, &put).await),
+            // Boxed: their futures are several times a small put's, and these puts copy at
+            // least 64 KiB anyway.
+            Route::Lend => Box::pin(put_lent(d, &put)).await,
+            Route::CreateCopySeal => Some(Box::pin(create_copy_seal(d, &put)).await),
             Route::InlinePipelined | Route::LendPipelined | Route::SmallLend => {
                 d.put_later(route, &put)
             }
@@ -463,7 +519,7 @@ pub(crate) async fn put_with<D: Driver>(
         metadata,
         options,
     };
-    put(d, args).await
+    d.put(args).await
 }
 
 /// A put that waits and keeps no reference: the new object's id.
@@ -515,7 +571,7 @@ pub(crate) async fn put_unkept<D: Driver>(
         metadata,
         options,
     };
-    put(d, args).await.map(drop)
+    d.put(args).await.map(drop)
 }
 
 /// The `Store` of the blocking client and the `AsyncStore` of the async one, from one list:

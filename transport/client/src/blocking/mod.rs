@@ -542,6 +542,13 @@ impl Driver for Arc<ClientInner> {
         move |name| maps.as_ref()?.shared_view(name, &holder)
     }
 
+    fn put<'a>(
+        &'a self,
+        put: PutArgs<'a>,
+    ) -> impl std::future::Future<Output = Result<Put, Error>> + Send + 'a {
+        std::future::ready(ops::put_blocking(self, put))
+    }
+
     fn put_later(&self, route: Route, put: &PutArgs<'_>) -> Option<Result<Put, Error>> {
         match route {
             Route::InlinePipelined => self.put_pipelined(put).map(|r| r.map(|()| Put::Sent)),
@@ -558,8 +565,12 @@ impl Driver for Arc<ClientInner> {
 crate::ops::puts_on_driver!(Client, , |op| ready(op));
 
 crate::ops::store_on_driver!(Store for Client, , |op| ready(op), {
+    /// `ops::get_one`'s halves apart: a get the shared directory serves makes no future.
     fn get_one(&self, name: &str, timeout: Option<Duration>) -> Result<ObjectView, Error> {
-        ready(ops::get_one(&self.inner, name, timeout))
+        match ops::held_one(&self.inner, name) {
+            Some(view) => Ok(view),
+            None => ready(ops::get_one_from_store(&self.inner, name, timeout)),
+        }
     }
 });
 
