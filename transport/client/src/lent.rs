@@ -662,22 +662,8 @@ mod tests {
             ..Default::default()
         };
         let req = r.write("n", b"bytes", b"meta", &options).unwrap();
-        let Request::Publish {
-            lend,
-            offset,
-            name,
-            flags,
-            metadata,
-            size,
-        } = req
-        else {
-            panic!("not a PUBLISH: {req:?}");
-        };
-        assert_eq!((lend, offset, &*name, size), (3, 1024, "n", 5));
-        assert_eq!(
-            (flags, &*metadata),
-            (vovp_proto::put_flags(&options), &b"meta"[..])
-        );
+        let publish = requests::publish(3, 1024, "n", &options, b"meta", 5).unwrap();
+        assert_eq!(req, publish);
         // SAFETY: the range's first 5 bytes, just written, kept mapped by `r`.
         let written = unsafe { std::slice::from_raw_parts(r.ptr(), 5) };
         assert_eq!(written, b"bytes");

@@ -565,13 +565,7 @@ pub(crate) async fn put_unkept<D: Driver>(
     options: PutOptions,
 ) -> Result<(), Error> {
     let options = options.with(false, true);
-    let args = PutArgs {
-        name,
-        data,
-        metadata,
-        options,
-    };
-    d.put(args).await.map(drop)
+    put_with(d, name, data, metadata, options).await.map(drop)
 }
 
 /// The `Store` of the blocking client and the `AsyncStore` of the async one, from one list:
