@@ -15,11 +15,14 @@ use vovp_actors::table_actor::ObjectTableActor;
 use vovp_actors::AllocatorActor;
 use vovp_actors::Segment;
 use vovp_actors::SharedConfig;
-use vovp_types::{CreateOptions, Device, HolderId, ObjectInfo, StoreStats};
+use vovp_shm::held::{self, DirectoryPart};
+use vovp_shm::SharedReader;
+use vovp_types::put::{self, PutPaths, Route};
+use vovp_types::{CreateOptions, HolderId, ObjectInfo, StoreStats};
 
 use crate::core::{block_on, Core, EngineActors};
-use crate::session::{PutOptions, Session};
-use crate::{Config, Error, ObjectBuffer, ObjectView, INLINE_PUT_LIMIT};
+use crate::session::Session;
+use crate::{Config, Error, ObjectBuffer, ObjectView};
 use vovp_types::{AsyncStore, Store};
 
 /// The in-process store.
@@ -32,29 +35,23 @@ impl Engine {
     pub fn spawn(config: Config) -> Result<EngineHandle, Error> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("vovp-engine".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(Error::Internal(format!("tokio runtime: {e}"))));
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let started = Engine::start(config).await;
-                    let ok = started.is_ok();
-                    let _ = ready_tx.send(started);
-                    if ok {
-                        let _ = stop_rx.await;
-                    }
-                });
-            })
-            .map_err(|e| Error::Internal(format!("cannot start the engine thread: {e}")))?;
+        let thread = runtime_thread("vovp-engine", "engine", move |rt| {
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let started = Engine::start(config).await;
+                let ok = started.is_ok();
+                let _ = ready_tx.send(started);
+                if ok {
+                    let _ = stop_rx.await;
+                }
+            });
+        })?;
         let handle = ready_rx
             .recv()
             .map_err(|_| Error::Internal("engine thread died while starting".into()))??;
@@ -144,27 +141,39 @@ impl Engine {
     }
 }
 
+/// Runs `work` on a new thread `name` with a current-thread tokio runtime of its own (`work`
+/// gets the runtime, or why there is none); `what` names the thread in the error when it
+/// cannot be started.
+fn runtime_thread(
+    name: &str,
+    what: &str,
+    work: impl FnOnce(Result<tokio::runtime::Runtime, Error>) + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, Error> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::Internal(format!("tokio runtime: {e}")));
+            work(rt)
+        })
+        .map_err(|e| Error::Internal(format!("cannot start the {what} thread: {e}")))
+}
+
 /// The GPU actor gets a thread of its own: its driver calls block (the first request on a device
 /// creates a context and a pool, up to about a second), and must not stall the engine's thread.
 fn spawn_gpu_actor(config: vovp_gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Error> {
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("vovp-gpu".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(_) => return,
-            };
-            rt.block_on(async move {
-                let gpu = GpuActor::spawn(GpuActor::new(config));
-                let _ = tx.send(gpu.clone());
-                gpu.wait_for_shutdown().await;
-            });
-        })
-        .map_err(|e| Error::Internal(format!("cannot start the GPU thread: {e}")))?;
+    runtime_thread("vovp-gpu", "GPU", move |rt| {
+        // (No runtime: the sender drops unsent, and the caller learns the thread died.)
+        let Ok(rt) = rt else { return };
+        rt.block_on(async move {
+            let gpu = GpuActor::spawn(GpuActor::new(config));
+            let _ = tx.send(gpu.clone());
+            gpu.wait_for_shutdown().await;
+        });
+    })?;
     rx.recv()
         .map_err(|_| Error::Internal("the GPU thread died while starting".into()))
 }
@@ -232,8 +241,10 @@ impl EngineHandle {
             let _ = thread.join();
         }
     }
+}
 
-    async fn create_inner(
+impl AsyncStore for EngineHandle {
+    async fn create(
         &self,
         name: &str,
         size: u64,
@@ -250,18 +261,6 @@ impl EngineHandle {
                 Err(e)
             }
         }
-    }
-}
-
-impl AsyncStore for EngineHandle {
-    async fn create(
-        &self,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectBuffer, Error> {
-        self.create_inner(name, size, metadata, options).await
     }
 
     async fn seal(&self, name: &str) -> Result<u64, Error> {
@@ -280,24 +279,19 @@ impl AsyncStore for EngineHandle {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<(), Error> {
-        let on_host = matches!(options.device, None | Some(Device::Cpu));
-        if !on_host {
-            return Err(Error::Gpu(
-                "put copies host bytes; create a device object and copy into it instead".into(),
-            ));
-        }
-        if data.len() <= INLINE_PUT_LIMIT {
-            let options = PutOptions {
-                ephemeral: options.ephemeral,
-                replace: options.replace,
-                ..Default::default()
-            };
-            self.session
+        // The route every client takes, with the ways an in-process put has: one message up to
+        // the engine's inline limit, else create, copy and seal.
+        let options = options.with(false, false);
+        match put::route(data.len(), metadata.len(), &options, &PutPaths::EMBEDDED)? {
+            Route::CreateCopySeal => {
+                vovp_shm::put::create_copy_seal_async(self, name, data, metadata, options).await
+            }
+            // (The only other way the embedded paths offer.)
+            _ => (self.session)
                 .put_inline(name, data.to_vec(), metadata, options)
-                .await?;
-            return Ok(());
+                .await
+                .map(drop),
         }
-        vovp_shm::put::create_copy_seal_async(self, name, data, metadata, options).await
     }
 
     /// Names published in the shared directory are got with no message to the table actor (a
@@ -307,18 +301,15 @@ impl AsyncStore for EngineHandle {
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let Some(reader) = self.session.shared_reader().await else {
-            return self.get_from_table(names, timeout).await;
-        };
-        let (mut views, missing) = self.shared_part(&reader, names);
-        if missing.is_empty() {
-            return Ok(views);
-        }
-        let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
+        let reader = self.session.shared_reader().await;
+        let part = DirectoryPart::look(names, |n| self.held(reader.as_ref(), n));
+        let rest = part.rest();
         // On an error the views got so far drop here, releasing their holds.
-        let got = self.get_from_table(&rest, timeout).await?;
-        vovp_shm::held::fill_in(&mut views, missing, got);
-        Ok(views)
+        let got = match rest.is_empty() {
+            true => Vec::new(),
+            false => self.get_from_table(&rest, timeout).await?,
+        };
+        Ok(part.fill(got))
     }
 
     async fn get_newer(
@@ -327,12 +318,9 @@ impl AsyncStore for EngineHandle {
         newer_than: u64,
         timeout: Option<Duration>,
     ) -> Result<ObjectView, Error> {
-        if let Some(reader) = self.session.shared_reader().await {
-            let (mut views, _) = self.shared_part(&reader, &[name]);
-            // An older version drops here, releasing its hold.
-            if let Some(v) = views.pop().flatten().filter(|v| v.version() > newer_than) {
-                return Ok(v);
-            }
+        let reader = self.session.shared_reader().await;
+        if let Some(v) = held::newer(self.held(reader.as_ref(), name), newer_than) {
+            return Ok(v);
         }
         self.get_from_table_newer(&[name], &[newer_than], timeout)
             .await?
@@ -363,17 +351,11 @@ impl AsyncStore for EngineHandle {
 }
 
 impl EngineHandle {
-    /// The views the shared directory serves now, and the positions of the other names.
-    fn shared_part(
-        &self,
-        reader: &Arc<vovp_shm::SharedReader>,
-        names: &[&str],
-    ) -> (Vec<Option<ObjectView>>, Vec<usize>) {
-        let segments = self.session.segments();
-        let session = self.session.holder_alive();
-        vovp_shm::held::held_part(names, |n| {
-            crate::shared_reads::view(reader, segments, n, &session)
-        })
+    /// `name` through the shared directory (`reader`, this session's), with no message:
+    /// `None` when the table actor must answer.
+    fn held(&self, reader: Option<&Arc<SharedReader>>, name: &str) -> Option<ObjectView> {
+        let (segments, session) = (self.session.segments(), self.session.holder_alive());
+        crate::shared_reads::view(reader?, segments, name, &session)
     }
 
     /// Gets through the table actor (names the shared directory did not serve).
@@ -449,27 +431,26 @@ impl Store for EngineHandle {
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
         // Once the session's reader is mapped, what it serves needs no executor at all.
-        if let Some(reader) = self.session.shared_reader_now() {
-            let (segments, session) = (self.session.segments(), self.session.holder_alive());
-            return vovp_shm::held::get_held_first(
-                names,
-                |n| crate::shared_reads::view(&reader, segments, n, &session),
-                |rest| block_on(self.get_from_table(rest, timeout)),
-            );
-        }
-        block_on(AsyncStore::get(self, names, timeout))
+        let Some(reader) = self.session.shared_reader_now() else {
+            return block_on(AsyncStore::get(self, names, timeout));
+        };
+        DirectoryPart::look(names, |n| self.held(Some(&reader), n))
+            .then_ask(|rest| block_on(self.get_from_table(rest, timeout)))
     }
     fn get_one(&self, name: &str, timeout: Option<Duration>) -> Result<ObjectView, Error> {
         // Every single get: straight from the shared directory when it has the name, without
-        // the lists `get` builds (a fifth of this path's time).
-        if let Some(reader) = self.session.shared_reader_now() {
-            let (segments, session) = (self.session.segments(), self.session.holder_alive());
-            if let Some(v) = crate::shared_reads::view(&reader, segments, name, &session) {
-                return Ok(v);
-            }
-        }
-        Store::get(self, &[name], timeout)?
-            .pop()
+        // the lists `get` builds (a fifth of this path's time); else the table actor (the
+        // directory is not asked twice).
+        let found = match self.session.shared_reader_now() {
+            Some(reader) => match self.held(Some(&reader), name) {
+                Some(v) => return Ok(v),
+                None => block_on(self.get_from_table(&[name], timeout))?,
+            },
+            None => block_on(AsyncStore::get(self, &[name], timeout))?,
+        };
+        found
+            .into_iter()
+            .next()
             .flatten()
             .ok_or_else(|| Error::NotFound(name.to_string()))
     }

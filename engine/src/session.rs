@@ -15,7 +15,7 @@ use vovp_actors::SharedFds;
 use vovp_actors::{SegmentFor, SegmentGrant, Writer};
 use vovp_types::{
     CreateOptions, HolderId, Lend, Location, Notification, ObjectId, ObjectInfo, ObjectName,
-    ObjectRef, StoreStats,
+    ObjectRef, PutOptions, StoreStats,
 };
 
 use crate::core::{block_on, Core};
@@ -60,20 +60,6 @@ struct Inner {
     /// This session's mapping of the shared directory and of its hold table, made on its
     /// first get (`None` inside: the store does not publish, or mapping failed).
     shared: std::sync::OnceLock<Option<Arc<vovp_shm::SharedReader>>>,
-}
-
-/// Options of [`Session::put_inline`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PutOptions {
-    /// Delete the object at its last release.
-    pub ephemeral: bool,
-    /// Keep the creator's reference: the returned id must be released later.
-    pub keep_reference: bool,
-    /// The client sent it without waiting for the reply, after counting it in its hold table
-    /// (vovp-shm's `sent`): the store counts it applied whatever the outcome.
-    pub pipelined: bool,
-    /// Become the name's next version if it is taken ([`CreateOptions::replace`]).
-    pub replace: bool,
 }
 
 /// One object of [`Session::publish_many`]: the `size` bytes written at `offset` of the lend,
@@ -662,11 +648,7 @@ impl Session {
                 let ptr = seg
                     .ptr(offset, r.size)
                     .ok_or_else(|| Error::Internal("object outside its segment".into()))?;
-                Ok(Mapped {
-                    ptr,
-                    device_ptr: 0,
-                    owner: seg.clone(),
-                })
+                Ok(Mapped::host(ptr, r.size, seg.clone()))
             }
             // In the process that owns the pool the device pointer is direct (a process cannot
             // open its own IPC handle); the GPU actor knows it.
@@ -677,11 +659,7 @@ impl Session {
                     .ask(vovp_actors::gpu::BlockPtr(block))
                     .await
                     .answer()?;
-                Ok(Mapped {
-                    ptr: std::ptr::null_mut(),
-                    device_ptr,
-                    owner: Arc::new(()),
-                })
+                Ok(Mapped::device(device_ptr, Arc::new(())))
             }
         }
     }

@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
-use vovp_shm::held::{held_view, Holder, SegmentMap};
+use vovp_shm::held::{held_view, Holder};
 use vovp_shm::SharedReader;
 
-use crate::{ObjectView, Segment};
+use crate::{Mapped, ObjectView, Segment};
 
 /// A view of `name` through `reader`, if the directory has it in one of `segments` (the
 /// engine's own: embedded objects live in segment 0). `session` is the holder the hold is made
@@ -22,11 +22,8 @@ pub(crate) fn view(
 ) -> Option<ObjectView> {
     let segment = |id: u32| {
         let seg = segments.get(id as usize).filter(|seg| seg.id() == id)?;
-        Some(SegmentMap {
-            base: seg.ptr(0, 0)?,
-            len: seg.len(),
-            owner: seg.clone(),
-        })
+        let base = seg.ptr(0, 0)?;
+        Some(Mapped::host(base, seg.len(), seg.clone()))
     };
     // SAFETY: the engine's segments, mapped whole for as long as `owner` lives.
     unsafe { held_view(reader, name, segment, session) }

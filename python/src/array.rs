@@ -147,6 +147,23 @@ pub(crate) fn put_source<'a>(
     Ok((exported_bytes(src, addr, size), layout))
 }
 
+/// The bytes of the C-contiguous array `src` to put, and the layout its result is shown with
+/// when `layout` ((kind, itemsize, shape)) is given.
+pub(crate) fn source_with_layout<'a>(
+    src: &'a Bound<'_, PyAny>,
+    layout: Option<(String, u32, Vec<isize>)>,
+) -> PyResult<(&'a [u8], Option<Layout>)> {
+    match layout {
+        Some((kind, itemsize, shape)) => {
+            put_source(src, &kind, itemsize, shape).map(|(data, layout)| (data, Some(layout)))
+        }
+        None => {
+            let (addr, size) = contiguous_bytes(src)?;
+            Ok((exported_bytes(src, addr, size), None))
+        }
+    }
+}
+
 /// The `len` bytes at `addr` that array `src` exports (read from its `__array_struct__`), as
 /// a slice borrowed with `src`.
 fn exported_bytes<'a>(_src: &'a Bound<'_, PyAny>, addr: usize, len: usize) -> &'a [u8] {

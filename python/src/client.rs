@@ -15,16 +15,18 @@ use vovp_types::{CreateOptions, Error, ObjectView, Store};
 use crate::array::Layout;
 use crate::errors::to_py;
 use crate::process::this_process;
-use crate::subscription::Subscription;
+use crate::put::{self, PutOptions};
+use crate::subscription::PySubscription;
 use crate::views::{Buffer, Object};
 
-fn options(ephemeral: bool, replace: bool) -> CreateOptions {
-    CreateOptions {
-        ephemeral,
-        replace,
-        ..Default::default()
-    }
-}
+/// A batch item as `put_batch` takes it: (name, src, metadata, layout, writable).
+type BatchItem<'py> = (
+    String,
+    Bound<'py, PyAny>,
+    Vec<u8>,
+    Option<(String, u32, Vec<isize>)>,
+    bool,
+);
 
 pub(crate) fn timeout_of(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     match seconds {
@@ -57,46 +59,63 @@ impl Client {
         Ok(&self.inner)
     }
 
-    /// The put behind `put_tensor_host` and `put_array`: `data` with `metadata` as object
-    /// `name`, kept, its result shown to numpy with `layout` (made writable if asked).
-    #[allow(clippy::too_many_arguments)]
-    fn put_host(
+    /// The one put every put from Python makes: `data` with `metadata` as object `name`, the
+    /// way the Rust client's route picks for `options` (the GIL let go meanwhile); a kept
+    /// result shown with `layout` when given.
+    fn put_bytes(
         &self,
         py: Python<'_>,
         name: &str,
         data: &[u8],
         metadata: &[u8],
-        layout: Layout,
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-    ) -> PyResult<Object> {
+        options: &PutOptions,
+        layout: Option<Layout>,
+    ) -> PyResult<PyObject> {
         let inner = self.usable()?;
-        let opts = options(ephemeral, replace);
-        // Pipelined only with a release thread, which reads the reply of a result dropped
-        // before it came (else its reference would wait for this client's next call:
-        // `release_delay=0` promises releases at once). A writable result (torch's) views a
-        // small one through a private mapping (writes stay in this process).
-        let later = inner.defers_releases();
-        let obj = py
+        let asked = put::route_options(inner, options);
+        let answer = py
             .allow_threads(|| {
-                let pending = if later {
-                    inner.put_view_later(name, data, metadata, opts)?
-                } else {
-                    None
-                };
-                let obj = match pending {
-                    Some(p) => Object::from_pending(p, name, metadata),
-                    None => Object::new(inner.put_and_view(name, data, metadata, opts)?),
-                };
-                if writable {
-                    obj.make_writable(inner)?;
-                }
-                Ok::<_, Error>(obj)
+                let outcome = inner.put_with(name, data, metadata, asked)?;
+                put::answer(inner, outcome, name, metadata, options)
             })
             .map_err(to_py)?;
-        obj.set_layout_checked(layout);
-        Ok(obj)
+        answer.into_py(py, layout)
+    }
+
+    /// The batch behind `put_batch` and `put_tensors_host`: per item (name, bytes, metadata,
+    /// result layout, writable) its result or its exception (see
+    /// `vovp_client::Client::put_batch`).
+    #[allow(clippy::type_complexity)]
+    fn put_items(
+        &self,
+        py: Python<'_>,
+        items: Vec<(&str, &[u8], &[u8], Option<Layout>, bool)>,
+        options: &PutOptions,
+    ) -> PyResult<Vec<PyObject>> {
+        let inner = self.usable()?;
+        let asked = put::route_options(inner, options);
+        let answers = py.allow_threads(|| {
+            let puts: Vec<_> = (items.iter())
+                .map(|&(name, data, metadata, _, _)| (name, data, metadata))
+                .collect();
+            let outcomes = inner.put_batch(&puts, asked)?;
+            let answers = (outcomes.into_iter().zip(&items))
+                .map(|(outcome, &(name, _, metadata, _, writable))| {
+                    let options = PutOptions {
+                        writable: options.writable || writable,
+                        ..*options
+                    };
+                    put::answer(inner, outcome?, name, metadata, &options)
+                })
+                .collect::<Vec<_>>();
+            Ok::<_, Error>(answers)
+        });
+        (answers.map_err(to_py)?.into_iter().zip(items))
+            .map(|(answer, (_, _, _, layout, _))| match answer {
+                Ok(a) => a.into_py(py, layout),
+                Err(e) => Ok(to_py(e).into_value(py).into_any()),
+            })
+            .collect()
     }
 }
 
@@ -197,17 +216,18 @@ impl Client {
         let timeout = timeout_of(timeout)?;
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         // What the shared directory serves costs no wait: done with the GIL held (releasing
-        // and retaking it would cost more than the get). The rest waits without it.
-        let (mut views, missing) = inner.get_shared(&refs);
-        if !missing.is_empty() {
-            let rest: Vec<&str> = missing.iter().map(|&i| refs[i]).collect();
-            let got = py
-                .allow_threads(|| inner.get(&rest, timeout))
-                .map_err(to_py)?;
-            for (i, v) in missing.into_iter().zip(got) {
-                views[i] = v;
+        // and retaking it would cost more than the get). The rest waits without it, asked of
+        // the store alone (the directory is looked in once).
+        let part = inner.get_shared(&refs);
+        let views = match part.rest() {
+            rest if rest.is_empty() => part.fill(Vec::new()),
+            rest => {
+                let got = py
+                    .allow_threads(|| inner.get_from_store(&rest, timeout))
+                    .map_err(to_py)?;
+                part.fill(got)
             }
-        }
+        };
         let objects = |views: Vec<Option<ObjectView>>| {
             views
                 .into_iter()
@@ -240,19 +260,20 @@ impl Client {
         let inner = self.usable()?;
         let timeout = timeout_of(timeout)?;
         // As `get`: the shared directory with the GIL held, the socket without it (an older
-        // version the directory gave is let go at once).
-        let held = inner.get_shared(&[name]).0.pop().flatten();
-        let view = match held.filter(|v| v.version() > newer_than) {
+        // version the directory gave is let go at once; the directory is looked in once).
+        let names = [name];
+        let held = inner.get_shared(&names).fill(Vec::new()).pop().flatten();
+        let view = match vovp_shm::held::newer(held, newer_than) {
             Some(v) => Some(v),
             None if newer_than > 0 => {
-                match py.allow_threads(|| inner.get_newer(name, newer_than, timeout)) {
+                match py.allow_threads(|| inner.get_newer_from_store(name, newer_than, timeout)) {
                     Ok(v) => Some(v),
                     Err(Error::NotFound(_)) => None,
                     Err(e) => return Err(to_py(e)),
                 }
             }
             None => py
-                .allow_threads(|| inner.get(&[name], timeout))
+                .allow_threads(|| inner.get_from_store(&names, timeout))
                 .map_err(to_py)?
                 .pop()
                 .flatten(),
@@ -286,7 +307,6 @@ impl Client {
         wait: bool,
         replace: bool,
     ) -> PyResult<PyObject> {
-        let inner = self.usable()?;
         if addr == 0 && size != 0 {
             return Err(PyValueError::new_err("a null buffer address"));
         }
@@ -297,32 +317,67 @@ impl Client {
         } else {
             unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
         };
-        let name = name.to_owned();
-        let metadata = metadata.to_vec();
-        py.allow_threads(|| {
-            if keep {
-                let v = inner.put_and_view(&name, data, &metadata, options(ephemeral, replace))?;
-                if writable {
-                    Object::writable(inner, v).map(|o| Put::Kept(Box::new(o)))
-                } else {
-                    Ok(Put::Kept(Box::new(Object::new(v))))
-                }
-            } else if wait {
-                inner
-                    .put_id(&name, data, &metadata, options(ephemeral, replace))
-                    .map(Put::Id)
-            } else {
-                inner
-                    .put(&name, data, &metadata, options(ephemeral, replace))
-                    .map(|()| Put::Sent)
-            }
-        })
-        .map_err(to_py)
-        .and_then(|p| match p {
-            Put::Kept(o) => Ok(Py::new(py, *o)?.into_any()),
-            Put::Id(id) => Ok(id.into_pyobject(py)?.into_any().unbind()),
-            Put::Sent => Ok(py.None()),
-        })
+        let options = PutOptions {
+            options: vovp_types::PutOptions {
+                ephemeral,
+                device: None,
+                replace,
+                keep_reference: keep,
+                pipelined: !keep && !wait,
+            },
+            writable,
+        };
+        self.put_bytes(py, name, data, metadata, &options, None)
+    }
+
+    /// The one put: the bytes of `src` (a C-contiguous array: numpy's, or anything with
+    /// `__array_struct__`) with `metadata` as object `name`, as `options` asks. Returns the
+    /// store's copy (an `Object`) when kept, shown with `layout` ((kind, itemsize, shape) of
+    /// exactly its bytes) when given; else the new object's id, or None when `pipelined`.
+    /// With `framework` (the tensor header's last byte), `src` is a tensor `put_tensor`
+    /// stores as it is (C-contiguous, little-endian, a dtype the header names): its header
+    /// and layout are made here from one read of its `__array_struct__` (`metadata` and
+    /// `layout` unused), and any other array is None, nothing sent.
+    #[pyo3(signature = (name, src, options, metadata = b"".as_slice(), layout = None, framework = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_with(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        src: &Bound<'_, PyAny>,
+        options: PutOptions,
+        metadata: &[u8],
+        layout: Option<(String, u32, Vec<isize>)>,
+        framework: Option<u8>,
+    ) -> PyResult<PyObject> {
+        if let Some(framework) = framework {
+            let Some(source) = crate::array::tensor_source(src)? else {
+                return Ok(py.None());
+            };
+            let header = crate::tensor::host_header(source.dtype, &source.layout.shape, framework);
+            let layout = Some(source.layout);
+            return self.put_bytes(py, name, source.data, &header, &options, layout);
+        }
+        let (data, layout) = crate::array::source_with_layout(src, layout)?;
+        self.put_bytes(py, name, data, metadata, &options, layout)
+    }
+
+    /// `put_with` of every (name, src, metadata, layout, writable) of `items` with `options`
+    /// (`writable`: this item's result is, whatever `options` says), the kept ones batched
+    /// (`vovp_client::Client::put_batch`): per item its result, or its exception.
+    #[pyo3(signature = (items, options))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        items: Vec<BatchItem<'_>>,
+        options: PutOptions,
+    ) -> PyResult<Vec<PyObject>> {
+        let mut prepared = Vec::with_capacity(items.len());
+        for (name, src, metadata, layout, writable) in &items {
+            let (data, layout) = crate::array::source_with_layout(src, layout.clone())?;
+            prepared.push((name.as_str(), data, metadata.as_slice(), layout, *writable));
+        }
+        self.put_items(py, prepared, &options)
     }
 
     /// `put_tensor` of a host tensor up to the inline or lend limit, in one call: the bytes of
@@ -345,11 +400,10 @@ impl Client {
         kind: &str,
         itemsize: u32,
         shape: Vec<isize>,
-    ) -> PyResult<Object> {
+    ) -> PyResult<PyObject> {
         let (data, layout) = crate::array::put_source(src, kind, itemsize, shape)?;
-        self.put_host(
-            py, name, data, metadata, layout, ephemeral, writable, replace,
-        )
+        let options = kept_later(ephemeral, writable, replace);
+        self.put_bytes(py, name, data, metadata, &options, Some(layout))
     }
 
     /// `put_tensor_host` of a numpy array `put_tensor` can store as it is (see
@@ -367,16 +421,9 @@ impl Client {
         ephemeral: bool,
         writable: bool,
         replace: bool,
-    ) -> PyResult<Option<Object>> {
-        let Some(source) = crate::array::tensor_source(src)? else {
-            return Ok(None);
-        };
-        let metadata = crate::tensor::host_header(source.dtype, &source.layout.shape, framework);
-        let (data, layout) = (source.data, source.layout);
-        self.put_host(
-            py, name, data, &metadata, layout, ephemeral, writable, replace,
-        )
-        .map(Some)
+    ) -> PyResult<PyObject> {
+        let options = kept_later(ephemeral, writable, replace);
+        self.put_with(py, name, src, options, b"", None, Some(framework))
     }
 
     /// `put_tensors`' host tensors up to the inline limit, in one call: `items` are
@@ -401,67 +448,19 @@ impl Client {
         ephemeral: bool,
         replace: bool,
     ) -> PyResult<Vec<PyObject>> {
-        let inner = self.usable()?;
-        let opts = options(ephemeral, replace);
         let mut prepared = Vec::with_capacity(items.len());
         for (name, src, metadata, kind, itemsize, shape, writable) in &items {
             let (data, layout) = crate::array::put_source(src, kind, *itemsize, shape.clone())?;
-            prepared.push((name.as_str(), data, metadata.as_slice(), layout, *writable));
+            prepared.push((
+                name.as_str(),
+                data,
+                metadata.as_slice(),
+                Some(layout),
+                *writable,
+            ));
         }
-        let later = inner.defers_releases();
-        let objects = py.allow_threads(|| {
-            let puts: Vec<_> = (prepared.iter())
-                .map(|&(name, data, metadata, _, _)| (name, data, metadata, opts))
-                .collect();
-            let answers = if later {
-                inner.put_views_later(&puts)
-            } else {
-                puts.iter().map(|_| None).collect()
-            };
-            // The others (too big for the small lend, no release thread, ...) wait, in one
-            // round trip: pipelined inline PUTs whose replies are read together.
-            let waiting: Vec<_> = (answers.iter().zip(&puts))
-                .filter(|(answer, _)| answer.is_none())
-                .map(|(_, &put)| put)
-                .collect();
-            let waited = if waiting.is_empty() {
-                Vec::new()
-            } else {
-                inner.put_many(&waiting)?
-            };
-            let mut waited = waited.into_iter();
-            let objects = (answers.into_iter().zip(&puts))
-                .map(|(answer, &(name, _, metadata, _))| match answer {
-                    Some(Ok(p)) => Ok(Object::from_pending(p, name, metadata)),
-                    Some(Err(e)) => Err(e),
-                    None => waited
-                        .next()
-                        .unwrap_or_else(|| Err(Error::Internal("a put without its answer".into())))
-                        .map(Object::new),
-                })
-                .zip(&prepared)
-                .map(|(r, &(_, _, _, _, writable))| {
-                    let obj = r?;
-                    if writable {
-                        obj.make_writable(inner)?;
-                    }
-                    Ok(obj)
-                })
-                .collect();
-            Ok::<Vec<Result<Object, Error>>, Error>(objects)
-        });
-        objects
-            .map_err(to_py)?
-            .into_iter()
-            .zip(prepared)
-            .map(|(r, (_, _, _, layout, _))| match r {
-                Ok(o) => {
-                    o.set_layout_checked(layout);
-                    Ok(Py::new(py, o)?.into_any())
-                }
-                Err(e) => Ok(to_py(e).into_value(py).into_any()),
-            })
-            .collect()
+        let options = kept_later(ephemeral, false, replace);
+        self.put_items(py, prepared, &options)
     }
 
     /// CREATE: an unsealed object of `size` bytes that only this client may write; on
@@ -483,6 +482,7 @@ impl Client {
             ephemeral,
             device: device.map(vovp_types::Device::Cuda),
             replace,
+            ..Default::default()
         };
         let buf = py
             .allow_threads(|| inner.create(name, size, metadata, opts))
@@ -588,11 +588,11 @@ impl Client {
     }
 
     /// A notification stream on a new connection to the same daemon.
-    fn subscribe(&self, py: Python<'_>) -> PyResult<Subscription> {
+    fn subscribe(&self, py: Python<'_>) -> PyResult<PySubscription> {
         let inner = self.usable()?;
         let sub = py.allow_threads(|| inner.subscribe()).map_err(to_py)?;
         let closer = sub.closer().map_err(to_py)?;
-        Ok(Subscription {
+        Ok(PySubscription {
             stream: Mutex::new(Some(sub)),
             closer,
             closed: AtomicBool::new(false),
@@ -614,10 +614,17 @@ impl Client {
     }
 }
 
-/// What a put gives back.
-enum Put {
-    Kept(Box<Object>),
-    Id(u64),
-    /// Stored, or sent without waiting: no id.
-    Sent,
+/// The options of the kept puts of `put_tensor` (`put_tensor_host`, `put_array`,
+/// `put_tensors_host`): the store's copy back, before the store's answer where the client may.
+fn kept_later(ephemeral: bool, writable: bool, replace: bool) -> PutOptions {
+    PutOptions {
+        options: vovp_types::PutOptions {
+            ephemeral,
+            device: None,
+            replace,
+            keep_reference: true,
+            pipelined: true,
+        },
+        writable,
+    }
 }

@@ -14,7 +14,8 @@
 //!
 //! Every call that waits on the socket or copies bytes releases the GIL.
 //!
-//! Modules: [`client`] (the connection and its requests), [`views`] (objects handed out),
+//! Modules: [`client`] (the connection and its requests), [`put`] (the one put's options and
+//! outcome), [`views`] (objects handed out),
 //! [`array`] (numpy's protocols), [`subscription`] (notification streams), [`tensor`] (the
 //! tensor header, through the engine's `TensorMeta`), [`cuda`] (driver calls), [`errors`]
 //! (Rust errors as `vovp.errors` exceptions), [`process`] (fork detection).
@@ -26,6 +27,7 @@ mod client;
 mod cuda;
 mod errors;
 mod process;
+mod put;
 mod subscription;
 mod tensor;
 mod views;
@@ -41,8 +43,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INLINE_LIMIT", vovp_types::CLIENT_INLINE_PUT)?;
     m.add_function(wrap_pyfunction!(array::copy_bytes, m)?)?;
     m.add_class::<client::Client>()?;
+    m.add_class::<put::PutOptions>()?;
     m.add_class::<views::Object>()?;
     m.add_class::<views::Buffer>()?;
-    m.add_class::<subscription::Subscription>()?;
+    m.add_class::<subscription::PySubscription>()?;
     Ok(())
 }

@@ -16,15 +16,15 @@ type Notification<'py> = (&'static str, String, u64, Bound<'py, PyBytes>);
 ///
 /// Frozen, with the stream behind a mutex, so that `close` from another thread can end a
 /// `next` that waits (with the GIL released) in a reader thread: vovp.plasma's relay does.
-#[pyclass(module = "vovp._native", frozen)]
-pub(crate) struct Subscription {
+#[pyclass(module = "vovp._native", name = "Subscription", frozen)]
+pub(crate) struct PySubscription {
     pub(crate) stream: Mutex<Option<vovp_client::Subscription>>,
     pub(crate) closer: vovp_client::SubscriptionCloser,
     pub(crate) closed: AtomicBool,
 }
 
 #[pymethods]
-impl Subscription {
+impl PySubscription {
     /// The next notification as (kind, name, size, metadata), kind "sealed", "deleted" or
     /// "evicted"; None when `timeout` seconds pass first (None: wait forever) or after
     /// `close`. A stream the daemon ended raises vovp.ConnectionError.

@@ -107,8 +107,8 @@ impl Object {
             Some(Held::View(view)) => client.private_view(view)?,
             Some(Held::Pending(p)) => Some(p.private_view()?),
         };
-        if let Some((ptr, keep)) = writable {
-            let _ = self.writable.set((ptr as usize, keep));
+        if let Some(bytes) = writable {
+            let _ = self.writable.set((bytes.ptr as usize, bytes.owner));
         }
         Ok(())
     }

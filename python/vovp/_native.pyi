@@ -35,6 +35,7 @@ __all__ = [
     "Object",
     "Buffer",
     "Subscription",
+    "PutOptions",
 ]
 
 # --- lib.rs ----------------------------------------------------------------------------------
@@ -186,6 +187,43 @@ class Subscription:
     def next(self, timeout: Optional[float] = None) -> Optional[_Notification]: ...
     def close(self) -> None: ...
 
+# --- put.rs ----------------------------------------------------------------------------------
+
+@final
+class PutOptions:
+    """How ``Client.put_with`` / ``put_batch`` put: the Rust client's ``PutOptions``, and
+    whether a kept result is writable. Immutable; make one per kind of put and reuse it."""
+
+    def __init__(
+        self,
+        *,
+        ephemeral: bool = False,
+        replace: bool = False,
+        keep_reference: bool = False,
+        pipelined: bool = False,
+        writable: bool = False,
+    ) -> None: ...
+    @property
+    def ephemeral(self) -> bool:
+        """Deleted at its last release."""
+    @property
+    def replace(self) -> bool:
+        """The name may be taken: the put becomes its next version."""
+    @property
+    def keep_reference(self) -> bool:
+        """The put answers with the store's copy (an ``Object``), else its id or None."""
+    @property
+    def pipelined(self) -> bool:
+        """The put may return before the store's answer (``Client.sync`` reports failures);
+        a kept one only on a client with ``release_delay``."""
+    @property
+    def writable(self) -> bool:
+        """A kept result is writable (a private mapping, or in place for this client's own
+        large objects)."""
+
+# (kind, itemsize, shape): how a kept result shows its bytes to numpy.
+_Layout = Tuple[str, int, Sequence[int]]
+
 # --- client.rs -------------------------------------------------------------------------------
 
 @final
@@ -231,7 +269,31 @@ class Client:
         wait: bool = True,
         replace: bool = False,
     ) -> Union[Object, int, None]:
-        """``keep``: the stored object's view; else (``wait``) its object id; else None."""
+        """``keep``: the stored object's view; else (``wait``) its object id; else None.
+        (``put_with`` with the options these say.)"""
+    def put_with(
+        self,
+        name: str,
+        src: Any,
+        options: PutOptions,
+        metadata: bytes = b"",
+        layout: Optional[_Layout] = None,
+        framework: Optional[int] = None,
+    ) -> Union[Object, int, None]:
+        """The one put: the bytes of C-contiguous array ``src`` with ``metadata`` as object
+        ``name``, the way the Rust client's route picks. Kept: the store's copy (shown with
+        ``layout`` when given; pending while a pipelined put's answer is unread); else the new
+        object's id, or None when ``pipelined``. With ``framework``, ``src`` is a tensor stored
+        as it is: its header and layout made from the array (``metadata``, ``layout`` unused),
+        None, nothing sent, for an array that cannot be."""
+    def put_batch(
+        self,
+        items: Sequence[Tuple[str, Any, bytes, Optional[_Layout], bool]],
+        options: PutOptions,
+    ) -> builtins.list[Union[Object, int, None, BaseException]]:
+        """``put_with`` of each (name, src, metadata, layout, writable) with ``options`` (the
+        item's ``writable`` or the options'), kept ones batched (the small lend in one write,
+        those that wait inline in one round trip): per item its result or its exception."""
     def put_tensor_host(
         self,
         name: str,
@@ -244,7 +306,8 @@ class Client:
         itemsize: int,
         shape: Sequence[int],
     ) -> Object:
-        """The kept put of C-contiguous array ``src``, shown with the given layout; a small
+        """(``put_with``, kept, pipelined.) The kept put of C-contiguous array ``src``, shown
+        with the given layout; a small
         one, or one through the lend (64 KiB up to a quarter of a lend), comes back at once,
         pending (``writable``: viewed through a private mapping, or in place when this client's
         own arena holds it)."""

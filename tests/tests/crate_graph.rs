@@ -1,7 +1,8 @@
 //! The crate graph runs one way (ARCHITECTURE.md, "Crates"): the vocabulary at the bottom, the
 //! store's actors and engine on one side, the clients on the other. A program that depends on
 //! `vovp-client` (and the Python wheel) builds neither the engine, its actors, kameo, the
-//! daemon, tokio-uring nor clap.
+//! daemon, tokio-uring nor clap; the wheel builds the client without its `async` feature, so
+//! without tokio.
 
 /// The crates `package` depends on (normal dependencies, all depths).
 fn dependencies(package: &str) -> Vec<String> {
@@ -57,6 +58,9 @@ fn the_clients_build_no_store() {
         .any(|d| d == "vovp-proto"));
     assert_none_of("vovp-client", &store);
     assert_none_of("vovp-python", &store);
+    // AsyncClient is the only user of tokio on the client side, behind `async`.
+    assert!(dependencies("vovp-client").iter().any(|d| d == "tokio"));
+    assert_none_of("vovp-python", &["tokio"]);
 }
 
 #[test]

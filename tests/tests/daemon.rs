@@ -456,9 +456,9 @@ fn blocking_client_extras() {
 
     // A private view of another client's object: writable here, unchanged in the store.
     let theirs = other.get_one("m2", None).unwrap();
-    let (ptr, _keep) = other.private_view(&theirs).unwrap().expect("a host object");
-    // SAFETY: a private copy-on-write mapping of the object's 3 bytes.
-    unsafe { std::ptr::copy_nonoverlapping(b"TWO".as_ptr(), ptr, 3) };
+    let mine = other.private_view(&theirs).unwrap().expect("a host object");
+    // SAFETY: a private copy-on-write mapping of the object's 3 bytes, kept by `mine`.
+    unsafe { std::ptr::copy_nonoverlapping(b"TWO".as_ptr(), mine.ptr, 3) };
     assert_eq!(&other.get_one("m2", None).unwrap()[..], b"two");
     assert_eq!(d.cli(&["get", "m2"]).stdout, b"two");
 

@@ -691,9 +691,9 @@ fn with_prefault_clients_write_their_creates_in_segment_0_and_private_views_stay
     a.put("big", &data, b"", CreateOptions::default()).unwrap();
     let b = d.client();
     let v = b.get_one("big", None).unwrap();
-    let (ptr, _keep) = b.private_view(&v).unwrap().expect("a host object");
-    // SAFETY: the private mapping covers the object's bytes and is kept by `_keep`.
-    unsafe { std::ptr::write_bytes(ptr, 0xEE, 1000) };
+    let mine = b.private_view(&v).unwrap().expect("a host object");
+    // SAFETY: the private mapping covers the object's bytes and is kept by `mine`.
+    unsafe { std::ptr::write_bytes(mine.ptr, 0xEE, 1000) };
     assert_eq!(&v[..], &data[..], "the write stayed in the private mapping");
     let c = d.client();
     assert_eq!(&c.get_one("big", None).unwrap()[..], &data[..]);

@@ -2,9 +2,10 @@
 //! nothing that does I/O. Everything else in the workspace builds on this crate; it builds on
 //! nothing of vovp's.
 //!
-//! * [`object`](crate::ObjectRef): ids, names, where an object lives ([`Location`]), what a
-//!   create asks for ([`CreateOptions`]) and what a get, `list`, `stats` and a subscription
-//!   hand back;
+//! * [`object`](crate::ObjectRef): ids, names, where an object lives ([`Location`]) and what a
+//!   get, `list`, `stats` and a subscription hand back;
+//! * [`put`]: what a put or a create asks for ([`PutOptions`]) and which way a put goes
+//!   ([`put::route`]), decided once for every client and the embedded engine;
 //! * [`Error`]: the one error type of the store and its clients;
 //! * [`tensor`]: the tensor header (dtype, shape, device) stored as each object's metadata;
 //! * [`ObjectView`] / [`ObjectBuffer`]: zero-copy handles that release on drop, through an
@@ -26,6 +27,7 @@
 mod error;
 mod limits;
 mod object;
+pub mod put;
 mod store;
 pub mod tensor;
 mod view;
@@ -33,6 +35,7 @@ mod view;
 pub use error::Error;
 pub use limits::{lends, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT};
 pub use object::*;
+pub use put::{PutOptions, PutPaths, Route};
 pub use store::{AsyncStore, Store};
 pub use tensor::{DType, Tensor, TensorMeta, TensorView};
 pub use view::{Mapped, ObjectBuffer, ObjectSink, ObjectView};

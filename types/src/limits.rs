@@ -35,6 +35,12 @@ pub mod lends {
         (size >= MIN).then(|| size.min(MAX) / ALIGNMENT * ALIGNMENT)
     }
 
+    /// The smallest object a client puts through its lend: smaller ones go inline (PUT: the
+    /// bytes ride in the frame, the store copies them), where the socket copy is cheap, and
+    /// small objects packed into lends would pin whole lends (a lend's memory comes back only
+    /// with its last object).
+    pub const MIN_OBJECT: usize = 64 * 1024;
+
     /// The size of a small lend (LEND with SMALL): objects published without waiting for the
     /// reply, up to [`SMALL_MAX_BLOCK`] each. Small, because a live small object keeps its
     /// whole lend (a lend's memory comes back with its last object): at most this much per

@@ -92,16 +92,6 @@ impl ObjectName {
         Ok(ObjectName(Arc::from(name)))
     }
 
-    /// The name under which a Plasma 20-byte `ObjectID` is stored: `plasma:` and 40 hex digits.
-    pub fn from_plasma_id(id: &[u8; 20]) -> Self {
-        let mut s = String::with_capacity(47);
-        s.push_str("plasma:");
-        for b in id {
-            s.push_str(&format!("{b:02x}"));
-        }
-        ObjectName(Arc::from(s.as_str()))
-    }
-
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -157,17 +147,10 @@ impl Location {
     }
 }
 
-/// Options given at create time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CreateOptions {
-    /// Delete the object as soon as its last reference is released (after seal).
-    pub ephemeral: bool,
-    /// Host memory unless a CUDA device is named.
-    pub device: Option<Device>,
-    /// The name may already refer to a sealed object: this one takes the name over at its
-    /// seal, as the name's next version (without it, a taken name is `AlreadyExists`).
-    pub replace: bool,
-}
+/// What a create asks for: the put options' first three (ephemeral, device, replace; a
+/// create keeps its reference and waits for its answer whatever the other two say). One
+/// struct for both, so that an option is spelt once from the caller to the wire.
+pub type CreateOptions = crate::PutOptions;
 
 /// What a create or a get hands back: enough to address the bytes and to release the reference.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,22 +20,51 @@ pub trait ObjectSink: Send + Sync + 'static {
     fn seal(&self, obj: &ObjectRef) -> Result<u64, Error>;
 }
 
-/// Where one object is in this process: host bytes in a mapping, or a device address (non-zero
-/// for CUDA objects, then `ptr` is unused).
+/// Bytes in this process and what keeps them there: an object's (host bytes, or a CUDA
+/// object's device address), a whole segment's mapping, a writable private view's. The one
+/// shape of "an address and its keep-alive" of the store, the clients and the shared reads.
 pub struct Mapped {
+    /// The first host byte; null for a device object.
     pub ptr: *mut u8,
+    /// Bytes mapped from `ptr` (an object's size, a segment's length; 0 for a device object).
+    pub len: u64,
+    /// A CUDA object's device address in this process; 0 for host bytes.
     pub device_ptr: u64,
-    /// Keeps the mapping (a segment, a client's mmap, a CUDA IPC mapping) alive.
+    /// Keeps the mapping (a segment, a client's mmap, a private view, a CUDA IPC mapping)
+    /// alive.
     pub owner: Arc<dyn Any + Send + Sync>,
 }
 
-// SAFETY: a plain address into a shared mapping kept alive by `owner`.
+// SAFETY: a plain address into a mapping kept alive by `owner`.
 unsafe impl Send for Mapped {}
+
+impl Mapped {
+    /// `len` host bytes at `ptr`, kept mapped by `owner`.
+    pub fn host(ptr: *mut u8, len: u64, owner: Arc<dyn Any + Send + Sync>) -> Self {
+        Mapped {
+            ptr,
+            len,
+            device_ptr: 0,
+            owner,
+        }
+    }
+
+    /// A CUDA object at `device_ptr` in this process, kept mapped by `owner`.
+    pub fn device(device_ptr: u64, owner: Arc<dyn Any + Send + Sync>) -> Self {
+        Mapped {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            device_ptr,
+            owner,
+        }
+    }
+}
 
 impl fmt::Debug for Mapped {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mapped")
             .field("ptr", &self.ptr)
+            .field("len", &self.len)
             .field("device_ptr", &self.device_ptr)
             .finish_non_exhaustive()
     }
@@ -243,6 +272,13 @@ impl ObjectBuffer {
 
     /// For callers that sealed by name through an async API: the reference, as a view.
     pub fn into_view(self) -> ObjectView {
+        self.view
+    }
+
+    /// For callers that sealed it by name (a SEAL of their own): the reference, as a view of
+    /// `version`, the version SEAL said it became.
+    pub fn sealed(mut self, version: u64) -> ObjectView {
+        self.view.obj.version = version;
         self.view
     }
 }

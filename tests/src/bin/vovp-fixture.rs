@@ -290,11 +290,11 @@ fn run(args: Args) -> Result<(), Error> {
             writeln!(out, "got").map_err(io)?;
             out.flush().map_err(io)?;
             if private {
-                let (ptr, _keep) = client
+                let mine = client
                     .private_view(&v)?
                     .ok_or_else(|| Error::Internal(format!("{name} is not a host object")))?;
-                // SAFETY: a private copy-on-write mapping of the object's bytes, kept by `_keep`.
-                unsafe { std::ptr::write_bytes(ptr, !v[0], v.len()) };
+                // SAFETY: a private copy-on-write mapping of the object's bytes, kept by `mine`.
+                unsafe { std::ptr::write_bytes(mine.ptr, !v[0], v.len()) };
                 writeln!(out, "fnv={:x}", fnv(&v)).map_err(io)?;
             } else {
                 // SAFETY: deliberately writing through a view (a read-only mapping unless the

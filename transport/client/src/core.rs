@@ -1,8 +1,9 @@
 //! The connection state both clients share, with no socket in it: the request ids and output
 //! buffer of a connection ([`Wire`]), the releases queued by dropped views, the current
-//! mappings and connection generation ([`Session`]), the requests a `Store` call sends and the
-//! decoding of their replies, and what a reconnect resets. The blocking and async clients are
-//! I/O drivers over this.
+//! mappings and connection generation ([`Current`]), the requests a `Store` call sends and the
+//! decoding of their replies, the ways a put may take ([`put_paths`]), and what a reconnect
+//! resets. The operations over it are `crate::ops`; the blocking and async clients are its
+//! I/O drivers.
 
 use std::borrow::Cow;
 use std::os::fd::OwnedFd;
@@ -11,13 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use vovp_proto::{
-    Header, Reply, Request, CREATE_EPHEMERAL, CREATE_REPLACE, FLAG_NO_REPLY, HEADER_LEN, REPLY_BIT,
+use vovp_proto::{Header, Reply, Request, FLAG_NO_REPLY, HEADER_LEN, REPLY_BIT};
+use vovp_types::put::PutPaths;
+use vovp_types::{
+    CreateOptions, Device, Error, ObjectInfo, ObjectName, ObjectRef, PutOptions, StoreStats,
 };
-use vovp_types::{CreateOptions, Device, Error, ObjectInfo, ObjectName, ObjectRef, StoreStats};
 
 use crate::mapping::{MappedSegment, Mappings};
-use crate::shared::Connection;
 
 /// One connection's framing state: the last request id, the bytes to send next, and the
 /// requests sent whose replies are still to be read in front of the next one's.
@@ -118,17 +119,17 @@ impl Wire {
 }
 
 /// Both clients' view of their current connection: its mappings and which connection it is
-/// (0 = the first; + 1 on every reconnect). Views remember their generation, so the release of
-/// a reference that died with an old daemon is never sent to the new one, where the same object
-/// id may name another object.
-pub(crate) struct Session {
+/// (its generation: 0 = the first; + 1 on every reconnect). Views remember their generation,
+/// so the release of a reference that died with an old daemon is never sent to the new one,
+/// where the same object id may name another object.
+pub(crate) struct Current {
     maps: RwLock<Arc<Mappings>>,
     generation: AtomicU64,
 }
 
-impl Session {
+impl Current {
     fn new(maps: Mappings) -> Self {
-        Session {
+        Current {
             maps: RwLock::new(Arc::new(maps)),
             generation: AtomicU64::new(0),
         }
@@ -145,7 +146,7 @@ impl Session {
         self.generation.load(Ordering::Acquire)
     }
 
-    pub(crate) fn current(&self) -> (Arc<Mappings>, u64) {
+    pub(crate) fn now(&self) -> (Arc<Mappings>, u64) {
         (self.maps(), self.generation())
     }
 
@@ -160,37 +161,28 @@ impl Session {
     }
 }
 
-/// The part of a get the shared directory serves: a view per name it has (no message), and the
-/// positions of the names left for one GET (`vovp_shm::held::fill_in` merges its results back).
-pub(crate) fn shared_part(
-    maps: &Mappings,
-    names: &[&str],
-    connection: &Connection,
-) -> (Vec<Option<vovp_types::ObjectView>>, Vec<usize>) {
-    vovp_shm::held::held_part(names, |n| maps.shared_view(n, connection))
-}
-
-/// What `get_newer` needs no message for: `name` from the shared directory when it is a
-/// version above `newer_than` (an older one is let go at once, its hold cleared).
-pub(crate) fn shared_newer(
-    maps: &Mappings,
-    name: &str,
-    newer_than: u64,
-    connection: &Connection,
-) -> Option<vovp_types::ObjectView> {
-    maps.shared_view(name, connection)
-        .filter(|v| v.version() > newer_than)
-}
-
-/// The one view a GET_NEWER of `name` answered with, or NotFound (none in time).
-pub(crate) fn newer_or_not_found(
-    name: &str,
-    mut views: Vec<Option<vovp_types::ObjectView>>,
-) -> Result<vovp_types::ObjectView, Error> {
-    views
-        .pop()
-        .flatten()
-        .ok_or_else(|| Error::NotFound(name.to_string()))
+/// The ways a put of `size` bytes may take on a connection (sans I/O; `crate::ops` reads them
+/// from the connection): inline up to the daemon's `max_inline`, at most
+/// [`vovp_types::CLIENT_INLINE_PUT`]; without waiting only where the client `pipelines` and
+/// this process may announce in the connection's hold table (`announce`: a table, and not a
+/// forked child's); through the lend (as large as `lend` says, asked only for a size the lend
+/// may take) under the same condition, since a lend is taken back through that table.
+pub(crate) fn put_paths(
+    size: usize,
+    max_inline: u32,
+    announce: bool,
+    pipelines: bool,
+    lend: impl FnOnce() -> Option<u64>,
+) -> PutPaths {
+    let lend = (announce && size >= vovp_types::lends::MIN_OBJECT)
+        .then(lend)
+        .flatten();
+    PutPaths {
+        inline_limit: (max_inline as usize).min(vovp_types::CLIENT_INLINE_PUT),
+        pipelining: pipelines && announce,
+        lend,
+        small_lend: pipelines && announce,
+    }
 }
 
 /// Queued releases a pipelined request takes along ([`Core::frame_pipelined`]).
@@ -202,7 +194,7 @@ pub(crate) type Answered = (Arc<Mappings>, u64);
 
 /// What a client is, besides its socket.
 pub(crate) struct Core {
-    pub(crate) session: Session,
+    pub(crate) current: Current,
     /// Releases from views dropped while the connection was busy: sent ahead of the next
     /// request as one-way frames.
     deferred_releases: Mutex<Vec<u64>>,
@@ -211,10 +203,19 @@ pub(crate) struct Core {
     pub(crate) path: PathBuf,
 }
 
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("socket", &self.path)
+            .field("generation", &self.current.generation())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Core {
     pub(crate) fn new(path: PathBuf, maps: Mappings, reconnect: bool) -> Self {
         Core {
-            session: Session::new(maps),
+            current: Current::new(maps),
             deferred_releases: Mutex::new(Vec::new()),
             reconnect,
             path,
@@ -255,7 +256,7 @@ impl Core {
 
     /// [`Core::defer_release`], returning how many releases are queued now (0: none queued).
     pub(crate) fn defer_release_counted(&self, id: u64, generation: u64) -> usize {
-        if self.session.generation() != generation {
+        if self.current.generation() != generation {
             return 0;
         }
         match self.deferred_releases.lock() {
@@ -296,15 +297,14 @@ impl Core {
     pub(crate) fn reconnected(&self, wire: &mut Wire, maps: Mappings) -> Answered {
         *wire = Wire::new();
         self.take_deferred();
-        self.session.replace(maps)
+        self.current.replace(maps)
     }
 
     /// A sink's check before it seals: only on the connection that created the object.
-    pub(crate) fn check_generation(&self, generation: u64, obj: &ObjectRef) -> Result<(), Error> {
-        if self.session.generation() != generation {
+    pub(crate) fn check_generation(&self, generation: u64, name: &str) -> Result<(), Error> {
+        if self.current.generation() != generation {
             return Err(Error::NotFound(format!(
-                "{} (created on a connection to a daemon that has since gone away)",
-                obj.name
+                "{name} (created on a connection to a daemon that has since gone away)",
             )));
         }
         Ok(())
@@ -404,18 +404,6 @@ pub(crate) fn check_created(r: &ObjectRef, size: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// The CREATE, PUT and PUBLISH flags `options` asks for.
-pub(crate) fn create_flags(options: &CreateOptions) -> u32 {
-    let mut flags = 0;
-    if options.ephemeral {
-        flags |= CREATE_EPHEMERAL;
-    }
-    if options.replace {
-        flags |= CREATE_REPLACE;
-    }
-    flags
-}
-
 fn check_name(n: &str) -> Result<(), Error> {
     ObjectName::new(n).map(drop)
 }
@@ -443,7 +431,7 @@ pub(crate) mod requests {
         Ok(Request::Create {
             name: name.into(),
             size,
-            flags: create_flags(&options),
+            flags: vovp_proto::create_flags(&options),
             device: options.device.unwrap_or(Device::Cpu),
             metadata: metadata.into(),
         })
@@ -451,14 +439,14 @@ pub(crate) mod requests {
 
     pub(crate) fn put<'a>(
         name: &'a str,
-        flags: u32,
+        options: &PutOptions,
         metadata: &'a [u8],
         data: &'a [u8],
     ) -> Result<Request<'a>, Error> {
         check_name(name)?;
         Ok(Request::Put {
             name: name.into(),
-            flags,
+            flags: vovp_proto::put_flags(options),
             metadata: metadata.into(),
             data: data.into(),
         })
@@ -505,7 +493,7 @@ pub(crate) mod requests {
         lend: u64,
         offset: u64,
         name: &'a str,
-        flags: u32,
+        options: &PutOptions,
         metadata: &'a [u8],
         size: u64,
     ) -> Result<Request<'a>, Error> {
@@ -514,7 +502,7 @@ pub(crate) mod requests {
             lend,
             offset,
             name: name.into(),
-            flags,
+            flags: vovp_proto::put_flags(options),
             metadata: metadata.into(),
             size,
         })
@@ -624,25 +612,11 @@ impl Expect for Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::frames;
 
     fn core() -> Core {
         let maps = Mappings::from_hello(1 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
         Core::new(PathBuf::from("/nonexistent"), maps, true)
-    }
-
-    /// The frames of a batch: (opcode, flags, request id, request).
-    fn frames(out: &[u8]) -> Vec<(u8, u16, u64, Request<'static>)> {
-        let mut rest = out;
-        let mut v = Vec::new();
-        while let Some(h) = Header::parse(rest).unwrap() {
-            let req = Request::decode(h.opcode, &rest[HEADER_LEN..h.frame_len()])
-                .unwrap()
-                .into_owned();
-            v.push((h.opcode, h.flags, h.request_id, req));
-            rest = &rest[h.frame_len()..];
-        }
-        assert!(rest.is_empty());
-        v
     }
 
     #[test]
@@ -684,7 +658,7 @@ mod tests {
         let maps = Mappings::from_hello(2 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
         let (maps, generation) = core.reconnected(&mut wire, maps);
         assert_eq!((generation, maps.capacity), (1, 2 << 20));
-        assert_eq!(core.session.generation(), 1);
+        assert_eq!(core.current.generation(), 1);
         // Request ids start again, owed replies and old references are forgotten.
         assert!(wire.unread.is_empty());
         assert_eq!(core.frame(&mut wire, &Request::Stats), 1);
@@ -704,10 +678,10 @@ mod tests {
             version: 1,
         };
         assert!(matches!(
-            core.check_generation(0, &obj),
+            core.check_generation(0, obj.name.as_str()),
             Err(Error::NotFound(_))
         ));
-        assert!(core.check_generation(1, &obj).is_ok());
+        assert!(core.check_generation(1, obj.name.as_str()).is_ok());
     }
 
     #[test]
@@ -728,6 +702,45 @@ mod tests {
             check_created(&obj(3), 65600),
             Err(Error::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn a_put_pipelines_and_lends_only_through_a_hold_table_this_process_may_write() {
+        use vovp_types::lends::MIN_OBJECT;
+        let lend = || Some(4 << 20);
+        let all = put_paths(MIN_OBJECT, 1 << 20, true, true, lend);
+        assert_eq!(
+            all,
+            PutPaths {
+                inline_limit: vovp_types::CLIENT_INLINE_PUT,
+                pipelining: true,
+                lend: Some(4 << 20),
+                small_lend: true,
+            }
+        );
+        // No hold table (`no_shared_reads`, a daemon without one) or a forked child's: no
+        // lend, nothing without waiting; inline and create remain.
+        let none = put_paths(MIN_OBJECT, 1 << 20, false, true, lend);
+        assert_eq!(
+            (none.pipelining, none.lend, none.small_lend),
+            (false, None, false)
+        );
+        assert_eq!(none.inline_limit, vovp_types::CLIENT_INLINE_PUT);
+        // Pipelining opted out (or the async client): lends still.
+        let waits = put_paths(MIN_OBJECT, 1 << 20, true, false, lend);
+        assert_eq!(
+            (waits.pipelining, waits.lend, waits.small_lend),
+            (false, Some(4 << 20), false)
+        );
+        // The daemon's max_inline is the limit when smaller.
+        assert_eq!(put_paths(64, 1000, true, true, lend).inline_limit, 1000);
+        // The lend is not asked about for a size it never takes.
+        let asked = std::cell::Cell::new(false);
+        let small = put_paths(MIN_OBJECT - 1, 1 << 20, true, true, || {
+            asked.set(true);
+            Some(4 << 20)
+        });
+        assert_eq!((small.lend, asked.get()), (None, false));
     }
 
     #[test]

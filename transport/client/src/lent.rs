@@ -19,15 +19,10 @@ use std::sync::{Arc, Mutex};
 use vovp_proto::Request;
 use vovp_shm::copy::parallel_copy;
 use vovp_shm::{LendWrite, SharedReader};
-use vovp_types::{CreateOptions, Error, Lend};
+use vovp_types::{Error, Lend, PutOptions};
 
-use crate::core::requests;
+use crate::core::{requests, Answered};
 use crate::mapping::MappedSegment;
-
-/// Puts smaller than this go inline (PUT: the bytes ride in the frame, the daemon copies them
-/// into its own segment): the socket copy is cheap there, and small objects packed into lends
-/// would pin whole lends (a lend's memory comes back only with its last object).
-pub const CLIENT_LEND_MIN: usize = 64 * 1024;
 
 /// The bytes an object takes in a lend: data padded to 64 bytes, then the metadata, rounded
 /// to 64 (the store checks the same arithmetic).
@@ -187,29 +182,51 @@ impl Reserved {
     }
 
     /// Writes the object's bytes into the reserved range; the PUBLISH that makes it an object
-    /// (`put_flags`: PUT_KEEP_REFERENCE, PUT_PIPELINED, beside the options' own).
+    /// with `options` (whether it keeps the reference and waits for its reply included).
     pub(crate) fn write<'a>(
         &self,
         name: &'a str,
         data: &[u8],
         metadata: &'a [u8],
-        options: &CreateOptions,
-        put_flags: u32,
+        options: &PutOptions,
     ) -> Result<Request<'a>, Error> {
         // SAFETY: a range of this client's own lend, mapped writable and kept mapped by `self`,
         // reserved for this put alone (block_len(data, metadata) bytes from `ptr`).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr, data.len()) };
         parallel_copy(dst, data);
-        let flags = crate::core::create_flags(options) | put_flags;
-        requests::publish(
-            self.lend,
-            self.offset,
-            name,
-            flags,
-            metadata,
-            data.len() as u64,
-        )
+        let size = data.len() as u64;
+        requests::publish(self.lend, self.offset, name, options, metadata, size)
     }
+}
+
+/// A PUBLISH of `reserved` answered on connection `generation`: an error unless that is the
+/// connection the lend belongs to (reconnected in between, the new daemon knows no such lend).
+pub(crate) fn check_answered(
+    reserved: &Reserved,
+    &(_, generation): &Answered,
+) -> Result<(), Error> {
+    if generation != reserved.generation {
+        return Err(Error::Connection(
+            "the daemon went away during a put; put again".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A LEND's answer, `lend` in `segment` (mapped), from connection `answered`: the lend to
+/// install once it lies in a segment this client may write.
+pub(crate) fn accept(
+    lend: Lend,
+    segment: Arc<MappedSegment>,
+    (maps, generation): &Answered,
+) -> Result<Lent, Error> {
+    check(&lend, &segment)?;
+    // The store lends only to connections with a hold table; one without gets no lend route
+    // (`crate::core::put_paths`), so this is a daemon out of step: put another way.
+    let shared = maps.shared.clone().ok_or_else(|| {
+        Error::Config("a lend without a hold table to take it back through".into())
+    })?;
+    Ok((lend, segment, *generation, shared))
 }
 
 /// A lend must lie inside a segment this client may write.
@@ -224,7 +241,7 @@ pub(crate) fn check(lend: &Lend, segment: &MappedSegment) -> Result<(), Error> {
     Ok(())
 }
 
-/// What [`Lends::reserve`] answers.
+/// What [`ClientLend::reserve`] answers.
 pub(crate) enum Reservation {
     Got(Reserved),
     /// Send LEND for `at_least` bytes, then hand the outcome to [`LendAsked::install`].
@@ -297,50 +314,35 @@ fn populate_in_background(segment: &Arc<MappedSegment>, lend: &Lend, populating:
         });
 }
 
+/// This client's lend: the one it writes into now, and what it learnt of the store's lends.
 #[derive(Default)]
-pub(crate) struct Lends {
+pub(crate) struct ClientLend {
     slot: Arc<Mutex<LendSlot>>,
 }
 
-impl Lends {
-    /// Lends for a client that did not opt out ([`crate::ClientOptions::no_lend_puts`]);
+impl ClientLend {
+    /// The lend of a client that did not opt out ([`crate::ClientOptions::no_lend_puts`]);
     /// otherwise one that never asks for one.
     pub(crate) fn new(enabled: bool) -> Self {
-        let lends = Lends::default();
+        let lends = ClientLend::default();
         if let Ok(mut slot) = lends.slot.lock() {
             slot.refused = !enabled;
         }
         lends
     }
 
-    /// Whether a put of `size` data bytes and `metadata_len` metadata bytes should go through a
-    /// lend of a store of `capacity()` bytes (asked only when it matters): big enough to be
-    /// worth it, small enough for one, and a store that lends.
-    pub(crate) fn wants(
-        &self,
-        size: usize,
-        metadata_len: usize,
-        capacity: impl FnOnce() -> u64,
-    ) -> Option<u64> {
-        if size < CLIENT_LEND_MIN {
+    /// The largest block (data padded, then metadata) a put may write into a lend of a store
+    /// of `capacity` bytes; `None` when this client asks for no lend (opted out, or the store
+    /// lends nothing). Until a lend said how large its objects may be, the store's capacity
+    /// says it (the size of its lends): an object too big for them asks for no lend (one would
+    /// be held for nothing, and the put would wait a round trip more).
+    pub(crate) fn largest(&self, capacity: u64) -> Option<u64> {
+        let slot = self.slot.lock().ok()?;
+        if slot.refused {
             return None;
         }
-        let need = block_len(size, metadata_len)?;
-        let (refused, known) = {
-            let slot = self.slot.lock().ok()?;
-            (slot.refused, slot.max_object)
-        };
-        // Until a lend said how large its objects may be, the store's capacity says it (the
-        // size of its lends): an object too big for them asks for no lend (one would be held
-        // for nothing, and the put would wait a round trip more). Asked with the slot's lock
-        // let go: it reads the session's mappings.
-        let largest = known.or_else(|| {
-            vovp_types::lends::lend_size(capacity()).map(vovp_types::lends::max_object)
-        });
-        if refused || largest.is_none_or(|m| need > m) {
-            return None;
-        }
-        Some(need)
+        (slot.max_object)
+            .or_else(|| vovp_types::lends::lend_size(capacity).map(vovp_types::lends::max_object))
     }
 
     /// Reserves `need` bytes for a put on connection `generation`, or says to ask for a new
@@ -454,5 +456,262 @@ impl LendAsked {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{foreign_segment, mappings, own_segment, Table};
+    use std::time::{Duration, Instant};
+
+    const MIB: u64 = 1 << 20;
+
+    /// Lend `id` of `size` bytes at `offset` of a fresh arena, its largest object a quarter.
+    fn lent(
+        table: &Table,
+        id: u64,
+        offset: u64,
+        size: u64,
+        generation: u64,
+    ) -> Result<Lent, Error> {
+        let lend = Lend {
+            id,
+            segment: 1,
+            offset,
+            size,
+            max_object: size / 4,
+        };
+        Ok((
+            lend,
+            own_segment(offset + size),
+            generation,
+            table.reader.clone(),
+        ))
+    }
+
+    fn what(r: &Reservation) -> &'static str {
+        match r {
+            Reservation::Got(_) => "got",
+            Reservation::Lend(_) => "lend",
+            Reservation::Busy => "busy",
+            Reservation::No => "no",
+        }
+    }
+
+    fn got(r: Reservation) -> Reserved {
+        match r {
+            Reservation::Got(r) => r,
+            other => panic!("a range, not {}", what(&other)),
+        }
+    }
+
+    fn asked(r: Reservation) -> LendAsked {
+        match r {
+            Reservation::Lend(a) => a,
+            other => panic!("a LEND to send, not {}", what(&other)),
+        }
+    }
+
+    /// Puts writing into the current lend, once the populating thread of a fresh lend (a
+    /// writer like a put) is done.
+    fn writers_settled(lend: &ClientLend, puts: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let writing = lend
+                .slot
+                .lock()
+                .unwrap()
+                .current
+                .as_ref()
+                .map_or(0, |c| c.writing);
+            if writing == puts {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{writing} writers, not {puts}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn the_largest_object_is_the_stores_until_a_lend_says_and_none_once_refused() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        // A 1 GiB store lends 16 MiB, for objects up to 4 MiB; one under 64 MiB lends nothing.
+        assert_eq!(lend.largest(1 << 30), Some(4 * MIB));
+        assert_eq!(lend.largest(32 * MIB), None);
+        assert_eq!(ClientLend::new(false).largest(1 << 30), None);
+        let r = asked(lend.reserve(64, 0)).install(lent(&table, 1, 0, 4 * MIB, 0));
+        assert!(r.is_some());
+        assert_eq!(lend.largest(1 << 30), Some(MIB));
+        // The store's answer that it lends nothing holds for good.
+        let refused = ClientLend::new(true);
+        let e = Error::Protocol("MALFORMED: no lends here".into());
+        assert!(asked(refused.reserve(64, 0)).install(Err(e)).is_none());
+        assert_eq!(refused.largest(1 << 30), None);
+    }
+
+    #[test]
+    fn puts_take_ranges_in_order_and_a_full_lend_is_replaced_only_once_none_writes() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let first = asked(lend.reserve(128, 0));
+        // Until a lend said how large its objects may be, any lend is asked for.
+        assert_eq!(first.at_least, 0);
+        let a = first.install(lent(&table, 1, 4096, 1024, 0)).unwrap();
+        let b = got(lend.reserve(128, 0));
+        let c = got(lend.reserve(256, 0));
+        assert_eq!(
+            (a.offset, b.offset, c.offset),
+            (4096, 4096 + 128, 4096 + 256)
+        );
+        assert_eq!((a.lend, a.segment_id, a.generation), (1, 1, 0));
+        // Too big for the lend's objects, or past its end: full, and puts write into it.
+        assert_eq!(what(&lend.reserve(257, 0)), "busy");
+        let d = got(lend.reserve(256, 0));
+        let e = got(lend.reserve(256, 0));
+        assert_eq!(e.offset + 256, 4096 + 1024, "the lend is full");
+        assert_eq!(what(&lend.reserve(64, 0)), "busy");
+        // The store cannot take it back while puts write into it.
+        writers_settled(&lend, 5);
+        assert!(!table.holds.lend_revoker().revoke(1));
+        drop((a, b, c, d, e));
+        writers_settled(&lend, 0);
+        let next = asked(lend.reserve(256, 0));
+        assert_eq!(next.at_least, 256, "the store's object size is known now");
+        let f = next.install(lent(&table, 2, 0, 1024, 0)).unwrap();
+        assert_eq!((f.lend, f.offset), (2, 0));
+    }
+
+    #[test]
+    fn a_lend_the_store_took_back_is_not_written_and_another_is_asked_for() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let a = asked(lend.reserve(64, 0)).install(lent(&table, 1, 0, 4096, 0));
+        drop(a);
+        writers_settled(&lend, 0);
+        assert!(table.holds.lend_revoker().revoke(1));
+        let r = lend.reserve(64, 0);
+        assert_eq!(what(&r), "lend");
+    }
+
+    #[test]
+    fn one_lend_is_asked_for_at_a_time_and_a_dropped_ask_may_be_made_again() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let first = asked(lend.reserve(64, 0));
+        assert_eq!(what(&lend.reserve(64, 0)), "no", "a LEND is on its way");
+        drop(first);
+        let again = asked(lend.reserve(64, 0));
+        assert!(again.install(lent(&table, 1, 0, 4096, 0)).is_some());
+    }
+
+    #[test]
+    fn a_lend_the_store_could_not_grant_is_not_asked_again_at_once() {
+        let lend = ClientLend::new(true);
+        let short = Error::OutOfMemory {
+            requested: 1,
+            available: 0,
+        };
+        assert!(asked(lend.reserve(64, 0)).install(Err(short)).is_none());
+        assert_eq!(what(&lend.reserve(64, 0)), "no");
+        assert_eq!(lend.largest(1 << 30), Some(4 * MIB), "not refused for good");
+    }
+
+    #[test]
+    fn a_lend_belongs_to_its_connection() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let a = asked(lend.reserve(64, 1)).install(lent(&table, 1, 0, 4096, 1));
+        // A caller of an older connection puts another way.
+        assert_eq!(what(&lend.reserve(64, 0)), "no");
+        // A newer one waits for the old lend's puts, then forgets it.
+        writers_settled(&lend, 1);
+        assert_eq!(what(&lend.reserve(64, 2)), "no");
+        drop(a);
+        writers_settled(&lend, 0);
+        assert_eq!(what(&lend.reserve(64, 2)), "lend");
+    }
+
+    #[test]
+    fn a_lend_the_store_no_longer_has_is_forgotten_once_its_last_put_ends() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let mut a = asked(lend.reserve(64, 0))
+            .install(lent(&table, 1, 0, 4096, 0))
+            .unwrap();
+        a.lend_gone();
+        writers_settled(&lend, 1);
+        assert_eq!(what(&lend.reserve(64, 0)), "busy");
+        drop(a);
+        assert!(lend.slot.lock().unwrap().current.is_none());
+        assert_eq!(what(&lend.reserve(64, 0)), "lend");
+    }
+
+    #[test]
+    fn a_range_takes_the_bytes_and_publishes_them_with_the_options() {
+        let table = Table::new();
+        let lend = ClientLend::new(true);
+        let r = asked(lend.reserve(128, 0))
+            .install(lent(&table, 3, 1024, 4096, 0))
+            .unwrap();
+        let options = PutOptions {
+            replace: true,
+            keep_reference: true,
+            pipelined: true,
+            ..Default::default()
+        };
+        let req = r.write("n", b"bytes", b"meta", &options).unwrap();
+        let publish = requests::publish(3, 1024, "n", &options, b"meta", 5).unwrap();
+        assert_eq!(req, publish);
+        // SAFETY: the range's first 5 bytes, just written, kept mapped by `r`.
+        let written = unsafe { std::slice::from_raw_parts(r.ptr(), 5) };
+        assert_eq!(written, b"bytes");
+        assert!(matches!(
+            r.write("", b"", b"", &options),
+            Err(Error::InvalidName(_))
+        ));
+    }
+
+    #[test]
+    fn a_lend_lies_in_a_segment_this_client_writes_on_the_connection_that_lent_it() {
+        let lend = |offset, size| Lend {
+            id: 1,
+            segment: 1,
+            offset,
+            size,
+            max_object: size / 4,
+        };
+        let own = own_segment(8192);
+        assert!(check(&lend(4096, 4096), &own).is_ok());
+        assert!(matches!(
+            check(&lend(4096, 4097), &own),
+            Err(Error::Protocol(_))
+        ));
+        assert!(matches!(
+            check(&lend(u64::MAX, 2), &own),
+            Err(Error::Protocol(_))
+        ));
+        let theirs = foreign_segment(8192);
+        assert!(matches!(
+            check(&lend(0, 4096), &theirs),
+            Err(Error::Protocol(_))
+        ));
+        // A lend on a connection without a hold table: a daemon out of step.
+        let answered = (Arc::new(mappings(1 << 30, None)), 0);
+        let no_table = accept(lend(0, 4096), own.clone(), &answered);
+        assert!(matches!(no_table, Err(Error::Config(_))));
+        // A PUBLISH answered on a newer connection than its lend's.
+        let table = Table::new();
+        let lends = ClientLend::new(true);
+        let r = asked(lends.reserve(64, 0))
+            .install(lent(&table, 1, 0, 4096, 0))
+            .unwrap();
+        let maps = Arc::new(mappings(1 << 30, Some(table.reader.clone())));
+        assert!(check_answered(&r, &(maps.clone(), 0)).is_ok());
+        assert!(matches!(
+            check_answered(&r, &(maps, 1)),
+            Err(Error::Connection(_))
+        ));
     }
 }

@@ -1,13 +1,17 @@
-//! The Rust client of `vovp-engine`: [`Client`] (blocking) and [`AsyncClient`] (tokio) speak
-//! PROTOCOL.md (through `vovp-proto`) and implement the same [`vovp_types::Store`] /
-//! [`vovp_types::AsyncStore`] traits as the embedded engine, so a framework switches between them in
-//! one line. Got objects are zero-copy views into the mapped segments; dropping a view releases
-//! its reference.
+//! The Rust client of `vovp-engine`: [`Client`] (blocking) and `AsyncClient` (tokio; the
+//! `async` feature, on by default) speak PROTOCOL.md (through `vovp-proto`) and implement the
+//! same [`vovp_types::Store`] / [`vovp_types::AsyncStore`] traits as the embedded engine, so a
+//! framework switches between them in one line. Got objects are zero-copy views into the
+//! mapped segments; dropping a view releases its reference.
 //!
 //! Layout: `core` is the connection state both clients share (request ids, queued releases,
-//! the current mappings and connection generation, reply decoding, reconnect bookkeeping),
-//! with no socket in it; `blocking` and `nonblocking` are the two thin I/O drivers over it;
-//! `mapping` turns locations into addresses; `io` is blocking socket I/O on any fd.
+//! the current mappings and connection generation, reply decoding, the ways a put may take,
+//! reconnect bookkeeping), with no socket in it; `ops` is every store operation, written once
+//! as async code over a driver (the put and get routes among them); `blocking` and
+//! `nonblocking` are the two drivers, and the blocking client's puts that do not wait for
+//! their reply (`blocking/puts.rs`, `blocking/kept.rs`); `lent` is the lend a client writes
+//! into, `pending` the store's copy of a put before its reply, `notify` a subscription's
+//! frames; `mapping` turns locations into addresses; `io` is blocking socket I/O on any fd.
 
 #![warn(unreachable_pub, missing_debug_implementations)]
 
@@ -16,14 +20,20 @@ mod core;
 mod io;
 mod lent;
 mod mapping;
+#[cfg(feature = "async")]
 mod nonblocking;
+mod notify;
+mod ops;
 mod pending;
 mod private;
 mod shared;
+#[cfg(test)]
+mod test_support;
 
-pub use blocking::{Client, Subscription, SubscriptionCloser, WritableBytes};
-pub use lent::CLIENT_LEND_MIN;
-pub use nonblocking::AsyncClient;
+pub use blocking::{Client, Subscription, SubscriptionCloser};
+#[cfg(feature = "async")]
+pub use nonblocking::{AsyncClient, AsyncSubscription};
+pub use ops::Put;
 pub use pending::PipelinedView;
 /// `put_cuda_tensor` on a [`Client`] (as on any `Store`).
 pub use vovp_gpu::CudaStore;
@@ -31,7 +41,11 @@ pub use vovp_gpu::CudaStore;
 /// other vovp crate.
 pub use vovp_types::*;
 
-/// How a [`Client`] or [`AsyncClient`] connects.
+/// Puts smaller than this go inline rather than through this client's lend
+/// ([`vovp_types::lends::MIN_OBJECT`]).
+pub const CLIENT_LEND_MIN: usize = vovp_types::lends::MIN_OBJECT;
+
+/// How a [`Client`] or an `AsyncClient` connects.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ClientOptions {
     /// When the daemon has gone away (stopped, killed, restarted), connect again on the next
@@ -77,7 +91,7 @@ pub struct ClientOptions {
     /// come after it. What changes: a put that fails in the store (a name taken meanwhile by
     /// a racing put, full memory) is logged when its reply is read and reported by
     /// [`Client::sync`], not by the `put` (nor by unrelated later calls). Needs the hold table,
-    /// so `no_shared_reads` implies this. Blocking client only ([`AsyncClient`] always waits).
+    /// so `no_shared_reads` implies this. Blocking client only (an `AsyncClient` always waits).
     pub no_pipelined_puts: bool,
 }
 

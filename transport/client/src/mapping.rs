@@ -7,14 +7,10 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use memmap2::{MmapOptions, MmapRaw};
-use vovp_proto::PUT_KEEP_REFERENCE;
-use vovp_types::{
-    CreateOptions, Device, Error, Location, ObjectBuffer, ObjectRef, ObjectSink, ObjectView,
-};
+use vovp_types::{Error, Location, Mapped, ObjectBuffer, ObjectRef, ObjectSink, ObjectView};
 
 use crate::private::{self, PrivateMapping};
-use crate::shared::Connection;
-use vovp_shm::held::{held_view, SegmentMap};
+use vovp_shm::held::{held_view, Holder};
 use vovp_shm::SharedReader;
 use vovp_types::lends::SMALL_MAX_BLOCK;
 
@@ -116,20 +112,14 @@ impl MappedSegment {
     /// small lend and were in the store's segment before (their torch results private, and
     /// tests and users rely on that); a large one was written in place through a lend, and a
     /// private view of it would fault every page in again.
-    pub(crate) fn private_view(
-        self: &Arc<Self>,
-        offset: u64,
-        size: u64,
-    ) -> Result<(*mut u8, private::Keep), Error> {
+    pub(crate) fn private_view(self: &Arc<Self>, offset: u64, size: u64) -> Result<Mapped, Error> {
         if offset.saturating_add(size) > self.len() {
             return Err(Error::Protocol("object outside its segment".into()));
         }
         if self.viewed_in_place(size) {
-            // SAFETY: in bounds (checked above), kept mapped by the returned `Arc`.
-            return Ok((
-                unsafe { self.map.as_mut_ptr().add(offset as usize) },
-                self.clone(),
-            ));
+            // SAFETY: in bounds (checked above), kept mapped by the returned owner.
+            let ptr = unsafe { self.map.as_mut_ptr().add(offset as usize) };
+            return Ok(Mapped::host(ptr, size, self.clone()));
         }
         let mapping = match self.private.get() {
             Some(m) => m,
@@ -156,9 +146,6 @@ enum SegmentSlot {
 /// arena whose owner has gone stays alive (punched, so not resident) while anyone maps it.
 const RECENT_ARENAS: usize = 32;
 
-/// Largest put sent inline even when the daemon allows more (see [`vovp_types::CLIENT_INLINE_PUT`]).
-const INLINE_PUT_PREFERRED: usize = vovp_types::CLIENT_INLINE_PUT;
-
 /// One connection's mappings and what its HELLO said.
 pub(crate) struct Mappings {
     segments: Mutex<HashMap<u32, SegmentSlot>>,
@@ -172,9 +159,6 @@ pub(crate) struct Mappings {
     /// them ([`crate::ClientOptions::shared_reads`]).
     pub(crate) shared: Option<Arc<SharedReader>>,
 }
-
-/// Where an object is in this process: (host address or null, device address or 0, owner).
-type Located = (*mut u8, u64, Arc<dyn std::any::Any + Send + Sync>);
 
 impl Mappings {
     /// A connection's mappings from its HELLO reply: the store's own segments, read-only.
@@ -214,21 +198,18 @@ impl Mappings {
 
     /// A view of `name` got through the shared directory, with no message: `None` when the
     /// socket must answer (not published, busy, hold table full, segment not mapped here).
-    pub(crate) fn shared_view(&self, name: &str, connection: &Connection) -> Option<ObjectView> {
+    pub(crate) fn shared_view(&self, name: &str, connection: &Holder) -> Option<ObjectView> {
         let shared = self.shared.as_ref()?;
         let segment = |id: u32| {
             let seg = self.segment(id)?;
-            Some(SegmentMap {
-                base: seg.map.as_ptr(),
-                len: seg.len(),
-                owner: seg,
-            })
+            Some(Mapped::host(seg.map.as_mut_ptr(), seg.len(), seg))
         };
         // SAFETY: `segment` gives this client's live mappings of the store's segments, whole.
         unsafe { held_view(shared, name, segment, connection) }
     }
 
-    fn locate(&self, r: &ObjectRef) -> Result<Located, Error> {
+    /// Where the object `r` locates is in this process.
+    fn locate(&self, r: &ObjectRef) -> Result<Mapped, Error> {
         match r.location {
             Location::Host { segment, offset } => {
                 let seg = self
@@ -242,12 +223,12 @@ impl Mappings {
                 }
                 // SAFETY: in bounds (checked above).
                 let ptr = unsafe { seg.map.as_mut_ptr().add(offset as usize) };
-                Ok((ptr, 0, seg.clone()))
+                Ok(Mapped::host(ptr, r.size, seg.clone()))
             }
             // Opened through CUDA IPC once per pool (cached by vovp-gpu), closed with the last view.
             Location::Cuda(block) => {
                 let view = vovp_gpu::ipc::open(&block)?;
-                Ok((std::ptr::null_mut(), view.ptr(), Arc::new(view)))
+                Ok(Mapped::device(view.ptr(), Arc::new(view)))
             }
         }
     }
@@ -319,32 +300,9 @@ impl Mappings {
             // SAFETY: a null pointer is never read through (`bytes()` is empty for it).
             return Ok(unsafe { ObjectView::from_raw(r, std::ptr::null(), Arc::new(()), sink) });
         }
-        let (ptr, device_ptr, owner) = self.locate(&r)?;
-        if device_ptr != 0 {
-            return Ok(ObjectView::from_device(r, device_ptr, owner, sink));
-        }
+        let mapped = self.locate(&r)?;
         // SAFETY: a sealed object inside our mapping; `owner` keeps the mapping.
-        Ok(unsafe { ObjectView::from_raw(r, ptr, owner, sink) })
-    }
-
-    /// PUT flags when `len` bytes go inline (host objects up to `max_inline`: one round trip),
-    /// or `None` when the object must be created, written and sealed.
-    pub(crate) fn inline_flags(
-        &self,
-        len: usize,
-        options: &CreateOptions,
-        keep_reference: bool,
-    ) -> Option<u32> {
-        if len > (self.max_inline as usize).min(INLINE_PUT_PREFERRED)
-            || options.device.is_some_and(|d| d != Device::Cpu)
-        {
-            return None;
-        }
-        let mut flags = crate::core::create_flags(options);
-        if keep_reference {
-            flags |= PUT_KEEP_REFERENCE;
-        }
-        Some(flags)
+        Ok(unsafe { ObjectView::from_mapped(r, mapped, sink) })
     }
 
     /// Views for a GET's results. On a failure every reference is still released (the views
@@ -388,11 +346,146 @@ impl Mappings {
                 )));
             }
         }
-        let (ptr, device_ptr, owner) = self.locate(&r)?;
-        if device_ptr != 0 {
-            return Ok(ObjectBuffer::from_device(r, device_ptr, owner, sink));
-        }
+        let mapped = self.locate(&r)?;
         // SAFETY: a fresh unsealed object of ours inside the mapping.
-        Ok(unsafe { ObjectBuffer::from_raw(r, ptr, owner, sink) })
+        Ok(unsafe { ObjectBuffer::from_mapped(r, mapped, sink) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{foreign_segment, mappings, memfd, object, own_segment, Counted};
+
+    fn sink() -> (Arc<Counted>, Arc<dyn ObjectSink>) {
+        let counted = Arc::new(Counted::default());
+        (counted.clone(), counted)
+    }
+
+    #[test]
+    fn a_segment_smaller_than_its_announced_size_is_refused_not_mapped() {
+        let short = MappedSegment::map(memfd(4096), 8192, false, false);
+        assert!(matches!(short, Err(Error::Protocol(_))));
+        // Segment 0 handed out read-write (`--prefault`) is still nobody's own.
+        let zero = MappedSegment::map(memfd(4096), 4096, true, false).unwrap();
+        assert!(!zero.is_own() && zero.own_base().is_err());
+    }
+
+    #[test]
+    fn views_point_inside_their_segment_or_are_refused() {
+        let maps = mappings(1 << 30, None);
+        let seg = foreign_segment(4096);
+        maps.insert_segment(1, seg.clone());
+        let (_, s) = sink();
+        let v = maps.view(object("a", 1, 64, 64), s.clone()).unwrap();
+        assert_eq!(v.as_ptr(), seg.map.as_ptr().wrapping_add(64));
+        let outside = maps.view(object("b", 1, 4090, 64), s.clone());
+        assert!(matches!(outside, Err(Error::Protocol(_))));
+        let unknown = maps.view(object("c", 7, 0, 8), s);
+        assert!(matches!(unknown, Err(Error::Protocol(_))));
+    }
+
+    #[test]
+    fn a_failed_view_among_many_gives_every_reference_back() {
+        let maps = mappings(1 << 30, None);
+        maps.insert_segment(1, foreign_segment(4096));
+        let (counted, s) = sink();
+        let good = object("good", 1, 0, 8);
+        let bad = object("bad", 1, 4095, 64);
+        let got = maps.views(vec![Some(good.clone()), None, Some(bad.clone())], s);
+        assert!(matches!(got, Err(Error::Protocol(_))));
+        let mut released = counted.released();
+        released.sort_unstable();
+        assert_eq!(released, [good.id.get(), bad.id.get()]);
+    }
+
+    #[test]
+    fn buffers_only_in_segments_this_client_writes() {
+        let maps = mappings(1 << 30, None);
+        maps.insert_segment(1, foreign_segment(4096));
+        maps.insert_segment(2, own_segment(4096));
+        let (_, s) = sink();
+        let theirs = maps.buffer(object("t", 1, 0, 8), s.clone());
+        assert!(matches!(theirs, Err(Error::Protocol(_))));
+        let mut mine = maps.buffer(object("m", 2, 64, 8), s).unwrap();
+        mine.as_mut_slice().copy_from_slice(b"12345678");
+        let view = maps.view(object("m", 2, 64, 8), sink().1).unwrap();
+        assert_eq!(&view[..], b"12345678");
+    }
+
+    #[test]
+    fn the_segments_of_a_reply_are_pinned_if_mapped_and_listed_once_if_not() {
+        let maps = mappings(1 << 30, None);
+        let seg = foreign_segment(4096);
+        maps.insert_segment(1, seg.clone());
+        let refs = [
+            object("a", 1, 0, 8),
+            object("b", 3, 0, 8),
+            object("c", 1, 64, 8),
+            object("d", 2, 0, 8),
+            object("e", 3, 64, 8),
+        ];
+        let (pins, missing) = maps.segments_of(refs.iter());
+        assert_eq!(missing, [2, 3]);
+        assert_eq!(pins.len(), 1);
+        assert!(Arc::ptr_eq(&pins[0], &seg));
+    }
+
+    #[test]
+    fn other_clients_arenas_stay_mapped_while_viewed_or_among_the_last_mapped() {
+        let maps = mappings(1 << 30, None);
+        maps.insert_segment(100, own_segment(4096));
+        let viewed = foreign_segment(4096);
+        maps.insert_segment(1, viewed.clone());
+        for id in 2..=(RECENT_ARENAS as u32 + 2) {
+            maps.insert_segment(id, foreign_segment(4096));
+        }
+        // Segment 2 fell out of the recent list and nothing views it: unmapped.
+        assert!(maps.segment(2).is_none());
+        assert!(maps.segment(3).is_some());
+        // Segment 1 is out of the list too, but viewed; this client's own arena is kept.
+        assert!(maps.segment(1).is_some());
+        assert!(maps.segment(100).is_some());
+        drop(viewed);
+        maps.insert_segment(200, foreign_segment(4096));
+        assert!(maps.segment(1).is_none());
+    }
+
+    #[test]
+    fn writable_views_are_in_place_only_for_large_objects_of_this_clients_arena() {
+        let own = own_segment(64 << 10);
+        let big = own.private_view(8192, SMALL_MAX_BLOCK + 1).unwrap();
+        assert_eq!(big.ptr, own.map.as_mut_ptr().wrapping_add(8192));
+        assert!(own.private_ready(SMALL_MAX_BLOCK + 1));
+        let small = own.private_view(0, 64).unwrap();
+        assert_ne!(small.ptr, own.map.as_mut_ptr());
+        let theirs = foreign_segment(64 << 10);
+        assert!(!theirs.private_ready(SMALL_MAX_BLOCK + 1));
+        let copy = theirs.private_view(8192, SMALL_MAX_BLOCK + 1).unwrap();
+        assert_ne!(copy.ptr, theirs.map.as_mut_ptr().wrapping_add(8192));
+        assert!(theirs.private_ready(SMALL_MAX_BLOCK + 1));
+        assert!(matches!(
+            theirs.private_view(60 << 10, 8 << 10),
+            Err(Error::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn a_cuda_object_a_caller_maps_itself_comes_back_empty() {
+        let mut maps = mappings(1 << 30, None);
+        maps.defer_cuda = true;
+        let block = vovp_types::DeviceBlock {
+            device: 0,
+            pool: 0,
+            ipc_handle: [0; 64],
+            offset: 0,
+            size: 256,
+        };
+        let cuda = ObjectRef {
+            location: Location::Cuda(block),
+            ..object("g", 0, 0, 256)
+        };
+        let v = maps.view(cuda, sink().1).unwrap();
+        assert!(v.as_ptr().is_null() && v.bytes().is_empty() && v.cuda_ptr().is_none());
     }
 }

@@ -1,4 +1,8 @@
-//! The async driver: [`AsyncClient`] over a tokio Unix socket.
+//! The async driver: [`AsyncClient`] over a tokio Unix socket, the operations of `crate::ops`
+//! awaited on it, and [`AsyncSubscription`]. Its puts all wait for the store's answer: the
+//! blocking client's puts that do not (pipelined, the small lend) save a thread's round trip,
+//! which an async caller does not block on in the first place, and they would need a queue of
+//! owed replies read by whichever task comes next.
 
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -6,18 +10,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use vovp_proto::{Header, Reply, Request, HEADER_LEN, LIST_END};
-use vovp_types::{
-    AsyncStore, CreateOptions, Error, ObjectBuffer, ObjectId, ObjectInfo, ObjectRef, ObjectSink,
-    ObjectView, StoreStats,
-};
+use vovp_proto::{Header, Reply, Request, HEADER_LEN};
+use vovp_shm::held::Holder;
+use vovp_types::{AsyncStore, Error, Notification, ObjectId, ObjectRef, ObjectSink, ObjectView};
 
-use crate::core::{self, requests, Answered, Core, Expect, Wire};
+use crate::core::{requests, Answered, Core, Expect, Wire};
 use crate::io::{self, conn_err, handshake};
-use crate::lent::{self, Lends, Lent, Reservation};
+use crate::lent::ClientLend;
 use crate::mapping::{MappedSegment, Mappings};
-use crate::shared::Connection;
+use crate::notify::Notifications;
+use crate::ops::{self, Driver, Put, PutArgs};
 use crate::ClientOptions;
+
+/// Reads one whole frame from `stream`: its header, and its payload into `payload`.
+async fn read_frame(
+    stream: &mut tokio::net::UnixStream,
+    payload: &mut Vec<u8>,
+) -> Result<Header, Error> {
+    let mut header = [0u8; HEADER_LEN];
+    stream.read_exact(&mut header).await.map_err(conn_err)?;
+    let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
+    payload.resize(h.payload_len, 0);
+    stream.read_exact(payload).await.map_err(conn_err)?;
+    Ok(h)
+}
 
 struct AsyncConn {
     stream: tokio::net::UnixStream,
@@ -40,18 +56,8 @@ impl AsyncConn {
             .write_all(&self.wire.out)
             .await
             .map_err(conn_err)?;
-        let mut header = [0u8; HEADER_LEN];
-        self.stream
-            .read_exact(&mut header)
-            .await
-            .map_err(conn_err)?;
-        let h = Header::parse(&header)?.ok_or_else(|| Error::Protocol("short header".into()))?;
-        self.payload.resize(h.payload_len, 0);
-        self.stream
-            .read_exact(&mut self.payload)
-            .await
-            .map_err(conn_err)?;
-        core::decode_reply(&h, &self.payload, id, req)
+        let h = read_frame(&mut self.stream, &mut self.payload).await?;
+        crate::core::decode_reply(&h, &self.payload, id, req)
     }
 
     /// The same exchange for a synchronous caller: blocking I/O straight on the socket's
@@ -63,7 +69,7 @@ impl AsyncConn {
         let fd = self.stream.as_fd();
         io::write_all(fd, &self.wire.out)?;
         let h = io::read_frame(fd, &mut self.payload)?;
-        core::decode_reply(&h, &self.payload, id, req)
+        crate::core::decode_reply(&h, &self.payload, id, req)
     }
 
     /// Asks for segment `segment`'s fd (on this connection: an arena is writable only from
@@ -78,7 +84,7 @@ impl AsyncConn {
         let mut frame = vec![0u8; 4096];
         let mut got = 0;
         let mut fds = Vec::new();
-        while !core::frame_complete(&mut frame, got)? {
+        while !crate::core::frame_complete(&mut frame, got)? {
             stream.readable().await.map_err(conn_err)?;
             match stream.try_io(tokio::io::Interest::READABLE, || {
                 vovp_shm::fdpass::recv_with_fds(stream, &mut frame[got..], &mut fds)
@@ -89,7 +95,7 @@ impl AsyncConn {
                 Err(e) => return Err(conn_err(e)),
             }
         }
-        core::map_segment_reply(&frame, id, segment, fds)
+        crate::core::map_segment_reply(&frame, id, segment, fds)
     }
 }
 
@@ -99,7 +105,7 @@ struct AsyncInner {
     /// Map the shared directory on connect and reconnect.
     shared_reads: bool,
     /// The part of its arena the store lent this client (puts without CREATE).
-    lends: Lends,
+    lend: ClientLend,
 }
 
 impl AsyncInner {
@@ -110,7 +116,7 @@ impl AsyncInner {
     fn seal_blocking(&self, generation: u64, obj: &ObjectRef) -> Result<u64, Error> {
         let req = requests::seal(obj.name.as_str())?;
         let run = |conn: &mut AsyncConn| {
-            self.core.check_generation(generation, obj)?;
+            self.core.check_generation(generation, obj.name.as_str())?;
             conn.exchange_blocking(&self.core, &req)?.version()
         };
         if let Ok(mut conn) = self.conn.try_lock() {
@@ -174,14 +180,6 @@ pub struct AsyncClient {
     inner: Arc<AsyncInner>,
 }
 
-impl std::fmt::Debug for AsyncClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncClient")
-            .field("socket", &self.inner.core.path)
-            .finish_non_exhaustive()
-    }
-}
-
 impl AsyncClient {
     /// Connects to the daemon listening on `path`, on the current tokio runtime.
     ///
@@ -212,18 +210,44 @@ impl AsyncClient {
                 shared_reads,
                 core: Core::new(path, maps, options.reconnect),
                 conn: tokio::sync::Mutex::new(AsyncConn::new(stream)),
-                lends: Lends::new(!options.no_lend_puts && !options.no_shared_reads),
+                lend: ClientLend::new(!options.no_lend_puts && !options.no_shared_reads),
             }),
         })
     }
 
     /// Sends queued releases now.
     pub async fn flush(&self) -> Result<(), Error> {
-        self.call(&Request::Stats).await.map(drop)
+        ops::call(self, &Request::Stats).await.map(drop)
     }
 
-    async fn call(&self, req: &Request<'_>) -> Result<Reply, Error> {
-        self.call_in_session(req).await.map(|(r, _)| r)
+    /// Opens a notification stream (its own connection, as the blocking client's
+    /// [`crate::Client::subscribe`]).
+    pub async fn subscribe(&self) -> Result<AsyncSubscription, Error> {
+        let (stream, _maps) = async_handshake(&self.inner.core.path, false).await?;
+        let mut conn = AsyncConn::new(stream);
+        // Not through `Core::frame`: the queued releases belong to the main connection.
+        let id = conn.wire.push(&Request::Subscribe, 0);
+        conn.stream
+            .write_all(&conn.wire.out)
+            .await
+            .map_err(conn_err)?;
+        // Read exactly: the notifications after it are the subscription's.
+        let h = read_frame(&mut conn.stream, &mut conn.payload).await?;
+        crate::notify::subscribed(&h, &conn.payload, id)?;
+        Ok(AsyncSubscription {
+            stream: conn.stream,
+            received: Notifications::default(),
+        })
+    }
+
+    /// GET over the socket, the shared directory not asked (as the blocking client's
+    /// [`crate::Client::get_from_store`]).
+    pub async fn get_from_store(
+        &self,
+        names: &[&str],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Option<ObjectView>>, Error> {
+        ops::get_from_store(self, names, timeout).await
     }
 
     /// As the blocking client's: the reply, with the mappings and generation that answered;
@@ -231,7 +255,7 @@ impl AsyncClient {
     async fn call_in_session(&self, req: &Request<'_>) -> Result<(Reply, Answered), Error> {
         let core = &self.inner.core;
         let mut conn = self.inner.conn.lock().await;
-        let session = core.session.current();
+        let session = core.current.now();
         match conn.exchange(core, req).await {
             Err(Error::Connection(why)) if core.reconnect => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
@@ -245,19 +269,6 @@ impl AsyncClient {
         }
     }
 
-    /// As the blocking client's `pin_segments`, on the async connection.
-    async fn pin_segments<'r>(
-        &self,
-        (maps, generation): &Answered,
-        refs: impl IntoIterator<Item = &'r ObjectRef>,
-    ) -> Result<Vec<Arc<MappedSegment>>, Error> {
-        let (mut pins, missing) = maps.segments_of(refs);
-        for segment in missing {
-            pins.push(self.map_segment_of(maps, *generation, segment).await?);
-        }
-        Ok(pins)
-    }
-
     /// As the blocking client's `map_segment_of`, on the async connection.
     async fn map_segment_of(
         &self,
@@ -266,7 +277,7 @@ impl AsyncClient {
         segment: u32,
     ) -> Result<Arc<MappedSegment>, Error> {
         let mut conn = self.inner.conn.lock().await;
-        if self.inner.core.session.generation() != generation {
+        if self.inner.core.current.generation() != generation {
             return Err(Error::Connection(
                 "the daemon went away while mapping a segment".into(),
             ));
@@ -275,76 +286,63 @@ impl AsyncClient {
         maps.insert_segment(segment, seg.clone());
         Ok(seg)
     }
+}
 
-    /// As the blocking client's: a put through this client's lend (copy, one PUBLISH);
-    /// `None` when it does not go through a lend.
-    async fn put_lent(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: &CreateOptions,
-    ) -> Option<Result<(), Error>> {
-        if options.device.is_some_and(|d| d != vovp_types::Device::Cpu) {
-            return None;
-        }
-        let lends = &self.inner.lends;
-        let capacity = || self.inner.core.session.maps().capacity;
-        let need = lends.wants(data.len(), metadata.len(), capacity)?;
-        // A lend is taken back through the hold table: no table (or a forked child, which
-        // cannot announce its writes there), no lend.
-        let maps = self.inner.core.session.maps();
-        if !maps.shared.as_ref()?.can_announce() {
-            return None;
-        }
-        let generation = self.inner.core.session.generation();
-        let mut reserved = match lends.reserve(need, generation) {
-            Reservation::Got(r) => r,
-            Reservation::No | Reservation::Busy => return None,
-            Reservation::Lend(asked) => {
-                let lent = self.take_lend(asked.at_least).await;
-                asked.install(lent)?
+/// A stream of seal/delete/evict notifications on a dedicated connection (the blocking
+/// [`crate::Subscription`]'s async twin).
+#[derive(Debug)]
+pub struct AsyncSubscription {
+    stream: tokio::net::UnixStream,
+    received: Notifications,
+}
+
+impl AsyncSubscription {
+    /// The next notification. Cancel-safe (a notification cut short stays buffered for the
+    /// next call), so it can be raced against a timeout. A stream the daemon ended (it drops
+    /// subscribers that fall too far behind) is `Error::Connection`.
+    pub async fn next(&mut self) -> Result<Notification, Error> {
+        loop {
+            if let Some(n) = self.received.next()? {
+                return Ok(n);
             }
-        };
-        let result = async {
-            let req = reserved.write(name, data, metadata, options, 0)?;
-            let (reply, answered) = self.call_in_session(&req).await?;
-            if answered.1 != reserved.generation {
-                return Err(Error::Connection(
-                    "the daemon went away during a put; put again".into(),
-                ));
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk).await {
+                Ok(0) => return Err(Error::Connection("the notification stream ended".into())),
+                Ok(n) => self.received.extend(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(conn_err(e)),
             }
-            reply.object().map(drop)
         }
-        .await;
-        // NOT_FOUND from PUBLISH is about the lend: put another way.
-        if matches!(result, Err(Error::NotFound(_))) {
-            reserved.lend_gone();
-            return None;
-        }
-        Some(result)
+    }
+}
+
+/// The async driver of the shared operations (`crate::ops`).
+impl Driver for AsyncClient {
+    fn core(&self) -> &Core {
+        &self.inner.core
     }
 
-    /// LEND, and the lend's segment mapped writable.
-    async fn take_lend(&self, at_least: u64) -> Result<Lent, Error> {
-        let (reply, answered) = self
-            .call_in_session(&Request::Lend { at_least, flags: 0 })
-            .await?;
-        let lend = reply.lent()?;
-        let segment = match answered.0.segment(lend.segment) {
-            Some(s) => s,
-            None => {
-                self.map_segment_of(&answered.0, answered.1, lend.segment)
-                    .await?
-            }
-        };
-        lent::check(&lend, &segment)?;
-        // The store lends only to connections with a hold table; one without is refused
-        // before asking (`put_lent`), so this is a daemon out of step: put another way.
-        let shared = answered.0.shared.clone().ok_or_else(|| {
-            Error::Config("a lend without a hold table to take it back through".into())
-        })?;
-        Ok((lend, segment, answered.1, shared))
+    fn lend(&self) -> &ClientLend {
+        &self.inner.lend
+    }
+
+    fn pipelines(&self) -> bool {
+        false
+    }
+
+    fn call_in_session<'a>(
+        &'a self,
+        req: &'a Request<'_>,
+    ) -> impl std::future::Future<Output = Result<(Reply, Answered), Error>> + Send + 'a {
+        AsyncClient::call_in_session(self, req)
+    }
+
+    fn map_segment<'a>(
+        &'a self,
+        (maps, generation): &'a Answered,
+        segment: u32,
+    ) -> impl std::future::Future<Output = Result<Arc<MappedSegment>, Error>> + Send + 'a {
+        self.map_segment_of(maps, *generation, segment)
     }
 
     fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
@@ -353,145 +351,36 @@ impl AsyncClient {
             generation,
         })
     }
+
+    fn put<'a>(
+        &'a self,
+        put: PutArgs<'a>,
+    ) -> impl std::future::Future<Output = Result<Put, Error>> + Send + 'a {
+        ops::put(self, put)
+    }
+
+    fn directory(&self) -> impl FnMut(&str) -> Option<ObjectView> + '_ {
+        let maps = self.inner.core.current.maps();
+        let holder: Holder = self.inner.clone();
+        move |name| maps.shared_view(name, &holder)
+    }
 }
 
-impl AsyncStore for AsyncClient {
-    async fn create(
-        &self,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectBuffer, Error> {
-        let req = requests::create(name, size, metadata, options)?;
-        let (reply, answered) = self.call_in_session(&req).await?;
-        let r = reply.object()?;
-        let id = r.id;
-        let sink = self.sink(answered.1);
-        core::check_created(&r, size).inspect_err(|_| sink.release(id))?;
-        let _pins = self
-            .pin_segments(&answered, [&r])
-            .await
-            .inspect_err(|_| sink.release(id))?;
-        answered
-            .0
-            .buffer(r, sink.clone())
-            .inspect_err(|_| sink.release(id))
-    }
-
-    async fn seal(&self, name: &str) -> Result<u64, Error> {
-        self.call(&requests::seal(name)?).await?.version()
-    }
-
-    async fn abort(&self, name: &str) -> Result<(), Error> {
-        self.call(&requests::abort(name)?).await?.empty()
-    }
-
-    async fn put(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<(), Error> {
-        if let Some(r) = self.put_lent(name, data, metadata, &options).await {
-            return r;
-        }
-        let maps = self.inner.core.session.maps();
-        if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
-            let req = requests::put(name, flags, metadata, data)?;
-            return self.call(&req).await?.object().map(drop);
-        }
-        vovp_shm::put::create_copy_seal_async(self, name, data, metadata, options).await
-    }
-
-    /// As the blocking client's: the shared directory first, one GET for the rest.
-    async fn get(
-        &self,
-        names: &[&str],
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Option<ObjectView>>, Error> {
-        let connection: Connection = self.inner.clone();
-        let (mut views, missing) =
-            core::shared_part(&self.inner.core.session.maps(), names, &connection);
-        if missing.is_empty() {
-            return Ok(views);
-        }
-        let rest: Vec<&str> = missing.iter().map(|&i| names[i]).collect();
-        let got = self.get_over_socket(&rest, timeout).await?;
-        vovp_shm::held::fill_in(&mut views, missing, got);
-        Ok(views)
-    }
-
-    /// As the blocking client's: a held version above `newer_than`, else GET_NEWER.
-    async fn get_newer(
-        &self,
-        name: &str,
-        newer_than: u64,
-        timeout: Option<Duration>,
-    ) -> Result<ObjectView, Error> {
-        let connection: Connection = self.inner.clone();
-        let maps = self.inner.core.session.maps();
-        if let Some(v) = core::shared_newer(&maps, name, newer_than, &connection) {
-            return Ok(v);
-        }
-        // A reconnect may replace the mappings while GET_NEWER waits: hold none of them.
-        drop(maps);
-        let req = requests::get_newer(name, newer_than, timeout)?;
-        core::newer_or_not_found(name, self.views_of(&req).await?)
-    }
-
-    async fn contains(&self, name: &str) -> Result<bool, Error> {
-        self.call(&requests::contains(name)?).await?.boolean()
-    }
-
-    async fn delete(&self, name: &str) -> Result<(), Error> {
-        self.call(&requests::delete(name)?).await?.empty()
-    }
-
-    async fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        let mut all = Vec::new();
-        let mut start = 0;
-        while start != LIST_END {
-            let (page, next) = self.call(&requests::list(start)).await?.list()?;
-            all.extend(page);
-            start = next;
-        }
-        Ok(all)
-    }
-
-    async fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        self.call(&Request::Evict { bytes }).await?.count()
-    }
-
-    async fn stats(&self) -> Result<StoreStats, Error> {
-        Ok(self.call(&Request::Stats).await?.stats()?.0)
+impl std::fmt::Debug for AsyncClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AsyncClient")
+            .field(&self.inner.core)
+            .finish()
     }
 }
 
 impl AsyncClient {
-    /// GET over the socket (names the shared directory did not serve).
-    async fn get_over_socket(
-        &self,
-        names: &[&str],
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Option<ObjectView>>, Error> {
-        self.views_of(&requests::get(names, timeout)?).await
-    }
-
-    /// The views a GET or GET_NEWER answers with.
-    async fn views_of(&self, req: &Request<'_>) -> Result<Vec<Option<ObjectView>>, Error> {
-        let (reply, answered) = self.call_in_session(req).await?;
-        let objects = reply.objects()?;
-        let sink = self.sink(answered.1);
-        // Kept until the views hold the segments they point into.
-        let _pins = match self.pin_segments(&answered, objects.iter().flatten()).await {
-            Ok(pins) => pins,
-            Err(e) => {
-                objects.iter().flatten().for_each(|r| sink.release(r.id));
-                return Err(e);
-            }
-        };
-        answered.0.views(objects, sink)
+    /// The driver its operations run on (`crate::ops`): itself.
+    fn driver(&self) -> &Self {
+        self
     }
 }
+
+crate::ops::puts_on_driver!(AsyncClient, async, |op| op.await);
+
+crate::ops::store_on_driver!(AsyncStore for AsyncClient, async, |op| op.await, {});

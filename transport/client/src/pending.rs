@@ -243,7 +243,7 @@ impl PipelinedView {
 
     /// A writable address of the bytes, private to this process, and what keeps it: for
     /// callers that hand out writable views (torch tensors), as `Client::private_view`.
-    pub fn private_view(&self) -> Result<crate::WritableBytes, Error> {
+    pub fn private_view(&self) -> Result<vovp_types::Mapped, Error> {
         let Location::Host { offset, .. } = self.pending.location else {
             return Err(Error::Internal("a pipelined put of a device object".into()));
         };
@@ -283,5 +283,157 @@ impl Drop for PipelinedView {
         if self.pending.abandon() {
             self.reader.abandoned();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{object, own_segment, Counted};
+
+    /// A reader that counts what it is asked, resolving the slot with `answer` when asked to
+    /// wait.
+    #[derive(Default)]
+    struct Reader {
+        waits: AtomicUsize,
+        abandoned: AtomicUsize,
+        answer: Mutex<Option<Result<ObjectRef, Error>>>,
+    }
+
+    impl ReplyReader for Reader {
+        fn read_until_answered(&self, pending: &Arc<Pending>) -> Result<(), Error> {
+            self.waits.fetch_add(1, Ordering::SeqCst);
+            match self.answer.lock().unwrap().take() {
+                Some(answer) => {
+                    pending.resolve(answer, None);
+                    Ok(())
+                }
+                None => Err(Error::Connection("no such request".into())),
+            }
+        }
+
+        fn abandoned(&self) {
+            self.abandoned.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A put of 64 bytes at offset 128 of an arena (segment 1), its view, and what counts.
+    fn put(
+        pinned: Option<Arc<AtomicUsize>>,
+    ) -> (Arc<Pending>, PipelinedView, Arc<Reader>, Arc<Counted>) {
+        let segment = own_segment(4096);
+        let sink = Arc::new(Counted::default());
+        let maker = {
+            let sink = sink.clone();
+            Box::new(move || Some(sink.clone() as Arc<dyn ObjectSink>)) as SinkMaker
+        };
+        // SAFETY: offset 128 of a 4096-byte mapping kept by `segment`.
+        let ptr = unsafe { segment.own_base().unwrap().add(128) };
+        let location = Location::Host {
+            segment: 1,
+            offset: 128,
+        };
+        let pending = Pending::new(ptr, 64, location, segment, maker, pinned);
+        let reader = Arc::new(Reader::default());
+        let view = PipelinedView::new(pending.clone(), reader.clone());
+        (pending, view, reader, sink)
+    }
+
+    fn stored() -> ObjectRef {
+        object("x", 1, 128, 64)
+    }
+
+    #[test]
+    fn a_reply_read_first_leaves_the_view_for_the_caller() {
+        let (pending, view, reader, sink) = put(None);
+        assert!(!pending.is_answered());
+        pending.resolve(Ok(stored()), None);
+        assert!(pending.is_answered());
+        view.wait().unwrap();
+        assert_eq!(reader.waits.load(Ordering::SeqCst), 0, "answered already");
+        let taken = view.take_view().expect("the view");
+        assert_eq!((taken.id(), taken.size()), (stored().id, 64));
+        assert!(view.take_view().is_none(), "taken once");
+        drop(view);
+        assert!(sink.released().is_empty());
+        drop(taken);
+        assert_eq!(sink.released(), [stored().id.get()]);
+        assert_eq!(reader.abandoned.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_view_dropped_before_its_reply_gives_back_the_reference_the_reply_grants() {
+        let (pending, view, reader, sink) = put(None);
+        drop(view);
+        assert!(pending.is_abandoned());
+        assert_eq!(reader.abandoned.load(Ordering::SeqCst), 1);
+        pending.resolve(Ok(stored()), None);
+        assert_eq!(sink.released(), [stored().id.get()]);
+        assert!(!pending.is_abandoned());
+    }
+
+    #[test]
+    fn waiting_reads_replies_until_this_one_is_answered() {
+        let (_pending, view, reader, _sink) = put(None);
+        *reader.answer.lock().unwrap() = Some(Ok(stored()));
+        view.wait().unwrap();
+        view.wait().unwrap();
+        assert_eq!(reader.waits.load(Ordering::SeqCst), 1);
+        // A connection that no longer owes the reply: its error.
+        let (_pending, lost, _reader, _sink) = put(None);
+        assert!(matches!(lost.wait(), Err(Error::Connection(_))));
+    }
+
+    #[test]
+    fn an_answer_that_places_the_object_elsewhere_is_refused_and_its_reference_given_back() {
+        let (pending, view, _reader, sink) = put(None);
+        pending.resolve(Ok(object("x", 1, 0, 64)), None);
+        assert!(matches!(view.wait(), Err(Error::Protocol(_))));
+        assert_eq!(sink.released(), [object("x", 1, 0, 64).id.get()]);
+        assert!(view.take_view().is_none());
+    }
+
+    #[test]
+    fn a_failed_put_pins_its_small_lend_while_its_view_lives() {
+        let pinned = Arc::new(AtomicUsize::new(0));
+        let (pending, view, _reader, sink) = put(Some(pinned.clone()));
+        pending.resolve(Err(Error::AlreadyExists("x".into())), None);
+        assert_eq!(pinned.load(Ordering::SeqCst), 1);
+        assert!(matches!(view.wait(), Err(Error::AlreadyExists(_))));
+        // Its bytes stay readable meanwhile.
+        // SAFETY: the put's 64 bytes, kept mapped by the view.
+        let bytes = unsafe { std::slice::from_raw_parts(view.as_ptr(), 64) };
+        assert_eq!(bytes, [0u8; 64]);
+        drop(view);
+        assert_eq!(pinned.load(Ordering::SeqCst), 0);
+        assert!(sink.released().is_empty(), "no reference was granted");
+    }
+
+    #[test]
+    fn a_reply_after_its_client_went_is_a_connection_error() {
+        let segment = own_segment(4096);
+        let location = Location::Host {
+            segment: 1,
+            offset: 0,
+        };
+        let ptr = segment.own_base().unwrap();
+        let gone: SinkMaker = Box::new(|| None);
+        let pending = Pending::new(ptr, 64, location, segment, gone, None);
+        let view = PipelinedView::new(pending.clone(), Arc::new(Reader::default()));
+        pending.resolve(Ok(object("x", 1, 0, 64)), None);
+        assert!(matches!(view.wait(), Err(Error::Connection(_))));
+    }
+
+    #[test]
+    fn a_small_puts_writable_view_is_private_to_this_process() {
+        let (_pending, view, _reader, _sink) = put(None);
+        assert_eq!((view.size(), view.location()), (64, stored().location));
+        let mine = view.private_view().unwrap();
+        assert_ne!(mine.ptr.cast_const(), view.as_ptr());
+        // SAFETY: the private view's 64 bytes, kept by `mine`.
+        unsafe { mine.ptr.write(9) };
+        // SAFETY: the put's bytes, kept mapped by the view.
+        assert_eq!(unsafe { view.as_ptr().read() }, 0);
+        assert!(view.private_view_ready());
     }
 }

@@ -24,11 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapOptions, MmapRaw};
-use vovp_types::Error;
-
-/// What keeps a private view's bytes mapped (and its pages counted): the `Arc` handed out
-/// with the pointer.
-pub(crate) type Keep = Arc<dyn std::any::Any + Send + Sync>;
+use vovp_types::{Error, Mapped};
 
 /// A segment's private mapping and the pages live views of it cover.
 pub(crate) struct PrivateMapping {
@@ -46,7 +42,8 @@ pub(crate) struct PrivateMapping {
 /// The largest object whose views share the segment's private mapping.
 pub(crate) const SHARED_MAX: u64 = 16 << 10;
 
-/// One private view's hold on its bytes (the `Keep` of [`private_view`]).
+/// One private view's hold on its bytes (the owner of what [`private_view`] hands out: it
+/// keeps them mapped, and their pages counted).
 struct PrivateView {
     mapping: Arc<PrivateMapping>,
     /// Its pages of `mapping` (empty for a zero-byte object or a mapping of its own).
@@ -72,7 +69,7 @@ impl PrivateMapping {
 }
 
 /// A writable view of `size` bytes at `offset` of the segment behind `file`, private to this
-/// process: its address and what keeps it. `segment` is the segment's shared mapping (the
+/// process. `segment` is the segment's shared mapping (the
 /// caller checked `offset + size` against the segment).
 pub(crate) fn private_view(
     mapping: &Arc<PrivateMapping>,
@@ -80,7 +77,7 @@ pub(crate) fn private_view(
     segment: *const u8,
     offset: u64,
     size: u64,
-) -> Result<(*mut u8, Keep), Error> {
+) -> Result<Mapped, Error> {
     let page = mapping.page;
     let pages = offset / page..(offset + size).div_ceil(page);
     if size <= SHARED_MAX && !mapping.poisoned.load(Ordering::Acquire) {
@@ -100,7 +97,7 @@ pub(crate) fn private_view(
                     pages,
                     _own: None,
                 };
-                return Ok((ptr, Arc::new(keep)));
+                return Ok(Mapped::host(ptr, size, Arc::new(keep)));
             }
         }
     }
@@ -123,7 +120,7 @@ pub(crate) fn private_view(
         pages: 0..0,
         _own: Some(own),
     };
-    Ok((ptr, Arc::new(keep)))
+    Ok(Mapped::host(ptr, size, Arc::new(keep)))
 }
 
 impl Drop for PrivateView {
@@ -240,6 +237,11 @@ mod tests {
         (file, shared)
     }
 
+    /// A view's address, and the view (which keeps it).
+    fn split(view: Mapped) -> (*mut u8, Mapped) {
+        (view.ptr, view)
+    }
+
     #[test]
     fn runs_group_consecutive_pages() {
         let r: Vec<_> = runs(&[1, 2, 3, 7, 9, 10]).collect();
@@ -253,13 +255,15 @@ mod tests {
     fn a_page_written_through_a_dead_view_shows_the_segment_again() {
         let (file, shared) = segment(4);
         let mapping = Arc::new(PrivateMapping::map(&file, 4 * 4096).expect("map"));
-        let (ptr, keep) = private_view(&mapping, &file, shared.as_ptr(), 100, 16).expect("view");
+        let (ptr, keep) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 100, 16).expect("view"));
         // SAFETY: 16 bytes of the view.
         unsafe { ptr.write(99) };
         drop(keep);
         // Another object at the same place: the segment's bytes change (the store's write).
         file.write_all_at(&[7u8; 16], 100).expect("write");
-        let (ptr, _keep) = private_view(&mapping, &file, shared.as_ptr(), 100, 16).expect("view");
+        let (ptr, _keep) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 100, 16).expect("view"));
         // SAFETY: as above.
         assert_eq!(unsafe { ptr.read() }, 7);
     }
@@ -268,12 +272,14 @@ mod tests {
     fn a_page_a_live_written_view_covers_gives_a_new_object_a_mapping_of_its_own() {
         let (file, shared) = segment(4);
         let mapping = Arc::new(PrivateMapping::map(&file, 4 * 4096).expect("map"));
-        let (a, _keep_a) = private_view(&mapping, &file, shared.as_ptr(), 0, 64).expect("view");
+        let (a, _keep_a) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 0, 64).expect("view"));
         // SAFETY: inside a's 64 bytes.
         unsafe { a.write(1) };
         // A new object is written after a's page was copied, then viewed.
         file.write_all_at(&[5u8; 64], 64).expect("write");
-        let (b, _keep_b) = private_view(&mapping, &file, shared.as_ptr(), 64, 64).expect("view");
+        let (b, _keep_b) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 64, 64).expect("view"));
         // SAFETY: inside b's 64 bytes.
         assert_eq!(unsafe { b.read() }, 5);
         // a's write stays a's, and b's own writes stay in this process.
@@ -289,8 +295,8 @@ mod tests {
         let (file, shared) = segment(4);
         let mapping = Arc::new(PrivateMapping::map(&file, 4 * 4096).expect("map"));
         let base = mapping.map.as_ptr() as usize;
-        let (a, _ka) = private_view(&mapping, &file, shared.as_ptr(), 0, 64).expect("view");
-        let (b, _kb) = private_view(&mapping, &file, shared.as_ptr(), 64, 64).expect("view");
+        let (a, _ka) = split(private_view(&mapping, &file, shared.as_ptr(), 0, 64).expect("view"));
+        let (b, _kb) = split(private_view(&mapping, &file, shared.as_ptr(), 64, 64).expect("view"));
         assert_eq!(a as usize, base);
         assert_eq!(b as usize, base + 64);
         assert_eq!(mapping.live.lock().expect("lock").get(&0), Some(&2));
@@ -302,10 +308,12 @@ mod tests {
     fn a_second_view_of_a_written_object_shows_the_store_bytes() {
         let (file, shared) = segment(2);
         let mapping = Arc::new(PrivateMapping::map(&file, 2 * 4096).expect("map"));
-        let (a, _keep_a) = private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view");
+        let (a, _keep_a) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view"));
         // SAFETY: inside the 8 bytes viewed (here and below).
         unsafe { a.write(3) };
-        let (b, _keep_b) = private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view");
+        let (b, _keep_b) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 8, 8).expect("view"));
         assert_ne!(b, a);
         assert_eq!(unsafe { (b.read(), a.read()) }, (0, 3));
     }
@@ -317,12 +325,12 @@ mod tests {
         let (file, shared) = segment(4);
         let mapping = Arc::new(PrivateMapping::map(&file, 4 * 4096).expect("map"));
         let (old, _keep_old) =
-            private_view(&mapping, &file, shared.as_ptr(), 0, 8192).expect("view");
+            split(private_view(&mapping, &file, shared.as_ptr(), 0, 8192).expect("view"));
         // SAFETY: inside the 8 KiB viewed (here and below).
         unsafe { old.write_bytes(7, 8192) };
         file.write_all_at(&[5u8; 8192], 0).expect("write");
         let (new, _keep_new) =
-            private_view(&mapping, &file, shared.as_ptr(), 0, 8192).expect("view");
+            split(private_view(&mapping, &file, shared.as_ptr(), 0, 8192).expect("view"));
         assert_eq!(unsafe { (new.read(), new.add(8191).read()) }, (5, 5));
     }
 
@@ -333,7 +341,8 @@ mod tests {
         let (file, shared) = segment(pages);
         let len = pages as u64 * 4096;
         let mapping = Arc::new(PrivateMapping::map(&file, len as usize).expect("map"));
-        let (big, keep) = private_view(&mapping, &file, shared.as_ptr(), 0, len).expect("view");
+        let (big, keep) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 0, len).expect("view"));
         assert_ne!(big as usize, mapping.map.as_ptr() as usize);
         assert!(mapping.live.lock().expect("lock").is_empty());
         // SAFETY: inside the view.

@@ -17,7 +17,3 @@ pub(crate) fn map(fds: Vec<OwnedFd>) -> Result<SharedReader, Error> {
     SharedReader::open(&File::from(directory), &File::from(holds))
         .map_err(|e| Error::Memory(format!("shared directory: {e}")))
 }
-
-/// What keeps a client's connection open (its shared inner state): a view got through the hold
-/// table keeps it, since the store honours a hold table only while its connection is open.
-pub(crate) type Connection = vovp_shm::held::Holder;

@@ -83,6 +83,51 @@ pub const CREATE_REPLACE: u32 = 8;
 /// never pin a big one; small itself (64 KiB), never taken back.
 pub const LEND_SMALL: u32 = 1;
 
+/// The CREATE, PUT and PUBLISH flags of `options`: the one mapping from the options a caller
+/// gives to the wire (a CREATE's device is a field of its own; a CREATE sends the first two
+/// flags only, see [`create_flags`]).
+pub fn put_flags(options: &vovp_types::PutOptions) -> u32 {
+    let mut flags = create_flags(options);
+    if options.keep_reference {
+        flags |= PUT_KEEP_REFERENCE;
+    }
+    if options.pipelined {
+        flags |= PUT_PIPELINED;
+    }
+    flags
+}
+
+/// The flags a CREATE of `options` sends: [`CREATE_EPHEMERAL`] and [`CREATE_REPLACE`] (a create
+/// keeps its reference and waits for its reply whatever the options say).
+pub fn create_flags(options: &vovp_types::PutOptions) -> u32 {
+    let mut flags = 0;
+    if options.ephemeral {
+        flags |= CREATE_EPHEMERAL;
+    }
+    if options.replace {
+        flags |= CREATE_REPLACE;
+    }
+    flags
+}
+
+/// The options a PUT's or PUBLISH's `flags` ask for (`device`: `None`, host bytes; a
+/// CREATE's: see [`create_options`]): [`put_flags`] read back. Unknown bits are ignored.
+pub fn put_options(flags: u32, device: Option<vovp_types::Device>) -> vovp_types::PutOptions {
+    vovp_types::PutOptions {
+        ephemeral: flags & CREATE_EPHEMERAL != 0,
+        device,
+        replace: flags & CREATE_REPLACE != 0,
+        keep_reference: flags & PUT_KEEP_REFERENCE != 0,
+        pipelined: flags & PUT_PIPELINED != 0,
+    }
+}
+
+/// The options a CREATE's `flags` and `device` ask for: [`create_flags`] read back (a create
+/// keeps its reference and waits for its reply whatever other bits say).
+pub fn create_options(flags: u32, device: vovp_types::Device) -> vovp_types::CreateOptions {
+    put_options(flags, Some(device)).with(false, false)
+}
+
 /// Bytes one LIST entry takes on the wire (what [`Reply::List`] encodes per entry), so the
 /// daemon can cut a page at [`LIST_PAGE_BYTES`] before encoding it.
 pub fn list_entry_bytes(i: &vovp_types::ObjectInfo) -> usize {

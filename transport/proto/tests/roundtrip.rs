@@ -375,4 +375,20 @@ proptest! {
         Reply::Object(r.clone()).encode(Opcode::Create.code(), 9, &mut buf);
         prop_assert_eq!(Reply::decode_for(&req, &buf[HEADER_LEN..]).unwrap(), Reply::Object(r));
     }
+
+    /// The put options survive the wire: one mapping each way, every flag its own bit.
+    #[test]
+    fn put_options_round_trip_through_their_flags(
+        ephemeral in any::<bool>(),
+        replace in any::<bool>(),
+        keep_reference in any::<bool>(),
+        pipelined in any::<bool>(),
+    ) {
+        let options = vovp_types::PutOptions { ephemeral, device: None, replace, keep_reference, pipelined };
+        let flags = put_flags(&options);
+        prop_assert_eq!(put_options(flags, None), options);
+        prop_assert_eq!(flags.count_ones(), [ephemeral, replace, keep_reference, pipelined].iter().filter(|b| **b).count() as u32);
+        // A CREATE sends the create flags only.
+        prop_assert_eq!(create_flags(&options), flags & (CREATE_EPHEMERAL | CREATE_REPLACE));
+    }
 }

@@ -7,23 +7,17 @@ use std::time::Duration;
 
 use kameo::message::{Context, Message};
 use kameo::Actor;
-use vovp::{CreateOptions, LentObject, ObjectId, PutOptions, Session, StoreStats};
+use vovp::{LentObject, ObjectId, PutOptions, Session, StoreStats};
 use vovp_proto::{
-    Failure, Reply, Request, Status, CREATE_EPHEMERAL, CREATE_REPLACE, LEND_SMALL, LIST_END,
-    LIST_PAGE_BYTES, MAX_INLINE, PUT_KEEP_REFERENCE, PUT_PIPELINED,
+    Failure, Reply, Request, Status, LEND_SMALL, LIST_END, LIST_PAGE_BYTES, MAX_INLINE,
 };
 
 use super::Shared;
 use crate::response::{error_response, Response};
 
-/// PUT's and PUBLISH's flags.
+/// PUT's and PUBLISH's flags (host objects).
 fn put_options(flags: u32) -> PutOptions {
-    PutOptions {
-        ephemeral: flags & CREATE_EPHEMERAL != 0,
-        keep_reference: flags & PUT_KEEP_REFERENCE != 0,
-        pipelined: flags & PUT_PIPELINED != 0,
-        replace: flags & CREATE_REPLACE != 0,
-    }
+    vovp_proto::put_options(flags, None)
 }
 
 /// The per-connection actor: turns this client's requests into calls on the connection's
@@ -130,11 +124,7 @@ impl ConnectionActor {
                 device,
                 metadata,
             } => {
-                let options = CreateOptions {
-                    ephemeral: flags & CREATE_EPHEMERAL != 0,
-                    device: Some(device),
-                    replace: flags & CREATE_REPLACE != 0,
-                };
+                let options = vovp_proto::create_options(flags, device);
                 Reply::Object(session.create(&name, size, &metadata, options).await?).into()
             }
             Request::Seal { name } => Reply::Version(session.seal(&name).await?).into(),

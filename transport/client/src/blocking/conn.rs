@@ -117,7 +117,7 @@ impl Conn {
         Ok(())
     }
 
-    /// Whether a pipelined put of `name` (PUT or PUBLISH flags `flags`) may go out now, with
+    /// Whether a pipelined put of `name` with `options` (PUT or PUBLISH) may go out now, with
     /// the owed replies that arrived read first. Refused as a waiting put would be: a name in
     /// the directory (unless REPLACE) is `AlreadyExists` at once; `false` while this client's
     /// own put of it is unanswered (`also_owed`: names of puts framed but not written yet), so
@@ -126,11 +126,11 @@ impl Conn {
         &self,
         shared: &vovp_shm::SharedReader,
         name: &str,
-        flags: u32,
+        options: &vovp_types::PutOptions,
         mut also_owed: impl Iterator<Item = &'n str>,
     ) -> Result<bool, Error> {
         // (After reading the replies that came: a put answered is in the directory.)
-        if flags & vovp_proto::CREATE_REPLACE == 0 && shared.is_published(name) {
+        if !options.replace && shared.is_published(name) {
             return Err(Error::AlreadyExists(name.to_owned()));
         }
         Ok(!self.wire.unread.iter().any(|u| u.puts(name)) && !also_owed.any(|n| n == name))
@@ -215,7 +215,7 @@ impl Drop for ClientInner {
         // child shares the socket, and what it read would be missing in the parent.
         let ours = self
             .core
-            .session
+            .current
             .maps()
             .shared
             .as_ref()
@@ -290,7 +290,7 @@ impl ClientInner {
     /// that answered; one reconnect and retry when the daemon went away and the client opted in.
     pub(super) fn call_in_session(&self, req: &Request<'_>) -> Result<(Reply, Answered), Error> {
         let mut conn = self.lock()?;
-        let session = self.core.session.current();
+        let session = self.core.current.now();
         match conn.exchange(&self.core, req) {
             Err(Error::Connection(why)) if self.core.reconnect && !self.is_closed() => {
                 tracing::info!("vovp: connection lost ({why}); reconnecting");
@@ -326,22 +326,6 @@ impl ClientInner {
         }
     }
 
-    /// Holds the segments of `refs` that are mapped and maps those that are not, asking the
-    /// daemon for their fds (read-write only for this client's own arenas): the returned
-    /// mappings keep them all alive until the caller's views hold them. `answered`: the
-    /// connection the refs came from.
-    pub(super) fn pin_segments<'r>(
-        &self,
-        (maps, generation): &Answered,
-        refs: impl IntoIterator<Item = &'r ObjectRef>,
-    ) -> Result<Vec<Arc<MappedSegment>>, Error> {
-        let (mut pins, missing) = maps.segments_of(refs);
-        for segment in missing {
-            pins.push(self.map_segment_of(maps, *generation, segment)?);
-        }
-        Ok(pins)
-    }
-
     /// Maps segment `segment` (SEGMENT) into `maps`, those of connection `generation`.
     pub(super) fn map_segment_of(
         &self,
@@ -350,7 +334,7 @@ impl ClientInner {
         segment: u32,
     ) -> Result<Arc<MappedSegment>, Error> {
         let mut conn = self.lock()?;
-        if self.core.session.generation() != generation {
+        if self.core.current.generation() != generation {
             return Err(Error::Connection(
                 "the daemon went away while mapping a segment".into(),
             ));

@@ -19,14 +19,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vovp_proto::{PublishItem, Request, LEND_SMALL, PUT_KEEP_REFERENCE, PUT_PIPELINED};
-use vovp_types::lends::{block_len, SMALL_MAX_BLOCK};
-use vovp_types::{CreateOptions, Device, Error, Lend, Location};
+use vovp_proto::{PublishItem, Request, LEND_SMALL};
+use vovp_types::put::{self, Route};
+use vovp_types::{CreateOptions, Error, Lend, Location};
 
 use super::releases::ViewSink;
 use super::{ClientInner, Conn, MAX_UNREAD};
-use crate::core::{create_flags, Core, Expect, OwedObject, Unread, UnreadKind};
+use crate::core::{Core, Expect, OwedObject, Unread, UnreadKind};
 use crate::io;
+use crate::lent::block_len;
 use crate::mapping::MappedSegment;
 use crate::pending::{Pending, PipelinedView, ReplyReader, SinkMaker};
 
@@ -225,10 +226,12 @@ impl ClientInner {
         }
         // The mappings and generation of the connection this lock guards (a reconnect
         // replaces them under it).
-        let (maps, generation) = self.core.session.current();
-        let Some(shared) = maps.shared.as_ref().filter(|s| s.can_announce()) else {
+        let (maps, generation) = self.core.current.now();
+        if !maps.shared.as_ref().is_some_and(|s| s.can_announce()) {
             return none();
-        };
+        }
+        // (Which puts go into the small lend; the others are not this batch's.)
+        let paths = crate::core::put_paths(0, maps.max_inline, true, true, || None);
         let mut flight = Flight::default();
         let mut answers: Vec<KeptAnswer> = Vec::with_capacity(puts.len());
         let mut broken = None;
@@ -237,7 +240,7 @@ impl ClientInner {
                 answers.push(self.after_broken(e));
                 continue;
             }
-            let answer = self.put_one_later(&mut conn, &mut flight, put, &maps, shared, generation);
+            let answer = self.put_one_later(&mut conn, &mut flight, put, &paths, &maps, generation);
             let answer = match answer {
                 Ok(view) => view.map(Ok),
                 Err(e @ Error::Connection(_)) => {
@@ -284,22 +287,22 @@ impl ClientInner {
         self: &Arc<Self>,
         conn: &mut Conn,
         flight: &mut Flight<'a>,
-        &(name, data, metadata, ref options): &KeptPut<'a>,
+        &(name, data, metadata, options): &KeptPut<'a>,
+        paths: &vovp_types::PutPaths,
         maps: &Arc<crate::mapping::Mappings>,
-        shared: &vovp_shm::SharedReader,
         generation: u64,
     ) -> Result<Option<PipelinedView>, Error> {
-        if options.device.is_some_and(|d| d != Device::Cpu) {
-            return Ok(None);
-        }
-        let Some(need) =
-            block_len(data.len() as u64, metadata.len() as u64).filter(|&n| n <= SMALL_MAX_BLOCK)
+        let options = options.with(true, true);
+        let route = put::route(data.len(), metadata.len(), &options, paths);
+        let (Ok(Route::SmallLend), Some(need)) = (route, block_len(data.len(), metadata.len()))
         else {
+            return Ok(None);
+        };
+        let Some(shared) = maps.shared.as_ref() else {
             return Ok(None);
         };
         // Refused here, now, as a waiting put's would be.
         crate::core::check_put(name, metadata)?;
-        let flags = create_flags(options) | PUT_KEEP_REFERENCE | PUT_PIPELINED;
         // Replies owed stay few: read those that came, and wait for them past the cap. A
         // batch goes out every few puts, so the store works on them while this thread
         // prepares the next (one write per batch would leave it idle until the cap, and
@@ -316,7 +319,7 @@ impl ClientInner {
             conn.drain_arrived()?;
         }
         let framed = flight.owed.iter().map(|o| o.name.as_str());
-        if !conn.may_pipeline(shared, name, flags, framed)? {
+        if !conn.may_pipeline(shared, name, &options, framed)? {
             return Ok(None);
         }
         let range = match conn.small.current.as_mut().and_then(|c| c.take(need)) {
@@ -353,7 +356,7 @@ impl ClientInner {
         let item = PublishItem {
             offset: range.offset,
             name: name.into(),
-            flags,
+            flags: vovp_proto::put_flags(&options),
             metadata: metadata.into(),
             size: data.len() as u64,
         };

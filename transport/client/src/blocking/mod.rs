@@ -7,16 +7,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vovp_proto::{Request, LIST_END};
+use vovp_proto::Request;
+use vovp_shm::held::{DirectoryPart, Holder};
+use vovp_types::put::Route;
 use vovp_types::{
-    CreateOptions, Error, Location, ObjectBuffer, ObjectInfo, ObjectRef, ObjectSink, ObjectView,
-    Store, StoreStats,
+    CreateOptions, Error, Location, ObjectSink, ObjectView, PutOptions, Store, StoreStats,
 };
 
-use crate::core::{self, requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
+use crate::core::{requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, handshake};
-use crate::lent::Lends;
-use crate::shared::Connection;
+use crate::lent::ClientLend;
+use crate::mapping::MappedSegment;
+use crate::ops::{self, ready, Driver, Put, PutArgs};
 use crate::ClientOptions;
 
 mod conn;
@@ -27,9 +29,6 @@ mod subscription;
 
 use releases::{Flusher, ViewSink};
 pub use subscription::{Subscription, SubscriptionCloser};
-
-/// A writable address of an object's bytes and what keeps its mapping alive.
-pub type WritableBytes = (*mut u8, Arc<dyn std::any::Any + Send + Sync>);
 
 struct Conn {
     stream: UnixStream,
@@ -72,7 +71,7 @@ struct ClientInner {
     /// [`ClientOptions::release_delay`]: dropped views' releases are queued, not sent.
     flusher: Option<Arc<Flusher>>,
     /// The part of its arena the store lent this client (puts without CREATE).
-    lends: Lends,
+    lend: ClientLend,
     /// Small puts are sent without waiting (not [`ClientOptions::no_pipelined_puts`]).
     pipelined_puts: bool,
 }
@@ -84,14 +83,6 @@ const MAX_DEFERRED_RELEASES: usize = 1024;
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<ClientInner>,
-}
-
-impl std::fmt::Debug for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("socket", &self.inner.core.path)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Client {
@@ -124,7 +115,7 @@ impl Client {
             flusher: options
                 .release_delay
                 .map(|delay| Flusher::start(me.clone(), delay)),
-            lends: Lends::new(!options.no_lend_puts && !options.no_shared_reads),
+            lend: ClientLend::new(!options.no_lend_puts && !options.no_shared_reads),
             pipelined_puts: !options.no_pipelined_puts && !options.no_shared_reads,
         });
         Ok(Client { inner })
@@ -152,14 +143,14 @@ impl Client {
     /// wrote through earlier views of the same memory). For clients that must hand out
     /// writable views of sealed objects (the Python package's `writable=True` and torch
     /// results). `None` for device objects.
-    pub fn private_view(&self, view: &ObjectView) -> Result<Option<WritableBytes>, Error> {
+    pub fn private_view(&self, view: &ObjectView) -> Result<Option<vovp_types::Mapped>, Error> {
         let Location::Host { segment, offset } = view.location() else {
             return Ok(None);
         };
         let seg = self
             .inner
             .core
-            .session
+            .current
             .maps()
             .segment(segment)
             .ok_or_else(|| Error::Protocol(format!("segment {segment} is not mapped")))?;
@@ -174,7 +165,7 @@ impl Client {
         let Location::Host { segment, .. } = view.location() else {
             return true;
         };
-        let maps = self.inner.core.session.maps();
+        let maps = self.inner.core.current.maps();
         maps.segment(segment)
             .is_none_or(|s| s.private_ready(view.size()))
     }
@@ -195,7 +186,7 @@ impl Client {
 
     /// The largest PUT payload the daemon accepts (HELLO).
     pub fn max_inline(&self) -> u32 {
-        self.inner.core.session.maps().max_inline
+        self.inner.core.current.maps().max_inline
     }
 
     /// SEAL without waiting for its reply, which is read in front of the next request's. For
@@ -250,6 +241,57 @@ impl Client {
             .unwrap_or(0)
     }
 
+    /// [`Client::put_with`] of every `(name, data, metadata)` of `items` with `options`, the
+    /// kept ones batched: those that may return before the store's answer go into the small
+    /// lend together (one write, [`Client::put_views_later`]), and those that wait and fit in
+    /// a request go inline together (one round trip, [`Client::put_many`], which for objects
+    /// the lend would take beats a PUBLISH round trip each); the others, and every put that
+    /// keeps nothing, one by one. Per item its outcome or its error; `Err` when the
+    /// connection broke under the batch.
+    pub fn put_batch(
+        &self,
+        items: &[(&str, &[u8], &[u8])],
+        options: PutOptions,
+    ) -> Result<Vec<Result<Put, Error>>, Error> {
+        let mut answers: Vec<Option<Result<Put, Error>>> = items.iter().map(|_| None).collect();
+        if options.keep_reference && options.pipelined {
+            let puts: Vec<_> = (items.iter())
+                .map(|&(name, data, metadata)| (name, data, metadata, options))
+                .collect();
+            let later = self.inner.put_views_later(&puts);
+            for (answer, view) in answers.iter_mut().zip(later) {
+                *answer = ops::pending(view);
+            }
+        }
+        if options.keep_reference {
+            let maps = self.inner.core.current.maps();
+            let inline_only = crate::core::put_paths(0, maps.max_inline, false, false, || None);
+            let waiting = options.with(true, false);
+            let together: Vec<usize> = (0..items.len())
+                .filter(|&i| {
+                    let (_, data, metadata) = items[i];
+                    let route =
+                        vovp_types::put::route(data.len(), metadata.len(), &waiting, &inline_only);
+                    answers[i].is_none() && matches!(route, Ok(Route::Inline))
+                })
+                .collect();
+            if !together.is_empty() {
+                let puts: Vec<_> = (together.iter())
+                    .map(|&i| (items[i].0, items[i].1, items[i].2, waiting))
+                    .collect();
+                let views = self.put_many(&puts)?;
+                for (i, view) in together.into_iter().zip(views) {
+                    answers[i] = Some(view.map(Put::Kept));
+                }
+            }
+        }
+        Ok((answers.into_iter().zip(items))
+            .map(|(answer, &(name, data, metadata))| {
+                answer.unwrap_or_else(|| self.put_with(name, data, metadata, options))
+            })
+            .collect())
+    }
+
     /// Several inline PUTs (each up to the inline size; `PUT_KEEP_REFERENCE`) sent in one
     /// write, their replies read together: one round trip. Each item's result is its view (or
     /// its error: a name taken, ...); an error that breaks the stream fails the whole call.
@@ -257,21 +299,24 @@ impl Client {
         &self,
         items: &[(&str, &[u8], &[u8], CreateOptions)],
     ) -> Result<Vec<Result<ObjectView, Error>>, Error> {
-        let maps = self.inner.core.session.maps();
+        let maps = self.inner.core.current.maps();
+        let inline_only = crate::core::put_paths(0, maps.max_inline, false, false, || None);
         let reqs = items
             .iter()
             .map(|&(name, data, metadata, options)| {
-                let flags = maps
-                    .inline_flags(data.len(), &options, true)
-                    .ok_or_else(|| {
-                        Error::TooLarge(format!("{name}: {} bytes do not go inline", data.len()))
-                    })?;
-                requests::put(name, flags, metadata, data)
+                let options = options.with(true, false);
+                match vovp_types::put::route(data.len(), metadata.len(), &options, &inline_only) {
+                    Ok(Route::Inline) => requests::put(name, &options, metadata, data),
+                    _ => Err(Error::TooLarge(format!(
+                        "{name}: {} bytes do not go inline",
+                        data.len()
+                    ))),
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
         let (replies, answered) = {
             let mut conn = self.inner.lock()?;
-            let answered = self.inner.core.session.current();
+            let answered = self.inner.core.current.now();
             // Owed replies first (as `exchange`: their releases go out ahead of the batch).
             conn.drain_unread()?;
             self.inner.core.begin(&mut conn.wire);
@@ -288,7 +333,13 @@ impl Client {
         };
         Ok(replies
             .into_iter()
-            .map(|reply| self.view_of(reply?.object()?, answered.clone()))
+            .map(|reply| {
+                ready(ops::view_of(
+                    &self.inner,
+                    reply?.object()?,
+                    answered.clone(),
+                ))
+            })
             .collect())
     }
 
@@ -308,8 +359,9 @@ impl Client {
     /// 64 bytes) and metadata take more than 4 KiB but whose data is under 64 KiB, objects
     /// too big for the lend, pipelining off ([`ClientOptions::no_pipelined_puts`]) or lend
     /// puts off ([`ClientOptions::no_lend_puts`], for the bigger ones), a store that lends
-    /// nothing (under 64 MiB, `--prefault`), or a lend held by a failed put's view that
-    /// still lives (the lend can be replaced only once such views are gone).
+    /// nothing (under 64 MiB, `--prefault`), device objects, or a lend held by a failed put's
+    /// view that still lives (the lend can be replaced only once such views are gone).
+    /// [`Client::put_with`] (kept, pipelined) falls back by itself.
     ///
     /// ```no_run
     /// use vovp_client::{Client, Store};
@@ -324,6 +376,9 @@ impl Client {
     /// }
     /// # Ok::<(), vovp_client::Error>(())
     /// ```
+    ///
+    /// [`PipelinedView`]: crate::PipelinedView
+    /// [`PipelinedView::wait`]: crate::PipelinedView::wait
     pub fn put_view_later(
         &self,
         name: &str,
@@ -331,15 +386,24 @@ impl Client {
         metadata: &[u8],
         options: CreateOptions,
     ) -> Result<Option<crate::PipelinedView>, Error> {
-        if data.len() >= crate::lent::CLIENT_LEND_MIN {
-            return (self.inner)
-                .put_lent_later(name, data, metadata, &options)
-                .transpose();
+        let put = PutArgs {
+            name,
+            data,
+            metadata,
+            options: options.with(true, true),
+        };
+        let paths = ops::put_paths(&self.inner, data.len());
+        // (A device object is no put: not this way, as before the route existed.)
+        let route = vovp_types::put::route(data.len(), metadata.len(), &put.options, &paths);
+        let later = match route {
+            Ok(r @ (Route::LendPipelined | Route::SmallLend)) => self.inner.put_later(r, &put),
+            _ => None,
+        };
+        match later {
+            Some(Ok(Put::Pending(view))) => Ok(Some(view)),
+            Some(Ok(_)) | None => Ok(None),
+            Some(Err(e)) => Err(e),
         }
-        let mut answers = self
-            .inner
-            .put_views_later(&[(name, data, metadata, options)]);
-        answers.pop().flatten().transpose()
     }
 
     /// [`Client::put_view_later`] of several objects in one go (one write for all of them):
@@ -352,28 +416,9 @@ impl Client {
         self.inner.put_views_later(puts)
     }
 
-    /// [`Store::put`] that returns the new object's id.
-    pub fn put_id(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<u64, Error> {
-        if let Some(r) = self.inner.put_lent(name, data, metadata, &options, false) {
-            return Ok(r?.0.object()?.id.get());
-        }
-        let maps = self.inner.core.session.maps();
-        if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
-            let req = requests::put(name, flags, metadata, data)?;
-            return Ok(self.inner.call(&req)?.object()?.id.get());
-        }
-        Ok(self.put_and_view(name, data, metadata, options)?.id().get())
-    }
-
     /// Host bytes the daemon manages.
     pub fn capacity(&self) -> u64 {
-        self.inner.core.session.maps().capacity
+        self.inner.core.current.maps().capacity
     }
 
     pub fn socket_path(&self) -> &Path {
@@ -390,50 +435,6 @@ impl Client {
         self.inner.call(&Request::Stats)?.stats()
     }
 
-    /// Where the views of connection `generation` send their releases.
-    fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
-        Arc::new(ViewSink {
-            inner: self.inner.clone(),
-            generation,
-        })
-    }
-
-    /// A view of the object a reply of connection `answered` located (mapping its segment
-    /// first if need be); the reference is released if that fails.
-    fn view_of(&self, r: ObjectRef, answered: Answered) -> Result<ObjectView, Error> {
-        let sink = self.sink(answered.1);
-        let id = r.id;
-        let _pins = self
-            .inner
-            .pin_segments(&answered, [&r])
-            .inspect_err(|_| sink.release(id))?;
-        answered
-            .0
-            .view(r, sink.clone())
-            .inspect_err(|_| sink.release(id))
-    }
-
-    /// Puts and keeps a reference: the view is the store's copy (zero-copy afterwards).
-    pub fn put_and_view(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectView, Error> {
-        if let Some(r) = self.inner.put_lent(name, data, metadata, &options, true) {
-            let (reply, answered) = r?;
-            return self.view_of(reply.object()?, answered);
-        }
-        let maps = self.inner.core.session.maps();
-        if let Some(flags) = maps.inline_flags(data.len(), &options, true) {
-            let req = requests::put(name, flags, metadata, data)?;
-            let (reply, answered) = self.inner.call_in_session(&req)?;
-            return self.view_of(reply.object()?, answered);
-        }
-        vovp_shm::put::create_copy_seal(self, name, data, metadata, options)
-    }
-
     /// Opens a notification stream (its own connection, as Plasma's subscribe did).
     pub fn subscribe(&self) -> Result<Subscription, Error> {
         let (stream, _maps) = handshake(&self.inner.core.path, false)?;
@@ -444,169 +445,136 @@ impl Client {
         // Read exactly: the notifications after it are the subscription's.
         let mut payload = Vec::new();
         let h = io::read_frame(conn.stream.as_fd(), &mut payload)?;
-        core::decode_reply(&h, &payload, id, &Request::Subscribe)?.empty()?;
-        Ok(Subscription {
-            stream: conn.stream,
-            pending: Vec::new(),
-        })
+        crate::notify::subscribed(&h, &payload, id)?;
+        Ok(Subscription::new(conn.stream))
     }
 
     /// The part of a get the shared directory serves now: a view per name it has (no message,
-    /// never blocks), and the positions of the names left for [`Store::get`]. For a caller
-    /// that must not block while holding something (the Python core holds the GIL for this
-    /// part only).
-    pub fn get_shared(&self, names: &[&str]) -> (Vec<Option<ObjectView>>, Vec<usize>) {
-        if self.inner.is_closed() {
-            return (
-                names.iter().map(|_| None).collect(),
-                (0..names.len()).collect(),
-            );
-        }
-        let connection: Connection = self.inner.clone();
-        core::shared_part(&self.inner.core.session.maps(), names, &connection)
+    /// never blocks), and the names left for the store ([`Client::get_from_store`], then
+    /// `DirectoryPart::fill`). For a caller that must not block while holding something (the
+    /// Python core holds the GIL for this part only); [`Store::get`] is both halves.
+    pub fn get_shared<'n>(&self, names: &'n [&'n str]) -> DirectoryPart<'n> {
+        DirectoryPart::look(names, self.inner.directory())
     }
 
-    /// GET over the socket (names not served by the shared directory, or all of them).
-    fn get_over_socket(
+    /// GET over the socket, the shared directory not asked (for a caller that looked there
+    /// already: [`Client::get_shared`]).
+    pub fn get_from_store(
         &self,
         names: &[&str],
         timeout: Option<Duration>,
     ) -> Result<Vec<Option<ObjectView>>, Error> {
-        self.views_of(&requests::get(names, timeout)?)
+        ready(ops::get_from_store(&self.inner, names, timeout))
     }
 
-    /// The views a GET or GET_NEWER answers with.
-    fn views_of(&self, req: &Request<'_>) -> Result<Vec<Option<ObjectView>>, Error> {
-        let (reply, answered) = self.inner.call_in_session(req)?;
-        let objects = reply.objects()?;
-        let sink = self.sink(answered.1);
-        // Kept until the views hold the segments they point into.
-        let _pins = match self.inner.pin_segments(&answered, objects.iter().flatten()) {
-            Ok(pins) => pins,
-            Err(e) => {
-                objects.iter().flatten().for_each(|r| sink.release(r.id));
-                return Err(e);
-            }
-        };
-        answered.0.views(objects, sink)
-    }
-}
-
-impl Store for Client {
-    fn create(
-        &self,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectBuffer, Error> {
-        let req = requests::create(name, size, metadata, options)?;
-        let (reply, answered) = self.inner.call_in_session(&req)?;
-        let r = reply.object()?;
-        let id = r.id;
-        let sink = self.sink(answered.1);
-        core::check_created(&r, size).inspect_err(|_| sink.release(id))?;
-        let _pins = self
-            .inner
-            .pin_segments(&answered, [&r])
-            .inspect_err(|_| sink.release(id))?;
-        answered
-            .0
-            .buffer(r, sink.clone())
-            .inspect_err(|_| sink.release(id))
-    }
-
-    fn seal(&self, name: &str) -> Result<u64, Error> {
-        self.inner.call(&requests::seal(name)?)?.version()
-    }
-
-    fn abort(&self, name: &str) -> Result<(), Error> {
-        self.inner.call(&requests::abort(name)?)?.empty()
-    }
-
-    fn put(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<(), Error> {
-        if let Some(r) = self.inner.put_lent(name, data, metadata, &options, false) {
-            return r?.0.object().map(drop);
-        }
-        let maps = self.inner.core.session.maps();
-        if let Some(flags) = maps.inline_flags(data.len(), &options, false) {
-            if let Some(sent) = self.inner.put_pipelined(name, flags, metadata, data) {
-                return sent;
-            }
-            let req = requests::put(name, flags, metadata, data)?;
-            return self.inner.call(&req)?.object().map(drop);
-        }
-        self.put_and_view(name, data, metadata, options).map(drop)
-    }
-
-    /// Names published in the shared directory are got with no message (a hold in this
-    /// connection's table); the rest, if any, in one GET.
-    fn get(
-        &self,
-        names: &[&str],
-        timeout: Option<Duration>,
-    ) -> Result<Vec<Option<ObjectView>>, Error> {
-        if self.inner.is_closed() {
-            return self.get_over_socket(names, timeout);
-        }
-        let maps = self.inner.core.session.maps();
-        let connection: Connection = self.inner.clone();
-        vovp_shm::held::get_held_first(
-            names,
-            |n| maps.shared_view(n, &connection),
-            |rest| self.get_over_socket(rest, timeout),
-        )
-    }
-
-    /// The shared directory first (a held version above `newer_than` is the answer, an older
-    /// one is let go at once), then GET_NEWER, which waits for the next version to be sealed.
-    fn get_newer(
+    /// GET_NEWER over the socket, the shared directory not asked (see
+    /// [`Client::get_from_store`] and [`Store::get_newer`]).
+    pub fn get_newer_from_store(
         &self,
         name: &str,
         newer_than: u64,
         timeout: Option<Duration>,
     ) -> Result<ObjectView, Error> {
-        if !self.inner.is_closed() {
-            let connection: Connection = self.inner.clone();
-            let maps = self.inner.core.session.maps();
-            if let Some(v) = core::shared_newer(&maps, name, newer_than, &connection) {
-                return Ok(v);
-            }
-        }
-        let req = requests::get_newer(name, newer_than, timeout)?;
-        core::newer_or_not_found(name, self.views_of(&req)?)
-    }
-
-    fn contains(&self, name: &str) -> Result<bool, Error> {
-        self.inner.call(&requests::contains(name)?)?.boolean()
-    }
-
-    fn delete(&self, name: &str) -> Result<(), Error> {
-        self.inner.call(&requests::delete(name)?)?.empty()
-    }
-
-    fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        let mut all = Vec::new();
-        let mut start = 0;
-        while start != LIST_END {
-            let (page, next) = self.inner.call(&requests::list(start))?.list()?;
-            all.extend(page);
-            start = next;
-        }
-        Ok(all)
-    }
-
-    fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        self.inner.call(&Request::Evict { bytes })?.count()
-    }
-
-    fn stats(&self) -> Result<StoreStats, Error> {
-        Ok(self.inner.call(&Request::Stats)?.stats()?.0)
+        ready(ops::get_newer_from_store(
+            &self.inner,
+            name,
+            newer_than,
+            timeout,
+        ))
     }
 }
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Client").field(&self.inner.core).finish()
+    }
+}
+
+impl Client {
+    /// The driver its operations run on (`crate::ops`).
+    fn driver(&self) -> &Arc<ClientInner> {
+        &self.inner
+    }
+}
+
+/// The blocking driver of the shared operations (`crate::ops`): every call does its I/O before
+/// it returns, so its futures are ready at once.
+impl Driver for Arc<ClientInner> {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn lend(&self) -> &ClientLend {
+        &self.lend
+    }
+
+    fn pipelines(&self) -> bool {
+        self.pipelined_puts
+    }
+
+    fn call_in_session<'a>(
+        &'a self,
+        req: &'a Request<'_>,
+    ) -> impl std::future::Future<Output = Result<(vovp_proto::Reply, Answered), Error>> + Send + 'a
+    {
+        std::future::ready(ClientInner::call_in_session(self, req))
+    }
+
+    fn map_segment<'a>(
+        &'a self,
+        (maps, generation): &'a Answered,
+        segment: u32,
+    ) -> impl std::future::Future<Output = Result<Arc<MappedSegment>, Error>> + Send + 'a {
+        std::future::ready(self.map_segment_of(maps, *generation, segment))
+    }
+
+    fn sink(&self, generation: u64) -> Arc<dyn ObjectSink> {
+        Arc::new(ViewSink {
+            inner: self.clone(),
+            generation,
+        })
+    }
+
+    fn directory(&self) -> impl FnMut(&str) -> Option<ObjectView> + '_ {
+        // A closed client reads nothing more (its hold table went with its connection).
+        let maps = (!self.is_closed()).then(|| self.core.current.maps());
+        let holder: Holder = self.clone();
+        move |name| maps.as_ref()?.shared_view(name, &holder)
+    }
+
+    fn put<'a>(
+        &'a self,
+        put: PutArgs<'a>,
+    ) -> impl std::future::Future<Output = Result<Put, Error>> + Send + 'a {
+        std::future::ready(ops::put_blocking(self, put))
+    }
+
+    fn put_later(&self, route: Route, put: &PutArgs<'_>) -> Option<Result<Put, Error>> {
+        match route {
+            Route::InlinePipelined => self.put_pipelined(put).map(|r| r.map(|()| Put::Sent)),
+            Route::LendPipelined => ops::pending(self.put_lent_later(put)),
+            Route::SmallLend => {
+                let one = [(put.name, put.data, put.metadata, put.options)];
+                ops::pending(self.put_views_later(&one).pop().flatten())
+            }
+            Route::Inline | Route::Lend | Route::CreateCopySeal => None,
+        }
+    }
+}
+
+crate::ops::puts_on_driver!(Client, , |op| ready(op));
+
+crate::ops::store_on_driver!(Store for Client, , |op| ready(op), {
+    /// `ops::get_one`'s halves apart: a get the shared directory serves makes no future.
+    fn get_one(&self, name: &str, timeout: Option<Duration>) -> Result<ObjectView, Error> {
+        match ops::held_one(&self.inner, name) {
+            Some(view) => Ok(view),
+            None => ready(ops::get_one_from_store(&self.inner, name, timeout)),
+        }
+    }
+});
+
+/// The blocking client over one end of a socket pair whose other end a test plays the daemon
+/// on: its puts, batches and owed replies, with no daemon.
+#[cfg(test)]
+mod tests;

@@ -103,7 +103,7 @@ impl ObjectSink for ViewSink {
     fn release(&self, id: ObjectId) {
         let id = id.get();
         // A closed connection's end released it; an older connection's died with it.
-        if self.inner.is_closed() || self.inner.core.session.generation() != self.generation {
+        if self.inner.is_closed() || self.inner.core.current.generation() != self.generation {
             return;
         }
         if let Some(flusher) = &self.inner.flusher {
@@ -126,7 +126,9 @@ impl ObjectSink for ViewSink {
     }
 
     fn seal(&self, obj: &ObjectRef) -> Result<u64, Error> {
-        self.inner.core.check_generation(self.generation, obj)?;
+        self.inner
+            .core
+            .check_generation(self.generation, obj.name.as_str())?;
         self.inner
             .call(&requests::seal(obj.name.as_str())?)?
             .version()

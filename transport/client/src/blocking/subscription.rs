@@ -5,17 +5,14 @@ use std::time::Duration;
 
 use vovp_types::Error;
 
-use vovp_proto::{decode_notification, Opcode};
-
 use crate::io::conn_err;
+use crate::notify::Notifications;
 
 /// A stream of seal/delete/evict notifications on a dedicated connection.
 #[derive(Debug)]
 pub struct Subscription {
-    pub(super) stream: UnixStream,
-    /// Bytes received but not yet a whole frame: a read cut short by a timeout must not lose
-    /// half a notification.
-    pub(super) pending: Vec<u8>,
+    stream: UnixStream,
+    received: Notifications,
 }
 
 /// Ends a [`Subscription`] from another thread: a `next` blocked on it returns at once.
@@ -31,6 +28,14 @@ impl SubscriptionCloser {
 }
 
 impl Subscription {
+    /// The stream of a connection whose SUBSCRIBE was answered.
+    pub(super) fn new(stream: UnixStream) -> Self {
+        Subscription {
+            stream,
+            received: Notifications::default(),
+        }
+    }
+
     /// Waits for the next notification: `Ok(None)` when `timeout` passes first (None: wait
     /// forever); the stream stays usable after a timeout. A stream the daemon ended (it drops
     /// subscribers that fall too far behind) or that was closed is `Error::Connection`.
@@ -42,19 +47,8 @@ impl Subscription {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         let mut looked_last = false;
         loop {
-            if let Some(h) = vovp_proto::Header::parse(&self.pending)? {
-                let len = h.frame_len();
-                if self.pending.len() >= len {
-                    if h.opcode != Opcode::Notify.code() {
-                        return Err(Error::Protocol(format!(
-                            "expected NOTIFY, got opcode {:#x}",
-                            h.opcode
-                        )));
-                    }
-                    let n = decode_notification(&self.pending[vovp_proto::HEADER_LEN..len]);
-                    self.pending.drain(..len);
-                    return Ok(Some(n?));
-                }
+            if let Some(n) = self.received.next()? {
+                return Ok(Some(n));
             }
             let wait = match deadline {
                 None => None,
@@ -73,7 +67,7 @@ impl Subscription {
             let mut chunk = [0u8; 4096];
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Err(Error::Connection("the notification stream ended".into())),
-                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
+                Ok(n) => self.received.extend(&chunk[..n]),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(conn_err(e)),
