@@ -224,10 +224,7 @@ impl Session {
                 name,
                 data,
                 metadata: Arc::from(metadata),
-                ephemeral: options.ephemeral,
-                replace: options.replace,
-                keep_reference: options.keep_reference,
-                pipelined: options.pipelined,
+                options,
             })
             .await
             .answer()
@@ -368,10 +365,7 @@ impl Session {
             name,
             size: o.size,
             metadata: Arc::from(o.metadata),
-            ephemeral: o.options.ephemeral,
-            replace: o.options.replace,
-            keep_reference: o.options.keep_reference,
-            pipelined: o.options.pipelined,
+            options: o.options,
         })
     }
 

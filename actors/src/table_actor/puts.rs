@@ -2,6 +2,10 @@
 //! inline PUT (create, copy and seal in one), LEND and PUBLISH (the client writes into memory
 //! lent to it, then one message creates and seals), and the bookkeeping of pipelined puts
 //! (sent without waiting for the reply; see [`crate::pipelined`]).
+//!
+//! What a caller asks of a put travels as the one [`PutOptions`] (the clients' and the
+//! engine's spelling, `vovp_types::put`): CREATE reads its `ephemeral`, `device` and
+//! `replace`; PUT and PUBLISH read all but `device` (they make host objects).
 
 use std::sync::Arc;
 
@@ -9,7 +13,7 @@ use kameo::actor::ActorRef;
 use kameo::message::{Context, Message};
 use tokio::sync::oneshot;
 use vovp_types::{
-    check_metadata, CreateOptions, Device, Error, HolderId, Lend, ObjectId, ObjectName, ObjectRef,
+    check_metadata, Device, Error, HolderId, Lend, ObjectId, ObjectName, ObjectRef, PutOptions,
 };
 
 use super::ObjectTableActor;
@@ -29,7 +33,9 @@ pub struct Create {
     pub name: ObjectName,
     pub size: u64,
     pub metadata: Arc<[u8]>,
-    pub options: CreateOptions,
+    /// `ephemeral`, `device` (host memory when `None`) and `replace`; the creator always
+    /// keeps its reference until it seals or aborts.
+    pub options: PutOptions,
 }
 
 impl Message<Create> for ObjectTableActor {
@@ -43,18 +49,9 @@ impl Message<Create> for ObjectTableActor {
         let block = self
             .allocate_object(m.size, &m.metadata, device, m.writer)
             .await?;
-        let r = self.table.insert(NewObject {
-            name: m.name,
-            size: m.size,
-            metadata: m.metadata,
-            block,
-            ephemeral: m.options.ephemeral,
-            replace: m.options.replace,
-            creator: m.holder,
-        });
-        if r.is_err() {
-            self.free_blocks([block]).await;
-        }
+        let r = self
+            .insert_or_free(m.name, m.size, m.metadata, block, &m.options, m.holder)
+            .await;
         self.schedule_parked_rescan(ctx.actor_ref()).await;
         r
     }
@@ -110,25 +107,19 @@ pub struct PutInline {
     pub name: ObjectName,
     pub data: Vec<u8>,
     pub metadata: Arc<[u8]>,
-    pub ephemeral: bool,
-    /// Becomes the name's next version if it is taken (see [`CreateOptions::replace`]).
-    pub replace: bool,
-    /// Keep the creator's reference (the reply's object id must be released later).
-    pub keep_reference: bool,
-    /// Sent without waiting for the reply: counted as applied, whatever the outcome
-    /// ([`crate::pipelined`]).
-    pub pipelined: bool,
+    /// `keep_reference`: the reply's object id must be released later; `pipelined`: sent
+    /// without waiting for the reply, so counted as applied whatever the outcome
+    /// ([`crate::pipelined`]); `replace`: becomes the name's next version if it is taken.
+    pub options: PutOptions,
 }
 
 impl Message<PutInline> for ObjectTableActor {
     type Reply = Result<ObjectRef, Error>;
 
     async fn handle(&mut self, m: PutInline, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let (holder, pipelined) = (m.holder, m.pipelined);
+        let (holder, options) = (m.holder, m.options);
         let r = self.put_inline(m, ctx.actor_ref()).await;
-        if pipelined {
-            self.pipelined.applied_one(holder);
-        }
+        self.count_if_pipelined(holder, &options);
         r
     }
 }
@@ -136,28 +127,23 @@ impl Message<PutInline> for ObjectTableActor {
 impl ObjectTableActor {
     async fn put_inline(&mut self, m: PutInline, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
-        self.table.check_name_free(&m.name, m.replace, m.holder)?;
+        self.table
+            .check_name_free(&m.name, m.options.replace, m.holder)?;
         let size = m.data.len() as u64;
         // The store copies inline payloads in itself: segment 0, which no client can write.
         let block = self
             .allocate_object(size, &m.metadata, Device::Cpu, Writer::Store)
             .await?;
-        let inserted = self.table.insert(NewObject {
-            name: m.name.clone(),
-            size,
-            metadata: m.metadata,
-            block,
-            ephemeral: m.ephemeral,
-            replace: m.replace,
-            creator: m.holder,
-        });
-        let mut r = match inserted {
-            Ok(r) => r,
-            Err(e) => {
-                self.free_blocks([block]).await;
-                return Err(e);
-            }
-        };
+        let mut r = self
+            .insert_or_free(
+                m.name.clone(),
+                size,
+                m.metadata,
+                block,
+                &m.options,
+                m.holder,
+            )
+            .await?;
         match self.host_slice(&r) {
             Some(dst) => vovp_shm::copy::parallel_copy(dst, &m.data),
             None => {
@@ -166,9 +152,43 @@ impl ObjectTableActor {
                 return Err(Error::Memory("allocation outside its segment".into()));
             }
         }
-        self.seal_put(&mut r, m.holder, m.keep_reference, me)
+        self.seal_put(&mut r, m.holder, m.options.keep_reference, me)
             .await?;
         Ok(r)
+    }
+
+    /// Inserts the new unsealed object `name` of `size` bytes in `block` (created by `holder`
+    /// with `options`); the block is freed if the table refuses it.
+    async fn insert_or_free(
+        &mut self,
+        name: ObjectName,
+        size: u64,
+        metadata: Arc<[u8]>,
+        block: Block,
+        options: &PutOptions,
+        holder: HolderId,
+    ) -> Result<ObjectRef, Error> {
+        let inserted = self.table.insert(NewObject {
+            name,
+            size,
+            metadata,
+            block,
+            ephemeral: options.ephemeral,
+            replace: options.replace,
+            creator: holder,
+        });
+        if inserted.is_err() {
+            self.free_blocks([block]).await;
+        }
+        inserted
+    }
+
+    /// A put of `holder` sent without waiting for its reply (`options.pipelined`) is done,
+    /// whatever its outcome: counted applied for the misses waiting on it.
+    fn count_if_pipelined(&mut self, holder: HolderId, options: &PutOptions) {
+        if options.pipelined {
+            self.pipelined.applied_one(holder);
+        }
     }
 }
 
@@ -295,14 +315,8 @@ pub struct Publish {
     pub name: ObjectName,
     pub size: u64,
     pub metadata: Arc<[u8]>,
-    pub ephemeral: bool,
-    /// Becomes the name's next version if it is taken (see [`CreateOptions::replace`]).
-    pub replace: bool,
-    /// Keep the creator's reference (the reply's object id must be released later).
-    pub keep_reference: bool,
-    /// Sent without waiting for the reply: counted as applied, whatever the outcome
-    /// ([`crate::pipelined`]).
-    pub pipelined: bool,
+    /// As [`PutInline::options`].
+    pub options: PutOptions,
 }
 
 impl Message<Publish> for ObjectTableActor {
@@ -360,39 +374,25 @@ impl ObjectTableActor {
         m: Publish,
         me: &ActorRef<Self>,
     ) -> Result<ObjectRef, Error> {
-        let (holder, pipelined) = (m.holder, m.pipelined);
+        let (holder, options) = (m.holder, m.options);
         let r = self.publish_lent(m, me).await;
-        if pipelined {
-            self.pipelined.applied_one(holder);
-        }
+        self.count_if_pipelined(holder, &options);
         r
     }
 
     async fn publish_lent(&mut self, m: Publish, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
-        self.table.check_name_free(&m.name, m.replace, m.holder)?;
+        self.table
+            .check_name_free(&m.name, m.options.replace, m.holder)?;
         let lent = self
             .lends
             .claim(m.holder, m.lend, m.offset, m.size, m.metadata.len() as u64)?;
         let block = Block::Lent(lent);
         self.place_metadata(&block, m.size, &m.metadata).await;
-        let inserted = self.table.insert(NewObject {
-            name: m.name.clone(),
-            size: m.size,
-            metadata: m.metadata,
-            block,
-            ephemeral: m.ephemeral,
-            replace: m.replace,
-            creator: m.holder,
-        });
-        let mut r = match inserted {
-            Ok(r) => r,
-            Err(e) => {
-                self.free_blocks([block]).await;
-                return Err(e);
-            }
-        };
-        self.seal_put(&mut r, m.holder, m.keep_reference, me)
+        let mut r = self
+            .insert_or_free(m.name, m.size, m.metadata, block, &m.options, m.holder)
+            .await?;
+        self.seal_put(&mut r, m.holder, m.options.keep_reference, me)
             .await?;
         Ok(r)
     }

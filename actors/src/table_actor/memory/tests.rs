@@ -45,10 +45,7 @@ async fn put(
         name: n(name),
         data: vec![7; size as usize],
         metadata: Arc::from(&[][..]),
-        ephemeral: false,
-        replace: false,
-        keep_reference: false,
-        pipelined: false,
+        options: vovp_types::PutOptions::default(),
     };
     store.ask(put).await.map_err(|e| match e {
         kameo::error::SendError::HandlerError(e) => e,
