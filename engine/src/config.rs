@@ -1,6 +1,6 @@
 //! Engine configuration and the size syntax shared by the daemon's flags (`1G`, `512M`).
 
-use vovp_gpu::GpuConfig;
+use vovp_actors::gpu::GpuConfig;
 
 use crate::Error;
 

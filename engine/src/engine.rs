@@ -163,7 +163,7 @@ fn runtime_thread(
 
 /// The GPU actor gets a thread of its own: its driver calls block (the first request on a device
 /// creates a context and a pool, up to about a second), and must not stall the engine's thread.
-fn spawn_gpu_actor(config: vovp_gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Error> {
+fn spawn_gpu_actor(config: vovp_actors::gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Error> {
     let (tx, rx) = std::sync::mpsc::channel();
     runtime_thread("vovp-gpu", "GPU", move |rt| {
         // (No runtime: the sender drops unsent, and the caller learns the thread died.)

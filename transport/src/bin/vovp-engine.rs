@@ -173,7 +173,7 @@ fn main() -> ExitCode {
     engine.lazy_pages = args.lazy_pages;
     engine.shared_reads = !args.no_shared_reads;
     if let Some(spec) = &args.gpu_memory {
-        match vovp_gpu::parse_gpu_memory(spec) {
+        match vovp::parse_gpu_memory(spec) {
             Ok(c) => engine.gpu.capacities = c,
             Err(e) => {
                 eprintln!("vovp-engine: --gpu-memory: {e}");

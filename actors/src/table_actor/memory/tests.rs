@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kameo::actor::{ActorRef, Spawn};
-use vovp_gpu::GpuConfig;
+use vovp_gpu_pool::GpuConfig;
 use vovp_types::{Error, HolderId, ObjectName, ObjectRef};
 
 use crate::allocator::{reserved_bytes, AllocatorActor};
