@@ -82,9 +82,8 @@ impl Client {
         answer.into_py(py, layout)
     }
 
-    /// The batch behind `put_batch` and `put_tensors_host`: per item (name, bytes, metadata,
-    /// result layout, writable) its result or its exception (see
-    /// `vovp_client::Client::put_batch`).
+    /// The batch behind `put_batch`: per item (name, bytes, metadata, result layout,
+    /// writable) its result or its exception (see `vovp_client::Client::put_batch`).
     #[allow(clippy::type_complexity)]
     fn put_items(
         &self,
@@ -288,48 +287,6 @@ impl Client {
         }
     }
 
-    /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
-    /// call). `keep`: return the stored object's view, else (`wait`) its object id, else
-    /// None: a small put is then sent without waiting for the store's answer (`sync`).
-    /// `replace`: the name may be taken; this put becomes its next version.
-    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false, wait = true, replace = false))]
-    #[allow(clippy::too_many_arguments)]
-    fn put(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        addr: usize,
-        size: usize,
-        metadata: &[u8],
-        ephemeral: bool,
-        keep: bool,
-        writable: bool,
-        wait: bool,
-        replace: bool,
-    ) -> PyResult<PyObject> {
-        if addr == 0 && size != 0 {
-            return Err(PyValueError::new_err("a null buffer address"));
-        }
-        // SAFETY: the caller (vovp.client, never user code) passes the address and length of a
-        // contiguous buffer it holds a reference to until this call returns.
-        let data: &[u8] = if size == 0 {
-            &[]
-        } else {
-            unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
-        };
-        let options = PutOptions {
-            options: vovp_types::PutOptions {
-                ephemeral,
-                device: None,
-                replace,
-                keep_reference: keep,
-                pipelined: !keep && !wait,
-            },
-            writable,
-        };
-        self.put_bytes(py, name, data, metadata, &options, None)
-    }
-
     /// The one put: the bytes of `src` (a C-contiguous array: numpy's, or anything with
     /// `__array_struct__`) with `metadata` as object `name`, as `options` asks. Returns the
     /// store's copy (an `Object`) when kept, shown with `layout` ((kind, itemsize, shape) of
@@ -377,89 +334,6 @@ impl Client {
             let (data, layout) = crate::array::source_with_layout(src, layout.clone())?;
             prepared.push((name.as_str(), data, metadata.as_slice(), layout, *writable));
         }
-        self.put_items(py, prepared, &options)
-    }
-
-    /// `put_tensor` of a host tensor up to the inline or lend limit, in one call: the bytes of
-    /// `src` (a C-contiguous numpy array of the dtype to store, read through its
-    /// `__array_struct__`) become object `name`, kept, shown to numpy with the result's layout
-    /// (`Object.set_layout`). A small one, or one through the lend (64 KiB up to the lend's
-    /// largest object), comes back at once, *pending*: its id, version and any failure come
-    /// with the store's answer, read later (`vovp_client::Client::put_view_later`).
-    #[pyo3(signature = (name, src, metadata, ephemeral, writable, replace, kind, itemsize, shape))]
-    #[allow(clippy::too_many_arguments)]
-    fn put_tensor_host(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        src: &Bound<'_, PyAny>,
-        metadata: &[u8],
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-        kind: &str,
-        itemsize: u32,
-        shape: Vec<isize>,
-    ) -> PyResult<PyObject> {
-        let (data, layout) = crate::array::put_source(src, kind, itemsize, shape)?;
-        let options = kept_later(ephemeral, writable, replace);
-        self.put_bytes(py, name, data, metadata, &options, Some(layout))
-    }
-
-    /// `put_tensor_host` of a numpy array `put_tensor` can store as it is (see
-    /// `array::tensor_source`: C-contiguous, little-endian, a dtype the header names), its
-    /// header (framework byte `framework`) and result layout made here from one read of its
-    /// `__array_struct__`. None, sending nothing, for any other array.
-    #[pyo3(signature = (name, src, framework, ephemeral, writable, replace))]
-    #[allow(clippy::too_many_arguments)]
-    fn put_array(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        src: &Bound<'_, PyAny>,
-        framework: u8,
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-    ) -> PyResult<PyObject> {
-        let options = kept_later(ephemeral, writable, replace);
-        self.put_with(py, name, src, options, b"", None, Some(framework))
-    }
-
-    /// `put_tensors`' host tensors up to the inline limit, in one call: `items` are
-    /// (name, src, metadata, kind, itemsize, shape, writable) as `put_tensor_host`'s. With a
-    /// release thread the small ones go out together, pipelined (one write), the rest wait one
-    /// by one. Returns an Object (its layout set, made writable if asked) or the exception of
-    /// each item.
-    #[pyo3(signature = (items, ephemeral = false, replace = false))]
-    #[allow(clippy::type_complexity)]
-    fn put_tensors_host(
-        &self,
-        py: Python<'_>,
-        items: Vec<(
-            String,
-            Bound<'_, PyAny>,
-            Vec<u8>,
-            String,
-            u32,
-            Vec<isize>,
-            bool,
-        )>,
-        ephemeral: bool,
-        replace: bool,
-    ) -> PyResult<Vec<PyObject>> {
-        let mut prepared = Vec::with_capacity(items.len());
-        for (name, src, metadata, kind, itemsize, shape, writable) in &items {
-            let (data, layout) = crate::array::put_source(src, kind, *itemsize, shape.clone())?;
-            prepared.push((
-                name.as_str(),
-                data,
-                metadata.as_slice(),
-                Some(layout),
-                *writable,
-            ));
-        }
-        let options = kept_later(ephemeral, false, replace);
         self.put_items(py, prepared, &options)
     }
 
@@ -611,20 +485,5 @@ impl Client {
             d.set_item(k, *field(&mut both))?;
         }
         Ok(d)
-    }
-}
-
-/// The options of the kept puts of `put_tensor` (`put_tensor_host`, `put_array`,
-/// `put_tensors_host`): the store's copy back, before the store's answer where the client may.
-fn kept_later(ephemeral: bool, writable: bool, replace: bool) -> PutOptions {
-    PutOptions {
-        options: vovp_types::PutOptions {
-            ephemeral,
-            device: None,
-            replace,
-            keep_reference: true,
-            pipelined: true,
-        },
-        writable,
     }
 }

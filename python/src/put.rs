@@ -1,9 +1,8 @@
 //! The Python core's one put: `vovp._native.PutOptions` (the Rust client's
 //! [`vovp_types::PutOptions`] as one Python object, and how a kept result is shown) and what a
-//! put's outcome becomes for Python. `Client.put_with` and `Client.put_batch` take it; the
-//! older entry points (`put`, `put_tensor_host`, `put_array`, `put_tensors_host`) build one
-//! and go the same way, so that every put from Python takes the Rust client's route
-//! (`vovp_types::put::route`).
+//! put's outcome becomes for Python. `Client.put_with` and `Client.put_batch` take it, and
+//! they are the only puts the native client has, so that every put from Python takes the
+//! Rust client's route (`vovp_types::put::route`).
 //!
 //! One frozen object rather than keyword arguments or a dict: the Python layer makes it once
 //! per kind of put and passes it on every call, and reading it back here is a type check and
@@ -28,19 +27,22 @@ pub(crate) struct PutOptions {
 
 #[pymethods]
 impl PutOptions {
+    /// `device`: a CUDA device's ordinal, which a put refuses (it copies host bytes: a
+    /// device object is created, then written); kept so that the refusal is the Rust route's.
     #[new]
-    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false))]
+    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false, device = None))]
     fn new(
         ephemeral: bool,
         replace: bool,
         keep_reference: bool,
         pipelined: bool,
         writable: bool,
+        device: Option<u32>,
     ) -> Self {
         PutOptions {
             options: vovp_types::PutOptions {
                 ephemeral,
-                device: None,
+                device: device.map(vovp_types::Device::Cuda),
                 replace,
                 keep_reference,
                 pipelined,
@@ -80,10 +82,24 @@ impl PutOptions {
         self.writable
     }
 
+    /// The CUDA device named, or None (host memory).
+    #[getter]
+    fn device(&self) -> Option<u32> {
+        match self.options.device {
+            Some(vovp_types::Device::Cuda(d)) => Some(d),
+            Some(vovp_types::Device::Cpu) | None => None,
+        }
+    }
+
     fn __repr__(&self) -> String {
         let o = &self.options;
+        let device = match self.device() {
+            Some(d) => format!(", device={d}"),
+            None => String::new(),
+        };
         format!(
-            "PutOptions(ephemeral={}, replace={}, keep_reference={}, pipelined={}, writable={})",
+            "PutOptions(ephemeral={}, replace={}, keep_reference={}, pipelined={}, \
+             writable={}{device})",
             py_bool(o.ephemeral),
             py_bool(o.replace),
             py_bool(o.keep_reference),

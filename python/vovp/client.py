@@ -64,7 +64,7 @@ from ._args import (
     wait_seconds,
 )
 from ._client_cuda import CudaObjects
-from ._core import ClientCore
+from ._core import ClientCore, put_options
 from ._lookup import release
 # Re-exported (``X as X``): vovp.client's names for them, used by examples, tests and benches.
 from ._copy import copy_into as copy_into
@@ -246,12 +246,10 @@ class Client:
         wait for the store's answer and return the object id. ``replace``: ``name`` may
         exist already; this object becomes its next version (see ``put_tensor``).
         """
-        name = object_name(name)
-        metadata = metadata_bytes(metadata)
-        src = byte_array(data)
-        return self.core.native.put(name, src.ctypes.data, src.nbytes,  # type: ignore
-                                    metadata, ephemeral, False, False, bool(wait),
-                                    bool(replace))  # (keep=False: id or None)
+        options = put_options(ephemeral, replace, False, not wait)
+        result: Optional[int] = self.core.put(
+            object_name(name), byte_array(data), options, metadata_bytes(metadata))
+        return result
 
     def sync(self) -> None:
         """Wait for the store's answer to every put that did not wait for it; raises the
@@ -399,12 +397,13 @@ class Client:
         # torch tensor's numpy view included, goes in one native call that reads its dtype,
         # shape and bytes itself; any other is planned and converted (vovp._puts).
         if type(t) is np.ndarray:
-            arr = self.core.put_array(name, t, T.FRAMEWORK_UNSPECIFIED, ephemeral, writable,
-                                      replace)
+            arr = self.core.put_array(name, t, T.FRAMEWORK_UNSPECIFIED,
+                                      put_options(ephemeral, replace, True, True, writable))
             if arr is not None:
                 return arr
         elif (plain := T.plain_cpu_numpy(t)) is not None:
-            arr = self.core.put_array(name, plain, T.FRAMEWORK_TORCH, ephemeral, True, replace)
+            arr = self.core.put_array(name, plain, T.FRAMEWORK_TORCH,
+                                      put_options(ephemeral, replace, True, True, True))
             if arr is not None:
                 return T.torch_of_numpy(arr)
         plan = T.plan_host_put(t)

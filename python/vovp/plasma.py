@@ -80,7 +80,9 @@ from . import _lease
 from . import client as _vc
 from . import daemon as _daemon
 from . import errors as E
+from ._args import byte_array
 from ._copy import copy_into
+from ._core import put_options
 from ._lookup import find_lease
 from ._native import Object as _NativeObject
 
@@ -296,6 +298,10 @@ _FLAG_PICKLED = 0x1  # written by put(): the data is _PICKLE_HEAD + pickle + out
 _PICKLE_HEAD = struct.Struct("<4sIQ")
 _PICKLE_MAGIC = b"VPK5"
 _ALIGN = 64
+
+
+# A Plasma put: no reference kept, the store's answer waited for (its id, or its error).
+_WAITED_PUT = put_options(ephemeral=False, replace=False, keep_reference=False, pipelined=False)
 
 
 def _header(data_size: int, metadata_size: int, pickled: bool, created_ms: int) -> bytes:
@@ -897,9 +903,9 @@ class PlasmaClient:
                             n = memoryview(piece).nbytes
                             blob[off:off + n] = piece
                         blob[data_size:] = metadata
-                    # wait=True: Plasma raises PlasmaStoreFull / PlasmaObjectExists from the
+                    # Waited for: Plasma raises PlasmaStoreFull / PlasmaObjectExists from the
                     # put itself; a pipelined put would report them only at sync().
-                    oid = self._vovp.put(name, blob, metadata=header, wait=True)
+                    oid = self._core.put(name, byte_array(blob), _WAITED_PUT, header)
                     _remember_creation(name, header, None, created, oid)
                 else:
                     owner = self._vovp.create(name, total, header)
