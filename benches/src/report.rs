@@ -580,6 +580,11 @@ impl Report {
                 },
             );
         }
+        t.push(ratio_target(
+            self.row("py.pair.put.64"),
+            "Python put_tensor 64 B (numpy), back to back with raw put in one loop: ≥ 0.9× its op/s",
+            |r| r >= 0.9,
+        ));
         for op in ["put", "get"] {
             t.push(ratio_target(
                 self.row(&format!("py.batch.{op}.64")),

@@ -197,8 +197,8 @@ class ClientCore:
             self.check_usable()
         try:
             obj = self._native_client.put_with(
-                name if type(name) is str else object_name(name), src, options,
-                framework=framework)
+                name if type(name) is str else object_name(name), src, options, b"", None,
+                framework)
         except ConnectionError:
             self.connection_lost()
             raise
@@ -341,6 +341,14 @@ def put_options(ephemeral: bool, replace: bool, keep_reference: bool, pipelined:
             ephemeral=key[0], replace=key[1], keep_reference=key[2], pipelined=key[3],
             writable=key[4])
     return options
+
+
+# The defaults, for the hot paths to pick without a lookup: put_tensor's (kept, returning
+# before the store's answer where the client may), a torch tensor's (writable too), and put's
+# (no reference, not waited for).
+KEPT_LATER = put_options(False, False, True, True)
+KEPT_LATER_WRITABLE = put_options(False, False, True, True, True)
+RAW_LATER = put_options(False, False, False, True)
 
 
 def shown_kind(view_dt: np.dtype[Any]) -> str:

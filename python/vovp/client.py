@@ -64,7 +64,7 @@ from ._args import (
     wait_seconds,
 )
 from ._client_cuda import CudaObjects
-from ._core import ClientCore, put_options
+from ._core import KEPT_LATER, KEPT_LATER_WRITABLE, RAW_LATER, ClientCore, put_options
 from ._lookup import release
 # Re-exported (``X as X``): vovp.client's names for them, used by examples, tests and benches.
 from ._copy import copy_into as copy_into
@@ -246,7 +246,8 @@ class Client:
         wait for the store's answer and return the object id. ``replace``: ``name`` may
         exist already; this object becomes its next version (see ``put_tensor``).
         """
-        options = put_options(ephemeral, replace, False, not wait)
+        options = (RAW_LATER if not (ephemeral or wait or replace)
+                   else put_options(ephemeral, replace, False, not wait))
         result: Optional[int] = self.core.put(
             object_name(name), byte_array(data), options, metadata_bytes(metadata))
         return result
@@ -397,13 +398,15 @@ class Client:
         # torch tensor's numpy view included, goes in one native call that reads its dtype,
         # shape and bytes itself; any other is planned and converted (vovp._puts).
         if type(t) is np.ndarray:
-            arr = self.core.put_array(name, t, T.FRAMEWORK_UNSPECIFIED,
-                                      put_options(ephemeral, replace, True, True, writable))
+            options = (KEPT_LATER if not (ephemeral or replace or writable)
+                       else put_options(ephemeral, replace, True, True, writable))
+            arr = self.core.put_array(name, t, T.FRAMEWORK_UNSPECIFIED, options)
             if arr is not None:
                 return arr
         elif (plain := T.plain_cpu_numpy(t)) is not None:
-            arr = self.core.put_array(name, plain, T.FRAMEWORK_TORCH,
-                                      put_options(ephemeral, replace, True, True, True))
+            options = (KEPT_LATER_WRITABLE if not (ephemeral or replace)
+                       else put_options(ephemeral, replace, True, True, True))
+            arr = self.core.put_array(name, plain, T.FRAMEWORK_TORCH, options)
             if arr is not None:
                 return T.torch_of_numpy(arr)
         plan = T.plan_host_put(t)
