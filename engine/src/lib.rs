@@ -27,7 +27,7 @@ mod shared_reads;
 
 pub use config::{parse_size, Config};
 pub use engine::{Engine, EngineHandle};
-pub use session::{LentObject, Session, Subscription};
+pub use session::{LentObject, Notifications, Session};
 pub use vovp_types::*;
 
 pub use vovp_actors::gpu::{parse_gpu_memory, GpuConfig};

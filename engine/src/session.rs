@@ -23,8 +23,9 @@ use crate::{Config, Error, MAX_INLINE_PUT};
 use vovp_types::{Mapped, ObjectSink};
 
 /// Notifications of one [`Session::subscribe`], in order. The engine drops a subscriber that
-/// falls 4096 notifications behind (the receiver then reports closed).
-pub type Subscription = mpsc::Receiver<Notification>;
+/// falls 4096 notifications behind (the receiver then reports closed). (Not the clients'
+/// `vovp_client::Subscription`, a connection of its own that reads them from a socket.)
+pub type Notifications = mpsc::Receiver<Notification>;
 
 /// Who writes a session's objects, which decides where they go and what an abort frees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -565,7 +566,7 @@ impl Session {
     }
 
     /// Seal, delete and evict notifications from now on.
-    pub async fn subscribe(&self) -> Result<Subscription, Error> {
+    pub async fn subscribe(&self) -> Result<Notifications, Error> {
         self.table().ask(msg::Subscribe).await.answer()
     }
 

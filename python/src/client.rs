@@ -15,7 +15,7 @@ use vovp_types::{CreateOptions, Error, ObjectView, Store};
 use crate::array::Layout;
 use crate::errors::to_py;
 use crate::process::this_process;
-use crate::put::{self, PutOptions};
+use crate::put::{self, PyPutOptions};
 use crate::subscription::PySubscription;
 use crate::views::{Buffer, Object};
 
@@ -68,7 +68,7 @@ impl Client {
         name: &str,
         data: &[u8],
         metadata: &[u8],
-        options: &PutOptions,
+        options: &PyPutOptions,
         layout: Option<Layout>,
     ) -> PyResult<PyObject> {
         let inner = self.usable()?;
@@ -89,7 +89,7 @@ impl Client {
         &self,
         py: Python<'_>,
         items: Vec<(&str, &[u8], &[u8], Option<Layout>, bool)>,
-        options: &PutOptions,
+        options: &PyPutOptions,
     ) -> PyResult<Vec<PyObject>> {
         let inner = self.usable()?;
         let asked = put::route_options(inner, options);
@@ -100,7 +100,7 @@ impl Client {
             let outcomes = inner.put_batch(&puts, asked)?;
             let answers = (outcomes.into_iter().zip(&items))
                 .map(|(outcome, &(name, _, metadata, _, writable))| {
-                    let options = PutOptions {
+                    let options = PyPutOptions {
                         writable: options.writable || writable,
                         ..*options
                     };
@@ -302,7 +302,7 @@ impl Client {
         py: Python<'_>,
         name: &str,
         src: &Bound<'_, PyAny>,
-        options: PutOptions,
+        options: PyPutOptions,
         metadata: &[u8],
         layout: Option<(String, u32, Vec<isize>)>,
         framework: Option<u8>,
@@ -327,7 +327,7 @@ impl Client {
         &self,
         py: Python<'_>,
         items: Vec<BatchItem<'_>>,
-        options: PutOptions,
+        options: PyPutOptions,
     ) -> PyResult<Vec<PyObject>> {
         let mut prepared = Vec::with_capacity(items.len());
         for (name, src, metadata, layout, writable) in &items {

@@ -18,7 +18,7 @@ use crate::views::Object;
 /// How a put is made (`Client.put_with`, `Client.put_batch`).
 #[pyclass(module = "vovp._native", name = "PutOptions", frozen)]
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct PutOptions {
+pub(crate) struct PyPutOptions {
     pub(crate) options: vovp_types::PutOptions,
     /// A kept result is shown writable (a torch tensor's): in place for this client's own
     /// large objects, else through a private copy-on-write mapping.
@@ -26,7 +26,7 @@ pub(crate) struct PutOptions {
 }
 
 #[pymethods]
-impl PutOptions {
+impl PyPutOptions {
     /// `device`: a CUDA device's ordinal, which a put refuses (it copies host bytes: a
     /// device object is created, then written); kept so that the refusal is the Rust route's.
     #[new]
@@ -39,7 +39,7 @@ impl PutOptions {
         writable: bool,
         device: Option<u32>,
     ) -> Self {
-        PutOptions {
+        PyPutOptions {
             options: vovp_types::PutOptions {
                 ephemeral,
                 device: device.map(vovp_types::Device::Cuda),
@@ -121,7 +121,7 @@ fn py_bool(b: bool) -> &'static str {
 /// answer only on a client with a release thread, which reads the reply of a result dropped
 /// before it came (else its reference would wait for this client's next call, and
 /// `release_delay=0` promises releases at once).
-pub(crate) fn route_options(client: &RustClient, options: &PutOptions) -> vovp_types::PutOptions {
+pub(crate) fn route_options(client: &RustClient, options: &PyPutOptions) -> vovp_types::PutOptions {
     let mut o = options.options;
     o.pipelined &= !o.keep_reference || client.defers_releases();
     o
@@ -144,7 +144,7 @@ pub(crate) fn answer(
     put: Put,
     name: &str,
     metadata: &[u8],
-    options: &PutOptions,
+    options: &PyPutOptions,
 ) -> Result<Answer, Error> {
     let obj = match put {
         Put::Kept(view) => Object::new(view),

@@ -58,7 +58,7 @@ def test_object_id_is_20_bytes_hashable_picklable_and_named_like_the_engine():
     assert a != b"\x01" * 20
     assert pickle.loads(pickle.dumps(a)) == a
     assert a.binary() == b"\x01" * 20
-    # types/src/object.rs ObjectName::from_plasma_id: "plasma:" and 40 lowercase hex digits.
+    # The vovp name of an ObjectID: "plasma:" and its 40 lowercase hex digits.
     assert a.name == "plasma:" + "01" * 20
     assert plasma.ObjectID.from_random() != plasma.ObjectID.from_random()
 

@@ -15,9 +15,9 @@ installed pyarrow.
 
 How Plasma's model maps onto vovp
 ---------------------------------
-Names. An ObjectID is stored under the vovp name ``plasma:<40 lowercase hex digits>``, the form
-the Rust engine's ``ObjectName::from_plasma_id`` produces. A ``str`` is accepted wherever an
-ObjectID is and is used as the vovp name as it is.
+Names. An ObjectID is stored under the vovp name ``plasma:<40 lowercase hex digits>``
+(``ObjectID.name``, made here alone: any client that knows the id can name the object so). A
+``str`` is accepted wherever an ObjectID is and is used as the vovp name as it is.
 
 Layout. Plasma keeps an object's data and metadata side by side in shared memory and counts
 both against the store's memory; so does this module: the vovp object holds ``data || metadata``
