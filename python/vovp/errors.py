@@ -2,7 +2,9 @@
 
 Every reply status of PROTOCOL.md maps to exactly one class here (see ``STATUS_ERRORS``), so
 callers can catch either a precise condition (``ObjectNotFound``) or everything from the store
-(``VovpError``).
+(``VovpError``). ``__all__`` is the exception classes, which ``vovp`` exports as they are;
+``STATUS_ERRORS`` and ``error_from_status`` are the package's (the native core raises through
+the latter).
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ __all__ = [
     "TooManyObjects",
     "InvalidArgument",
     "ObjectLost",
-    "STATUS_ERRORS",
-    "error_from_status",
 ]
 
 

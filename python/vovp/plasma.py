@@ -84,6 +84,7 @@ from ._args import byte_array
 from ._copy import copy_into
 from ._core import put_options
 from ._lookup import find_lease
+from ._sockets import recv_exactly
 from ._native import Object as _NativeObject
 
 if TYPE_CHECKING:
@@ -585,6 +586,17 @@ class PlasmaClient:
         entry = self._in_use.get(name)
         return entry if entry is not None and entry.live() else None
 
+    def _unsealed(self, name: str, not_ours: str, sealed: str, object_id: _Key) -> _InUse:
+        """The live entry of ``name``, an object this client created and has not sealed:
+        else PlasmaObjectNotFound (``not_ours``) or PlasmaObjectAlreadySealed (``sealed``), as
+        Plasma's seal and abort raise them. The caller holds the lock."""
+        entry = self._live(name)
+        if entry is None:
+            raise PlasmaObjectNotFound(f"{not_ours}: {object_id!r}", 1)
+        if entry.sealed:
+            raise PlasmaObjectAlreadySealed(f"{sealed}: {object_id!r}", 5)
+        return entry
+
     def _insert(self, entry: _InUse) -> None:
         in_use = self._in_use
         in_use[entry.name] = entry  # (replacing a dead entry, if any)
@@ -651,13 +663,8 @@ class PlasmaClient:
         name = _name_of(object_id)
         self._acquire()
         try:
-            entry = self._live(name)
-            if entry is None:
-                raise PlasmaObjectNotFound(
-                    f"Seal() called on an object without a reference to it: {object_id!r}", 1)
-            if entry.sealed:
-                raise PlasmaObjectAlreadySealed(
-                    f"Seal() called on an already sealed object: {object_id!r}", 5)
+            entry = self._unsealed(name, "Seal() called on an object without a reference to it",
+                                   "Seal() called on an already sealed object", object_id)
             with _translated():
                 self._vovp.seal(name)
             entry.sealed = True
@@ -676,13 +683,8 @@ class PlasmaClient:
         name = _name_of(object_id)
         self._acquire()
         try:
-            entry = self._live(name)
-            if entry is None:
-                raise PlasmaObjectNotFound(
-                    f"abort of an object this client is not creating: {object_id!r}", 1)
-            if entry.sealed:
-                raise PlasmaObjectAlreadySealed(
-                    f"abort of a sealed object: {object_id!r}", 5)
+            entry = self._unsealed(name, "abort of an object this client is not creating",
+                                   "abort of a sealed object", object_id)
             if entry() is not None:
                 raise ArrowInvalid("Plasma client cannot have a reference to the buffer.")
             with _translated():
@@ -1117,8 +1119,9 @@ class PlasmaClient:
         """(ObjectID, data_size, metadata_size) of the next notification, waiting for it;
         sizes are -1 for an object that was deleted or evicted."""
         sock = self._subscribed().user
-        (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
-        ids, data_sizes, metadata_sizes = self.decode_notifications(_recv_exactly(sock, length))
+        (length,) = _LENGTH.unpack(recv_exactly(sock, _LENGTH.size, _stream_ended))
+        ids, data_sizes, metadata_sizes = self.decode_notifications(
+            recv_exactly(sock, length, _stream_ended))
         return ids[0], data_sizes[0], metadata_sizes[0]
 
     @staticmethod
@@ -1208,14 +1211,8 @@ def _unpickle(key: _Key, entry: _InUse, anchor: _Anchor) -> Any:
 _LENGTH = struct.Struct("L")  # Plasma's notification length prefix: a native unsigned long
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise PlasmaConnectionError("the notification stream ended")
-        out += chunk
-    return bytes(out)
+def _stream_ended() -> PlasmaConnectionError:
+    return PlasmaConnectionError("the notification stream ended")
 
 
 def _notification(name: str, data_size: int, metadata_size: int) -> bytes:

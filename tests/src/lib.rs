@@ -619,6 +619,16 @@ pub fn view_bytes(v: &vovp_client::PipelinedView) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr(), v.size() as usize) }
 }
 
+/// `name` taken by an object another client of `d` created and holds unsealed: the shared
+/// directory does not show it, so a put of it goes out and the store refuses it. The name
+/// stays taken while the returned client and buffer live.
+pub fn taken_unsealed(d: &Daemon, name: &str) -> (vovp_client::Client, vovp::ObjectBuffer) {
+    let creator = d.client();
+    let unsealed = vovp::Store::create(&creator, name, 16, b"", Default::default())
+        .expect("create");
+    (creator, unsealed)
+}
+
 /// A kept put (`put_later`) of `name`, which another client holds unsealed (the shared
 /// directory does not show it, so the put goes out and the store refuses it): checks that
 /// `wait` reports the refusal, that there is no object view, and that `sync` reports it once.

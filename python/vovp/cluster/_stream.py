@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from .._sockets import recv_exactly
+
 TICKET_BYTES = 16
 # An offer not claimed by then is dropped (the receiver died or gave up): it holds a reference.
 OFFER_TTL = 60.0
@@ -98,7 +100,7 @@ class StreamServer:
         with conn:
             conn.settimeout(self._stall_timeout)
             try:
-                ticket = _recv_exact(conn, TICKET_BYTES)
+                ticket = recv_exactly(conn, TICKET_BYTES, _closed)
             except (OSError, TransferBroken):
                 return
             with self._lock:
@@ -141,11 +143,5 @@ def receive(address, ticket: bytes, dst: memoryview, stall_timeout: float) -> No
                              "the stream ended early")
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = conn.recv(n - len(out))
-        if not chunk:
-            raise TransferBroken("connection closed")
-        out += chunk
-    return bytes(out)
+def _closed() -> TransferBroken:
+    return TransferBroken("connection closed")
