@@ -219,7 +219,7 @@ impl AsyncClient {
 
     /// Sends queued releases now.
     pub async fn flush(&self) -> Result<(), Error> {
-        self.call(&Request::Stats).await.map(drop)
+        self.call(&Request::STATS_FIRST).await.map(drop)
     }
 
     async fn call(&self, req: &Request<'_>) -> Result<Reply, Error> {
@@ -465,7 +465,13 @@ impl AsyncStore for AsyncClient {
     }
 
     async fn stats(&self) -> Result<StoreStats, Error> {
-        Ok(self.call(&Request::Stats).await?.stats()?.0)
+        let reply = match self.call(&Request::STATS).await {
+            Err(e) if crate::core::older_daemon_refused(&e) => {
+                self.call(&Request::STATS_FIRST).await?
+            }
+            r => r?,
+        };
+        Ok(reply.stats()?.0)
     }
 }
 

@@ -510,7 +510,13 @@ impl From<Failure> for vovp_types::Error {
             Status::TooLarge => E::TooLarge(message),
             Status::Internal => E::Internal(message),
             Status::TooManyConnections => E::Connection(message),
-            Status::SpillDamaged => E::SpillDamaged(message),
+            // The daemon's message is the error's Display: keep what it wraps.
+            Status::SpillDamaged => {
+                E::SpillDamaged(match message.strip_prefix("spilled object lost: ") {
+                    Some(m) => m.to_owned(),
+                    None => message,
+                })
+            }
             Status::Malformed
             | Status::UnsupportedVersion
             | Status::UnknownOpcode

@@ -342,6 +342,18 @@ impl Request<'_> {
 }
 
 impl<'a> Request<'a> {
+    /// STATS of every field this build knows ([`crate::STATS_FIELDS`]).
+    #[allow(clippy::cast_possible_truncation)] // a few dozen
+    pub const STATS: Request<'static> = Request::Stats {
+        fields: crate::STATS_FIELDS.len() as u32,
+    };
+    /// STATS of the fields every daemon has (an empty payload: what a daemon from before
+    /// spilling understands).
+    #[allow(clippy::cast_possible_truncation)]
+    pub const STATS_FIRST: Request<'static> = Request::Stats {
+        fields: crate::STATS_FIELDS_FIRST as u32,
+    };
+
     /// Decodes the payload of a request frame with opcode `opcode`, borrowing from it.
     pub fn decode(opcode: u8, payload: &'a [u8]) -> Result<Request<'a>, DecodeError> {
         let op = Opcode::from_code(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;

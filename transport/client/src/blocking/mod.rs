@@ -387,7 +387,12 @@ impl Client {
 
     /// One STATS: the store's counters and the number of connections the daemon serves.
     pub fn stats_and_connections(&self) -> Result<(StoreStats, u64), Error> {
-        self.inner.call(&Request::Stats)?.stats()
+        match self.inner.call(&Request::STATS) {
+            Err(e) if crate::core::older_daemon_refused(&e) => {
+                self.inner.call(&Request::STATS_FIRST)?.stats()
+            }
+            r => r?.stats(),
+        }
     }
 
     /// Where the views of connection `generation` send their releases.
@@ -607,6 +612,6 @@ impl Store for Client {
     }
 
     fn stats(&self) -> Result<StoreStats, Error> {
-        Ok(self.inner.call(&Request::Stats)?.stats()?.0)
+        Ok(self.stats_and_connections()?.0)
     }
 }
