@@ -119,7 +119,11 @@ fn three_times_the_memory_comes_back_bit_exact_to_several_readers_while_a_writer
             let mut parts = line.split(' ');
             let name = parts.next().unwrap();
             let hash = parts.find_map(|p| p.strip_prefix("fnv=")).unwrap();
-            assert_eq!(hash, format!("{:x}", expected[name]), "{name} read back wrong");
+            assert_eq!(
+                hash,
+                format!("{:x}", expected[name]),
+                "{name} read back wrong"
+            );
             seen += 1;
         }
         assert_eq!(seen, names.len());

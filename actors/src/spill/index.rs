@@ -3,14 +3,30 @@
 //! Plain data, no IO: the table actor asks it before starting a spill ([`SpillIndex::admit`])
 //! and tells it what each IO did.
 //!
+//! A complete file stays after its object is read back (*resident with a file*): the object is
+//! sealed and so unchanged, and the next time it is a victim it goes to disk only at once,
+//! without writing it again (as Ray keeps a restored object's spilled copy). Only a delete,
+//! replace or eviction of the object removes its file.
+//!
 //! Invariants (checked by [`SpillIndex::check`]): `disk_bytes` is the sum of the file lengths
-//! of every file (complete or being written); `data_bytes` the sum of the complete files' data
-//! sizes; `freeing` the sum of the memory the writes in flight free when they complete; an
-//! object is being written or has a complete file, never both.
+//! of every file (complete or being written); `data_bytes` the sum of the data sizes of the
+//! complete files of objects on disk only; `freeing` the sum of the memory the writes in
+//! flight free when they complete; an object is being written or has a complete file, never
+//! both; an object being read has a complete file.
 
 use std::collections::{HashMap, HashSet};
 
 use super::file::file_len;
+
+/// A complete file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct File {
+    size: u64,
+    /// The data's CRC-32C.
+    crc: u32,
+    /// Its object is in memory too (read back, or used while its file was written).
+    resident: bool,
+}
 
 /// A spill in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,8 +38,8 @@ pub(crate) struct Writing {
 
 #[derive(Debug, Default)]
 pub(crate) struct SpillIndex {
-    /// Complete files: object id → (data size, the data's CRC-32C).
-    files: HashMap<u64, (u64, u32)>,
+    /// Complete files: object id → what it holds.
+    files: HashMap<u64, File>,
     writing: HashMap<u64, Writing>,
     /// Objects whose file is being read back (they have a complete file too).
     reading: HashSet<u64>,
@@ -59,14 +75,28 @@ impl SpillIndex {
     }
 
     /// The write of `id` ended; with `kept` (the data's CRC-32C), its file now holds the
-    /// object (else it is gone, or about to be, and its reservation is returned). What the
-    /// write was, if it was one.
-    pub(crate) fn written(&mut self, id: u64, kept: Option<u32>) -> Option<Writing> {
+    /// object (else it is gone, or about to be, and its reservation is returned), which is
+    /// `resident` too when it was used meanwhile. What the write was, if it was one.
+    pub(crate) fn written(
+        &mut self,
+        id: u64,
+        kept: Option<u32>,
+        resident: bool,
+    ) -> Option<Writing> {
         let w = self.writing.remove(&id)?;
         self.freeing -= w.frees;
         if let Some(crc) = kept {
-            self.files.insert(id, (w.size, crc));
-            self.data_bytes += w.size;
+            self.files.insert(
+                id,
+                File {
+                    size: w.size,
+                    crc,
+                    resident,
+                },
+            );
+            if !resident {
+                self.data_bytes += w.size;
+            }
         } else {
             self.disk_bytes -= file_len(w.size);
         }
@@ -80,25 +110,43 @@ impl SpillIndex {
         }
     }
 
-    /// The read of `id` ended.
-    pub(crate) fn read_done(&mut self, id: u64) -> bool {
+    /// The read of `id` ended (`restored`: its object is in memory again, its file kept).
+    pub(crate) fn read_done(&mut self, id: u64, restored: bool) -> bool {
+        if restored {
+            self.set_resident(id, true);
+        }
         self.reading.remove(&id)
+    }
+
+    /// The object of `id`, resident with a file, is on disk only again (`false`), or the
+    /// reverse.
+    pub(crate) fn set_resident(&mut self, id: u64, resident: bool) {
+        if let Some(f) = self.files.get_mut(&id).filter(|f| f.resident != resident) {
+            f.resident = resident;
+            if resident {
+                self.data_bytes -= f.size;
+            } else {
+                self.data_bytes += f.size;
+            }
+        }
     }
 
     /// The data size and CRC-32C of `id`'s complete file.
     pub(crate) fn file(&self, id: u64) -> Option<(u64, u32)> {
-        self.files.get(&id).copied()
+        self.files.get(&id).map(|f| (f.size, f.crc))
     }
 
     /// The object's complete file goes (the object is gone, or back in memory): whether it
     /// had one.
     pub(crate) fn forget(&mut self, id: u64) -> bool {
-        let Some((size, _)) = self.files.remove(&id) else {
+        let Some(f) = self.files.remove(&id) else {
             return false;
         };
         self.reading.remove(&id);
-        self.disk_bytes -= file_len(size);
-        self.data_bytes -= size;
+        self.disk_bytes -= file_len(f.size);
+        if !f.resident {
+            self.data_bytes -= f.size;
+        }
         true
     }
 
@@ -107,9 +155,10 @@ impl SpillIndex {
         self.writing.contains_key(&id) || self.reading.contains(&id)
     }
 
-    /// Complete files, and their data bytes.
+    /// Objects on disk only, and their data bytes.
     pub(crate) fn spilled(&self) -> (u64, u64) {
-        (self.files.len() as u64, self.data_bytes)
+        let away = self.files.values().filter(|f| !f.resident).count();
+        (away as u64, self.data_bytes)
     }
 
     /// Memory the writes in flight free when they complete.
@@ -128,11 +177,16 @@ impl SpillIndex {
         let disk: u64 = self
             .files
             .values()
-            .map(|f| f.0)
+            .map(|f| f.size)
             .chain(self.writing.values().map(|w| w.size))
             .map(file_len)
             .sum();
-        let data: u64 = self.files.values().map(|f| f.0).sum();
+        let data: u64 = self
+            .files
+            .values()
+            .filter(|f| !f.resident)
+            .map(|f| f.size)
+            .sum();
         let freeing: u64 = self.writing.values().map(|w| w.frees).sum();
         if (disk, data, freeing) != (self.disk_bytes, self.data_bytes, self.freeing) {
             return Err(format!(
@@ -178,21 +232,26 @@ mod tests {
         assert!(ix.admit(1, 100, 128, u64::MAX, 10));
         assert!(ix.admit(2, 5000, 5056, u64::MAX, 10));
         assert_eq!(
-            ix.written(1, None),
+            ix.written(1, None, false),
             Some(Writing {
                 size: 100,
                 frees: 128
             })
         );
-        assert_eq!(ix.written(2, Some(7)).map(|w| w.frees), Some(5056));
-        assert_eq!(ix.written(2, Some(7)), None, "reported once");
+        assert_eq!(ix.written(2, Some(7), false).map(|w| w.frees), Some(5056));
+        assert_eq!(ix.written(2, Some(7), false), None, "reported once");
         assert_eq!(ix.spilled(), (1, 5000));
         assert_eq!(ix.file(2), Some((5000, 7)));
         assert_eq!((ix.disk_bytes(), ix.freeing()), (3 * BLOCK, 0));
         ix.reading(2);
         assert!(ix.in_flight(2));
-        assert!(ix.read_done(2));
+        assert!(ix.read_done(2, true));
         assert!(!ix.in_flight(2));
+        // Read back: in memory again, its file kept (and still counted against the bound).
+        assert_eq!((ix.spilled(), ix.file(2)), ((0, 0), Some((5000, 7))));
+        assert_eq!(ix.disk_bytes(), 3 * BLOCK);
+        ix.set_resident(2, false);
+        assert_eq!(ix.spilled(), (1, 5000));
         ix.check().unwrap();
         assert!(ix.forget(2));
         assert!(!ix.forget(2));

@@ -7,8 +7,9 @@
 //! memory, and the spill is then abandoned: the file goes, the object stays) → *spilled* (on
 //! disk only: listed as spilled, not in the shared directory, its memory given back) →
 //! *restoring* (a new block allocated, the file being read into it; gets wait, and one read
-//! serves them all) → resident. A delete, replace or eviction of a spilled object removes its
-//! file. Ephemeral objects are never spilled (they never wait unreferenced), nor CUDA ones
+//! serves them all) → resident. The file stays after a restore (and after a spill abandoned
+//! because of a get): the object is sealed, so the next time it is a victim it is on disk only
+//! at once, with no write. A delete, replace or eviction of an object removes its file. Ephemeral objects are never spilled (they never wait unreferenced), nor CUDA ones
 //! (their victims are evicted as before).
 //!
 //! Who does what:
@@ -38,6 +39,8 @@ pub(crate) mod worker;
 use std::path::PathBuf;
 
 use vovp_types::{Error, StoreStats};
+
+use crate::table::SpillChoice;
 
 use dir::SpillDir;
 use index::SpillIndex;
@@ -121,18 +124,28 @@ impl Spill {
         Ok(())
     }
 
-    /// Reserves a file for a victim of `size` data bytes whose block is charged `frees`:
-    /// `false` when `--spill-max` or the object bound is reached (the victim is then evicted:
-    /// counted and logged here).
-    pub(crate) fn admit(&mut self, id: u64, name: &str, size: u64, frees: u64) -> bool {
+    /// What becomes of a victim of `size` data bytes whose block is charged `frees`: on disk
+    /// only at once when its file from an earlier spill is still there; else a file is
+    /// reserved for it; else (`--spill-max` or the object bound reached) it is evicted,
+    /// counted and logged here.
+    pub(crate) fn choose(&mut self, id: u64, name: &str, size: u64, frees: u64) -> SpillChoice {
+        if self.index.file(id).is_some() {
+            self.index.set_resident(id, false);
+            return SpillChoice::OnDisk;
+        }
         if self
             .index
             .admit(id, size, frees, self.max_bytes, self.max_objects)
         {
-            return true;
+            return SpillChoice::Write;
         }
         self.fallback(name, "--spill-max is reached");
-        false
+        SpillChoice::Evict
+    }
+
+    /// Whether object `id` has a complete file (on disk only, or kept after a restore).
+    pub(crate) fn has_file(&self, id: u64) -> bool {
+        self.index.file(id).is_some()
     }
 
     /// A victim evicted although spilling is on: counted, and logged (sparingly).
@@ -154,10 +167,11 @@ impl Spill {
         self.submit(Job::Write { header, src })
     }
 
-    /// The write of `id` ended (`kept`, with the data's CRC-32C: the object is on disk now;
-    /// else its file is gone or about to be removed).
-    pub(crate) fn written(&mut self, id: u64, kept: Option<u32>) {
-        if let Some(w) = self.index.written(id, kept) {
+    /// The write of `id` ended (`kept`, with the data's CRC-32C: the file holds the object,
+    /// which is on disk only, or `resident` too when it was used meanwhile; else its file is
+    /// gone or about to be removed).
+    pub(crate) fn written(&mut self, id: u64, kept: Option<u32>, resident: bool) {
+        if let Some(w) = self.index.written(id, kept, resident) {
             if kept.is_some() {
                 self.counters.spills += 1;
                 self.counters.spill_bytes += w.size;
@@ -182,24 +196,26 @@ impl Spill {
         self.submit(Job::Read { expect, dst })
     }
 
-    /// The read of `id` ended (`restored`, or the file was damaged): counted, and the file
-    /// goes either way.
+    /// The read of `id` ended: `restored` (counted; the file stays, see [`index`]), or the
+    /// file was damaged (counted; it goes).
     pub(crate) fn read_done(&mut self, id: u64, restored: bool) {
-        self.index.read_done(id);
+        self.index.read_done(id, restored);
         match (restored, self.index.file(id)) {
             (true, Some((size, _))) => {
                 self.counters.restores += 1;
                 self.counters.restore_bytes += size;
             }
             (true, None) => {}
-            (false, _) => self.counters.restore_failures += 1,
+            (false, _) => {
+                self.counters.restore_failures += 1;
+                self.remove(id);
+            }
         }
-        self.remove(id);
     }
 
     /// The read of `id` ended after the object went: its file goes, nothing is counted.
     pub(crate) fn read_abandoned(&mut self, id: u64) {
-        self.index.read_done(id);
+        self.index.read_done(id, false);
         self.remove(id);
     }
 

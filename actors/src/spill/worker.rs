@@ -9,7 +9,8 @@
 //! push the disk's worth of page cache out of the machine's memory (the store's `-m` is memory
 //! the operator gave to objects, the cache is everyone's). Bytes are copied between the
 //! object's block and a buffer on this thread, and the data's CRC-32C is computed here too,
-//! while writing, and over the restored block after reading.
+//! while writing, and over each restored chunk as it is copied into the block (the chunks'
+//! CRCs combined in order).
 //!
 //! Completions go back to the table actor through the sink given at start ([`Done`]); a job
 //! never reports before its last IO finished, so the memory it reads or writes stays the
@@ -32,8 +33,9 @@ use tokio_uring::fs::{File, OpenOptions};
 use super::dir::{remove_spill_files, SpillDir};
 use super::file::{blocks, file_len, path_of, Damage, Header, BLOCK};
 
-/// Bytes moved by one IO.
-pub(crate) const CHUNK: usize = 1 << 20;
+/// Bytes moved by one IO (2 MiB: large enough that a virtual disk streams at its sequential
+/// rate with a few in flight, small enough that the pool stays 16 MiB).
+pub(crate) const CHUNK: usize = 2 << 20;
 /// IOs in flight for one object.
 pub(crate) const DEPTH: usize = 4;
 /// Buffers in all: IOs in flight across every object, and the heap the worker may use.
@@ -363,6 +365,8 @@ impl Io {
             Err(d) => return Ok(Err(d)),
         };
         let truncated = Rc::new(Cell::new(None::<u64>));
+        // Each chunk's CRC, computed while its bytes are in cache, combined in order after.
+        let crcs = Rc::new(RefCell::new(vec![0u32; dst.len.div_ceil(CHUNK)]));
         let mut in_flight = VecDeque::new();
         let mut at = 0usize;
         while at < dst.len {
@@ -374,7 +378,8 @@ impl Io {
             // SAFETY: `dst` is the object's new block, which stays its own until this job
             // reports; chunks do not overlap.
             let out = unsafe { dst.ptr.add(at) };
-            let truncated = truncated.clone();
+            let (truncated, crcs) = (truncated.clone(), crcs.clone());
+            let chunk = at / CHUNK;
             in_flight.push_back(tokio_uring::spawn(async move {
                 let (r, buf) = f.read_at(buf.slice(..want), pos).await;
                 let buf = buf.into_inner();
@@ -387,6 +392,10 @@ impl Io {
                         // SAFETY: see above; `n` bytes of this chunk (the task runs on the
                         // worker's one thread, before the job reports).
                         unsafe { std::ptr::copy_nonoverlapping(buf.as_slice().as_ptr(), out, n) };
+                        // The copy's bytes, as the block holds them now.
+                        // SAFETY: the `n` bytes just written.
+                        let copied = unsafe { std::slice::from_raw_parts(out, n) };
+                        crcs.borrow_mut()[chunk] = crc32c::crc32c(copied);
                     }
                 }
                 pool.give(buf);
@@ -405,8 +414,10 @@ impl Io {
         if let Some(have) = truncated.get() {
             return Ok(Err(Damage::Truncated { have, need }));
         }
-        // SAFETY: every chunk of `dst` was written above.
-        let found = crc32c::crc32c(unsafe { std::slice::from_raw_parts(dst.ptr, dst.len) });
+        let found = crcs.borrow().iter().enumerate().fold(0u32, |crc, (i, &c)| {
+            let len = CHUNK.min(dst.len - i * CHUNK);
+            crc32c::crc32c_combine(crc, c, len)
+        });
         if found != header.crc {
             return Ok(Err(Damage::Checksum {
                 expected: header.crc,

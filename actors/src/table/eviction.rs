@@ -1,9 +1,10 @@
 //! Eviction: when a device is full, which unreferenced sealed objects go ([`ObjectTable::victims`],
 //! from the LRU, oldest first) and what becomes of each one picked
 //! ([`ObjectTable::evict_victim`]: freed now, or parked while a hold table names it). Those
-//! two functions are the one place for each decision. With spilling on, a victim the spill
-//! policy admits is spilled instead ([`Victim::Spilling`]: its bytes go to disk, see
-//! [`super::residency`]), the others are evicted as before.
+//! two functions are the one place for each decision. With spilling on, the spill policy
+//! decides each victim's fate ([`SpillChoice`]): written to disk ([`Victim::Spilling`], see
+//! [`super::residency`]), dropped from memory at once because its file is still whole on disk
+//! from an earlier spill ([`Victim::OnDisk`]), or evicted as before.
 //!
 //! Race with clients: a client takes a hold through its hold table with no message, so a
 //! candidate may become held between the first look and its unpublish. Candidates are
@@ -17,6 +18,7 @@ use vovp_types::{Device, NotificationKind, ObjectId};
 use super::publication::Publication;
 use super::residency::Spilling;
 use super::{Freed, ObjectTable};
+use crate::block::Block;
 
 /// What became of an eviction victim.
 enum Victim {
@@ -27,19 +29,33 @@ enum Victim {
     Parked { generation: u64 },
     /// Its bytes go to disk; its memory goes back when the write lands.
     Spilling(Spilling),
+    /// Its file from an earlier spill is whole: on disk only now, its memory goes back now.
+    OnDisk(Block),
 }
 
-/// What a round of making room did: memory freed now, and victims being spilled (whose
-/// memory comes back when their files are written).
+/// What a round of making room did: memory freed now (objects gone, and objects on disk only
+/// now whose blocks are `released`), and victims being spilled (whose memory comes back when
+/// their files are written).
 #[derive(Debug, Default)]
 pub(crate) struct Room {
     pub freed: Vec<Freed>,
+    pub released: Vec<Block>,
     pub spilling: Vec<Spilling>,
 }
 
-/// Asked of each victim that could be spilled (id, name, data size, bytes its block frees):
-/// spill it (`true`) or evict it.
-pub(crate) type SpillPolicy<'a> = &'a mut dyn FnMut(SpillCandidate<'_>) -> bool;
+/// What becomes of a victim that could be spilled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SpillChoice {
+    /// Write its file (the bound admits it).
+    Write,
+    /// Its file is on disk already (written before, the object unchanged since: sealed).
+    OnDisk,
+    /// Evict it (the bound is reached).
+    Evict,
+}
+
+/// Asked of each victim that could be spilled (id, name, data size, bytes its block frees).
+pub(crate) type SpillPolicy<'a> = &'a mut dyn FnMut(SpillCandidate<'_>) -> SpillChoice;
 
 /// A victim that could be spilled.
 #[derive(Debug)]
@@ -101,6 +117,10 @@ impl ObjectTable {
                         total += s.block.reserved();
                         room.spilling.push(s);
                     }
+                    Victim::OnDisk(block) => {
+                        total += block.reserved();
+                        room.released.push(block);
+                    }
                 }
             }
         }
@@ -141,7 +161,7 @@ impl ObjectTable {
                 generation: listing.generation(),
             };
         }
-        if let Some(admit) = spill.filter(|_| self.spillable(key)) {
+        if let Some(choose) = spill.filter(|_| self.spillable(key)) {
             let e = &self.objects[key];
             let candidate = SpillCandidate {
                 id: e.id,
@@ -149,8 +169,10 @@ impl ObjectTable {
                 size: e.size,
                 frees: e.block.reserved(),
             };
-            if admit(candidate) {
-                return Victim::Spilling(self.begin_spill(key));
+            match choose(candidate) {
+                SpillChoice::Write => return Victim::Spilling(self.begin_spill(key)),
+                SpillChoice::OnDisk => return Victim::OnDisk(self.drop_to_disk(key)),
+                SpillChoice::Evict => {}
             }
         }
         self.activity

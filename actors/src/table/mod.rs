@@ -58,7 +58,7 @@ use publication::Publication;
 use stats::Activity;
 use waiting::GetQueue;
 
-pub(crate) use eviction::{Room, SpillCandidate};
+pub(crate) use eviction::{Room, SpillCandidate, SpillChoice};
 pub(crate) use objects::NewObject;
 pub(crate) use residency::{RestoreEnd, SpillEnd, Spilling};
 pub(crate) use waiting::{CompletedGet, GetReply, GetResults, WaiterId};

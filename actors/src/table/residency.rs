@@ -63,7 +63,8 @@ pub(crate) struct Spilling {
 pub(crate) enum SpillEnd {
     /// On disk only now: this block (its old memory) goes back to its allocator.
     Spilled(Block),
-    /// Used meanwhile: it stays in memory and the file goes.
+    /// Used meanwhile: it stays in memory (its file, whole, may stay too: the object is
+    /// sealed, unchanged).
     Kept,
     /// The write failed: evicted instead, as without spilling.
     Evicted(Freed),
@@ -110,6 +111,17 @@ impl ObjectTable {
             size: e.size,
             block: e.block,
         }
+    }
+
+    /// The victim `key` (unpublished) whose file from an earlier spill is whole: on disk only
+    /// now, with no IO. Its block, to free.
+    pub(super) fn drop_to_disk(&mut self, key: usize) -> Block {
+        let e = &mut self.objects[key];
+        let (device, reserved) = (e.block.device(), e.block.reserved());
+        self.lru.leave(&mut e.lru, device, reserved);
+        e.residency = Residency::Spilled;
+        let id = e.id.get();
+        std::mem::replace(&mut e.block, Block::Spilled(SpilledBlock { id }))
     }
 
     /// The write of `id`'s file ended (`written`: the file is whole).
@@ -227,7 +239,11 @@ mod tests {
     /// Spills every evictable object of the test device (the test tables' blocks count as
     /// `GPU0`'s), as a spilling store would.
     fn spill_all(t: &mut ObjectTable) -> Vec<Spilling> {
-        let room = t.evict_with(Device::Cpu, u64::MAX, Some(&mut |_| true));
+        let room = t.evict_with(
+            Device::Cpu,
+            u64::MAX,
+            Some(&mut |_| crate::table::SpillChoice::Write),
+        );
         assert!(room.freed.is_empty());
         room.spilling
     }

@@ -25,6 +25,11 @@ use crate::table::Freed;
 /// comes back within this long of the last release (at once when memory runs short).
 const PARKED_RESCAN: Duration = Duration::from_millis(5);
 
+/// A create that spills to make its room spills a 1/32 of the store more: a stream of puts
+/// into a full store then keeps the disk busy, each put's room written while the one before
+/// it copies. Spilled ahead are the least recently used objects, the next victims anyway.
+const SPILL_AHEAD: u64 = 32;
+
 #[cfg(test)]
 pub(super) mod tests;
 
@@ -306,18 +311,20 @@ impl ObjectTableActor {
                 }
             };
             let room = if spills {
-                // Spilling: what is coming counts; victims for the rest.
+                // Spilling: what is coming counts; victims for the rest, and a little more
+                // ([`SPILL_AHEAD`]), so that the next create finds its room written already
+                // while this one's client copies (the disk is not left idle between puts).
                 match target.saturating_sub(coming) {
                     0 => crate::table::Room::default(),
-                    rest => self.make_room(device, rest),
+                    rest => self.make_room(device, rest.saturating_add(capacity / SPILL_AHEAD)),
                 }
             } else {
                 crate::table::Room {
                     freed: self.table.evict(device, target),
-                    spilling: Vec::new(),
+                    ..Default::default()
                 }
             };
-            let freed_now = !room.freed.is_empty();
+            let freed_now = !room.freed.is_empty() || !room.released.is_empty();
             let started = !room.spilling.is_empty();
             if freed_now || started {
                 tracing::debug!(
@@ -328,6 +335,7 @@ impl ObjectTableActor {
             }
             // Frees reach the allocator before the retry: one sender, one FIFO mailbox.
             self.free(room.freed).await;
+            self.free_blocks(room.released).await;
             // A spill that could not even start is an eviction now.
             let evicted_now = self.start_spills(room.spilling).await;
             if freed_now || evicted_now {
@@ -411,11 +419,19 @@ impl ObjectTableActor {
     pub(super) async fn free(&mut self, freed: Vec<Freed>) {
         let mut now = Vec::with_capacity(freed.len());
         for f in freed {
-            match &self.spill {
-                Some(s) if s.in_flight(f.id.get()) => {
-                    self.doomed.insert(f.id.get(), f.block);
+            let id = f.id.get();
+            match self.spill.as_mut() {
+                Some(s) if s.in_flight(id) => {
+                    self.doomed.insert(id, f.block);
                 }
-                _ => now.push(f.block),
+                Some(s) => {
+                    // A resident object's file kept from an earlier spill goes with it.
+                    if s.has_file(id) {
+                        s.remove(id);
+                    }
+                    now.push(f.block);
+                }
+                None => now.push(f.block),
             }
         }
         self.free_blocks(now).await

@@ -93,14 +93,14 @@ impl ObjectTableActor {
     pub(super) fn make_room(&mut self, device: Device, bytes: u64) -> crate::table::Room {
         match self.spill.as_mut() {
             Some(spill) => {
-                let mut admit = |c: crate::table::SpillCandidate<'_>| {
-                    spill.admit(c.id.get(), c.name, c.size, c.frees)
+                let mut choose = |c: crate::table::SpillCandidate<'_>| {
+                    spill.choose(c.id.get(), c.name, c.size, c.frees)
                 };
-                self.table.evict_with(device, bytes, Some(&mut admit))
+                self.table.evict_with(device, bytes, Some(&mut choose))
             }
             None => crate::table::Room {
                 freed: self.table.evict(device, bytes),
-                spilling: Vec::new(),
+                ..Default::default()
             },
         }
     }
@@ -124,7 +124,7 @@ impl ObjectTableActor {
             if memory.is_some_and(|m| spill.write(header, m)) {
                 continue;
             }
-            spill.written(s.id.get(), None);
+            spill.written(s.id.get(), None, false);
             spill.fallback(s.name.as_str(), "the spill worker is not running");
             if let SpillEnd::Evicted(f) = self.table.end_spill(s.id, false) {
                 evicted.push(f);
@@ -244,17 +244,19 @@ impl ObjectTableActor {
         };
         match end {
             SpillEnd::Spilled(block) => {
-                spill.written(raw, crc);
+                spill.written(raw, crc, false);
                 self.free_blocks([block]).await;
             }
+            // Used meanwhile: in memory, and its whole file kept for its next turn as a victim.
+            SpillEnd::Kept => spill.written(raw, crc, true),
             SpillEnd::Evicted(f) => {
-                spill.written(raw, None);
+                spill.written(raw, None, false);
                 let why = result.err().unwrap_or_default();
                 spill.fallback(f.name.as_str(), &format!("writing its file failed: {why}"));
                 self.free(vec![f]).await;
             }
-            SpillEnd::Kept | SpillEnd::Gone => {
-                spill.written(raw, None);
+            SpillEnd::Gone => {
+                spill.written(raw, None, false);
                 if crc.is_some() {
                     spill.remove(raw);
                 }

@@ -224,3 +224,55 @@ async fn past_spill_max_victims_are_evicted_and_every_put_still_succeeds() {
     assert_eq!(left, 0);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_object_keeps_its_file_and_goes_back_to_disk_without_a_write() {
+    let d = dir("kept");
+    let config = SpillConfig {
+        dir: d.clone(),
+        max_bytes: None,
+    };
+    let (store, segment) = store_and_segment(256 * KIB, 1024, Some(&config));
+    for i in 0..6 {
+        put(&store, i, 60 * KIB).await;
+    }
+    settled(&store, 2).await;
+    let r = get(&store, 0).await.unwrap().expect("restored");
+    release(&store, &r).await;
+    let file = path_of(&d, r.id.get());
+    let written = std::fs::metadata(&file).expect("kept").modified().unwrap();
+    let before = stats(&store).await;
+    // New objects push o0 out again: on disk only at once, its file not written again.
+    for i in 10..16 {
+        put(&store, i, 60 * KIB).await;
+    }
+    settled(&store, before.spills + 4).await;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().modified().unwrap(),
+        written
+    );
+    let r = get(&store, 0).await.unwrap().expect("restored again");
+    assert!(
+        bytes_of(&segment, &r) == pattern(0, 60 * KIB),
+        "o0 bit-exact"
+    );
+    release(&store, &r).await;
+    let after = stats(&store).await;
+    assert_eq!(after.restores, before.restores + 1, "{after:?}");
+    check(&store).await;
+    // A delete takes the kept file with it.
+    store
+        .ask(crate::table_actor::Delete { name: n("o0") })
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if !file.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!file.exists());
+    let _ = store.stop_gracefully().await;
+    store.wait_for_shutdown().await;
+    let _ = std::fs::remove_dir_all(&d);
+}
