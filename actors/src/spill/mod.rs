@@ -151,7 +151,7 @@ impl Spill {
     /// A victim evicted although spilling is on: counted, and logged (sparingly).
     pub(crate) fn fallback(&mut self, name: &str, why: &str) {
         self.counters.spill_failures += 1;
-        if self.logged_fallbacks < 10 || self.counters.spill_failures % 1000 == 0 {
+        if self.logged_fallbacks < 10 || self.counters.spill_failures.is_multiple_of(1000) {
             tracing::warn!(
                 "evicting {name:?} instead of spilling it: {why} (spill failures so far: {}; \
                  spill directory {})",

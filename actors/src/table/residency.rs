@@ -363,10 +363,9 @@ mod tests {
         let done = t.take_finished_gets();
         assert_eq!(done.len(), 1);
         assert!(done[0].results[0].is_none() && done[0].error.is_none());
-        let _ = done
-            .into_iter()
-            .map(|d| d.reply.send(Ok(d.results)))
-            .count();
+        for d in done {
+            let _ = d.reply.send(Ok(d.results));
+        }
         assert_eq!(rx.try_recv().unwrap().unwrap(), vec![None]);
         assert!(t.begin_restore(id, host_block(1 << 20, 100)).is_none());
         ok(&t);

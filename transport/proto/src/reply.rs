@@ -263,7 +263,7 @@ impl Reply {
                 }
                 // Fields appended by a newer daemon: whole u64s, skipped.
                 let newer = r.rest();
-                if newer.len() % 8 != 0 {
+                if !newer.len().is_multiple_of(8) {
                     return Err(DecodeError::Trailing(newer.len()));
                 }
                 Reply::Stats {
@@ -376,7 +376,7 @@ const LIST_SEALED: u8 = 1;
 const LIST_SPILLED: u8 = 2;
 
 fn list_state(i: &ObjectInfo) -> u8 {
-    u8::from(i.sealed) * LIST_SEALED | u8::from(i.spilled) * LIST_SPILLED
+    (u8::from(i.sealed) * LIST_SEALED) | (u8::from(i.spilled) * LIST_SPILLED)
 }
 
 /// LIST's reply: a page of entries and where the next page starts.
