@@ -259,7 +259,7 @@ impl Io {
         let file = Rc::new(self.open(&path_of(&self.dir, header.id), true).await?);
         let direct = self.direct.get();
         let mut crc = 0u32;
-        let mut in_flight = VecDeque::new();
+        let mut in_flight = InFlight::new(direct);
         let mut at = 0usize;
         while at < src.len {
             let n = CHUNK.min(src.len - at);
@@ -270,21 +270,16 @@ impl Io {
             crc = crc32c::crc32c_append(crc, bytes);
             let (f, pool) = (file.clone(), self.pool.clone());
             let pos = BLOCK + at as u64;
-            in_flight.push_back(tokio_uring::spawn(async move {
-                let (r, buf) = f.write_all_at(buf, pos).await;
-                pool.give(buf);
-                r
-            }));
+            in_flight
+                .push(tokio_uring::spawn(async move {
+                    let (r, buf) = f.write_all_at(buf, pos).await;
+                    pool.give(buf);
+                    r
+                }))
+                .await?;
             at += n;
-            if in_flight.len() >= DEPTH {
-                if let Err(e) = self.settle(in_flight.pop_front(), direct).await {
-                    return Err(self.drain(in_flight, e).await);
-                }
-            }
         }
-        if let Some(e) = self.settle_all(&mut in_flight, direct).await {
-            return Err(e);
-        }
+        in_flight.finish().await?;
         let mut buf = self.pool.take().await;
         let header = Header {
             crc,
@@ -296,47 +291,6 @@ impl Io {
         self.pool.give(buf);
         check(r, direct)?;
         Ok(crc)
-    }
-
-    /// Waits for every IO in flight: the first failure. A job never reports (and the actor
-    /// never frees its memory) while one of its IOs may still touch the block.
-    async fn settle_all(
-        &self,
-        in_flight: &mut VecDeque<tokio::task::JoinHandle<std::io::Result<()>>>,
-        direct: bool,
-    ) -> Option<Failed> {
-        let mut first = None;
-        while let Some(t) = in_flight.pop_front() {
-            if let Err(e) = self.settle(Some(t), direct).await {
-                first.get_or_insert(e);
-            }
-        }
-        first
-    }
-
-    /// After a failed IO: waits for the others, and gives the failure back.
-    async fn drain(
-        &self,
-        mut in_flight: VecDeque<tokio::task::JoinHandle<std::io::Result<()>>>,
-        failed: Failed,
-    ) -> Failed {
-        let _ = self.settle_all(&mut in_flight, false).await;
-        failed
-    }
-
-    /// Waits for one IO of a job (its buffer is back in the pool already).
-    async fn settle(
-        &self,
-        task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-        direct: bool,
-    ) -> Result<(), Failed> {
-        let Some(task) = task else {
-            return Ok(());
-        };
-        let r = task
-            .await
-            .map_err(|e| Failed::Io(std::io::Error::other(e.to_string())))?;
-        check(r, direct)
     }
 
     /// Reads the object's file into `dst`: the header (it must be this object's), the data
@@ -367,7 +321,7 @@ impl Io {
         let truncated = Rc::new(Cell::new(None::<u64>));
         // Each chunk's CRC, computed while its bytes are in cache, combined in order after.
         let crcs = Rc::new(RefCell::new(vec![0u32; dst.len.div_ceil(CHUNK)]));
-        let mut in_flight = VecDeque::new();
+        let mut in_flight = InFlight::new(direct);
         let mut at = 0usize;
         while at < dst.len {
             let n = CHUNK.min(dst.len - at);
@@ -380,7 +334,7 @@ impl Io {
             let out = unsafe { dst.ptr.add(at) };
             let (truncated, crcs) = (truncated.clone(), crcs.clone());
             let chunk = at / CHUNK;
-            in_flight.push_back(tokio_uring::spawn(async move {
+            let task = tokio_uring::spawn(async move {
                 let (r, buf) = f.read_at(buf.slice(..want), pos).await;
                 let buf = buf.into_inner();
                 if let Ok(got) = &r {
@@ -400,17 +354,11 @@ impl Io {
                 }
                 pool.give(buf);
                 r.map(drop)
-            }));
+            });
+            in_flight.push(task).await?;
             at += n;
-            if in_flight.len() >= DEPTH {
-                if let Err(e) = self.settle(in_flight.pop_front(), direct).await {
-                    return Err(self.drain(in_flight, e).await);
-                }
-            }
         }
-        if let Some(e) = self.settle_all(&mut in_flight, direct).await {
-            return Err(e);
-        }
+        in_flight.finish().await?;
         if let Some(have) = truncated.get() {
             return Ok(Err(Damage::Truncated { have, need }));
         }
@@ -425,6 +373,73 @@ impl Io {
             }));
         }
         Ok(Ok(()))
+    }
+}
+
+/// One job's IOs in flight, at most [`DEPTH`]. A job never reports (and the actor never frees
+/// its memory) while one of its IOs may still touch the block: after a failure the others are
+/// waited for too.
+struct InFlight {
+    tasks: VecDeque<tokio::task::JoinHandle<std::io::Result<()>>>,
+    direct: bool,
+}
+
+impl InFlight {
+    fn new(direct: bool) -> InFlight {
+        InFlight {
+            tasks: VecDeque::new(),
+            direct,
+        }
+    }
+
+    /// Adds an IO, waiting for the oldest first when [`DEPTH`] are in flight.
+    async fn push(
+        &mut self,
+        task: tokio::task::JoinHandle<std::io::Result<()>>,
+    ) -> Result<(), Failed> {
+        self.tasks.push_back(task);
+        if self.tasks.len() < DEPTH {
+            return Ok(());
+        }
+        let oldest = self.tasks.pop_front();
+        match self.settle(oldest).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = self.drain().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for every IO: the first failure.
+    async fn finish(mut self) -> Result<(), Failed> {
+        self.drain().await
+    }
+
+    async fn drain(&mut self) -> Result<(), Failed> {
+        let mut first = Ok(());
+        while let Some(t) = self.tasks.pop_front() {
+            if let Err(e) = self.settle(Some(t)).await {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+
+    /// Waits for one IO (its buffer is back in the pool already).
+    async fn settle(
+        &self,
+        task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    ) -> Result<(), Failed> {
+        let Some(task) = task else {
+            return Ok(());
+        };
+        let r = task
+            .await
+            .map_err(|e| Failed::Io(std::io::Error::other(e.to_string())))?;
+        check(r, self.direct)
     }
 }
 

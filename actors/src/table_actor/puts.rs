@@ -42,14 +42,7 @@ impl Message<Create> for ObjectTableActor {
     async fn handle(&mut self, m: Create, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let r = self.try_create(&m).await;
         self.schedule_parked_rescan(ctx.actor_ref()).await;
-        match r {
-            Some(r) => ctx.reply(r),
-            None => {
-                let (delegated, tx) = ctx.reply_sender();
-                self.wait_for_room(RoomWaiter::Create(m, tx));
-                delegated
-            }
-        }
+        self.reply_or_park(ctx, m, r, RoomWaiter::Create)
     }
 }
 
@@ -152,14 +145,8 @@ impl Message<PutInline> for ObjectTableActor {
     type Reply = DelegatedReply<Result<ObjectRef, Error>>;
 
     async fn handle(&mut self, m: PutInline, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        match self.try_put_inline(&m, ctx.actor_ref()).await {
-            Some(r) => ctx.reply(r),
-            None => {
-                let (delegated, tx) = ctx.reply_sender();
-                self.wait_for_room(RoomWaiter::PutInline(m, tx));
-                delegated
-            }
-        }
+        let r = self.try_put_inline(&m, ctx.actor_ref()).await;
+        self.reply_or_park(ctx, m, r, RoomWaiter::PutInline)
     }
 }
 
@@ -296,14 +283,8 @@ impl Message<TakeLend> for ObjectTableActor {
     type Reply = DelegatedReply<Result<Lend, Error>>;
 
     async fn handle(&mut self, m: TakeLend, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        match self.try_take_lend(&m).await {
-            Some(r) => ctx.reply(r),
-            None => {
-                let (delegated, tx) = ctx.reply_sender();
-                self.wait_for_room(RoomWaiter::TakeLend(m, tx));
-                delegated
-            }
-        }
+        let r = self.try_take_lend(&m).await;
+        self.reply_or_park(ctx, m, r, RoomWaiter::TakeLend)
     }
 }
 

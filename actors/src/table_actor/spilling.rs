@@ -15,7 +15,7 @@
 
 use kameo::actor::ActorRef;
 use kameo::message::{Context, Message};
-use kameo::reply::ReplySender;
+use kameo::reply::{DelegatedReply, ReplySender};
 use vovp_types::{Device, Error, HolderId, Lend, Location, ObjectId, ObjectRef};
 
 use super::puts::{Create, PutInline, TakeLend};
@@ -152,6 +152,28 @@ impl ObjectTableActor {
     /// Parks a request until spills in flight land.
     pub(super) fn wait_for_room(&mut self, waiter: RoomWaiter) {
         self.room_waiters.push_back(waiter);
+    }
+
+    /// A delegated reply: `outcome` now, or (`None`) the request `m` parked with its sender
+    /// (`park` says as what) until spills in flight land.
+    pub(super) fn reply_or_park<M, T>(
+        &mut self,
+        ctx: &mut Context<Self, DelegatedReply<T>>,
+        m: M,
+        outcome: Option<T>,
+        park: fn(M, Option<ReplySender<T>>) -> RoomWaiter,
+    ) -> DelegatedReply<T>
+    where
+        T: kameo::Reply<Value = T>,
+    {
+        match outcome {
+            Some(r) => ctx.reply(r),
+            None => {
+                let (delegated, tx) = ctx.reply_sender();
+                self.wait_for_room(park(m, tx));
+                delegated
+            }
+        }
     }
 
     /// Drops the requests of a holder that went away (their senders are gone with it).
