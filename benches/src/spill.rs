@@ -478,23 +478,39 @@ fn measure(
     Ok((targets, numbers))
 }
 
-/// Seconds to read `len` bytes of `path` with O_DIRECT (what a fresh read costs).
+/// Seconds to read `len` bytes of `path` with O_DIRECT into fresh memory (what a program that
+/// reads the bytes back from a file instead pays: the device, and the new pages it reads into,
+/// as a restore pays for its new block).
 fn fresh_read(path: &Path, len: u64) -> Result<f64, String> {
-    let (mut buf, skip) = aligned(BLOCK);
-    let block = &mut buf[skip..skip + BLOCK];
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let mut read = 0u64;
+    let len = usize::try_from(len).map_err(|e| e.to_string())?;
+    let (mut buf, skip) = aligned_uninit(len);
+    let mut read = 0usize;
     while read < len {
-        let n = f.read(block).map_err(|e| e.to_string())?;
+        let end = (read + BLOCK).min(len);
+        let n = f
+            .read(&mut buf[skip + read..skip + end])
+            .map_err(|e| e.to_string())?;
         if n == 0 {
             break;
         }
-        read += n as u64;
+        read += n;
     }
-    Ok(t.elapsed().as_secs_f64())
+    let secs = t.elapsed().as_secs_f64();
+    drop(buf);
+    Ok(secs)
+}
+
+/// A 4 KiB-aligned buffer of `len` bytes whose pages are not touched yet.
+fn aligned_uninit(len: usize) -> (Vec<u8>, usize) {
+    let mut v: Vec<u8> = Vec::with_capacity(len + 4096);
+    // SAFETY: u8 has no invalid values; every byte read is written by `read` first.
+    unsafe { v.set_len(len + 4096) };
+    let skip = v.as_ptr().align_offset(4096);
+    (v, skip)
 }
