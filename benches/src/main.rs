@@ -24,6 +24,7 @@ const USAGE: &str =
        vovp-bench --cluster
        vovp-bench --weights [--quick]
        vovp-bench --metrics-cost [--quick|--full] [--baseline-engine PATH]
+       vovp-bench --spill [--quick|--full]
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
@@ -53,6 +54,12 @@ const USAGE: &str =
                  against daemons without and with --metrics (scraped every second), in one
                  run, interleaved; with --baseline-engine PATH also against that build (e.g.
                  the commit before the metrics). Writes target/bench/metrics_cost.json
+  --spill        spilling (--spill-dir) against the disk's own sequential write and read, a
+                 get of a spilled 64 MiB object against a fresh file read, other clients'
+                 GET p99 meanwhile (a 256 MiB store with --quick, 1 GiB with --full), and
+                 the 3x-memory workload against Ray's object store with the same memory
+                 (benches/spill.py, with the test venv's python when it has Ray). Writes
+                 target/bench/spill.json and spill_ray.json
 
 Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
 target/bench/results.md, target/bench/throughput.png and (with the peers workload)
@@ -110,6 +117,8 @@ struct Args {
     metrics_cost: bool,
     /// --baseline-engine: the build `--metrics-cost` also compares with.
     baseline_engine: Option<PathBuf>,
+    /// --spill: only the spilling measurements.
+    spill: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -123,6 +132,7 @@ fn parse_args() -> Result<Args, String> {
     let mut weights = false;
     let mut metrics_cost = false;
     let mut baseline_engine = None;
+    let mut spill = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -158,6 +168,7 @@ fn parse_args() -> Result<Args, String> {
             "--cluster" => cluster = true,
             "--weights" => weights = true,
             "--metrics-cost" => metrics_cost = true,
+            "--spill" => spill = true,
             "--baseline-engine" => {
                 baseline_engine = Some(PathBuf::from(
                     it.next()
@@ -173,6 +184,7 @@ fn parse_args() -> Result<Args, String> {
         .or(cluster.then_some(Mode::Quick))
         .or(weights.then_some(Mode::Full))
         .or(metrics_cost.then_some(Mode::Quick))
+        .or(spill.then_some(Mode::Quick))
         .ok_or("say --quick or --full")?;
     Ok(Args {
         mode,
@@ -187,6 +199,7 @@ fn parse_args() -> Result<Args, String> {
         weights,
         metrics_cost,
         baseline_engine,
+        spill,
     })
 }
 
@@ -351,6 +364,89 @@ fn run_metrics_cost(paths: &Paths, engine_bin: &Path, args: &Args) -> ExitCode {
     }
 }
 
+/// `--spill`: the targets on stdout (PASS/FAIL), the numbers in target/bench/spill.json; the
+/// Ray comparison in spill_ray.json when the test venv has Ray.
+fn run_spill(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
+    if let Err(e) = std::fs::create_dir_all(&paths.out) {
+        eprintln!("vovp-bench: {}: {e}", paths.out.display());
+        return ExitCode::from(2);
+    }
+    let (memory, object) = match mode {
+        Mode::Quick => (256 * vovp_bench::MIB, 16 * vovp_bench::MIB),
+        Mode::Full => (GIB, 64 * vovp_bench::MIB),
+    };
+    let cfg = vovp_bench::spill::SpillBenchConfig {
+        engine: engine_bin.to_owned(),
+        memory,
+        object,
+        reps: 3,
+        out: paths.out.clone(),
+    };
+    let mut failed = false;
+    match vovp_bench::spill::run(&cfg) {
+        Ok((table, _)) => println!("{table}"),
+        Err(e) => {
+            eprintln!("vovp-bench: --spill: {e}");
+            failed = true;
+        }
+    }
+    let python = test_venv_python(paths);
+    let has_ray = python.is_file()
+        && Command::new(&python)
+            .args(["-c", "import ray, vovp"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !has_ray {
+        println!(
+            "3x-memory workload against Ray: not run ({} has no Ray; ./scripts/test.sh makes \
+             one)",
+            python.display()
+        );
+    } else {
+        let root = paths.out.join("spill-ray");
+        let _ = std::fs::create_dir_all(&root);
+        let out = paths.out.join("spill_ray.json");
+        let status = Command::new(&python)
+            .arg(paths.root.join("benches/spill.py"))
+            .args([memory.to_string(), (16 * vovp_bench::MIB).to_string()])
+            .arg(&root)
+            .arg(&out)
+            .env("VOVP_ENGINE_BIN", engine_bin)
+            .status();
+        let _ = std::fs::remove_dir_all(&root);
+        let v: Value = std::fs::read(&out)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        let (vt, rt) = (v["vovp"]["total_s"].as_f64(), v["ray"]["total_s"].as_f64());
+        let lost = |s: &str| v[s]["objects"].as_u64() != v[s]["intact"].as_u64();
+        match (status, vt, rt) {
+            (Ok(st), Some(vt), Some(rt)) if st.success() => {
+                let pass = vt <= 0.5 * rt && !lost("vovp") && !lost("ray");
+                println!(
+                    "| 3x memory put then get all: vovp / Ray total time | {:.2}× ({vt:.2} vs \
+                     {rt:.2} s; intact {}/{} and {}/{}) | ≤ 0.50× | {} |",
+                    vt / rt,
+                    v["vovp"]["intact"],
+                    v["vovp"]["objects"],
+                    v["ray"]["intact"],
+                    v["ray"]["objects"],
+                    if pass { "PASS" } else { "FAIL" }
+                );
+                failed |= lost("vovp");
+            }
+            _ => println!("3x-memory workload against Ray did not complete: {v}"),
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 /// weights.json's checks, as the report's.
 fn weights_checks(v: &Value) -> Vec<Check> {
     v["checks"]
@@ -433,6 +529,9 @@ fn main() -> ExitCode {
     }
     if args.metrics_cost {
         return run_metrics_cost(&paths, &engine_bin, &args);
+    }
+    if args.spill {
+        return run_spill(&paths, &engine_bin, args.mode);
     }
     if let Err(e) = std::fs::create_dir_all(&paths.out) {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());

@@ -3,6 +3,7 @@
 use vovp_actors::gpu::GpuConfig;
 
 use crate::Error;
+pub use vovp_actors::SpillConfig;
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -35,6 +36,10 @@ pub struct Config {
     /// pinning what they get in hold tables of their own (ARCHITECTURE.md, "Shared directory
     /// and hold tables"). Off: every get is a message to the store.
     pub shared_reads: bool,
+    /// Spill unreferenced sealed host objects to this directory instead of evicting them, and
+    /// read them back on the next get (`--spill-dir`, `--spill-max`). `None` (the default):
+    /// eviction drops them, as Plasma did. README, "Semantics".
+    pub spill: Option<SpillConfig>,
 }
 
 impl Config {
@@ -49,6 +54,7 @@ impl Config {
             client_arenas: true,
             max_objects: crate::MAX_OBJECTS as u32,
             shared_reads: true,
+            spill: None,
         }
     }
 }

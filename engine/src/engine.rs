@@ -120,6 +120,8 @@ impl Engine {
             config
                 .shared_reads
                 .then(|| SharedConfig::for_store(config.capacity, config.max_objects as u64)),
+            config.spill.as_ref(),
+            config.max_objects as usize,
         )?;
         let pipelined_puts_applied = table.pipelined_puts_applied();
         let table = ObjectTableActor::spawn_with_mailbox(table, mailbox::unbounded());

@@ -25,7 +25,7 @@ mod engine;
 mod session;
 mod shared_reads;
 
-pub use config::{parse_size, Config};
+pub use config::{parse_size, Config, SpillConfig};
 pub use engine::{Engine, EngineHandle};
 pub use session::{LentObject, Notifications, Session};
 pub use vovp_types::*;

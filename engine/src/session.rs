@@ -470,7 +470,7 @@ impl Session {
             })
             .await
             .answer()?;
-        rx.await.map_err(|_| Error::ShuttingDown)
+        rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
     /// Drops one reference per id; every id is processed, the first failure is returned.

@@ -443,6 +443,7 @@ impl Client {
                 )?;
                 d.set_item("metadata", PyBytes::new(py, &o.metadata))?;
                 d.set_item("version", o.version)?;
+                d.set_item("spilled", o.spilled)?;
                 Ok(d)
             })
             .collect()

@@ -27,6 +27,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 | Error::Gpu(m)
                 | Error::Protocol(m)
                 | Error::TooLarge(m)
+                | Error::SpillDamaged(m)
                 | Error::Internal(m) => m.clone(),
                 other => other.to_string(),
             };

@@ -51,7 +51,9 @@ def cluster():
         ray.init(address=f"127.0.0.1:{port}")
         c.wait_for_nodes()
         vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="256M",
-                engine=str(ENGINE), stall_timeout=10.0)
+                engine=str(ENGINE), stall_timeout=10.0,
+                spill_dir=os.path.join(sock_dir, "spill-{node}"))
+        c.vovp_dir = sock_dir
         yield c
     finally:
         try:
@@ -84,6 +86,14 @@ def plain_get(name):
     """Another process on the node, with a plain client of the node's store."""
     c = vovp.init_client(vc.client().path)
     return float(np.asarray(c.get_tensor(name), dtype=np.float64).sum())
+
+
+def test_every_node_store_spills_to_a_directory_of_its_own(cluster):
+    """``vovp.cluster.init(spill_dir=...)`` reaches every node's daemon, ``{node}`` making one
+    directory per store (several nodes share this machine; a directory is one daemon's)."""
+    for node in vc.nodes():
+        assert os.path.isdir(os.path.join(cluster.vovp_dir, f"spill-{node[:12]}")), node
+    assert vc.client().stats()["spill_failures"] == 0
 
 
 def test_publish_here_fetch_there_then_local_by_name(cluster):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
 from .errors import ConnectionError as VovpConnectionError
+from .errors import InvalidArgument
 
 __all__ = ["StoreProcess", "engine_binary", "start_store", "ensure_store"]
 
@@ -149,17 +150,25 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: bool = False,
-                timeout: float = 30.0, **options: Any) -> StoreProcess:
+                timeout: float = 30.0, spill_dir: Optional[str] = None,
+                spill_max: Any = None, **options: Any) -> StoreProcess:
     """Starts a ``vovp-engine`` and returns once it serves.
 
     ``memory``: the store's size (``-m``: bytes, or ``"512M"``, ``"4G"``). ``socket``: where it
-    listens; by default a fresh path in a private temporary directory. Other daemon flags are
-    keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``), ``gpu_memory="0:8G"``,
-    ``allow_uid=[1001]``, ``log_level="debug"``... (``vovp-engine --help`` lists them).
+    listens; by default a fresh path in a private temporary directory. ``spill_dir``: spill
+    unreferenced objects to files there instead of evicting them when memory is needed (a get
+    reads them back; the directory is this daemon's alone and emptied at start), at most
+    ``spill_max`` bytes of them (``"10G"``; default: what the disk takes). Other daemon flags
+    are keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``),
+    ``gpu_memory="0:8G"``, ``allow_uid=[1001]``, ``log_level="debug"``... (``vovp-engine
+    --help`` lists them).
 
     The daemon stops with this process (even by SIGKILL) unless ``detach=True``; ``stop()`` or
     leaving a ``with`` block stops it earlier. Its output goes to ``<socket>.log``.
     """
+    if spill_max is not None and spill_dir is None:
+        raise InvalidArgument("spill_max needs spill_dir")
+    options = {**options, "spill_dir": spill_dir, "spill_max": spill_max}
     return spawn((), memory, socket, detach, timeout, options)
 
 

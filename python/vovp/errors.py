@@ -32,6 +32,7 @@ __all__ = [
     "TooManyObjects",
     "InvalidArgument",
     "ObjectLost",
+    "SpillDamaged",
 ]
 
 
@@ -185,6 +186,13 @@ class ObjectLost(VovpError):
     agent and store died); the message names the nodes. Never a store reply status."""
 
 
+class SpillDamaged(ObjectLost):
+    """A spilled object's file was damaged, truncated or removed (status 21): the message
+    names the object; it is gone, and its bytes were never handed out."""
+
+    status = 21
+
+
 STATUS_ERRORS: dict[int, type[VovpError]] = {
     1: ObjectNotFound,
     2: ObjectExists,
@@ -206,6 +214,7 @@ STATUS_ERRORS: dict[int, type[VovpError]] = {
     18: ProtocolError,
     19: TooManyObjects,
     20: ConnectionError,
+    21: SpillDamaged,
 }
 
 STATUS_NAMES = {
@@ -229,6 +238,7 @@ STATUS_NAMES = {
     18: "PROTOCOL_STATE",
     19: "TOO_MANY_OBJECTS",
     20: "TOO_MANY_CONNECTIONS",
+    21: "SPILL_DAMAGED",
 }
 
 

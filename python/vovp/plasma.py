@@ -66,8 +66,10 @@ import contextlib
 import hashlib
 import os
 import pickle
+import shutil
 import socket
 import struct
+import tempfile
 import threading
 import time
 import weakref
@@ -1383,14 +1385,13 @@ def start_plasma_store(plasma_store_memory: int, use_valgrind: bool = False,
 
     ``plasma_directory`` is passed as ``-d`` (a hugetlbfs mount there means huge pages);
     ``use_hugepages`` as ``--huge-pages``; ``use_valgrind``/``use_profiler`` run the daemon
-    under valgrind / callgrind as Plasma did. ``external_store`` is not supported by vovp.
+    under valgrind / callgrind as Plasma did. ``external_store`` (Plasma's ``-e``, e.g.
+    ``"hashtable://test"``: evicted objects went there and came back on a miss) is vovp's
+    spilling: objects go to files in a fresh temporary directory instead of being evicted, and
+    a get reads them back; the URL itself is not used. The directory goes with the store.
     """
     if use_valgrind and use_profiler:
         raise ValueError("Cannot use valgrind and profiler at the same time.")
-    if external_store is not None:
-        raise NotImplementedError(
-            "vovp has no external store: evicted objects are gone (external_store="
-            f"{external_store!r})")
     # The daemon is started as vovp.start_store starts one (vovp/daemon.py): it dies with this
     # process even if it is killed, and the socket's directory goes with it.
     prefix: tuple[str, ...] = ()
@@ -1398,10 +1399,18 @@ def start_plasma_store(plasma_store_memory: int, use_valgrind: bool = False,
         prefix = ("valgrind", "--track-origins=yes", "--leak-check=full", "--error-exitcode=1")
     elif use_profiler:
         prefix = ("valgrind", "--tool=callgrind")
-    options = {"directory": plasma_directory, "huge_pages": bool(use_hugepages)}
-    store = _daemon.spawn(prefix, int(plasma_store_memory), None, False,
-                           60 if use_valgrind or use_profiler else 10, options)
+    spill_dir = None
+    if external_store is not None:
+        spill_dir = tempfile.mkdtemp(prefix="vovp-plasma-spill-")
+    options = {"directory": plasma_directory, "huge_pages": bool(use_hugepages),
+               "spill_dir": spill_dir}
     try:
-        yield store.socket, store.process
+        store = _daemon.spawn(prefix, int(plasma_store_memory), None, False,
+                              60 if use_valgrind or use_profiler else 10, options)
+        try:
+            yield store.socket, store.process
+        finally:
+            store.stop()
     finally:
-        store.stop()
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)

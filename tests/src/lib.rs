@@ -624,8 +624,8 @@ pub fn view_bytes(v: &vovp_client::PipelinedView) -> &[u8] {
 /// stays taken while the returned client and buffer live.
 pub fn taken_unsealed(d: &Daemon, name: &str) -> (vovp_client::Client, vovp::ObjectBuffer) {
     let creator = d.client();
-    let unsealed = vovp::Store::create(&creator, name, 16, b"", Default::default())
-        .expect("create");
+    let unsealed =
+        vovp::Store::create(&creator, name, 16, b"", Default::default()).expect("create");
     (creator, unsealed)
 }
 

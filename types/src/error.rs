@@ -55,4 +55,9 @@ pub enum Error {
     TooLarge(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A spilled object could not be read back from its spill file (damaged, truncated or
+    /// removed): the text names the object and what was wrong. The object is gone; its bytes
+    /// were never handed out.
+    #[error("spilled object lost: {0}")]
+    SpillDamaged(String),
 }

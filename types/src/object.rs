@@ -194,6 +194,9 @@ pub struct ObjectInfo {
     pub metadata: Arc<[u8]>,
     /// See [`ObjectRef::version`].
     pub version: u64,
+    /// On disk only (spilled, or being read back): its memory went to other objects, and the
+    /// next get restores it.
+    pub spilled: bool,
 }
 
 /// Counters of the whole store.
@@ -229,6 +232,21 @@ pub struct StoreStats {
     pub creates: u64,
     pub evicted_objects: u64,
     pub evicted_bytes: u64,
+    /// Objects on disk only now (spilled, `--spill-dir`), and their data bytes.
+    pub spilled_objects: u64,
+    pub spilled_bytes: u64,
+    /// Objects written to disk to make room, ever, and their data bytes.
+    pub spills: u64,
+    pub spill_bytes: u64,
+    /// Spilled objects read back into memory by a get, ever, and their data bytes.
+    pub restores: u64,
+    pub restore_bytes: u64,
+    /// Objects evicted although spilling was on: `--spill-max` reached, the disk full, or a
+    /// write failed.
+    pub spill_failures: u64,
+    /// Restores that found the spill file damaged, truncated or gone (the object is lost and
+    /// the get raised `SpillDamaged`).
+    pub restore_failures: u64,
 }
 
 /// A change pushed to subscribers.

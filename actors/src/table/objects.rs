@@ -24,6 +24,7 @@ use vovp_types::{Error, HolderId, ObjectId, ObjectName, ObjectRef};
 
 use super::lru::LruPlace;
 use super::publication::Listing;
+use super::residency::Residency;
 use crate::block::Block;
 
 /// One object of the table.
@@ -49,6 +50,8 @@ pub(super) struct Entry {
     pub lru: LruPlace,
     /// Its publication in the shared directory ([`super::publication`]).
     pub listing: Listing,
+    /// In memory, on disk, or on its way between them ([`super::residency`]).
+    pub residency: Residency,
 }
 
 impl Entry {
@@ -195,6 +198,7 @@ impl Objects {
             replacing,
             lru: LruPlace::default(),
             listing: Listing::default(),
+            residency: Residency::Resident,
         });
         if replacing {
             self.replacements.insert((new.name, new.creator), key);

@@ -88,6 +88,9 @@ impl Publication {
         if !e.is_kept_unreferenced() || e.listing.parked || e.listing.published.is_some() {
             return;
         }
+        if e.residency != super::residency::Residency::Resident {
+            return;
+        }
         let Some(meta_offset) = e
             .size
             .checked_next_multiple_of(ALIGNMENT)
@@ -117,6 +120,11 @@ impl Publication {
         if let (Some(regions), Some(p)) = (self.regions.as_mut(), listing.published.take()) {
             regions.unpublish(p);
         }
+    }
+
+    /// Whether the entry is in the directory now.
+    pub(super) fn is_published(&self, listing: &Listing) -> bool {
+        listing.published.is_some()
     }
 
     /// Whether a hold table names the entry's last publication (call after unpublishing).

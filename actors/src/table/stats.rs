@@ -75,6 +75,7 @@ fn info(e: &Entry, holds: &HashMap<u64, u32>) -> ObjectInfo {
         last_access: e.last_access,
         metadata: e.metadata.clone(),
         version: e.version,
+        spilled: e.residency.is_away(),
     }
 }
 

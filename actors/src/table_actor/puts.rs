@@ -11,11 +11,13 @@ use std::sync::Arc;
 
 use kameo::actor::ActorRef;
 use kameo::message::{Context, Message};
+use kameo::reply::DelegatedReply;
 use tokio::sync::oneshot;
 use vovp_types::{
     check_metadata, Device, Error, HolderId, Lend, ObjectId, ObjectName, ObjectRef, PutOptions,
 };
 
+use super::spilling::{Room, RoomWaiter};
 use super::ObjectTableActor;
 use crate::allocator::{Free, Writer};
 use crate::block::Block;
@@ -39,21 +41,47 @@ pub struct Create {
 }
 
 impl Message<Create> for ObjectTableActor {
-    type Reply = Result<ObjectRef, Error>;
+    /// Delegated: a create that waits for spills to free its memory is answered later
+    /// (`spilling.rs`), while the actor serves other messages.
+    type Reply = DelegatedReply<Result<ObjectRef, Error>>;
 
     async fn handle(&mut self, m: Create, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        check_metadata(&m.metadata)?;
-        self.table
-            .check_name_free(&m.name, m.options.replace, m.holder)?;
-        let device = m.options.device.unwrap_or(Device::Cpu);
-        let block = self
-            .allocate_object(m.size, &m.metadata, device, m.writer)
-            .await?;
-        let r = self
-            .insert_or_free(m.name, m.size, m.metadata, block, &m.options, m.holder)
-            .await;
+        let r = self.try_create(&m).await;
         self.schedule_parked_rescan(ctx.actor_ref()).await;
-        r
+        self.reply_or_park(ctx, m, r, RoomWaiter::Create)
+    }
+}
+
+impl ObjectTableActor {
+    /// A create, or `None` when it waits for spills to land (asked again then).
+    pub(super) async fn try_create(&mut self, m: &Create) -> Option<Result<ObjectRef, Error>> {
+        if let Err(e) = check_metadata(&m.metadata).and_then(|()| {
+            self.table
+                .check_name_free(&m.name, m.options.replace, m.holder)
+        }) {
+            return Some(Err(e));
+        }
+        let device = m.options.device.unwrap_or(Device::Cpu);
+        let block = match self
+            .allocate_object(m.size, &m.metadata, device, m.writer, true)
+            .await
+        {
+            Ok(Room::Ready(b)) => b,
+            Ok(Room::Wait) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let name = m.name.clone();
+        Some(
+            self.insert_or_free(
+                name,
+                m.size,
+                m.metadata.clone(),
+                block,
+                &m.options,
+                m.holder,
+            )
+            .await,
+        )
     }
 }
 
@@ -114,31 +142,65 @@ pub struct PutInline {
 }
 
 impl Message<PutInline> for ObjectTableActor {
-    type Reply = Result<ObjectRef, Error>;
+    /// Delegated, as [`Create`]'s.
+    type Reply = DelegatedReply<Result<ObjectRef, Error>>;
 
     async fn handle(&mut self, m: PutInline, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let (holder, options) = (m.holder, m.options);
-        let r = self.put_inline(m, ctx.actor_ref()).await;
-        self.count_if_pipelined(holder, &options);
-        r
+        let r = self.try_put_inline(&m, ctx.actor_ref()).await;
+        self.reply_or_park(ctx, m, r, RoomWaiter::PutInline)
     }
 }
 
 impl ObjectTableActor {
-    async fn put_inline(&mut self, m: PutInline, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
-        check_metadata(&m.metadata)?;
-        self.table
-            .check_name_free(&m.name, m.options.replace, m.holder)?;
+    /// An inline put, counted applied if it was pipelined, or `None` when it waits for spills
+    /// to land (it is counted when it ends).
+    pub(super) async fn try_put_inline(
+        &mut self,
+        m: &PutInline,
+        me: &ActorRef<Self>,
+    ) -> Option<Result<ObjectRef, Error>> {
+        let r = self.put_inline(m, me).await?;
+        self.count_if_pipelined(m.holder, &m.options);
+        Some(r)
+    }
+
+    async fn put_inline(
+        &mut self,
+        m: &PutInline,
+        me: &ActorRef<Self>,
+    ) -> Option<Result<ObjectRef, Error>> {
+        if let Err(e) = check_metadata(&m.metadata).and_then(|()| {
+            self.table
+                .check_name_free(&m.name, m.options.replace, m.holder)
+        }) {
+            return Some(Err(e));
+        }
         let size = m.data.len() as u64;
         // The store copies inline payloads in itself: segment 0, which no client can write.
-        let block = self
-            .allocate_object(size, &m.metadata, Device::Cpu, Writer::Store)
-            .await?;
+        let block = match self
+            .allocate_object(size, &m.metadata, Device::Cpu, Writer::Store, true)
+            .await
+        {
+            Ok(Room::Ready(b)) => b,
+            Ok(Room::Wait) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(self.fill_inline(m, block, me).await)
+    }
+
+    /// The rest of an inline put once it has its block: insert, copy, seal.
+    async fn fill_inline(
+        &mut self,
+        m: &PutInline,
+        block: Block,
+        me: &ActorRef<Self>,
+    ) -> Result<ObjectRef, Error> {
+        let size = m.data.len() as u64;
         let mut r = self
             .insert_or_free(
                 m.name.clone(),
                 size,
-                m.metadata,
+                m.metadata.clone(),
                 block,
                 &m.options,
                 m.holder,
@@ -245,15 +307,24 @@ pub struct TakeLend {
 }
 
 impl Message<TakeLend> for ObjectTableActor {
-    type Reply = Result<Lend, Error>;
+    /// Delegated, as [`Create`]'s.
+    type Reply = DelegatedReply<Result<Lend, Error>>;
 
-    async fn handle(&mut self, m: TakeLend, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(&mut self, m: TakeLend, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let r = self.try_take_lend(&m).await;
+        self.reply_or_park(ctx, m, r, RoomWaiter::TakeLend)
+    }
+}
+
+impl ObjectTableActor {
+    /// A lend, or `None` when it waits for spills to land (asked again then).
+    pub(super) async fn try_take_lend(&mut self, m: &TakeLend) -> Option<Result<Lend, Error>> {
         let max = vovp_types::lends::max_object(m.size);
         if m.at_least > max {
-            return Err(Error::TooLarge(format!(
+            return Some(Err(Error::TooLarge(format!(
                 "a lend is for objects of up to {max} bytes, not {}: use CREATE",
                 m.at_least
-            )));
+            ))));
         }
         // A lend is taken back through the client's hold table (when the store is short of
         // memory), so a client without one, or one that does not count its puts there, gets
@@ -263,11 +334,11 @@ impl Message<TakeLend> for ObjectTableActor {
             .shared_regions()
             .is_some_and(|r| r.takes_part_in_lends(m.holder));
         if !takes_part {
-            return Err(Error::Config(
+            return Some(Err(Error::Config(
                 "lends need this connection's hold table, mapped and taking part in the lend \
                  handshake (SHARED; not with --no-shared-reads): use CREATE"
                     .into(),
-            ));
+            )));
         }
         let kind = if m.small {
             LendKind::Small
@@ -287,22 +358,24 @@ impl Message<TakeLend> for ObjectTableActor {
             .reuse_empty(m.holder, kind)
             .filter(|l| l.size == m.size)
         {
-            return Ok(again);
+            return Some(Ok(again));
         }
         // Retired first, so that an emptied lend's memory can serve the new one.
         if let Some(old) = self.lends.retire(m.holder, kind) {
             let _ = self.allocator.tell(Free(vec![old])).await;
         }
-        match self
-            .allocate(m.size, 0, Device::Cpu, Writer::Client(m.holder))
-            .await?
-        {
-            Block::Host(h) => Ok(self.lends.insert(m.holder, kind, h)),
-            other => {
+        let room = self
+            .allocate_room(m.size, 0, Device::Cpu, Writer::Client(m.holder), true)
+            .await;
+        Some(match room {
+            Ok(Room::Ready(Block::Host(h))) => Ok(self.lends.insert(m.holder, kind, h)),
+            Ok(Room::Ready(other)) => {
                 self.free_blocks([other]).await;
                 Err(Error::Internal("a lend outside host memory".into()))
             }
-        }
+            Ok(Room::Wait) => return None,
+            Err(e) => Err(e),
+        })
     }
 }
 

@@ -26,7 +26,8 @@ use crate::MIB;
 ///
 /// Phases: start the daemon and take its baseline; start the crowd (workers and fuzzer);
 /// drive it until the deadline (kills, respawns, samples); stop the crowd; check the end state
-/// and stop the daemon; judge; write the summary.
+/// and stop the daemon; judge; the spill phase on a daemon of its own
+/// ([`super::spill_phase`]); write the summary.
 pub fn run(
     cfg: &SoakConfig,
     engine_bin: &Path,
@@ -87,7 +88,16 @@ pub fn run(
         worker_log: &crowd.worker_log,
     };
     judge(&outcome, report);
-    let summary = outcome.summary(&totals);
+    let mut summary = outcome.summary(&totals);
+    summary["spill"] = super::spill_phase::run(cfg, engine_bin, run_dir, out_dir, report)
+        .unwrap_or_else(|e| {
+            report.checks.push(Check {
+                name: "Soak: spill phase ran".into(),
+                ok: false,
+                detail: e.clone(),
+            });
+            json!({ "error": e })
+        });
     let path = out_dir.join("soak.json");
     if let Err(e) = std::fs::write(
         &path,

@@ -90,7 +90,8 @@ class Agent:
             # kills the agent with SIGKILL.
             self._engine = daemon.spawn(
                 (), self._config.get("memory", "1G"), self.socket, False, 30, {},
-                extra=tuple(self._config.get("engine_args", ())), binary=binary)
+                extra=tuple(socket_for(a, self.node_id)
+                            for a in self._config.get("engine_args", ())), binary=binary)
         except FileNotFoundError as e:
             raise VovpError(f"node {self.node_id}: no vovp-engine to start ({e}); pass "
                             "engine= to vovp.cluster.init or run a daemon and pass socket=") from None

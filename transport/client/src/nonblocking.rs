@@ -217,7 +217,7 @@ impl AsyncClient {
 
     /// Sends queued releases now.
     pub async fn flush(&self) -> Result<(), Error> {
-        ops::call(self, &Request::Stats).await.map(drop)
+        ops::call(self, &Request::STATS_FIRST).await.map(drop)
     }
 
     /// Opens a notification stream (its own connection, as the blocking client's

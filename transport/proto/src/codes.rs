@@ -96,6 +96,8 @@ codes! {
         ProtocolState = 18, "PROTOCOL_STATE";
         TooManyObjects = 19, "TOO_MANY_OBJECTS";
         TooManyConnections = 20, "TOO_MANY_CONNECTIONS";
+        /// A spilled object's file was damaged, truncated or removed: the object is gone.
+        SpillDamaged = 21, "SPILL_DAMAGED";
     }
 }
 

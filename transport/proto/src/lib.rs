@@ -30,7 +30,7 @@ mod wire;
 pub use codes::{Opcode, Status, STATUS_OK};
 pub use error::DecodeError;
 pub use notify::{decode_notification, encode_notification};
-pub use reply::{Failure, Reply, STATS_FIELDS};
+pub use reply::{Failure, Reply, STATS_FIELDS, STATS_FIELDS_FIRST};
 pub use request::{PublishItem, Request};
 pub use wire::{FrameWriter, Header, Reader};
 

@@ -129,6 +129,69 @@ fn store(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError>
         "Misses that first waited for other clients' pipelined puts to be applied.",
         None,
         s.put_barriers,
+    )?;
+    spill(e, s)
+}
+
+/// Spilling to disk (`--spill-dir`; all 0 without it).
+fn spill(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError> {
+    let bytes = Some(&Unit::Bytes);
+    e.one(
+        Gauge,
+        "spilled_objects",
+        "Objects on disk only now (spilled; the next get restores them).",
+        None,
+        s.spilled_objects,
+    )?;
+    e.one(
+        Gauge,
+        "spilled",
+        "Data bytes of the objects on disk only now.",
+        bytes,
+        s.spilled_bytes,
+    )?;
+    e.one(
+        Counter,
+        "spills",
+        "Objects written to disk to make room instead of being evicted.",
+        None,
+        s.spills,
+    )?;
+    e.one(
+        Counter,
+        "spill_written",
+        "Data bytes of the objects written to disk to make room.",
+        bytes,
+        s.spill_bytes,
+    )?;
+    e.one(
+        Counter,
+        "restores",
+        "Spilled objects read back into memory by a get.",
+        None,
+        s.restores,
+    )?;
+    e.one(
+        Counter,
+        "restore_read",
+        "Data bytes of the spilled objects read back into memory.",
+        bytes,
+        s.restore_bytes,
+    )?;
+    e.one(
+        Counter,
+        "spill_failures",
+        "Objects evicted although spilling was on (--spill-max reached, the disk full, a \
+         write failed).",
+        None,
+        s.spill_failures,
+    )?;
+    e.one(
+        Counter,
+        "restore_failures",
+        "Restores that found the spill file damaged, truncated or gone (the object was lost).",
+        None,
+        s.restore_failures,
     )
 }
 

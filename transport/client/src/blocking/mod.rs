@@ -432,7 +432,7 @@ impl Client {
 
     /// One STATS: the store's counters and the number of connections the daemon serves.
     pub fn stats_and_connections(&self) -> Result<(StoreStats, u64), Error> {
-        self.inner.call(&Request::Stats)?.stats()
+        ready(ops::stats_and_connections(&self.inner))
     }
 
     /// Opens a notification stream (its own connection, as Plasma's subscribe did).

@@ -137,8 +137,10 @@ impl Inspector {
     }
 
     pub fn stats(&mut self) -> Result<(StoreStats, u64), Error> {
-        match self.ask(&Request::Stats)? {
-            Reply::Stats { stats, connections } => Ok((stats, connections)),
+        match self.ask(&Request::STATS)? {
+            Reply::Stats {
+                stats, connections, ..
+            } => Ok((stats, connections)),
             other => Err(unexpected("STATS", &other)),
         }
     }
