@@ -10,8 +10,8 @@
 //!   placed; blocks freed to whoever gave them) and the parked objects' timer;
 //! - `puts`: the messages that make objects (CREATE/SEAL/ABORT, inline PUT, LEND/PUBLISH,
 //!   pipelined puts' bookkeeping);
-//! - `access`: the messages that read, release, delete and list them, and a client's
-//!   attach/subscribe/detach.
+//! - `access`: the messages that read, release, delete and list them, STATS and the metrics,
+//!   and a client's attach/subscribe/detach.
 
 mod access;
 mod memory;
@@ -34,7 +34,7 @@ use vovp_types::{Error, HolderId, Notification, ObjectId, ObjectName, ObjectRef}
 
 pub use access::{
     AttachShared, CheckInvariants, CollectParked, Contains, Delete, Evict, Get, List, ListPage,
-    Release, ReleaseHolder, Stats, Subscribe, WaiterTimedOut,
+    Metrics, Release, ReleaseHolder, Stats, Subscribe, WaiterTimedOut,
 };
 pub use puts::{
     Abort, AwaitSentPuts, Create, PipelinedPutRefused, Publish, PublishMany, PutInline,
@@ -101,10 +101,12 @@ impl ObjectTableActor {
         })
     }
 
-    /// Sends completed gets; a requester that went away gets its references released.
+    /// Sends completed gets (counting their hits and misses); a requester that went away gets
+    /// its references released.
     async fn deliver(&mut self, done: Vec<CompletedGet>) {
         let mut freed = Vec::new();
         for d in done {
+            self.table.count_get(&d.results);
             if let Err(results) = d.reply.send(d.results) {
                 for r in results.into_iter().flatten() {
                     if let Ok(Some(f)) = self.table.release(r.id, d.holder) {
