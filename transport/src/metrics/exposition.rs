@@ -129,10 +129,7 @@ fn table(e: &mut Families<'_, '_>, t: &TableSnapshot) -> Result<(), FmtError> {
          object; miss, not sealed in time.",
         None,
         "result",
-        &[
-            ("hit", a.socket_hits.count),
-            ("miss", a.socket_misses),
-        ],
+        &[("hit", a.socket_hits.count), ("miss", a.socket_misses)],
     )?;
     e.one(
         Counter,
@@ -147,7 +144,10 @@ fn table(e: &mut Families<'_, '_>, t: &TableSnapshot) -> Result<(), FmtError> {
 fn clients(e: &mut Families<'_, '_>, clients: &[ClientUsage]) -> Result<(), FmtError> {
     let pids: Vec<String> = clients.iter().map(|c| c.pid.to_string()).collect();
     let of = |v: fn(&ClientUsage) -> u64| -> Vec<(&str, u64)> {
-        pids.iter().map(String::as_str).zip(clients.iter().map(v)).collect()
+        pids.iter()
+            .map(String::as_str)
+            .zip(clients.iter().map(v))
+            .collect()
     };
     e.each(
         Gauge,

@@ -5,12 +5,12 @@
 //! exception is the `--metrics` endpoint, on a thread of its own ([`crate::metrics::http`]):
 //! it asks this thread for a snapshot ([`snapshot`]) and nothing else.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -124,7 +124,9 @@ struct Shared {
 impl Shared {
     fn pids(&self) -> std::sync::MutexGuard<'_, HashMap<vovp::HolderId, i32>> {
         // Plain inserts and removes: a panic elsewhere cannot leave the map half-changed.
-        self.pids.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pids
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
