@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket as _socket
@@ -109,6 +110,18 @@ class StoreProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def metrics_address(self) -> Optional[str]:
+        """``host:port`` of the metrics endpoint (``start_store(metrics=...)``; the port the
+        kernel picked for port 0), from the daemon's log; None when it serves none."""
+        try:
+            text = Path(self.log).read_text(errors="replace")
+        except OSError:
+            return None
+        # `metrics_addr=127.0.0.1:9464` (text log) or `"metrics_addr":"127.0.0.1:9464"` (JSON).
+        found = re.findall(r'metrics_addr"?[=:]"?([^\s",]+)', text)
+        return found[-1] if found else None
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
@@ -149,18 +162,22 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: bool = False,
-                timeout: float = 30.0, **options: Any) -> StoreProcess:
+                timeout: float = 30.0, metrics: Optional[str] = None,
+                **options: Any) -> StoreProcess:
     """Starts a ``vovp-engine`` and returns once it serves.
 
     ``memory``: the store's size (``-m``: bytes, or ``"512M"``, ``"4G"``). ``socket``: where it
-    listens; by default a fresh path in a private temporary directory. Other daemon flags are
-    keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``), ``gpu_memory="0:8G"``,
-    ``allow_uid=[1001]``, ``log_level="debug"``... (``vovp-engine --help`` lists them).
+    listens; by default a fresh path in a private temporary directory. ``metrics``: serve the
+    Prometheus metrics at ``http://ADDR/metrics`` (``"127.0.0.1:9464"``; port 0 takes a free
+    port, which ``StoreProcess.metrics_address`` tells; ``--metrics``, off by default). Other
+    daemon flags are keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``),
+    ``gpu_memory="0:8G"``, ``allow_uid=[1001]``, ``log_level="debug"``... (``vovp-engine
+    --help`` lists them).
 
     The daemon stops with this process (even by SIGKILL) unless ``detach=True``; ``stop()`` or
     leaving a ``with`` block stops it earlier. Its output goes to ``<socket>.log``.
     """
-    return spawn((), memory, socket, detach, timeout, options)
+    return spawn((), memory, socket, detach, timeout, {**options, "metrics": metrics})
 
 
 def spawn(prefix: Tuple[str, ...], memory: Any, socket: Optional[str], detach: bool,
