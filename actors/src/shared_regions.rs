@@ -84,9 +84,8 @@ impl GetsTotal {
     fn fold(&mut self, holder: HolderId, now: (u64, u64)) {
         let last = self.last.entry(holder).or_default();
         // A count that went down was rewritten by its client: it counts again from there.
-        let grown = |now: u64, last: u64| now.checked_sub(last).unwrap_or(0);
-        self.total.count = self.total.count.saturating_add(grown(now.0, last.0));
-        self.total.bytes = self.total.bytes.saturating_add(grown(now.1, last.1));
+        self.total.count = self.total.count.saturating_add(now.0.saturating_sub(last.0));
+        self.total.bytes = self.total.bytes.saturating_add(now.1.saturating_sub(last.1));
         *last = now;
     }
 }
