@@ -84,8 +84,14 @@ impl GetsTotal {
     fn fold(&mut self, holder: HolderId, now: (u64, u64)) {
         let last = self.last.entry(holder).or_default();
         // A count that went down was rewritten by its client: it counts again from there.
-        self.total.count = self.total.count.saturating_add(now.0.saturating_sub(last.0));
-        self.total.bytes = self.total.bytes.saturating_add(now.1.saturating_sub(last.1));
+        self.total.count = self
+            .total
+            .count
+            .saturating_add(now.0.saturating_sub(last.0));
+        self.total.bytes = self
+            .total
+            .bytes
+            .saturating_add(now.1.saturating_sub(last.1));
         *last = now;
     }
 }

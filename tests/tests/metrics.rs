@@ -639,7 +639,13 @@ fn the_grafana_dashboard_names_only_metrics_the_daemon_reports() {
     let dashboard: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("ops/grafana-vovp.json"))
             .expect("the dashboard is JSON");
-    let (_d, addr) = with_metrics("16M", &[]);
+    let (d, addr) = with_metrics("16M", &[]);
+    // A client holding an object: the per-client families have a series only then.
+    let client = d.client();
+    client
+        .put("held", b"bytes", b"", CreateOptions::default())
+        .unwrap();
+    let _view = client.get_one("held", None).unwrap();
     let (_, page) = get(addr, "/metrics");
     let reported: Vec<&str> = page
         .lines()
