@@ -21,7 +21,7 @@ use crate::block::LentBlock;
 use vovp_types::lends::{block_len, max_object};
 use vovp_types::Error;
 use vovp_types::ALIGNMENT;
-use vovp_types::{HolderId, Lend};
+use vovp_types::{Counted, HolderId, Lend};
 
 fn lend_of(id: u64, block: &HostBlock) -> Lend {
     Lend {
@@ -60,6 +60,9 @@ pub(crate) struct LendLedger {
     by_id: HashMap<u64, LendState>,
     current: HashMap<(HolderId, LendKind), u64>,
     next_id: u64,
+    /// Lends handed out, ever (new ones and current ones handed again), with their sizes:
+    /// for the metrics.
+    made: Counted,
 }
 
 impl LendLedger {
@@ -94,6 +97,7 @@ impl LendLedger {
     pub(crate) fn reuse_empty(&mut self, holder: HolderId, kind: LendKind) -> Option<Lend> {
         let id = *self.current.get(&(holder, kind))?;
         let state = self.by_id.get(&id).filter(|s| s.live == 0)?;
+        self.made.add(state.block.charged);
         Some(lend_of(id, &state.block))
     }
 
@@ -112,6 +116,7 @@ impl LendLedger {
             },
         );
         self.current.insert((holder, kind), id);
+        self.made.add(block.charged);
         lend_of(id, &block)
     }
 
@@ -182,8 +187,12 @@ impl LendLedger {
         None
     }
 
+    /// Lends handed out, ever, with their sizes (see `made`).
+    pub(crate) fn made(&self) -> Counted {
+        self.made
+    }
+
     /// Lends alive (current or waiting for their last object).
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_id.len()
     }

@@ -53,7 +53,8 @@ const USAGE: &str =
   --metrics-cost only what the metrics cost: the Rust client's 64 B put/contains/get/delete
                  against daemons without and with --metrics (scraped every second), in one
                  run, interleaved; with --baseline-engine PATH also against that build (e.g.
-                 the commit before the metrics). Writes target/bench/metrics_cost.json
+                 the commit before the metrics). Writes target/bench/metrics_cost.json.
+                 --quick and --full runs include it (5 x 1000 ops quick, 21 x 5000 full)
   --spill        spilling (--spill-dir) against the disk's own sequential write and read, a
                  get of a spilled 64 MiB object against a fresh file read, other clients'
                  GET p99 meanwhile (a 256 MiB store with --quick, 1 GiB with --full), and
@@ -341,18 +342,7 @@ fn run_metrics_cost(paths: &Paths, engine_bin: &Path, args: &Args) -> ExitCode {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());
         return ExitCode::from(2);
     }
-    let (reps, ops) = match args.mode {
-        Mode::Quick => (9, 2000),
-        Mode::Full => (21, 5000),
-    };
-    let cfg = vovp_bench::metrics_cost::CostConfig {
-        engine: engine_bin.to_owned(),
-        baseline: args.baseline_engine.clone(),
-        reps,
-        ops,
-        out: paths.out.clone(),
-    };
-    match vovp_bench::metrics_cost::run(&cfg) {
+    match vovp_bench::metrics_cost::run(&cost_config(paths, engine_bin, args, (9, 2000))) {
         Ok(table) => {
             println!("{table}");
             ExitCode::SUCCESS
@@ -444,6 +434,27 @@ fn run_spill(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// What `--metrics-cost` runs: `quick` (repetitions, ops per repetition) in quick mode, 21 of
+/// 5000 in full mode.
+fn cost_config(
+    paths: &Paths,
+    engine_bin: &Path,
+    args: &Args,
+    quick: (usize, usize),
+) -> vovp_bench::metrics_cost::CostConfig {
+    let (reps, ops) = match args.mode {
+        Mode::Quick => quick,
+        Mode::Full => (21, 5000),
+    };
+    vovp_bench::metrics_cost::CostConfig {
+        engine: engine_bin.to_owned(),
+        baseline: args.baseline_engine.clone(),
+        reps,
+        ops,
+        out: paths.out.clone(),
     }
 }
 
@@ -613,6 +624,21 @@ fn main() -> ExitCode {
         );
     }
 
+    // The metrics' cost: the small ops against daemons with --metrics on and off, in one run
+    // (a short pass in quick mode, so that CI runs it too).
+    let mut metrics_md = String::new();
+    if args.rust && args.perf && args.only.is_none() {
+        let t = Instant::now();
+        match vovp_bench::metrics_cost::run(&cost_config(&paths, &engine_bin, &args, (5, 1000))) {
+            Ok(table) => metrics_md = table,
+            Err(e) => report.errors.push(format!("metrics cost: {e}")),
+        }
+        eprintln!(
+            "vovp-bench: the metrics' cost took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
     let mut driver_info = Value::Null;
     if let Some(py) = python.as_ref().filter(|_| args.perf) {
         match Daemon::start(
@@ -726,6 +752,11 @@ fn main() -> ExitCode {
     if !weights_md.is_empty() {
         markdown.push_str(&format!(
             "\n### Weight sync (versions, benches/weights.py)\n\n{weights_md}"
+        ));
+    }
+    if !metrics_md.is_empty() {
+        markdown.push_str(&format!(
+            "\n### What the metrics cost (small ops, --metrics on and off)\n\n{metrics_md}"
         ));
     }
     let machine = machine_info();

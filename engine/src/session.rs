@@ -15,7 +15,7 @@ use vovp_actors::SharedFds;
 use vovp_actors::{SegmentFor, SegmentGrant, Writer};
 use vovp_types::{
     CreateOptions, HolderId, Lend, Location, Notification, ObjectId, ObjectInfo, ObjectName,
-    ObjectRef, PutOptions, StoreStats,
+    ObjectRef, PutOptions, StoreMetrics, StoreStats,
 };
 
 use crate::core::{block_on, Core};
@@ -563,6 +563,13 @@ impl Session {
 
     pub async fn stats(&self) -> Result<StoreStats, Error> {
         self.table().ask(msg::Stats).await.answer()
+    }
+
+    /// What the daemon's metrics report of the store, in one message: STATS, resident bytes,
+    /// live lends, what the store did ever (seals, gets by message and through the shared
+    /// directory, deletes, replaces, lends, publishes) and every holder's references and bytes.
+    pub async fn metrics(&self) -> Result<StoreMetrics, Error> {
+        self.table().ask(msg::Metrics).await.answer()
     }
 
     /// Seal, delete and evict notifications from now on.

@@ -474,6 +474,12 @@ impl Client {
         })
     }
 
+    /// The daemon's metrics in the Prometheus text format (METRICS).
+    fn metrics(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.metrics()).map_err(to_py)
+    }
+
     /// STATS as a dict (PROTOCOL.md's field names).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = self.usable()?;

@@ -341,6 +341,13 @@ class Client:
         """Store counters (the STATS fields of PROTOCOL.md)."""
         return self.core.native.stats()
 
+    def metrics(self) -> str:
+        """The daemon's metrics in the Prometheus text format (one METRICS request): what
+        ``vovp-engine --metrics`` serves at ``/metrics``, with or without that endpoint. Read
+        it with ``prometheus_client.parser.text_string_to_metric_families``; README.md,
+        "Monitoring", lists the metrics."""
+        return self.core.native.metrics()
+
     def evict(self, nbytes: int) -> int:
         """Evict unreferenced sealed objects until ``nbytes`` are free; returns bytes freed."""
         return self.core.native.evict(int(nbytes))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket as _socket
@@ -110,6 +111,18 @@ class StoreProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def metrics_address(self) -> Optional[str]:
+        """``host:port`` of the metrics endpoint (``start_store(metrics=...)``; the port the
+        kernel picked for port 0), from the daemon's log; None when it serves none."""
+        try:
+            text = Path(self.log).read_text(errors="replace")
+        except OSError:
+            return None
+        # `metrics_addr=127.0.0.1:9464` (text log) or `"metrics_addr":"127.0.0.1:9464"` (JSON).
+        found = re.findall(r'metrics_addr"?[=:]"?([^\s",]+)', text)
+        return found[-1] if found else None
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
@@ -151,15 +164,18 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: bool = False,
                 timeout: float = 30.0, spill_dir: Optional[str] = None,
-                spill_max: Any = None, **options: Any) -> StoreProcess:
+                spill_max: Any = None, metrics: Optional[str] = None,
+                **options: Any) -> StoreProcess:
     """Starts a ``vovp-engine`` and returns once it serves.
 
     ``memory``: the store's size (``-m``: bytes, or ``"512M"``, ``"4G"``). ``socket``: where it
     listens; by default a fresh path in a private temporary directory. ``spill_dir``: spill
     unreferenced objects to files there instead of evicting them when memory is needed (a get
     reads them back; the directory is this daemon's alone and emptied at start), at most
-    ``spill_max`` bytes of them (``"10G"``; default: what the disk takes). Other daemon flags
-    are keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``),
+    ``spill_max`` bytes of them (``"10G"``; default: what the disk takes). ``metrics``: serve
+    the Prometheus metrics at ``http://ADDR/metrics`` (``"127.0.0.1:9464"``; port 0 takes a
+    free port, which ``StoreProcess.metrics_address`` tells; ``--metrics``, off by default).
+    Other daemon flags are keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``),
     ``gpu_memory="0:8G"``, ``allow_uid=[1001]``, ``log_level="debug"``... (``vovp-engine
     --help`` lists them).
 
@@ -168,7 +184,7 @@ def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: boo
     """
     if spill_max is not None and spill_dir is None:
         raise InvalidArgument("spill_max needs spill_dir")
-    options = {**options, "spill_dir": spill_dir, "spill_max": spill_max}
+    options = {**options, "spill_dir": spill_dir, "spill_max": spill_max, "metrics": metrics}
     return spawn((), memory, socket, detach, timeout, options)
 
 

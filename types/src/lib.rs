@@ -4,6 +4,7 @@
 //!
 //! * [`object`](crate::ObjectRef): ids, names, where an object lives ([`Location`]) and what a
 //!   get, `list`, `stats` and a subscription hand back;
+//! * [`StoreMetrics`]: what the store did and who holds what, for the daemon's metrics;
 //! * [`put`]: what a put or a create asks for ([`PutOptions`]) and which way a put goes
 //!   ([`put::route`]), decided once for every client and the embedded engine;
 //! * [`Error`]: the one error type of the store and its clients;
@@ -24,6 +25,7 @@
 
 #![warn(unreachable_pub, missing_debug_implementations)]
 
+mod activity;
 mod error;
 mod limits;
 mod object;
@@ -32,6 +34,7 @@ mod store;
 pub mod tensor;
 mod view;
 
+pub use activity::{Counted, HolderUsage, StoreActivity, StoreMetrics};
 pub use error::Error;
 pub use limits::{lends, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT};
 pub use object::*;

@@ -207,6 +207,9 @@ impl ObjectTable {
         e.sealed = true;
         e.version = version;
         e.last_access = SystemTime::now();
+        let published = matches!(e.block, Block::Lent(_));
+        self.activity
+            .sealed(e.size, kind == NotificationKind::Replaced, published);
         self.activity.record(kind, e);
         self.publication.publish(e);
         Ok(Sealed {
@@ -443,6 +446,7 @@ impl ObjectTable {
         }
         self.activity
             .record(NotificationKind::Deleted, &self.objects[key]);
+        self.activity.deleted(self.objects[key].size);
         Ok(self.unlink(key))
     }
 

@@ -325,6 +325,11 @@ impl Objects {
         self.holders.keys()
     }
 
+    /// Every holder's references: the entries it holds, and how many times each.
+    pub(super) fn references(&self) -> impl Iterator<Item = (HolderId, &HashMap<usize, u32>)> {
+        self.holders.iter().map(|(h, refs)| (*h, refs))
+    }
+
     pub(super) fn is_holder(&self, holder: &HolderId) -> bool {
         self.holders.contains_key(holder)
     }

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use vovp_types::{HolderId, Location, ALIGNMENT};
+use vovp_types::{Counted, HolderId, Location, ALIGNMENT};
 
 use super::objects::{Entry, Objects};
 use crate::shared_regions::{Published, SharedRegions};
@@ -207,6 +207,22 @@ impl Publication {
             .unwrap_or_default()
     }
 
+    /// Per holder with a hold table, the generations its holds name now (a snapshot).
+    pub(super) fn holds_by_holder(&self) -> Vec<(HolderId, Vec<u64>)> {
+        self.regions
+            .as_ref()
+            .map(SharedRegions::holds_by_holder)
+            .unwrap_or_default()
+    }
+
+    /// Gets served from the shared directory, ever, summed over the hold tables.
+    pub(super) fn shared_gets(&mut self) -> Counted {
+        self.regions
+            .as_mut()
+            .map(SharedRegions::shared_gets)
+            .unwrap_or_default()
+    }
+
     /// Holders with at least one hold now.
     pub(super) fn holders_holding(&self) -> HashSet<HolderId> {
         self.regions
@@ -335,6 +351,34 @@ mod tests {
         assert_eq!(names(&t.evict(Device::Cpu, u64::MAX)), ["other"]);
         assert!(t.contains(&n("old")));
         assert!(t.evict(Device::Cpu, u64::MAX).is_empty());
+        ok(&t);
+    }
+
+    #[test]
+    fn directory_gets_and_holds_are_counted_per_holder_and_kept_after_it_goes() {
+        let mut t = publishing_table();
+        let client = reader(&mut t, B);
+        put_host(&mut t, "x", 64, false);
+        put_host(&mut t, "y", 32, false);
+        let first = client.hold("x").unwrap();
+        client.release(first.slot, first.snapshot).unwrap();
+        let _x = client.hold("x").unwrap();
+        let _y = client.hold("y").unwrap();
+        let gets = t.activity().shared_gets;
+        assert_eq!((gets.count, gets.bytes), (3, 160));
+        let usage = t.holder_usage();
+        assert_eq!(
+            usage
+                .iter()
+                .map(|u| (u.holder, u.references, u.bytes))
+                .collect::<Vec<_>>(),
+            [(B, 2, 96)]
+        );
+        // Read twice: counted once. Gone: its count stays, its holds go.
+        assert_eq!(t.activity().shared_gets, gets);
+        t.release_holder(B);
+        assert_eq!(t.activity().shared_gets, gets);
+        assert!(t.holder_usage().is_empty());
         ok(&t);
     }
 

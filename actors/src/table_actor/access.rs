@@ -1,5 +1,5 @@
 //! The messages that use objects once made: gets (waiting or not), releases, deletes,
-//! listing, STATS and EVICT; and a client's life with the store: its hold table and the
+//! listing, STATS, the metrics and EVICT; and a client's life with the store: its hold table and the
 //! directory (attach), notifications (subscribe) and everything it held when it goes.
 
 use std::time::Duration;
@@ -7,11 +7,12 @@ use std::time::Duration;
 use kameo::message::{Context, Message};
 use tokio::sync::{mpsc, oneshot};
 use vovp_types::{
-    Device, Error, HolderId, Notification, ObjectId, ObjectInfo, ObjectName, StoreStats,
+    Device, Error, HolderId, Notification, ObjectId, ObjectInfo, ObjectName, StoreMetrics,
+    StoreStats,
 };
 
 use super::ObjectTableActor;
-use crate::allocator::{Free, OwnerGone};
+use crate::allocator::{Free, HostUsage, OwnerGone};
 use crate::lend_ledger::LendKind;
 use crate::shared_regions::SharedFds;
 use crate::table::{CompletedGet, GetResults, WaiterId};
@@ -204,6 +205,13 @@ impl Message<Stats> for ObjectTableActor {
     type Reply = Result<StoreStats, Error>;
 
     async fn handle(&mut self, _: Stats, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        Ok(self.stats().await?.0)
+    }
+}
+
+impl ObjectTableActor {
+    /// STATS, and the host memory's use it was filled from.
+    async fn stats(&self) -> Result<(StoreStats, HostUsage), Error> {
         let usage = self.host_usage().await?;
         let mut s = self.table.stats();
         if let Some(spill) = &self.spill {
@@ -212,7 +220,28 @@ impl Message<Stats> for ObjectTableActor {
         s.put_barriers = self.pipelined.barriers_made();
         s.capacity = usage.capacity;
         s.used_bytes = usage.used;
-        Ok(s)
+        Ok((s, usage))
+    }
+}
+
+/// Everything the metrics report of the store: STATS, what the store did, who holds what.
+#[derive(Debug)]
+pub struct Metrics;
+
+impl Message<Metrics> for ObjectTableActor {
+    type Reply = Result<StoreMetrics, Error>;
+
+    async fn handle(&mut self, _: Metrics, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let (stats, usage) = self.stats().await?;
+        let mut activity = self.table.activity();
+        activity.lends = self.lends.made();
+        Ok(StoreMetrics {
+            stats,
+            resident_bytes: usage.resident,
+            live_lends: self.lends.len() as u64,
+            activity,
+            holders: self.table.holder_usage(),
+        })
     }
 }
 

@@ -10,8 +10,8 @@
 //!   placed; blocks freed to whoever gave them) and the parked objects' timer;
 //! - `puts`: the messages that make objects (CREATE/SEAL/ABORT, inline PUT, LEND/PUBLISH,
 //!   pipelined puts' bookkeeping);
-//! - `access`: the messages that read, release, delete and list them, and a client's
-//!   attach/subscribe/detach;
+//! - `access`: the messages that read, release, delete and list them, STATS and the metrics,
+//!   and a client's attach/subscribe/detach;
 //! - `spilling`: spilling's side of it (requests waiting for room, restores, the IO worker's
 //!   completions; the mechanism is [`crate::spill`]).
 
@@ -41,7 +41,7 @@ use vovp_types::{Error, HolderId, Notification, ObjectId, ObjectName, ObjectRef}
 
 pub use access::{
     AttachShared, CheckInvariants, CollectParked, Contains, Delete, Evict, Get, List, ListPage,
-    Release, ReleaseHolder, Stats, Subscribe, WaiterTimedOut,
+    Metrics, Release, ReleaseHolder, Stats, Subscribe, WaiterTimedOut,
 };
 pub use puts::{
     Abort, AwaitSentPuts, Create, PipelinedPutRefused, Publish, PublishMany, PutInline,
@@ -155,13 +155,16 @@ impl ObjectTableActor {
         })
     }
 
-    /// Sends completed gets; a requester that went away, or a get that failed, gets its
-    /// references released.
+    /// Sends completed gets (counting the hits and misses of those that did not fail); a
+    /// requester that went away, or a get that failed, gets its references released.
     async fn deliver(&mut self, done: Vec<CompletedGet>) {
         let mut freed = Vec::new();
         for d in done {
             let unsent = match d.error {
-                None => d.reply.send(Ok(d.results)).err().and_then(Result::ok),
+                None => {
+                    self.table.count_get(&d.results);
+                    d.reply.send(Ok(d.results)).err().and_then(Result::ok)
+                }
                 Some(e) => {
                     let _ = d.reply.send(Err(e));
                     Some(d.results)

@@ -36,6 +36,7 @@ from ._api import (
     nodes,
     publish,
     shutdown,
+    stats,
     unpublish,
 )
 from ._dist import DistTensor
@@ -53,6 +54,7 @@ __all__ = [
     "nodes",
     "node_id",
     "agent_stats",
+    "stats",
     "DistTensor",
     "ObjectLost",
 ]

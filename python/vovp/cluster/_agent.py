@@ -3,8 +3,9 @@ that owns the node's side of the cluster.
 
 It connects to the node's ``vovp-engine`` (or starts one, which dies with it), pulls objects
 other nodes hold into the local store (one transfer per name, however many local processes ask
-at once), offers local objects to other nodes' agents (``_stream``), and keeps the node's
-DistTensor partitions (the creator's writable view, so pushes apply in place).
+at once), offers local objects to other nodes' agents (``_stream``), keeps the node's
+DistTensor partitions (the creator's writable view, so pushes apply in place), and reports the
+node's store and transfer numbers to Ray's metrics (``_metrics``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..errors import (
 )
 from . import _stream
 from ._directory import DIRECTORY_NAME, NAMESPACE
+from ._metrics import NodeReporter
 
 AGENT_PREFIX = "vovp-agent-"
 
@@ -71,6 +73,8 @@ class Agent:
         self._agents: dict[str, Any] = {}  # node id -> actor handle
         self._parts: dict[str, tuple[Any, Any]] = {}  # DistTensor name -> (writable view, lock)
         self._counters = {"transfers": 0, "bytes_received": 0, "offers": 0}
+        self._reporter = NodeReporter(node_id, self.node_stats,
+                                      float(config.get("metrics_interval", 10.0)))
 
     # -- the node's store ----------------------------------------------------------------------
 
@@ -110,8 +114,18 @@ class Agent:
         out["bytes_sent"] = self._server.bytes_sent
         return out
 
+    def node_stats(self) -> dict[str, int]:
+        """The node's store's STATS and this agent's counters, in one dict (what
+        ``vc.stats()`` adds up and the agent reports to Ray's metrics)."""
+        return {**self._client.stats(), **self.stats()}
+
+    def reported(self) -> dict[str, int]:
+        """What the agent last reported through ``ray.util.metrics``."""
+        return self._reporter.reported()
+
     def stop(self) -> None:
         """Stop serving; stop the engine this agent started (before Ray kills the agent)."""
+        self._reporter.stop()
         self._server.close()
         self._client.close()
         if self._engine is not None:

@@ -556,6 +556,8 @@ pub(crate) trait Expect {
     fn lent(self) -> Result<vovp_types::Lend, Error>;
     /// SEAL's: the version the object became.
     fn version(self) -> Result<u64, Error>;
+    /// METRICS': the Prometheus text.
+    fn metrics(self) -> Result<String, Error>;
 }
 
 impl Expect for Reply {
@@ -612,6 +614,12 @@ impl Expect for Reply {
     fn lent(self) -> Result<vovp_types::Lend, Error> {
         match self {
             Reply::Lent(l) => Ok(l),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn metrics(self) -> Result<String, Error> {
+        match self {
+            Reply::Metrics(text) => Ok(text),
             other => Err(unexpected(&other)),
         }
     }

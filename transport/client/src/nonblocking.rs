@@ -220,6 +220,12 @@ impl AsyncClient {
         ops::call(self, &Request::STATS_FIRST).await.map(drop)
     }
 
+    /// The daemon's metrics in the Prometheus text format (as the blocking client's
+    /// [`crate::Client::metrics`]).
+    pub async fn metrics(&self) -> Result<String, Error> {
+        ops::call(self, &Request::Metrics).await?.metrics()
+    }
+
     /// Opens a notification stream (its own connection, as the blocking client's
     /// [`crate::Client::subscribe`]).
     pub async fn subscribe(&self) -> Result<AsyncSubscription, Error> {

@@ -11,7 +11,8 @@ use vovp_proto::Request;
 use vovp_shm::held::{DirectoryPart, Holder};
 use vovp_types::put::Route;
 use vovp_types::{
-    CreateOptions, Error, Location, ObjectSink, ObjectView, PutOptions, Store, StoreStats,
+    CreateOptions, Error, Location, ObjectInfo, ObjectSink, ObjectView, PutOptions, Store,
+    StoreStats,
 };
 
 use crate::core::{requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
@@ -433,6 +434,19 @@ impl Client {
     /// One STATS: the store's counters and the number of connections the daemon serves.
     pub fn stats_and_connections(&self) -> Result<(StoreStats, u64), Error> {
         ready(ops::stats_and_connections(&self.inner))
+    }
+
+    /// The daemon's metrics in the Prometheus text format (one METRICS request): what
+    /// `vovp-engine --metrics` serves at `/metrics`, with or without that endpoint.
+    pub fn metrics(&self) -> Result<String, Error> {
+        self.inner.call(&Request::Metrics)?.metrics()
+    }
+
+    /// One LIST page from cursor `start` (0 for the first): its objects and the next cursor
+    /// (`vovp_proto::LIST_END` after the last). For a caller that keeps a part of a big list
+    /// (`Store::list` reads every page into one list).
+    pub fn list_page(&self, start: u64) -> Result<(Vec<ObjectInfo>, u64), Error> {
+        self.inner.call(&requests::list(start))?.list()
     }
 
     /// Opens a notification stream (its own connection, as Plasma's subscribe did).

@@ -132,7 +132,7 @@ fn run(args: Args) -> Result<(), Error> {
         rows,
     } = args.command
     {
-        // A connection of its own that maps nothing (top.rs).
+        // A connection of its own that holds nothing (top.rs).
         let options = top::TopOptions {
             frames: if once { Some(1) } else { iterations },
             interval,
