@@ -324,7 +324,7 @@ fn run_weights_alone(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
         return ExitCode::from(2);
     }
     match run_weights(paths, &python, engine_bin, mode, true) {
-        Ok(v) if weights_checks(&v).iter().all(|c| c.ok) => ExitCode::SUCCESS,
+        Ok(v) if python_checks(&v).iter().all(|c| c.ok) => ExitCode::SUCCESS,
         Ok(_) => {
             eprintln!("vovp-bench: FAILED: a weight-sync check failed (see above)");
             ExitCode::FAILURE
@@ -458,8 +458,8 @@ fn cost_config(
     }
 }
 
-/// weights.json's checks, as the report's.
-fn weights_checks(v: &Value) -> Vec<Check> {
+/// The checks of a Python driver's JSON (`checks`: name, ok, detail), as the report's.
+fn python_checks(v: &Value) -> Vec<Check> {
     v["checks"]
         .as_array()
         .into_iter()
@@ -696,7 +696,7 @@ fn main() -> ExitCode {
         };
         match run_weights(&paths, &weights_python, &engine_bin, args.mode, ray) {
             Ok(v) => {
-                report.checks.extend(weights_checks(&v));
+                report.checks.extend(python_checks(&v));
                 weights_md = v["markdown"].as_str().unwrap_or("").to_string();
             }
             Err(e) => report.errors.push(format!("weight-sync benchmark: {e}")),
@@ -926,13 +926,7 @@ fn run_driver(
     if v["peers"].is_object() {
         report.peers = Some(Peers::from_json(&v["peers"])?);
     }
-    for c in v["checks"].as_array().into_iter().flatten() {
-        report.checks.push(Check {
-            name: format!("Python: {}", c["name"].as_str().unwrap_or("?")),
-            ok: c["ok"].as_bool().unwrap_or(false),
-            detail: c["detail"].as_str().unwrap_or("").into(),
-        });
-    }
+    report.checks.extend(python_checks(&v));
     if let Some(e) = v["error"].as_str() {
         return Err(e.to_string());
     }

@@ -317,6 +317,17 @@ pub struct Report {
     pub errors: Vec<String>,
 }
 
+impl Report {
+    /// Records the functional check `name` (failing one fails the run).
+    pub fn check(&mut self, name: impl Into<String>, ok: bool, detail: impl Into<String>) {
+        self.checks.push(Check {
+            name: name.into(),
+            ok,
+            detail: detail.into(),
+        });
+    }
+}
+
 pub fn median(xs: &[f64]) -> Option<f64> {
     if xs.is_empty() {
         return None;

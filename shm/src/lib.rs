@@ -37,16 +37,11 @@
 //! ARCHITECTURE.md, "Shared directory and hold tables", has the protocol in full.
 
 #![warn(unreachable_pub, missing_debug_implementations)]
-// Offsets and lengths come from other processes: a silent truncation is a wrong address.
-// (Tests build their data with casts at will.)
-#![cfg_attr(
-    not(test),
-    warn(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_possible_wrap
-    )
-)]
+// Offsets and lengths in shared memory are another process's words: a silent truncation is
+// a wrong address. (Tests build their data with casts at will.)
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation))]
+#![cfg_attr(not(test), warn(clippy::cast_sign_loss))]
+#![cfg_attr(not(test), warn(clippy::cast_possible_wrap))]
 
 #[cfg(not(loom))]
 pub mod copy;

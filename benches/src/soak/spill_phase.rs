@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -18,7 +19,7 @@ use vovp_tests::{fnv, pattern};
 
 use super::SoakConfig;
 use crate::procs::Daemon;
-use crate::report::{Check, Report};
+use crate::report::Report;
 
 const PAGE: u64 = 4096;
 const SLACK_PAGES: u64 = 64;
@@ -37,16 +38,11 @@ pub fn run(
     let mut daemon = Daemon::start(
         "vovp-engine (soak, spilling)",
         engine_bin,
-        &[
-            "-m".into(),
-            cfg.capacity.to_string(),
-            "-s".into(),
-            socket.display().to_string(),
-            "--spill-dir".into(),
-            dir.display().to_string(),
-            "--log-level".into(),
-            "warn".into(),
-        ],
+        &super::harness::engine_args(
+            cfg,
+            &socket,
+            &["--spill-dir".into(), dir.display().to_string()],
+        ),
         &socket,
         &out_dir.join("soak-spill-engine.log"),
     )?;
@@ -71,14 +67,8 @@ pub fn run(
                 errors.clone(),
             );
             std::thread::spawn(move || {
-                let c = match Client::connect(&socket) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        return errors
-                            .lock()
-                            .map(|mut v| v.push(e.to_string()))
-                            .unwrap_or(())
-                    }
+                let Some(c) = connect(&socket, &errors) else {
+                    return;
                 };
                 let mut i = 0u32;
                 while written.load(Ordering::Relaxed) < target {
@@ -89,9 +79,7 @@ pub fn run(
                         .put(&name, &pattern(size, seed), b"", Default::default())
                         .and_then(|()| c.sync())
                     {
-                        let _ = errors
-                            .lock()
-                            .map(|mut v| v.push(format!("put {name}: {e}")));
+                        record(&errors, format!("put {name}: {e}"));
                         return;
                     }
                     written.fetch_add(size as u64, Ordering::Relaxed);
@@ -112,14 +100,8 @@ pub fn run(
                 errors.clone(),
             );
             std::thread::spawn(move || {
-                let c = match Client::connect(&socket) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        return errors
-                            .lock()
-                            .map(|mut v| v.push(e.to_string()))
-                            .unwrap_or(())
-                    }
+                let Some(c) = connect(&socket, &errors) else {
+                    return;
                 };
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (r + 1);
                 // While the writers write, then one last pass over every name.
@@ -143,9 +125,7 @@ pub fn run(
                                 reads.fetch_add(1, Ordering::Relaxed);
                             }
                             Err(e) => {
-                                let _ = errors
-                                    .lock()
-                                    .map(|mut v| v.push(format!("get {name}: {e}")));
+                                record(&errors, format!("get {name}: {e}"));
                                 bad.fetch_add(1, Ordering::Relaxed);
                             }
                         }
@@ -159,25 +139,10 @@ pub fn run(
         })
         .collect();
     // Sample the memfds' pages while it runs.
-    let mut peak = 0u64;
-    let mut samples = 0;
-    while writers.iter().any(|w| !w.is_finished()) {
-        peak = peak.max(object_memfd_bytes(pid));
-        samples += 1;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for w in writers {
-        let _ = w.join();
-    }
+    let (mut peak, mut samples) = (0u64, 0);
+    join_sampling(writers, pid, &mut peak, &mut samples);
     writing.store(false, Ordering::Relaxed);
-    while readers.iter().any(|r| !r.is_finished()) {
-        peak = peak.max(object_memfd_bytes(pid));
-        samples += 1;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for r in readers {
-        let _ = r.join();
-    }
+    join_sampling(readers, pid, &mut peak, &mut samples);
     let stats = Client::connect(&socket)
         .and_then(|c| c.stats())
         .map_err(|e| format!("spill phase stats: {e}"))?;
@@ -197,11 +162,7 @@ pub fn run(
     let objects = names.lock().map(|v| v.len()).unwrap_or(0);
     let bound = cfg.capacity + SLACK_PAGES * PAGE;
     let mut check = |name: &str, ok: bool, detail: String| {
-        report.checks.push(Check {
-            name: format!("Soak: spill phase: {name}"),
-            ok,
-            detail,
-        });
+        report.check(format!("Soak: spill phase: {name}"), ok, detail)
     };
     check(
         "three times the memory written, every read bit-exact, nothing lost",
@@ -247,4 +208,30 @@ pub fn run(
         "peak_memfd_bytes": peak,
         "memfd_bound": bound,
     }))
+}
+
+/// The errors the phase's threads ran into, for its report.
+type Errors = Arc<Mutex<Vec<String>>>;
+
+fn record(errors: &Errors, e: String) {
+    let _ = errors.lock().map(|mut v| v.push(e));
+}
+
+/// A client of the phase's daemon, or `None` with the error recorded.
+fn connect(socket: &Path, errors: &Errors) -> Option<Client> {
+    Client::connect(socket)
+        .map_err(|e| record(errors, format!("connect: {e}")))
+        .ok()
+}
+
+/// Waits for `threads`, sampling the daemon's memfd pages every 100 ms meanwhile.
+fn join_sampling(threads: Vec<JoinHandle<()>>, pid: u32, peak: &mut u64, samples: &mut u64) {
+    while threads.iter().any(|t| !t.is_finished()) {
+        *peak = (*peak).max(object_memfd_bytes(pid));
+        *samples += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
 }

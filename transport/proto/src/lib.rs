@@ -9,16 +9,11 @@
 //! "send no reply", the segment whose fd rides on a reply) and the client's mappings.
 
 #![warn(unreachable_pub, missing_debug_implementations)]
-// Offsets and lengths come from other processes: a silent truncation is a wrong address.
-// (Tests build their data with casts at will.)
-#![cfg_attr(
-    not(test),
-    warn(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_possible_wrap
-    )
-)]
+// Lengths, counts and offsets come off the wire: a silent truncation is a wrong address.
+// (Tests build their frames with casts at will.)
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation))]
+#![cfg_attr(not(test), warn(clippy::cast_sign_loss))]
+#![cfg_attr(not(test), warn(clippy::cast_possible_wrap))]
 
 mod codes;
 mod error;
