@@ -6,11 +6,11 @@ contains a ``/`` and either ends in a source or doc extension (``.rs``, ``.py``,
 or starts with one of the repository's top-level directories. It is found when it exists
 
 - relative to the repository root, to the naming file's directory (relative links) or to the
-  naming file's crate (the nearest directory above it with a Cargo.toml: ``tests/loom.rs`` in
-  shm's crate doc), or
-- for a partial path that does not start at a top-level directory (``server/actor.rs`` in a
-  module doc of the transport crate), as the tail of a tracked path: in the naming file's own
-  top-level directory for code, anywhere for the top-level docs.
+  naming file's crate (the nearest directory above it with a Cargo.toml: a crate doc naming
+  its own integration test), or
+- for a partial path that does not start at a top-level directory (a module doc naming a
+  sibling module's file under its parent module's directory), as the tail of a tracked path:
+  in the naming file's own top-level directory for code, anywhere for the top-level docs.
 
 ``{a,b}`` alternatives are expanded and ``*`` globs must match a tracked path. URLs and
 absolute paths are skipped, and so are paths git ignores (build outputs such as
@@ -109,7 +109,7 @@ def prose(path: str, text: str) -> Iterator[Tuple[int, str]]:
 
 
 def expand(token: str) -> List[str]:
-    """`a/{b,c}.rs` -> `a/b.rs`, `a/c.rs` (nested braces too)."""
+    """Each alternative of every brace pair (``{b,c}``), nested ones too."""
     m = re.search(r"\{([^{}]*)\}", token)
     if not m:
         return [token]

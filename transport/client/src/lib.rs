@@ -72,8 +72,8 @@ pub struct ClientOptions {
     /// directory and record a hold in this connection's hold table, with no message, and fall
     /// back to the socket for everything else.
     pub no_shared_reads: bool,
-    /// Do not put through a lend. By default objects from 64 KiB to a lend's largest (4 MiB on
-    /// stores of 1 GiB or more) go through a part of this client's own arena the store lends
+    /// Do not put through a lend. By default objects from 64 KiB to a lend's largest (PROTOCOL.md,
+    /// "Limits") go through a part of this client's own arena the store lends
     /// it: the client copies the bytes there and one PUBLISH creates and seals the object (one
     /// round trip where CREATE + SEAL take two; no bytes through the socket). The store takes
     /// an empty, idle lend back when it is short of memory; a lend's memory comes back with

@@ -38,7 +38,7 @@
 //! # Kept puts through the lend
 //!
 //! A kept put of [`lends::MIN_OBJECT`] up to the lend's largest object (Python's `put_tensor`
-//! of a host tensor up to 4 MiB on a store of 1 GiB or more) goes through the lend as a
+//! of a host tensor among them) goes through the lend as a
 //! waiting put does (a range reserved and announced in `lend_writers`, the bytes copied outside
 //! the connection lock), then, under the lock, the pipelined put's checks, `puts_sent` += 1 and
 //! its PUBLISH (`KEEP_REFERENCE | PIPELINED`) written without waiting; the [`PipelinedView`]
