@@ -2,8 +2,9 @@
 //! specification), with no I/O: the frame header, the field encoding, and every message as a
 //! type whose `encode` and `decode` sit side by side: [`Request`] (client to daemon),
 //! [`Reply`] (daemon to client, decoded by the opcode it answers) and NOTIFY frames (the
-//! subscriber stream: [`decode_notification`], a `vovp_types::Notification` each). Both the daemon (`vovp-transport`) and the Rust client
-//! (`vovp-client`) speak it through this crate only, so a change to the wire is made once.
+//! subscriber stream: [`decode_notification`], a `vovp_types::Notification` each). Both the
+//! daemon (`vovp-transport`) and the Rust client (`vovp-client`) speak it through this crate
+//! only, so a change to the wire is made once.
 //!
 //! What is not wire lives elsewhere: the daemon's runtime outcomes (a subscription's receiver,
 //! "send no reply", the segment whose fd rides on a reply) and the client's mappings.
