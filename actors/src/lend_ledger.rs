@@ -8,7 +8,7 @@
 //! published from it do not own memory of their own: freeing one gives the lend back one
 //! object, and the lend's block goes back to the allocator when the lend is retired (its holder
 //! took a new one or went away, or the store took it back) and its last object is gone — a slab's trade-off, bounded by
-//! the lend's size (1/64 of the store, at most 16 MiB, see [`vovp_types::lends::lend_size`]).
+//! the lend's size ([`vovp_types::lends::lend_size`]; PROTOCOL.md, "Limits").
 //!
 //! Trust: the client says where it wrote; the store checks that the range lies inside a lend
 //! of that client and overlaps no live object published from it, so a client can only name
@@ -45,7 +45,7 @@ struct LendState {
     retired: bool,
 }
 
-/// Which of a holder's two current lends: the big one (1/64 of the store; taken back when the
+/// Which of a holder's two current lends: the big one ([`vovp_types::lends::lend_size`]; taken back when the
 /// store is short of memory) or the small one (LEND_SMALL; small objects published without
 /// waiting for the reply, never taken back).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -65,7 +65,7 @@ impl Target {
     }
 }
 
-/// Runs the measurements; returns the markdown report (also in `out/spill.json`).
+/// Runs the measurements; returns the markdown report (also in `spill.json` in `cfg.out`).
 pub fn run(cfg: &SpillBenchConfig) -> Result<(String, Value), String> {
     // The disk is shared and noisy: each repetition measures it again beside the store, and
     // each target's ratio is the median of the repetitions'.

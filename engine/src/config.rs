@@ -33,8 +33,8 @@ pub struct Config {
     /// Most host objects held at once (at most, and by default, [`crate::MAX_OBJECTS`]).
     pub max_objects: u32,
     /// Publish sealed host objects in a shared directory that clients read with no message,
-    /// pinning what they get in hold tables of their own (ARCHITECTURE.md, "Shared directory
-    /// and hold tables"). Off: every get is a message to the store.
+    /// pinning what they get in hold tables of their own (vovp-shm's crate doc,
+    /// "Who does what"). Off: every get is a message to the store.
     pub shared_reads: bool,
     /// Spill unreferenced sealed host objects to this directory instead of evicting them, and
     /// read them back on the next get (`--spill-dir`, `--spill-max`). `None` (the default):

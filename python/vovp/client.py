@@ -112,16 +112,16 @@ class Client:
     directory and record a hold in this client's own hold table, with no message to the
     daemon; everything else, and every get with ``shared_reads=False``, is a request.
 
-    ``lend_puts`` (default on): puts of 64 KiB up to a quarter of a lend (4 MiB on a store of
-    1 GiB or more) are copied into a part of this client's own arena the store lends it and
+    ``lend_puts`` (default on): puts of 64 KiB up to a lend's largest object (PROTOCOL.md,
+    "Limits") are copied into a part of this client's own arena the store lends it and
     made objects with one message (no CREATE round trip). The store takes an empty, idle
-    lend (1/64 of the store, at most 16 MiB) back when it is short of memory; a lend's memory
+    lend back when it is short of memory; a lend's memory
     comes back with its last object. Needs ``shared_reads``.
 
     ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``),
     and ``put_tensor`` of a host tensor whose bytes and header take up to 4 KiB (or, with
-    ``lend_puts``, of a C-contiguous little-endian one from 64 KiB up to what the lend takes:
-    a quarter of a lend, 4 MiB on a store of 1 GiB or more), return once the request is
+    ``lend_puts``, of a C-contiguous little-endian one from 64 KiB up to what the lend takes),
+    return once the request is
     written, without waiting for the store's answer (a write, not a round trip).
     ``put_tensor``'s result is the store's copy all the same: its bytes are written into a
     part of this client's arena the store lends it before the request goes out; the
@@ -389,8 +389,8 @@ class Client:
         raises ObjectExists.
 
         A host tensor whose bytes and header take up to 4 KiB, or (``lend_puts``) a
-        C-contiguous little-endian one of 64 KiB up to what the lend takes (4 MiB on a store
-        of 1 GiB or more), returns without waiting for the store's answer (``pipelined_puts``
+        C-contiguous little-endian one of 64 KiB up to what the lend takes (PROTOCOL.md,
+        "Limits"), returns without waiting for the store's answer (``pipelined_puts``
         in ``Client``): a name already published still raises ObjectExists at once, but one
         taken meanwhile by another client's racing put is raised by ``sync()`` (and by
         ``version_of`` of the result), not here. While such a failed result lives, the part

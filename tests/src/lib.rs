@@ -371,7 +371,7 @@ pub fn read_line(child: &mut Child) -> String {
     line.trim().to_string()
 }
 
-/// A CLI process spoken to line by line (see [`Daemon::cli_interactive`]); killed on drop.
+/// A CLI process spoken to line by line (see [`Daemon::fixture_interactive`]); killed on drop.
 pub struct Interactive {
     pub child: Child,
     stdin: Option<std::process::ChildStdin>,

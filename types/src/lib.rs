@@ -12,7 +12,8 @@
 //! * [`ObjectView`] / [`ObjectBuffer`]: zero-copy handles that release on drop, through an
 //!   [`ObjectSink`] the engine or a client provides;
 //! * [`Store`] / [`AsyncStore`]: the one API, embedded or remote;
-//! * the limits both sides agree on ([`MAX_INLINE_PUT`], [`lends`], ...).
+//! * the limits, every one defined once in `limits` ([`MAX_INLINE_PUT`], [`lends`], [`wire`],
+//!   ...).
 //!
 //! ```
 //! use vovp_types::tensor::{DType, TensorMeta};
@@ -36,7 +37,10 @@ mod view;
 
 pub use activity::{Counted, HolderUsage, StoreActivity, StoreMetrics};
 pub use error::Error;
-pub use limits::{lends, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT};
+pub use limits::{
+    lends, wire, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT, MAX_METADATA_LEN,
+    MAX_NAME_LEN, MAX_OBJECTS,
+};
 pub use object::*;
 pub use put::{PutOptions, PutPaths, Route};
 pub use store::{AsyncStore, Store};

@@ -6,12 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::Error;
-
-/// Longest object name, in UTF-8 bytes.
-pub const MAX_NAME_LEN: usize = 256;
-/// Largest metadata blob stored with an object (tensor headers are far smaller).
-pub const MAX_METADATA_LEN: usize = 64 * 1024;
+use crate::{Error, MAX_METADATA_LEN, MAX_NAME_LEN};
 
 /// [`Error::MetadataTooLarge`] past [`MAX_METADATA_LEN`]: the store's check, which a client
 /// that does not wait for the store's answer makes itself.
@@ -24,9 +19,6 @@ pub fn check_metadata(metadata: &[u8]) -> Result<(), Error> {
     }
     Ok(())
 }
-/// Most objects the store holds at once (named or waiting for their last holder): the
-/// allocator preallocates one node per possible object (PROTOCOL.md, `TooManyObjects`).
-pub const MAX_OBJECTS: u64 = 1 << 20;
 /// Every object's data starts on this boundary (cache line; enough for any dtype and AVX-512).
 pub const ALIGNMENT: u64 = 64;
 

@@ -6,6 +6,20 @@
 //! What a caller asks of a put travels as the one [`PutOptions`] (the clients' and the
 //! engine's spelling, `vovp_types::put`): CREATE reads its `ephemeral`, `device` and
 //! `replace`; PUT and PUBLISH read all but `device` (they make host objects).
+//!
+//! # A buffer kept after ABORT
+//!
+//! Over the socket, ABORT frees the object at once, and the creator's next object of that
+//! size gets exactly that range back (bin rounding), which a buffer the client kept can still
+//! write: the client's own use-after-free, like memory used after `free()`. Isolation bounds
+//! it to that client's arena (no other client's object lives there; everyone else maps it
+//! read-only); a write after the range was punched also faults a page back in outside the
+//! budget, at most the arena's size, charged to the writer. The embedded engine keeps an
+//! aborted object's memory until its buffer is dropped. Doing the same over the socket needs a
+//! protocol change: ABORT keeping the creator's reference on the block (not the name) until a
+//! RELEASE of the object id, which clients would send when the buffer is dropped; today's
+//! clients send nothing after ABORT, and a daemon that waited for it would hold the memory
+//! until they disconnect.
 
 use std::sync::Arc;
 

@@ -352,8 +352,8 @@ class Agent:
 
     def dist_push(self, name: str, local_ids, rows, op) -> None:
         """A callable ``op`` is the caller's code run here, under the partition's lock: like
-        everything sent to a Ray actor it is trusted (ARCHITECTURE.md, trust model), and a
-        handler that hangs holds up every push to this partition."""
+        everything sent to a Ray actor it is trusted (vovp.cluster's module doc, "Trust model"),
+        and a handler that hangs holds up every push to this partition."""
         view, lock = self._part(name)
         with lock:  # pushes to one partition apply one at a time: "add" loses nothing
             if op == "assign":

@@ -5,7 +5,7 @@ Ray carries the control messages (which node holds what, an offer of one object)
 go over a plain TCP connection because that is the only way to land them in the receiving
 node's vovp store with one copy: ``recv_into`` writes into the object the agent created there.
 Bytes through Ray's object store would be copied into the sender's plasma store, across, and
-once more from the receiver's plasma store into vovp (ARCHITECTURE.md, "Across machines").
+once more from the receiver's plasma store into vovp (vovp.cluster's module doc).
 
 An offer is a one-time 128-bit ticket handed out over Ray to the agent that asked for it; the
 server sends nothing to a connection that does not present a live ticket. Tickets expire

@@ -1,7 +1,9 @@
 //! `vovp-engine`: the standalone store daemon (Plasma-like flags).
 //!
-//!     vovp-engine -m 1G -s /tmp/vovp.sock
-//!     vovp-engine -m 1000000000 -s /tmp/dgl_socket -d /dev/shm   # Plasma's spelling works too
+//! ```text
+//! vovp-engine -m 1G -s /tmp/vovp.sock
+//! vovp-engine -m 1000000000 -s /tmp/dgl_socket -d /dev/shm   # Plasma's spelling works too
+//! ```
 //!
 //! Of `plasma-store-server`'s flags, `-m BYTES`, `-s SOCKET` and `-d DIR` are accepted as they
 //! are; `-h` (huge pages) is `--huge-pages` here because `-h` is help, and Plasma's `-e`

@@ -3,7 +3,7 @@
 //! and kameo spawns its actors with `tokio::spawn`, so the engine's actors, the connection
 //! actors and the socket tasks share that runtime and no message crosses a thread. The one
 //! exception is the `--metrics` endpoint, on a thread of its own ([`crate::metrics::http`]):
-//! it asks this thread for a snapshot ([`snapshot`]) and nothing else.
+//! it asks this thread for a snapshot (`snapshot`) and nothing else.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -360,7 +360,7 @@ impl Client {
     /// 64 bytes) and metadata take more than 4 KiB but whose data is under 64 KiB, objects
     /// too big for the lend, pipelining off ([`ClientOptions::no_pipelined_puts`]) or lend
     /// puts off ([`ClientOptions::no_lend_puts`], for the bigger ones), a store that lends
-    /// nothing (under 64 MiB, `--prefault`), device objects, or a lend held by a failed put's
+    /// nothing (too small to lend, `--prefault`), device objects, or a lend held by a failed put's
     /// view that still lives (the lend can be replaced only once such views are gone).
     /// [`Client::put_with`] (kept, pipelined) falls back by itself.
     ///
