@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import vovp.cluster as vc
 from conftest import ENGINE
+from vovp.cluster._ray_transport import INLINE_BYTES
 
 # Actors defined here run in Ray workers, which cannot import this test module: ship them by
 # value.
@@ -119,9 +120,13 @@ def pattern(shape, dtype, start=0):
     return (torch.arange(n, dtype=torch.float64) % 251 + start).to(dtype).reshape(shape)
 
 
-def expected(shape, dtype, start=0):
+def expected(shape, dtype, start=0, in_store=None):
+    """What ``describe`` reports for ``pattern(shape, dtype, start)``; ``in_store``: whether
+    it came through the store (default: when it is above the inline size by itself)."""
     t = pattern(shape, dtype, start)
-    return (str(t.dtype), tuple(t.shape), float(t.double().sum()), True)
+    if in_store is None:
+        in_store = t.numel() * t.element_size() > INLINE_BYTES
+    return (str(t.dtype), tuple(t.shape), float(t.double().sum()), in_store or t.numel() == 0)
 
 
 def nodes_of(cluster):
@@ -142,9 +147,12 @@ def wait_store_empty(what="objects", timeout=20.0):
         time.sleep(0.2)
 
 
+# Small ones travel inline (in Ray's metadata), the others through the stores.
 SPECS = [((1000,), torch.float32), ((3, 5, 7), torch.int64), ((64, 64), torch.float16),
          ((17,), torch.bfloat16), ((2, 3), torch.uint8), ((4,), torch.bool), ((), torch.float64),
-         ((0, 3), torch.float32), ((512, 1024), torch.float32)]
+         ((0, 3), torch.float32), ((512, 1024), torch.float32), ((300, 301), torch.float64),
+         ((1 << 17,), torch.bfloat16), ((3, 1 << 15), torch.int32), ((70000,), torch.uint8),
+         ((9, 10000), torch.bool), ((200, 200), torch.float16)]
 
 
 @pytest.mark.parametrize("where", ["same-node", "cross-node"])
@@ -165,16 +173,15 @@ def test_lists_of_tensors_and_many_calls_in_flight(cluster):
     head, other = nodes_of(cluster)
     senders = [pinned(Sender, head).remote(), pinned(Sender, other).remote()]
     receivers = [pinned(Receiver, head).remote(), pinned(Receiver, other).remote()]
-    specs = [((100, 10), torch.float32, 1), ((33,), torch.int32, 2), ((8, 8), torch.float64, 3)]
-    want = [expected(*s) for s in specs]
+    specs = [((100, 10), torch.float32, 1), ((33,), torch.int32, 2), ((8, 8), torch.float64, 3),
+             ((300, 100), torch.float32, 4)]  # 120 KiB in all: through the stores
     pending = []
     for i in range(40):  # every pairing, same node and across, all in flight at once
         ref = senders[i % 2].make_many.remote([(s, d, start + i) for s, d, start in specs])
         pending.append((i, receivers[(i // 2) % 2].describe.remote(ref)))
     del ref
     for i, result in pending:
-        assert ray.get(result) == [expected(s, d, start + i) for s, d, start in specs], i
-    assert want  # the pattern helper itself ran
+        assert ray.get(result) == [expected(s, d, start + i, True) for s, d, start in specs], i
     for s in senders:
         assert wait_held(s, 0)
     wait_store_empty("objects")
@@ -284,15 +291,13 @@ def test_a_sender_killed_during_a_large_cross_node_transfer(cluster):
 
 
 def test_every_store_back_to_zero_bytes_once_the_actors_are_gone(cluster):
-    """Objects go with their last reference (above); the memory a client's put lends go with
-    the client: with every actor of this module gone, every store is empty."""
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        pass  # only vovp's own agents and directory are named; ours are not
+    """Objects go with their last reference (above); what a client's puts were lent goes with
+    the client: once the actors above are gone (their handles went out of scope), every store
+    is empty, bytes included."""
     import gc
 
     gc.collect()
     vc.client().flush()
-    # Actors above went out of scope with their handles; Ray kills them.
     wait_store_empty("objects")
     wait_store_empty("used_bytes", timeout=30.0)
 

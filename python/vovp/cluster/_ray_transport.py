@@ -8,7 +8,9 @@ calls this transport at four points; what each does here:
   put into the sender's node store as an *ephemeral* object named ``ray-rdt-<object id>-<i>``
   (Ray's object id is unique, so are the names). The sender's client holds one reference to
   each (the store's copy ``put_tensor`` returns); Ray carries the names, dtypes, shapes and the
-  sender's node to the receiver.
+  sender's node to the receiver. A small result (``INLINE_BYTES`` in all) rides inside that
+  metadata instead, as Ray's default inlines small results: a store round trip and a
+  transfer would cost more than the bytes.
 - ``recv_multiple_tensors`` (receiver; one-sided: the sender actor does nothing): on the
   sender's node, a zero-copy get from the node store. On another node, the object is first
   copied into the receiver's node store (``fetch_from_node``: vovp.cluster's agent-to-agent
@@ -25,6 +27,9 @@ calls this transport at four points; what each does here:
 Every wait on the way (the holder agent's answer, the stream) is bounded by the cluster's
 ``stall_timeout``, which is why ``can_abort_transport`` is True: Ray need not kill actors to
 unblock a transfer. Needs ``vovp.cluster.init`` (every node's store and agent) before use.
+A receiving actor needs Ray's transfer thread: ``@ray.remote(enable_tensor_transport=True)``
+or a ``tensor_transport`` method of its own (Ray 2.60; else a transfer queues behind the task
+that waits for it until Ray's 60 s RDT timeout, whatever the transport: ray-project/ray#66264).
 
 numpy arrays are not registered: Ray's RDT swaps the process-wide serializer of the transport's
 data type, which for ``np.ndarray`` would send every other numpy array of the process through
@@ -52,6 +57,9 @@ from ._directory import NAMESPACE
 
 TRANSPORT_NAME = "vovp"
 NAME_PREFIX = "ray-rdt-"
+# A result of at most this many bytes (all its tensors together) travels inside the metadata
+# Ray carries anyway, as Ray's default inlines small results: no store object, no transfer.
+INLINE_BYTES = 64 << 10
 # Attempts at bringing one object over when another receiver on this node is bringing it
 # too and gives up (its copy is aborted): then this one pulls it itself.
 PULL_ATTEMPTS = 3
@@ -86,6 +94,7 @@ class VovpTransportMetadata(TensorTransportMetadata):
 
     names: List[str] = field(default_factory=list)  # the store objects, one per tensor
     node_id: Optional[str] = None  # the Ray node whose store holds them
+    inline: Optional[List[Any]] = None  # a small result's tensors themselves (then no names)
 
 
 def object_names(obj_id: str, count: int) -> List[str]:
@@ -121,29 +130,31 @@ class VovpTensorTransport(TensorTransportManager):
 
     def extract_tensor_transport_metadata(self, obj_id: str,
                                           rdt_object: List[Any]) -> VovpTransportMetadata:
-        names = object_names(obj_id, len(rdt_object))
+        meta = VovpTransportMetadata(tensor_meta=[(t.shape, t.dtype) for t in rdt_object],
+                                     tensor_device="cpu" if rdt_object else None,
+                                     node_id=_api.node_id())
+        if sum(t.numel() * t.element_size() for t in rdt_object) <= INLINE_BYTES:
+            _check_cpu(rdt_object)
+            meta.inline = [t.detach().clone() for t in rdt_object]  # a snapshot, as a put's
+            return meta
+        meta.names = object_names(obj_id, len(rdt_object))
         with self._lock:
             held = self._held.get(obj_id)
         if held is None:  # not a retry of a task whose result is stored already
-            held = self._put(names, rdt_object)
+            held = self._put(meta.names, rdt_object)
             with self._lock:
                 self._held[obj_id] = held
-        return VovpTransportMetadata(
-            tensor_meta=[(t.shape, t.dtype) for t in rdt_object],
-            tensor_device="cpu" if rdt_object else None,
-            names=names, node_id=_api.node_id())
+        return meta
 
     @staticmethod
     def _put(names: List[str], tensors: List[Any]) -> list[Any]:
         """The tensors as ephemeral objects of this node's store, all or none; the store's
         copies (each holds this client's reference)."""
+        _check_cpu(tensors)
         client = _api.client()
         copies: list[Any] = []
         try:
             for name, tensor in zip(names, tensors):
-                if tensor.device.type != "cpu":
-                    raise InvalidArgument(f"the vovp tensor transport takes CPU tensors, got "
-                                          f"one on {tensor.device}")
                 copy = client.put_tensor(name, tensor.detach(), ephemeral=True)
                 if tensor.numel():  # (an empty tensor views no store memory: no version)
                     version_of(copy)  # a pipelined put's refusal (a full store) is raised here
@@ -184,6 +195,9 @@ class VovpTensorTransport(TensorTransportManager):
         meta = tensor_transport_metadata
         if not isinstance(meta, VovpTransportMetadata):
             raise InvalidArgument(f"not the vovp transport's metadata: {type(meta).__name__}")
+        if meta.inline is not None:
+            received = list(meta.inline)  # this process's own copies, unpickled from Ray's
+            return _into(target_buffers, received)
         local = meta.node_id == _api.node_id()
         received = []
         try:
@@ -203,11 +217,7 @@ class VovpTensorTransport(TensorTransportManager):
         finally:
             with self._lock:
                 self._aborted.discard(obj_id)
-        if target_buffers is None:
-            return received
-        for buffer, tensor in zip(target_buffers, received):
-            buffer.copy_(tensor)
-        return list(target_buffers)
+        return _into(target_buffers, received)
 
     def abort_transport(self, obj_id: str,
                         communicator_metadata: CommunicatorMetadata) -> None:
@@ -225,6 +235,22 @@ class VovpTensorTransport(TensorTransportManager):
             config = _api.call(_api.directory_actor().config.remote(), 60.0) or {}
             self._stall = float(config.get("stall_timeout", 30.0))
         return self._stall
+
+
+def _check_cpu(tensors: List[Any]) -> None:
+    for tensor in tensors:
+        if tensor.device.type != "cpu":
+            raise InvalidArgument(f"the vovp tensor transport takes CPU tensors, got one on "
+                                  f"{tensor.device}")
+
+
+def _into(target_buffers: Optional[List[Any]], received: List[Any]) -> List[Any]:
+    """``received``, or copied into the buffers Ray asked for (``set_target_for_ref``)."""
+    if target_buffers is None:
+        return received
+    for buffer, tensor in zip(target_buffers, received):
+        buffer.copy_(tensor)
+    return list(target_buffers)
 
 
 def _get_local(name: str, node: Optional[str]) -> Any:
