@@ -5,6 +5,7 @@ tensors pulled by id.
     vc.init()                                   # joins (or starts) the Ray cluster
     vc.publish("weights", torch.randn(1024, 1024))
     w = vc.fetch("weights")                     # on any node: zero-copy from the local store
+    vc.register_transport()                     # @ray.method(tensor_transport="vovp")
 
 Every node runs its own vovp store and exactly one agent (a Ray actor pinned to the node);
 a directory actor on the head node records which node holds which name. Ray provides the
@@ -117,6 +118,17 @@ from ._api import (
 )
 from ._dist import DistTensor
 
+
+def register_transport() -> None:
+    """Register vovp as Ray's tensor transport "vovp" (``@ray.method(tensor_transport="vovp")``
+    for CPU torch tensors; ``_ray_transport``). Imported on first use: only recent Rays have the
+    direct-transport API (alpha; tested with Ray 2.60), and the rest of vovp.cluster works
+    with older ones."""
+    from ._ray_transport import register_transport as register
+
+    register()
+
+
 __all__ = [
     "init",
     "shutdown",
@@ -132,5 +144,6 @@ __all__ = [
     "agent_stats",
     "stats",
     "DistTensor",
+    "register_transport",
     "ObjectLost",
 ]
