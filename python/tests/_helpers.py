@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -203,3 +206,44 @@ class RawConnection:
 
     def close(self):
         self.sock.close()
+
+
+@contextlib.contextmanager
+def local_ray_cluster(nodes: int, node_args: dict, prefix: str, **init_args):
+    """A Ray cluster of a head and ``nodes - 1`` more nodes on this machine
+    (``ray.cluster_utils.Cluster``, fast health checks so that a removed node is noticed in
+    about 2 s), joined by this process and given vovp stores by ``vovp.cluster.init`` (sockets
+    in a fresh directory, ``cluster.vovp_dir``; ``init_args`` passed on, ``"{dir}"`` in a
+    string replaced by that directory). Everything stops when the block ends."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    import vovp.cluster as vc
+    from conftest import ENGINE
+
+    import pytest
+
+    if not ENGINE.is_file():
+        pytest.fail(f"vovp-engine binary not found at {ENGINE}", pytrace=False)
+    c = Cluster(initialize_head=True, connect=False, head_node_args=dict(
+        node_args, include_dashboard=False, _system_config={"health_check_period_ms": 500,
+                                   "health_check_failure_threshold": 4}))
+    for _ in range(nodes - 1):
+        c.add_node(**node_args)
+    port = c.address.rsplit(":", 1)[1]
+    sock_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    try:
+        ray.init(address=f"127.0.0.1:{port}")
+        c.wait_for_nodes()
+        args = {k: v.replace("{dir}", sock_dir) if isinstance(v, str) else v
+                for k, v in init_args.items()}
+        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), engine=str(ENGINE), **args)
+        c.vovp_dir = sock_dir
+        yield c
+    finally:
+        try:
+            vc.shutdown()
+        finally:
+            ray.shutdown()
+            c.shutdown()
+            shutil.rmtree(sock_dir, ignore_errors=True)

@@ -9,11 +9,9 @@ that reach the node's store only through ``vovp.cluster``.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -21,13 +19,13 @@ import pytest
 import ray
 import torch
 from ray import cloudpickle
-from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import vovp
 import vovp.cluster as vc
 from vovp.cluster import _api
-from conftest import ENGINE, PYTHON_DIR
+from _helpers import local_ray_cluster
+from conftest import PYTHON_DIR
 
 # Tasks defined here run in Ray workers, which cannot import this test module: ship them by
 # value.
@@ -38,30 +36,9 @@ NODE_ARGS = dict(num_cpus=2, object_store_memory=80 << 20, node_ip_address="127.
 
 @pytest.fixture(scope="module")
 def cluster():
-    if not ENGINE.is_file():
-        pytest.fail(f"vovp-engine binary not found at {ENGINE}", pytrace=False)
-    c = Cluster(initialize_head=True, connect=False, head_node_args=dict(
-        NODE_ARGS, include_dashboard=False, _system_config={"health_check_period_ms": 500,
-                                   "health_check_failure_threshold": 4}))
-    for _ in range(2):
-        c.add_node(**NODE_ARGS)
-    port = c.address.rsplit(":", 1)[1]
-    sock_dir = tempfile.mkdtemp(prefix="vc-", dir="/tmp")
-    try:
-        ray.init(address=f"127.0.0.1:{port}")
-        c.wait_for_nodes()
-        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="256M",
-                engine=str(ENGINE), stall_timeout=10.0, metrics_interval=1.0,
-                spill_dir=os.path.join(sock_dir, "spill-{node}"))
-        c.vovp_dir = sock_dir
+    with local_ray_cluster(3, NODE_ARGS, "vc-", memory="256M", stall_timeout=10.0,
+                           metrics_interval=1.0, spill_dir="{dir}/spill-{node}") as c:
         yield c
-    finally:
-        try:
-            vc.shutdown()
-        finally:
-            ray.shutdown()
-            c.shutdown()
-            shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def on(node, fn, *args):

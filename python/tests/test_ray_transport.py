@@ -10,20 +10,17 @@ its node's store), not as tensors.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import pytest
 import ray
 import torch
 from ray import cloudpickle
-from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import vovp.cluster as vc
-from conftest import ENGINE
+from _helpers import local_ray_cluster
 from vovp.cluster._ray_transport import INLINE_BYTES
 
 # Actors defined here run in Ray workers, which cannot import this test module: ship them by
@@ -38,27 +35,8 @@ vc.register_transport()
 
 @pytest.fixture(scope="module")
 def cluster():
-    if not ENGINE.is_file():
-        pytest.fail(f"vovp-engine binary not found at {ENGINE}", pytrace=False)
-    c = Cluster(initialize_head=True, connect=False, head_node_args=dict(
-        NODE_ARGS, include_dashboard=False, _system_config={"health_check_period_ms": 500,
-                                   "health_check_failure_threshold": 4}))
-    c.add_node(**NODE_ARGS)
-    port = c.address.rsplit(":", 1)[1]
-    sock_dir = tempfile.mkdtemp(prefix="vrt-", dir="/tmp")
-    try:
-        ray.init(address=f"127.0.0.1:{port}")
-        c.wait_for_nodes()
-        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="256M",
-                engine=str(ENGINE), stall_timeout=10.0)
+    with local_ray_cluster(2, NODE_ARGS, "vrt-", memory="256M", stall_timeout=10.0) as c:
         yield c
-    finally:
-        try:
-            vc.shutdown()
-        finally:
-            ray.shutdown()
-            c.shutdown()
-            shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def pinned(cls, node):
