@@ -228,6 +228,7 @@ impl Session {
                 replace: options.replace,
                 keep_reference: options.keep_reference,
                 pipelined: options.pipelined,
+                version: options.version,
             })
             .await
             .answer()
@@ -372,6 +373,7 @@ impl Session {
             replace: o.options.replace,
             keep_reference: o.options.keep_reference,
             pipelined: o.options.pipelined,
+            version: o.options.version,
         })
     }
 

@@ -45,6 +45,7 @@ pub(crate) fn new_object(
         ephemeral,
         replace,
         creator,
+        version: None,
     }
 }
 

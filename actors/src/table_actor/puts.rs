@@ -39,6 +39,7 @@ impl Message<Create> for ObjectTableActor {
         check_metadata(&m.metadata)?;
         self.table
             .check_name_free(&m.name, m.options.replace, m.holder)?;
+        self.table.check_version(&m.name, m.options.version)?;
         let device = m.options.device.unwrap_or(Device::Cpu);
         let block = self
             .allocate_object(m.size, &m.metadata, device, m.writer)
@@ -51,6 +52,7 @@ impl Message<Create> for ObjectTableActor {
             ephemeral: m.options.ephemeral,
             replace: m.options.replace,
             creator: m.holder,
+            version: m.options.version,
         });
         if r.is_err() {
             self.free_blocks([block]).await;
@@ -118,6 +120,8 @@ pub struct PutInline {
     /// Sent without waiting for the reply: counted as applied, whatever the outcome
     /// ([`crate::pipelined`]).
     pub pipelined: bool,
+    /// Seal as exactly this version (see [`CreateOptions::version`]).
+    pub version: Option<u64>,
 }
 
 impl Message<PutInline> for ObjectTableActor {
@@ -137,6 +141,7 @@ impl ObjectTableActor {
     async fn put_inline(&mut self, m: PutInline, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name, m.replace, m.holder)?;
+        self.table.check_version(&m.name, m.version)?;
         let size = m.data.len() as u64;
         // The store copies inline payloads in itself: segment 0, which no client can write.
         let block = self
@@ -150,6 +155,7 @@ impl ObjectTableActor {
             ephemeral: m.ephemeral,
             replace: m.replace,
             creator: m.holder,
+            version: m.version,
         });
         let mut r = match inserted {
             Ok(r) => r,
@@ -303,6 +309,8 @@ pub struct Publish {
     /// Sent without waiting for the reply: counted as applied, whatever the outcome
     /// ([`crate::pipelined`]).
     pub pipelined: bool,
+    /// Seal as exactly this version (see [`CreateOptions::version`]).
+    pub version: Option<u64>,
 }
 
 impl Message<Publish> for ObjectTableActor {
@@ -371,6 +379,7 @@ impl ObjectTableActor {
     async fn publish_lent(&mut self, m: Publish, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
         self.table.check_name_free(&m.name, m.replace, m.holder)?;
+        self.table.check_version(&m.name, m.version)?;
         let lent = self
             .lends
             .claim(m.holder, m.lend, m.offset, m.size, m.metadata.len() as u64)?;
@@ -384,6 +393,7 @@ impl ObjectTableActor {
             ephemeral: m.ephemeral,
             replace: m.replace,
             creator: m.holder,
+            version: m.version,
         });
         let mut r = match inserted {
             Ok(r) => r,

@@ -61,6 +61,9 @@ codes! {
         GetNewer = 0x13, "GET_NEWER";
         PublishMany = 0x14, "PUBLISH_MANY";
         Metrics = 0x15, "METRICS";
+        TransferInfo = 0x16, "TRANSFER_INFO";
+        Fetch = 0x17, "FETCH";
+        Gather = 0x18, "GATHER";
     }
 }
 
@@ -96,6 +99,18 @@ codes! {
         ProtocolState = 18, "PROTOCOL_STATE";
         TooManyObjects = 19, "TOO_MANY_OBJECTS";
         TooManyConnections = 20, "TOO_MANY_CONNECTIONS";
+        /// With fields after its message: `u64 current, u64 requested`.
+        StaleVersion = 21, "STALE_VERSION";
+        /// A transfer between engines failed (FETCH, GATHER): the message says where.
+        TransferFailed = 22, "TRANSFER_FAILED";
+    }
+}
+
+impl Status {
+    /// Whether its error reply carries two `u64` figures after the message: OUT_OF_MEMORY's
+    /// `requested, available` and STALE_VERSION's `current, requested`.
+    pub fn has_figures(self) -> bool {
+        matches!(self, Status::OutOfMemory | Status::StaleVersion)
     }
 }
 

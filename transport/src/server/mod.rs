@@ -39,6 +39,8 @@ pub struct ServerConfig {
     /// Serve the Prometheus metrics at `http://ADDR/metrics` (`--metrics`; off when `None`).
     /// Port 0 binds a port the kernel picks, logged at start (the `metrics_addr` field).
     pub metrics: Option<SocketAddr>,
+    /// Transfers between engines: the port (`--transfer`) and the cluster's key.
+    pub transfer: crate::TransferConfig,
 }
 
 impl ServerConfig {
@@ -50,6 +52,7 @@ impl ServerConfig {
             allowed_uids: vec![rustix::process::getuid().as_raw()],
             limits: ConnectionLimits::default(),
             metrics: None,
+            transfer: crate::TransferConfig::default(),
         }
     }
 }
@@ -115,6 +118,8 @@ struct Shared {
     half_closed: AtomicU64,
     /// Requests, errors, bytes and connections, for the metrics.
     counters: ServerCounters,
+    /// Transfers between engines (FETCH, GATHER, the transfer port); `None` without a key.
+    transfer: Option<Arc<crate::transfer::TransferService>>,
 }
 
 /// What a scrape reports, collected on the daemon's thread: the engine's STATS through
@@ -207,7 +212,22 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
     let engine = vovp::Engine::start(config.engine.clone())
         .await
         .map_err(|e| TransportError::Setup(format!("starting the engine: {e}")))?;
-    let shared = Arc::new(Shared::default());
+    // Before the socket: a port that cannot be bound stops the start before the socket file
+    // exists.
+    let transfer = crate::transfer::TransferService::start(
+        &config.transfer,
+        &engine,
+        config.limits.write_timeout,
+        config.limits.handshake_timeout,
+    )?;
+    if let Some(transfer_addr) = transfer.as_ref().and_then(|t| t.address()) {
+        // Machine-readable (the `transfer_addr` field): how a port 0 is found.
+        tracing::info!(%transfer_addr, "serving transfers at {transfer_addr}");
+    }
+    let shared = Arc::new(Shared {
+        transfer: transfer.map(Arc::new),
+        ..Shared::default()
+    });
     // Before the socket: a client that can connect can scrape, and a port that cannot be
     // bound stops the start before the socket file exists.
     if let Some(addr) = config.metrics {

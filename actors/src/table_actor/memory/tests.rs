@@ -49,6 +49,7 @@ async fn put(
         replace: false,
         keep_reference: false,
         pipelined: false,
+        version: None,
     };
     store.ask(put).await.map_err(|e| match e {
         kameo::error::SendError::HandlerError(e) => e,

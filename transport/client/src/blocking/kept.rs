@@ -164,6 +164,7 @@ impl<'a> Flight<'a> {
                 offset: item.offset,
                 name: item.name.clone(),
                 flags: item.flags,
+                version: item.version,
                 metadata: item.metadata.clone(),
                 size: item.size,
             };
@@ -357,6 +358,7 @@ impl ClientInner {
             offset: range.offset,
             name: name.into(),
             flags: vovp_proto::put_flags(&options),
+            version: options.version,
             metadata: metadata.into(),
             size: data.len() as u64,
         };
