@@ -29,13 +29,14 @@ pub(crate) struct PutOptions {
 #[pymethods]
 impl PutOptions {
     #[new]
-    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false))]
+    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false, version = None))]
     fn new(
         ephemeral: bool,
         replace: bool,
         keep_reference: bool,
         pipelined: bool,
         writable: bool,
+        version: Option<u64>,
     ) -> Self {
         PutOptions {
             options: vovp_types::PutOptions {
@@ -44,9 +45,17 @@ impl PutOptions {
                 replace,
                 keep_reference,
                 pipelined,
+                version,
             },
             writable,
         }
+    }
+
+    /// Seal as exactly this version of the name (above its present one, else
+    /// `StaleVersion`); None: the next version.
+    #[getter]
+    fn version(&self) -> Option<u64> {
+        self.options.version
     }
 
     /// Deleted at its last release.
@@ -83,12 +92,13 @@ impl PutOptions {
     fn __repr__(&self) -> String {
         let o = &self.options;
         format!(
-            "PutOptions(ephemeral={}, replace={}, keep_reference={}, pipelined={}, writable={})",
+            "PutOptions(ephemeral={}, replace={}, keep_reference={}, pipelined={}, writable={}{})",
             py_bool(o.ephemeral),
             py_bool(o.replace),
             py_bool(o.keep_reference),
             py_bool(o.pipelined),
-            py_bool(self.writable)
+            py_bool(self.writable),
+            o.version.map(|v| format!(", version={v}")).unwrap_or_default()
         )
     }
 }

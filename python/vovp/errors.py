@@ -30,6 +30,8 @@ __all__ = [
     "TooManyObjects",
     "InvalidArgument",
     "ObjectLost",
+    "StaleVersion",
+    "TransferFailed",
     "STATUS_ERRORS",
     "error_from_status",
 ]
@@ -180,6 +182,26 @@ class InternalError(VovpError):
     status = 17
 
 
+class StaleVersion(VovpError):
+    """An explicit version is not above the name's present one (status 21): a newer version
+    is there already. ``current`` and ``requested`` are the two versions."""
+
+    status = 21
+
+    def __init__(self, message: str = "", status: int | None = None,
+                 current: int = 0, requested: int = 0):
+        super().__init__(message, status)
+        self.current = current
+        self.requested = requested
+
+
+class TransferFailed(VovpError):
+    """A fetch or gather between engines failed (status 22): the holder refused the ticket,
+    died or stopped sending, or its port could not be reached. Nothing of it is visible."""
+
+    status = 22
+
+
 class ObjectLost(VovpError):
     """vovp.cluster: every node that held the object is gone (Ray reports it dead, or its
     agent and store died); the message names the nodes. Never a store reply status."""
@@ -206,6 +228,8 @@ STATUS_ERRORS: dict[int, type[VovpError]] = {
     18: ProtocolError,
     19: TooManyObjects,
     20: ConnectionError,
+    21: StaleVersion,
+    22: TransferFailed,
 }
 
 STATUS_NAMES = {
@@ -229,6 +253,8 @@ STATUS_NAMES = {
     18: "PROTOCOL_STATE",
     19: "TOO_MANY_OBJECTS",
     20: "TOO_MANY_CONNECTIONS",
+    21: "STALE_VERSION",
+    22: "TRANSFER_FAILED",
 }
 
 
@@ -240,4 +266,7 @@ def error_from_status(status: int, message: str, requested: int = 0,
     text = f"{name}: {message}" if message else name
     if cls is OutOfMemory:
         return OutOfMemory(text, status, requested=requested, available=available)
+    if cls is StaleVersion:
+        # (The figures of STALE_VERSION are its current and requested versions.)
+        return StaleVersion(text, status, current=requested, requested=available)
     return cls(text, status)
