@@ -26,6 +26,7 @@ pub mod procs;
 pub mod report;
 pub mod rust_level;
 pub mod soak;
+pub mod transfer;
 
 /// Binary size units.
 pub const KIB: u64 = 1 << 10;

@@ -46,9 +46,12 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                     .call1((3u8, message, *requested, *available))?,
                 Error::StaleVersion {
                     current, requested, ..
-                } => errors
-                    .getattr("error_from_status")?
-                    .call1((status_of(&e), message, *current, *requested))?,
+                } => errors.getattr("error_from_status")?.call1((
+                    status_of(&e),
+                    message,
+                    *current,
+                    *requested,
+                ))?,
                 other => errors
                     .getattr("error_from_status")?
                     .call1((status_of(other), message))?,

@@ -98,7 +98,9 @@ impl PutOptions {
             py_bool(o.keep_reference),
             py_bool(o.pipelined),
             py_bool(self.writable),
-            o.version.map(|v| format!(", version={v}")).unwrap_or_default()
+            o.version
+                .map(|v| format!(", version={v}"))
+                .unwrap_or_default()
         )
     }
 }

@@ -110,7 +110,7 @@ fn fetches_are_bit_exact_and_keep_the_holders_version() {
         assert_eq!(got.version(), 3, "{name}");
         assert_eq!(got.size(), len as u64);
         assert!(got[..] == pattern(len, 3)[..], "{name}: the bytes differ");
-        assert_eq!(&*got.metadata(), b"meta 3");
+        assert_eq!(got.metadata(), b"meta 3");
         // Every process on the receiving machine finds it by name, at the holder's version.
         let again = b.client().get_one(name, None).unwrap();
         assert_eq!((again.version(), again.id()), (3, got.id()));

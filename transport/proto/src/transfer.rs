@@ -181,7 +181,7 @@ impl Header {
                 out.push(0);
                 out.extend_from_slice(&size.to_le_bytes());
                 out.extend_from_slice(&version.to_le_bytes());
-                out.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
+                put_count(out, metadata.len());
                 out.extend_from_slice(metadata);
             }
             Header::Refused(why) => refusal(out, why),
@@ -217,7 +217,7 @@ impl Ask {
         message(|out| match self {
             Ask::Ranges(ranges) => {
                 out.push(ASK_RANGES);
-                out.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+                put_count(out, ranges.len());
                 for (offset, len) in ranges {
                     out.extend_from_slice(&offset.to_le_bytes());
                     out.extend_from_slice(&len.to_le_bytes());
@@ -226,7 +226,7 @@ impl Ask {
             Ask::Rows { row_bytes, ids } => {
                 out.push(ASK_ROWS);
                 out.extend_from_slice(&row_bytes.to_le_bytes());
-                out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+                put_count(out, ids.len());
                 for id in ids {
                     out.extend_from_slice(&id.to_le_bytes());
                 }
@@ -316,6 +316,12 @@ fn message(body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let len = u32::try_from(out.len() - 4).unwrap_or(u32::MAX);
     out[..4].copy_from_slice(&len.to_le_bytes());
     out
+}
+
+/// A `u32` count. (Counts past `u32` cannot be in a message of at most [`MAX_MESSAGE`]
+/// bytes: such a message is refused by its reader whatever this writes.)
+fn put_count(out: &mut Vec<u8>, n: usize) {
+    out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
