@@ -45,7 +45,7 @@ def test_fetch_is_bit_exact_and_keeps_the_holders_version(engines):
     assert vovp.version_of(receiver.fetch_from(address, "weights", 2)) == 3
     assert receiver.transfer_info()[1]["fetches"] == fetches
     # A version the holder does not have: TransferFailed, nothing visible.
-    with pytest.raises(vovp.errors.TransferFailed, match="not held"):
+    with pytest.raises(vovp.TransferFailed, match="not held"):
         receiver.fetch_from(address, "weights", 7)
     assert vovp.version_of(receiver.get_tensor("weights")) == 3
     assert holder.transfer_info()[1]["refused_not_held"] == 1
@@ -82,7 +82,7 @@ def test_gather_rows_in_the_ids_order(engines):
     # A list of ints works too; a row past the end is refused.
     small = receiver.gather_from(holder.transfer_address(), "feat", 1, 512, [3, 1], "rows-2")
     assert np.array_equal(small.view(np.float32).reshape(2, 128), table[[3, 1]])
-    with pytest.raises(vovp.errors.TransferFailed, match="past"):
+    with pytest.raises(vovp.TransferFailed, match="past"):
         receiver.gather_from(holder.transfer_address(), "feat", 1, 512, [10_000], "rows-3")
 
 
@@ -93,7 +93,7 @@ def test_explicit_versions(engines):
     # (Positional: name, src, options, metadata, layout, framework = numpy.)
     obj = c.core.native.put_with("v", np.arange(4, dtype=np.int64), opts, b"", None, 1)
     assert obj.version == 40
-    with pytest.raises(vovp.errors.StaleVersion) as e:
+    with pytest.raises(vovp.StaleVersion) as e:
         c.core.native.put_with("v", np.arange(4, dtype=np.int64), opts, b"", None, 1)
     assert (e.value.current, e.value.requested) == (40, 40)
     assert vovp.version_of(c.put_tensor("v", np.zeros(2), replace=True)) == 41

@@ -31,8 +31,10 @@ from .errors import (
     OutOfMemory,
     ProtocolError,
     ShuttingDown,
+    StaleVersion,
     TooLarge,
     TooManyObjects,
+    TransferFailed,
     VovpError,
 )
 from .reduction import default_client, init_reduction, worker_init_fn
@@ -59,6 +61,8 @@ __all__ = [
     "ObjectNotFound",
     "ObjectExists",
     "ObjectLost",
+    "StaleVersion",
+    "TransferFailed",
     "OutOfMemory",
     "NotSealed",
     "AlreadySealed",
