@@ -95,6 +95,19 @@ class Reader:
         return times
 
 
+def stop_in_order(*stops):
+    """Calls every one of ``stops`` in order, even after one fails; then raises the first
+    failure, if any (a cluster's agents, then Ray, then its nodes)."""
+    first = None
+    for stop in stops:
+        try:
+            stop()
+        except BaseException as e:  # noqa: BLE001 (kept, raised after the others stopped)
+            first = first or e
+    if first is not None:
+        raise first
+
+
 def gbps(nbytes, seconds):
     return nbytes / seconds / 1e9
 
@@ -183,11 +196,7 @@ def main():
               flush=True)
         t.delete()
     finally:
-        try:
-            vc.shutdown()
-        finally:
-            ray.shutdown()
-            c.shutdown()
+        stop_in_order(vc.shutdown, ray.shutdown, c.shutdown)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print()

@@ -58,10 +58,11 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 MODES = {
     "quick": dict(ops=400, ops_reps=3, put=[(MiB, 5), (16 * MiB, 3), (256 * MiB, 3)],
-                  getlat=[(MiB, 60)], handoff=[(MiB, 8), (64 * MiB, 3)], batch=64, batch_reps=20),
+                  getlat=[(MiB, 60)], handoff=[(MiB, 8), (64 * MiB, 3)], batch=64, batch_reps=20,
+                  pair=512, pair_reps=5),
     "full": dict(ops=3000, ops_reps=9, put=[(MiB, 40), (16 * MiB, 20), (256 * MiB, 9), (GiB, 9)],
                  getlat=[(MiB, 400)], handoff=[(MiB, 40), (64 * MiB, 15)], batch=64,
-                 batch_reps=200),
+                 batch_reps=200, pair=2048, pair_reps=15),
 }
 
 # --peers names -> the columns they bring. vovp's columns are always there.
@@ -132,6 +133,41 @@ def size_label(n):
         if n >= div and n % div == 0:
             return f"{n // div} {unit}"
     return f"{n} B"
+
+
+def put_back_to_back(c, n, reps, block=16):
+    """64 B numpy ``put_tensor`` against raw ``put`` of the same array on client ``c``, back to
+    back in one loop (issue 48, item 7): each round puts `n` of each, in blocks of `block`
+    that alternate (which kind goes first alternates too), each block timed on its own, so
+    both kinds see the same state of the store, the client and the machine. Both return
+    before the store's answer; each round ends with ``sync()`` and the deletes, untimed.
+    Returns (put_tensor op/s, put op/s), one of each per round."""
+    arr = make_array(64, seed=5)
+    typed, raw = [], []
+    for rep in range(reps):
+        names = [(f"pair-{rep}-t{i}", f"pair-{rep}-r{i}") for i in range(n)]
+        blocks = [([t for t, _ in names[i:i + block]], [r for _, r in names[i:i + block]])
+                  for i in range(0, n, block)]
+        spent = [0, 0]
+        for k, (typed_names, raw_names) in enumerate(blocks):
+            for kind in ((0, 1) if (k + rep) % 2 == 0 else (1, 0)):
+                if kind == 0:
+                    t0 = now()
+                    for nm in typed_names:
+                        c.put_tensor(nm, arr)
+                    spent[0] += now() - t0
+                else:
+                    t0 = now()
+                    for nm in raw_names:
+                        c.put(nm, arr)
+                    spent[1] += now() - t0
+        c.sync()
+        typed.append(n / (spent[0] / 1e9))
+        raw.append(n / (spent[1] / 1e9))
+        for t, r in names:
+            c.delete(t)
+            c.delete(r)
+    return typed, raw
 
 
 def make_array(size, seed=1):
@@ -980,6 +1016,19 @@ class Run:
         log("batched typed calls done")
         return out
 
+    def typed_raw_pair(self):
+        """vovp only: 64 B numpy put_tensor against raw put back to back in one loop
+        (``put_back_to_back``): the row of issue 48's item 7."""
+        if "vovp" not in self.stores:
+            return
+        typed, raw = put_back_to_back(self.stores["vovp"].c, self.cfg["pair"],
+                                      self.cfg["pair_reps"])
+        log("put_tensor against put, back to back, done")
+        return [dict(key="py.pair.put.64", group="Python: typed against raw calls",
+                     name="put_tensor 64 B (numpy), back to back with put in one loop",
+                     unit="op/s", higher_is_better=True, base_label="raw put",
+                     vovp=typed, base=raw)]
+
     def handoff(self, socks):
         """B: one spawned process with a client of every store in `socks` (a peer that fails
         here is dropped and B restarted without it: it may be stuck in that peer's wait)."""
@@ -1121,6 +1170,7 @@ def run(mode, vovp_sock, plasma_sock, capacity, peers, out_dir, checks):
         for name, step in (("ops", r.small), ("put", r.large), ("getlat", r.getlat),
                            ("touch", r.touch_costs),
                            ("batch", lambda: extra.extend(r.batch() or [])),
+                           ("pair", lambda: extra.extend(r.typed_raw_pair() or [])),
                            ("handoff", lambda: r.handoff(socks))):
             t = time.monotonic()
             step()

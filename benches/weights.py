@@ -330,28 +330,29 @@ def markdown(rows, variants):
         return "-" if a is None or b is None else f"{a / b:.2f}x"
 
     peers = [v for v in variants if v != "replace"]
-    head = "| state | readers | " + " | ".join(variants)
-    out = [("Time from the start of the writer's replace to each reader's first byte, ms "
-            "(median over versions and readers; the writer's own replace call in parentheses); "
-            "ratio = replace / peer, lower favours replace:"), "",
-           head + "".join(f" | replace / {p}" for p in peers) + " |",
-           "|---|---|" + "---|" * (len(variants) + len(peers))]
-    for r in rows:
-        cells = [f"{cell(r, v, 'latency_ms', '{:.2f}')} ({cell(r, v, 'writer_ms', '{:.2f}')})"
-                 for v in variants]
-        out.append(f"| {r['size'] // MiB} MiB | {r['readers']} | " + " | ".join(cells)
-                   + "".join(f" | {ratio(r, p, 'latency_ms')}" for p in peers) + " |")
-    out += ["", ("Writer's replaces per second with the readers following (in parentheses: the "
+
+    def table(title, key, fmt, aside, aside_fmt, suffix=""):
+        """A markdown table: ``key`` per variant (``aside`` in parentheses), then the ratios
+        of replace to each peer."""
+        lines = ["", title, "",
+                 "| state | readers | " + " | ".join(variants)
+                 + "".join(f" | replace / {p}" for p in peers) + " |",
+                 "|---|---|" + "---|" * (len(variants) + len(peers))]
+        for r in rows:
+            cells = [f"{cell(r, v, key, fmt)} ({cell(r, v, aside, aside_fmt)}{suffix})"
+                     for v in variants]
+            lines.append(f"| {r['size'] // MiB} MiB | {r['readers']} | " + " | ".join(cells)
+                         + "".join(f" | {ratio(r, p, key)}" for p in peers) + " |")
+        return lines
+
+    out = table("Time from the start of the writer's replace to each reader's first byte, ms "
+                "(median over versions and readers; the writer's own replace call in "
+                "parentheses); ratio = replace / peer, lower favours replace:",
+                "latency_ms", "{:.2f}", "writer_ms", "{:.2f}")
+    out += table("Writer's replaces per second with the readers following (in parentheses: the "
                  "share of the versions the readers read; they may skip); ratio = replace / "
-                 "peer, higher favours replace:"), "",
-            head + "".join(f" | replace / {p}" for p in peers) + " |",
-            "|---|---|" + "---|" * (len(variants) + len(peers))]
-    for r in rows:
-        cells = [f"{cell(r, v, 'rate_per_s', '{:.1f}')} ({cell(r, v, 'rate_read_pct', '{:.0f}')} %)"
-                 for v in variants]
-        out.append(f"| {r['size'] // MiB} MiB | {r['readers']} | " + " | ".join(cells)
-                   + "".join(f" | {ratio(r, p, 'rate_per_s')}" for p in peers) + " |")
-    return "\n".join(out) + "\n"
+                 "peer, higher favours replace:", "rate_per_s", "{:.1f}", "rate_read_pct", "{:.0f}", " %")
+    return "\n".join(out[1:]) + "\n"
 
 
 def main():

@@ -30,7 +30,7 @@ fi
 echo "== build"
 # The cross-process tests run the daemon (vovp-engine) and the test fixture (vovp-fixture).
 if ! timeout 240 cargo build -p vovp-transport -p vovp-tests --bins ||
-    ! timeout 240 cargo test -p vovp-gpu -p vovp-actors -p vovp-tests --no-run; then
+    ! timeout 240 cargo test -p vovp-gpu -p vovp-gpu-pool -p vovp-actors -p vovp-tests --no-run; then
     echo "FAIL: build"
     exit 1
 fi

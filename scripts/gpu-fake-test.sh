@@ -24,7 +24,7 @@ ln -sf libcuda.so.1 "$FAKE/libcuda.so"
 echo "== build"
 # The cross-process tests run the daemon (vovp-engine) and the test fixture (vovp-fixture).
 cargo build -p vovp-transport -p vovp-tests --bins
-cargo test -p vovp-gpu -p vovp-actors -p vovp-tests --no-run
+cargo test -p vovp-gpu -p vovp-gpu-pool -p vovp-actors -p vovp-tests --no-run
 
 export LD_LIBRARY_PATH="$FAKE${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 : >"$LOG"
@@ -46,6 +46,7 @@ run() { # NAME ENV... -- CARGO-TEST-ARGS...
 # says nothing. 128 MiB is the big put here (1 GiB on real GPUs).
 run "vovp-gpu tests, fake GPU" VOVP_GPU_TESTS=1 VOVP_GPU_MIN_GBPS=0 \
     timeout 120 cargo test -p vovp-gpu -p vovp-actors --test gpu --test simulated -- --nocapture --test-threads=1
+run "vovp-gpu-pool unit tests" timeout 60 cargo test -p vovp-gpu-pool
 run "cross-process GPU tests (tests/tests/gpu.rs), fake GPU" VOVP_GPU_TESTS=1 \
     VOVP_GPU_BIG_BYTES="${VOVP_GPU_BIG_BYTES:-128M}" \
     timeout 120 cargo test -p vovp-tests --test gpu -- --nocapture --test-threads=1

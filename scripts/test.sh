@@ -16,9 +16,10 @@ fi
 # torch is optional for users but not for the tests: most users come from PyTorch. The PyPI
 # wheel (CPU is all the tests need; it also carries CUDA libraries, a large first download).
 # Ray: vovp.cluster (pip install "vovp[cluster]"), tested on a local multi-node Ray cluster.
-if ! "$VENV/bin/python" -c "import numpy, pytest, torch, ray" 2>/dev/null; then
+# prometheus_client: its text parser reads the daemon's metrics in test_metrics.py.
+if ! "$VENV/bin/python" -c "import numpy, pytest, torch, ray, prometheus_client" 2>/dev/null; then
     "$VENV/bin/pip" install --quiet --upgrade pip
-    "$VENV/bin/pip" install --quiet numpy pytest torch "ray>=2.9"
+    "$VENV/bin/pip" install --quiet numpy pytest torch "ray>=2.9" prometheus_client
 fi
 # The package's native core (vovp._native) is built with cargo by maturin, which pip fetches
 # from PyPI. Editable: the extension is built into python/vovp/, so the tests (which import vovp

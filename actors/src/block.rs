@@ -16,6 +16,15 @@ pub(crate) enum Block {
     /// Part of a block lent to a client (LEND), which wrote the object there itself: freeing
     /// it gives the lend back one object, and the lend's block goes when its last object does.
     Lent(LentBlock),
+    /// No memory: the object is on disk only (spilled, [`crate::spill`]); freeing it removes
+    /// its spill file. Never handed out: a get restores the object into a new block first.
+    Spilled(SpilledBlock),
+}
+
+/// A spilled object's file, named by the object's id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SpilledBlock {
+    pub id: u64,
 }
 
 /// Where an object published from a lend lives.
@@ -40,12 +49,17 @@ impl Block {
                 segment: l.segment,
                 offset: l.offset,
             },
+            // No segment has this id: a spilled object's location is never handed out.
+            Block::Spilled(_) => Location::Host {
+                segment: u32::MAX,
+                offset: 0,
+            },
         }
     }
 
     pub(crate) fn device(&self) -> Device {
         match self {
-            Block::Host(_) | Block::Lent(_) => Device::Cpu,
+            Block::Host(_) | Block::Lent(_) | Block::Spilled(_) => Device::Cpu,
             Block::Cuda(d) => Device::Cuda(d.device),
         }
     }
@@ -56,6 +70,7 @@ impl Block {
             Block::Host(h) => h.charged,
             Block::Cuda(d) => d.size,
             Block::Lent(l) => l.charged,
+            Block::Spilled(_) => 0,
         }
     }
 }

@@ -1,10 +1,12 @@
 //! The GPU actor: owns every piece of CUDA state the store has (the device pools of
-//! `vovp_gpu::Pools`, created per device at its first request), so that no other actor makes a
-//! driver call. Without a driver every request answers `GpuError::GpuUnavailable`.
+//! `vovp_gpu_pool::Pools`, created per device at its first request), so that no other actor
+//! makes a driver call. Without a driver every request answers `GpuError::GpuUnavailable`.
 
 use kameo::message::{Context, Message};
 use kameo::Actor;
-use vovp_gpu::{DeviceBlock, DeviceUsage, GpuConfig, GpuError, Pools};
+use vovp_gpu::{DeviceBlock, GpuError};
+pub use vovp_gpu_pool::{parse_gpu_memory, GpuConfig};
+use vovp_gpu_pool::{DeviceUsage, Pools};
 
 /// The GPU actor's state: the device pools, created per device at its first request.
 ///

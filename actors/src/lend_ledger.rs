@@ -8,7 +8,7 @@
 //! published from it do not own memory of their own: freeing one gives the lend back one
 //! object, and the lend's block goes back to the allocator when the lend is retired (its holder
 //! took a new one or went away, or the store took it back) and its last object is gone — a slab's trade-off, bounded by
-//! the lend's size (1/64 of the store, at most 16 MiB, see [`vovp_types::lends::lend_size`]).
+//! the lend's size ([`vovp_types::lends::lend_size`]; PROTOCOL.md, "Limits").
 //!
 //! Trust: the client says where it wrote; the store checks that the range lies inside a lend
 //! of that client and overlaps no live object published from it, so a client can only name
@@ -21,7 +21,7 @@ use crate::block::LentBlock;
 use vovp_types::lends::{block_len, max_object};
 use vovp_types::Error;
 use vovp_types::ALIGNMENT;
-use vovp_types::{HolderId, Lend};
+use vovp_types::{Counted, HolderId, Lend};
 
 fn lend_of(id: u64, block: &HostBlock) -> Lend {
     Lend {
@@ -45,7 +45,7 @@ struct LendState {
     retired: bool,
 }
 
-/// Which of a holder's two current lends: the big one (1/64 of the store; taken back when the
+/// Which of a holder's two current lends: the big one ([`vovp_types::lends::lend_size`]; taken back when the
 /// store is short of memory) or the small one (LEND_SMALL; small objects published without
 /// waiting for the reply, never taken back).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +60,9 @@ pub(crate) struct LendLedger {
     by_id: HashMap<u64, LendState>,
     current: HashMap<(HolderId, LendKind), u64>,
     next_id: u64,
+    /// Lends handed out, ever (new ones and current ones handed again), with their sizes:
+    /// for the metrics.
+    made: Counted,
 }
 
 impl LendLedger {
@@ -94,6 +97,7 @@ impl LendLedger {
     pub(crate) fn reuse_empty(&mut self, holder: HolderId, kind: LendKind) -> Option<Lend> {
         let id = *self.current.get(&(holder, kind))?;
         let state = self.by_id.get(&id).filter(|s| s.live == 0)?;
+        self.made.add(state.block.charged);
         Some(lend_of(id, &state.block))
     }
 
@@ -112,6 +116,7 @@ impl LendLedger {
             },
         );
         self.current.insert((holder, kind), id);
+        self.made.add(block.charged);
         lend_of(id, &block)
     }
 
@@ -182,8 +187,12 @@ impl LendLedger {
         None
     }
 
+    /// Lends handed out, ever, with their sizes (see `made`).
+    pub(crate) fn made(&self) -> Counted {
+        self.made
+    }
+
     /// Lends alive (current or waiting for their last object).
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_id.len()
     }

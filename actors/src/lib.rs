@@ -1,6 +1,6 @@
 //! vovp's actors: the allocator actor (memfd segments, TLSF-style offset allocation), the
-//! eviction/refcount actor (object table, per-holder references, LRU) and the GPU actor (device
-//! pools). This is the engine's private core: only the `vovp` crate sends these messages
+//! eviction/refcount actor (object table, per-holder references, LRU, spilling to disk) and the
+//! GPU actor (device pools). This is the engine's private core: only the `vovp` crate sends these messages
 //! (through its `Session`, whoever the client is) and wires the actors together; the values
 //! they exchange are `vovp-types`'.
 
@@ -15,6 +15,7 @@ mod memory_room;
 mod pipelined;
 mod segment;
 mod shared_regions;
+mod spill;
 mod table;
 pub mod table_actor;
 
@@ -26,3 +27,4 @@ pub use answer::{Answer, StoreFailure};
 pub use memory_room::{available_memory, BACKING_MARGIN};
 pub use segment::Segment;
 pub use shared_regions::{SharedConfig, SharedFds};
+pub use spill::SpillConfig;

@@ -7,6 +7,14 @@
 //! other clients whose sent count is ahead of what the store applied, with that count as the
 //! target. The store answers once every target is reached, or its client is gone, or the
 //! caller's bound ran out.
+//!
+//! The engine's `Session` bounds the wait: rounds of 200 ms, another round while the store
+//! applied pipelined puts meanwhile, 5 at most, then asks once more; it also asks again when
+//! the total moved since just before the question (a put applied between the question and the
+//! barrier). So a process told a name by any channel after its `put` returned finds the
+//! object, unless the daemon stalls for over a second. A lying client (its table is its own to
+//! write) can delay other clients' misses by one round each while connected; a count more than
+//! `MAX_IN_FLIGHT` (128) ahead is not believed at all.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

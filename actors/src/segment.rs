@@ -1,5 +1,29 @@
 //! Host memory: memfd-backed segments mapped shared, so the fd can be passed to other processes
 //! and every process sees the same physical pages.
+//!
+//! Each memfd is sealed against shrinking and growing (`F_SEAL_SHRINK | F_SEAL_GROW |
+//! F_SEAL_SEAL`: no client holding an fd can make the daemon fault), mode 0600, with a
+//! read-only reopening (`/proc/self/fd/N`, `O_RDONLY`) that is what readers get. Segments are
+//! sparse until touched; `--huge-pages` uses 2 MiB `MFD_HUGETLB` pages and falls back with a
+//! warning. The store's mapping reserves a huge-page segment's pages when it is made; clients
+//! map segments `MAP_NORESERVE`, since the store backs every page an object needs before
+//! handing it out (a client's mapping would otherwise re-reserve pages the store gave back to
+//! the pool, and fail once the pool is empty). Which segment an object goes to (segment 0, the
+//! client arenas) is the allocator's ([`crate::allocator`]).
+//!
+//! # What isolation does and does not cover
+//!
+//! Only the creating connection gets an arena's read-write fd; every other client gets the
+//! read-only one, so a client can write only memory of objects it created: a write through a
+//! view it got is SIGSEGV, and a hole punch (`fallocate`, `MADV_REMOVE`) through a read-only fd
+//! fails. A client of another uid (`--allow-uid`) has only read-only fds (with `--prefault`
+//! too, where it can therefore put only inline: a CREATE lands in segment 0, which it cannot
+//! write, and its client says so), and mode 0600 stops it reopening them read-write. Processes
+//! of the daemon's own uid are protected against accidents (stray writes through views,
+//! numpy/ctypes bugs), not against deliberate attack: Linux lets a same-uid process reopen
+//! `/proc/self/fd/N` read-write or ptrace another client. Sealing arenas with
+//! `F_SEAL_FUTURE_WRITE` would stop the reopen but also the daemon's own hole punching (the
+//! memory budget), and ptrace would remain: run untrusted clients under another uid.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};

@@ -2,14 +2,21 @@
 //! what the object table publishes on seal and takes back before freeing, and the scans that
 //! tell it whether any client still holds an object through its table. Kept apart from the
 //! table so its life-cycle code reads the same with the directory on or off.
+//!
+//! Gets through the directory send no message, so the store learns of them from the clients:
+//! each hold table's header counts its client's gets and their bytes (vovp-shm's
+//! `shared_gets`, bumped by the client's reader). [`SharedRegions::shared_gets`] adds them up
+//! into a total that never goes down: it remembers the count each table had when last read and
+//! adds only what grew since, and a departing table's growth is added before it goes. The
+//! counts are the clients' word: a client can inflate them, never lower the total.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 
 use vovp_shm::{DirectoryRegion, HoldRegion, HoldsView, Publish};
 
-use vovp_types::Error;
 use vovp_types::HolderId;
+use vovp_types::{Counted, Error};
 
 /// Sizes of the shared directory and of each client's hold table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +67,33 @@ pub(crate) struct SharedRegions {
     directory: DirectoryRegion,
     tables: HashMap<HolderId, HoldRegion>,
     hold_slots: usize,
+    /// The directory gets of every table the store has had (see the module doc).
+    gets: GetsTotal,
+}
+
+/// The shared-directory gets added up over hold tables, monotonically.
+#[derive(Default)]
+struct GetsTotal {
+    total: Counted,
+    /// Per live table: its (gets, bytes) when last read.
+    last: HashMap<HolderId, (u64, u64)>,
+}
+
+impl GetsTotal {
+    /// Adds what `holder`'s table counted since it was last read: (gets, bytes) now.
+    fn fold(&mut self, holder: HolderId, now: (u64, u64)) {
+        let last = self.last.entry(holder).or_default();
+        // A count that went down was rewritten by its client: it counts again from there.
+        self.total.count = self
+            .total
+            .count
+            .saturating_add(now.0.saturating_sub(last.0));
+        self.total.bytes = self
+            .total
+            .bytes
+            .saturating_add(now.1.saturating_sub(last.1));
+        *last = now;
+    }
 }
 
 impl SharedRegions {
@@ -70,6 +104,7 @@ impl SharedRegions {
             directory,
             tables: HashMap::new(),
             hold_slots: config.hold_slots,
+            gets: GetsTotal::default(),
         })
     }
 
@@ -126,9 +161,23 @@ impl SharedRegions {
             .collect()
     }
 
-    /// The holder is gone: its holds no longer pin anything.
+    /// The holder is gone: its holds no longer pin anything (its gets stay counted).
     pub(crate) fn detach(&mut self, holder: HolderId) -> bool {
-        self.tables.remove(&holder).is_some()
+        let Some(table) = self.tables.remove(&holder) else {
+            return false;
+        };
+        self.gets.fold(holder, table.shared_gets());
+        self.gets.last.remove(&holder);
+        true
+    }
+
+    /// Gets served from the directory, ever, with their data bytes: every table's count added
+    /// up, departed ones' included (see the module doc).
+    pub(crate) fn shared_gets(&mut self) -> Counted {
+        for (holder, table) in &self.tables {
+            self.gets.fold(*holder, table.shared_gets());
+        }
+        self.gets.total
     }
 
     /// Publishes a sealed host object; `None` when it cannot be (directory full): its gets then
@@ -177,6 +226,20 @@ impl SharedRegions {
             *counts.entry(s.generation).or_insert(0) += 1;
         }
         counts
+    }
+
+    /// Per holder with a hold table, the generations its holds name now (a snapshot).
+    pub(crate) fn holds_by_holder(&self) -> Vec<(HolderId, Vec<u64>)> {
+        self.tables
+            .iter()
+            .map(|(h, t)| {
+                (
+                    *h,
+                    t.view().scan().map(|s| s.generation).collect::<Vec<_>>(),
+                )
+            })
+            .filter(|(_, held)| !held.is_empty())
+            .collect()
     }
 
     /// Holders with at least one hold now.

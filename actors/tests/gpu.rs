@@ -14,7 +14,8 @@ use std::time::Instant;
 use kameo::actor::{ActorRef, Spawn};
 use kameo::error::SendError;
 use vovp_actors::gpu::{AllocateDevice, BlockPtr, FreeDevice, GpuActor, GpuUsage};
-use vovp_gpu::{cuda_available, ipc, probe, DeviceBlock, GpuConfig, GpuError, BLOCK_ALIGN};
+use vovp_gpu::{cuda_available, ipc, probe, DeviceBlock, GpuError};
+use vovp_gpu_pool::{GpuConfig, BLOCK_ALIGN, DEFAULT_FREE_FRACTION_PERCENT};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -325,11 +326,11 @@ async fn gpu_default_capacity_is_a_share_of_free_memory() {
         .await
         .expect("block in the default pool");
     let usage = gpu.ask(GpuUsage).await.expect("usage");
-    let expected = free / 100 * vovp_gpu::DEFAULT_FREE_FRACTION_PERCENT;
+    let expected = free / 100 * DEFAULT_FREE_FRACTION_PERCENT;
     println!(
         "default pool on cuda:0: {:.1} GiB ({}% of {:.1} GiB free)",
         usage[0].capacity as f64 / GIB as f64,
-        vovp_gpu::DEFAULT_FREE_FRACTION_PERCENT,
+        DEFAULT_FREE_FRACTION_PERCENT,
         free as f64 / GIB as f64
     );
     // Free memory may have moved a little between the probe and the pool (other processes).

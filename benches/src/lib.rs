@@ -26,6 +26,7 @@ pub mod procs;
 pub mod report;
 pub mod rust_level;
 pub mod soak;
+pub mod spill;
 pub mod transfer;
 
 /// Binary size units.

@@ -25,6 +25,7 @@ const USAGE: &str =
        vovp-bench --weights [--quick]
        vovp-bench --transfer [--quick|--full]
        vovp-bench --metrics-cost [--quick|--full] [--baseline-engine PATH]
+       vovp-bench --spill [--quick|--full]
 
   --quick        short run (CI): no 1 GiB objects, fewer repetitions
   --full         the run behind BENCHMARKS.md (about 10 minutes on 2 cores)
@@ -58,7 +59,14 @@ const USAGE: &str =
   --metrics-cost only what the metrics cost: the Rust client's 64 B put/contains/get/delete
                  against daemons without and with --metrics (scraped every second), in one
                  run, interleaved; with --baseline-engine PATH also against that build (e.g.
-                 the commit before the metrics). Writes target/bench/metrics_cost.json
+                 the commit before the metrics). Writes target/bench/metrics_cost.json.
+                 --quick and --full runs include it (5 x 1000 ops quick, 21 x 5000 full)
+  --spill        spilling (--spill-dir) against the disk's own sequential write and read, a
+                 get of a spilled 64 MiB object against a fresh file read, other clients'
+                 GET p99 meanwhile (a 256 MiB store with --quick, 1 GiB with --full), and
+                 the 3x-memory workload against Ray's object store with the same memory
+                 (benches/spill.py, with the test venv's python when it has Ray). Writes
+                 target/bench/spill.json and spill_ray.json
 
 Needs `cargo build --release --workspace --bins` first. Writes target/bench/results.json,
 target/bench/results.md, target/bench/throughput.png and (with the peers workload)
@@ -118,6 +126,8 @@ struct Args {
     transfer: bool,
     /// --baseline-engine: the build `--metrics-cost` also compares with.
     baseline_engine: Option<PathBuf>,
+    /// --spill: only the spilling measurements.
+    spill: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -132,6 +142,7 @@ fn parse_args() -> Result<Args, String> {
     let mut metrics_cost = false;
     let mut transfer = false;
     let mut baseline_engine = None;
+    let mut spill = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -168,6 +179,7 @@ fn parse_args() -> Result<Args, String> {
             "--weights" => weights = true,
             "--metrics-cost" => metrics_cost = true,
             "--transfer" => transfer = true,
+            "--spill" => spill = true,
             "--baseline-engine" => {
                 baseline_engine = Some(PathBuf::from(
                     it.next()
@@ -184,6 +196,7 @@ fn parse_args() -> Result<Args, String> {
         .or(weights.then_some(Mode::Full))
         .or(metrics_cost.then_some(Mode::Quick))
         .or(transfer.then_some(Mode::Quick))
+        .or(spill.then_some(Mode::Quick))
         .ok_or("say --quick or --full")?;
     Ok(Args {
         mode,
@@ -199,6 +212,7 @@ fn parse_args() -> Result<Args, String> {
         metrics_cost,
         transfer,
         baseline_engine,
+        spill,
     })
 }
 
@@ -322,7 +336,7 @@ fn run_weights_alone(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
         return ExitCode::from(2);
     }
     match run_weights(paths, &python, engine_bin, mode, true) {
-        Ok(v) if weights_checks(&v).iter().all(|c| c.ok) => ExitCode::SUCCESS,
+        Ok(v) if python_checks(&v).iter().all(|c| c.ok) => ExitCode::SUCCESS,
         Ok(_) => {
             eprintln!("vovp-bench: FAILED: a weight-sync check failed (see above)");
             ExitCode::FAILURE
@@ -340,18 +354,7 @@ fn run_metrics_cost(paths: &Paths, engine_bin: &Path, args: &Args) -> ExitCode {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());
         return ExitCode::from(2);
     }
-    let (reps, ops) = match args.mode {
-        Mode::Quick => (9, 2000),
-        Mode::Full => (21, 5000),
-    };
-    let cfg = vovp_bench::metrics_cost::CostConfig {
-        engine: engine_bin.to_owned(),
-        baseline: args.baseline_engine.clone(),
-        reps,
-        ops,
-        out: paths.out.clone(),
-    };
-    match vovp_bench::metrics_cost::run(&cfg) {
+    match vovp_bench::metrics_cost::run(&cost_config(paths, engine_bin, args, (9, 2000))) {
         Ok(table) => {
             println!("{table}");
             ExitCode::SUCCESS
@@ -401,8 +404,112 @@ fn run_transfer_alone(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode 
     ExitCode::SUCCESS
 }
 
-/// weights.json's checks, as the report's.
-fn weights_checks(v: &Value) -> Vec<Check> {
+/// `--spill`: the targets on stdout (PASS/FAIL), the numbers in target/bench/spill.json; the
+/// Ray comparison in spill_ray.json when the test venv has Ray.
+fn run_spill(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
+    if let Err(e) = std::fs::create_dir_all(&paths.out) {
+        eprintln!("vovp-bench: {}: {e}", paths.out.display());
+        return ExitCode::from(2);
+    }
+    let (memory, object) = match mode {
+        Mode::Quick => (256 * vovp_bench::MIB, 16 * vovp_bench::MIB),
+        Mode::Full => (GIB, 64 * vovp_bench::MIB),
+    };
+    let cfg = vovp_bench::spill::SpillBenchConfig {
+        engine: engine_bin.to_owned(),
+        memory,
+        object,
+        reps: 3,
+        out: paths.out.clone(),
+    };
+    let mut failed = false;
+    match vovp_bench::spill::run(&cfg) {
+        Ok((table, _)) => println!("{table}"),
+        Err(e) => {
+            eprintln!("vovp-bench: --spill: {e}");
+            failed = true;
+        }
+    }
+    let python = test_venv_python(paths);
+    let has_ray = python.is_file()
+        && Command::new(&python)
+            .args(["-c", "import ray, vovp"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !has_ray {
+        println!(
+            "3x-memory workload against Ray: not run ({} has no Ray; ./scripts/test.sh makes \
+             one)",
+            python.display()
+        );
+    } else {
+        let root = paths.out.join("spill-ray");
+        let _ = std::fs::create_dir_all(&root);
+        let out = paths.out.join("spill_ray.json");
+        let status = Command::new(&python)
+            .arg(paths.root.join("benches/spill.py"))
+            .args([memory.to_string(), (16 * vovp_bench::MIB).to_string()])
+            .arg(&root)
+            .arg(&out)
+            .env("VOVP_ENGINE_BIN", engine_bin)
+            .status();
+        let _ = std::fs::remove_dir_all(&root);
+        let v: Value = std::fs::read(&out)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        let (vt, rt) = (v["vovp"]["total_s"].as_f64(), v["ray"]["total_s"].as_f64());
+        let lost = |s: &str| v[s]["objects"].as_u64() != v[s]["intact"].as_u64();
+        match (status, vt, rt) {
+            (Ok(st), Some(vt), Some(rt)) if st.success() => {
+                let pass = vt <= 0.5 * rt && !lost("vovp") && !lost("ray");
+                println!(
+                    "| 3x memory put then get all: vovp / Ray total time | {:.2}× ({vt:.2} vs \
+                     {rt:.2} s; intact {}/{} and {}/{}) | ≤ 0.50× | {} |",
+                    vt / rt,
+                    v["vovp"]["intact"],
+                    v["vovp"]["objects"],
+                    v["ray"]["intact"],
+                    v["ray"]["objects"],
+                    if pass { "PASS" } else { "FAIL" }
+                );
+                failed |= lost("vovp");
+            }
+            _ => println!("3x-memory workload against Ray did not complete: {v}"),
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// What `--metrics-cost` runs: `quick` (repetitions, ops per repetition) in quick mode, 21 of
+/// 5000 in full mode.
+fn cost_config(
+    paths: &Paths,
+    engine_bin: &Path,
+    args: &Args,
+    quick: (usize, usize),
+) -> vovp_bench::metrics_cost::CostConfig {
+    let (reps, ops) = match args.mode {
+        Mode::Quick => quick,
+        Mode::Full => (21, 5000),
+    };
+    vovp_bench::metrics_cost::CostConfig {
+        engine: engine_bin.to_owned(),
+        baseline: args.baseline_engine.clone(),
+        reps,
+        ops,
+        out: paths.out.clone(),
+    }
+}
+
+/// The checks of a Python driver's JSON (`checks`: name, ok, detail), as the report's.
+fn python_checks(v: &Value) -> Vec<Check> {
     v["checks"]
         .as_array()
         .into_iter()
@@ -486,6 +593,9 @@ fn main() -> ExitCode {
     }
     if args.transfer {
         return run_transfer_alone(&paths, &engine_bin, args.mode);
+    }
+    if args.spill {
+        return run_spill(&paths, &engine_bin, args.mode);
     }
     if let Err(e) = std::fs::create_dir_all(&paths.out) {
         eprintln!("vovp-bench: {}: {e}", paths.out.display());
@@ -578,6 +688,21 @@ fn main() -> ExitCode {
         );
     }
 
+    // The metrics' cost: the small ops against daemons with --metrics on and off, in one run
+    // (a short pass in quick mode, so that CI runs it too).
+    let mut metrics_md = String::new();
+    if args.rust && args.perf && args.only.is_none() {
+        let t = Instant::now();
+        match vovp_bench::metrics_cost::run(&cost_config(&paths, &engine_bin, &args, (5, 1000))) {
+            Ok(table) => metrics_md = table,
+            Err(e) => report.errors.push(format!("metrics cost: {e}")),
+        }
+        eprintln!(
+            "vovp-bench: the metrics' cost took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
     let mut driver_info = Value::Null;
     if let Some(py) = python.as_ref().filter(|_| args.perf) {
         match Daemon::start(
@@ -635,7 +760,7 @@ fn main() -> ExitCode {
         };
         match run_weights(&paths, &weights_python, &engine_bin, args.mode, ray) {
             Ok(v) => {
-                report.checks.extend(weights_checks(&v));
+                report.checks.extend(python_checks(&v));
                 weights_md = v["markdown"].as_str().unwrap_or("").to_string();
             }
             Err(e) => report.errors.push(format!("weight-sync benchmark: {e}")),
@@ -691,6 +816,11 @@ fn main() -> ExitCode {
     if !weights_md.is_empty() {
         markdown.push_str(&format!(
             "\n### Weight sync (versions, benches/weights.py)\n\n{weights_md}"
+        ));
+    }
+    if !metrics_md.is_empty() {
+        markdown.push_str(&format!(
+            "\n### What the metrics cost (small ops, --metrics on and off)\n\n{metrics_md}"
         ));
     }
     let machine = machine_info();
@@ -860,13 +990,7 @@ fn run_driver(
     if v["peers"].is_object() {
         report.peers = Some(Peers::from_json(&v["peers"])?);
     }
-    for c in v["checks"].as_array().into_iter().flatten() {
-        report.checks.push(Check {
-            name: format!("Python: {}", c["name"].as_str().unwrap_or("?")),
-            ok: c["ok"].as_bool().unwrap_or(false),
-            detail: c["detail"].as_str().unwrap_or("").into(),
-        });
-    }
+    report.checks.extend(python_checks(&v));
     if let Some(e) = v["error"].as_str() {
         return Err(e.to_string());
     }

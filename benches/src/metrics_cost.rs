@@ -59,7 +59,7 @@ pub struct CostConfig {
 }
 
 /// Runs the comparison; returns the markdown table (also written, with the samples, to
-/// `out/metrics_cost.json`).
+/// `metrics_cost.json` in `cfg.out`).
 pub fn run(cfg: &CostConfig) -> Result<String, String> {
     let mut plan: Vec<(&'static str, &Path, Vec<String>)> = vec![
         ("off", &cfg.engine, vec![]),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::procs::{self, Daemon};
-use crate::report::{Check, Report};
+use crate::report::Report;
 use crate::MIB;
 
 /// (probe name in probes.py, what it does, Plasma's test it follows, when there is one).
@@ -179,11 +179,11 @@ pub fn run(
             "vovp-bench: probe {probe}: vovp: {}; Plasma: {}",
             v.text, p.text
         );
-        report.checks.push(Check {
-            name: format!("Probe (vovp): {what}"),
-            ok: v.ok,
-            detail: format!("vovp: {}. Plasma: {}", v.text, p.text),
-        });
+        report.check(
+            format!("Probe (vovp): {what}"),
+            v.ok,
+            format!("vovp: {}. Plasma: {}", v.text, p.text),
+        );
         rows.push(json!({
             "probe": probe, "what": what, "plasma_test": anchor,
             "vovp": {"ok": v.ok, "outcome": v.text, "daemon_survived": v.survived, "raw": v.json},

@@ -134,14 +134,6 @@ impl Daemon {
         let _ = self.child.wait();
         None
     }
-
-    /// Peak resident memory of the daemon so far (VmHWM), in bytes, when readable.
-    pub fn peak_rss(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kb * 1024)
-    }
 }
 
 impl Drop for Daemon {

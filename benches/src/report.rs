@@ -317,6 +317,17 @@ pub struct Report {
     pub errors: Vec<String>,
 }
 
+impl Report {
+    /// Records the functional check `name` (failing one fails the run).
+    pub fn check(&mut self, name: impl Into<String>, ok: bool, detail: impl Into<String>) {
+        self.checks.push(Check {
+            name: name.into(),
+            ok,
+            detail: detail.into(),
+        });
+    }
+}
+
 pub fn median(xs: &[f64]) -> Option<f64> {
     if xs.is_empty() {
         return None;
@@ -610,6 +621,11 @@ impl Report {
                 },
             );
         }
+        t.push(ratio_target(
+            self.row("py.pair.put.64"),
+            "Python put_tensor 64 B (numpy), back to back with raw put in one loop: ≥ 0.9× its op/s",
+            |r| r >= 0.9,
+        ));
         for op in ["put", "get"] {
             t.push(ratio_target(
                 self.row(&format!("py.batch.{op}.64")),

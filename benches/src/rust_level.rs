@@ -11,7 +11,7 @@ use vovp::{CreateOptions, Store};
 use crate::limits::{
     allowed_cpus, copy_gbps, pinned_rtt_us, split_copy_gbps, ProcessEcho, SharedMapping, SocketEcho,
 };
-use crate::report::{Check, Limit, Report, Row};
+use crate::report::{Limit, Report, Row};
 use crate::{pattern, same_bytes, size_label, SourceBuf, KIB, MIB};
 
 /// How much each workload repeats.
@@ -315,11 +315,11 @@ pub fn large_objects(cfg: &RustConfig, stores: &Stores<'_>, report: &mut Report)
             });
         }
         for (i, (which, _)) in stores.each().iter().enumerate() {
-            report.checks.push(Check {
-                name: format!("{}: {sl} objects read back intact", label(which)),
-                ok: intact[i],
-                detail: String::new(),
-            });
+            report.check(
+                format!("{}: {sl} objects read back intact", label(which)),
+                intact[i],
+                "",
+            );
             if size >= MIB {
                 report.rows.push(Row {
                     key: format!("rust.{which}.put.{size}"),

@@ -24,6 +24,7 @@ use vovp_proto::VERSION;
 use crate::MIB;
 
 mod harness;
+mod spill_phase;
 
 pub use harness::run;
 

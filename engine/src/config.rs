@@ -1,8 +1,9 @@
 //! Engine configuration and the size syntax shared by the daemon's flags (`1G`, `512M`).
 
-use vovp_gpu::GpuConfig;
+use vovp_actors::gpu::GpuConfig;
 
 use crate::Error;
+pub use vovp_actors::SpillConfig;
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -32,9 +33,13 @@ pub struct Config {
     /// Most host objects held at once (at most, and by default, [`crate::MAX_OBJECTS`]).
     pub max_objects: u32,
     /// Publish sealed host objects in a shared directory that clients read with no message,
-    /// pinning what they get in hold tables of their own (ARCHITECTURE.md, "Shared directory
-    /// and hold tables"). Off: every get is a message to the store.
+    /// pinning what they get in hold tables of their own (vovp-shm's crate doc,
+    /// "Who does what"). Off: every get is a message to the store.
     pub shared_reads: bool,
+    /// Spill unreferenced sealed host objects to this directory instead of evicting them, and
+    /// read them back on the next get (`--spill-dir`, `--spill-max`). `None` (the default):
+    /// eviction drops them, as Plasma did. README, "Semantics".
+    pub spill: Option<SpillConfig>,
 }
 
 impl Config {
@@ -49,6 +54,7 @@ impl Config {
             client_arenas: true,
             max_objects: crate::MAX_OBJECTS as u32,
             shared_reads: true,
+            spill: None,
         }
     }
 }

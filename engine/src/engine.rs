@@ -120,6 +120,8 @@ impl Engine {
             config
                 .shared_reads
                 .then(|| SharedConfig::for_store(config.capacity, config.max_objects as u64)),
+            config.spill.as_ref(),
+            config.max_objects as usize,
         )?;
         let pipelined_puts_applied = table.pipelined_puts_applied();
         let table = ObjectTableActor::spawn_with_mailbox(table, mailbox::unbounded());
@@ -163,7 +165,7 @@ fn runtime_thread(
 
 /// The GPU actor gets a thread of its own: its driver calls block (the first request on a device
 /// creates a context and a pool, up to about a second), and must not stall the engine's thread.
-fn spawn_gpu_actor(config: vovp_gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Error> {
+fn spawn_gpu_actor(config: vovp_actors::gpu::GpuConfig) -> Result<ActorRef<GpuActor>, Error> {
     let (tx, rx) = std::sync::mpsc::channel();
     runtime_thread("vovp-gpu", "GPU", move |rt| {
         // (No runtime: the sender drops unsent, and the caller learns the thread died.)

@@ -25,14 +25,15 @@ mod engine;
 mod session;
 mod shared_reads;
 
-pub use config::{parse_size, Config};
+pub use config::{parse_size, Config, SpillConfig};
 pub use engine::{Engine, EngineHandle};
-pub use session::{LentObject, Session, Subscription};
+pub use session::{LentObject, Notifications, Session};
 pub use vovp_types::*;
 
+pub use vovp_actors::gpu::{parse_gpu_memory, GpuConfig};
 pub use vovp_actors::Segment;
 pub use vovp_actors::SegmentGrant;
 pub use vovp_actors::SharedFds;
 pub use vovp_actors::{available_memory, BACKING_MARGIN};
-pub use vovp_gpu::{CudaStore, GpuConfig};
+pub use vovp_gpu::CudaStore;
 pub use vovp_shm::copy::parallel_copy;

@@ -15,7 +15,7 @@ use vovp_actors::SharedFds;
 use vovp_actors::{SegmentFor, SegmentGrant, Writer};
 use vovp_types::{
     CreateOptions, HolderId, Lend, Location, Notification, ObjectId, ObjectInfo, ObjectName,
-    ObjectRef, PutOptions, StoreStats,
+    ObjectRef, PutOptions, StoreMetrics, StoreStats,
 };
 
 use crate::core::{block_on, Core};
@@ -23,8 +23,9 @@ use crate::{Config, Error, MAX_INLINE_PUT};
 use vovp_types::{Mapped, ObjectSink};
 
 /// Notifications of one [`Session::subscribe`], in order. The engine drops a subscriber that
-/// falls 4096 notifications behind (the receiver then reports closed).
-pub type Subscription = mpsc::Receiver<Notification>;
+/// falls 4096 notifications behind (the receiver then reports closed). (Not the clients'
+/// `vovp_client::Subscription`, a connection of its own that reads them from a socket.)
+pub type Notifications = mpsc::Receiver<Notification>;
 
 /// Who writes a session's objects, which decides where they go and what an abort frees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,11 +225,7 @@ impl Session {
                 name,
                 data,
                 metadata: Arc::from(metadata),
-                ephemeral: options.ephemeral,
-                replace: options.replace,
-                keep_reference: options.keep_reference,
-                pipelined: options.pipelined,
-                version: options.version,
+                options,
             })
             .await
             .answer()
@@ -369,11 +366,7 @@ impl Session {
             name,
             size: o.size,
             metadata: Arc::from(o.metadata),
-            ephemeral: o.options.ephemeral,
-            replace: o.options.replace,
-            keep_reference: o.options.keep_reference,
-            pipelined: o.options.pipelined,
-            version: o.options.version,
+            options: o.options,
         })
     }
 
@@ -477,7 +470,7 @@ impl Session {
             })
             .await
             .answer()?;
-        rx.await.map_err(|_| Error::ShuttingDown)
+        rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
     /// Drops one reference per id; every id is processed, the first failure is returned.
@@ -572,8 +565,15 @@ impl Session {
         self.table().ask(msg::Stats).await.answer()
     }
 
+    /// What the daemon's metrics report of the store, in one message: STATS, resident bytes,
+    /// live lends, what the store did ever (seals, gets by message and through the shared
+    /// directory, deletes, replaces, lends, publishes) and every holder's references and bytes.
+    pub async fn metrics(&self) -> Result<StoreMetrics, Error> {
+        self.table().ask(msg::Metrics).await.answer()
+    }
+
     /// Seal, delete and evict notifications from now on.
-    pub async fn subscribe(&self) -> Result<Subscription, Error> {
+    pub async fn subscribe(&self) -> Result<Notifications, Error> {
         self.table().ask(msg::Subscribe).await.answer()
     }
 

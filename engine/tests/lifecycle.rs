@@ -106,7 +106,7 @@ fn abort_frees_and_only_unsealed_can_be_aborted() {
     wait_for(|| e.list().unwrap().len() == 1);
 }
 
-/// Regression (found by fuzz/request_sequence): sealing a buffer whose object had been aborted
+/// Regression (found by the `request_sequence` fuzz target): sealing a buffer whose object had been aborted
 /// sealed the newer object its session had since created under the same name, and handed back
 /// a view of the aborted object. Now the buffer's seal is refused and the newer object untouched.
 #[test]
@@ -124,7 +124,7 @@ fn buffer_of_an_aborted_object_does_not_seal_a_newer_one() {
     assert_eq!(e.get_one("a", None).unwrap().id(), sealed.id());
 }
 
-/// Regression (found with fuzz/request_sequence's harness): abort(name) freed the memory under
+/// Regression (found with the `request_sequence` fuzz target's harness): abort(name) freed the memory under
 /// the creator's still-alive buffer, so safe code writing that buffer wrote into the next object
 /// given the memory, sealed or not. Now the memory goes with the buffer.
 #[test]

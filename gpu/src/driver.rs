@@ -1,5 +1,5 @@
-//! Thin, never-panicking layer over cudarc's raw driver bindings, shared by the daemon side
-//! (the pool actor) and the client side (`ipc`).
+//! Thin, never-panicking layer over cudarc's raw driver bindings, shared by the client side
+//! (`ipc`) and the store's device pools (`vovp-gpu-pool`, through `crate::primary`).
 //!
 //! Why raw `sys` calls rather than cudarc's safe API: we need CUDA IPC (not wrapped there), full
 //! control over which context is current, and no `unwrap`/`expect` between us and the driver.
@@ -24,7 +24,7 @@ use crate::GpuError;
 
 /// Runs one driver call. A non-success code becomes [`GpuError::Driver`] naming the call; a panic
 /// inside cudarc (library or symbol not loadable) becomes [`GpuError::GpuUnavailable`].
-pub(crate) fn cu(what: &str, f: impl FnOnce() -> CUresult) -> Result<(), GpuError> {
+pub fn cu(what: &str, f: impl FnOnce() -> CUresult) -> Result<(), GpuError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(CUresult::CUDA_SUCCESS) => Ok(()),
         Ok(code) => Err(GpuError::Driver(format!("{what}: {}", describe(code)))),
@@ -321,7 +321,7 @@ pub(crate) fn driver_version() -> Result<i32, GpuError> {
 /// juggling. Why never released: releasing the last reference destroys the context and everything
 /// in it, and re-creating one costs ~100 ms and hundreds of MiB of device memory; the runtime makes
 /// the same choice.
-pub(crate) struct PrimaryCtx {
+pub struct PrimaryCtx {
     pub(crate) ordinal: u32,
     pub(crate) dev: sys::CUdevice,
     ctx: sys::CUcontext,
@@ -333,10 +333,21 @@ unsafe impl Send for PrimaryCtx {}
 // SAFETY: as above; the struct is immutable after creation.
 unsafe impl Sync for PrimaryCtx {}
 
+impl std::fmt::Debug for PrimaryCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PrimaryCtx(cuda:{})", self.ordinal)
+    }
+}
+
 impl PrimaryCtx {
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
     /// Makes this context current on the calling thread. Needed before every batch of driver
     /// calls: actors and clients run on thread pools, so "current" is never a given.
-    pub(crate) fn make_current(&self) -> Result<(), GpuError> {
+    pub fn make_current(&self) -> Result<(), GpuError> {
         // SAFETY: ctx is a live primary context (retained forever).
         cu("cuCtxSetCurrent", || unsafe {
             sys::cuCtxSetCurrent(self.ctx)
@@ -349,7 +360,7 @@ static CONTEXTS: LazyLock<Mutex<HashMap<u32, &'static PrimaryCtx>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The primary context of device `ordinal`, made current on the calling thread.
-pub(crate) fn context(ordinal: u32) -> Result<&'static PrimaryCtx, GpuError> {
+pub fn context(ordinal: u32) -> Result<&'static PrimaryCtx, GpuError> {
     check_device(i64::from(ordinal))?;
     let ctx = {
         // A poisoned lock only means another thread panicked while holding it; the map itself is
@@ -396,7 +407,7 @@ pub(crate) fn device_name(ctx: &PrimaryCtx) -> Result<String, GpuError> {
 }
 
 /// (free, total) bytes of the device whose context is current.
-pub(crate) fn mem_info(ctx: &PrimaryCtx) -> Result<(u64, u64), GpuError> {
+pub fn mem_info(ctx: &PrimaryCtx) -> Result<(u64, u64), GpuError> {
     ctx.make_current()?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: writes two size_t.

@@ -18,7 +18,7 @@
 //!
 //! Limits the caller must know:
 //! * a process cannot open an IPC handle it exported itself: the daemon reaches its own blocks
-//!   through [`crate::BlockPtr`] instead;
+//!   through the GPU actor's `BlockPtr` message (`vovp-actors`) instead;
 //! * `DeviceBlock::device` is the daemon's ordinal: client and daemon must see the same devices in
 //!   the same order (same `CUDA_VISIBLE_DEVICES`).
 

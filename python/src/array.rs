@@ -134,34 +134,21 @@ pub(crate) fn array_struct<'py>(
     Ok(capsule)
 }
 
-/// The bytes of the C-contiguous array `src` to put (see [`contiguous_bytes`]) and the layout
-/// its result is shown with (`kind`, `itemsize`, `shape`: exactly those bytes).
-pub(crate) fn put_source<'a>(
-    src: &'a Bound<'_, PyAny>,
-    kind: &str,
-    itemsize: u32,
-    shape: Vec<isize>,
-) -> PyResult<(&'a [u8], Layout)> {
-    let (addr, size) = contiguous_bytes(src)?;
-    let layout = Layout::of_kind(kind, itemsize, shape, size as u64)?;
-    Ok((exported_bytes(src, addr, size), layout))
-}
-
-/// The bytes of the C-contiguous array `src` to put, and the layout its result is shown with
-/// when `layout` ((kind, itemsize, shape)) is given.
+/// The bytes of the C-contiguous array `src` to put (see [`contiguous_bytes`]), and the layout
+/// its result is shown with when `layout` ((kind, itemsize, shape): exactly those bytes) is
+/// given.
 pub(crate) fn source_with_layout<'a>(
     src: &'a Bound<'_, PyAny>,
     layout: Option<(String, u32, Vec<isize>)>,
 ) -> PyResult<(&'a [u8], Option<Layout>)> {
-    match layout {
+    let (addr, size) = contiguous_bytes(src)?;
+    let layout = match layout {
         Some((kind, itemsize, shape)) => {
-            put_source(src, &kind, itemsize, shape).map(|(data, layout)| (data, Some(layout)))
+            Some(Layout::of_kind(&kind, itemsize, shape, size as u64)?)
         }
-        None => {
-            let (addr, size) = contiguous_bytes(src)?;
-            Ok((exported_bytes(src, addr, size), None))
-        }
-    }
+        None => None,
+    };
+    Ok((exported_bytes(src, addr, size), layout))
 }
 
 /// The `len` bytes at `addr` that array `src` exports (read from its `__array_struct__`), as

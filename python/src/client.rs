@@ -15,7 +15,7 @@ use vovp_types::{CreateOptions, Error, ObjectView, Store};
 use crate::array::Layout;
 use crate::errors::to_py;
 use crate::process::this_process;
-use crate::put::{self, PutOptions};
+use crate::put::{self, PyPutOptions};
 use crate::subscription::PySubscription;
 use crate::views::{Buffer, Object};
 
@@ -68,7 +68,7 @@ impl Client {
         name: &str,
         data: &[u8],
         metadata: &[u8],
-        options: &PutOptions,
+        options: &PyPutOptions,
         layout: Option<Layout>,
     ) -> PyResult<PyObject> {
         let inner = self.usable()?;
@@ -82,15 +82,14 @@ impl Client {
         answer.into_py(py, layout)
     }
 
-    /// The batch behind `put_batch` and `put_tensors_host`: per item (name, bytes, metadata,
-    /// result layout, writable) its result or its exception (see
-    /// `vovp_client::Client::put_batch`).
+    /// The batch behind `put_batch`: per item (name, bytes, metadata, result layout,
+    /// writable) its result or its exception (see `vovp_client::Client::put_batch`).
     #[allow(clippy::type_complexity)]
     fn put_items(
         &self,
         py: Python<'_>,
         items: Vec<(&str, &[u8], &[u8], Option<Layout>, bool)>,
-        options: &PutOptions,
+        options: &PyPutOptions,
     ) -> PyResult<Vec<PyObject>> {
         let inner = self.usable()?;
         let asked = put::route_options(inner, options);
@@ -101,7 +100,7 @@ impl Client {
             let outcomes = inner.put_batch(&puts, asked)?;
             let answers = (outcomes.into_iter().zip(&items))
                 .map(|(outcome, &(name, _, metadata, _, writable))| {
-                    let options = PutOptions {
+                    let options = PyPutOptions {
                         writable: options.writable || writable,
                         ..*options
                     };
@@ -288,49 +287,6 @@ impl Client {
         }
     }
 
-    /// PUT of `size` bytes at address `addr` (a contiguous buffer the caller keeps alive for the
-    /// call). `keep`: return the stored object's view, else (`wait`) its object id, else
-    /// None: a small put is then sent without waiting for the store's answer (`sync`).
-    /// `replace`: the name may be taken; this put becomes its next version.
-    #[pyo3(signature = (name, addr, size, metadata = b"".as_slice(), ephemeral = false, keep = false, writable = false, wait = true, replace = false))]
-    #[allow(clippy::too_many_arguments)]
-    fn put(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        addr: usize,
-        size: usize,
-        metadata: &[u8],
-        ephemeral: bool,
-        keep: bool,
-        writable: bool,
-        wait: bool,
-        replace: bool,
-    ) -> PyResult<PyObject> {
-        if addr == 0 && size != 0 {
-            return Err(PyValueError::new_err("a null buffer address"));
-        }
-        // SAFETY: the caller (vovp.client, never user code) passes the address and length of a
-        // contiguous buffer it holds a reference to until this call returns.
-        let data: &[u8] = if size == 0 {
-            &[]
-        } else {
-            unsafe { std::slice::from_raw_parts(addr as *const u8, size) }
-        };
-        let options = PutOptions {
-            options: vovp_types::PutOptions {
-                ephemeral,
-                device: None,
-                replace,
-                keep_reference: keep,
-                pipelined: !keep && !wait,
-                version: None,
-            },
-            writable,
-        };
-        self.put_bytes(py, name, data, metadata, &options, None)
-    }
-
     /// The one put: the bytes of `src` (a C-contiguous array: numpy's, or anything with
     /// `__array_struct__`) with `metadata` as object `name`, as `options` asks. Returns the
     /// store's copy (an `Object`) when kept, shown with `layout` ((kind, itemsize, shape) of
@@ -346,7 +302,7 @@ impl Client {
         py: Python<'_>,
         name: &str,
         src: &Bound<'_, PyAny>,
-        options: PutOptions,
+        options: PyPutOptions,
         metadata: &[u8],
         layout: Option<(String, u32, Vec<isize>)>,
         framework: Option<u8>,
@@ -371,96 +327,13 @@ impl Client {
         &self,
         py: Python<'_>,
         items: Vec<BatchItem<'_>>,
-        options: PutOptions,
+        options: PyPutOptions,
     ) -> PyResult<Vec<PyObject>> {
         let mut prepared = Vec::with_capacity(items.len());
         for (name, src, metadata, layout, writable) in &items {
             let (data, layout) = crate::array::source_with_layout(src, layout.clone())?;
             prepared.push((name.as_str(), data, metadata.as_slice(), layout, *writable));
         }
-        self.put_items(py, prepared, &options)
-    }
-
-    /// `put_tensor` of a host tensor up to the inline or lend limit, in one call: the bytes of
-    /// `src` (a C-contiguous numpy array of the dtype to store, read through its
-    /// `__array_struct__`) become object `name`, kept, shown to numpy with the result's layout
-    /// (`Object.set_layout`). A small one, or one through the lend (64 KiB up to the lend's
-    /// largest object), comes back at once, *pending*: its id, version and any failure come
-    /// with the store's answer, read later (`vovp_client::Client::put_view_later`).
-    #[pyo3(signature = (name, src, metadata, ephemeral, writable, replace, kind, itemsize, shape))]
-    #[allow(clippy::too_many_arguments)]
-    fn put_tensor_host(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        src: &Bound<'_, PyAny>,
-        metadata: &[u8],
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-        kind: &str,
-        itemsize: u32,
-        shape: Vec<isize>,
-    ) -> PyResult<PyObject> {
-        let (data, layout) = crate::array::put_source(src, kind, itemsize, shape)?;
-        let options = kept_later(ephemeral, writable, replace);
-        self.put_bytes(py, name, data, metadata, &options, Some(layout))
-    }
-
-    /// `put_tensor_host` of a numpy array `put_tensor` can store as it is (see
-    /// `array::tensor_source`: C-contiguous, little-endian, a dtype the header names), its
-    /// header (framework byte `framework`) and result layout made here from one read of its
-    /// `__array_struct__`. None, sending nothing, for any other array.
-    #[pyo3(signature = (name, src, framework, ephemeral, writable, replace))]
-    #[allow(clippy::too_many_arguments)]
-    fn put_array(
-        &self,
-        py: Python<'_>,
-        name: &str,
-        src: &Bound<'_, PyAny>,
-        framework: u8,
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-    ) -> PyResult<PyObject> {
-        let options = kept_later(ephemeral, writable, replace);
-        self.put_with(py, name, src, options, b"", None, Some(framework))
-    }
-
-    /// `put_tensors`' host tensors up to the inline limit, in one call: `items` are
-    /// (name, src, metadata, kind, itemsize, shape, writable) as `put_tensor_host`'s. With a
-    /// release thread the small ones go out together, pipelined (one write), the rest wait one
-    /// by one. Returns an Object (its layout set, made writable if asked) or the exception of
-    /// each item.
-    #[pyo3(signature = (items, ephemeral = false, replace = false))]
-    #[allow(clippy::type_complexity)]
-    fn put_tensors_host(
-        &self,
-        py: Python<'_>,
-        items: Vec<(
-            String,
-            Bound<'_, PyAny>,
-            Vec<u8>,
-            String,
-            u32,
-            Vec<isize>,
-            bool,
-        )>,
-        ephemeral: bool,
-        replace: bool,
-    ) -> PyResult<Vec<PyObject>> {
-        let mut prepared = Vec::with_capacity(items.len());
-        for (name, src, metadata, kind, itemsize, shape, writable) in &items {
-            let (data, layout) = crate::array::put_source(src, kind, *itemsize, shape.clone())?;
-            prepared.push((
-                name.as_str(),
-                data,
-                metadata.as_slice(),
-                Some(layout),
-                *writable,
-            ));
-        }
-        let options = kept_later(ephemeral, false, replace);
         self.put_items(py, prepared, &options)
     }
 
@@ -570,6 +443,7 @@ impl Client {
                 )?;
                 d.set_item("metadata", PyBytes::new(py, &o.metadata))?;
                 d.set_item("version", o.version)?;
+                d.set_item("spilled", o.spilled)?;
                 Ok(d)
             })
             .collect()
@@ -699,6 +573,12 @@ impl Client {
         Ok((info.address, counters))
     }
 
+    /// The daemon's metrics in the Prometheus text format (METRICS).
+    fn metrics(&self, py: Python<'_>) -> PyResult<String> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.metrics()).map_err(to_py)
+    }
+
     /// STATS as a dict (PROTOCOL.md's field names).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = self.usable()?;
@@ -727,20 +607,4 @@ fn row_ids(ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
         }
     }
     ids.extract::<Vec<u64>>()
-}
-
-/// The options of the kept puts of `put_tensor` (`put_tensor_host`, `put_array`,
-/// `put_tensors_host`): the store's copy back, before the store's answer where the client may.
-fn kept_later(ephemeral: bool, writable: bool, replace: bool) -> PutOptions {
-    PutOptions {
-        options: vovp_types::PutOptions {
-            ephemeral,
-            device: None,
-            replace,
-            keep_reference: true,
-            pipelined: true,
-            version: None,
-        },
-        writable,
-    }
 }

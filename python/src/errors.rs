@@ -28,6 +28,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 | Error::Protocol(m)
                 | Error::TooLarge(m)
                 | Error::Transfer(m)
+                | Error::SpillDamaged(m)
                 | Error::Internal(m) => m.clone(),
                 other => other.to_string(),
             };

@@ -43,7 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INLINE_LIMIT", vovp_types::CLIENT_INLINE_PUT)?;
     m.add_function(wrap_pyfunction!(array::copy_bytes, m)?)?;
     m.add_class::<client::Client>()?;
-    m.add_class::<put::PutOptions>()?;
+    m.add_class::<put::PyPutOptions>()?;
     m.add_class::<views::Object>()?;
     m.add_class::<views::Buffer>()?;
     m.add_class::<subscription::PySubscription>()?;

@@ -1,9 +1,8 @@
 //! The Python core's one put: `vovp._native.PutOptions` (the Rust client's
 //! [`vovp_types::PutOptions`] as one Python object, and how a kept result is shown) and what a
-//! put's outcome becomes for Python. `Client.put_with` and `Client.put_batch` take it; the
-//! older entry points (`put`, `put_tensor_host`, `put_array`, `put_tensors_host`) build one
-//! and go the same way, so that every put from Python takes the Rust client's route
-//! (`vovp_types::put::route`).
+//! put's outcome becomes for Python. `Client.put_with` and `Client.put_batch` take it, and
+//! they are the only puts the native client has, so that every put from Python takes the
+//! Rust client's route (`vovp_types::put::route`).
 //!
 //! One frozen object rather than keyword arguments or a dict: the Python layer makes it once
 //! per kind of put and passes it on every call, and reading it back here is a type check and
@@ -19,7 +18,7 @@ use crate::views::Object;
 /// How a put is made (`Client.put_with`, `Client.put_batch`).
 #[pyclass(module = "vovp._native", name = "PutOptions", frozen)]
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct PutOptions {
+pub(crate) struct PyPutOptions {
     pub(crate) options: vovp_types::PutOptions,
     /// A kept result is shown writable (a torch tensor's): in place for this client's own
     /// large objects, else through a private copy-on-write mapping.
@@ -27,21 +26,25 @@ pub(crate) struct PutOptions {
 }
 
 #[pymethods]
-impl PutOptions {
+impl PyPutOptions {
+    /// `device`: a CUDA device's ordinal, which a put refuses (it copies host bytes: a
+    /// device object is created, then written); kept so that the refusal is the Rust route's.
+    /// `version`: seal as exactly this version of the name (see [`Self::version`]).
     #[new]
-    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false, version = None))]
+    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false, device = None, version = None))]
     fn new(
         ephemeral: bool,
         replace: bool,
         keep_reference: bool,
         pipelined: bool,
         writable: bool,
+        device: Option<u32>,
         version: Option<u64>,
     ) -> Self {
-        PutOptions {
+        PyPutOptions {
             options: vovp_types::PutOptions {
                 ephemeral,
-                device: None,
+                device: device.map(vovp_types::Device::Cuda),
                 replace,
                 keep_reference,
                 pipelined,
@@ -89,18 +92,33 @@ impl PutOptions {
         self.writable
     }
 
+    /// The CUDA device named, or None (host memory).
+    #[getter]
+    fn device(&self) -> Option<u32> {
+        match self.options.device {
+            Some(vovp_types::Device::Cuda(d)) => Some(d),
+            Some(vovp_types::Device::Cpu) | None => None,
+        }
+    }
+
     fn __repr__(&self) -> String {
         let o = &self.options;
+        let device = match self.device() {
+            Some(d) => format!(", device={d}"),
+            None => String::new(),
+        };
+        let version = o
+            .version
+            .map(|v| format!(", version={v}"))
+            .unwrap_or_default();
         format!(
-            "PutOptions(ephemeral={}, replace={}, keep_reference={}, pipelined={}, writable={}{})",
+            "PutOptions(ephemeral={}, replace={}, keep_reference={}, pipelined={}, \
+             writable={}{device}{version})",
             py_bool(o.ephemeral),
             py_bool(o.replace),
             py_bool(o.keep_reference),
             py_bool(o.pipelined),
             py_bool(self.writable),
-            o.version
-                .map(|v| format!(", version={v}"))
-                .unwrap_or_default()
         )
     }
 }
@@ -117,7 +135,7 @@ fn py_bool(b: bool) -> &'static str {
 /// answer only on a client with a release thread, which reads the reply of a result dropped
 /// before it came (else its reference would wait for this client's next call, and
 /// `release_delay=0` promises releases at once).
-pub(crate) fn route_options(client: &RustClient, options: &PutOptions) -> vovp_types::PutOptions {
+pub(crate) fn route_options(client: &RustClient, options: &PyPutOptions) -> vovp_types::PutOptions {
     let mut o = options.options;
     o.pipelined &= !o.keep_reference || client.defers_releases();
     o
@@ -140,7 +158,7 @@ pub(crate) fn answer(
     put: Put,
     name: &str,
     metadata: &[u8],
-    options: &PutOptions,
+    options: &PyPutOptions,
 ) -> Result<Answer, Error> {
     let obj = match put {
         Put::Kept(view) => Object::new(view),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
 import os
 import time
 
@@ -17,6 +18,27 @@ def wait_for(predicate, timeout=10.0, interval=0.02):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(interval)
+
+
+def spawn_queue_worker(target):
+    """``target(inq, outq)`` in a process of the spawn context, started: (process, inq,
+    outq)."""
+    ctx = mp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    w = ctx.Process(target=target, args=(inq, outq))
+    w.start()
+    return w, inq, outq
+
+
+def requests_after_first_get(client, name) -> int:
+    """``client``'s requests so far, once it got ``name`` and dropped it (the first get from a
+    putter's arena maps it: one SEGMENT request, then the arena stays mapped) and its release
+    went out."""
+    first = client.get_tensor(name)
+    del first
+    gc.collect()
+    client.flush()
+    return client.core.requests_sent()
 
 
 def store_backed(arr) -> bool:

@@ -87,7 +87,17 @@ STATS_FIELDS = (
     "waiting_gets",
     "put_barriers",
     "half_closed",
+    # Since spilling (a STATS with `u32 fields` asks for them; an empty one gets the 16 above).
+    "spilled_objects",
+    "spilled_bytes",
+    "spills",
+    "spill_bytes",
+    "restores",
+    "restore_bytes",
+    "spill_failures",
+    "restore_failures",
 )
+STATS_FIELDS_FIRST = 16  # what a STATS with an empty payload answers
 
 # --- precompiled structs -------------------------------------------------------------------
 
@@ -107,7 +117,6 @@ LOC_CUDA_S = struct.Struct("<IIQ64s")
 OBJREF_HOST = struct.Struct("<QQBIQI")
 HELLO_REPLY = struct.Struct("<HQII")
 HELLO_SEGMENT = struct.Struct("<IQ")
-STATS_REPLY = struct.Struct("<%dQ" % len(STATS_FIELDS))
 # Request prefixes that end right where a variable-length name starts.
 GET1_PREFIX = struct.Struct("<IBBHQqIH")  # header, timeout_ms, n = 1, name length
 NAME_PREFIX = struct.Struct("<IBBHQH")  # header, name length (SEAL/ABORT/CONTAINS/DELETE)
@@ -390,10 +399,11 @@ def decode_list(buf, pos: int) -> tuple:
 
 
 def decode_stats(buf, pos: int) -> dict:
-    try:
-        return dict(zip(STATS_FIELDS, STATS_REPLY.unpack_from(buf, pos)))
-    except struct.error:
-        raise ProtocolError("truncated STATS reply") from None
+    """The fields the reply carries: every field, or the first 16 (an empty STATS' answer)."""
+    n = min((len(buf) - pos) // 8, len(STATS_FIELDS))
+    if n < STATS_FIELDS_FIRST:
+        raise ProtocolError("truncated STATS reply")
+    return dict(zip(STATS_FIELDS, struct.unpack_from("<%dQ" % n, buf, pos)))
 
 
 def decode_notify(buf, pos: int):

@@ -51,7 +51,9 @@ def cluster():
         ray.init(address=f"127.0.0.1:{port}")
         c.wait_for_nodes()
         vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="256M",
-                engine=str(ENGINE), stall_timeout=10.0)
+                engine=str(ENGINE), stall_timeout=10.0, metrics_interval=1.0,
+                spill_dir=os.path.join(sock_dir, "spill-{node}"))
+        c.vovp_dir = sock_dir
         yield c
     finally:
         try:
@@ -84,6 +86,14 @@ def plain_get(name):
     """Another process on the node, with a plain client of the node's store."""
     c = vovp.init_client(vc.client().path)
     return float(np.asarray(c.get_tensor(name), dtype=np.float64).sum())
+
+
+def test_every_node_store_spills_to_a_directory_of_its_own(cluster):
+    """``vovp.cluster.init(spill_dir=...)`` reaches every node's daemon, ``{node}`` making one
+    directory per store (several nodes share this machine; a directory is one daemon's)."""
+    for node in vc.nodes():
+        assert os.path.isdir(os.path.join(cluster.vovp_dir, f"spill-{node[:12]}")), node
+    assert vc.client().stats()["spill_failures"] == 0
 
 
 def test_publish_here_fetch_there_then_local_by_name(cluster):
@@ -191,6 +201,35 @@ def test_broadcast_tree_relays_through_nodes_that_received_it(cluster):
     assert after[vc.node_id()] == before[vc.node_id()] + 1
     assert after[first] == before[first] + 1
     assert ray.get(on(second, fetch_and_report, "bc-tree"))[1] == float(np.arange(1 << 16).sum())
+
+
+def test_stats_sum_the_nodes_and_agents_report_them_to_ray_metrics(cluster):
+    here, b = vc.node_id(), others(cluster)[0]
+    before = vc.stats(per_node=True)
+    vc.publish("metered", np.ones(1 << 16, np.uint8))
+    assert ray.get(on(b, fetch_and_report, "metered"))[2] == before[b]["transfers"] + 1
+    per = vc.stats(per_node=True)
+    total = vc.stats()
+    assert total["nodes"] == len(per) == len(vc.nodes())
+    for field in ("capacity", "transfers", "bytes_received", "offers", "creates"):
+        assert total[field] == sum(p[field] for p in per.values()), field
+    assert total["capacity"] == len(per) * (256 << 20)
+    assert per[b]["transfers"] == before[b]["transfers"] + 1
+    assert per[b]["bytes_received"] == before[b]["bytes_received"] + (1 << 16)
+    assert per[b]["objects"] >= 1 and per[here]["objects"] >= 1
+    assert per[here]["offers"] == before[here]["offers"] + 1
+    # Each agent reports the same numbers through ray.util.metrics on its timer (1 s here).
+    agent = _api.agent_actor(b)
+
+    def reported():
+        r = ray.get(agent.reported.remote())
+        return r.get("transfers") == per[b]["transfers"] and "used_bytes" in r
+
+    deadline = time.monotonic() + 30
+    while not reported():
+        assert time.monotonic() < deadline, ray.get(agent.reported.remote())
+        time.sleep(0.2)
+    vc.unpublish("metered")
 
 
 def test_dist_tensor_pull_push_across_partitions(cluster):

@@ -78,6 +78,23 @@ def device_buffer(data) -> int:
     return ptr
 
 
+def collected_to(c, name, refs):
+    """After a garbage collection, ``name``'s reference count in the store comes down to
+    ``refs`` (the views dropped, their releases sent)."""
+    gc.collect()
+    assert wait_for(lambda: refcount(c, name) == refs)
+
+
+def put_from_device(c, name, host, *args, **kw):
+    """``c.put_cuda(name, buffer, host.nbytes, *args, **kw)`` of a fresh device buffer holding
+    ``host``'s bytes, freed after the put (the store keeps its own copy): the put's result."""
+    src = device_buffer(host)
+    try:
+        return c.put_cuda(name, src, host.nbytes, *args, **kw)
+    finally:
+        C.mem_free(src)
+
+
 def pattern(n, seed=0):
     return ((np.arange(n, dtype=np.uint32) * 2654435761 >> 24).astype(np.uint8) ^ seed)
 
@@ -296,10 +313,8 @@ def test_put_get_round_trip(gpu_daemon, dtype):
         n = int(np.prod(shape, dtype=np.int64))
         np_dt = np.dtype("uint16") if dtype == "bfloat16" else np.dtype(dtype)
         host = (np.arange(n) % 100).astype(np_dt).reshape(shape)
-        src = device_buffer(host)
         name = f"{dtype}-{i}"
-        put = c.put_cuda(name, src, host.nbytes, dtype, shape)
-        C.mem_free(src)  # the store has its own copy
+        put = put_from_device(c, name, host, dtype, shape)
         assert isinstance(put, C.CudaTensor)
         assert put.shape == shape and put.dtype_name == dtype and put.nbytes == host.nbytes
         got = other.get_tensor(name, framework="cuda")
@@ -326,9 +341,7 @@ def test_a_cuda_replace_keeps_the_held_version(gpu_daemon):
     with its last holder."""
     c, other = gpu_daemon.client(), gpu_daemon.client()
     for v in (1, 2, 3):
-        src = device_buffer(np.full(8, v, dtype=np.int32))
-        put = c.put_cuda("dev", src, 32, np.int32, replace=True)
-        C.mem_free(src)
+        put = put_from_device(c, "dev", np.full(8, v, dtype=np.int32), np.int32, replace=True)
         assert vovp.version_of(put) == v
         if v == 1:
             held = other.get_tensor("dev", framework="cuda")
@@ -347,9 +360,7 @@ def test_a_cuda_replace_keeps_the_held_version(gpu_daemon):
 @needs_gpu
 def test_writable_and_release(gpu_daemon):
     c = gpu_daemon.client()
-    src = device_buffer(np.arange(16, dtype=np.int32))
-    c.put_cuda("w", src, 64, np.int32)
-    C.mem_free(src)
+    put_from_device(c, "w", np.arange(16, dtype=np.int32), np.int32)
     t = c.get_tensor("w", framework="cuda", writable=True)
     assert t.__cuda_array_interface__["data"] == (t.ptr, False)
     assert refcount(c, "w") == 1
@@ -368,9 +379,7 @@ def test_pool_mapped_once_and_closed_with_last_view(gpu_daemon):
     assert C.open_pools() == 0
     bufs = []
     for i in range(3):
-        src = device_buffer(np.full(1000, i, dtype=np.uint8))
-        bufs.append(c.put_cuda(f"p{i}", src, 1000))
-        C.mem_free(src)
+        bufs.append(put_from_device(c, f"p{i}", np.full(1000, i, dtype=np.uint8)))
     assert C.open_pools() == 1  # three objects, one pool, one IPC mapping
     ptrs = {b.ptr for b in bufs}
     assert len(ptrs) == 3
@@ -463,9 +472,7 @@ def test_cross_process_same_allocation(gpu_daemon, subprocess_env):
     n = 1 << 20
     c = gpu_daemon.client()
     first = pattern(n, 1)
-    src = device_buffer(first)
-    mine = c.put_cuda("shared", src, n)
-    C.mem_free(src)
+    mine = put_from_device(c, "shared", first)
     child = Child(gpu_daemon, subprocess_env)
     try:
         # Another process gets it by name and reads (device-to-host) the same bytes.
@@ -481,8 +488,7 @@ def test_cross_process_same_allocation(gpu_daemon, subprocess_env):
         assert child.ask("drop") == "dropped pools=0"
         assert wait_for(lambda: refcount(c, "shared") == 1)
         del mine
-        gc.collect()
-        assert wait_for(lambda: refcount(c, "shared") == 0)
+        collected_to(c, "shared", 0)
         assert wait_for(lambda: C.open_pools() == 0)
         # The other direction: the child puts, this process gets.
         assert child.ask(f"put fromchild {n} 9") == "put"
@@ -492,8 +498,7 @@ def test_cross_process_same_allocation(gpu_daemon, subprocess_env):
         child.close()
     # The child exited holding its put result: the daemon released that reference.
     del got
-    gc.collect()
-    assert wait_for(lambda: refcount(c, "fromchild") == 0)
+    collected_to(c, "fromchild", 0)
     c.close()
 
 
@@ -509,8 +514,7 @@ def test_rust_cli_put_python_get(gpu_daemon):
     if not C.torch_cuda_usable():
         assert isinstance(c.get_tensor("from-rust"), C.CudaTensor)  # framework=None
     del t
-    gc.collect()
-    assert wait_for(lambda: refcount(c, "from-rust") == 0)
+    collected_to(c, "from-rust", 0)
     c.close()
 
 
@@ -519,9 +523,7 @@ def test_python_put_rust_get(gpu_daemon):
     n = 123_457
     data = pattern(n, 3)
     c = gpu_daemon.client()
-    src = device_buffer(data)
-    c.put_cuda("from-python", src, n)
-    C.mem_free(src)
+    put_from_device(c, "from-python", data)
     out = fixture(gpu_daemon, "get-cuda", "from-python")
     assert out == f"len={n} first={data[0]} last={data[-1]} sum={int(data.sum(dtype=np.uint64))}"
     c.close()
@@ -550,9 +552,7 @@ def test_to_device_copies_host_tensor(gpu_daemon):
 @needs_gpu
 def test_put_from_cuda_array_interface(gpu_daemon):
     c = gpu_daemon.client()
-    src = device_buffer(np.arange(10, dtype=np.int16))
-    c.put_cuda("iface-src", src, 20, np.int16)
-    C.mem_free(src)
+    put_from_device(c, "iface-src", np.arange(10, dtype=np.int16), np.int16)
     t = c.get_tensor("iface-src", framework="cuda")
     # Anything with __cuda_array_interface__ (a CudaTensor here) goes through put_cuda.
     copy = c.put_tensor("iface-copy", t)
@@ -584,9 +584,7 @@ def test_failed_copy_aborts_and_bad_device(gpu_daemon):
         c.put_cuda("bad3", 0x10, 64, device=7)
     assert "cuda:7" in e.value.message
     # Still usable.
-    src = device_buffer(np.ones(8, dtype=np.uint8))
-    c.put_cuda("good", src, 8)
-    C.mem_free(src)
+    put_from_device(c, "good", np.ones(8, dtype=np.uint8))
     assert c.contains("good")
     c.close()
 
@@ -594,9 +592,7 @@ def test_failed_copy_aborts_and_bad_device(gpu_daemon):
 @needs_gpu
 def test_ephemeral_cuda_object_goes_with_last_reference(gpu_daemon):
     c = gpu_daemon.client()
-    src = device_buffer(np.ones(100, dtype=np.uint8))
-    t = c.put_cuda("eph", src, 100, ephemeral=True)
-    C.mem_free(src)
+    t = put_from_device(c, "eph", np.ones(100, dtype=np.uint8), ephemeral=True)
     assert c.contains("eph")
     del t
     gc.collect()
@@ -669,11 +665,9 @@ def test_torch_put_get_zero_copy(gpu_daemon):
     assert refcount(c, "t") == 2
     view = g[1:3]  # views keep the reference (torch holds the source object)
     del r, g
-    gc.collect()
-    assert wait_for(lambda: refcount(c, "t") == 1)
+    collected_to(c, "t", 1)
     del view
-    gc.collect()
-    assert wait_for(lambda: refcount(c, "t") == 0)
+    collected_to(c, "t", 0)
     c.close()
     other.close()
 
@@ -708,8 +702,7 @@ def test_torch_tensor_from_cuda_tensor_interface(gpu_daemon):
     gc.collect()
     assert refcount(c, "i") == 1  # torch keeps the CudaTensor (and its reference) alive
     del t
-    gc.collect()
-    assert wait_for(lambda: refcount(c, "i") == 0)
+    collected_to(c, "i", 0)
     c.close()
 
 
@@ -727,9 +720,7 @@ def test_cuda_tensor_dlpack_capsule(gpu_daemon):
 
     c = gpu_daemon.client()
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
-    src = device_buffer(host)
-    c.put_cuda("dl", src, host.nbytes, "float32", (2, 3))
-    C.mem_free(src)
+    put_from_device(c, "dl", host, "float32", (2, 3))
     ct = c.get_tensor("dl", framework="cuda")
     assert ct.__dlpack_device__() == (D.KDL_CUDA, 0)
     api = ctypes.PyDLL(None)
@@ -756,8 +747,7 @@ def test_cuda_tensor_dlpack_capsule(gpu_daemon):
         gc.collect()
         assert refcount(c, "dl") == 1  # the consumer still has it
         managed.deleter(ptr)
-        gc.collect()
-        assert wait_for(lambda: refcount(c, "dl") == 0)
+        collected_to(c, "dl", 0)
         assert D.pending_exports() == 0
         ct = c.get_tensor("dl", framework="cuda")
     with pytest.raises(BufferError, match="copy"):

@@ -34,8 +34,9 @@ def exporter(arr):
 
 
 def put_bytes(native, name, data: bytes, metadata=b"", keep=False):
-    arr = np.frombuffer(data, np.uint8)
-    return native.put(name, arr.ctypes.data, arr.nbytes, metadata, keep=keep)
+    """The put the package's raw ``put`` makes (waited for), or a kept one."""
+    options = N.PutOptions(keep_reference=keep)
+    return native.put_with(name, np.frombuffer(data, np.uint8), options, metadata)
 
 
 def test_put_get_is_zero_copy_and_read_only(daemon, client):
@@ -171,7 +172,7 @@ def test_get_waits_with_the_gil_released(daemon, client):
 def test_large_put_through_the_mapping_and_keep(daemon, client):
     n = N.Client(daemon.socket)
     data = np.random.default_rng(1).integers(0, 255, 3 << 20, dtype=np.uint8)
-    kept = n.put("big", data.ctypes.data, data.nbytes, keep=True)
+    kept = n.put_with("big", data, N.PutOptions(keep_reference=True))
     assert np.array_equal(np.asarray(kept), data)
     assert refcount(client, "big") == 1
     assert np.array_equal(client.get_buffer("big"), data)
@@ -333,3 +334,148 @@ def test_release_delay_queues_releases_for_the_flusher(daemon, client):
     gc.collect()
     n.flush()  # now
     assert refcount(client, "q2") == 0
+
+
+# -- put_with / put_batch: the one native put and its options -------------------------------------
+
+
+def test_put_options_are_one_immutable_object():
+    o = N.PutOptions(ephemeral=True, replace=True, keep_reference=True, pipelined=True,
+                     writable=True)
+    assert (o.ephemeral, o.replace, o.keep_reference, o.pipelined, o.writable) == (True,) * 5
+    assert o.device is None
+    assert repr(o) == ("PutOptions(ephemeral=True, replace=True, keep_reference=True, "
+                       "pipelined=True, writable=True)")
+    plain = N.PutOptions()
+    assert not any((plain.ephemeral, plain.replace, plain.keep_reference, plain.pipelined,
+                    plain.writable))
+    assert N.PutOptions(device=1).device == 1
+    with pytest.raises(AttributeError):
+        o.ephemeral = False
+    with pytest.raises(TypeError):
+        N.PutOptions(True)  # keywords only
+
+
+def test_put_with_answers_an_id_nothing_or_the_stored_copy(daemon, client):
+    n = N.Client(daemon.socket)
+    src = np.arange(32, dtype=np.uint8)
+    oid = n.put_with("waited", src, N.PutOptions(), b"m")
+    assert isinstance(oid, int) and oid > 0
+    assert client.get_buffer("waited", with_metadata=True)[1] == b"m"
+    assert n.put_with("later", src, N.PutOptions(pipelined=True)) is None
+    n.sync()
+    assert client.get_buffer("later").tobytes() == src.tobytes()
+    kept = n.put_with("kept", src, N.PutOptions(keep_reference=True))
+    assert isinstance(kept, N.Object) and np.array_equal(np.asarray(kept), src)
+    assert refcount(client, "kept") == 1
+    # Neither of the others keeps a reference.
+    assert refcount(client, "waited") == 0 and refcount(client, "later") == 0
+
+
+def test_put_with_shows_a_kept_result_with_its_layout(daemon):
+    n = N.Client(daemon.socket)
+    src = np.arange(12, dtype=np.int32).reshape(3, 4)
+    kept = n.put_with("shaped", src, N.PutOptions(keep_reference=True), b"",
+                      ("i", 4, (3, 4)))
+    arr = np.asarray(kept)
+    assert arr.dtype == np.int32 and arr.shape == (3, 4) and np.array_equal(arr, src)
+    # A layout that is not exactly the bytes is refused before anything is sent.
+    with pytest.raises(ValueError):
+        n.put_with("too-big", src, N.PutOptions(keep_reference=True), b"", ("i", 4, (4, 4)))
+    assert not n.contains("too-big")
+
+
+def test_put_with_replace_makes_the_next_version(daemon, client):
+    n = N.Client(daemon.socket)
+    put_bytes(n, "v", b"one")
+    with pytest.raises(vovp.ObjectExists):
+        put_bytes(n, "v", b"two")
+    n.put_with("v", np.frombuffer(b"two", np.uint8), N.PutOptions(replace=True))
+    buf, meta = client.get_buffer("v", with_metadata=True)
+    assert buf.tobytes() == b"two"
+    assert next(e["version"] for e in client.list() if e["name"] == "v") == 2
+
+
+def test_put_with_ephemeral_goes_with_its_last_reference(daemon, client):
+    n = N.Client(daemon.socket)
+    kept = n.put_with("eph", np.zeros(8, np.uint8),
+                      N.PutOptions(ephemeral=True, keep_reference=True))
+    entry = next(e for e in client.list() if e["name"] == "eph")
+    assert entry["ephemeral"] and entry["refcount"] == 1
+    assert kept.release()
+    n.contains("eph")  # (the release rides ahead of the next request)
+    assert wait_for(lambda: refcount(client, "eph") is None)
+    # Not ephemeral: it stays once nobody holds it.
+    n.put_with("stays", np.zeros(8, np.uint8), N.PutOptions())
+    assert refcount(client, "stays") == 0
+
+
+def test_put_with_a_kept_pipelined_put_comes_back_pending(daemon, client):
+    n = N.Client(daemon.socket, release_delay=0.05)
+    kept = n.put_with("pend", np.full(64, 7, np.uint8),
+                      N.PutOptions(keep_reference=True, pipelined=True))
+    assert isinstance(kept, N.Object) and np.asarray(kept).tobytes() == bytes([7]) * 64
+    assert kept.pending  # (its id comes with the store's answer, read when asked for)
+    n.sync()
+    assert kept.id > 0 and not kept.pending
+    assert client.get_buffer("pend").tobytes() == bytes([7]) * 64
+
+
+def test_put_with_writable_gives_a_private_writable_view(daemon, client):
+    n = N.Client(daemon.socket)
+    kept = n.put_with("w", np.zeros(16, np.uint8),
+                      N.PutOptions(keep_reference=True, writable=True))
+    arr = np.asarray(kept)
+    assert arr.flags.writeable
+    arr[0] = 5
+    # A small object lives in the store's segment: the write stays in this process.
+    assert client.get_buffer("w")[0] == 0
+
+
+def test_put_with_refuses_a_device(daemon, client):
+    n = N.Client(daemon.socket)
+    with pytest.raises(vovp.GpuError) as e:
+        n.put_with("dev", np.zeros(8, np.uint8), N.PutOptions(device=0))
+    assert "host bytes" in str(e.value)
+    assert not client.contains("dev")
+
+
+def test_put_with_a_tensor_as_it_is_or_nothing(daemon, client):
+    n = N.Client(daemon.socket)
+    src = np.arange(6, dtype=np.float32).reshape(2, 3)
+    kept = n.put_with("t", src, N.PutOptions(keep_reference=True), framework=1)
+    arr = np.asarray(kept)
+    assert arr.dtype == np.float32 and arr.shape == (2, 3) and np.array_equal(arr, src)
+    assert client.get_tensor("t").shape == (2, 3)
+    # An array that is not stored as it is (big-endian) is left to the caller: nothing sent.
+    assert n.put_with("be", src.astype(">f4"), N.PutOptions(keep_reference=True),
+                      framework=1) is None
+    assert not client.contains("be")
+
+
+def test_put_batch_gives_each_item_its_result_or_its_error(daemon, client):
+    n = N.Client(daemon.socket, release_delay=0.05)
+    put_bytes(n, "taken", b"x")
+    items = [
+        ("b0", np.arange(4, dtype=np.uint8), b"m0", None, False),
+        ("taken", np.arange(4, dtype=np.uint8), b"", None, False),
+        ("b2", np.arange(6, dtype=np.int16), b"", ("i", 2, (2, 3)), True),
+    ]
+    got = n.put_batch(items, N.PutOptions(keep_reference=True))
+    assert isinstance(got[1], vovp.ObjectExists)
+    assert np.asarray(got[0]).tobytes() == bytes(range(4)) and got[0].metadata == b"m0"
+    shaped = np.asarray(got[2])
+    assert shaped.shape == (2, 3) and shaped.flags.writeable  # (the item asked writable)
+    assert not np.asarray(got[0]).flags.writeable
+    assert refcount(client, "b0") == 1 and refcount(client, "b2") == 1
+    # Not kept: ids (waited for), or nothing (pipelined; a name the shared directory shows
+    # taken is refused at once, before anything is sent).
+    ids = n.put_batch([("c0", np.zeros(2, np.uint8), b"", None, False)], N.PutOptions())
+    assert isinstance(ids[0], int) and refcount(client, "c0") == 0
+    later = n.put_batch([("c1", np.zeros(2, np.uint8), b"", None, False),
+                         ("taken", np.zeros(2, np.uint8), b"", None, False)],
+                        N.PutOptions(pipelined=True))
+    assert later[0] is None and isinstance(later[1], vovp.ObjectExists)
+    n.sync()
+    assert client.contains("c1") and refcount(client, "c1") == 0
+

@@ -58,7 +58,7 @@ def test_object_id_is_20_bytes_hashable_picklable_and_named_like_the_engine():
     assert a != b"\x01" * 20
     assert pickle.loads(pickle.dumps(a)) == a
     assert a.binary() == b"\x01" * 20
-    # types/src/object.rs ObjectName::from_plasma_id: "plasma:" and 40 lowercase hex digits.
+    # The vovp name of an ObjectID: "plasma:" and its 40 lowercase hex digits.
     assert a.name == "plasma:" + "01" * 20
     assert plasma.ObjectID.from_random() != plasma.ObjectID.from_random()
 
@@ -447,9 +447,30 @@ def test_start_plasma_store_runs_vovp_engine(monkeypatch):
         oid = c.put("x")
         assert c.get(oid) == "x"
     assert proc.poll() is not None and not os.path.exists(name)
-    with pytest.raises(NotImplementedError):
-        with plasma.start_plasma_store(10_000_000, external_store="hashtable://test"):
-            pass
+
+
+def test_external_store_is_spilling_and_every_object_comes_back(monkeypatch):
+    """Plasma's -e: a 1000 KiB store, 20 objects of 100 KiB put, every one got back (pyarrow
+    11's TestEvictionToExternalStore::test_eviction), the spill directory gone with the store."""
+    monkeypatch.setenv("VOVP_ENGINE_BIN", str(ENGINE))
+    with plasma.start_plasma_store(1000 * 1024, external_store="hashtable://test") as (name, proc):
+        c = plasma.connect(name)
+        spill_dir = proc.args[proc.args.index("--spill-dir") + 1]
+        assert os.path.isdir(spill_dir)
+        ids = [plasma.ObjectID.from_random() for _ in range(20)]
+        data = [bytes([i]) * (100 * 1024) for i in range(20)]
+        for oid, d in zip(ids, data):
+            assert not c.contains(oid)
+            c.create_and_seal(oid, d, b"")
+            assert c.contains(oid)
+        for oid, d in zip(ids, data):
+            [result] = c.get_buffers([oid])
+            assert result.to_pybytes() == d
+            del result
+        [missing] = c.get_buffers([plasma.ObjectID.from_random()], timeout_ms=100)
+        assert missing is None
+        c.disconnect()
+    assert not os.path.exists(spill_dir)
 
 
 def test_daemon_takes_plasma_store_server_flags(tmp_path):

@@ -152,10 +152,7 @@ def test_fork_queue(big_daemon, reduction_to):
 def test_small_arrays_are_pickled_by_value(big_daemon, reduction_to):
     reduction_to(big_daemon.socket)
     watcher = big_daemon.client()
-    ctx = mp.get_context("spawn")
-    inq, outq = ctx.Queue(), ctx.Queue()
-    w = ctx.Process(target=_helpers.queue_worker, args=(inq, outq))
-    w.start()
+    w, inq, outq = _helpers.spawn_queue_worker(_helpers.queue_worker)
     inq.put(np.arange(100))
     r = outq.get(timeout=60)
     assert r[1] == 4950.0 and not r[3] and r[4]
@@ -171,10 +168,7 @@ def test_store_backed_array_is_sent_by_name(big_daemon, reduction_to):
     reduction_to(big_daemon.socket)
     c = big_daemon.client()
     base = c.put_tensor("existing", np.arange(1 << 18, dtype=np.float64).reshape(512, 512))
-    ctx = mp.get_context("spawn")
-    inq, outq = ctx.Queue(), ctx.Queue()
-    w = ctx.Process(target=_helpers.queue_worker, args=(inq, outq))
-    w.start()
+    w, inq, outq = _helpers.spawn_queue_worker(_helpers.queue_worker)
     view = base[::2, 1::3]
     inq.put(view)
     r = outq.get(timeout=60)
@@ -189,10 +183,7 @@ def test_store_backed_array_is_sent_by_name(big_daemon, reduction_to):
 def test_fallback_when_store_is_full(start_daemon, reduction_to):
     d = start_daemon(memory=1 << 20)
     reduction_to(d.socket)
-    ctx = mp.get_context("spawn")
-    inq, outq = ctx.Queue(), ctx.Queue()
-    w = ctx.Process(target=_helpers.queue_worker, args=(inq, outq))
-    w.start()
+    w, inq, outq = _helpers.spawn_queue_worker(_helpers.queue_worker)
     with pytest.warns(RuntimeWarning, match="by value"):
         from multiprocessing.reduction import ForkingPickler
         ForkingPickler.dumps(np.ones(1 << 18))  # 2 MiB > 1 MiB store

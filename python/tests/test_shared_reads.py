@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from _helpers import wait_for
+from _helpers import requests_after_first_get, wait_for
 
 
 def test_a_get_sends_no_request_and_counts_as_a_reference(client, daemon):
@@ -25,11 +25,7 @@ def test_a_get_sends_no_request_and_counts_as_a_reference(client, daemon):
     other = daemon.client()
     # Small put_tensors live in the putter's arena: the first get from it maps that arena
     # (one SEGMENT request per arena, kept mapped), every get after it sends nothing.
-    del_first = other.get_tensor("first")
-    del del_first
-    gc.collect()
-    other.flush()
-    before = other.core.requests_sent()
+    before = requests_after_first_get(other, "first")
     g = other.get_tensor("t")
     assert other.core.requests_sent() == before
     assert g.dtype == np.float32 and g.shape == (4, 4)

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 import vovp  # noqa: E402
 from vovp import tensor as T  # noqa: E402
 import _helpers  # noqa: E402
-from _helpers import store_backed, tensor_digest, wait_for  # noqa: E402
+from _helpers import requests_after_first_get, store_backed, tensor_digest, wait_for  # noqa: E402
 from conftest import PYTHON_DIR  # noqa: E402
 
 # Every dtype torch and numpy share (bfloat16: the store's own code; numpy views its bits).
@@ -277,21 +277,13 @@ def test_put_tensors_get_tensors(client, daemon):
     client.sync()  # (small put_tensors return before the store applied them)
     other = daemon.client()
     # They live in the putter's arena: the first get maps it (a SEGMENT request).
-    first = other.get_tensor("np")
-    del first
-    gc.collect()
-    other.flush()
-    before = other.core.requests_sent()
+    before = requests_after_first_get(other, "np")
     got = other.get_tensors(list(tensors))
     # Small host objects: all six come from the shared directory, with no request at all.
     assert other.core.requests_sent() - before == 0
     # Without shared reads: one request, a GET of six names.
     socket_only = daemon.client(shared_reads=False)
-    first = socket_only.get_tensor("np")  # (maps the putter's arena)
-    del first
-    gc.collect()
-    socket_only.flush()
-    before = socket_only.core.requests_sent()
+    before = requests_after_first_get(socket_only, "np")
     again = socket_only.get_tensors(list(tensors))
     assert socket_only.core.requests_sent() - before == 1
     del again
@@ -432,10 +424,7 @@ def test_reduction_spawn_leaves_nothing_behind(start_daemon, reduction_to):
     d = start_daemon(memory=512 << 20)
     reduction_to(d.socket)
     watcher = d.client()
-    ctx = mp.get_context("spawn")
-    inq, outq = ctx.Queue(), ctx.Queue()
-    w = ctx.Process(target=_helpers.torch_queue_worker, args=(inq, outq))
-    w.start()
+    w, inq, outq = _helpers.spawn_queue_worker(_helpers.torch_queue_worker)
     f = torch.arange(1 << 20, dtype=torch.float32)
     bf = torch.ones(1 << 18, dtype=torch.bfloat16)
     small = torch.arange(10)

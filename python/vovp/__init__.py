@@ -13,30 +13,8 @@ numpy arrays work the same way. See README.md for lifetimes, dtypes, batch calls
 from .client import DEFAULT_SOCKET, Client, Subscription, init_client, version_of
 from .cuda import CudaTensor
 from .daemon import StoreProcess, start_store
-from .errors import (
-    AlreadySealed,
-    ConnectionError,
-    GpuError,
-    GpuUnavailable,
-    InternalError,
-    InvalidArgument,
-    InvalidName,
-    MetadataTooLarge,
-    NotCreator,
-    NotHeld,
-    NotSealed,
-    ObjectExists,
-    ObjectLost,
-    ObjectNotFound,
-    OutOfMemory,
-    ProtocolError,
-    ShuttingDown,
-    StaleVersion,
-    TooLarge,
-    TooManyObjects,
-    TransferFailed,
-    VovpError,
-)
+from . import errors
+from .errors import *  # noqa: F403 (every exception class, listed once: vovp.errors.__all__)
 from .reduction import default_client, init_reduction, worker_init_fn
 from .tensor import TensorMeta, decode_header, encode_header
 
@@ -57,26 +35,5 @@ __all__ = [
     "TensorMeta",
     "encode_header",
     "decode_header",
-    "VovpError",
-    "ObjectNotFound",
-    "ObjectExists",
-    "ObjectLost",
-    "StaleVersion",
-    "TransferFailed",
-    "OutOfMemory",
-    "NotSealed",
-    "AlreadySealed",
-    "NotCreator",
-    "InvalidName",
-    "MetadataTooLarge",
-    "NotHeld",
-    "GpuUnavailable",
-    "GpuError",
-    "ProtocolError",
-    "TooManyObjects",
-    "InvalidArgument",
-    "TooLarge",
-    "ShuttingDown",
-    "InternalError",
-    "ConnectionError",
 ]
+__all__ += errors.__all__

@@ -11,12 +11,13 @@ once and nowhere else:
   (``connection_lost``): the daemon is gone, or the stream cannot be resynchronised. Every
   reference it held is then claimed (the connection's end released them all).
 
-On those rules, the calls the package's clients share: the single get (``get1``), the typed
-puts' native calls (``put_array``, ``put_tensor_host``), objects this connection creates
-(``create``, ``seal``, ``seal_later``, ``abort``) and the *owners* that index references as
-leases (``owner``, ``cuda_owner``, ``drop_owner``; see ``vovp._lease``, whose leases name the
-core that holds them). Every other native method is reached through ``native``, which checks
-first and closes the connection when the call loses it.
+On those rules, the calls the package's clients share: the single get (``get1``), the puts
+(``put``, ``put_array``, ``put_tensor_host``, ``put_batch``: every one the native client's one
+put, ``put_with``, or its batch, with a ``PutOptions`` from ``put_options``), objects this
+connection creates (``create``, ``seal``, ``seal_later``, ``abort``) and the *owners* that index
+references as leases (``owner``, ``cuda_owner``, ``drop_owner``; see ``vovp._lease``, whose
+leases name the core that holds them). Every other native method is reached through
+``native``, which checks first and closes the connection when the call loses it.
 
 Used by ``vovp.client`` (``Client.core``), ``vovp._puts``, ``vovp._lookup``,
 ``vovp._client_cuda``, ``vovp.plasma`` and ``vovp.reduction``.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import numpy as np
 
@@ -170,21 +171,34 @@ class ClientCore:
                 self.connection_lost()
             raise
 
-    # -- typed puts -----------------------------------------------------------------------------
+    # -- puts -----------------------------------------------------------------------------------
 
-    def put_array(self, name: Name, src: npt.NDArray[Any], framework: int, ephemeral: bool,
-                  writable: bool, replace: bool) -> Optional[npt.NDArray[Any]]:
-        """``put_tensor`` of numpy array ``src`` in one native call when the store keeps it as
-        it is (C-contiguous, little-endian, a dtype the tensor header names): the result,
-        leased; None, nothing sent, for an array to convert first. The native call reads its
-        dtype, shape and bytes from one ``__array_struct__`` and writes the tensor header
-        itself (``framework`` its last byte)."""
+    def put(self, name: str, src: npt.NDArray[Any], options: N.PutOptions,
+            metadata: bytes = b"") -> Any:  # an id, or None (not kept)
+        """The put of C-contiguous array ``src`` with ``metadata`` as object ``name`` that
+        keeps no reference (``Client.put``, vovp.plasma): the object id when it waits for the
+        store's answer, None when ``options.pipelined``."""
         if self.closed or FORKS[0] != self._forks:
             self.check_usable()
         try:
-            obj = self._native_client.put_array(
-                name if type(name) is str else object_name(name), src, framework, ephemeral,
-                writable, replace)
+            return self._native_client.put_with(name, src, options, metadata)
+        except ConnectionError:
+            self.connection_lost()
+            raise
+
+    def put_array(self, name: Name, src: npt.NDArray[Any], framework: int,
+                  options: N.PutOptions) -> Optional[npt.NDArray[Any]]:
+        """``put_tensor`` of numpy array ``src`` in one native call when the store keeps it as
+        it is (C-contiguous, little-endian, a dtype the tensor header names): the result,
+        leased; None, nothing sent, for an array to convert first. The native put reads its
+        dtype, shape and bytes from one ``__array_struct__`` and writes the tensor header
+        itself (``framework`` its last byte). ``options``: a kept put's (``put_options``)."""
+        if self.closed or FORKS[0] != self._forks:
+            self.check_usable()
+        try:
+            obj = self._native_client.put_with(
+                name if type(name) is str else object_name(name), src, options, b"", None,
+                framework)
         except ConnectionError:
             self.connection_lost()
             raise
@@ -195,8 +209,7 @@ class ClientCore:
         return arr
 
     def put_tensor_host(self, name: str, src: npt.NDArray[Any], metadata: bytes,
-                        ephemeral: bool, writable: bool, replace: bool,
-                        view_dt: np.dtype[Any]) -> npt.NDArray[Any]:
+                        options: N.PutOptions, view_dt: np.dtype[Any]) -> npt.NDArray[Any]:
         """The kept put of C-contiguous array ``src`` with tensor header ``metadata``, in one
         native call (inline, through a lend, or CREATE + the parallel copy + SEAL, as the
         native client picks; a small one comes back at once, its answer read later): the
@@ -204,9 +217,8 @@ class ClientCore:
         if self.closed or FORKS[0] != self._forks:
             self.check_usable()
         try:
-            obj = self._native_client.put_tensor_host(
-                name, src, metadata, ephemeral, writable, replace, shown_kind(view_dt),
-                view_dt.itemsize, src.shape)
+            obj = self._native_client.put_with(
+                name, src, options, metadata, (shown_kind(view_dt), view_dt.itemsize, src.shape))
         except ConnectionError:
             self.connection_lost()
             raise
@@ -215,6 +227,13 @@ class ClientCore:
         if arr.dtype != view_dt:
             arr = arr.view(view_dt)  # (ml_dtypes' bfloat16, shown as its bits)
         return arr
+
+    def put_batch(self, items: list[Tuple[str, Any, bytes, Any, bool]],
+                  options: N.PutOptions) -> list[Any]:
+        """``put_with`` of each (name, src, metadata, layout, writable) in one native call (the
+        kept ones that may return before the store's answer go out together): per item its
+        result or its exception."""
+        return self.native.put_batch(items, options)
 
     # -- owners ---------------------------------------------------------------------------------
 
@@ -303,6 +322,33 @@ class ClientCore:
     def unread_replies(self) -> int:
         """Replies of requests that did not wait for them, not read yet."""
         return self._native_client.unread_replies
+
+
+# PutOptions by (ephemeral, replace, keep_reference, pipelined, writable): immutable, made once.
+_PUT_OPTIONS: dict[Tuple[bool, bool, bool, bool, bool], N.PutOptions] = {}
+
+
+def put_options(ephemeral: bool, replace: bool, keep_reference: bool, pipelined: bool,
+                writable: bool = False) -> N.PutOptions:
+    """The native ``PutOptions`` of a put, made once per combination (a put passes it on
+    every call; making one costs more than the lookup)."""
+    key = (ephemeral, replace, keep_reference, pipelined, writable)
+    options = _PUT_OPTIONS.get(key)
+    if options is None:
+        key = (bool(ephemeral), bool(replace), bool(keep_reference), bool(pipelined),
+               bool(writable))
+        options = _PUT_OPTIONS[key] = N.PutOptions(
+            ephemeral=key[0], replace=key[1], keep_reference=key[2], pipelined=key[3],
+            writable=key[4])
+    return options
+
+
+# The defaults, for the hot paths to pick without a lookup: put_tensor's (kept, returning
+# before the store's answer where the client may), a torch tensor's (writable too), and put's
+# (no reference, not waited for).
+KEPT_LATER = put_options(False, False, True, True)
+KEPT_LATER_WRITABLE = put_options(False, False, True, True, True)
+RAW_LATER = put_options(False, False, False, True)
 
 
 def shown_kind(view_dt: np.dtype[Any]) -> str:

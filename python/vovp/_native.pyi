@@ -100,7 +100,7 @@ _Location = Tuple[Literal["host", "cuda"], Optional[int]]
 @final
 class Object:
     """A sealed object's view: holds one store reference until released or collected.
-    Not constructible from Python (``Client.get``/``get1``/``put``/``put_tensor_host`` make them)."""
+    Not constructible from Python (``Client.get``/``get1``/``put_with``/``put_batch`` make them)."""
 
     @property
     def id(self) -> int:
@@ -202,8 +202,12 @@ class PutOptions:
         keep_reference: bool = False,
         pipelined: bool = False,
         writable: bool = False,
+        device: Optional[int] = None,
         version: Optional[int] = None,
-    ) -> None: ...
+    ) -> None:
+        """``device``: a CUDA device, which a put refuses (GpuError: it copies host bytes;
+        create the object on the device and write it there). ``version``: seal as exactly
+        this version of the name (above its present one, else StaleVersion)."""
     @property
     def version(self) -> Optional[int]:
         """Seal as exactly this version of the name (above its present one, else
@@ -225,6 +229,9 @@ class PutOptions:
     def writable(self) -> bool:
         """A kept result is writable (a private mapping, or in place for this client's own
         large objects)."""
+    @property
+    def device(self) -> Optional[int]:
+        """The CUDA device named, or None (host memory)."""
 
 # (kind, itemsize, shape): how a kept result shows its bytes to numpy.
 _Layout = Tuple[str, int, Sequence[int]]
@@ -262,20 +269,6 @@ class Client:
         newer_than: int = 0,
     ) -> Optional[Object]:
         """``newer_than``: only a version above it is found (and waited for)."""
-    def put(
-        self,
-        name: str,
-        addr: int,
-        size: int,
-        metadata: bytes = b"",
-        ephemeral: bool = False,
-        keep: bool = False,
-        writable: bool = False,
-        wait: bool = True,
-        replace: bool = False,
-    ) -> Union[Object, int, None]:
-        """``keep``: the stored object's view; else (``wait``) its object id; else None.
-        (``put_with`` with the options these say.)"""
     def put_with(
         self,
         name: str,
@@ -299,43 +292,6 @@ class Client:
         """``put_with`` of each (name, src, metadata, layout, writable) with ``options`` (the
         item's ``writable`` or the options'), kept ones batched (the small lend in one write,
         those that wait inline in one round trip): per item its result or its exception."""
-    def put_tensor_host(
-        self,
-        name: str,
-        src: Any,
-        metadata: bytes,
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-        kind: str,
-        itemsize: int,
-        shape: Sequence[int],
-    ) -> Object:
-        """(``put_with``, kept, pipelined.) The kept put of C-contiguous array ``src``, shown
-        with the given layout; a small
-        one, or one through the lend (64 KiB up to a quarter of a lend), comes back at once,
-        pending (``writable``: viewed through a private mapping, or in place when this client's
-        own arena holds it)."""
-    def put_array(
-        self,
-        name: str,
-        src: Any,
-        framework: int,
-        ephemeral: bool,
-        writable: bool,
-        replace: bool,
-    ) -> Optional[Object]:
-        """``put_tensor_host`` of a numpy array stored as it is (C-contiguous, little-endian,
-        a dtype the tensor header names), its header and layout read from the array; None,
-        nothing sent, for any other array."""
-    def put_tensors_host(
-        self,
-        items: Sequence[Tuple[str, Any, bytes, str, int, Sequence[int], bool]],
-        ephemeral: bool = False,
-        replace: bool = False,
-    ) -> builtins.list[Union[Object, BaseException]]:
-        """``put_tensor_host`` of each (name, src, metadata, kind, itemsize, shape,
-        writable): an Object or the exception per item."""
     def create(
         self,
         name: str,
@@ -398,3 +354,4 @@ class Client:
         """The engine's transfer port (``"ip:port"``), None without ``--transfer``."""
     def transfer_info(self) -> Tuple[Optional[str], dict[str, int]]:
         """The transfer port and the engine's transfer counters."""
+    def metrics(self) -> str: ...

@@ -13,6 +13,9 @@ from torch...) is planned and put here:
   route for everything above the inline limit, with a SEAL whose reply is read later: it waits
   no round trip, where a PUBLISH would wait one.
 - ``put_batch``: ``put_tensors``' small ones in one native call, sent together without waiting.
+
+Every one of them is a kept put that may return before the store's answer
+(``put_options(ephemeral, replace, keep_reference=True, pipelined=True)``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from . import _lease as L
 from . import tensor as T
 from ._copy import copy_into
-from ._core import shown_kind
+from ._core import put_options, shown_kind
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -47,7 +50,8 @@ def put_host(core: ClientCore, name: str, plan: HostPut, ephemeral: bool, writab
     if src.nbytes <= core.inline_limit or (as_is and not seal_later):
         if not as_is:
             src = np.ascontiguousarray(src, dtype=store_dt)
-        arr = core.put_tensor_host(name, src, meta, ephemeral, writable, replace, view_dt)
+        options = put_options(ephemeral, replace, True, True, writable)
+        arr = core.put_tensor_host(name, src, meta, options, view_dt)
         return T.numpy_to_torch(arr, code) if torch_in else arr
     owner = core.create(name, src.nbytes, meta, ephemeral, None, replace)
     try:
@@ -73,10 +77,10 @@ def put_batch(core: ClientCore, batch: list[BatchItem], results: dict[str, Any],
     without waiting (as single small puts are), numpy seeing each result's dtype and shape;
     torch results (and ``writable``) view the store's copy through a private mapping. Fills
     ``results[name]``; returns the first error, or None."""
-    objs = core.native.put_tensors_host(
-        [(name, src, meta, shown_kind(view_dt), view_dt.itemsize, shape,
-          writable or torch_in)
-         for name, src, view_dt, shape, _, torch_in, meta in batch], ephemeral, replace)
+    objs = core.put_batch(
+        [(name, src, meta, (shown_kind(view_dt), view_dt.itemsize, shape), writable or torch_in)
+         for name, src, view_dt, shape, _, torch_in, meta in batch],
+        put_options(ephemeral, replace, True, True))
     error = None
     arrays: list[Any] = []
     made: list[Any] = []

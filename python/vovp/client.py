@@ -65,7 +65,7 @@ from ._args import (
     wait_seconds,
 )
 from ._client_cuda import CudaObjects
-from ._core import ClientCore
+from ._core import KEPT_LATER, KEPT_LATER_WRITABLE, RAW_LATER, ClientCore, put_options
 from ._lookup import release
 # Re-exported (``X as X``): vovp.client's names for them, used by examples, tests and benches.
 from ._copy import copy_into as copy_into
@@ -113,16 +113,16 @@ class Client:
     directory and record a hold in this client's own hold table, with no message to the
     daemon; everything else, and every get with ``shared_reads=False``, is a request.
 
-    ``lend_puts`` (default on): puts of 64 KiB up to a quarter of a lend (4 MiB on a store of
-    1 GiB or more) are copied into a part of this client's own arena the store lends it and
+    ``lend_puts`` (default on): puts of 64 KiB up to a lend's largest object (PROTOCOL.md,
+    "Limits") are copied into a part of this client's own arena the store lends it and
     made objects with one message (no CREATE round trip). The store takes an empty, idle
-    lend (1/64 of the store, at most 16 MiB) back when it is short of memory; a lend's memory
+    lend back when it is short of memory; a lend's memory
     comes back with its last object. Needs ``shared_reads``.
 
     ``pipelined_puts`` (default on): ``put`` below 64 KiB (256 KiB with ``lend_puts=False``),
     and ``put_tensor`` of a host tensor whose bytes and header take up to 4 KiB (or, with
-    ``lend_puts``, of a C-contiguous little-endian one from 64 KiB up to what the lend takes:
-    a quarter of a lend, 4 MiB on a store of 1 GiB or more), return once the request is
+    ``lend_puts``, of a C-contiguous little-endian one from 64 KiB up to what the lend takes),
+    return once the request is
     written, without waiting for the store's answer (a write, not a round trip).
     ``put_tensor``'s result is the store's copy all the same: its bytes are written into a
     part of this client's arena the store lends it before the request goes out; the
@@ -247,12 +247,11 @@ class Client:
         wait for the store's answer and return the object id. ``replace``: ``name`` may
         exist already; this object becomes its next version (see ``put_tensor``).
         """
-        name = object_name(name)
-        metadata = metadata_bytes(metadata)
-        src = byte_array(data)
-        return self.core.native.put(name, src.ctypes.data, src.nbytes,  # type: ignore
-                                    metadata, ephemeral, False, False, bool(wait),
-                                    bool(replace))  # (keep=False: id or None)
+        options = (RAW_LATER if not (ephemeral or wait or replace)
+                   else put_options(ephemeral, replace, False, not wait))
+        result: Optional[int] = self.core.put(
+            object_name(name), byte_array(data), options, metadata_bytes(metadata))
+        return result
 
     def sync(self) -> None:
         """Wait for the store's answer to every put that did not wait for it; raises the
@@ -343,6 +342,13 @@ class Client:
         """Store counters (the STATS fields of PROTOCOL.md)."""
         return self.core.native.stats()
 
+    def metrics(self) -> str:
+        """The daemon's metrics in the Prometheus text format (one METRICS request): what
+        ``vovp-engine --metrics`` serves at ``/metrics``, with or without that endpoint. Read
+        it with ``prometheus_client.parser.text_string_to_metric_families``; README.md,
+        "Monitoring", lists the metrics."""
+        return self.core.native.metrics()
+
     def evict(self, nbytes: int) -> int:
         """Evict unreferenced sealed objects until ``nbytes`` are free; returns bytes freed."""
         return self.core.native.evict(int(nbytes))
@@ -384,8 +390,8 @@ class Client:
         raises ObjectExists.
 
         A host tensor whose bytes and header take up to 4 KiB, or (``lend_puts``) a
-        C-contiguous little-endian one of 64 KiB up to what the lend takes (4 MiB on a store
-        of 1 GiB or more), returns without waiting for the store's answer (``pipelined_puts``
+        C-contiguous little-endian one of 64 KiB up to what the lend takes (PROTOCOL.md,
+        "Limits"), returns without waiting for the store's answer (``pipelined_puts``
         in ``Client``): a name already published still raises ObjectExists at once, but one
         taken meanwhile by another client's racing put is raised by ``sync()`` (and by
         ``version_of`` of the result), not here. While such a failed result lives, the part
@@ -400,12 +406,15 @@ class Client:
         # torch tensor's numpy view included, goes in one native call that reads its dtype,
         # shape and bytes itself; any other is planned and converted (vovp._puts).
         if type(t) is np.ndarray:
-            arr = self.core.put_array(name, t, T.FRAMEWORK_UNSPECIFIED, ephemeral, writable,
-                                      replace)
+            options = (KEPT_LATER if not (ephemeral or replace or writable)
+                       else put_options(ephemeral, replace, True, True, writable))
+            arr = self.core.put_array(name, t, T.FRAMEWORK_UNSPECIFIED, options)
             if arr is not None:
                 return arr
         elif (plain := T.plain_cpu_numpy(t)) is not None:
-            arr = self.core.put_array(name, plain, T.FRAMEWORK_TORCH, ephemeral, True, replace)
+            options = (KEPT_LATER_WRITABLE if not (ephemeral or replace)
+                       else put_options(ephemeral, replace, True, True, True))
+            arr = self.core.put_array(name, plain, T.FRAMEWORK_TORCH, options)
             if arr is not None:
                 return T.torch_of_numpy(arr)
         plan = T.plan_host_put(t)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket as _socket
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Tuple, Union
 
 from .errors import ConnectionError as VovpConnectionError
+from .errors import InvalidArgument
 
 __all__ = ["StoreProcess", "engine_binary", "start_store", "ensure_store"]
 
@@ -109,6 +111,18 @@ class StoreProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    @property
+    def metrics_address(self) -> Optional[str]:
+        """``host:port`` of the metrics endpoint (``start_store(metrics=...)``; the port the
+        kernel picked for port 0), from the daemon's log; None when it serves none."""
+        try:
+            text = Path(self.log).read_text(errors="replace")
+        except OSError:
+            return None
+        # `metrics_addr=127.0.0.1:9464` (text log) or `"metrics_addr":"127.0.0.1:9464"` (JSON).
+        found = re.findall(r'metrics_addr"?[=:]"?([^\s",]+)', text)
+        return found[-1] if found else None
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
@@ -149,15 +163,23 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: bool = False,
-                timeout: float = 30.0, transfer: Optional[str] = None,
+                timeout: float = 30.0, spill_dir: Optional[str] = None,
+                spill_max: Any = None, metrics: Optional[str] = None,
+                transfer: Optional[str] = None,
                 transfer_key: Union[bytes, str, None] = None,
                 **options: Any) -> StoreProcess:
     """Starts a ``vovp-engine`` and returns once it serves.
 
     ``memory``: the store's size (``-m``: bytes, or ``"512M"``, ``"4G"``). ``socket``: where it
-    listens; by default a fresh path in a private temporary directory. Other daemon flags are
-    keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``), ``gpu_memory="0:8G"``,
-    ``allow_uid=[1001]``, ``log_level="debug"``... (``vovp-engine --help`` lists them).
+    listens; by default a fresh path in a private temporary directory. ``spill_dir``: spill
+    unreferenced objects to files there instead of evicting them when memory is needed (a get
+    reads them back; the directory is this daemon's alone and emptied at start), at most
+    ``spill_max`` bytes of them (``"10G"``; default: what the disk takes). ``metrics``: serve
+    the Prometheus metrics at ``http://ADDR/metrics`` (``"127.0.0.1:9464"``; port 0 takes a
+    free port, which ``StoreProcess.metrics_address`` tells; ``--metrics``, off by default).
+    Other daemon flags are keywords: ``huge_pages=True``, ``directory="/mnt/huge"`` (``-d``),
+    ``gpu_memory="0:8G"``, ``allow_uid=[1001]``, ``log_level="debug"``... (``vovp-engine
+    --help`` lists them).
 
     The daemon stops with this process (even by SIGKILL) unless ``detach=True``; ``stop()`` or
     leaving a ``with`` block stops it earlier. Its output goes to ``<socket>.log``.
@@ -168,8 +190,10 @@ def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: boo
     handed to the daemon in its environment (``VOVP_TRANSFER_KEY``), never on its command
     line; ``transfer_key_file=PATH`` (a file of mode 0600) passes a file instead.
     """
-    if transfer is not None:
-        options["transfer"] = transfer
+    if spill_max is not None and spill_dir is None:
+        raise InvalidArgument("spill_max needs spill_dir")
+    options = {**options, "spill_dir": spill_dir, "spill_max": spill_max, "metrics": metrics,
+               "transfer": transfer}
     env = None
     if transfer_key is not None:
         env = {**os.environ, "VOVP_TRANSFER_KEY": _key_hex(transfer_key)}

@@ -2,7 +2,9 @@
 
 Every reply status of PROTOCOL.md maps to exactly one class here (see ``STATUS_ERRORS``), so
 callers can catch either a precise condition (``ObjectNotFound``) or everything from the store
-(``VovpError``).
+(``VovpError``). ``__all__`` is the exception classes, which ``vovp`` exports as they are;
+``STATUS_ERRORS`` and ``error_from_status`` are the package's (the native core raises through
+the latter).
 """
 
 from __future__ import annotations
@@ -30,10 +32,9 @@ __all__ = [
     "TooManyObjects",
     "InvalidArgument",
     "ObjectLost",
+    "SpillDamaged",
     "StaleVersion",
     "TransferFailed",
-    "STATUS_ERRORS",
-    "error_from_status",
 ]
 
 
@@ -183,10 +184,10 @@ class InternalError(VovpError):
 
 
 class StaleVersion(VovpError):
-    """An explicit version is not above the name's present one (status 21): a newer version
+    """An explicit version is not above the name's present one (status 22): a newer version
     is there already. ``current`` and ``requested`` are the two versions."""
 
-    status = 21
+    status = 22
 
     def __init__(self, message: str = "", status: int | None = None,
                  current: int = 0, requested: int = 0):
@@ -196,15 +197,22 @@ class StaleVersion(VovpError):
 
 
 class TransferFailed(VovpError):
-    """A fetch or gather between engines failed (status 22): the holder refused the ticket,
+    """A fetch or gather between engines failed (status 23): the holder refused the ticket,
     died or stopped sending, or its port could not be reached. Nothing of it is visible."""
 
-    status = 22
+    status = 23
 
 
 class ObjectLost(VovpError):
     """vovp.cluster: every node that held the object is gone (Ray reports it dead, or its
     agent and store died); the message names the nodes. Never a store reply status."""
+
+
+class SpillDamaged(ObjectLost):
+    """A spilled object's file was damaged, truncated or removed (status 21): the message
+    names the object; it is gone, and its bytes were never handed out."""
+
+    status = 21
 
 
 STATUS_ERRORS: dict[int, type[VovpError]] = {
@@ -228,8 +236,9 @@ STATUS_ERRORS: dict[int, type[VovpError]] = {
     18: ProtocolError,
     19: TooManyObjects,
     20: ConnectionError,
-    21: StaleVersion,
-    22: TransferFailed,
+    21: SpillDamaged,
+    22: StaleVersion,
+    23: TransferFailed,
 }
 
 STATUS_NAMES = {
@@ -253,8 +262,9 @@ STATUS_NAMES = {
     18: "PROTOCOL_STATE",
     19: "TOO_MANY_OBJECTS",
     20: "TOO_MANY_CONNECTIONS",
-    21: "STALE_VERSION",
-    22: "TRANSFER_FAILED",
+    21: "SPILL_DAMAGED",
+    22: "STALE_VERSION",
+    23: "TRANSFER_FAILED",
 }
 
 

@@ -15,9 +15,9 @@ installed pyarrow.
 
 How Plasma's model maps onto vovp
 ---------------------------------
-Names. An ObjectID is stored under the vovp name ``plasma:<40 lowercase hex digits>``, the form
-the Rust engine's ``ObjectName::from_plasma_id`` produces. A ``str`` is accepted wherever an
-ObjectID is and is used as the vovp name as it is.
+Names. An ObjectID is stored under the vovp name ``plasma:<40 lowercase hex digits>``
+(``ObjectID.name``, made here alone: any client that knows the id can name the object so). A
+``str`` is accepted wherever an ObjectID is and is used as the vovp name as it is.
 
 Layout. Plasma keeps an object's data and metadata side by side in shared memory and counts
 both against the store's memory; so does this module: the vovp object holds ``data || metadata``
@@ -66,8 +66,10 @@ import contextlib
 import hashlib
 import os
 import pickle
+import shutil
 import socket
 import struct
+import tempfile
 import threading
 import time
 import weakref
@@ -80,8 +82,11 @@ from . import _lease
 from . import client as _vc
 from . import daemon as _daemon
 from . import errors as E
+from ._args import byte_array
 from ._copy import copy_into
+from ._core import put_options
 from ._lookup import find_lease
+from ._sockets import recv_exactly
 from ._native import Object as _NativeObject
 
 if TYPE_CHECKING:
@@ -296,6 +301,10 @@ _FLAG_PICKLED = 0x1  # written by put(): the data is _PICKLE_HEAD + pickle + out
 _PICKLE_HEAD = struct.Struct("<4sIQ")
 _PICKLE_MAGIC = b"VPK5"
 _ALIGN = 64
+
+
+# A Plasma put: no reference kept, the store's answer waited for (its id, or its error).
+_WAITED_PUT = put_options(ephemeral=False, replace=False, keep_reference=False, pipelined=False)
 
 
 def _header(data_size: int, metadata_size: int, pickled: bool, created_ms: int) -> bytes:
@@ -579,6 +588,17 @@ class PlasmaClient:
         entry = self._in_use.get(name)
         return entry if entry is not None and entry.live() else None
 
+    def _unsealed(self, name: str, not_ours: str, sealed: str, object_id: _Key) -> _InUse:
+        """The live entry of ``name``, an object this client created and has not sealed:
+        else PlasmaObjectNotFound (``not_ours``) or PlasmaObjectAlreadySealed (``sealed``), as
+        Plasma's seal and abort raise them. The caller holds the lock."""
+        entry = self._live(name)
+        if entry is None:
+            raise PlasmaObjectNotFound(f"{not_ours}: {object_id!r}", 1)
+        if entry.sealed:
+            raise PlasmaObjectAlreadySealed(f"{sealed}: {object_id!r}", 5)
+        return entry
+
     def _insert(self, entry: _InUse) -> None:
         in_use = self._in_use
         in_use[entry.name] = entry  # (replacing a dead entry, if any)
@@ -645,13 +665,8 @@ class PlasmaClient:
         name = _name_of(object_id)
         self._acquire()
         try:
-            entry = self._live(name)
-            if entry is None:
-                raise PlasmaObjectNotFound(
-                    f"Seal() called on an object without a reference to it: {object_id!r}", 1)
-            if entry.sealed:
-                raise PlasmaObjectAlreadySealed(
-                    f"Seal() called on an already sealed object: {object_id!r}", 5)
+            entry = self._unsealed(name, "Seal() called on an object without a reference to it",
+                                   "Seal() called on an already sealed object", object_id)
             with _translated():
                 self._vovp.seal(name)
             entry.sealed = True
@@ -670,13 +685,8 @@ class PlasmaClient:
         name = _name_of(object_id)
         self._acquire()
         try:
-            entry = self._live(name)
-            if entry is None:
-                raise PlasmaObjectNotFound(
-                    f"abort of an object this client is not creating: {object_id!r}", 1)
-            if entry.sealed:
-                raise PlasmaObjectAlreadySealed(
-                    f"abort of a sealed object: {object_id!r}", 5)
+            entry = self._unsealed(name, "abort of an object this client is not creating",
+                                   "abort of a sealed object", object_id)
             if entry() is not None:
                 raise ArrowInvalid("Plasma client cannot have a reference to the buffer.")
             with _translated():
@@ -897,9 +907,9 @@ class PlasmaClient:
                             n = memoryview(piece).nbytes
                             blob[off:off + n] = piece
                         blob[data_size:] = metadata
-                    # wait=True: Plasma raises PlasmaStoreFull / PlasmaObjectExists from the
+                    # Waited for: Plasma raises PlasmaStoreFull / PlasmaObjectExists from the
                     # put itself; a pipelined put would report them only at sync().
-                    oid = self._vovp.put(name, blob, metadata=header, wait=True)
+                    oid = self._core.put(name, byte_array(blob), _WAITED_PUT, header)
                     _remember_creation(name, header, None, created, oid)
                 else:
                     owner = self._vovp.create(name, total, header)
@@ -1111,8 +1121,9 @@ class PlasmaClient:
         """(ObjectID, data_size, metadata_size) of the next notification, waiting for it;
         sizes are -1 for an object that was deleted or evicted."""
         sock = self._subscribed().user
-        (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
-        ids, data_sizes, metadata_sizes = self.decode_notifications(_recv_exactly(sock, length))
+        (length,) = _LENGTH.unpack(recv_exactly(sock, _LENGTH.size, _stream_ended))
+        ids, data_sizes, metadata_sizes = self.decode_notifications(
+            recv_exactly(sock, length, _stream_ended))
         return ids[0], data_sizes[0], metadata_sizes[0]
 
     @staticmethod
@@ -1202,14 +1213,8 @@ def _unpickle(key: _Key, entry: _InUse, anchor: _Anchor) -> Any:
 _LENGTH = struct.Struct("L")  # Plasma's notification length prefix: a native unsigned long
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise PlasmaConnectionError("the notification stream ended")
-        out += chunk
-    return bytes(out)
+def _stream_ended() -> PlasmaConnectionError:
+    return PlasmaConnectionError("the notification stream ended")
 
 
 def _notification(name: str, data_size: int, metadata_size: int) -> bytes:
@@ -1380,14 +1385,13 @@ def start_plasma_store(plasma_store_memory: int, use_valgrind: bool = False,
 
     ``plasma_directory`` is passed as ``-d`` (a hugetlbfs mount there means huge pages);
     ``use_hugepages`` as ``--huge-pages``; ``use_valgrind``/``use_profiler`` run the daemon
-    under valgrind / callgrind as Plasma did. ``external_store`` is not supported by vovp.
+    under valgrind / callgrind as Plasma did. ``external_store`` (Plasma's ``-e``, e.g.
+    ``"hashtable://test"``: evicted objects went there and came back on a miss) is vovp's
+    spilling: objects go to files in a fresh temporary directory instead of being evicted, and
+    a get reads them back; the URL itself is not used. The directory goes with the store.
     """
     if use_valgrind and use_profiler:
         raise ValueError("Cannot use valgrind and profiler at the same time.")
-    if external_store is not None:
-        raise NotImplementedError(
-            "vovp has no external store: evicted objects are gone (external_store="
-            f"{external_store!r})")
     # The daemon is started as vovp.start_store starts one (vovp/daemon.py): it dies with this
     # process even if it is killed, and the socket's directory goes with it.
     prefix: tuple[str, ...] = ()
@@ -1395,10 +1399,18 @@ def start_plasma_store(plasma_store_memory: int, use_valgrind: bool = False,
         prefix = ("valgrind", "--track-origins=yes", "--leak-check=full", "--error-exitcode=1")
     elif use_profiler:
         prefix = ("valgrind", "--tool=callgrind")
-    options = {"directory": plasma_directory, "huge_pages": bool(use_hugepages)}
-    store = _daemon.spawn(prefix, int(plasma_store_memory), None, False,
-                           60 if use_valgrind or use_profiler else 10, options)
+    spill_dir = None
+    if external_store is not None:
+        spill_dir = tempfile.mkdtemp(prefix="vovp-plasma-spill-")
+    options = {"directory": plasma_directory, "huge_pages": bool(use_hugepages),
+               "spill_dir": spill_dir}
     try:
-        yield store.socket, store.process
+        store = _daemon.spawn(prefix, int(plasma_store_memory), None, False,
+                              60 if use_valgrind or use_profiler else 10, options)
+        try:
+            yield store.socket, store.process
+        finally:
+            store.stop()
     finally:
-        store.stop()
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)

@@ -21,8 +21,6 @@ NOT_SUPPORTED = {
     "TestPlasmaClient::test_put_and_get_raw_buffer":
         "decodes put()'s output with pa.deserialize (Arrow's deprecated serialization); "
         "vovp.plasma.put pickles with protocol 5",
-    "TestEvictionToExternalStore::test_eviction":
-        "needs Plasma's external store (-e hashtable://test); vovp has none",
     "test_plasma_deprecated":
         "checks Plasma's DeprecationWarnings; vovp.plasma is not deprecated",
 }

@@ -278,7 +278,7 @@ impl<'a> DirectoryWriter<'a> {
     /// Takes a published object out of the directory (delete, evict, replace). After this
     /// returns, a reader that had not yet validated a hold on it will fail to; the memory may
     /// be reused only once no hold table names `generation` ([`crate::hold::is_held`], or
-    /// [`crate::hold::Retired`]).
+    /// [`crate::hold::held_generations`] for objects parked meanwhile).
     pub fn unpublish(&mut self, index: usize, generation: u64) -> Result<()> {
         let e = self
             .entries

@@ -82,8 +82,9 @@
 //! | 16 | `stamp` | the client's access time (monotonic ns), kept after release, for the LRU fold |
 //! | 24 | `reserved` | |
 //!
-//! ARCHITECTURE.md, "Shared directory and hold tables", says how the store and the clients
-//! use these words (seqlock, hold protocol, the lend handshake) and why it is safe.
+//! How the store and the clients use these words, and why it is safe: the crate doc (the hold
+//! protocol, the `holding` count), [`crate::directory`] (the seqlock), [`crate::lend`] (the lend
+//! handshake) and [`crate::sent`] (`puts_sent`).
 
 use crate::sync::AtomicU64;
 

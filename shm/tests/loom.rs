@@ -18,7 +18,7 @@ use loom::thread;
 use vovp_shm::layout::{DirHeader, Entry, HoldHeader, HoldSlot};
 use vovp_shm::{
     held_generations, is_held, Directory, DirectoryWriter, Get, Holds, HoldsView, LendRevoker,
-    LendWriters, Lookup, Publish, SentPuts,
+    LendWriters, Lookup, Publish, SentPuts, Snapshot,
 };
 
 /// Preemption bound per execution for the hold models, unless `LOOM_MAX_PREEMPTIONS` says
@@ -102,6 +102,24 @@ fn publish_a(s: &Shared) -> (usize, u64) {
     publish(&mut w, b"a", 0)
 }
 
+/// A reader's get of "a" through the hold table `slots` (counted in `header`): when it holds
+/// it, `check` is given the snapshot it accepted and the tag the memory it names carries (the
+/// read loom watches), then the hold is released.
+fn hold_a_and_read(
+    r: &Shared,
+    slots: &[HoldSlot],
+    header: &HoldHeader,
+    check: impl FnOnce(&Snapshot, u64),
+) {
+    let dir = Directory::new(&r.entries);
+    let mut holds = Holds::new(slots, &header.holding);
+    if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
+        let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
+        check(&h.snapshot, tag);
+        holds.release(h).expect("release");
+    }
+}
+
 /// A writer republishing an entry while a reader looks it up: the reader sees one whole
 /// version (or nothing), never words of two.
 #[test]
@@ -157,16 +175,9 @@ fn hold_never_sees_freed_memory() {
         assert_eq!(generation, 1);
         let r = s.clone();
         let reader = thread::spawn(move || {
-            let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots, &r.hold_header.holding);
-            if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
-                let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
-                assert_eq!(
-                    tag, h.snapshot.generation,
-                    "freed or reused memory accepted"
-                );
-                holds.release(h).expect("release");
-            }
+            hold_a_and_read(&r, &r.slots, &r.hold_header, |snap, tag| {
+                assert_eq!(tag, snap.generation, "freed or reused memory accepted");
+            });
         });
         let mut retired = Vec::new();
         let mut w = DirectoryWriter::new(&s.header, &s.entries);
@@ -200,13 +211,9 @@ fn deferred_free_waits_for_release_then_reuses() {
         let (index, generation) = publish_a(&s);
         let r = s.clone();
         let reader = thread::spawn(move || {
-            let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots, &r.hold_header.holding);
-            if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
-                let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
-                assert_eq!(tag, h.snapshot.generation, "freed or reused memory");
-                holds.release(h).expect("release");
-            }
+            hold_a_and_read(&r, &r.slots, &r.hold_header, |snap, tag| {
+                assert_eq!(tag, snap.generation, "freed or reused memory");
+            });
         });
         let mut w = DirectoryWriter::new(&s.header, &s.entries);
         w.unpublish(index, generation).expect("unpublish");
@@ -258,18 +265,13 @@ fn a_replace_racing_a_reader_gives_one_whole_version() {
         let (index, generation) = version(&mut DirectoryWriter::new(&s.header, &s.entries), 0, 1);
         let r = s.clone();
         let reader = thread::spawn(move || {
-            let dir = Directory::new(&r.entries);
-            let mut holds = Holds::new(&r.slots, &r.hold_header.holding);
-            if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
-                let snap = h.snapshot;
-                let tag = r.memory.0[snap.offset as usize].with(|p| unsafe { *p });
+            hold_a_and_read(&r, &r.slots, &r.hold_header, |snap, tag| {
                 assert_eq!(
                     (snap.offset, snap.version),
                     (snap.version - 1, snap.version)
                 );
                 assert_eq!(tag, snap.version, "a version's entry over other memory");
-                holds.release(h).expect("release");
-            }
+            });
         });
         // Version 2 was written into cell 1 by its client before the seal.
         s.memory.0[1].with_mut(|p| unsafe { *p = 2 });
@@ -355,13 +357,9 @@ fn two_readers_in_two_tables_never_see_freed_memory() {
                     } else {
                         (&r.slots, &r.hold_header)
                     };
-                    let dir = Directory::new(&r.entries);
-                    let mut holds = Holds::new(slots, &header.holding);
-                    if let Get::Held(h) = holds.get(&dir, b"a", 1).expect("get") {
-                        let tag = r.memory.0[h.snapshot.offset as usize].with(|p| unsafe { *p });
-                        assert_eq!(tag, h.snapshot.generation, "freed memory accepted");
-                        holds.release(h).expect("release");
-                    }
+                    hold_a_and_read(&r, slots, header, |snap, tag| {
+                        assert_eq!(tag, snap.generation, "freed memory accepted");
+                    });
                 })
             })
             .collect();

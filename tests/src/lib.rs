@@ -371,7 +371,7 @@ pub fn read_line(child: &mut Child) -> String {
     line.trim().to_string()
 }
 
-/// A CLI process spoken to line by line (see [`Daemon::cli_interactive`]); killed on drop.
+/// A CLI process spoken to line by line (see [`Daemon::fixture_interactive`]); killed on drop.
 pub struct Interactive {
     pub child: Child,
     stdin: Option<std::process::ChildStdin>,
@@ -617,6 +617,16 @@ pub fn put_later(
 pub fn view_bytes(v: &vovp_client::PipelinedView) -> &[u8] {
     // SAFETY: the view's bytes, kept mapped while it lives.
     unsafe { std::slice::from_raw_parts(v.as_ptr(), v.size() as usize) }
+}
+
+/// `name` taken by an object another client of `d` created and holds unsealed: the shared
+/// directory does not show it, so a put of it goes out and the store refuses it. The name
+/// stays taken while the returned client and buffer live.
+pub fn taken_unsealed(d: &Daemon, name: &str) -> (vovp_client::Client, vovp::ObjectBuffer) {
+    let creator = d.client();
+    let unsealed =
+        vovp::Store::create(&creator, name, 16, b"", Default::default()).expect("create");
+    (creator, unsealed)
 }
 
 /// A kept put (`put_later`) of `name`, which another client holds unsealed (the shared

@@ -1,8 +1,8 @@
 //! The crate graph runs one way (ARCHITECTURE.md, "Crates"): the vocabulary at the bottom, the
 //! store's actors and engine on one side, the clients on the other. A program that depends on
 //! `vovp-client` (and the Python wheel) builds neither the engine, its actors, kameo, the
-//! daemon, tokio-uring nor clap; the wheel builds the client without its `async` feature, so
-//! without tokio.
+//! daemon, tokio-uring nor clap, nor the store's device pools (`vovp-gpu-pool`); the wheel
+//! builds the client without its `async` feature, so without tokio.
 
 /// The crates `package` depends on (normal dependencies, all depths).
 fn dependencies(package: &str) -> Vec<String> {
@@ -52,6 +52,8 @@ fn the_clients_build_no_store() {
         "vovp-transport",
         "tokio-uring",
         "clap",
+        "vovp-gpu-pool",
+        "offset-allocator",
     ];
     assert!(dependencies("vovp-client")
         .iter()
@@ -61,6 +63,13 @@ fn the_clients_build_no_store() {
     // AsyncClient is the only user of tokio on the client side, behind `async`.
     assert!(dependencies("vovp-client").iter().any(|d| d == "tokio"));
     assert_none_of("vovp-python", &["tokio"]);
+    // The client side of CUDA (IPC mapping, copies) is theirs; the pools are the store's.
+    for client in ["vovp-client", "vovp-python"] {
+        assert!(dependencies(client).iter().any(|d| d == "vovp-gpu"));
+    }
+    assert!(dependencies("vovp-actors")
+        .iter()
+        .any(|d| d == "vovp-gpu-pool"));
 }
 
 #[test]
@@ -68,8 +77,9 @@ fn the_vocabulary_is_the_bottom() {
     let deps = dependencies("vovp-types");
     let ours: Vec<_> = deps.iter().filter(|d| d.starts_with("vovp")).collect();
     assert_eq!(ours, ["vovp-types"], "vovp-types depends on {ours:?}");
-    // The wire format, shared memory and GPU crates build on the vocabulary only.
-    for leaf in ["vovp-proto", "vovp-shm", "vovp-gpu"] {
+    // The wire format, shared memory and GPU crates build on the vocabulary only (the pools on
+    // the client-side GPU crate too).
+    for leaf in ["vovp-proto", "vovp-shm", "vovp-gpu", "vovp-gpu-pool"] {
         assert_none_of(leaf, &["vovp", "vovp-actors", "vovp-client", "kameo"]);
     }
     // The daemon's server does not reach into the client.

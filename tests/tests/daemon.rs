@@ -694,7 +694,7 @@ fn a_client_of_another_uid_reads_everything_but_writes_only_what_it_created() {
 
 /// With `--prefault` every object lives in segment 0, which the daemon's own uid's clients
 /// write but a client of another uid gets read-only: it can put only inline (the store
-/// copies the bytes in), and a CREATE is a clear error, the object aborted (ARCHITECTURE.md,
+/// copies the bytes in), and a CREATE is a clear error, the object aborted (`actors/src/segment.rs`,
 /// "What isolation does and does not cover").
 #[test]
 fn with_prefault_a_client_of_another_uid_puts_only_inline() {

@@ -87,10 +87,7 @@ fn kept_lend_puts_back_to_back_replace_full_lends() {
 fn a_failed_lend_put_keeps_its_bytes_and_its_lend_until_its_view_goes() {
     // 64 MiB: lends of 1 MiB, objects up to 256 KiB through them.
     let d = Daemon::start("64M");
-    let creator = d.client();
-    let _unsealed = creator
-        .create("taken", 16, b"", CreateOptions::default())
-        .unwrap();
+    let _taken = vovp_tests::taken_unsealed(&d, "taken");
     let c = d.client();
     // (A seed no put below uses: one landing on this range would change its bytes.)
     let mine = pattern(128 << 10, 200);

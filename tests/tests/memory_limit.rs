@@ -6,7 +6,7 @@
 //!
 //! Needs a memory cgroup this process may create children in (root, cgroup v1 or v2); where
 //! there is none the tests say so and pass without running (the unit tests in
-//! `actors/src/allocator.rs` and `memory_room.rs` still run everywhere).
+//! `actors/src/allocator/` and `memory_room.rs` still run everywhere).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

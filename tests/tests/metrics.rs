@@ -1,7 +1,8 @@
 //! The metrics of a real daemon (`vovp-engine --metrics`): the port is opened only when asked
 //! and where told; scraped values, read with a third-party Prometheus parser, move with the
-//! operations made (puts, gets over the socket, errors, evictions, a client killed while
-//! holding references); bad HTTP is refused while other clients' puts and gets go on; the log
+//! operations made (puts, seals, replaces, deletes, gets over the socket and through the
+//! shared directory, lends and publishes, errors, evictions, a client killed while holding
+//! references, who holds what by pid), and METRICS answers the same over the socket; bad HTTP is refused while other clients' puts and gets go on; the log
 //! carries no colour codes in a file, is JSON with `--log-format json` and names a refused
 //! client's pid; `vovp top` shows a frame without a terminal and stops on Ctrl-C.
 
@@ -173,17 +174,57 @@ fn scraped_values_move_with_puts_gets_errors_and_evictions() {
         .map(|i| client.get_one(&format!("small{i}"), None).unwrap())
         .collect();
     assert!(client.delete("missing").is_err());
+    // One name missing from a get, one deleted, one replaced.
+    assert!(client.get(&["small0", "absent"], None).unwrap()[1].is_none());
+    client.delete("small9").unwrap();
+    client
+        .put(
+            "small8",
+            &[1u8; 32],
+            b"",
+            CreateOptions {
+                replace: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    client.sync().unwrap();
     let s = scrape(addr);
-    assert_eq!(value(&s, "vovp_objects", &[("state", "sealed")]), 10.0);
-    assert!(value(&s, "vovp_creates_total", &[]) >= 10.0);
-    assert!(value(&s, "vovp_used_bytes", &[]) >= 640.0);
+    assert_eq!(value(&s, "vovp_seals_total", &[]), 11.0);
+    assert_eq!(value(&s, "vovp_sealed_bytes_total", &[]), 672.0);
+    assert_eq!(value(&s, "vovp_replaces_total", &[]), 1.0);
+    assert_eq!(value(&s, "vovp_replaced_bytes_total", &[]), 32.0);
+    assert_eq!(value(&s, "vovp_deletes_total", &[]), 1.0);
+    assert_eq!(value(&s, "vovp_deleted_bytes_total", &[]), 64.0);
+    let gets = |s: &Scrape, result| value(s, "vovp_socket_gets_total", &[("result", result)]);
+    assert_eq!((gets(&s, "hit"), gets(&s, "miss")), (6.0, 1.0));
+    assert_eq!(value(&s, "vovp_socket_get_bytes_total", &[]), 6.0 * 64.0);
+    assert_eq!(
+        value(&s, "vovp_shared_gets_total", &[]),
+        0.0,
+        "no directory"
+    );
+    assert!(value(&s, "vovp_resident_bytes", &[]) >= value(&s, "vovp_used_bytes", &[]));
+    // This client holds the five views: 5 references of 64 bytes, by its pid.
+    let me = std::process::id().to_string();
+    assert_eq!(
+        value(&s, "vovp_client_references", &[("pid", me.as_str())]),
+        5.0
+    );
+    assert_eq!(
+        value(&s, "vovp_client_held_bytes", &[("pid", me.as_str())]),
+        320.0
+    );
+    assert_eq!(value(&s, "vovp_objects", &[("state", "sealed")]), 9.0);
+    assert!(value(&s, "vovp_creates_total", &[]) >= 11.0);
+    assert!(value(&s, "vovp_used_bytes", &[]) >= 9.0 * 64.0);
     assert!(value(&s, "vovp_references", &[]) >= 5.0);
     assert!(value(&s, "vovp_holders", &[]) >= 1.0);
     assert_eq!(value(&s, "vovp_connections", &[]), 1.0);
     assert!(value(&s, "vovp_connections_opened_total", &[]) >= 1.0);
     let count = |s: &Scrape, op| value(s, "vovp_request_duration_seconds_count", &[("op", op)]);
     assert!(count(&s, "PUT") >= 10.0, "{}", count(&s, "PUT"));
-    assert!(count(&s, "GET") >= 5.0);
+    assert!(count(&s, "GET") >= 6.0);
     assert!(value(&s, "vovp_request_errors_total", &[("status", "NOT_FOUND")]) >= 1.0);
     assert!(value(&s, "vovp_socket_received_bytes_total", &[]) > 640.0);
     assert!(value(&s, "vovp_socket_sent_bytes_total", &[]) > 0.0);
@@ -237,6 +278,22 @@ fn a_client_killed_while_holding_references_drops_out_of_the_metrics() {
     let held = scrape(addr);
     assert_eq!(value(&held, "vovp_references", &[]), idle_refs + 2.0);
     assert_eq!(value(&held, "vovp_holders", &[]), idle_holders + 1.0);
+    // The holder by its pid: two objects of 5 bytes, through its hold table.
+    let pid = holder.id().to_string();
+    let of_holder = |s: &Scrape, name: &str| {
+        s.samples
+            .iter()
+            .find(|x| x.metric == name && x.labels.get("pid") == Some(pid.as_str()))
+            .map(|x| x.value.clone())
+    };
+    assert_eq!(
+        of_holder(&held, "vovp_client_references"),
+        Some(Value::Gauge(2.0))
+    );
+    assert_eq!(
+        of_holder(&held, "vovp_client_held_bytes"),
+        Some(Value::Gauge(10.0))
+    );
     let connections = value(&held, "vovp_connections", &[]);
     holder.kill().expect("kill the holder");
     holder.wait().expect("reap the holder");
@@ -246,7 +303,63 @@ fn a_client_killed_while_holding_references_drops_out_of_the_metrics() {
             && value(&s, "vovp_holders", &[]) == idle_holders
             && value(&s, "vovp_connections", &[]) == connections - 1.0
     });
-    assert!(value(&scrape(addr), "vovp_connections_closed_total", &[]) >= 1.0);
+    let after = scrape(addr);
+    assert!(value(&after, "vovp_connections_closed_total", &[]) >= 1.0);
+    assert_eq!(of_holder(&after, "vovp_client_references"), None);
+    assert_eq!(of_holder(&after, "vovp_client_held_bytes"), None);
+    // Its two gets through the directory stay counted after it went.
+    assert!(value(&after, "vovp_shared_gets_total", &[]) >= 2.0);
+}
+
+#[test]
+fn directory_gets_lends_and_publishes_are_counted_and_metrics_come_over_the_socket_too() {
+    let (d, addr) = with_metrics("64M", &[]);
+    let client = d.client();
+    // 100 KiB: a put through a lend (a LEND, then a PUBLISH), gets through the directory.
+    let big = vec![3u8; 100 << 10];
+    client
+        .put("lent", &big, b"", CreateOptions::default())
+        .unwrap();
+    client.sync().unwrap();
+    for _ in 0..3 {
+        let view = client.get_one("lent", None).unwrap();
+        assert_eq!(view.len(), big.len());
+    }
+    let s = scrape(addr);
+    assert!(value(&s, "vovp_lends_made_total", &[]) >= 1.0);
+    assert!(value(&s, "vovp_lent_bytes_total", &[]) >= big.len() as f64);
+    assert!(value(&s, "vovp_lends", &[]) >= 1.0);
+    assert_eq!(value(&s, "vovp_publishes_total", &[]), 1.0);
+    assert_eq!(
+        value(&s, "vovp_published_bytes_total", &[]),
+        big.len() as f64
+    );
+    assert_eq!(value(&s, "vovp_shared_gets_total", &[]), 3.0);
+    assert_eq!(
+        value(&s, "vovp_shared_get_bytes_total", &[]),
+        3.0 * big.len() as f64
+    );
+    assert_eq!(
+        value(&s, "vovp_socket_gets_total", &[("result", "hit")]),
+        0.0,
+        "no get took the socket"
+    );
+
+    // The same numbers through METRICS on the client's own connection.
+    let text = client.metrics().unwrap();
+    let over_socket = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    assert_eq!(value(&over_socket, "vovp_shared_gets_total", &[]), 3.0);
+    assert_eq!(value(&over_socket, "vovp_publishes_total", &[]), 1.0);
+
+    // A client gone: its count is kept, never lost nor counted twice.
+    drop(client);
+    wait_until(Duration::from_secs(10), || {
+        value(&scrape(addr), "vovp_connections", &[]) == 0.0
+    });
+    let other = d.client();
+    drop(other.get_one("lent", None).unwrap());
+    let s = scrape(addr);
+    assert_eq!(value(&s, "vovp_shared_gets_total", &[]), 4.0);
 }
 
 #[test]
@@ -526,7 +639,13 @@ fn the_grafana_dashboard_names_only_metrics_the_daemon_reports() {
     let dashboard: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("ops/grafana-vovp.json"))
             .expect("the dashboard is JSON");
-    let (_d, addr) = with_metrics("16M", &[]);
+    let (d, addr) = with_metrics("16M", &[]);
+    // A client holding an object: the per-client families have a series only then.
+    let client = d.client();
+    client
+        .put("held", b"bytes", b"", CreateOptions::default())
+        .unwrap();
+    let _view = client.get_one("held", None).unwrap();
     let (_, page) = get(addr, "/metrics");
     let reported: Vec<&str> = page
         .lines()

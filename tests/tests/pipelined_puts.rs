@@ -74,10 +74,7 @@ fn another_client_asking_after_put_returned_finds_the_object() {
 #[test]
 fn a_failed_put_is_reported_by_sync_and_not_by_unrelated_calls() {
     let d = Daemon::start("64M");
-    let creator = client(&d);
-    let _unsealed = creator
-        .create("taken", 16, b"", CreateOptions::default())
-        .unwrap();
+    let _taken = vovp_tests::taken_unsealed(&d, "taken");
     let c = client(&d);
     put(&c, "keep", b"k").unwrap();
     put(&c, "taken", b"mine").unwrap(); // sent; fails in the store

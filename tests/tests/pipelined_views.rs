@@ -94,10 +94,7 @@ fn a_view_dropped_before_its_reply_gives_the_reference_back() {
 #[test]
 fn a_failed_put_keeps_its_bytes_and_its_lend_until_its_view_goes() {
     let d = Daemon::start("64M");
-    let creator = client(&d);
-    let _unsealed = creator
-        .create("taken", 16, b"", CreateOptions::default())
-        .unwrap();
+    let _taken = vovp_tests::taken_unsealed(&d, "taken");
     let c = client(&d);
     let failed = vovp_tests::refused_put_later(&c, "taken", b"mine");
     // Fill far more than one small lend (64 KiB holds 512 of these) while it lives.
@@ -211,10 +208,7 @@ fn small_lends_come_back_and_a_putter_that_goes_away_loses_nothing() {
 #[test]
 fn a_batch_of_kept_puts_is_one_message_and_one_refused_put_fails_no_other() {
     let d = Daemon::start("64M");
-    let creator = client(&d);
-    let _unsealed = creator
-        .create("b-taken", 16, b"", CreateOptions::default())
-        .unwrap();
+    let _taken = vovp_tests::taken_unsealed(&d, "b-taken");
     let c = client(&d);
     let other = client(&d);
     let names = ["b-0", "b-1", "b-taken", "b-3"];

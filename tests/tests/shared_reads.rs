@@ -362,7 +362,7 @@ fn assert_same_object(a: &ObjectView, b: &ObjectView) {
 
 #[test]
 fn holds_past_a_full_hold_table_are_got_over_the_socket_with_the_same_results() {
-    // A hold table has 4,096 slots (actors/src/shared.rs). A client holding more gets the rest
+    // A hold table has 4,096 slots (actors/src/shared_regions.rs). A client holding more gets the rest
     // over the socket: the same objects, counted the same way.
     const SLOTS: usize = 4096;
     const N: usize = SLOTS + 100;

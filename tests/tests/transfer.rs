@@ -1,8 +1,8 @@
-//! Transfers between two real engines on loopback (ARCHITECTURE.md, "Transfers between
-//! engines"; the mechanism: vovp-transport's `transfer` module): FETCH bit-exact with
-//! versions, replace chains, shared transfers, tickets refused for every reason, a holder that
-//! dies and a receiver that stops reading, GATHER, fetches with a base, and no port without
-//! `--transfer`.
+//! Transfers between two real engines on loopback (the mechanism's doc:
+//! `transport/src/transfer/mod.rs`; the wire: PROTOCOL.md, "Transfers between engines"): FETCH
+//! bit-exact with versions, replace chains, shared transfers, tickets refused for every reason,
+//! a holder that dies and a receiver that stops reading, GATHER, fetches with a base, and no
+//! port without `--transfer`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -55,6 +55,11 @@ pub enum Error {
     TooLarge(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A spilled object could not be read back from its spill file (damaged, truncated or
+    /// removed): the text names the object and what was wrong. The object is gone; its bytes
+    /// were never handed out.
+    #[error("spilled object lost: {0}")]
+    SpillDamaged(String),
     /// A transfer between engines (FETCH, GATHER) failed: the holder refused the ticket, died
     /// or stopped sending, the bytes did not match what it announced, or the transfer port
     /// could not be reached. Nothing of a failed fetch is visible.

@@ -4,6 +4,7 @@
 //!
 //! * [`object`](crate::ObjectRef): ids, names, where an object lives ([`Location`]) and what a
 //!   get, `list`, `stats` and a subscription hand back;
+//! * [`StoreMetrics`]: what the store did and who holds what, for the daemon's metrics;
 //! * [`put`]: what a put or a create asks for ([`PutOptions`]) and which way a put goes
 //!   ([`put::route`]), decided once for every client and the embedded engine;
 //! * [`Error`]: the one error type of the store and its clients;
@@ -11,7 +12,8 @@
 //! * [`ObjectView`] / [`ObjectBuffer`]: zero-copy handles that release on drop, through an
 //!   [`ObjectSink`] the engine or a client provides;
 //! * [`Store`] / [`AsyncStore`]: the one API, embedded or remote;
-//! * the limits both sides agree on ([`MAX_INLINE_PUT`], [`lends`], ...).
+//! * the limits, every one defined once in `limits` ([`MAX_INLINE_PUT`], [`lends`], [`wire`],
+//!   ...).
 //!
 //! ```
 //! use vovp_types::tensor::{DType, TensorMeta};
@@ -24,6 +26,7 @@
 
 #![warn(unreachable_pub, missing_debug_implementations)]
 
+mod activity;
 mod error;
 mod limits;
 mod object;
@@ -32,8 +35,12 @@ mod store;
 pub mod tensor;
 mod view;
 
+pub use activity::{Counted, HolderUsage, StoreActivity, StoreMetrics};
 pub use error::Error;
-pub use limits::{lends, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT};
+pub use limits::{
+    lends, wire, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT, MAX_METADATA_LEN,
+    MAX_NAME_LEN, MAX_OBJECTS,
+};
 pub use object::*;
 pub use put::{PutOptions, PutPaths, Route};
 pub use store::{AsyncStore, Store};

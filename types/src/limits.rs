@@ -1,6 +1,17 @@
-//! The inline-put sizes, defined here once: the store's limit and each writer's choice below
-//! it. The daemon announces [`MAX_INLINE_PUT`] in HELLO's `max_inline`; socket clients send
-//! inline up to [`CLIENT_INLINE_PUT`] of that; the embedded engine up to [`INLINE_PUT_LIMIT`].
+//! Every fixed limit of the store, its wire protocol and its clients, defined here once (in
+//! code; PROTOCOL.md, "Limits", states them in prose once, and other docs link there):
+//!
+//! * objects: [`MAX_NAME_LEN`], [`MAX_METADATA_LEN`], [`MAX_OBJECTS`];
+//! * inline puts: the store's limit and each writer's choice below it. The daemon announces
+//!   [`MAX_INLINE_PUT`] in HELLO's `max_inline`; socket clients send inline up to
+//!   [`CLIENT_INLINE_PUT`] of that; the embedded engine up to [`INLINE_PUT_LIMIT`];
+//! * [`lends`]: the size of a store's lends and of the small lend, and which objects go there
+//!   (the one statement of the lend-size rule: [`lends::lend_size`]);
+//! * [`wire`]: what one frame or request may carry (re-exported by `vovp-proto`).
+//!
+//! The daemon's per-connection limits that are flags (`--handshake-timeout`, `--write-timeout`,
+//! `--max-connections`) have their defaults with the server (`vovp-transport`'s
+//! `server::Limits`), and the store's memory its `-m`.
 
 /// Largest PUT payload the store takes (bigger objects: create, write the mapping, seal). The
 /// store copies an inline payload in itself, on its one thread, so this bounds how long one
@@ -19,6 +30,34 @@ pub const CLIENT_INLINE_PUT: usize = 256 * 1024;
 pub const INLINE_PUT_LIMIT: usize = 64 * 1024;
 
 const _: () = assert!(INLINE_PUT_LIMIT <= MAX_INLINE_PUT && CLIENT_INLINE_PUT <= MAX_INLINE_PUT);
+
+/// Longest object name, in UTF-8 bytes.
+pub const MAX_NAME_LEN: usize = 256;
+/// Largest metadata blob stored with an object (tensor headers are far smaller).
+pub const MAX_METADATA_LEN: usize = 64 * 1024;
+/// Most objects the store holds at once (named or waiting for their last holder): the
+/// allocator preallocates one node per possible object (PROTOCOL.md, `TooManyObjects`).
+pub const MAX_OBJECTS: u64 = 1 << 20;
+
+/// What one frame or request may carry: the daemon refuses more (PROTOCOL.md, "Limits").
+pub mod wire {
+    /// Largest payload of one frame.
+    pub const MAX_PAYLOAD: usize = 64 << 20;
+    /// Most names one GET may ask for. A waiting GET keeps every name, a result slot and a waiter
+    /// entry per name (~250 bytes each), so this bounds what one request can pin in the daemon
+    /// (~4 MiB) whatever the frame size.
+    pub const MAX_GET_NAMES: usize = 16 * 1024;
+    /// Most objects one PUBLISH_MANY may publish (a client pipelines at most 64 puts; the
+    /// daemon believes at most 128 unanswered, `vovp-actors`' `MAX_IN_FLIGHT`).
+    pub const MAX_PUBLISH_MANY: usize = 64;
+    /// Entries of one LIST page when the request does not say.
+    pub const LIST_PAGE_ENTRIES: u32 = 4096;
+    /// The most entries a LIST request may ask for in one page.
+    pub const MAX_LIST_PAGE_ENTRIES: u32 = 64 * 1024;
+    /// A LIST page stops growing past this many bytes, so every reply stays far below the frame
+    /// limit whatever the names and metadata.
+    pub const LIST_PAGE_BYTES: usize = 8 << 20;
+}
 
 /// The arithmetic of lends (LEND / PUBLISH), the same for the store and its clients.
 pub mod lends {

@@ -6,12 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::Error;
-
-/// Longest object name, in UTF-8 bytes.
-pub const MAX_NAME_LEN: usize = 256;
-/// Largest metadata blob stored with an object (tensor headers are far smaller).
-pub const MAX_METADATA_LEN: usize = 64 * 1024;
+use crate::{Error, MAX_METADATA_LEN, MAX_NAME_LEN};
 
 /// [`Error::MetadataTooLarge`] past [`MAX_METADATA_LEN`]: the store's check, which a client
 /// that does not wait for the store's answer makes itself.
@@ -24,9 +19,6 @@ pub fn check_metadata(metadata: &[u8]) -> Result<(), Error> {
     }
     Ok(())
 }
-/// Most objects the store holds at once (named or waiting for their last holder): the
-/// allocator preallocates one node per possible object (PROTOCOL.md, `TooManyObjects`).
-pub const MAX_OBJECTS: u64 = 1 << 20;
 /// Every object's data starts on this boundary (cache line; enough for any dtype and AVX-512).
 pub const ALIGNMENT: u64 = 64;
 
@@ -194,6 +186,9 @@ pub struct ObjectInfo {
     pub metadata: Arc<[u8]>,
     /// See [`ObjectRef::version`].
     pub version: u64,
+    /// On disk only (spilled, or being read back): its memory went to other objects, and the
+    /// next get restores it.
+    pub spilled: bool,
 }
 
 /// Counters of the whole store.
@@ -229,6 +224,21 @@ pub struct StoreStats {
     pub creates: u64,
     pub evicted_objects: u64,
     pub evicted_bytes: u64,
+    /// Objects on disk only now (spilled, `--spill-dir`), and their data bytes.
+    pub spilled_objects: u64,
+    pub spilled_bytes: u64,
+    /// Objects written to disk to make room, ever, and their data bytes.
+    pub spills: u64,
+    pub spill_bytes: u64,
+    /// Spilled objects read back into memory by a get, ever, and their data bytes.
+    pub restores: u64,
+    pub restore_bytes: u64,
+    /// Objects evicted although spilling was on: `--spill-max` reached, the disk full, or a
+    /// write failed.
+    pub spill_failures: u64,
+    /// Restores that found the spill file damaged, truncated or gone (the object is lost and
+    /// the get raised `SpillDamaged`).
+    pub restore_failures: u64,
 }
 
 /// A change pushed to subscribers.

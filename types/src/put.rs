@@ -4,7 +4,8 @@
 //! offers now ([`PutPaths`]), and the caller (the blocking and async clients, the embedded
 //! engine, the Python core) carries the route out.
 //!
-//! The routes, cheapest first (ARCHITECTURE.md, "Lends", "Pipelined puts"):
+//! The routes, cheapest first (the lends: `vovp-client`'s `lent`, `vovp_shm::lend`; pipelined
+//! puts: `vovp_shm::sent`):
 //! * [`Route::Lend`] / [`Route::LendPipelined`]: objects from [`lends::MIN_OBJECT`] up to the
 //!   lend's largest are copied into the client's own lend and made an object by one PUBLISH
 //!   (no CREATE, no bytes through the socket); a kept put may return before its answer.

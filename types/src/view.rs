@@ -196,19 +196,6 @@ pub struct ObjectBuffer {
 }
 
 impl ObjectBuffer {
-    /// # Safety
-    /// As [`ObjectView::from_raw`], and the caller is the object's creator (sole writer).
-    pub unsafe fn from_raw(
-        obj: ObjectRef,
-        ptr: *mut u8,
-        owner: Arc<dyn Any + Send + Sync>,
-        sink: Arc<dyn ObjectSink>,
-    ) -> Self {
-        ObjectBuffer {
-            view: ObjectView::from_raw(obj, ptr, owner, sink),
-        }
-    }
-
     /// A buffer over the object's place in this process.
     ///
     /// # Safety
@@ -216,18 +203,6 @@ impl ObjectBuffer {
     pub unsafe fn from_mapped(obj: ObjectRef, m: Mapped, sink: Arc<dyn ObjectSink>) -> Self {
         ObjectBuffer {
             view: ObjectView::from_mapped(obj, m, sink),
-        }
-    }
-
-    /// A buffer over a CUDA object (see [`ObjectView::from_device`]).
-    pub fn from_device(
-        obj: ObjectRef,
-        device_ptr: u64,
-        owner: Arc<dyn Any + Send + Sync>,
-        sink: Arc<dyn ObjectSink>,
-    ) -> Self {
-        ObjectBuffer {
-            view: ObjectView::from_device(obj, device_ptr, owner, sink),
         }
     }
 

@@ -1,8 +1,10 @@
 //! Eviction: when a device is full, which unreferenced sealed objects go ([`ObjectTable::victims`],
 //! from the LRU, oldest first) and what becomes of each one picked
 //! ([`ObjectTable::evict_victim`]: freed now, or parked while a hold table names it). Those
-//! two functions are the one place for each decision: a policy that keeps a victim's bytes
-//! elsewhere instead of dropping them adds a [`Victim`] and a branch there.
+//! two functions are the one place for each decision. With spilling on, the spill policy
+//! decides each victim's fate ([`SpillChoice`]): written to disk ([`Victim::Spilling`], see
+//! [`super::residency`]), dropped from memory at once because its file is still whole on disk
+//! from an earlier spill ([`Victim::OnDisk`]), or evicted as before.
 //!
 //! Race with clients: a client takes a hold through its hold table with no message, so a
 //! candidate may become held between the first look and its unpublish. Candidates are
@@ -14,7 +16,9 @@ use std::collections::HashSet;
 use vovp_types::{Device, NotificationKind, ObjectId};
 
 use super::publication::Publication;
+use super::residency::Spilling;
 use super::{Freed, ObjectTable};
+use crate::block::Block;
 
 /// What became of an eviction victim.
 enum Victim {
@@ -23,6 +27,43 @@ enum Victim {
     /// A hold table named it after all: parked (out of the LRU) until none does, under this
     /// generation.
     Parked { generation: u64 },
+    /// Its bytes go to disk; its memory goes back when the write lands.
+    Spilling(Spilling),
+    /// Its file from an earlier spill is whole: on disk only now, its memory goes back now.
+    OnDisk(Block),
+}
+
+/// What a round of making room did: memory freed now (objects gone, and objects on disk only
+/// now whose blocks are `released`), and victims being spilled (whose memory comes back when
+/// their files are written).
+#[derive(Debug, Default)]
+pub(crate) struct Room {
+    pub freed: Vec<Freed>,
+    pub released: Vec<Block>,
+    pub spilling: Vec<Spilling>,
+}
+
+/// What becomes of a victim that could be spilled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SpillChoice {
+    /// Write its file (the bound admits it).
+    Write,
+    /// Its file is on disk already (written before, the object unchanged since: sealed).
+    OnDisk,
+    /// Evict it (the bound is reached).
+    Evict,
+}
+
+/// Asked of each victim that could be spilled (id, name, data size, bytes its block frees).
+pub(crate) type SpillPolicy<'a> = &'a mut dyn FnMut(SpillCandidate<'_>) -> SpillChoice;
+
+/// A victim that could be spilled.
+#[derive(Debug)]
+pub(crate) struct SpillCandidate<'a> {
+    pub id: ObjectId,
+    pub name: &'a str,
+    pub size: u64,
+    pub frees: u64,
 }
 
 impl ObjectTable {
@@ -39,9 +80,20 @@ impl ObjectTable {
     /// Evicts least-recently-used unreferenced sealed objects of `device` until at least `bytes`
     /// are freed or none is left (see the module doc for objects clients hold meanwhile).
     pub(crate) fn evict(&mut self, device: Device, bytes: u64) -> Vec<Freed> {
+        self.evict_with(device, bytes, None).freed
+    }
+
+    /// [`Self::evict`], spilling the victims `spill` admits (host objects only) instead of
+    /// dropping them (the ones it refuses are evicted); their bytes count towards `bytes` too.
+    pub(crate) fn evict_with(
+        &mut self,
+        device: Device,
+        bytes: u64,
+        mut spill: Option<SpillPolicy<'_>>,
+    ) -> Room {
         self.fold_access_stamps();
         let mut held = self.publication.held_generations();
-        let mut freed = Vec::new();
+        let mut room = Room::default();
         let mut total = 0;
         while total < bytes {
             let candidates = self.victims(device, bytes - total, &held);
@@ -53,18 +105,26 @@ impl ObjectTable {
             }
             let held_now = self.publication.held_generations();
             for key in candidates {
-                match self.evict_victim(key, &held_now) {
+                match self.evict_victim(key, &held_now, spill.as_mut()) {
                     Victim::Freed(f) => {
                         total += f.block.reserved();
-                        freed.push(f);
+                        room.freed.push(f);
                     }
                     Victim::Parked { generation } => {
                         held.insert(generation);
                     }
+                    Victim::Spilling(s) => {
+                        total += s.block.reserved();
+                        room.spilling.push(s);
+                    }
+                    Victim::OnDisk(block) => {
+                        total += block.reserved();
+                        room.released.push(block);
+                    }
                 }
             }
         }
-        freed
+        room
     }
 
     /// The least recently used entries of `device` that free at least `need` bytes together
@@ -87,14 +147,33 @@ impl ObjectTable {
     }
 
     /// What becomes of the victim `key` (unpublished already), given the generations held
-    /// after its unpublish.
-    fn evict_victim(&mut self, key: usize, held_now: &HashSet<u64>) -> Victim {
+    /// after its unpublish, and the spill policy when spilling is on.
+    fn evict_victim(
+        &mut self,
+        key: usize,
+        held_now: &HashSet<u64>,
+        spill: Option<&mut SpillPolicy<'_>>,
+    ) -> Victim {
         let listing = self.objects[key].listing;
         if Publication::among(&listing, held_now) {
             self.park(key);
             return Victim::Parked {
                 generation: listing.generation(),
             };
+        }
+        if let Some(choose) = spill.filter(|_| self.spillable(key)) {
+            let e = &self.objects[key];
+            let candidate = SpillCandidate {
+                id: e.id,
+                name: e.name.as_str(),
+                size: e.size,
+                frees: e.block.reserved(),
+            };
+            match choose(candidate) {
+                SpillChoice::Write => return Victim::Spilling(self.begin_spill(key)),
+                SpillChoice::OnDisk => return Victim::OnDisk(self.drop_to_disk(key)),
+                SpillChoice::Evict => {}
+            }
         }
         self.activity
             .record(NotificationKind::Evicted, &self.objects[key]);

@@ -23,16 +23,19 @@
 //! - [`publication`]: the shared directory, and the entries parked while hold tables name them;
 //! - [`stats`]: counters and notifications ([`stats::Activity`]), and the views (`list`,
 //!   pages, STATS);
-//! - [`eviction`]: which entries go when a device is full, and what becomes of each.
+//! - [`eviction`]: which entries go when a device is full, and what becomes of each;
+//! - [`residency`]: entries whose bytes are spilled to disk or on their way (the disk side
+//!   is [`crate::spill`]'s).
 //!
 //! This module coordinates them; its own invariant (checked by
 //! [`ObjectTable::check_invariants`]): an entry is in the LRU exactly when it is sealed, named,
-//! unreferenced and not parked.
+//! unreferenced, not parked and resident.
 
 mod eviction;
 mod lru;
 mod objects;
 mod publication;
+mod residency;
 mod stats;
 mod waiting;
 
@@ -43,7 +46,6 @@ mod tests;
 
 use std::time::SystemTime;
 
-use tokio::sync::oneshot;
 use vovp_types::{
     Error, HolderId, Notification, NotificationKind, ObjectId, ObjectName, ObjectRef,
 };
@@ -56,8 +58,20 @@ use publication::Publication;
 use stats::Activity;
 use waiting::GetQueue;
 
+pub(crate) use eviction::{Room, SpillCandidate, SpillChoice};
 pub(crate) use objects::NewObject;
-pub(crate) use waiting::{CompletedGet, GetResults, WaiterId};
+pub(crate) use residency::{RestoreEnd, SpillEnd, Spilling};
+pub(crate) use waiting::{CompletedGet, GetReply, GetResults, WaiterId};
+
+use residency::Residency;
+
+/// A get that waits: its waiter, and the spilled objects whose restore it needs started (the
+/// table actor starts each once, however many gets wait for it).
+#[derive(Debug)]
+pub(crate) struct StartedGet {
+    pub waiter: WaiterId,
+    pub restores: Vec<ObjectId>,
+}
 
 /// What a seal did: the version the object became, the gets it completed, and the previous
 /// version's memory when a replace freed it at once.
@@ -70,6 +84,8 @@ pub(crate) struct Sealed {
 /// An object that left the table and whose memory must go back to its allocator.
 #[derive(Debug)]
 pub(crate) struct Freed {
+    /// Which incarnation it was (an IO of it may still be in flight).
+    pub id: ObjectId,
     pub block: Block,
     /// Which object it was: the tests check it, logs print it (`Debug`).
     #[allow(dead_code)]
@@ -86,6 +102,9 @@ pub(crate) struct ObjectTable {
     waiting: GetQueue,
     publication: Publication,
     activity: Activity,
+    /// Gets that ended outside a seal or a restore (the name of a spilled object they waited
+    /// for went): the actor sends them ([`ObjectTable::take_finished_gets`]).
+    finished: Vec<CompletedGet>,
 }
 
 impl ObjectTable {
@@ -204,6 +223,9 @@ impl ObjectTable {
         e.sealed = true;
         e.version = version;
         e.last_access = SystemTime::now();
+        let published = matches!(e.block, Block::Lent(_));
+        self.activity
+            .sealed(e.size, kind == NotificationKind::Replaced, published);
         self.activity.record(kind, e);
         self.publication.publish(e);
         Ok(Sealed {
@@ -272,23 +294,26 @@ impl ObjectTable {
     ) -> Option<ObjectRef> {
         let key = self.objects.named(name)?;
         let e = &self.objects[key];
-        if !e.sealed || e.version <= newer_than {
+        // A spilled object comes back first (a spilling one is still in memory: taken).
+        if !e.sealed || e.version <= newer_than || e.residency.is_away() {
             return None;
         }
         Some(self.take_ref(key, holder))
     }
 
     /// Gets every name; when some are missing and `wait` is set, registers a waiter whose
-    /// results go to `reply` (as soon as all are sealed, or at timeout through `finish_waiter`).
+    /// results go to `reply` (as soon as all are sealed, or at timeout through `expire_waiter`).
     /// `newer_than`: per name, the version it must be above (empty: any sealed version).
+    /// A name whose object is spilled is waited for until its restore ends, `wait` or not
+    /// (a timeout ends only the wait for missing names).
     pub(crate) fn begin_get(
         &mut self,
         holder: HolderId,
         names: Vec<ObjectName>,
         newer_than: Vec<u64>,
         wait: bool,
-        reply: oneshot::Sender<GetResults>,
-    ) -> Result<WaiterId, (GetResults, oneshot::Sender<GetResults>)> {
+        reply: GetReply,
+    ) -> Result<StartedGet, (GetResults, GetReply)> {
         let mut newer_than = newer_than;
         newer_than.resize(names.len(), 0);
         let results: GetResults = names
@@ -296,15 +321,41 @@ impl ObjectTable {
             .zip(&newer_than)
             .map(|(n, &v)| self.get_now(n, v, holder))
             .collect();
-        if results.iter().all(Option::is_some) || !wait {
+        let mut restores = Vec::new();
+        let restoring: Vec<bool> = names
+            .iter()
+            .zip(&newer_than)
+            .zip(&results)
+            .map(|((n, &v), r)| {
+                let away = r.is_none().then(|| self.away(n, v)).flatten();
+                if let Some((key, true)) = away {
+                    let id = self.objects[key].id;
+                    if !restores.contains(&id) {
+                        restores.push(id);
+                    }
+                }
+                away.is_some()
+            })
+            .collect();
+        let away = restoring.iter().any(|&r| r);
+        if results.iter().all(Option::is_some) || !(wait || away) {
             return Err((results, reply));
         }
-        Ok(self.waiting.wait(holder, names, newer_than, results, reply))
+        let waiter = self
+            .waiting
+            .wait(holder, names, newer_than, results, restoring, !wait, reply);
+        Ok(StartedGet { waiter, restores })
     }
 
-    /// Ends a waiting get (timeout): its partial results, or `None` if it completed already.
-    pub(crate) fn finish_waiter(&mut self, waiter: WaiterId) -> Option<CompletedGet> {
-        self.waiting.finish(waiter)
+    /// A waiting get reached its timeout: its partial results, or `None` if it completed
+    /// already or still waits for a restore (it then ends with that restore).
+    pub(crate) fn expire_waiter(&mut self, waiter: WaiterId) -> Option<CompletedGet> {
+        self.waiting.expire(waiter)
+    }
+
+    /// Gets that ended because a spilled object they waited for went (see `finished`).
+    pub(crate) fn take_finished_gets(&mut self) -> Vec<CompletedGet> {
+        std::mem::take(&mut self.finished)
     }
 
     /// Drops one reference of `holder` to object `id`. Returns the memory to free when that was
@@ -331,7 +382,8 @@ impl ObjectTable {
             }
             return self.free_or_park(key);
         }
-        if !e.listing.is_parked() {
+        // A spilling entry's write decides what becomes of it ([`residency`]).
+        if !e.listing.is_parked() && e.residency == Residency::Resident {
             self.enter_lru(key);
         }
         None
@@ -369,6 +421,7 @@ impl ObjectTable {
         self.lru.leave(&mut e.lru, device, reserved);
         let e = self.objects.remove(key);
         Freed {
+            id: e.id,
             block: e.block,
             name: e.name,
             size: e.size,
@@ -409,12 +462,19 @@ impl ObjectTable {
         }
         self.activity
             .record(NotificationKind::Deleted, &self.objects[key]);
+        self.activity.deleted(self.objects[key].size);
         Ok(self.unlink(key))
     }
 
     /// Takes the name from the sealed object `key` (deleted, or replaced by a newer version):
     /// its memory now if nobody holds it, else with its last holder.
     fn unlink(&mut self, key: usize) -> Option<Freed> {
+        if self.objects[key].residency.is_away() {
+            // Gets waiting for its restore now wait for the name like for any missing one.
+            let name = self.objects[key].name.clone();
+            let ended = self.waiting.restore_ended(&name, None);
+            self.finished.extend(ended);
+        }
         self.publication.unpublish(&mut self.objects[key].listing);
         let unreferenced = self.objects[key].refcount == 0;
         if unreferenced && !self.publication.is_held(&self.objects[key].listing) {
@@ -457,12 +517,22 @@ impl ObjectTable {
         self.objects.check()?;
         let mut evictable = 0;
         for (_, e) in self.objects.iter() {
+            let resident = e.residency == Residency::Resident;
             let should_be_evictable =
-                e.sealed && e.named && e.refcount == 0 && !e.listing.is_parked();
+                e.sealed && e.named && e.refcount == 0 && !e.listing.is_parked() && resident;
             if should_be_evictable != e.lru.is_evictable() {
                 return Err(format!("{:?}: LRU membership wrong", e.name));
             }
             evictable += usize::from(should_be_evictable);
+            if (e.residency == Residency::Spilled) != matches!(e.block, Block::Spilled(_)) {
+                return Err(format!(
+                    "{:?}: spilled but with memory, or the reverse",
+                    e.name
+                ));
+            }
+            if !resident && (!e.sealed || self.publication.is_published(&e.listing)) {
+                return Err(format!("{:?}: away from memory but published", e.name));
+            }
         }
         if evictable != self.lru.len() {
             return Err(format!(

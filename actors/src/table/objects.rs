@@ -24,6 +24,7 @@ use vovp_types::{Error, HolderId, ObjectId, ObjectName, ObjectRef};
 
 use super::lru::LruPlace;
 use super::publication::Listing;
+use super::residency::Residency;
 use crate::block::Block;
 
 /// One object of the table.
@@ -52,6 +53,8 @@ pub(super) struct Entry {
     pub lru: LruPlace,
     /// Its publication in the shared directory ([`super::publication`]).
     pub listing: Listing,
+    /// In memory, on disk, or on its way between them ([`super::residency`]).
+    pub residency: Residency,
 }
 
 impl Entry {
@@ -228,6 +231,7 @@ impl Objects {
             replacing,
             lru: LruPlace::default(),
             listing: Listing::default(),
+            residency: Residency::Resident,
         });
         if replacing {
             self.replacements.insert((new.name, new.creator), key);
@@ -352,6 +356,11 @@ impl Objects {
     /// Holders with at least one reference.
     pub(super) fn holders(&self) -> impl Iterator<Item = &HolderId> {
         self.holders.keys()
+    }
+
+    /// Every holder's references: the entries it holds, and how many times each.
+    pub(super) fn references(&self) -> impl Iterator<Item = (HolderId, &HashMap<usize, u32>)> {
+        self.holders.iter().map(|(h, refs)| (*h, refs))
     }
 
     pub(super) fn is_holder(&self, holder: &HolderId) -> bool {

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use vovp_types::{HolderId, Location, ALIGNMENT};
+use vovp_types::{Counted, HolderId, Location, ALIGNMENT};
 
 use super::objects::{Entry, Objects};
 use crate::shared_regions::{Published, SharedRegions};
@@ -88,6 +88,9 @@ impl Publication {
         if !e.is_kept_unreferenced() || e.listing.parked || e.listing.published.is_some() {
             return;
         }
+        if e.residency != super::residency::Residency::Resident {
+            return;
+        }
         let Some(meta_offset) = e
             .size
             .checked_next_multiple_of(ALIGNMENT)
@@ -117,6 +120,11 @@ impl Publication {
         if let (Some(regions), Some(p)) = (self.regions.as_mut(), listing.published.take()) {
             regions.unpublish(p);
         }
+    }
+
+    /// Whether the entry is in the directory now.
+    pub(super) fn is_published(&self, listing: &Listing) -> bool {
+        listing.published.is_some()
     }
 
     /// Whether a hold table names the entry's last publication (call after unpublishing).
@@ -196,6 +204,22 @@ impl Publication {
         self.regions
             .as_ref()
             .map(SharedRegions::hold_counts)
+            .unwrap_or_default()
+    }
+
+    /// Per holder with a hold table, the generations its holds name now (a snapshot).
+    pub(super) fn holds_by_holder(&self) -> Vec<(HolderId, Vec<u64>)> {
+        self.regions
+            .as_ref()
+            .map(SharedRegions::holds_by_holder)
+            .unwrap_or_default()
+    }
+
+    /// Gets served from the shared directory, ever, summed over the hold tables.
+    pub(super) fn shared_gets(&mut self) -> Counted {
+        self.regions
+            .as_mut()
+            .map(SharedRegions::shared_gets)
             .unwrap_or_default()
     }
 
@@ -327,6 +351,34 @@ mod tests {
         assert_eq!(names(&t.evict(Device::Cpu, u64::MAX)), ["other"]);
         assert!(t.contains(&n("old")));
         assert!(t.evict(Device::Cpu, u64::MAX).is_empty());
+        ok(&t);
+    }
+
+    #[test]
+    fn directory_gets_and_holds_are_counted_per_holder_and_kept_after_it_goes() {
+        let mut t = publishing_table();
+        let client = reader(&mut t, B);
+        put_host(&mut t, "x", 64, false);
+        put_host(&mut t, "y", 32, false);
+        let first = client.hold("x").unwrap();
+        client.release(first.slot, first.snapshot).unwrap();
+        let _x = client.hold("x").unwrap();
+        let _y = client.hold("y").unwrap();
+        let gets = t.activity().shared_gets;
+        assert_eq!((gets.count, gets.bytes), (3, 160));
+        let usage = t.holder_usage();
+        assert_eq!(
+            usage
+                .iter()
+                .map(|u| (u.holder, u.references, u.bytes))
+                .collect::<Vec<_>>(),
+            [(B, 2, 96)]
+        );
+        // Read twice: counted once. Gone: its count stays, its holds go.
+        assert_eq!(t.activity().shared_gets, gets);
+        t.release_holder(B);
+        assert_eq!(t.activity().shared_gets, gets);
+        assert!(t.holder_usage().is_empty());
         ok(&t);
     }
 

@@ -28,6 +28,34 @@ pub(crate) fn block(offset: u64, size: u64) -> Block {
     })
 }
 
+/// A host block (a lent range: plain data too), for what only host objects do (spilling).
+pub(crate) fn host_block(offset: u64, size: u64) -> Block {
+    Block::Lent(crate::block::LentBlock {
+        lend: 1,
+        segment: 1,
+        offset,
+        charged: size.next_multiple_of(64),
+    })
+}
+
+/// A sealed host object nobody holds (in the host LRU).
+pub(crate) fn put_host(t: &mut ObjectTable, name: &str, size: u64) -> ObjectRef {
+    let offset = t.len() as u64 * 4096;
+    let r = t
+        .insert(new_object(
+            name,
+            size,
+            host_block(offset, size),
+            false,
+            false,
+            A,
+        ))
+        .unwrap();
+    assert!(t.seal(&n(name), A, Some(r.id)).unwrap().done.is_empty());
+    assert!(t.release(r.id, A).unwrap().is_none());
+    r
+}
+
 /// What `creator` inserts as `name` in `block` (metadata "m").
 pub(crate) fn new_object(
     name: &str,

@@ -4,25 +4,38 @@
 //! timeout, with what it has). The queue keeps results and wake-up lists; the table takes the
 //! references it fills them with.
 //!
+//! A slot may wait for a *restore* (its name's object is spilled, [`super::residency`]): the
+//! restore fills it like a seal, a timeout does not end the wait for it (the get is then
+//! *expired*: it completes as soon as no slot waits for a restore), and a restore that fails
+//! fails the get ([`GetQueue::restore_ended`]). A get that does not wait for missing names is
+//! expired from the start.
+//!
 //! Invariants: every pending get has `remaining` empty slots (> 0: a complete one leaves the
-//! queue); every empty slot's name lists the get among its waiters (a name may also list gets
-//! that finished since: they are skipped and dropped at its next seal).
+//! queue), and an expired one has an empty slot waiting for a restore; only empty slots wait
+//! for a restore; every empty slot's name lists the get among its waiters (a name may also
+//! list gets that finished since: they are skipped and dropped at its next seal).
 
 use std::collections::HashMap;
 
 use tokio::sync::oneshot;
-use vovp_types::{HolderId, ObjectName, ObjectRef};
+use vovp_types::{Error, HolderId, ObjectName, ObjectRef};
 
 /// Results of a batched get, in request order (`None`: not sealed in time).
 pub(crate) type GetResults = Vec<Option<ObjectRef>>;
 
+/// Where a get's outcome goes: its results, or the error that failed it (a spilled object it
+/// asked for could not be restored).
+pub(crate) type GetReply = oneshot::Sender<Result<GetResults, Error>>;
+
 pub(crate) type WaiterId = u64;
 
-/// A waiting get that is now complete: the actor sends its results.
+/// A waiting get that is now complete: the actor sends its results, or, with `error`, releases
+/// them and sends the error.
 pub(crate) struct CompletedGet {
     pub holder: HolderId,
     pub results: GetResults,
-    pub reply: oneshot::Sender<GetResults>,
+    pub error: Option<Error>,
+    pub reply: GetReply,
 }
 
 struct PendingGet {
@@ -32,16 +45,30 @@ struct PendingGet {
     newer_than: Vec<u64>,
     results: GetResults,
     remaining: usize,
-    reply: oneshot::Sender<GetResults>,
+    /// Per slot: waits for its object's restore.
+    restoring: Vec<bool>,
+    /// Its timeout passed (or it never waited for missing names): it completes once no slot
+    /// waits for a restore.
+    expired: bool,
+    reply: GetReply,
 }
 
 impl PendingGet {
-    fn complete(self) -> CompletedGet {
+    fn complete(self, error: Option<Error>) -> CompletedGet {
         CompletedGet {
             holder: self.holder,
             results: self.results,
+            error,
             reply: self.reply,
         }
+    }
+
+    fn restores_left(&self) -> usize {
+        self.restoring.iter().filter(|&&r| r).count()
+    }
+
+    fn is_complete(&self) -> bool {
+        self.remaining == 0 || (self.expired && self.restores_left() == 0)
     }
 }
 
@@ -63,14 +90,18 @@ pub(super) struct GetQueue {
 
 impl GetQueue {
     /// Queues a get whose `results` (found so far, one per name) have empty slots; `newer_than`
-    /// has one version per name.
+    /// has one version per name, `restoring` says which slots wait for a restore, `expired`
+    /// that the get waits for nothing else.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn wait(
         &mut self,
         holder: HolderId,
         names: Vec<ObjectName>,
         newer_than: Vec<u64>,
         results: GetResults,
-        reply: oneshot::Sender<GetResults>,
+        restoring: Vec<bool>,
+        expired: bool,
+        reply: GetReply,
     ) -> WaiterId {
         self.last_waiter += 1;
         let waiter = self.last_waiter;
@@ -92,6 +123,8 @@ impl GetQueue {
                 newer_than,
                 results,
                 remaining,
+                restoring,
+                expired,
                 reply,
             },
         );
@@ -147,16 +180,65 @@ impl GetQueue {
         let p = self.pending.get_mut(&waiter)?;
         debug_assert!(p.results[slot].is_none(), "a slot filled twice");
         p.results[slot] = Some(r);
+        p.restoring[slot] = false;
         p.remaining -= 1;
-        if p.remaining > 0 {
+        if !p.is_complete() {
             return None;
         }
-        self.pending.remove(&waiter).map(PendingGet::complete)
+        self.finish(waiter)
     }
 
-    /// Ends a waiting get (timeout, or its holder went): its partial results, or `None` if it
-    /// completed already.
+    /// A waiting get reached its timeout: it ends now with what it has, unless a slot waits
+    /// for a restore (it then ends when none does). `None` when it does not end now.
+    pub(super) fn expire(&mut self, waiter: WaiterId) -> Option<CompletedGet> {
+        let p = self.pending.get_mut(&waiter)?;
+        p.expired = true;
+        if p.restores_left() > 0 {
+            return None;
+        }
+        self.finish(waiter)
+    }
+
+    /// The restore of `name`'s object ended without filling the slots waiting for it: it
+    /// failed (`error`: those gets fail with it), or the object lost its name (those slots
+    /// wait for the name as any missing one; expired gets end). The gets that ended.
+    pub(super) fn restore_ended(
+        &mut self,
+        name: &ObjectName,
+        error: Option<Error>,
+    ) -> Vec<CompletedGet> {
+        let waiting = self.by_name.get(name).cloned().unwrap_or_default();
+        let mut ended = Vec::new();
+        for waiter in waiting {
+            let Some(p) = self.pending.get_mut(&waiter) else {
+                continue;
+            };
+            let mut touched = false;
+            for i in 0..p.names.len() {
+                if p.restoring[i] && &p.names[i] == name {
+                    p.restoring[i] = false;
+                    touched = true;
+                }
+            }
+            if !touched {
+                continue;
+            }
+            if let Some(e) = &error {
+                ended.extend(self.finish_with(waiter, Some(e.clone())));
+            } else if p.is_complete() {
+                ended.extend(self.finish(waiter));
+            }
+        }
+        ended
+    }
+
+    /// Ends a waiting get (complete, or its holder went): its partial results, or `None` if
+    /// it completed already.
     pub(super) fn finish(&mut self, waiter: WaiterId) -> Option<CompletedGet> {
+        self.finish_with(waiter, None)
+    }
+
+    fn finish_with(&mut self, waiter: WaiterId, error: Option<Error>) -> Option<CompletedGet> {
         let p = self.pending.remove(&waiter)?;
         for n in &p.names {
             if let Some(w) = self.by_name.get_mut(n) {
@@ -166,7 +248,7 @@ impl GetQueue {
                 }
             }
         }
-        Some(p.complete())
+        Some(p.complete(error))
     }
 
     /// The gets `holder` waits in.
@@ -192,6 +274,14 @@ impl GetQueue {
                     "get {waiter}: {empty} empty slots, {}",
                     p.remaining
                 ));
+            }
+            if p.restoring
+                .iter()
+                .zip(&p.results)
+                .any(|(&w, r)| w && r.is_some())
+                || (p.expired && p.restores_left() == 0)
+            {
+                return Err(format!("get {waiter}: restore slots wrong"));
             }
             let listed = |n: &ObjectName| self.by_name.get(n).is_some_and(|w| w.contains(waiter));
             if p.names
@@ -233,7 +323,8 @@ mod tests {
         let (tx, _rx) = oneshot::channel();
         let names: Vec<_> = names.iter().map(|s| n(s)).collect();
         let results = vec![None; names.len()];
-        q.wait(holder, names, newer.to_vec(), results, tx)
+        let restoring = vec![false; names.len()];
+        q.wait(holder, names, newer.to_vec(), results, restoring, false, tx)
     }
 
     #[test]
@@ -279,6 +370,8 @@ mod tests {
             vec![n("x"), n("y")],
             vec![0, 0],
             vec![Some(found("x", 1)), None],
+            vec![false, false],
+            false,
             tx,
         );
         assert_eq!(q.of_holder(B), [w]);
@@ -299,7 +392,11 @@ mod tests {
         put(&mut t, "ready", 8);
         let (tx, mut rx) = oneshot::channel();
         let names = vec![n("ready"), n("later"), n("later")];
-        let waiter = t.begin_get(B, names, Vec::new(), true, tx).ok().unwrap();
+        let waiter = t
+            .begin_get(B, names, Vec::new(), true, tx)
+            .ok()
+            .unwrap()
+            .waiter;
         // "ready" is already held by the waiting get.
         assert_eq!(refcount(&t, "ready"), 1);
         assert!(rx.try_recv().is_err());
@@ -310,8 +407,8 @@ mod tests {
         assert_eq!(done.len(), 1);
         let d = done.into_iter().next().unwrap();
         assert_eq!(d.holder, B);
-        d.reply.send(d.results).unwrap();
-        let results = rx.try_recv().unwrap();
+        d.reply.send(Ok(d.results)).unwrap();
+        let results = rx.try_recv().unwrap().unwrap();
         let ids: Vec<_> = results
             .iter()
             .map(|r| r.as_ref().unwrap().name.as_str())
@@ -321,7 +418,7 @@ mod tests {
         assert_eq!(refcount(&t, "later"), 3);
         t.release(r.id, A).unwrap();
         // Finished: a late timeout finds nothing.
-        assert!(t.finish_waiter(waiter).is_none());
+        assert!(t.expire_waiter(waiter).is_none());
         ok(&t);
     }
 
@@ -333,8 +430,9 @@ mod tests {
         let waiter = t
             .begin_get(B, vec![n("a"), n("b")], Vec::new(), true, tx)
             .ok()
-            .unwrap();
-        let done = t.finish_waiter(waiter).unwrap();
+            .unwrap()
+            .waiter;
+        let done = t.expire_waiter(waiter).unwrap();
         assert!(done.results[0].is_some() && done.results[1].is_none());
         assert_eq!(refcount(&t, "a"), 1);
         // A seal after the timeout completes nothing and takes no reference for B.
@@ -360,28 +458,30 @@ mod tests {
         let waiter = t
             .begin_get(B, vec![n("w")], vec![1], true, tx)
             .ok()
-            .unwrap();
+            .unwrap()
+            .waiter;
         assert_eq!(t.stats().waiting_gets, 1);
         let r = replace(&mut t, "w", 64, A).unwrap();
         let sealed = t.seal(&n("w"), A, Some(r.id)).unwrap();
         assert_eq!(sealed.done.len(), 1);
         let got = sealed.done.into_iter().next().unwrap().results;
         assert_eq!(got[0].as_ref().map(|o| o.version), Some(2));
-        assert!(t.finish_waiter(waiter).is_none());
+        assert!(t.expire_waiter(waiter).is_none());
         assert!(rx.try_recv().is_err());
         // Waiting for a version beyond the next one keeps waiting through it.
         let (tx, _rx) = oneshot::channel();
         let waiter = t
             .begin_get(B, vec![n("w")], vec![3], true, tx)
             .ok()
-            .unwrap();
+            .unwrap()
+            .waiter;
         let r = replace(&mut t, "w", 64, A).unwrap();
         assert!(t.seal(&n("w"), A, Some(r.id)).unwrap().done.is_empty());
         assert_eq!(t.stats().waiting_gets, 1);
         let r = replace(&mut t, "w", 64, A).unwrap();
         let done = t.seal(&n("w"), A, Some(r.id)).unwrap().done;
         assert_eq!(done[0].results[0].as_ref().map(|o| o.version), Some(4));
-        assert!(t.finish_waiter(waiter).is_none());
+        assert!(t.expire_waiter(waiter).is_none());
         ok(&t);
     }
 }

@@ -1,5 +1,5 @@
 //! The messages that use objects once made: gets (waiting or not), releases, deletes,
-//! listing, STATS and EVICT; and a client's life with the store: its hold table and the
+//! listing, STATS, the metrics and EVICT; and a client's life with the store: its hold table and the
 //! directory (attach), notifications (subscribe) and everything it held when it goes.
 
 use std::time::Duration;
@@ -7,11 +7,12 @@ use std::time::Duration;
 use kameo::message::{Context, Message};
 use tokio::sync::{mpsc, oneshot};
 use vovp_types::{
-    Device, Error, HolderId, Notification, ObjectId, ObjectInfo, ObjectName, StoreStats,
+    Device, Error, HolderId, Notification, ObjectId, ObjectInfo, ObjectName, StoreMetrics,
+    StoreStats,
 };
 
 use super::ObjectTableActor;
-use crate::allocator::{Free, OwnerGone};
+use crate::allocator::{Free, HostUsage, OwnerGone};
 use crate::lend_ledger::LendKind;
 use crate::shared_regions::SharedFds;
 use crate::table::{CompletedGet, GetResults, WaiterId};
@@ -31,7 +32,7 @@ pub struct Get {
 }
 
 impl Message<Get> for ObjectTableActor {
-    type Reply = Result<oneshot::Receiver<GetResults>, Error>;
+    type Reply = Result<oneshot::Receiver<Result<GetResults, Error>>, Error>;
 
     async fn handle(&mut self, m: Get, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let (tx, rx) = oneshot::channel();
@@ -44,20 +45,24 @@ impl Message<Get> for ObjectTableActor {
                 let done = CompletedGet {
                     holder: m.holder,
                     results,
+                    error: None,
                     reply: tx,
                 };
                 self.deliver(vec![done]).await;
             }
-            Ok(waiter) => {
-                let timeout = wait.unwrap_or_default();
-                // Durations beyond ~a century mean "forever": no timer.
-                if timeout < Duration::from_secs(100 * 365 * 86400) {
+            Ok(started) => {
+                // Durations beyond ~a century mean "forever": no timer. A get that does not
+                // wait for missing names waits only for its restores: no timer either.
+                if let Some(timeout) = wait.filter(|t| *t < Duration::from_secs(100 * 365 * 86400))
+                {
                     let me = ctx.actor_ref().clone();
+                    let waiter = started.waiter;
                     tokio::spawn(async move {
                         tokio::time::sleep(timeout).await;
                         let _ = me.tell(WaiterTimedOut(waiter)).await;
                     });
                 }
+                self.start_restores(started.restores).await;
             }
         }
         Ok(rx)
@@ -72,7 +77,7 @@ impl Message<WaiterTimedOut> for ObjectTableActor {
     type Reply = ();
 
     async fn handle(&mut self, m: WaiterTimedOut, _: &mut Context<Self, Self::Reply>) {
-        if let Some(done) = self.table.finish_waiter(m.0) {
+        if let Some(done) = self.table.expire_waiter(m.0) {
             self.deliver(vec![done]).await;
         }
     }
@@ -119,6 +124,8 @@ impl Message<Delete> for ObjectTableActor {
     async fn handle(&mut self, m: Delete, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
         let freed = self.table.delete(&m.name)?;
         self.free(freed.into_iter().collect()).await;
+        let ended = self.table.take_finished_gets();
+        self.deliver(ended).await;
         self.notify_subscribers();
         self.schedule_parked_rescan(ctx.actor_ref()).await;
         Ok(())
@@ -198,12 +205,43 @@ impl Message<Stats> for ObjectTableActor {
     type Reply = Result<StoreStats, Error>;
 
     async fn handle(&mut self, _: Stats, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        Ok(self.stats().await?.0)
+    }
+}
+
+impl ObjectTableActor {
+    /// STATS, and the host memory's use it was filled from.
+    async fn stats(&self) -> Result<(StoreStats, HostUsage), Error> {
         let usage = self.host_usage().await?;
         let mut s = self.table.stats();
+        if let Some(spill) = &self.spill {
+            spill.fill_stats(&mut s);
+        }
         s.put_barriers = self.pipelined.barriers_made();
         s.capacity = usage.capacity;
         s.used_bytes = usage.used;
-        Ok(s)
+        Ok((s, usage))
+    }
+}
+
+/// Everything the metrics report of the store: STATS, what the store did, who holds what.
+#[derive(Debug)]
+pub struct Metrics;
+
+impl Message<Metrics> for ObjectTableActor {
+    type Reply = Result<StoreMetrics, Error>;
+
+    async fn handle(&mut self, _: Metrics, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let (stats, usage) = self.stats().await?;
+        let mut activity = self.table.activity();
+        activity.lends = self.lends.made();
+        Ok(StoreMetrics {
+            stats,
+            resident_bytes: usage.resident,
+            live_lends: self.lends.len() as u64,
+            activity,
+            holders: self.table.holder_usage(),
+        })
     }
 }
 
@@ -219,6 +257,7 @@ impl Message<ReleaseHolder> for ObjectTableActor {
     async fn handle(&mut self, m: ReleaseHolder, ctx: &mut Context<Self, Self::Reply>) {
         let freed = self.table.release_holder(m.holder);
         self.pipelined.forget(m.holder);
+        self.forget_room_waiters(m.holder);
         if !freed.is_empty() {
             tracing::debug!("holder {} gone: {} objects freed", m.holder, freed.len());
         }
@@ -297,6 +336,7 @@ impl Message<CheckInvariants> for ObjectTableActor {
         _: CheckInvariants,
         _: &mut Context<Self, Self::Reply>,
     ) -> Self::Reply {
-        self.table.check_invariants()
+        self.table.check_invariants()?;
+        self.spill.as_ref().map_or(Ok(()), |s| s.check())
     }
 }

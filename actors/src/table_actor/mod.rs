@@ -10,39 +10,46 @@
 //!   placed; blocks freed to whoever gave them) and the parked objects' timer;
 //! - `puts`: the messages that make objects (CREATE/SEAL/ABORT, inline PUT, LEND/PUBLISH,
 //!   pipelined puts' bookkeeping);
-//! - `access`: the messages that read, release, delete and list them, and a client's
-//!   attach/subscribe/detach.
+//! - `access`: the messages that read, release, delete and list them, STATS and the metrics,
+//!   and a client's attach/subscribe/detach;
+//! - `spilling`: spilling's side of it (requests waiting for room, restores, the IO worker's
+//!   completions; the mechanism is [`crate::spill`]).
 
 mod access;
 mod memory;
 mod puts;
+mod spilling;
 
 use std::sync::Arc;
+
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use kameo::actor::ActorRef;
 use kameo::Actor;
 use tokio::sync::mpsc;
 
 use crate::allocator::{AllocatorActor, HostBlock};
+use crate::block::Block;
 use crate::gpu::GpuActor;
 use crate::lend_ledger::LendLedger;
 use crate::pipelined::PipelinedPuts;
 use crate::segment::Segment;
 use crate::shared_regions::{SharedConfig, SharedRegions};
+use crate::spill::{Spill, SpillConfig};
 use crate::table::{CompletedGet, ObjectTable};
 use vovp_types::{Error, HolderId, Notification, ObjectId, ObjectName, ObjectRef};
 
 pub use access::{
     AttachShared, CheckInvariants, CollectParked, Contains, Delete, Evict, Get, List, ListPage,
-    Release, ReleaseHolder, Stats, Subscribe, WaiterTimedOut,
+    Metrics, Release, ReleaseHolder, Stats, Subscribe, WaiterTimedOut,
 };
 pub use puts::{
     Abort, AwaitSentPuts, Create, PipelinedPutRefused, Publish, PublishMany, PutInline,
     RefusedPublish, Seal, TakeLend,
 };
+pub use spilling::SpillIoDone;
 
 /// The eviction/refcount actor.
-#[derive(Actor)]
 pub struct ObjectTableActor {
     table: ObjectTable,
     allocator: ActorRef<AllocatorActor>,
@@ -60,6 +67,42 @@ pub struct ObjectTableActor {
     lends: LendLedger,
     /// Pipelined puts applied, and misses waiting for more of them.
     pipelined: PipelinedPuts,
+    /// Spilling to disk (`None`: off, victims are evicted).
+    spill: Option<Spill>,
+    /// Requests waiting for memory that spills in flight will free (`spilling.rs`).
+    room_waiters: VecDeque<spilling::RoomWaiter>,
+    /// Bytes of the spills in flight the waiting requests count on.
+    claimed: u64,
+    /// Spilled objects whose restore waits for room.
+    restores_queued: HashSet<ObjectId>,
+    /// Blocks of objects that left the table while a spill or restore IO used them: freed
+    /// when it reports.
+    doomed: HashMap<u64, Block>,
+}
+
+impl Actor for ObjectTableActor {
+    type Args = Self;
+    type Error = std::convert::Infallible;
+
+    /// Starts the spill worker, which reports to this actor (weakly: it does not keep the
+    /// actor alive).
+    async fn on_start(mut state: Self, me: ActorRef<Self>) -> Result<Self, Self::Error> {
+        if let Some(spill) = state.spill.as_mut() {
+            let me = me.downgrade();
+            let started = spill.start(|| {
+                Box::new(move |done| {
+                    if let Some(me) = me.upgrade() {
+                        let _ = me.tell(SpillIoDone(done)).try_send();
+                    }
+                })
+            });
+            if let Err(e) = started {
+                tracing::error!("spilling is off: {e}");
+                state.spill = None;
+            }
+        }
+        Ok(state)
+    }
 }
 
 impl std::fmt::Debug for ObjectTableActor {
@@ -76,13 +119,19 @@ impl ObjectTableActor {
     }
 
     /// `shared`: publish sealed host objects in a shared directory, read by clients through
-    /// their hold tables (`None`: every get is a message).
+    /// their hold tables (`None`: every get is a message). `spill`: spill victims to a
+    /// directory instead of evicting them (`None`: off); it is locked and cleaned here, so a
+    /// directory another daemon uses fails the start. `max_objects`: the store's object limit
+    /// (spill files count against it too).
     pub fn new(
         allocator: ActorRef<AllocatorActor>,
         gpu: ActorRef<GpuActor>,
         segments: Arc<[Arc<Segment>]>,
         shared: Option<SharedConfig>,
+        spill: Option<&SpillConfig>,
+        max_objects: usize,
     ) -> Result<Self, Error> {
+        let spill = spill.map(|c| Spill::open(c, max_objects)).transpose()?;
         let table = match shared {
             Some(c) => ObjectTable::with_shared(SharedRegions::new(c)?),
             None => ObjectTable::new(),
@@ -98,18 +147,32 @@ impl ObjectTableActor {
             rescan_scheduled: false,
             lends: LendLedger::new(),
             pipelined: PipelinedPuts::default(),
+            spill,
+            room_waiters: VecDeque::new(),
+            claimed: 0,
+            restores_queued: HashSet::new(),
+            doomed: HashMap::new(),
         })
     }
 
-    /// Sends completed gets; a requester that went away gets its references released.
+    /// Sends completed gets (counting the hits and misses of those that did not fail); a
+    /// requester that went away, or a get that failed, gets its references released.
     async fn deliver(&mut self, done: Vec<CompletedGet>) {
         let mut freed = Vec::new();
         for d in done {
-            if let Err(results) = d.reply.send(d.results) {
-                for r in results.into_iter().flatten() {
-                    if let Ok(Some(f)) = self.table.release(r.id, d.holder) {
-                        freed.push(f);
-                    }
+            let unsent = match d.error {
+                None => {
+                    self.table.count_get(&d.results);
+                    d.reply.send(Ok(d.results)).err().and_then(Result::ok)
+                }
+                Some(e) => {
+                    let _ = d.reply.send(Err(e));
+                    Some(d.results)
+                }
+            };
+            for r in unsent.into_iter().flatten().flatten() {
+                if let Ok(Some(f)) = self.table.release(r.id, d.holder) {
+                    freed.push(f);
                 }
             }
         }

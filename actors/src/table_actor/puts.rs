@@ -2,16 +2,36 @@
 //! inline PUT (create, copy and seal in one), LEND and PUBLISH (the client writes into memory
 //! lent to it, then one message creates and seals), and the bookkeeping of pipelined puts
 //! (sent without waiting for the reply; see [`crate::pipelined`]).
+//!
+//! What a caller asks of a put travels as the one [`PutOptions`] (the clients' and the
+//! engine's spelling, `vovp_types::put`): CREATE reads its `ephemeral`, `device`, `replace`
+//! and `version`; PUT and PUBLISH read all but `device` (they make host objects).
+//!
+//! # A buffer kept after ABORT
+//!
+//! Over the socket, ABORT frees the object at once, and the creator's next object of that
+//! size gets exactly that range back (bin rounding), which a buffer the client kept can still
+//! write: the client's own use-after-free, like memory used after `free()`. Isolation bounds
+//! it to that client's arena (no other client's object lives there; everyone else maps it
+//! read-only); a write after the range was punched also faults a page back in outside the
+//! budget, at most the arena's size, charged to the writer. The embedded engine keeps an
+//! aborted object's memory until its buffer is dropped. Doing the same over the socket needs a
+//! protocol change: ABORT keeping the creator's reference on the block (not the name) until a
+//! RELEASE of the object id, which clients would send when the buffer is dropped; today's
+//! clients send nothing after ABORT, and a daemon that waited for it would hold the memory
+//! until they disconnect.
 
 use std::sync::Arc;
 
 use kameo::actor::ActorRef;
 use kameo::message::{Context, Message};
+use kameo::reply::DelegatedReply;
 use tokio::sync::oneshot;
 use vovp_types::{
-    check_metadata, CreateOptions, Device, Error, HolderId, Lend, ObjectId, ObjectName, ObjectRef,
+    check_metadata, Device, Error, HolderId, Lend, ObjectId, ObjectName, ObjectRef, PutOptions,
 };
 
+use super::spilling::{Room, RoomWaiter};
 use super::ObjectTableActor;
 use crate::allocator::{Free, Writer};
 use crate::block::Block;
@@ -29,36 +49,56 @@ pub struct Create {
     pub name: ObjectName,
     pub size: u64,
     pub metadata: Arc<[u8]>,
-    pub options: CreateOptions,
+    /// `ephemeral`, `device` (host memory when `None`) and `replace`; the creator always
+    /// keeps its reference until it seals or aborts.
+    pub options: PutOptions,
 }
 
 impl Message<Create> for ObjectTableActor {
-    type Reply = Result<ObjectRef, Error>;
+    /// Delegated: a create that waits for spills to free its memory is answered later
+    /// (`spilling.rs`), while the actor serves other messages.
+    type Reply = DelegatedReply<Result<ObjectRef, Error>>;
 
     async fn handle(&mut self, m: Create, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        check_metadata(&m.metadata)?;
-        self.table
-            .check_name_free(&m.name, m.options.replace, m.holder)?;
-        self.table.check_version(&m.name, m.options.version)?;
-        let device = m.options.device.unwrap_or(Device::Cpu);
-        let block = self
-            .allocate_object(m.size, &m.metadata, device, m.writer)
-            .await?;
-        let r = self.table.insert(NewObject {
-            name: m.name,
-            size: m.size,
-            metadata: m.metadata,
-            block,
-            ephemeral: m.options.ephemeral,
-            replace: m.options.replace,
-            creator: m.holder,
-            version: m.options.version,
-        });
-        if r.is_err() {
-            self.free_blocks([block]).await;
-        }
+        let r = self.try_create(&m).await;
         self.schedule_parked_rescan(ctx.actor_ref()).await;
-        r
+        self.reply_or_park(ctx, m, r, RoomWaiter::Create)
+    }
+}
+
+impl ObjectTableActor {
+    /// A create, or `None` when it waits for spills to land (asked again then).
+    pub(super) async fn try_create(&mut self, m: &Create) -> Option<Result<ObjectRef, Error>> {
+        if let Err(e) = check_metadata(&m.metadata)
+            .and_then(|()| {
+                self.table
+                    .check_name_free(&m.name, m.options.replace, m.holder)
+            })
+            .and_then(|()| self.table.check_version(&m.name, m.options.version))
+        {
+            return Some(Err(e));
+        }
+        let device = m.options.device.unwrap_or(Device::Cpu);
+        let block = match self
+            .allocate_object(m.size, &m.metadata, device, m.writer, true)
+            .await
+        {
+            Ok(Room::Ready(b)) => b,
+            Ok(Room::Wait) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let name = m.name.clone();
+        Some(
+            self.insert_or_free(
+                name,
+                m.size,
+                m.metadata.clone(),
+                block,
+                &m.options,
+                m.holder,
+            )
+            .await,
+        )
     }
 }
 
@@ -112,58 +152,81 @@ pub struct PutInline {
     pub name: ObjectName,
     pub data: Vec<u8>,
     pub metadata: Arc<[u8]>,
-    pub ephemeral: bool,
-    /// Becomes the name's next version if it is taken (see [`CreateOptions::replace`]).
-    pub replace: bool,
-    /// Keep the creator's reference (the reply's object id must be released later).
-    pub keep_reference: bool,
-    /// Sent without waiting for the reply: counted as applied, whatever the outcome
-    /// ([`crate::pipelined`]).
-    pub pipelined: bool,
-    /// Seal as exactly this version (see [`CreateOptions::version`]).
-    pub version: Option<u64>,
+    /// `keep_reference`: the reply's object id must be released later; `pipelined`: sent
+    /// without waiting for the reply, so counted as applied whatever the outcome
+    /// ([`crate::pipelined`]); `replace`: becomes the name's next version if it is taken;
+    /// `version`: seal as exactly that version ([`PutOptions::version`]).
+    pub options: PutOptions,
 }
 
 impl Message<PutInline> for ObjectTableActor {
-    type Reply = Result<ObjectRef, Error>;
+    /// Delegated, as [`Create`]'s.
+    type Reply = DelegatedReply<Result<ObjectRef, Error>>;
 
     async fn handle(&mut self, m: PutInline, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
-        let (holder, pipelined) = (m.holder, m.pipelined);
-        let r = self.put_inline(m, ctx.actor_ref()).await;
-        if pipelined {
-            self.pipelined.applied_one(holder);
-        }
-        r
+        let r = self.try_put_inline(&m, ctx.actor_ref()).await;
+        self.reply_or_park(ctx, m, r, RoomWaiter::PutInline)
     }
 }
 
 impl ObjectTableActor {
-    async fn put_inline(&mut self, m: PutInline, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
-        check_metadata(&m.metadata)?;
-        self.table.check_name_free(&m.name, m.replace, m.holder)?;
-        self.table.check_version(&m.name, m.version)?;
+    /// An inline put, counted applied if it was pipelined, or `None` when it waits for spills
+    /// to land (it is counted when it ends).
+    pub(super) async fn try_put_inline(
+        &mut self,
+        m: &PutInline,
+        me: &ActorRef<Self>,
+    ) -> Option<Result<ObjectRef, Error>> {
+        let r = self.put_inline(m, me).await?;
+        self.count_if_pipelined(m.holder, &m.options);
+        Some(r)
+    }
+
+    async fn put_inline(
+        &mut self,
+        m: &PutInline,
+        me: &ActorRef<Self>,
+    ) -> Option<Result<ObjectRef, Error>> {
+        if let Err(e) = check_metadata(&m.metadata)
+            .and_then(|()| {
+                self.table
+                    .check_name_free(&m.name, m.options.replace, m.holder)
+            })
+            .and_then(|()| self.table.check_version(&m.name, m.options.version))
+        {
+            return Some(Err(e));
+        }
         let size = m.data.len() as u64;
         // The store copies inline payloads in itself: segment 0, which no client can write.
-        let block = self
-            .allocate_object(size, &m.metadata, Device::Cpu, Writer::Store)
-            .await?;
-        let inserted = self.table.insert(NewObject {
-            name: m.name.clone(),
-            size,
-            metadata: m.metadata,
-            block,
-            ephemeral: m.ephemeral,
-            replace: m.replace,
-            creator: m.holder,
-            version: m.version,
-        });
-        let mut r = match inserted {
-            Ok(r) => r,
-            Err(e) => {
-                self.free_blocks([block]).await;
-                return Err(e);
-            }
+        let block = match self
+            .allocate_object(size, &m.metadata, Device::Cpu, Writer::Store, true)
+            .await
+        {
+            Ok(Room::Ready(b)) => b,
+            Ok(Room::Wait) => return None,
+            Err(e) => return Some(Err(e)),
         };
+        Some(self.fill_inline(m, block, me).await)
+    }
+
+    /// The rest of an inline put once it has its block: insert, copy, seal.
+    async fn fill_inline(
+        &mut self,
+        m: &PutInline,
+        block: Block,
+        me: &ActorRef<Self>,
+    ) -> Result<ObjectRef, Error> {
+        let size = m.data.len() as u64;
+        let mut r = self
+            .insert_or_free(
+                m.name.clone(),
+                size,
+                m.metadata.clone(),
+                block,
+                &m.options,
+                m.holder,
+            )
+            .await?;
         match self.host_slice(&r) {
             Some(dst) => vovp_shm::copy::parallel_copy(dst, &m.data),
             None => {
@@ -172,9 +235,44 @@ impl ObjectTableActor {
                 return Err(Error::Memory("allocation outside its segment".into()));
             }
         }
-        self.seal_put(&mut r, m.holder, m.keep_reference, me)
+        self.seal_put(&mut r, m.holder, m.options.keep_reference, me)
             .await?;
         Ok(r)
+    }
+
+    /// Inserts the new unsealed object `name` of `size` bytes in `block` (created by `holder`
+    /// with `options`); the block is freed if the table refuses it.
+    async fn insert_or_free(
+        &mut self,
+        name: ObjectName,
+        size: u64,
+        metadata: Arc<[u8]>,
+        block: Block,
+        options: &PutOptions,
+        holder: HolderId,
+    ) -> Result<ObjectRef, Error> {
+        let inserted = self.table.insert(NewObject {
+            name,
+            size,
+            metadata,
+            block,
+            ephemeral: options.ephemeral,
+            replace: options.replace,
+            creator: holder,
+            version: options.version,
+        });
+        if inserted.is_err() {
+            self.free_blocks([block]).await;
+        }
+        inserted
+    }
+
+    /// A put of `holder` sent without waiting for its reply (`options.pipelined`) is done,
+    /// whatever its outcome: counted applied for the misses waiting on it.
+    fn count_if_pipelined(&mut self, holder: HolderId, options: &PutOptions) {
+        if options.pipelined {
+            self.pipelined.applied_one(holder);
+        }
     }
 }
 
@@ -231,15 +329,24 @@ pub struct TakeLend {
 }
 
 impl Message<TakeLend> for ObjectTableActor {
-    type Reply = Result<Lend, Error>;
+    /// Delegated, as [`Create`]'s.
+    type Reply = DelegatedReply<Result<Lend, Error>>;
 
-    async fn handle(&mut self, m: TakeLend, _: &mut Context<Self, Self::Reply>) -> Self::Reply {
+    async fn handle(&mut self, m: TakeLend, ctx: &mut Context<Self, Self::Reply>) -> Self::Reply {
+        let r = self.try_take_lend(&m).await;
+        self.reply_or_park(ctx, m, r, RoomWaiter::TakeLend)
+    }
+}
+
+impl ObjectTableActor {
+    /// A lend, or `None` when it waits for spills to land (asked again then).
+    pub(super) async fn try_take_lend(&mut self, m: &TakeLend) -> Option<Result<Lend, Error>> {
         let max = vovp_types::lends::max_object(m.size);
         if m.at_least > max {
-            return Err(Error::TooLarge(format!(
+            return Some(Err(Error::TooLarge(format!(
                 "a lend is for objects of up to {max} bytes, not {}: use CREATE",
                 m.at_least
-            )));
+            ))));
         }
         // A lend is taken back through the client's hold table (when the store is short of
         // memory), so a client without one, or one that does not count its puts there, gets
@@ -249,11 +356,11 @@ impl Message<TakeLend> for ObjectTableActor {
             .shared_regions()
             .is_some_and(|r| r.takes_part_in_lends(m.holder));
         if !takes_part {
-            return Err(Error::Config(
+            return Some(Err(Error::Config(
                 "lends need this connection's hold table, mapped and taking part in the lend \
                  handshake (SHARED; not with --no-shared-reads): use CREATE"
                     .into(),
-            ));
+            )));
         }
         let kind = if m.small {
             LendKind::Small
@@ -273,22 +380,24 @@ impl Message<TakeLend> for ObjectTableActor {
             .reuse_empty(m.holder, kind)
             .filter(|l| l.size == m.size)
         {
-            return Ok(again);
+            return Some(Ok(again));
         }
         // Retired first, so that an emptied lend's memory can serve the new one.
         if let Some(old) = self.lends.retire(m.holder, kind) {
             let _ = self.allocator.tell(Free(vec![old])).await;
         }
-        match self
-            .allocate(m.size, 0, Device::Cpu, Writer::Client(m.holder))
-            .await?
-        {
-            Block::Host(h) => Ok(self.lends.insert(m.holder, kind, h)),
-            other => {
+        let room = self
+            .allocate_room(m.size, 0, Device::Cpu, Writer::Client(m.holder), true)
+            .await;
+        Some(match room {
+            Ok(Room::Ready(Block::Host(h))) => Ok(self.lends.insert(m.holder, kind, h)),
+            Ok(Room::Ready(other)) => {
                 self.free_blocks([other]).await;
                 Err(Error::Internal("a lend outside host memory".into()))
             }
-        }
+            Ok(Room::Wait) => return None,
+            Err(e) => Err(e),
+        })
     }
 }
 
@@ -301,16 +410,8 @@ pub struct Publish {
     pub name: ObjectName,
     pub size: u64,
     pub metadata: Arc<[u8]>,
-    pub ephemeral: bool,
-    /// Becomes the name's next version if it is taken (see [`CreateOptions::replace`]).
-    pub replace: bool,
-    /// Keep the creator's reference (the reply's object id must be released later).
-    pub keep_reference: bool,
-    /// Sent without waiting for the reply: counted as applied, whatever the outcome
-    /// ([`crate::pipelined`]).
-    pub pipelined: bool,
-    /// Seal as exactly this version (see [`CreateOptions::version`]).
-    pub version: Option<u64>,
+    /// As [`PutInline::options`].
+    pub options: PutOptions,
 }
 
 impl Message<Publish> for ObjectTableActor {
@@ -368,41 +469,26 @@ impl ObjectTableActor {
         m: Publish,
         me: &ActorRef<Self>,
     ) -> Result<ObjectRef, Error> {
-        let (holder, pipelined) = (m.holder, m.pipelined);
+        let (holder, options) = (m.holder, m.options);
         let r = self.publish_lent(m, me).await;
-        if pipelined {
-            self.pipelined.applied_one(holder);
-        }
+        self.count_if_pipelined(holder, &options);
         r
     }
 
     async fn publish_lent(&mut self, m: Publish, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
         check_metadata(&m.metadata)?;
-        self.table.check_name_free(&m.name, m.replace, m.holder)?;
-        self.table.check_version(&m.name, m.version)?;
+        self.table
+            .check_name_free(&m.name, m.options.replace, m.holder)?;
+        self.table.check_version(&m.name, m.options.version)?;
         let lent = self
             .lends
             .claim(m.holder, m.lend, m.offset, m.size, m.metadata.len() as u64)?;
         let block = Block::Lent(lent);
         self.place_metadata(&block, m.size, &m.metadata).await;
-        let inserted = self.table.insert(NewObject {
-            name: m.name.clone(),
-            size: m.size,
-            metadata: m.metadata,
-            block,
-            ephemeral: m.ephemeral,
-            replace: m.replace,
-            creator: m.holder,
-            version: m.version,
-        });
-        let mut r = match inserted {
-            Ok(r) => r,
-            Err(e) => {
-                self.free_blocks([block]).await;
-                return Err(e);
-            }
-        };
-        self.seal_put(&mut r, m.holder, m.keep_reference, me)
+        let mut r = self
+            .insert_or_free(m.name, m.size, m.metadata, block, &m.options, m.holder)
+            .await?;
+        self.seal_put(&mut r, m.holder, m.options.keep_reference, me)
             .await?;
         Ok(r)
     }

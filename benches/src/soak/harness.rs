@@ -18,7 +18,7 @@ use super::{
     fuzz, monotonic_ms, verify, Counters, FuzzStats, Rng, SoakConfig, C, COUNTER_NAMES, WORKER_FLAG,
 };
 use crate::procs::{self, Daemon};
-use crate::report::{Check, Report};
+use crate::report::Report;
 use crate::MIB;
 
 /// Runs the soak on a daemon of its own; adds its checks to `report`, writes `soak.json`, and
@@ -26,7 +26,8 @@ use crate::MIB;
 ///
 /// Phases: start the daemon and take its baseline; start the crowd (workers and fuzzer);
 /// drive it until the deadline (kills, respawns, samples); stop the crowd; check the end state
-/// and stop the daemon; judge; write the summary.
+/// and stop the daemon; judge; the spill phase on a daemon of its own
+/// ([`super::spill_phase`]); write the summary.
 pub fn run(
     cfg: &SoakConfig,
     engine_bin: &Path,
@@ -87,7 +88,12 @@ pub fn run(
         worker_log: &crowd.worker_log,
     };
     judge(&outcome, report);
-    let summary = outcome.summary(&totals);
+    let mut summary = outcome.summary(&totals);
+    summary["spill"] = super::spill_phase::run(cfg, engine_bin, run_dir, out_dir, report)
+        .unwrap_or_else(|e| {
+            report.check("Soak: spill phase ran", false, e.clone());
+            json!({ "error": e })
+        });
     let path = out_dir.join("soak.json");
     if let Err(e) = std::fs::write(
         &path,
@@ -109,17 +115,25 @@ fn start_daemon(
     Daemon::start(
         "vovp-engine (soak)",
         engine_bin,
-        &[
-            "-m".into(),
-            cfg.capacity.to_string(),
-            "-s".into(),
-            socket.display().to_string(),
-            "--log-level".into(),
-            "warn".into(),
-        ],
+        &engine_args(cfg, socket, &[]),
         socket,
         &out_dir.join("soak-engine.log"),
     )
+}
+
+/// A soak daemon's arguments: `cfg.capacity` of memory at `socket`, warnings only, and
+/// `extra`.
+pub(super) fn engine_args(cfg: &SoakConfig, socket: &Path, extra: &[String]) -> Vec<String> {
+    let mut args = vec![
+        "-m".into(),
+        cfg.capacity.to_string(),
+        "-s".into(),
+        socket.display().to_string(),
+        "--log-level".into(),
+        "warn".into(),
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 /// The daemon's fds and RSS before the crowd arrives.
@@ -489,13 +503,8 @@ fn judge(o: &Outcome<'_>, report: &mut Report) {
     let min_ops_s = p.min_ops_s;
     let rss_limit = o.rss_limit();
     let fds_base = o.base.fds;
-    let mut check = |name: &str, ok: bool, detail: String| {
-        report.checks.push(Check {
-            name: format!("Soak: {name}"),
-            ok,
-            detail,
-        });
-    };
+    let mut check =
+        |name: &str, ok: bool, detail: String| report.check(format!("Soak: {name}"), ok, detail);
     check(
         "the daemon ran throughout and stopped cleanly on SIGTERM",
         seen.daemon_died.is_none() && o.clean_exit(),

@@ -314,12 +314,13 @@ fn answer(
             entries: Vec::new(),
             next: LIST_END,
         },
-        Request::Stats => Reply::Stats {
+        Request::Stats { fields } => Reply::Stats {
             stats: StoreStats {
                 capacity: script.number(),
                 ..StoreStats::default()
             },
             connections: 1,
+            fields: *fields,
         },
         _ => Reply::Empty,
     }

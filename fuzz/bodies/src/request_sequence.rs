@@ -288,6 +288,21 @@ fn report(inputs: u64) {
 }
 
 /// A name that is not valid is refused with InvalidName, before anything else.
+fn options(ephemeral: bool, replace: bool) -> CreateOptions {
+    CreateOptions {
+        ephemeral,
+        replace,
+        ..Default::default()
+    }
+}
+
+/// `op` on `name`'s text, its outcome checked as a named operation's (`check_named`, `ok`).
+fn by_name<T>(name: Name, op: impl FnOnce(&str) -> Result<T, Error>) -> Option<T> {
+    let r = op(&name.text());
+    check_named(name, &r);
+    ok(r)
+}
+
 fn check_named<T>(name: Name, r: &Result<T, Error>) {
     if !name.valid() {
         assert!(
@@ -326,16 +341,11 @@ fn apply(op: Op, held: &mut Held) {
             replace,
         } => {
             let (size, metadata) = (size.bytes(), meta.bytes(fill));
-            let options = CreateOptions {
-                ephemeral,
-                replace,
-                ..Default::default()
-            };
-            let r = held
-                .session(session)
-                .create(&name.text(), size, &metadata, options);
-            check_named(name, &r);
-            if let Some(mut buf) = ok(r) {
+            let options = options(ephemeral, replace);
+            let created = by_name(name, |n| {
+                held.session(session).create(n, size, &metadata, options)
+            });
+            if let Some(mut buf) = created {
                 assert!(size <= CAPACITY && metadata.len() <= MAX_METADATA_LEN);
                 assert_eq!((buf.size(), buf.name().as_str()), (size, &*name.text()));
                 assert_eq!(buf.as_mut_slice().len() as u64, size);
@@ -364,14 +374,10 @@ fn apply(op: Op, held: &mut Held) {
             }
         }
         Op::Seal { session, name } => {
-            let r = held.session(session).seal(&name.text());
-            check_named(name, &r);
-            ok(r);
+            by_name(name, |n| held.session(session).seal(n));
         }
         Op::Abort { session, name } => {
-            let r = held.session(session).abort(&name.text());
-            check_named(name, &r);
-            ok(r);
+            by_name(name, |n| held.session(session).abort(n));
         }
         Op::Put {
             session,
@@ -384,16 +390,12 @@ fn apply(op: Op, held: &mut Held) {
         } => {
             let len = len.bytes().min(2 * CAPACITY) as usize;
             let (data, metadata) = (vec![fill; len], meta.bytes(Some(fill)));
-            let options = CreateOptions {
-                ephemeral,
-                replace,
-                ..Default::default()
-            };
-            let r = held
-                .session(session)
-                .put(&name.text(), &data, &metadata, options);
-            check_named(name, &r);
-            if ok(r).is_some() {
+            let options = options(ephemeral, replace);
+            if by_name(name, |n| {
+                held.session(session).put(n, &data, &metadata, options)
+            })
+            .is_some()
+            {
                 assert!(len as u64 <= CAPACITY && metadata.len() <= MAX_METADATA_LEN);
             }
         }
@@ -444,14 +446,10 @@ fn apply(op: Op, held: &mut Held) {
             }
         }
         Op::Contains { session, name } => {
-            let r = held.session(session).contains(&name.text());
-            check_named(name, &r);
-            ok(r);
+            by_name(name, |n| held.session(session).contains(n));
         }
         Op::Delete { session, name } => {
-            let r = held.session(session).delete(&name.text());
-            check_named(name, &r);
-            ok(r);
+            by_name(name, |n| held.session(session).delete(n));
         }
         Op::List { session } => {
             if let Some(list) = ok(held.session(session).list()) {

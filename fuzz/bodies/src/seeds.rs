@@ -212,7 +212,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         },
     );
     req("evict", Request::Evict { bytes: 1 << 20 });
-    req("stats", Request::Stats);
+    req("stats", Request::STATS_FIRST);
     req("subscribe", Request::Subscribe);
     req(
         "lend",
@@ -298,7 +298,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             ids: vec![1].into(),
         },
         Request::Delete { name: "s".into() },
-        Request::Stats,
+        Request::STATS_FIRST,
     ] {
         id += 1;
         let flags = if matches!(r, Request::Release { .. }) {
@@ -487,6 +487,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         last_access: UNIX_EPOCH + Duration::from_millis(1_700_000_000_000 + id),
         metadata: Arc::from(&b"m"[..]),
         version: id + 1,
+        spilled: false,
     };
     reply(
         "list",
@@ -516,6 +517,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
                 ..StoreStats::default()
             },
             connections: 2,
+            fields: vovp_proto::STATS_FIELDS_FIRST as u32,
         },
     );
     reply("seal", Opcode::Seal.code(), Reply::Version(3));

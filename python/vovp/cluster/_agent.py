@@ -3,8 +3,9 @@ that owns the node's side of the cluster.
 
 It connects to the node's ``vovp-engine`` (or starts one, which dies with it), pulls objects
 other nodes hold into the local store (one transfer per name, however many local processes ask
-at once), offers local objects to other nodes' agents (``_stream``), and keeps the node's
-DistTensor partitions (the creator's writable view, so pushes apply in place).
+at once), offers local objects to other nodes' agents (``_stream``), keeps the node's
+DistTensor partitions (the creator's writable view, so pushes apply in place), and reports the
+node's store and transfer numbers to Ray's metrics (``_metrics``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..errors import (
 )
 from . import _stream
 from ._directory import DIRECTORY_NAME, NAMESPACE
+from ._metrics import NodeReporter
 
 AGENT_PREFIX = "vovp-agent-"
 
@@ -71,6 +73,8 @@ class Agent:
         self._agents: dict[str, Any] = {}  # node id -> actor handle
         self._parts: dict[str, tuple[Any, Any]] = {}  # DistTensor name -> (writable view, lock)
         self._counters = {"transfers": 0, "bytes_received": 0, "offers": 0}
+        self._reporter = NodeReporter(node_id, self.node_stats,
+                                      float(config.get("metrics_interval", 10.0)))
 
     # -- the node's store ----------------------------------------------------------------------
 
@@ -90,7 +94,8 @@ class Agent:
             # kills the agent with SIGKILL.
             self._engine = daemon.spawn(
                 (), self._config.get("memory", "1G"), self.socket, False, 30, {},
-                extra=tuple(self._config.get("engine_args", ())), binary=binary)
+                extra=tuple(socket_for(a, self.node_id)
+                            for a in self._config.get("engine_args", ())), binary=binary)
         except FileNotFoundError as e:
             raise VovpError(f"node {self.node_id}: no vovp-engine to start ({e}); pass "
                             "engine= to vovp.cluster.init or run a daemon and pass socket=") from None
@@ -109,8 +114,18 @@ class Agent:
         out["bytes_sent"] = self._server.bytes_sent
         return out
 
+    def node_stats(self) -> dict[str, int]:
+        """The node's store's STATS and this agent's counters, in one dict (what
+        ``vc.stats()`` adds up and the agent reports to Ray's metrics)."""
+        return {**self._client.stats(), **self.stats()}
+
+    def reported(self) -> dict[str, int]:
+        """What the agent last reported through ``ray.util.metrics``."""
+        return self._reporter.reported()
+
     def stop(self) -> None:
         """Stop serving; stop the engine this agent started (before Ray kills the agent)."""
+        self._reporter.stop()
         self._server.close()
         self._client.close()
         if self._engine is not None:
@@ -337,8 +352,8 @@ class Agent:
 
     def dist_push(self, name: str, local_ids, rows, op) -> None:
         """A callable ``op`` is the caller's code run here, under the partition's lock: like
-        everything sent to a Ray actor it is trusted (ARCHITECTURE.md, trust model), and a
-        handler that hangs holds up every push to this partition."""
+        everything sent to a Ray actor it is trusted (vovp.cluster's module doc, "Trust model"),
+        and a handler that hangs holds up every push to this partition."""
         view, lock = self._part(name)
         with lock:  # pushes to one partition apply one at a time: "add" loses nothing
             if op == "assign":

@@ -31,7 +31,9 @@ _state: dict[str, Any] = {"pid": None, "directory": None, "client": None, "agent
 def init(address: str | None = None, *, socket: str | None = None, memory: str | int = "1G",
          engine: str | None = None, start: bool = True, transport: str = "stream",
          stall_timeout: float = 30.0, engine_args: tuple[str, ...] | list[str] = (),
-         timeout: float = 60.0, **ray_init_args: Any) -> None:
+         spill_dir: str | None = None, spill_max: str | int | None = None,
+         metrics_interval: float = 10.0, timeout: float = 60.0,
+         **ray_init_args: Any) -> None:
     """Join the Ray cluster at ``address`` (as ``ray.init``; starts a local one when there is
     none) unless this process is connected already, and give every node a store and an agent.
 
@@ -42,6 +44,11 @@ def init(address: str | None = None, *, socket: str | None = None, memory: str |
     makes a missing daemon an error. ``transport``: "stream" (one TCP stream from the holder's
     store into the receiver's, one copy) or "ray" (through Ray's object store, for
     comparison). ``stall_timeout``: seconds without progress after which a transfer fails.
+    ``spill_dir`` / ``spill_max``: every node's store spills to that directory instead of
+    evicting (``{node}`` in it is replaced as in ``socket``: each store needs a directory of
+    its own), at most ``spill_max`` bytes (``vovp-engine --spill-dir/--spill-max``).
+    ``metrics_interval``: seconds between each agent's reports to Ray's metrics
+    (``ray.util.metrics``: the node's store STATS and transfer counters; see ``stats``).
 
     The first ``init`` of a cluster fixes these settings (kept by the directory); later calls,
     from any process, use them. Nodes that join later get their agent when first used.
@@ -51,9 +58,15 @@ def init(address: str | None = None, *, socket: str | None = None, memory: str |
     if not ray.is_initialized():
         ray.init(address=address, **ray_init_args)
     engine = engine or os.environ.get("VOVP_ENGINE_BIN")
+    if spill_max is not None and spill_dir is None:
+        raise InvalidArgument("spill_max needs spill_dir")
+    spill = ([] if spill_dir is None else ["--spill-dir", str(spill_dir)]) + (
+        [] if spill_max is None else ["--spill-max", str(spill_max)])
     proposed = {"socket": socket or DEFAULT_SOCKET, "memory": str(memory), "engine": engine,
                 "start": bool(start), "transport": transport,
-                "stall_timeout": float(stall_timeout), "engine_args": list(engine_args)}
+                "stall_timeout": float(stall_timeout),
+                "engine_args": list(engine_args) + spill,
+                "metrics_interval": float(metrics_interval)}
     directory = directory_actor()
     ray.get(directory.config.remote(proposed), timeout=timeout)
     agents = [agent_actor(n) for n in sorted(alive_nodes())]
@@ -226,6 +239,23 @@ def agent_stats(node: str | None = None) -> dict[str, int]:
     """Counters of a node's agent (default: this node's): transfers, bytes_received,
     offers, bytes_sent."""
     return call(agent_actor(node or node_id()).stats.remote(), 60.0)
+
+
+def stats(per_node: bool = False) -> dict[str, Any]:
+    """The cluster's stores and transfers: every node's store STATS (PROTOCOL.md's fields:
+    ``capacity``, ``used_bytes``, ``objects``...) and agent counters (``transfers``,
+    ``bytes_received``, ``offers``, ``bytes_sent``), summed over the nodes alive, with
+    ``nodes`` (how many). ``per_node=True``: {node id: its own dict} instead. The same numbers
+    go to Ray's metrics as ``vovp_node_<field>{node}`` (every agent reports them on a timer)."""
+    alive = sorted(alive_nodes())
+    per = dict(zip(alive, call([agent_actor(n).node_stats.remote() for n in alive], 60.0)))
+    if per_node:
+        return per
+    total: dict[str, Any] = {"nodes": len(per)}
+    for values in per.values():
+        for field, value in values.items():
+            total[field] = total.get(field, 0) + value
+    return total
 
 
 # -- plumbing ----------------------------------------------------------------------------------

@@ -41,9 +41,6 @@ class Directory:
         self._config = None
         self._changed = threading.Condition()
 
-    def ping(self) -> bool:
-        return True
-
     def config(self, proposed=None):
         """The cluster's config; the first caller's ``proposed`` becomes it."""
         with self._changed:

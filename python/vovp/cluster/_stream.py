@@ -5,7 +5,7 @@ Ray carries the control messages (which node holds what, an offer of one object)
 go over a plain TCP connection because that is the only way to land them in the receiving
 node's vovp store with one copy: ``recv_into`` writes into the object the agent created there.
 Bytes through Ray's object store would be copied into the sender's plasma store, across, and
-once more from the receiver's plasma store into vovp (ARCHITECTURE.md, "Across machines").
+once more from the receiver's plasma store into vovp (vovp.cluster's module doc).
 
 An offer is a one-time 128-bit ticket handed out over Ray to the agent that asked for it; the
 server sends nothing to a connection that does not present a live ticket. Tickets expire
@@ -19,6 +19,8 @@ import socket
 import threading
 import time
 from typing import Any
+
+from .._sockets import recv_exactly
 
 TICKET_BYTES = 16
 # An offer not claimed by then is dropped (the receiver died or gave up): it holds a reference.
@@ -98,7 +100,7 @@ class StreamServer:
         with conn:
             conn.settimeout(self._stall_timeout)
             try:
-                ticket = _recv_exact(conn, TICKET_BYTES)
+                ticket = recv_exactly(conn, TICKET_BYTES, _closed)
             except (OSError, TransferBroken):
                 return
             with self._lock:
@@ -141,11 +143,5 @@ def receive(address, ticket: bytes, dst: memoryview, stall_timeout: float) -> No
                              "the stream ended early")
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = conn.recv(n - len(out))
-        if not chunk:
-            raise TransferBroken("connection closed")
-        out += chunk
-    return bytes(out)
+def _closed() -> TransferBroken:
+    return TransferBroken("connection closed")

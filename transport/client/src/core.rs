@@ -537,6 +537,12 @@ pub(crate) mod requests {
     }
 }
 
+/// A daemon from before a request's optional payload (STATS' field count) refuses it as
+/// MALFORMED: the client asks again without it.
+pub(crate) fn older_daemon_refused(e: &Error) -> bool {
+    matches!(e, Error::Protocol(m) if m.starts_with("MALFORMED"))
+}
+
 pub(crate) fn unexpected(r: &Reply) -> Error {
     Error::Protocol(format!("unexpected reply {r:?}"))
 }
@@ -553,6 +559,8 @@ pub(crate) trait Expect {
     fn lent(self) -> Result<vovp_types::Lend, Error>;
     /// SEAL's: the version the object became.
     fn version(self) -> Result<u64, Error>;
+    /// METRICS': the Prometheus text.
+    fn metrics(self) -> Result<String, Error>;
 }
 
 impl Expect for Reply {
@@ -588,7 +596,9 @@ impl Expect for Reply {
     }
     fn stats(self) -> Result<(StoreStats, u64), Error> {
         match self {
-            Reply::Stats { stats, connections } => Ok((stats, connections)),
+            Reply::Stats {
+                stats, connections, ..
+            } => Ok((stats, connections)),
             other => Err(unexpected(&other)),
         }
     }
@@ -607,6 +617,12 @@ impl Expect for Reply {
     fn lent(self) -> Result<vovp_types::Lend, Error> {
         match self {
             Reply::Lent(l) => Ok(l),
+            other => Err(unexpected(&other)),
+        }
+    }
+    fn metrics(self) -> Result<String, Error> {
+        match self {
+            Reply::Metrics(text) => Ok(text),
             other => Err(unexpected(&other)),
         }
     }
@@ -630,7 +646,7 @@ mod tests {
         core.defer_release(8, 0);
         // A view of a connection that is gone: its release is dropped, not sent.
         core.defer_release(9, 5);
-        let id = core.frame(&mut wire, &Request::Stats);
+        let id = core.frame(&mut wire, &Request::STATS);
         let got = frames(&wire.out);
         assert_eq!(got.len(), 2);
         assert_eq!(
@@ -643,10 +659,10 @@ mod tests {
                 }
             )
         );
-        assert_eq!((got[1].2, &got[1].3), (id, &Request::Stats));
+        assert_eq!((got[1].2, &got[1].3), (id, &Request::STATS));
         assert_eq!((id, wire.last_id()), (2, 2));
         // Sent once: the next batch is the request alone.
-        let id = core.frame(&mut wire, &Request::Stats);
+        let id = core.frame(&mut wire, &Request::STATS);
         assert_eq!(frames(&wire.out).len(), 1);
         assert_eq!(id, 3);
     }
@@ -655,7 +671,7 @@ mod tests {
     fn a_reconnect_starts_a_new_generation_and_forgets_the_old_connection() {
         let core = core();
         let mut wire = Wire::new();
-        core.frame(&mut wire, &Request::Stats);
+        core.frame(&mut wire, &Request::STATS);
         wire.unread.push_back(Unread::one(1, UnreadKind::Seal, "x"));
         core.defer_release(4, 0);
         let maps = Mappings::from_hello(2 << 20, 1 << 10, Vec::new(), Vec::new()).unwrap();
@@ -664,7 +680,7 @@ mod tests {
         assert_eq!(core.current.generation(), 1);
         // Request ids start again, owed replies and old references are forgotten.
         assert!(wire.unread.is_empty());
-        assert_eq!(core.frame(&mut wire, &Request::Stats), 1);
+        assert_eq!(core.frame(&mut wire, &Request::STATS), 1);
         assert_eq!(frames(&wire.out).len(), 1);
         // Views of the old connection neither release nor seal on the new one.
         core.defer_release(5, 0);

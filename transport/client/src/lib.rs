@@ -72,13 +72,13 @@ pub struct ClientOptions {
     /// directory and record a hold in this connection's hold table, with no message, and fall
     /// back to the socket for everything else.
     pub no_shared_reads: bool,
-    /// Do not put through a lend. By default objects from 64 KiB to a lend's largest (4 MiB on
-    /// stores of 1 GiB or more) go through a part of this client's own arena the store lends
+    /// Do not put through a lend. By default objects from 64 KiB to a lend's largest (PROTOCOL.md,
+    /// "Limits") go through a part of this client's own arena the store lends
     /// it: the client copies the bytes there and one PUBLISH creates and seals the object (one
     /// round trip where CREATE + SEAL take two; no bytes through the socket). The store takes
     /// an empty, idle lend back when it is short of memory; a lend's memory comes back with
     /// its last object. Needs the hold table, so `no_shared_reads` implies this. See
-    /// ARCHITECTURE.md, "Lends".
+    /// `lent.rs` (the client's side) and `vovp_shm::lend` (the handshake).
     pub no_lend_puts: bool,
     /// Wait for the store's answer to every put. By default a [`Client`]'s `put` of an
     /// object small enough to ride in the request (below 64 KiB, where lends start; 256 KiB
@@ -87,7 +87,7 @@ pub struct ClientOptions {
     /// round trip. What stays true: a name already published fails at once
     /// (`AlreadyExists`); any other process that learns of the name after `put` returned and
     /// asks for it is answered after the put was applied (the put is counted in the hold
-    /// table first; ARCHITECTURE.md, "Pipelined puts"); this client's own later requests
+    /// table first; `blocking/puts.rs`, "Pipelined puts: the promises"); this client's own later requests
     /// come after it. What changes: a put that fails in the store (a name taken meanwhile by
     /// a racing put, full memory) is logged when its reply is read and reported by
     /// [`Client::sync`], not by the `put` (nor by unrelated later calls). Needs the hold table,

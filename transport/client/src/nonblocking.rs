@@ -217,7 +217,13 @@ impl AsyncClient {
 
     /// Sends queued releases now.
     pub async fn flush(&self) -> Result<(), Error> {
-        ops::call(self, &Request::Stats).await.map(drop)
+        ops::call(self, &Request::STATS_FIRST).await.map(drop)
+    }
+
+    /// The daemon's metrics in the Prometheus text format (as the blocking client's
+    /// [`crate::Client::metrics`]).
+    pub async fn metrics(&self) -> Result<String, Error> {
+        ops::call(self, &Request::Metrics).await?.metrics()
     }
 
     /// Opens a notification stream (its own connection, as the blocking client's

@@ -85,7 +85,7 @@ mod tests {
     #[test]
     fn anything_but_notify_on_the_stream_is_a_protocol_error() {
         let mut wire = Vec::new();
-        Request::Stats.encode(0, 1, &mut wire);
+        Request::STATS_FIRST.encode(0, 1, &mut wire);
         let mut stream = Notifications::default();
         stream.extend(&wire);
         assert!(matches!(stream.next(), Err(Error::Protocol(_))));

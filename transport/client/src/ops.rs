@@ -303,7 +303,19 @@ pub(crate) async fn list<D: Driver>(d: &D) -> Result<Vec<ObjectInfo>, Error> {
 }
 
 pub(crate) async fn stats<D: Driver>(d: &D) -> Result<StoreStats, Error> {
-    Ok(call(d, &Request::Stats).await?.stats()?.0)
+    Ok(stats_and_connections(d).await?.0)
+}
+
+/// One STATS of every field this build knows, and the daemon's connection count. A daemon
+/// from before spilling refuses the field count as MALFORMED: it is asked for the first
+/// fields only (the others read 0).
+pub(crate) async fn stats_and_connections<D: Driver>(d: &D) -> Result<(StoreStats, u64), Error> {
+    match call(d, &Request::STATS).await {
+        Err(e) if crate::core::older_daemon_refused(&e) => {
+            call(d, &Request::STATS_FIRST).await?.stats()
+        }
+        r => r?.stats(),
+    }
 }
 
 /// How a fetch from another engine goes ([`crate::Client::fetch_from`]); the defaults are the

@@ -80,7 +80,7 @@ codes! {
     Status {
         NotFound = 1, "NOT_FOUND";
         AlreadyExists = 2, "ALREADY_EXISTS";
-        /// The only status with fields after its message: `u64 requested, u64 available`.
+        /// With fields after its message: `u64 requested, u64 available`.
         OutOfMemory = 3, "OUT_OF_MEMORY";
         NotSealed = 4, "NOT_SEALED";
         AlreadySealed = 5, "ALREADY_SEALED";
@@ -99,10 +99,12 @@ codes! {
         ProtocolState = 18, "PROTOCOL_STATE";
         TooManyObjects = 19, "TOO_MANY_OBJECTS";
         TooManyConnections = 20, "TOO_MANY_CONNECTIONS";
+        /// A spilled object's file was damaged, truncated or removed: the object is gone.
+        SpillDamaged = 21, "SPILL_DAMAGED";
         /// With fields after its message: `u64 current, u64 requested`.
-        StaleVersion = 21, "STALE_VERSION";
+        StaleVersion = 22, "STALE_VERSION";
         /// A transfer between engines failed (FETCH, GATHER): the message says where.
-        TransferFailed = 22, "TRANSFER_FAILED";
+        TransferFailed = 23, "TRANSFER_FAILED";
     }
 }
 

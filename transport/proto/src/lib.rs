@@ -1,24 +1,20 @@
-//! The vovp wire protocol, version 1 ([PROTOCOL.md](../../../PROTOCOL.md) is its
+//! The vovp wire protocol, version [`VERSION`] ([PROTOCOL.md](../../../PROTOCOL.md) is its
 //! specification), with no I/O: the frame header, the field encoding, and every message as a
 //! type whose `encode` and `decode` sit side by side: [`Request`] (client to daemon),
-//! [`Reply`] (daemon to client, decoded by the opcode it answers) and [`Notification`] frames
-//! (the subscriber stream). Both the daemon (`vovp-transport`) and the Rust client
-//! (`vovp-client`) speak it through this crate only, so a change to the wire is made once.
+//! [`Reply`] (daemon to client, decoded by the opcode it answers) and NOTIFY frames (the
+//! subscriber stream: [`decode_notification`], a `vovp_types::Notification` each). Both the
+//! daemon (`vovp-transport`) and the Rust client (`vovp-client`) speak it through this crate
+//! only, so a change to the wire is made once.
 //!
 //! What is not wire lives elsewhere: the daemon's runtime outcomes (a subscription's receiver,
 //! "send no reply", the segment whose fd rides on a reply) and the client's mappings.
 
 #![warn(unreachable_pub, missing_debug_implementations)]
-// Offsets and lengths come from other processes: a silent truncation is a wrong address.
-// (Tests build their data with casts at will.)
-#![cfg_attr(
-    not(test),
-    warn(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_possible_wrap
-    )
-)]
+// Lengths, counts and offsets come off the wire: a silent truncation is a wrong address.
+// (Tests build their frames with casts at will.)
+#![cfg_attr(not(test), warn(clippy::cast_possible_truncation))]
+#![cfg_attr(not(test), warn(clippy::cast_sign_loss))]
+#![cfg_attr(not(test), warn(clippy::cast_possible_wrap))]
 
 mod codes;
 mod error;
@@ -31,9 +27,14 @@ mod wire;
 pub use codes::{Opcode, Status, STATUS_OK};
 pub use error::DecodeError;
 pub use notify::{decode_notification, encode_notification};
-pub use reply::{Failure, Reply, STATS_FIELDS};
+pub use reply::{Failure, Reply, STATS_FIELDS, STATS_FIELDS_FIRST};
 pub use request::{Fetch, FetchBase, Gather, PublishItem, Request, MAX_FETCH_RANGES};
 pub use wire::{FrameWriter, Header, Reader};
+// The wire's limits are defined with every other limit, in `vovp-types`.
+pub use vovp_types::wire::{
+    LIST_PAGE_BYTES, LIST_PAGE_ENTRIES, MAX_GET_NAMES, MAX_LIST_PAGE_ENTRIES, MAX_PAYLOAD,
+    MAX_PUBLISH_MANY,
+};
 
 /// The protocol version in every frame header (and in HELLO's reply).
 /// 2: versions (an objref's, LIST's and NOTIFY's `version`, SEAL's reply, GET_NEWER, the
@@ -43,8 +44,6 @@ pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 16;
 /// Bytes of a frame after its length field, besides the payload.
 pub const LENGTH_OVERHEAD: u32 = 12;
-/// Largest payload of one frame.
-pub const MAX_PAYLOAD: usize = 64 << 20;
 /// Largest PUT payload the daemon accepts (bigger objects: CREATE, write the mapping, SEAL): the
 /// store's limit, [`vovp_types::MAX_INLINE_PUT`].
 #[allow(clippy::cast_possible_truncation)] // 1 MiB: checked just below
@@ -54,19 +53,6 @@ const _: () = assert!(vovp_types::MAX_INLINE_PUT <= u32::MAX as usize);
 pub const FLAG_NO_REPLY: u16 = 1;
 /// A reply's opcode is its request's with this bit set.
 pub const REPLY_BIT: u8 = 0x80;
-/// Most names one GET may ask for. A waiting GET keeps every name, a result slot and a waiter
-/// entry per name (~250 bytes each), so this bounds what one request can pin in the daemon
-/// (~4 MiB) whatever the frame size.
-pub const MAX_GET_NAMES: usize = 16 * 1024;
-/// Most objects one PUBLISH_MANY may publish (a client pipelines at most 64 puts; the
-/// daemon believes at most 128 unanswered, `vovp-actors`' `MAX_IN_FLIGHT`).
-pub const MAX_PUBLISH_MANY: usize = 64;
-/// Entries of one LIST page when the request does not say (and the most it may ask for).
-pub const LIST_PAGE_ENTRIES: u32 = 4096;
-pub const MAX_LIST_PAGE_ENTRIES: u32 = 64 * 1024;
-/// A LIST page stops growing past this many bytes, so every reply stays far below the frame
-/// limit whatever the names and metadata.
-pub const LIST_PAGE_BYTES: usize = 8 << 20;
 /// `next` of the last LIST page.
 pub const LIST_END: u64 = u64::MAX;
 /// CREATE and PUT flag: delete the object at its last release after seal.

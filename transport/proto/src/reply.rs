@@ -37,25 +37,20 @@ pub enum Reply {
     /// EVICT: bytes freed.
     Count(u64),
     /// One LIST page and the cursor of the next ([`crate::LIST_END`] after the last).
-    List {
-        entries: Vec<ObjectInfo>,
-        next: u64,
-    },
+    List { entries: Vec<ObjectInfo>, next: u64 },
+    /// STATS: the first `fields` of [`STATS_FIELDS`] travel (what the request asked for, at
+    /// most every one this build knows); decoded, `fields` is how many came.
     Stats {
         stats: StoreStats,
         connections: u64,
+        fields: u32,
     },
     /// A segment to map: its size, and whether this client may write it (the fd, read-write
     /// or read-only to match, rides on the reply).
-    Segment {
-        size: u64,
-        writable: bool,
-    },
+    Segment { size: u64, writable: bool },
     /// SHARED's: whether the store publishes; when it does, two fds ride on the reply (the
     /// directory, read-only; the connection's hold table, read-write).
-    Shared {
-        published: bool,
-    },
+    Shared { published: bool },
     /// METRICS: the Prometheus text exposition (format 0.0.4), as `GET /metrics` serves it.
     Metrics(String),
     /// TRANSFER_INFO: the address the engine serves transfers at (`ip:port`, empty if none)
@@ -80,9 +75,12 @@ pub struct Failure {
 }
 
 /// STATS's fields in wire order, with the accessor of each: written once for the encoder, the
-/// decoder and the PROTOCOL.md check.
+/// decoder and the PROTOCOL.md check. Fields are only ever appended: a reply carries the first
+/// `n` the request asked for, and a decoder reads the ones it knows and skips the rest.
 type StatsField = (&'static str, fn(&mut (StoreStats, u64)) -> &mut u64);
-pub const STATS_FIELDS: [StatsField; 16] = [
+/// The fields every STATS reply has (all of them before spilling): what an empty request asks.
+pub const STATS_FIELDS_FIRST: usize = 16;
+pub const STATS_FIELDS: [StatsField; 24] = [
     ("capacity", |s| &mut s.0.capacity),
     ("used_bytes", |s| &mut s.0.used_bytes),
     ("objects", |s| &mut s.0.objects),
@@ -99,6 +97,14 @@ pub const STATS_FIELDS: [StatsField; 16] = [
     ("waiting_gets", |s| &mut s.0.waiting_gets),
     ("put_barriers", |s| &mut s.0.put_barriers),
     ("half_closed", |s| &mut s.0.half_closed),
+    ("spilled_objects", |s| &mut s.0.spilled_objects),
+    ("spilled_bytes", |s| &mut s.0.spilled_bytes),
+    ("spills", |s| &mut s.0.spills),
+    ("spill_bytes", |s| &mut s.0.spill_bytes),
+    ("restores", |s| &mut s.0.restores),
+    ("restore_bytes", |s| &mut s.0.restore_bytes),
+    ("spill_failures", |s| &mut s.0.spill_failures),
+    ("restore_failures", |s| &mut s.0.restore_failures),
 ];
 
 impl Reply {
@@ -180,14 +186,19 @@ impl Reply {
                         .u64(i.id.get())
                         .u64(i.size)
                         .device(i.device);
-                    w.u8(i.sealed as u8).u8(i.ephemeral as u8).u32(i.refcount);
+                    w.u8(list_state(i)).u8(i.ephemeral as u8).u32(i.refcount);
                     w.u64(ms).bytes(&i.metadata).u64(i.version);
                 }
                 w.u64(*next);
             }
-            Reply::Stats { stats, connections } => {
+            Reply::Stats {
+                stats,
+                connections,
+                fields,
+            } => {
                 let mut s = (stats.clone(), *connections);
-                for (_, field) in STATS_FIELDS {
+                let n = (*fields as usize).clamp(STATS_FIELDS_FIRST, STATS_FIELDS.len());
+                for (_, field) in &STATS_FIELDS[..n] {
                     w.u64(*field(&mut s));
                 }
             }
@@ -264,12 +275,24 @@ impl Reply {
             Opcode::List => decode_list(&mut r)?,
             Opcode::Stats => {
                 let mut s = (StoreStats::default(), 0);
-                for (_, field) in STATS_FIELDS {
+                let mut fields = 0u32;
+                for (i, (_, field)) in STATS_FIELDS.iter().enumerate() {
+                    // The first ones always come; later ones only from a daemon that has them.
+                    if i >= STATS_FIELDS_FIRST && r.rest_len() < 8 {
+                        break;
+                    }
                     *field(&mut s) = r.u64()?;
+                    fields += 1;
+                }
+                // Fields appended by a newer daemon: whole u64s, skipped.
+                let newer = r.rest();
+                if !newer.len().is_multiple_of(8) {
+                    return Err(DecodeError::Trailing(newer.len()));
                 }
                 Reply::Stats {
                     stats: s.0,
                     connections: s.1,
+                    fields,
                 }
             }
             Opcode::Segment => Reply::Segment {
@@ -370,17 +393,32 @@ fn decode_published<S: AsRef<str>>(r: &mut Reader<'_>, names: &[S]) -> Result<Re
     Ok(Reply::Published(results))
 }
 
+/// LIST's `state` byte: bit 0 sealed, bit 1 spilled (on disk only). A decoder from before
+/// spilling reads any non-zero byte as sealed, which a spilled object is.
+const LIST_SEALED: u8 = 1;
+const LIST_SPILLED: u8 = 2;
+
+fn list_state(i: &ObjectInfo) -> u8 {
+    (u8::from(i.sealed) * LIST_SEALED) | (u8::from(i.spilled) * LIST_SPILLED)
+}
+
 /// LIST's reply: a page of entries and where the next page starts.
 fn decode_list(r: &mut Reader<'_>) -> Result<Reply, DecodeError> {
     let n = r.count(1)?;
     let mut entries = Vec::with_capacity(n);
     for _ in 0..n {
+        let name = object_name(r.str()?)?;
+        let id = ObjectId::from_raw(r.u64()?);
+        let size = r.u64()?;
+        let device = r.device()?;
+        let state = r.u8()?;
         entries.push(ObjectInfo {
-            name: object_name(r.str()?)?,
-            id: ObjectId::from_raw(r.u64()?),
-            size: r.u64()?,
-            device: r.device()?,
-            sealed: r.u8()? != 0,
+            name,
+            id,
+            size,
+            device,
+            sealed: state & LIST_SEALED != 0,
+            spilled: state & LIST_SPILLED != 0,
             ephemeral: r.u8()? != 0,
             refcount: r.u32()?,
             last_access: UNIX_EPOCH + Duration::from_millis(r.u64()?),
@@ -454,6 +492,7 @@ impl Failure {
             E::Transfer(_) => Status::TransferFailed,
             E::Protocol(_) | E::Tensor(_) | E::Config(_) => Status::Malformed,
             E::Memory(_) | E::Connection(_) | E::Internal(_) => Status::Internal,
+            E::SpillDamaged(_) => Status::SpillDamaged,
             // `Error` is non-exhaustive: a variant added without a status of its own travels
             // as an internal error, with its message, until PROTOCOL.md gives it one.
             _ => Status::Internal,
@@ -518,6 +557,13 @@ impl From<Failure> for vovp_types::Error {
                 )),
             },
             Status::TransferFailed => E::Transfer(message),
+            // The daemon's message is the error's Display: keep what it wraps.
+            Status::SpillDamaged => {
+                E::SpillDamaged(match message.strip_prefix("spilled object lost: ") {
+                    Some(m) => m.to_owned(),
+                    None => message,
+                })
+            }
             Status::Malformed
             | Status::UnsupportedVersion
             | Status::UnknownOpcode

@@ -100,7 +100,13 @@ pub enum Request<'a> {
     Evict {
         bytes: u64,
     },
-    Stats,
+    /// The store's counters: the first `fields` of [`crate::STATS_FIELDS`] (at least
+    /// [`crate::STATS_FIELDS_FIRST`], at most every one the daemon knows). On the wire an empty
+    /// payload asks for the first [`crate::STATS_FIELDS_FIRST`] (what clients before spilling
+    /// sent and read), so every client gets no field it cannot read.
+    Stats {
+        fields: u32,
+    },
     Subscribe,
     /// The fd of a segment this client does not have mapped yet.
     Segment {
@@ -266,7 +272,7 @@ impl Request<'_> {
             Request::Delete { .. } => Opcode::Delete,
             Request::List { .. } => Opcode::List,
             Request::Evict { .. } => Opcode::Evict,
-            Request::Stats => Opcode::Stats,
+            Request::Stats { .. } => Opcode::Stats,
             Request::Subscribe => Opcode::Subscribe,
             Request::Segment { .. } => Opcode::Segment,
             Request::Shared => Opcode::Shared,
@@ -344,6 +350,11 @@ impl Request<'_> {
             Request::Evict { bytes } => {
                 w.u64(*bytes);
             }
+            Request::Stats { fields } => {
+                if *fields as usize != crate::STATS_FIELDS_FIRST {
+                    w.u32(*fields);
+                }
+            }
             Request::Segment { id } => {
                 w.u32(*id);
             }
@@ -396,11 +407,7 @@ impl Request<'_> {
                     w.u64(*id);
                 }
             }
-            Request::Stats
-            | Request::Subscribe
-            | Request::Shared
-            | Request::Metrics
-            | Request::TransferInfo => {}
+            Request::Subscribe | Request::Shared | Request::Metrics | Request::TransferInfo => {}
         }
         w.finish();
     }
@@ -461,7 +468,7 @@ impl Request<'_> {
             Request::Delete { name } => Request::Delete { name: own(name) },
             Request::List { start, limit } => Request::List { start, limit },
             Request::Evict { bytes } => Request::Evict { bytes },
-            Request::Stats => Request::Stats,
+            Request::Stats { fields } => Request::Stats { fields },
             Request::Subscribe => Request::Subscribe,
             Request::Segment { id } => Request::Segment { id },
             Request::Shared => Request::Shared,
@@ -496,6 +503,18 @@ impl Request<'_> {
 }
 
 impl<'a> Request<'a> {
+    /// STATS of every field this build knows ([`crate::STATS_FIELDS`]).
+    #[allow(clippy::cast_possible_truncation)] // a few dozen
+    pub const STATS: Request<'static> = Request::Stats {
+        fields: crate::STATS_FIELDS.len() as u32,
+    };
+    /// STATS of the fields every daemon has (an empty payload: what a daemon from before
+    /// spilling understands).
+    #[allow(clippy::cast_possible_truncation)]
+    pub const STATS_FIRST: Request<'static> = Request::Stats {
+        fields: crate::STATS_FIELDS_FIRST as u32,
+    };
+
     /// Decodes the payload of a request frame with opcode `opcode`, borrowing from it.
     pub fn decode(opcode: u8, payload: &'a [u8]) -> Result<Request<'a>, DecodeError> {
         let op = Opcode::from_code(opcode).ok_or(DecodeError::UnknownOpcode(opcode))?;
@@ -596,7 +615,11 @@ impl<'a> Request<'a> {
                 Request::List { start, limit }
             }
             Opcode::Evict => Request::Evict { bytes: r.u64()? },
-            Opcode::Stats => Request::Stats,
+            #[allow(clippy::cast_possible_truncation)] // a few dozen
+            Opcode::Stats if payload.is_empty() => Request::Stats {
+                fields: crate::STATS_FIELDS_FIRST as u32,
+            },
+            Opcode::Stats => Request::Stats { fields: r.u32()? },
             Opcode::Subscribe => Request::Subscribe,
             Opcode::Segment => Request::Segment { id: r.u32()? },
             Opcode::Shared => Request::Shared,

@@ -207,6 +207,10 @@ impl<'a> Reader<'a> {
     pub fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.b)
     }
+    /// Bytes not read yet.
+    pub fn rest_len(&self) -> usize {
+        self.b.len()
+    }
     /// A count of items each at least `min_item` bytes: refuses counts the payload cannot hold,
     /// so a forged count cannot make us reserve huge vectors.
     pub fn count(&mut self, min_item: usize) -> Result<usize, DecodeError> {

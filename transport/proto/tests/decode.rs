@@ -70,7 +70,16 @@ fn truncated_and_forged_payloads_are_malformed() {
     let e = Request::decode(Opcode::Notify.code(), &[]).unwrap_err();
     assert_eq!(e.status(), Status::UnknownOpcode);
     assert_eq!(
+        Request::decode(Opcode::Subscribe.code(), &[1]).unwrap_err(),
+        DecodeError::Trailing(1)
+    );
+    // STATS takes an optional field count, and nothing after it.
+    assert!(matches!(
         Request::decode(Opcode::Stats.code(), &[1]).unwrap_err(),
+        DecodeError::Truncated { .. }
+    ));
+    assert_eq!(
+        Request::decode(Opcode::Stats.code(), &[24, 0, 0, 0, 1]).unwrap_err(),
         DecodeError::Trailing(1)
     );
     // A name that is not UTF-8 is INVALID_NAME, any other string MALFORMED.
@@ -226,4 +235,45 @@ fn store_errors_survive_the_wire() {
             assert_eq!((requested, available), (10, 3));
         }
     }
+}
+
+/// STATS grows by appending fields: an empty request (every client before spilling) gets the
+/// first 16, a reply decodes with as many as came (a daemon before spilling sends 16), and
+/// fields a newer daemon appends are skipped.
+#[test]
+fn stats_fields_are_appended_compatibly() {
+    assert_eq!(
+        Request::decode(Opcode::Stats.code(), &[]).unwrap(),
+        Request::STATS_FIRST
+    );
+    let mut empty = Vec::new();
+    Request::STATS_FIRST.encode(1, 0, &mut empty);
+    assert_eq!(empty.len(), HEADER_LEN, "an empty payload, as before");
+    let reply = |fields: usize, extra: usize| {
+        let mut p = vec![STATUS_OK];
+        for i in 0..fields + extra {
+            p.extend_from_slice(&(i as u64 + 1).to_le_bytes());
+        }
+        Reply::decode::<&str>(Opcode::Stats.code(), &p, &[])
+    };
+    let Reply::Stats { stats, fields, .. } = reply(16, 0).unwrap() else {
+        panic!("stats")
+    };
+    assert_eq!((fields, stats.capacity, stats.half_closed), (16, 1, 16));
+    assert_eq!(stats.spills, 0);
+    let Reply::Stats { stats, fields, .. } = reply(STATS_FIELDS.len(), 3).unwrap() else {
+        panic!("stats")
+    };
+    assert_eq!(fields as usize, STATS_FIELDS.len());
+    assert_eq!(stats.restore_failures, STATS_FIELDS.len() as u64);
+    assert!(reply(15, 0).is_err(), "the first 16 always come");
+    // What the daemon sends is what was asked for.
+    let mut out = Vec::new();
+    Reply::Stats {
+        stats: vovp_types::StoreStats::default(),
+        connections: 0,
+        fields: 16,
+    }
+    .encode(Opcode::Stats.code(), 1, &mut out);
+    assert_eq!(out.len(), HEADER_LEN + 1 + 16 * 8);
 }

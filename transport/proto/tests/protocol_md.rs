@@ -74,7 +74,7 @@ fn sample(op: Opcode) -> Request<'static> {
             limit: 10,
         },
         Opcode::Evict => Request::Evict { bytes: 100 },
-        Opcode::Stats => Request::Stats,
+        Opcode::Stats => Request::STATS,
         Opcode::Metrics => Request::Metrics,
         Opcode::Shared => Request::Shared,
         Opcode::Subscribe => Request::Subscribe,

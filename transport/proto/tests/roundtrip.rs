@@ -186,7 +186,8 @@ fn request() -> impl Strategy<Value = Request<'static>> {
         (any::<u64>(), 1..=MAX_LIST_PAGE_ENTRIES)
             .prop_map(|(start, limit)| Request::List { start, limit }),
         any::<u64>().prop_map(|bytes| Request::Evict { bytes }),
-        Just(Request::Stats),
+        (STATS_FIELDS_FIRST as u32..=STATS_FIELDS.len() as u32)
+            .prop_map(|fields| Request::Stats { fields }),
         Just(Request::Subscribe),
         any::<u32>().prop_map(|id| Request::Segment { id }),
         Just(Request::Shared),
@@ -249,11 +250,20 @@ fn info() -> impl Strategy<Value = ObjectInfo> {
         device(),
         any::<(bool, bool, u32)>(),
         0u64..(1 << 50),
-        (bytes(64), any::<u64>()),
+        (bytes(64), any::<u64>(), any::<bool>()),
     )
         .prop_map(
-            |(n, id, size, device, (sealed, ephemeral, refcount), ms, (metadata, version))| {
+            |(
+                n,
+                id,
+                size,
+                device,
+                (sealed, ephemeral, refcount),
+                ms,
+                (metadata, version, spilled),
+            )| {
                 ObjectInfo {
+                    spilled,
                     version,
                     id: ObjectId::from_raw(id),
                     name: ObjectName::new(&n).expect("valid name"),
@@ -373,33 +383,26 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             Opcode::List,
             vec![]
         )),
-        prop::collection::vec(any::<u64>(), 16).prop_map(|f| {
-            let stats = StoreStats {
-                capacity: f[0],
-                used_bytes: f[1],
-                objects: f[2],
-                sealed: f[3],
-                unsealed: f[4],
-                pending_delete: f[5],
-                references: f[6],
-                holders: f[7],
-                creates: f[8],
-                evicted_objects: f[9],
-                evicted_bytes: f[10],
-                shared_holds: f[12],
-                waiting_gets: f[13],
-                put_barriers: f[14],
-                half_closed: f[15],
-            };
-            (
-                Reply::Stats {
-                    stats,
-                    connections: f[11],
-                },
-                Opcode::Stats,
-                vec![],
-            )
-        }),
+        (
+            prop::collection::vec(any::<u64>(), STATS_FIELDS.len()),
+            STATS_FIELDS_FIRST..=STATS_FIELDS.len()
+        )
+            .prop_map(|(f, n)| {
+                // The first `n` fields travel; the others stay 0 on both sides.
+                let mut s = (StoreStats::default(), 0);
+                for ((_, field), v) in STATS_FIELDS[..n].iter().zip(&f) {
+                    *field(&mut s) = *v;
+                }
+                (
+                    Reply::Stats {
+                        stats: s.0,
+                        connections: s.1,
+                        fields: n as u32,
+                    },
+                    Opcode::Stats,
+                    vec![],
+                )
+            }),
         (any::<u64>(), any::<bool>()).prop_map(|(size, writable)| (
             Reply::Segment { size, writable },
             Opcode::Segment,

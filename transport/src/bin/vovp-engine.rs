@@ -1,11 +1,14 @@
 //! `vovp-engine`: the standalone store daemon (Plasma-like flags).
 //!
-//!     vovp-engine -m 1G -s /tmp/vovp.sock
-//!     vovp-engine -m 1000000000 -s /tmp/dgl_socket -d /dev/shm   # Plasma's spelling works too
+//! ```text
+//! vovp-engine -m 1G -s /tmp/vovp.sock
+//! vovp-engine -m 1000000000 -s /tmp/dgl_socket -d /dev/shm   # Plasma's spelling works too
+//! ```
 //!
 //! Of `plasma-store-server`'s flags, `-m BYTES`, `-s SOCKET` and `-d DIR` are accepted as they
-//! are; `-h` (huge pages) is `--huge-pages` here because `-h` is help, and `-e` (external
-//! store) does not exist in vovp.
+//! are; `-h` (huge pages) is `--huge-pages` here because `-h` is help, and Plasma's `-e`
+//! (an external store objects were evicted to) is `--spill-dir DIR` (objects go to files there
+//! instead of being evicted, and come back on the next get).
 //!
 //! The log goes to stderr: colour codes only when stderr is a terminal (and `NO_COLOR` is not
 //! set), one JSON object a line with `--log-format json`. `--metrics ADDR` serves Prometheus
@@ -58,6 +61,15 @@ struct Args {
     /// directory and recording a hold in a table of their own, with no message.
     #[arg(long)]
     no_shared_reads: bool,
+    /// Spill unreferenced objects to files in DIR instead of evicting them when memory is
+    /// needed; a get reads them back (README, "Semantics"). DIR is this daemon's alone (locked)
+    /// and emptied of spill files at start. Off by default: eviction drops objects, as Plasma.
+    #[arg(long, value_name = "DIR")]
+    spill_dir: Option<PathBuf>,
+    /// Most bytes of spill files (512M, 100G); past it victims are evicted. Default: what the
+    /// disk takes (a full disk also falls back to eviction).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, requires = "spill_dir")]
+    spill_max: Option<u64>,
     /// Per-GPU capacity, e.g. `0:8G,1:8G`.
     #[arg(long)]
     gpu_memory: Option<String>,
@@ -186,8 +198,12 @@ fn main() -> ExitCode {
     engine.overcommit = args.overcommit;
     engine.lazy_pages = args.lazy_pages;
     engine.shared_reads = !args.no_shared_reads;
+    engine.spill = args.spill_dir.clone().map(|dir| vovp::SpillConfig {
+        dir,
+        max_bytes: args.spill_max,
+    });
     if let Some(spec) = &args.gpu_memory {
-        match vovp_gpu::parse_gpu_memory(spec) {
+        match vovp::parse_gpu_memory(spec) {
             Ok(c) => engine.gpu.capacities = c,
             Err(e) => {
                 eprintln!("vovp-engine: --gpu-memory: {e}");
@@ -261,6 +277,29 @@ mod tests {
             argv.extend_from_slice(extra);
             assert!(Args::try_parse_from(argv).is_err(), "{extra:?}");
         }
+    }
+
+    #[test]
+    fn spilling_takes_a_directory_and_an_optional_bound() {
+        let a = Args::try_parse_from([
+            "vovp-engine",
+            "-m",
+            "64M",
+            "-s",
+            "x",
+            "--spill-dir",
+            "/tmp/spill",
+            "--spill-max",
+            "1G",
+        ])
+        .unwrap();
+        assert_eq!(a.spill_dir, Some(PathBuf::from("/tmp/spill")));
+        assert_eq!(a.spill_max, Some(1 << 30));
+        // A bound without a directory is a mistake, said at once.
+        assert!(
+            Args::try_parse_from(["vovp-engine", "-m", "1M", "-s", "x", "--spill-max", "1G"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -14,8 +14,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
 use prometheus_client::registry::{Registry, Unit};
 
+use super::clients::ClientUsage;
 use super::counters::{ServerSnapshot, LATENCY_BUCKETS};
-use super::Snapshot;
+use super::{Snapshot, TableSnapshot};
 
 /// The `Content-Type` of what [`encode_text`] writes (Prometheus text format 0.0.4).
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -45,9 +46,127 @@ impl Collector for SnapshotCollector {
             &[("version", env!("CARGO_PKG_VERSION"))],
         )?;
         store(&mut e, &self.0.store)?;
+        table(&mut e, &self.0.table)?;
+        clients(&mut e, &self.0.clients)?;
         server(&mut e, &self.0.server)
-        // The table's own counters (phase B of issue 46) go here, from a field of Snapshot.
     }
+}
+
+/// The store's numbers beyond STATS: resident memory, lends, and what the store did, each
+/// count with its data bytes.
+fn table(e: &mut Families<'_, '_>, t: &TableSnapshot) -> Result<(), FmtError> {
+    let bytes = Some(&Unit::Bytes);
+    e.one(
+        Gauge,
+        "resident",
+        "Host memory of the store's segments the kernel may have backed now: allocated \
+         blocks plus freed pages not yet given back (an upper bound, at most the capacity).",
+        bytes,
+        t.resident_bytes,
+    )?;
+    e.one(
+        Gauge,
+        "lends",
+        "Lends alive: parts of clients' arenas lent to them for puts without a CREATE.",
+        None,
+        t.live_lends,
+    )?;
+    let a = &t.activity;
+    // (name of the count, its help, name of the bytes, their help, the values)
+    let counted = [
+        (
+            "seals",
+            "Objects sealed (SEAL, inline PUT, PUBLISH), replacements included.",
+            "sealed",
+            "Data bytes of the objects sealed.",
+            a.seals,
+        ),
+        (
+            "replaces",
+            "Seals that made a name's next version (a replace).",
+            "replaced",
+            "Data bytes of the objects sealed as a name's next version.",
+            a.replaces,
+        ),
+        (
+            "deletes",
+            "Objects deleted by name (DELETE).",
+            "deleted",
+            "Data bytes of the objects deleted by name.",
+            a.deletes,
+        ),
+        (
+            "shared_gets",
+            "Gets served from the shared directory, without a message (counted by each \
+             client in its hold table; a departed client's count is kept).",
+            "shared_get",
+            "Data bytes of the gets served from the shared directory.",
+            a.shared_gets,
+        ),
+        (
+            "lends_made",
+            "Lends handed to clients (LEND).",
+            "lent",
+            "Bytes of the lends handed to clients.",
+            a.lends,
+        ),
+        (
+            "publishes",
+            "Objects published from lends (PUBLISH, each PUBLISH_MANY item).",
+            "published",
+            "Data bytes of the objects published from lends.",
+            a.publishes,
+        ),
+    ];
+    for (count, count_help, data, data_help, v) in counted {
+        e.one(Counter, count, count_help, None, v.count)?;
+        e.one(Counter, data, data_help, bytes, v.bytes)?;
+    }
+    e.each(
+        Counter,
+        "socket_gets",
+        "Names asked by a get over the socket (GET, GET_NEWER): hit, answered with an \
+         object; miss, not sealed in time.",
+        None,
+        "result",
+        &[("hit", a.socket_hits.count), ("miss", a.socket_misses)],
+    )?;
+    e.one(
+        Counter,
+        "socket_get",
+        "Data bytes of the objects gets over the socket answered with.",
+        bytes,
+        a.socket_hits.bytes,
+    )
+}
+
+/// The clients holding the most, by pid (see [`super::clients`]).
+fn clients(e: &mut Families<'_, '_>, clients: &[ClientUsage]) -> Result<(), FmtError> {
+    let pids: Vec<String> = clients.iter().map(|c| c.pid.to_string()).collect();
+    let of = |v: fn(&ClientUsage) -> u64| -> Vec<(&str, u64)> {
+        pids.iter()
+            .map(String::as_str)
+            .zip(clients.iter().map(v))
+            .collect()
+    };
+    e.each(
+        Gauge,
+        "client_held",
+        "Data bytes of the objects a client process holds (pid; 0: unknown), for the clients \
+         holding the most bytes or references (at most 20).",
+        Some(&Unit::Bytes),
+        "pid",
+        &of(|c| c.bytes),
+    )?;
+    e.each(
+        Gauge,
+        "client_references",
+        "References a client process holds, hold-table holds included (pid; 0: unknown), for \
+         the clients holding the most bytes or references (at most 20).",
+        None,
+        "pid",
+        &of(|c| c.references),
+    )
 }
 
 /// The engine's STATS.
@@ -129,6 +248,69 @@ fn store(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError>
         "Misses that first waited for other clients' pipelined puts to be applied.",
         None,
         s.put_barriers,
+    )?;
+    spill(e, s)
+}
+
+/// Spilling to disk (`--spill-dir`; all 0 without it).
+fn spill(e: &mut Families<'_, '_>, s: &vovp::StoreStats) -> Result<(), FmtError> {
+    let bytes = Some(&Unit::Bytes);
+    e.one(
+        Gauge,
+        "spilled_objects",
+        "Objects on disk only now (spilled; the next get restores them).",
+        None,
+        s.spilled_objects,
+    )?;
+    e.one(
+        Gauge,
+        "spilled",
+        "Data bytes of the objects on disk only now.",
+        bytes,
+        s.spilled_bytes,
+    )?;
+    e.one(
+        Counter,
+        "spills",
+        "Objects written to disk to make room instead of being evicted.",
+        None,
+        s.spills,
+    )?;
+    e.one(
+        Counter,
+        "spill_written",
+        "Data bytes of the objects written to disk to make room.",
+        bytes,
+        s.spill_bytes,
+    )?;
+    e.one(
+        Counter,
+        "restores",
+        "Spilled objects read back into memory by a get.",
+        None,
+        s.restores,
+    )?;
+    e.one(
+        Counter,
+        "restore_read",
+        "Data bytes of the spilled objects read back into memory.",
+        bytes,
+        s.restore_bytes,
+    )?;
+    e.one(
+        Counter,
+        "spill_failures",
+        "Objects evicted although spilling was on (--spill-max reached, the disk full, a \
+         write failed).",
+        None,
+        s.spill_failures,
+    )?;
+    e.one(
+        Counter,
+        "restore_failures",
+        "Restores that found the spill file damaged, truncated or gone (the object was lost).",
+        None,
+        s.restore_failures,
     )
 }
 
@@ -293,6 +475,27 @@ mod tests {
                 ..Default::default()
             },
             server: counters.snapshot(1, 0),
+            table: TableSnapshot {
+                resident_bytes: 8192,
+                live_lends: 1,
+                activity: vovp::StoreActivity {
+                    seals: vovp::Counted {
+                        count: 3,
+                        bytes: 300,
+                    },
+                    socket_misses: 2,
+                    shared_gets: vovp::Counted {
+                        count: 5,
+                        bytes: 50,
+                    },
+                    ..Default::default()
+                },
+            },
+            clients: vec![ClientUsage {
+                pid: 42,
+                references: 3,
+                bytes: 2048,
+            }],
         }
     }
 
@@ -315,6 +518,16 @@ mod tests {
             "vovp_request_errors_total{status=\"NOT_CREATOR\"} 1",
             "vovp_connections_refused_total{reason=\"limit\"} 0",
             "vovp_build_info{version=\"0.1.0\"} 1",
+            "vovp_resident_bytes 8192",
+            "vovp_lends 1",
+            "vovp_seals_total 3",
+            "vovp_sealed_bytes_total 300",
+            "vovp_socket_gets_total{result=\"miss\"} 2",
+            "vovp_shared_gets_total 5",
+            "vovp_shared_get_bytes_total 50",
+            "vovp_lends_made_total 0",
+            "vovp_client_held_bytes{pid=\"42\"} 2048",
+            "vovp_client_references{pid=\"42\"} 3",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

@@ -1,85 +1,74 @@
-//! Reading an exposition back: the samples of a Prometheus text page (what METRICS answers
-//! and `GET /metrics` serves), and histogram quantiles from them, for `vovp top`.
+//! Reading an exposition back (what METRICS answers and `GET /metrics` serves), for `vovp
+//! top`: the text is parsed by prometheus-parse; this module only looks samples up and turns a
+//! histogram's buckets into quantiles, as Prometheus' `histogram_quantile` does.
 //!
-//! A reader of the subset of the format an exposition has: `# ...` lines are skipped, every
-//! other line is `name{label="value",...} value [timestamp]` (label values with `\\`, `\"`
-//! and `\n` escapes). A line it cannot read is skipped, not an error: a newer daemon may
-//! write more than this reader knows.
+//! prometheus-parse gathers a histogram's `_bucket` lines into one sample (named without the
+//! suffix, `le` taken out of its labels) and keeps `_sum` and `_count` as plain samples; it
+//! splits label lists at commas, which none of the daemon's label values contain (opcode and
+//! status names, pids, states, the version).
 
-use std::collections::BTreeMap;
-
-/// One sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-    pub value: f64,
-}
-
-impl Sample {
-    pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn has(&self, labels: &[(&str, &str)]) -> bool {
-        labels.iter().all(|(k, v)| self.label(k) == Some(*v))
-    }
-}
+use prometheus_parse::{Sample, Scrape, Value};
 
 /// The samples of one exposition.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Exposition {
-    pub samples: Vec<Sample>,
+    samples: Vec<Sample>,
 }
 
 impl Exposition {
+    /// The samples of `text`; lines that are no sample are skipped (a newer daemon may write
+    /// more than this reader knows).
     pub fn parse(text: &str) -> Self {
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
         Exposition {
-            samples: text.lines().filter_map(sample).collect(),
+            // Reading lines from a string cannot fail.
+            samples: Scrape::parse(lines).map_or_else(|_| Vec::new(), |s| s.samples),
         }
     }
 
-    /// The value of the first sample of `name` that has all of `labels`.
+    /// The value of the first counter, gauge or untyped sample of `name` that has all of
+    /// `labels`.
     pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.all(name)
+            .find(|(l, _)| has(l, labels))
+            .map(|(_, value)| value)
+    }
+
+    /// Every counter, gauge or untyped sample of `name`: its labels and value.
+    pub fn all<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> impl Iterator<Item = (&'a prometheus_parse::Labels, f64)> + 'a {
         self.samples
             .iter()
-            .find(|s| s.name == name && s.has(labels))
-            .map(|s| s.value)
+            .filter(move |s| s.metric == name)
+            .filter_map(|s| match s.value {
+                Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some((&s.labels, v)),
+                _ => None,
+            })
     }
 
-    /// Every sample of `name`.
-    pub fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.samples.iter().filter(move |s| s.name == name)
-    }
-
-    /// The histogram `name` (without `_bucket`) of the series with `labels`: its cumulative
-    /// buckets by upper bound, `+Inf` last. `None` when it has no buckets.
+    /// The histogram `name` of the series with `labels`: its cumulative buckets by upper
+    /// bound, `+Inf` last. `None` when there is no such histogram.
     pub fn histogram(&self, name: &str, labels: &[(&str, &str)]) -> Option<Histogram> {
-        let bucket = format!("{name}_bucket");
-        let mut buckets: Vec<(f64, f64)> = self
-            .all(&bucket)
-            .filter(|s| s.has(labels))
-            .filter_map(|s| Some((parse_value(s.label("le")?)?, s.value)))
-            .collect();
-        if buckets.is_empty() {
-            return None;
-        }
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Some(Histogram { buckets })
+        self.samples
+            .iter()
+            .filter(|s| s.metric == name && has(&s.labels, labels))
+            .find_map(|s| match &s.value {
+                Value::Histogram(counts) => {
+                    let mut buckets: Vec<(f64, f64)> =
+                        counts.iter().map(|c| (c.less_than, c.count)).collect();
+                    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    Some(Histogram { buckets })
+                }
+                _ => None,
+            })
     }
+}
 
-    /// The values of label `key` that samples of `name` carry, each once, sorted.
-    pub fn label_values(&self, name: &str, key: &str) -> Vec<String> {
-        let set: BTreeMap<&str, ()> = self
-            .all(name)
-            .filter_map(|s| s.label(key))
-            .map(|v| (v, ()))
-            .collect();
-        set.into_keys().map(str::to_owned).collect()
-    }
+/// Whether `labels` has every pair of `wanted`.
+fn has(labels: &prometheus_parse::Labels, wanted: &[(&str, &str)]) -> bool {
+    wanted.iter().all(|(k, v)| labels.get(k) == Some(*v))
 }
 
 /// A histogram's cumulative buckets: (upper bound, observations at or below it).
@@ -146,65 +135,6 @@ impl Histogram {
     }
 }
 
-/// `+Inf`, `-Inf`, `NaN` or a number.
-fn parse_value(s: &str) -> Option<f64> {
-    match s {
-        "+Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        "NaN" => Some(f64::NAN),
-        _ => s.parse().ok(),
-    }
-}
-
-/// One sample line; `None` for a comment, a blank line or a line this reader cannot read.
-fn sample(line: &str) -> Option<Sample> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let name_end = line.find(['{', ' '])?;
-    let name = &line[..name_end];
-    let (labels, rest) = if line[name_end..].starts_with('{') {
-        labels(&line[name_end + 1..])?
-    } else {
-        (Vec::new(), &line[name_end..])
-    };
-    let value = parse_value(rest.split_whitespace().next()?)?;
-    Some(Sample {
-        name: name.to_owned(),
-        labels,
-        value,
-    })
-}
-
-/// `key="value",...}` and what follows the `}`.
-fn labels(mut s: &str) -> Option<(Vec<(String, String)>, &str)> {
-    let mut out = Vec::new();
-    loop {
-        s = s.trim_start_matches([' ', ',']);
-        if let Some(rest) = s.strip_prefix('}') {
-            return Some((out, rest));
-        }
-        let eq = s.find('=')?;
-        let key = s[..eq].trim().to_owned();
-        let mut chars = s[eq + 1..].trim_start().strip_prefix('"')?.char_indices();
-        let mut value = String::new();
-        let end = loop {
-            match chars.next()? {
-                (i, '"') => break i,
-                (_, '\\') => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    c => value.push(c),
-                },
-                (_, c) => value.push(c),
-            }
-        };
-        let after_quote = s[eq + 1..].trim_start();
-        s = &after_quote[1 + end + 1..];
-        out.push((key, value));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,24 +142,23 @@ mod tests {
     const PAGE: &str = "# HELP vovp_used_bytes Used.\n\
         # TYPE vovp_used_bytes gauge\n\
         vovp_used_bytes 4096\n\
+        # TYPE vovp_objects gauge\n\
         vovp_objects{state=\"sealed\"} 2\n\
-        weird{a=\"x\\\"y\\\\z\\n\",b=\"\"} 1.5 1700000000000\n\
+        # TYPE h histogram\n\
         h_bucket{op=\"GET\",le=\"1e-6\"} 1\n\
         h_bucket{op=\"GET\",le=\"2e-6\"} 3\n\
         h_bucket{op=\"GET\",le=\"+Inf\"} 4\n\
+        h_count{op=\"GET\"} 4\n\
         not a sample\n";
 
     #[test]
-    fn samples_labels_and_escapes() {
+    fn samples_by_name_and_labels() {
         let e = Exposition::parse(PAGE);
         assert_eq!(e.value("vovp_used_bytes", &[]), Some(4096.0));
         assert_eq!(e.value("vovp_objects", &[("state", "sealed")]), Some(2.0));
         assert_eq!(e.value("vovp_objects", &[("state", "unsealed")]), None);
-        let weird = e.all("weird").next().unwrap();
-        assert_eq!(weird.label("a"), Some("x\"y\\z\n"));
-        assert_eq!((weird.label("b"), weird.value), (Some(""), 1.5));
-        assert_eq!(e.label_values("h_bucket", "op"), ["GET"]);
-        assert_eq!(e.samples.len(), 6, "the line that is no sample is skipped");
+        assert_eq!(e.value("h_count", &[("op", "GET")]), Some(4.0));
+        assert_eq!(e.all("h").count(), 0, "a histogram is no scalar");
     }
 
     #[test]

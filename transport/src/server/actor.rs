@@ -237,12 +237,13 @@ impl ConnectionActor {
                 .into()
             }
             Request::Evict { bytes } => Reply::Count(session.evict(bytes).await?).into(),
-            Request::Stats => Reply::Stats {
+            Request::Stats { fields } => Reply::Stats {
                 stats: StoreStats {
                     half_closed: self.shared.half_closed.load(Ordering::Relaxed),
                     ..session.stats().await?
                 },
                 connections: self.shared.connections.load(Ordering::Relaxed),
+                fields,
             }
             .into(),
             // Encoded here, on the daemon's thread: a METRICS request is as rare as a LIST.

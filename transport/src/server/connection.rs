@@ -26,8 +26,10 @@ const READ_CHUNK: usize = 256 * 1024;
 /// idle connections that once sent a large frame do not pin it.
 const KEPT_BUFFER: usize = 2 * READ_CHUNK;
 
+/// Serves one connection until it ends; `pid`: its client's (0 if unknown), for the metrics.
 pub(super) async fn serve_connection(
     stream: StdUnixStream,
+    pid: i32,
     engine: EngineHandle,
     shared: Arc<Shared>,
     limits: &ConnectionLimits,
@@ -41,6 +43,7 @@ pub(super) async fn serve_connection(
     let stream = tokio_uring::net::UnixStream::from_std(stream);
     // The connection's holder: every reference it takes is recorded under it.
     let session = engine.client_session();
+    shared.pids().insert(session.holder(), pid);
     let counters = shared.clone();
     let conn = ConnectionActor::spawn(ConnectionActor::new(session.clone(), shared, own_uid));
     let io = ConnIo {
@@ -54,6 +57,7 @@ pub(super) async fn serve_connection(
     // Whatever the reason the connection ended, everything it held goes back.
     let _ = conn.ask(Disconnect).await;
     let _ = conn.stop_gracefully().await;
+    counters.pids().remove(&session.holder());
     result
 }
 

@@ -3,20 +3,21 @@
 //! and kameo spawns its actors with `tokio::spawn`, so the engine's actors, the connection
 //! actors and the socket tasks share that runtime and no message crosses a thread. The one
 //! exception is the `--metrics` endpoint, on a thread of its own ([`crate::metrics::http`]):
-//! it asks this thread for a snapshot ([`snapshot`]) and nothing else.
+//! it asks this thread for a snapshot (`snapshot`) and nothing else.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener as StdUnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vovp_proto::{Opcode, Status};
 
 use crate::metrics::counters::Refusal;
-use crate::metrics::{ServerCounters, Snapshot};
+use crate::metrics::{top_clients, ServerCounters, Snapshot, TableSnapshot, TOP_CLIENTS};
 use crate::response::{Response, TransportError};
 
 mod actor;
@@ -118,22 +119,45 @@ struct Shared {
     half_closed: AtomicU64,
     /// Requests, errors, bytes and connections, for the metrics.
     counters: ServerCounters,
+    /// Each connection's holder and the pid its client was accepted with (SO_PEERCRED), for
+    /// the metrics' clients holding the most. Touched once per connect, disconnect and scrape.
+    pids: Mutex<HashMap<vovp::HolderId, i32>>,
     /// Transfers between engines (FETCH, GATHER, the transfer port); `None` without a key.
     transfer: Option<Arc<crate::transfer::TransferService>>,
 }
 
-/// What a scrape reports, collected on the daemon's thread: the engine's STATS through
+impl Shared {
+    fn pids(&self) -> std::sync::MutexGuard<'_, HashMap<vovp::HolderId, i32>> {
+        // Plain inserts and removes: a panic elsewhere cannot leave the map half-changed.
+        self.pids
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What a scrape reports, collected on the daemon's thread: the store's numbers through
 /// `session` (one table message) and the connection layer's counters.
 async fn snapshot(session: &vovp::Session, shared: &Shared) -> Result<Snapshot, vovp::Error> {
     let half_closed = shared.half_closed.load(Ordering::Relaxed);
+    let m = session.metrics().await?;
+    let clients = {
+        let pids = shared.pids();
+        top_clients(&m.holders, |h| pids.get(&h).copied(), TOP_CLIENTS)
+    };
     Ok(Snapshot {
         store: vovp::StoreStats {
             half_closed,
-            ..session.stats().await?
+            ..m.stats
         },
         server: shared
             .counters
             .snapshot(shared.connections.load(Ordering::Relaxed), half_closed),
+        table: TableSnapshot {
+            resident_bytes: m.resident_bytes,
+            live_lends: m.live_lends,
+            activity: m.activity,
+        },
+        clients,
     })
 }
 
@@ -292,7 +316,7 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
                 shared.connections.fetch_add(1, Ordering::Relaxed);
                 shared.counters.opened();
                 tokio_uring::spawn(async move {
-                    if let Err(e) = serve_connection(stream, engine, shared.clone(), &limits).await {
+                    if let Err(e) = serve_connection(stream, pid, engine, shared.clone(), &limits).await {
                         tracing::debug!(pid, "connection ended: {e}");
                     }
                     shared.connections.fetch_sub(1, Ordering::Relaxed);

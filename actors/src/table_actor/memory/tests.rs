@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kameo::actor::{ActorRef, Spawn};
-use vovp_gpu::GpuConfig;
+use vovp_gpu_pool::GpuConfig;
 use vovp_types::{Error, HolderId, ObjectName, ObjectRef};
 
 use crate::allocator::{reserved_bytes, AllocatorActor};
@@ -14,10 +14,28 @@ use crate::segment::Segment;
 use crate::table_actor::{CheckInvariants, Contains, Get, ObjectTableActor, PutInline, Release};
 
 const KIB: u64 = 1 << 10;
-const HOLDER: HolderId = HolderId::from_raw(1);
+pub(crate) const HOLDER: HolderId = HolderId::from_raw(1);
 
 /// A store of `capacity` bytes in segment 0 (no arenas), holding at most `max_objects`.
 fn store(capacity: u64, max_objects: u32) -> ActorRef<ObjectTableActor> {
+    store_with(capacity, max_objects, None)
+}
+
+/// [`store`], spilling to `spill` when given.
+fn store_with(
+    capacity: u64,
+    max_objects: u32,
+    spill: Option<&crate::spill::SpillConfig>,
+) -> ActorRef<ObjectTableActor> {
+    store_and_segment(capacity, max_objects, spill).0
+}
+
+/// [`store_with`], and its segment 0 (where its objects are).
+pub(crate) fn store_and_segment(
+    capacity: u64,
+    max_objects: u32,
+    spill: Option<&crate::spill::SpillConfig>,
+) -> (ActorRef<ObjectTableActor>, Arc<Segment>) {
     let len = reserved_bytes(capacity).unwrap();
     let segment0 = Arc::new(Segment::create(0, len, false, false).unwrap());
     let allocator = AllocatorActor::spawn(AllocatorActor::new(
@@ -27,15 +45,23 @@ fn store(capacity: u64, max_objects: u32) -> ActorRef<ObjectTableActor> {
         false,
     ));
     let gpu = GpuActor::spawn(GpuActor::new(GpuConfig::default()));
-    let table = ObjectTableActor::new(allocator, gpu, Arc::from(vec![segment0]), None).unwrap();
-    ObjectTableActor::spawn(table)
+    let table = ObjectTableActor::new(
+        allocator,
+        gpu,
+        Arc::from(vec![segment0.clone()]),
+        None,
+        spill,
+        max_objects as usize,
+    )
+    .unwrap();
+    (ObjectTableActor::spawn(table), segment0)
 }
 
-fn n(s: &str) -> ObjectName {
+pub(crate) fn n(s: &str) -> ObjectName {
     ObjectName::new(s).unwrap()
 }
 
-async fn put(
+pub(crate) async fn put(
     store: &ActorRef<ObjectTableActor>,
     name: &str,
     size: u64,
@@ -45,11 +71,7 @@ async fn put(
         name: n(name),
         data: vec![7; size as usize],
         metadata: Arc::from(&[][..]),
-        ephemeral: false,
-        replace: false,
-        keep_reference: false,
-        pipelined: false,
-        version: None,
+        options: vovp_types::PutOptions::default(),
     };
     store.ask(put).await.map_err(|e| match e {
         kameo::error::SendError::HandlerError(e) => e,
@@ -57,11 +79,11 @@ async fn put(
     })
 }
 
-async fn contains(store: &ActorRef<ObjectTableActor>, name: &str) -> bool {
+pub(crate) async fn contains(store: &ActorRef<ObjectTableActor>, name: &str) -> bool {
     store.ask(Contains { name: n(name) }).await.unwrap()
 }
 
-async fn check(store: &ActorRef<ObjectTableActor>) {
+pub(crate) async fn check(store: &ActorRef<ObjectTableActor>) {
     store.ask(CheckInvariants).await.unwrap();
 }
 
@@ -101,7 +123,7 @@ async fn held_objects_stay_and_a_hopeless_put_evicts_nothing() {
         newer_than: Vec::new(),
         wait: None,
     };
-    let held = store.ask(get).await.unwrap().await.unwrap();
+    let held = store.ask(get).await.unwrap().await.unwrap().unwrap();
     assert!(matches!(
         put(&store, "e", 60 * KIB).await,
         Err(Error::OutOfMemory { .. })

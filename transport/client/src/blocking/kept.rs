@@ -12,6 +12,33 @@
 //! retired lend): the next small lend is taken only after every owed reply was read and no
 //! failed put's view still lives (`pinned`).
 //!
+//! A kept put: under the connection lock, the checks a pipelined put makes (name, metadata, a
+//! name in the directory, this client's own unanswered put of it), a range of the small lend
+//! (a bump pointer), `puts_sent` += 1, the bytes copied in, its PUBLISH added to the flight.
+//! A flight goes out every [`FLIGHT_PUTS`] puts of a batch (the store works on one flight while
+//! the client fills the next), at a new small lend and at the end of the call. A batch of 64
+//! costs 8 frames and 8 replies instead of 64 of each (measured: the store's CPU per put
+//! 9-10 µs → 3 µs, the client's 9-10 → 7.5 µs). A flight whose write fails is reported as not
+//! sent, never as stored.
+//!
+//! * *A view dropped before its reply* marks its slot abandoned, and the reader releases the
+//!   reference the reply grants. The release thread (`release_delay`) reads such replies
+//!   itself (`try_flush_deferred`), so an idle client gives the reference back too; Python
+//!   therefore pipelines only with a release thread (`release_delay=0` puts wait).
+//! * *Writable results* (torch's) view the small lend through a private mapping
+//!   (`crate::private`): objects up to 4 KiB get private views even in the client's own arenas;
+//!   larger own objects are viewed in place.
+//! * *Order:* a waiting call reads owed replies before sending its request, so the releases
+//!   they cause reach the store ahead of it (a LIST right after a dropped put sees refcount 0).
+//!   Releases of pipelined puts' results ride with a pipelined request only once 64 are queued
+//!   (`Core::frame_pipelined`), else with the next waiting request or the release thread: a
+//!   stream of dropped small puts would otherwise cost the store two messages per put.
+//! * *Memory:* at most one small lend per connection is current (64 KiB, charged to the
+//!   budget, never taken back); a retired one goes with its last object, so a small object
+//!   that outlives its neighbours keeps at most 64 KiB.
+//! * *Errors:* as for pipelined puts (`super::puts`): a refusal is returned by `sync()` (and by
+//!   `PipelinedView::wait`, Python's `version_of` of the result); its bytes stay readable.
+//!
 //! [`Client::put_view_later`]: super::Client::put_view_later
 
 use std::os::fd::AsFd;

@@ -11,7 +11,8 @@ use vovp_proto::Request;
 use vovp_shm::held::{DirectoryPart, Holder};
 use vovp_types::put::Route;
 use vovp_types::{
-    CreateOptions, Error, Location, ObjectSink, ObjectView, PutOptions, Store, StoreStats,
+    CreateOptions, Error, Location, ObjectInfo, ObjectSink, ObjectView, PutOptions, Store,
+    StoreStats,
 };
 
 use crate::core::{requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
@@ -359,7 +360,7 @@ impl Client {
     /// 64 bytes) and metadata take more than 4 KiB but whose data is under 64 KiB, objects
     /// too big for the lend, pipelining off ([`ClientOptions::no_pipelined_puts`]) or lend
     /// puts off ([`ClientOptions::no_lend_puts`], for the bigger ones), a store that lends
-    /// nothing (under 64 MiB, `--prefault`), device objects, or a lend held by a failed put's
+    /// nothing (too small to lend, `--prefault`), device objects, or a lend held by a failed put's
     /// view that still lives (the lend can be replaced only once such views are gone).
     /// [`Client::put_with`] (kept, pipelined) falls back by itself.
     ///
@@ -432,7 +433,20 @@ impl Client {
 
     /// One STATS: the store's counters and the number of connections the daemon serves.
     pub fn stats_and_connections(&self) -> Result<(StoreStats, u64), Error> {
-        self.inner.call(&Request::Stats)?.stats()
+        ready(ops::stats_and_connections(&self.inner))
+    }
+
+    /// The daemon's metrics in the Prometheus text format (one METRICS request): what
+    /// `vovp-engine --metrics` serves at `/metrics`, with or without that endpoint.
+    pub fn metrics(&self) -> Result<String, Error> {
+        self.inner.call(&Request::Metrics)?.metrics()
+    }
+
+    /// One LIST page from cursor `start` (0 for the first): its objects and the next cursor
+    /// (`vovp_proto::LIST_END` after the last). For a caller that keeps a part of a big list
+    /// (`Store::list` reads every page into one list).
+    pub fn list_page(&self, start: u64) -> Result<(Vec<ObjectInfo>, u64), Error> {
+        self.inner.call(&requests::list(start))?.list()
     }
 
     /// Copies `name` at `version` from the engine whose transfer port is `source` (`ip:port`,

@@ -4,6 +4,60 @@
 //! waiting ([`Route::InlinePipelined`]; failures reported by `Client::sync`). The small lend's
 //! kept puts are `kept.rs`'s.
 //!
+//! # Pipelined puts: the promises
+//!
+//! A put small enough to ride in the PUT (below [`lends::MIN_OBJECT`], where lends start; up
+//! to the inline limit with lends off) that keeps no reference returns once the request is
+//! written: a put costs a write, not a round trip. Python's `put` and the CLI's `vovp put`
+//! (which then `sync`s) go this way; the Plasma drop-in does not (Plasma raises
+//! `PlasmaStoreFull` and `PlasmaObjectExists` from the put itself). Replies are read later:
+//! when they have arrived (before the next pipelined put), before any waiting call's reply, by
+//! `sync()`, and when the client is dropped; at most `MAX_UNREAD` (64) are owed.
+//! * *Visibility.* The client adds 1 to its hold table's `puts_sent` before writing the PUT
+//!   (flagged `PUT_PIPELINED`), under its connection lock, so the count and the PUT go to the
+//!   same connection, a reconnect included; a miss elsewhere waits for it
+//!   (`vovp_shm::sent`, the store's side in `vovp-actors`' `pipelined`).
+//! * *Errors.* What the store refuses whatever its state (a bad name, metadata over the
+//!   limit, a name already in the directory) is refused by the put itself, nothing sent; a put
+//!   of a name this client put a moment ago waits for that answer first. A failure in the
+//!   store (a name taken by a racing put or by an unsealed object, full memory) is logged when
+//!   its reply is read and returned by the next `sync()`, never by an unrelated later call.
+//!   Puts unanswered when a reconnect replaces the connection went with the old daemon:
+//!   `sync()` reports them as a connection error.
+//! * *Nothing lost on exit.* The daemon carries out the requests of a peer that closed its
+//!   socket (replies dropped), so puts written just before a process exits are applied. A
+//!   dropped `Client` reads its owed replies first (2 s per reply at most), but not in a forked
+//!   child: those replies are the parent's.
+//! * *Not covered:* `list` and STATS of other clients are snapshots and may not show puts on
+//!   their way; `Client::close` shuts the socket at once, so failures are no longer read
+//!   (`sync` first).
+//! * *Opt out:* `ClientOptions::no_pipelined_puts`, Python `pipelined_puts=False`, or
+//!   `put(..., wait=True)` in Python. Without a hold table (no shared reads, a forked child)
+//!   puts wait. The async client and raw puts through a lend still wait for their reply.
+//!
+//! # Kept puts through the lend
+//!
+//! A kept put of [`lends::MIN_OBJECT`] up to the lend's largest object (Python's `put_tensor`
+//! of a host tensor among them) goes through the lend as a
+//! waiting put does (a range reserved and announced in `lend_writers`, the bytes copied outside
+//! the connection lock), then, under the lock, the pipelined put's checks, `puts_sent` += 1 and
+//! its PUBLISH (`KEEP_REFERENCE | PIPELINED`) written without waiting; the [`PipelinedView`]
+//! over the range comes back at once. The lend handshake (`vovp_shm::lend`) lets a writer
+//! withdraw only after PUBLISH's *reply*, so the reservation rides in the owed reply
+//! (`OwedObject::writing`) and is dropped when the reply is read. Until then the store cannot
+//! take the lend back and the client asks for no new one: a put that finds the lend full while
+//! only its own owed puts count as writers reads their replies and tries once more. A failed
+//! PUBLISH keeps its reservation with its view (`crate::pending`); a PUBLISH answered
+//! NOT_FOUND (the store no longer has the lend) makes the client forget the lend. After a
+//! reconnect the old connection's lend is forgotten once nothing writes into it any more (a
+//! failed view of it keeps lend puts off until it is dropped: a waiting put's PUBLISH into the
+//! old lend could otherwise meet a new lend of the same id). Why: after a pause the PUBLISH
+//! round trip cost 231-296 µs of a 1 MiB put's 490 (the store's thread idle, its caches cold);
+//! without it the put is the copy, the write and the client's own work (benches/FINDINGS.md,
+//! finding 19).
+//!
+//! [`lends::MIN_OBJECT`]: vovp_types::lends::MIN_OBJECT
+//! [`PipelinedView`]: crate::PipelinedView
 //! [`Route::LendPipelined`]: vovp_types::put::Route::LendPipelined
 //! [`Route::InlinePipelined`]: vovp_types::put::Route::InlinePipelined
 

@@ -132,7 +132,7 @@ fn run(args: Args) -> Result<(), Error> {
         rows,
     } = args.command
     {
-        // A connection of its own that maps nothing (top.rs).
+        // A connection of its own that holds nothing (top.rs).
         let options = top::TopOptions {
             frames: if once { Some(1) } else { iterations },
             interval,
@@ -249,10 +249,11 @@ fn tensor_of(i: &ObjectInfo) -> Option<TensorMeta> {
 }
 
 fn state_of(i: &ObjectInfo) -> &'static str {
-    match (i.sealed, i.ephemeral) {
-        (false, _) => "unsealed",
-        (true, false) => "sealed",
-        (true, true) => "sealed, ephemeral",
+    match (i.sealed, i.ephemeral, i.spilled) {
+        (false, _, _) => "unsealed",
+        (true, _, true) => "spilled",
+        (true, false, false) => "sealed",
+        (true, true, false) => "sealed, ephemeral",
     }
 }
 
@@ -316,6 +317,7 @@ fn list_json(objects: &[ObjectInfo]) -> String {
                 "device": device_name(i.device),
                 "sealed": i.sealed,
                 "ephemeral": i.ephemeral,
+                "spilled": i.spilled,
                 "refcount": i.refcount,
                 "version": i.version,
                 "last_access_ms": vovp_client::unix_millis(i.last_access),
@@ -355,6 +357,18 @@ fn stats_text(s: &StoreStats, connections: u64) -> String {
             s.evicted_objects,
             human_bytes(s.evicted_bytes)
         ),
+        format!(
+            "spilled      {} objects, {} on disk now; {} spills ({}), {} restores ({}); \
+             {} spill failures, {} restore failures",
+            s.spilled_objects,
+            human_bytes(s.spilled_bytes),
+            s.spills,
+            human_bytes(s.spill_bytes),
+            s.restores,
+            human_bytes(s.restore_bytes),
+            s.spill_failures,
+            s.restore_failures
+        ),
     ]
     .join("\n")
 }
@@ -376,6 +390,14 @@ fn stats_json(s: &StoreStats, connections: u64) -> String {
         "creates": s.creates,
         "evicted_objects": s.evicted_objects,
         "evicted_bytes": s.evicted_bytes,
+        "spilled_objects": s.spilled_objects,
+        "spilled_bytes": s.spilled_bytes,
+        "spills": s.spills,
+        "spill_bytes": s.spill_bytes,
+        "restores": s.restores,
+        "restore_bytes": s.restore_bytes,
+        "spill_failures": s.spill_failures,
+        "restore_failures": s.restore_failures,
         "connections": connections,
     })
     .to_string()

@@ -4,8 +4,8 @@
 //!
 //! Where the numbers come from: STATS (memory, objects, references, connections), LIST (the
 //! largest objects) and METRICS (request counts and latency histograms, errors, bytes, and the
-//! clients holding the most when the daemon reports them), over one connection of its own
-//! that maps nothing ([`Inspector`]). Rates and percentiles are over the last interval (the
+//! clients holding the most), over a client connection of its own that holds nothing
+//! ([`Inspector`]). Rates and percentiles are over the last interval (the
 //! difference of two METRICS replies); the first frame's are since the daemon started.
 //!
 //! On a terminal each frame replaces the last; otherwise (a pipe, a file, a test) frames are
@@ -14,13 +14,12 @@
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use vovp_client::{Error, ObjectInfo, StoreStats};
-use vovp_proto::{Header, Reply, Request, HEADER_LEN, LIST_END};
+use vovp_client::{Client, ClientOptions, Error, ObjectInfo, StoreStats};
+use vovp_proto::{Status, LIST_END};
 use vovp_transport::metrics::read::{Exposition, Histogram};
 
 use super::{human_bytes, state_of};
@@ -107,40 +106,26 @@ pub struct Frame {
     pub metrics: Option<Exposition>,
 }
 
-/// A connection of `top`'s own: HELLO (whose segment fd it closes at once: it maps nothing),
-/// then STATS, LIST and METRICS in turn, each waited for.
+/// `top`'s own connection: a client that maps neither the shared directory nor a lend, so it
+/// holds nothing and counts as no holder; it asks STATS, LIST and METRICS in turn.
 pub struct Inspector {
-    stream: UnixStream,
-    path: PathBuf,
-    buf: Vec<u8>,
-    next_id: u64,
+    client: Client,
 }
 
 impl Inspector {
     pub fn connect(path: &Path) -> Result<Self, Error> {
-        let stream = UnixStream::connect(path).map_err(|e| Error::Connection(e.to_string()))?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .map_err(|e| Error::Connection(e.to_string()))?;
-        let mut inspector = Inspector {
-            stream,
-            path: path.to_owned(),
-            buf: Vec::new(),
-            next_id: 1,
+        let options = ClientOptions {
+            no_shared_reads: true,
+            no_lend_puts: true,
+            ..Default::default()
         };
-        match inspector.ask(&Request::Hello {
-            pid: std::process::id(),
-        })? {
-            Reply::Hello { .. } => Ok(inspector),
-            other => Err(unexpected("HELLO", &other)),
-        }
+        Ok(Inspector {
+            client: Client::connect_with(path, options)?,
+        })
     }
 
     pub fn stats(&mut self) -> Result<(StoreStats, u64), Error> {
-        match self.ask(&Request::Stats)? {
-            Reply::Stats { stats, connections } => Ok((stats, connections)),
-            other => Err(unexpected("STATS", &other)),
-        }
+        self.client.stats_and_connections()
     }
 
     /// The `n` largest objects, largest first (every LIST page read, `n` kept).
@@ -148,10 +133,7 @@ impl Inspector {
         let mut kept: Vec<ObjectInfo> = Vec::new();
         let mut start = 0;
         loop {
-            let (entries, next) = match self.ask(&Request::List { start, limit: 0 })? {
-                Reply::List { entries, next } => (entries, next),
-                other => return Err(unexpected("LIST", &other)),
-            };
+            let (entries, next) = self.client.list_page(start)?;
             kept.extend(entries);
             kept.sort_by(|a, b| b.size.cmp(&a.size).then(a.name.cmp(&b.name)));
             kept.truncate(n);
@@ -164,61 +146,13 @@ impl Inspector {
 
     /// The daemon's exposition; `None` when it has no METRICS (an older daemon).
     pub fn metrics(&mut self) -> Result<Option<Exposition>, Error> {
-        match self.ask(&Request::Metrics)? {
-            Reply::Metrics(text) => Ok(Some(Exposition::parse(&text))),
-            Reply::Failure(f) if f.status == vovp_proto::Status::UnknownOpcode => Ok(None),
-            other => Err(unexpected("METRICS", &other)),
+        match self.client.metrics() {
+            Ok(text) => Ok(Some(Exposition::parse(&text))),
+            // The daemon's UNKNOWN_OPCODE reply, as the client hands it on.
+            Err(Error::Protocol(m)) if m.starts_with(Status::UnknownOpcode.name()) => Ok(None),
+            Err(e) => Err(e),
         }
     }
-
-    fn ask(&mut self, request: &Request<'_>) -> Result<Reply, Error> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut frame = Vec::new();
-        request.encode(0, id, &mut frame);
-        self.stream
-            .write_all(&frame)
-            .map_err(|e| Error::Connection(format!("{}: {e}", self.path.display())))?;
-        let (header, payload) = self.read_frame()?;
-        if header.request_id != id {
-            return Err(Error::Protocol(format!(
-                "reply to request {} where {id} was asked",
-                header.request_id
-            )));
-        }
-        let reply = Reply::decode::<&str>(request.opcode().code(), &payload, &[])?;
-        match reply {
-            Reply::Failure(f) if f.status != vovp_proto::Status::UnknownOpcode => Err(f.into()),
-            r => Ok(r),
-        }
-    }
-
-    /// One whole frame. fds riding on a reply (HELLO's segment) are received and closed.
-    fn read_frame(&mut self) -> Result<(Header, Vec<u8>), Error> {
-        let closed = || Error::Connection("the daemon closed the connection".into());
-        loop {
-            if let Some(h) = Header::parse(&self.buf)? {
-                if self.buf.len() >= h.frame_len() {
-                    let payload = self.buf[HEADER_LEN..h.frame_len()].to_vec();
-                    self.buf.drain(..h.frame_len());
-                    return Ok((h, payload));
-                }
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let mut fds = Vec::new();
-            let n = vovp_shm::fdpass::recv_with_fds(&self.stream, &mut chunk, &mut fds)
-                .map_err(|e| Error::Connection(e.to_string()))?;
-            drop(fds);
-            if n == 0 {
-                return Err(closed());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-}
-
-fn unexpected(what: &str, reply: &Reply) -> Error {
-    Error::Protocol(format!("unexpected reply to {what}: {reply:?}"))
 }
 
 const DURATION: &str = "vovp_request_duration_seconds";
@@ -346,17 +280,43 @@ fn traffic(t: &mut String, m: &Exposition, before: Option<&Exposition>, secs: Op
         );
     }
     let _ = writeln!(t, "{line}");
+    // Gets by path: over the socket (hits and misses) and through the shared directory.
+    let count = |e: &Exposition, name: &str, labels: &[(&str, &str)]| e.value(name, labels);
+    let mut gets = String::from("gets    ");
+    for (label, name, labels) in [
+        (
+            "socket hits",
+            "vovp_socket_gets_total",
+            &[("result", "hit")][..],
+        ),
+        (
+            "misses",
+            "vovp_socket_gets_total",
+            &[("result", "miss")][..],
+        ),
+        ("shared", "vovp_shared_gets_total", &[][..]),
+    ] {
+        let now = count(m, name, labels).unwrap_or(0.0);
+        let then = before.and_then(|b| count(b, name, labels));
+        let recent = match then {
+            Some(then) => rate_of(now, then, secs),
+            None => "-".into(),
+        };
+        let _ = write!(gets, " {label} {now} ({recent})");
+    }
+    let _ = writeln!(t, "{gets}");
+    const ERRORS: &str = "vovp_request_errors_total";
     let errors: Vec<String> = m
-        .all("vovp_request_errors_total")
-        .filter(|s| s.value > 0.0)
-        .filter_map(|s| {
-            let status = s.label("status")?;
-            let then = before.and_then(|b| b.value(&s.name, &[("status", status)]));
+        .all(ERRORS)
+        .filter(|(_, n)| *n > 0.0)
+        .filter_map(|(labels, n)| {
+            let status = labels.get("status")?;
+            let then = before.and_then(|b| b.value(ERRORS, &[("status", status)]));
             let recent = match (secs, then) {
-                (Some(_), Some(then)) => format!(", {}", rate_of(s.value, then, secs)),
+                (Some(_), Some(then)) => format!(", {}", rate_of(n, then, secs)),
                 _ => String::new(),
             };
-            Some(format!("{status} {}{recent}", s.value))
+            Some(format!("{status} {n}{recent}"))
         })
         .collect();
     let _ = writeln!(
@@ -394,15 +354,15 @@ fn requests(
     }
     let mut table: Vec<Row> = m
         .all(&count)
-        .filter(|s| s.value > 0.0)
-        .filter_map(|s| {
-            let op = s.label("op")?.to_owned();
+        .filter(|(_, n)| *n > 0.0)
+        .filter_map(|(labels, total)| {
+            let op = labels.get("op")?.to_owned();
             let labels = [("op", op.as_str())];
             let now = m.histogram(DURATION, &labels)?;
             let then = before.and_then(|b| b.histogram(DURATION, &labels));
             let recent = then.as_ref().map_or(now.clone(), |then| now.since(then));
             Some(Row {
-                total: s.value,
+                total,
                 recent: recent.count(),
                 latencies: Some(recent),
                 op,
@@ -458,7 +418,7 @@ fn holders(t: &mut String, m: &Exposition, rows: usize) {
     let top = |name: &str| {
         let mut v: Vec<(String, f64)> = m
             .all(name)
-            .filter_map(|s| Some((s.label("pid")?.to_owned(), s.value)))
+            .filter_map(|(labels, n)| Some((labels.get("pid")?.to_owned(), n)))
             .collect();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v.truncate(rows);
@@ -503,11 +463,13 @@ mod tests {
 
     fn frame(at: Instant, gets: u64, sum: f64, used: u64) -> Frame {
         let text = format!(
-            "vovp_request_duration_seconds_bucket{{op=\"GET\",le=\"1e-05\"}} {gets}\n\
+            "# TYPE vovp_request_duration_seconds histogram\n\
+             vovp_request_duration_seconds_bucket{{op=\"GET\",le=\"1e-05\"}} {gets}\n\
              vovp_request_duration_seconds_bucket{{op=\"GET\",le=\"+Inf\"}} {gets}\n\
              vovp_request_duration_seconds_sum{{op=\"GET\"}} {sum}\n\
              vovp_request_duration_seconds_count{{op=\"GET\"}} {gets}\n\
              vovp_request_errors_total{{status=\"NOT_FOUND\"}} 2\n\
+             vovp_shared_gets_total {gets}\n\
              vovp_client_held_bytes{{pid=\"42\"}} 2048\n\
              vovp_client_references{{pid=\"42\"}} 3\n"
         );
@@ -545,6 +507,7 @@ mod tests {
         // 200 GETs in 2 s, all under 10 µs: p50 interpolated to 5 µs.
         assert!(get.contains("100.0/s") && get.contains("5.0 µs"), "{get}");
         assert!(text.contains("NOT_FOUND 2"), "{text}");
+        assert!(text.contains("shared 300 (100.0/s)"), "{text}");
         assert!(
             text.contains("pid 42") && text.contains("2.0 KiB"),
             "{text}"

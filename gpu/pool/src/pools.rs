@@ -12,8 +12,10 @@ use std::collections::HashMap;
 use cudarc::driver::sys;
 use offset_allocator::{Allocation, Allocator};
 
-use crate::driver::{self, cu, PrimaryCtx};
-use crate::{DeviceBlock, GpuConfig, GpuError};
+use vovp_gpu::primary::{self as driver, cu, PrimaryCtx};
+use vovp_types::DeviceBlock;
+
+use crate::{GpuConfig, GpuError};
 
 /// Sub-allocation granularity. 256 bytes is the alignment `cuMemAlloc` guarantees and what CUDA
 /// kernels and cuBLAS expect for any tensor, so every block starts suitably aligned.
@@ -117,7 +119,7 @@ impl Pool {
             GpuError::Driver(format!(
                 "cannot reserve the store's {bytes}-byte pool on cuda:{}: {e}; \
                      give a smaller size with --gpu-memory",
-                ctx.ordinal
+                ctx.ordinal()
             ))
         })?;
         // From here on Drop frees `base`, whatever fails next.
@@ -146,7 +148,7 @@ impl Drop for Pool {
             cu("cuMemFree", || unsafe { sys::cuMemFree_v2(self.base) })
         });
         if let Err(e) = freed {
-            tracing::warn!("freeing the GPU pool of cuda:{}: {e}", self.ctx.ordinal);
+            tracing::warn!("freeing the GPU pool of cuda:{}: {e}", self.ctx.ordinal());
         }
     }
 }
