@@ -27,6 +27,7 @@ pub mod report;
 pub mod rust_level;
 pub mod soak;
 pub mod spill;
+pub mod transfer;
 
 /// Binary size units.
 pub const KIB: u64 = 1 << 10;

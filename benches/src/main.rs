@@ -23,6 +23,7 @@ const USAGE: &str =
                   [--peers LIST] [--soak-only|--skip-soak]
        vovp-bench --cluster
        vovp-bench --weights [--quick]
+       vovp-bench --transfer [--quick|--full]
        vovp-bench --metrics-cost [--quick|--full] [--baseline-engine PATH]
        vovp-bench --spill [--quick|--full]
 
@@ -50,6 +51,11 @@ const USAGE: &str =
                  replace against delete + put and against Ray (the test venv's python, as for
                  --cluster); writes target/bench/weights.json. --full runs it too (with Ray
                  when the test venv exists), --quick runs its vovp variants at the quick sizes
+  --transfer     only the engine-to-engine section: FETCH of 1 / 64 / 256 MiB between two
+                 daemons on loopback against the loopback TCP limit measured beside it (one
+                 stream and 4), and the receiving daemon's small-get p99 during a 256 MiB
+                 (quick) or 1 GiB (full) fetch; --quick and --full run it too. Writes
+                 target/bench/transfer.json
   --metrics-cost only what the metrics cost: the Rust client's 64 B put/contains/get/delete
                  against daemons without and with --metrics (scraped every second), in one
                  run, interleaved; with --baseline-engine PATH also against that build (e.g.
@@ -116,6 +122,8 @@ struct Args {
     weights: bool,
     /// --metrics-cost: only the metrics' cost.
     metrics_cost: bool,
+    /// --transfer: only the engine-to-engine section.
+    transfer: bool,
     /// --baseline-engine: the build `--metrics-cost` also compares with.
     baseline_engine: Option<PathBuf>,
     /// --spill: only the spilling measurements.
@@ -132,6 +140,7 @@ fn parse_args() -> Result<Args, String> {
     let mut cluster = false;
     let mut weights = false;
     let mut metrics_cost = false;
+    let mut transfer = false;
     let mut baseline_engine = None;
     let mut spill = false;
     let mut it = std::env::args().skip(1);
@@ -169,6 +178,7 @@ fn parse_args() -> Result<Args, String> {
             "--cluster" => cluster = true,
             "--weights" => weights = true,
             "--metrics-cost" => metrics_cost = true,
+            "--transfer" => transfer = true,
             "--spill" => spill = true,
             "--baseline-engine" => {
                 baseline_engine = Some(PathBuf::from(
@@ -185,6 +195,7 @@ fn parse_args() -> Result<Args, String> {
         .or(cluster.then_some(Mode::Quick))
         .or(weights.then_some(Mode::Full))
         .or(metrics_cost.then_some(Mode::Quick))
+        .or(transfer.then_some(Mode::Quick))
         .or(spill.then_some(Mode::Quick))
         .ok_or("say --quick or --full")?;
     Ok(Args {
@@ -199,6 +210,7 @@ fn parse_args() -> Result<Args, String> {
         cluster,
         weights,
         metrics_cost,
+        transfer,
         baseline_engine,
         spill,
     })
@@ -352,6 +364,44 @@ fn run_metrics_cost(paths: &Paths, engine_bin: &Path, args: &Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn transfer_config(mode: Mode) -> vovp_bench::transfer::TransferConfig {
+    match mode {
+        Mode::Quick => vovp_bench::transfer::TransferConfig::quick(),
+        Mode::Full => vovp_bench::transfer::TransferConfig::full(),
+    }
+}
+
+/// `--transfer`: the engine-to-engine section alone, its limits, rows and targets printed.
+fn run_transfer_alone(paths: &Paths, engine_bin: &Path, mode: Mode) -> ExitCode {
+    let run_dir = std::env::temp_dir().join(format!("vovp-bench-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&paths.out).and(std::fs::create_dir_all(&run_dir)) {
+        eprintln!("vovp-bench: {e}");
+        return ExitCode::from(2);
+    }
+    let mut report = Report::default();
+    let cfg = transfer_config(mode);
+    if let Err(e) = vovp_bench::transfer::run(&cfg, engine_bin, &run_dir, &paths.out, &mut report) {
+        report.errors.push(format!("engine to engine: {e}"));
+    }
+    let _ = std::fs::remove_dir_all(&run_dir);
+    report.evaluate_targets();
+    // The other sections' targets are not measured here.
+    report.targets.retain(|t| t.pass.is_some());
+    println!("{}", report.markdown());
+    let path = paths.out.join("transfer.json");
+    let text = serde_json::to_string_pretty(&report.to_json(json!({ "mode": mode.name() })));
+    if let Err(e) = std::fs::write(&path, text.unwrap_or_default()) {
+        eprintln!("vovp-bench: {}: {e}", path.display());
+    }
+    if report.failed() {
+        for e in &report.errors {
+            eprintln!("vovp-bench: {e}");
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 /// `--spill`: the targets on stdout (PASS/FAIL), the numbers in target/bench/spill.json; the
@@ -541,6 +591,9 @@ fn main() -> ExitCode {
     if args.metrics_cost {
         return run_metrics_cost(&paths, &engine_bin, &args);
     }
+    if args.transfer {
+        return run_transfer_alone(&paths, &engine_bin, args.mode);
+    }
     if args.spill {
         return run_spill(&paths, &engine_bin, args.mode);
     }
@@ -620,6 +673,17 @@ fn main() -> ExitCode {
         }
         eprintln!(
             "vovp-bench: Rust-level workloads took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+        let t = Instant::now();
+        let cfg = transfer_config(args.mode);
+        if let Err(e) =
+            vovp_bench::transfer::run(&cfg, &engine_bin, &run_dir, &paths.out, &mut report)
+        {
+            report.errors.push(format!("engine to engine: {e}"));
+        }
+        eprintln!(
+            "vovp-bench: engine-to-engine section took {:.0} s",
             t.elapsed().as_secs_f64()
         );
     }

@@ -501,7 +501,37 @@ impl Report {
         }
         self.shared_read_targets(&mut t);
         self.typed_and_peer_targets(&mut t);
+        self.transfer_targets(&mut t);
         self.targets = t;
+    }
+
+    /// Issue 44's engine-to-engine targets (benches/src/transfer.rs): a 256 MiB fetch at 70 %
+    /// of the loopback TCP limit measured beside it, and the receiving daemon answering its
+    /// socket clients during a big fetch.
+    fn transfer_targets(&self, t: &mut Vec<Target>) {
+        t.push(ratio_target(
+            self.row(&format!("rust.fetch.{}", 256 * MIB)),
+            "engine-to-engine fetch 256 MiB: ≥ 70% of the loopback TCP limit",
+            |r| r >= 0.7,
+        ));
+        let busy = self
+            .rows
+            .iter()
+            .find(|r| r.key.starts_with("rust.fetch_busy_get."));
+        let name =
+            "the receiving daemon's small-get p99 during a big fetch: under 10 ms".to_string();
+        t.push(match busy.and_then(|r| Some((r, r.vovp_median()?))) {
+            Some((r, p99)) => Target {
+                name,
+                pass: Some(p99 < 10_000.0),
+                detail: format!(
+                    "{} µs during the fetch, {} µs idle",
+                    fmt_value(p99),
+                    fmt_value(r.base_median().unwrap_or(f64::NAN))
+                ),
+            },
+            None => not_measured(name),
+        });
     }
 
     /// Issue 27's items 1 and 2, on the peers pass: the typed calls at the raw calls' speed,

@@ -474,6 +474,105 @@ impl Client {
         })
     }
 
+    /// FETCH: copies `name` at `version` from the engine whose transfer port is `source`
+    /// (`"ip:port"`) into this client's store, sealed there as exactly that version, and
+    /// returns it as `get1` would (an `Object` holding one reference). A version this store
+    /// has already (or a newer one) is returned without a transfer; concurrent fetches of
+    /// one name and version on one engine share one transfer. `streams`: parallel TCP streams
+    /// at most (0: the engine's choice by size); `timeout`: seconds for the whole transfer
+    /// (None: the engine's 60 s); `base_version` + `base_ranges` (a list of `(offset, len)`):
+    /// ranges copied from this store's `base_version` of the name instead of fetched.
+    /// Raises `TransferFailed`, `StaleVersion`, `ObjectNotFound` (no such base here),
+    /// `OutOfMemory`; a `VovpError` when this engine has no transfer key.
+    #[pyo3(signature = (source, name, version, streams = 0, timeout = None, base_version = None, base_ranges = None, writable = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn fetch_from(
+        &self,
+        py: Python<'_>,
+        source: &str,
+        name: &str,
+        version: u64,
+        streams: u16,
+        timeout: Option<f64>,
+        base_version: Option<u64>,
+        base_ranges: Option<Vec<(u64, u64)>>,
+        writable: bool,
+    ) -> PyResult<Object> {
+        let inner = self.usable()?;
+        let base = match (base_version, base_ranges) {
+            (Some(version), ranges) => Some(vovp_client::FetchBase {
+                version,
+                ranges: ranges.unwrap_or_default(),
+            }),
+            (None, Some(_)) => {
+                return Err(PyValueError::new_err("base_ranges need a base_version"));
+            }
+            (None, None) => None,
+        };
+        let options = vovp_client::FetchOptions {
+            streams,
+            timeout: timeout_of(timeout)?,
+            base,
+        };
+        py.allow_threads(|| {
+            let v = inner.fetch_from(source, name, version, &options)?;
+            match writable {
+                true => Object::writable(inner, v),
+                false => Ok(Object::new(v)),
+            }
+        })
+        .map_err(to_py)
+    }
+
+    /// GATHER: rows `ids` (a sequence of ints, or a C-contiguous uint64/int64 array) of
+    /// `name` at `version`, held by the engine at `source`: row `i` is bytes `i * row_bytes
+    /// ..` of it. Returns a new ephemeral object named `into` of `len(ids) * row_bytes` bytes,
+    /// the rows in the order of `ids` (repeats allowed), gone with its last reference. Errors
+    /// as `fetch_from`'s (a row past the end is `TransferFailed`).
+    #[pyo3(signature = (source, name, version, row_bytes, ids, into, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn gather_from(
+        &self,
+        py: Python<'_>,
+        source: &str,
+        name: &str,
+        version: u64,
+        row_bytes: u64,
+        ids: &Bound<'_, PyAny>,
+        into: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<Object> {
+        let inner = self.usable()?;
+        let ids = row_ids(ids)?;
+        let timeout = timeout_of(timeout)?;
+        py.allow_threads(|| {
+            inner.gather_from(source, name, version, row_bytes, &ids, into, timeout)
+        })
+        .map(Object::new)
+        .map_err(to_py)
+    }
+
+    /// The engine's transfer port (`"ip:port"`), or None when it serves none.
+    fn transfer_address(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let inner = self.usable()?;
+        py.allow_threads(|| inner.transfer_address()).map_err(to_py)
+    }
+
+    /// TRANSFER_INFO: `(address or None, {counter: value})` (streams served, refusals by
+    /// reason, fetches, bytes).
+    fn transfer_info<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Option<String>, Bound<'py, PyDict>)> {
+        let inner = self.usable()?;
+        let info = py.allow_threads(|| inner.transfer_info()).map_err(to_py)?;
+        let counters = PyDict::new(py);
+        for (name, value) in info.counters {
+            counters.set_item(name, value)?;
+        }
+        Ok((info.address, counters))
+    }
+
     /// The daemon's metrics in the Prometheus text format (METRICS).
     fn metrics(&self, py: Python<'_>) -> PyResult<String> {
         let inner = self.usable()?;
@@ -493,4 +592,19 @@ impl Client {
         }
         Ok(d)
     }
+}
+
+/// Row ids as GATHER sends them: a C-contiguous array of 64-bit integers read in place, or
+/// any sequence of ints.
+fn row_ids(ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    if let Some(src) = crate::array::tensor_source(ids)? {
+        if matches!(src.dtype, vovp_types::DType::U64 | vovp_types::DType::I64) {
+            return Ok(src
+                .data
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                .collect());
+        }
+    }
+    ids.extract::<Vec<u64>>()
 }

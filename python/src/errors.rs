@@ -27,6 +27,7 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 | Error::Gpu(m)
                 | Error::Protocol(m)
                 | Error::TooLarge(m)
+                | Error::Transfer(m)
                 | Error::SpillDamaged(m)
                 | Error::Internal(m) => m.clone(),
                 other => other.to_string(),
@@ -44,6 +45,14 @@ pub(crate) fn to_py(e: Error) -> PyErr {
                 } => errors
                     .getattr("error_from_status")?
                     .call1((3u8, message, *requested, *available))?,
+                Error::StaleVersion {
+                    current, requested, ..
+                } => errors.getattr("error_from_status")?.call1((
+                    status_of(&e),
+                    message,
+                    *current,
+                    *requested,
+                ))?,
                 other => errors
                     .getattr("error_from_status")?
                     .call1((status_of(other), message))?,

@@ -29,8 +29,9 @@ pub(crate) struct PyPutOptions {
 impl PyPutOptions {
     /// `device`: a CUDA device's ordinal, which a put refuses (it copies host bytes: a
     /// device object is created, then written); kept so that the refusal is the Rust route's.
+    /// `version`: seal as exactly this version of the name (see [`Self::version`]).
     #[new]
-    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false, device = None))]
+    #[pyo3(signature = (*, ephemeral = false, replace = false, keep_reference = false, pipelined = false, writable = false, device = None, version = None))]
     fn new(
         ephemeral: bool,
         replace: bool,
@@ -38,6 +39,7 @@ impl PyPutOptions {
         pipelined: bool,
         writable: bool,
         device: Option<u32>,
+        version: Option<u64>,
     ) -> Self {
         PyPutOptions {
             options: vovp_types::PutOptions {
@@ -46,9 +48,17 @@ impl PyPutOptions {
                 replace,
                 keep_reference,
                 pipelined,
+                version,
             },
             writable,
         }
+    }
+
+    /// Seal as exactly this version of the name (above its present one, else
+    /// `StaleVersion`); None: the next version.
+    #[getter]
+    fn version(&self) -> Option<u64> {
+        self.options.version
     }
 
     /// Deleted at its last release.
@@ -97,14 +107,18 @@ impl PyPutOptions {
             Some(d) => format!(", device={d}"),
             None => String::new(),
         };
+        let version = o
+            .version
+            .map(|v| format!(", version={v}"))
+            .unwrap_or_default();
         format!(
             "PutOptions(ephemeral={}, replace={}, keep_reference={}, pipelined={}, \
-             writable={}{device})",
+             writable={}{device}{version})",
             py_bool(o.ephemeral),
             py_bool(o.replace),
             py_bool(o.keep_reference),
             py_bool(o.pipelined),
-            py_bool(self.writable)
+            py_bool(self.writable),
         )
     }
 }

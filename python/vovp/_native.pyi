@@ -203,9 +203,15 @@ class PutOptions:
         pipelined: bool = False,
         writable: bool = False,
         device: Optional[int] = None,
+        version: Optional[int] = None,
     ) -> None:
         """``device``: a CUDA device, which a put refuses (GpuError: it copies host bytes;
-        create the object on the device and write it there)."""
+        create the object on the device and write it there). ``version``: seal as exactly
+        this version of the name (above its present one, else StaleVersion)."""
+    @property
+    def version(self) -> Optional[int]:
+        """Seal as exactly this version of the name (above its present one, else
+        ``StaleVersion``); None: the next version."""
     @property
     def ephemeral(self) -> bool:
         """Deleted at its last release."""
@@ -314,4 +320,38 @@ class Client:
     def make_writable(self, obj: Object) -> None: ...
     def subscribe(self) -> Subscription: ...
     def stats(self) -> dict[str, int]: ...
+    def fetch_from(
+        self,
+        source: str,
+        name: str,
+        version: int,
+        streams: int = 0,
+        timeout: Optional[float] = None,
+        base_version: Optional[int] = None,
+        base_ranges: Optional[Sequence[Tuple[int, int]]] = None,
+        writable: bool = False,
+    ) -> Object:
+        """FETCH: ``name`` at ``version`` copied engine to engine from ``source``
+        (``"ip:port"``, the holder's ``transfer_address()``) into this store, sealed as that
+        version; the object (one reference). A version this store has (or a newer one) comes
+        without a transfer. ``base_version``/``base_ranges``: ``(offset, len)`` ranges copied
+        from this store's older version instead. Raises ``TransferFailed``, ``StaleVersion``,
+        ``ObjectNotFound`` (no such base), ``OutOfMemory``; ``VovpError`` without a key."""
+    def gather_from(
+        self,
+        source: str,
+        name: str,
+        version: int,
+        row_bytes: int,
+        ids: Any,
+        into: str,
+        timeout: Optional[float] = None,
+    ) -> Object:
+        """GATHER: rows ``ids`` (ints, or a uint64/int64 array) of ``name`` at ``version`` on
+        ``source`` as a new ephemeral object ``into`` (``len(ids) * row_bytes`` bytes, in the
+        ids' order)."""
+    def transfer_address(self) -> Optional[str]:
+        """The engine's transfer port (``"ip:port"``), None without ``--transfer``."""
+    def transfer_info(self) -> Tuple[Optional[str], dict[str, int]]:
+        """The transfer port and the engine's transfer counters."""
     def metrics(self) -> str: ...

@@ -44,6 +44,7 @@ from typing import (
     Literal,
     Mapping,
     Optional,
+    Sequence,
     Tuple,
     Union,
     overload,
@@ -654,6 +655,63 @@ class Client:
         """
         return self._cuda.to_device(name, new_name, device, ephemeral, framework, writable,
                                     timeout)
+
+    # -- transfers between engines (vovp.cluster's data path) -------------------------------
+
+    def fetch_from(self, address: str, name: Name, version: int, *, streams: int = 0,
+                   timeout: Optional[float] = None, base_version: Optional[int] = None,
+                   base_ranges: Optional[Sequence[Tuple[int, int]]] = None,
+                   framework: Optional[str] = None, writable: bool = False) -> Any:
+        """``name`` at ``version``, copied by this client's engine from the engine whose
+        transfer port is ``address`` (``"ip:port"``: that engine's ``transfer_address()``)
+        into this store, sealed here as exactly that version; returned as ``get_tensor``
+        returns it (``vovp.version_of`` gives the version; every process here then gets it by
+        name). The bytes go engine to engine (several TCP streams, no Python); a version this
+        store has already (or a newer one) is returned without a transfer, and concurrent
+        fetches of one name and version share one transfer.
+
+        ``base_version`` with ``base_ranges`` (``(offset, len)`` byte ranges, the same in both
+        versions): those ranges are copied from this store's ``base_version`` of the name
+        instead of fetched (tensors that did not change). ``streams``: TCP streams at most
+        (0: by size); ``timeout``: seconds for the whole transfer (None: 60).
+
+        Raises TransferFailed (the holder refused, died or stalled; nothing is visible),
+        StaleVersion (a newer version was made here meanwhile), ObjectNotFound (no such base
+        here), OutOfMemory; VovpError when this engine has no transfer key.
+        """
+        if framework is not None:
+            check_framework(framework)
+        ranges = None if base_ranges is None else [(int(o), int(n)) for o, n in base_ranges]
+        obj = self.core.native.fetch_from(address, object_name(name), version, streams,
+                                          timeout, base_version, ranges)
+        return self._tensor_from_obj(obj, name, framework, writable)
+
+    def gather_from(self, address: str, name: Name, version: int, row_bytes: int, ids: Any,
+                    into: Name, timeout: Optional[float] = None) -> Any:
+        """Rows ``ids`` (a sequence of ints or a uint64/int64 array; repeats allowed) of
+        ``name`` at ``version``, held by the engine at ``address``: row ``i`` is bytes
+        ``i * row_bytes ..`` of it. Returns a read-only uint8 array of
+        ``len(ids) * row_bytes`` bytes (``.view(dtype).reshape(...)`` it), the rows in the
+        order of ``ids``, viewing a new ephemeral object ``into`` of this store (gone once no
+        array views it). Errors as ``fetch_from``'s; a row past the end is TransferFailed.
+        """
+        obj = self.core.native.gather_from(address, object_name(name), version, row_bytes,
+                                           ids, object_name(into), timeout)
+        return self.core.owner(obj)
+
+    def transfer_address(self) -> Optional[str]:
+        """The ``"ip:port"`` this client's engine serves transfers at (``start_store(...,
+        transfer=...)``, ``vovp-engine --transfer``), None when it serves none."""
+        address: Optional[str] = self.core.native.transfer_address()
+        return address
+
+    def transfer_info(self) -> Tuple[Optional[str], dict[str, int]]:
+        """The transfer port (as ``transfer_address``) and the engine's transfer counters:
+        streams served, refusals by reason (``refused_bad_mac``, ``refused_expired``,
+        ``refused_replayed``, ``refused_not_held``, ``refused_malformed``), fetches (one per
+        transfer; ``fetches_shared`` joined one), bytes received and copied from a base."""
+        info: Tuple[Optional[str], dict[str, int]] = self.core.native.transfer_info()
+        return info
 
     def subscribe(self) -> Subscription:
         """A new connection that yields notifications: (kind, name, size, metadata) tuples,

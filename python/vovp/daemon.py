@@ -26,7 +26,7 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 from .errors import ConnectionError as VovpConnectionError
 from .errors import InvalidArgument
@@ -165,6 +165,8 @@ def _die_with(parent: int) -> Callable[[], None]:
 def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: bool = False,
                 timeout: float = 30.0, spill_dir: Optional[str] = None,
                 spill_max: Any = None, metrics: Optional[str] = None,
+                transfer: Optional[str] = None,
+                transfer_key: Union[bytes, str, None] = None,
                 **options: Any) -> StoreProcess:
     """Starts a ``vovp-engine`` and returns once it serves.
 
@@ -181,19 +183,43 @@ def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: boo
 
     The daemon stops with this process (even by SIGKILL) unless ``detach=True``; ``stop()`` or
     leaving a ``with`` block stops it earlier. Its output goes to ``<socket>.log``.
+
+    ``transfer="ip:port"`` serves transfers to other engines there (``--transfer``; port 0
+    takes a free one: ``Client.transfer_address()`` says which); ``transfer_key`` is the
+    cluster's shared key (32 bytes, or 64 hex digits), needed to serve and to fetch. It is
+    handed to the daemon in its environment (``VOVP_TRANSFER_KEY``), never on its command
+    line; ``transfer_key_file=PATH`` (a file of mode 0600) passes a file instead.
     """
     if spill_max is not None and spill_dir is None:
         raise InvalidArgument("spill_max needs spill_dir")
-    options = {**options, "spill_dir": spill_dir, "spill_max": spill_max, "metrics": metrics}
-    return spawn((), memory, socket, detach, timeout, options)
+    options = {**options, "spill_dir": spill_dir, "spill_max": spill_max, "metrics": metrics,
+               "transfer": transfer}
+    env = None
+    if transfer_key is not None:
+        env = {**os.environ, "VOVP_TRANSFER_KEY": _key_hex(transfer_key)}
+    return spawn((), memory, socket, detach, timeout, options, env=env)
+
+
+def _key_hex(key: Union[bytes, str]) -> str:
+    """A transfer key as the daemon reads it: 64 hex digits."""
+    if isinstance(key, (bytes, bytearray)):
+        if len(key) != 32:
+            raise ValueError(f"a transfer key is 32 bytes, not {len(key)}")
+        return bytes(key).hex()
+    key = key.strip()
+    if len(key) != 64 or any(c not in "0123456789abcdefABCDEF" for c in key):
+        raise ValueError("a transfer key is 32 bytes or 64 hex digits")
+    return key
 
 
 def spawn(prefix: Tuple[str, ...], memory: Any, socket: Optional[str], detach: bool,
            timeout: float, options: dict[str, Any], extra: Tuple[str, ...] = (),
-           binary: Optional[str] = None) -> StoreProcess:
+           binary: Optional[str] = None,
+           env: Optional[dict[str, str]] = None) -> StoreProcess:
     """``start_store``, for the package's other starters (``vovp.plasma``,
     ``vovp.cluster``): ``prefix`` runs the daemon under another program (Plasma's
-    ``use_valgrind``), ``extra`` are raw daemon arguments, ``binary`` a daemon to run."""
+    ``use_valgrind``), ``extra`` are raw daemon arguments, ``binary`` a daemon to run,
+    ``env`` its environment (None: this process's)."""
     owned_dir = None
     if socket is None:
         owned_dir = tempfile.mkdtemp(prefix="vovp-")
@@ -204,7 +230,7 @@ def spawn(prefix: Tuple[str, ...], memory: Any, socket: Optional[str], detach: b
     log_path = socket + ".log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
             start_new_session=detach,
             preexec_fn=None if detach else _die_with(os.getpid()))
     store = StoreProcess(process, socket, log_path, owned_dir, detach)

@@ -33,6 +33,8 @@ __all__ = [
     "InvalidArgument",
     "ObjectLost",
     "SpillDamaged",
+    "StaleVersion",
+    "TransferFailed",
 ]
 
 
@@ -181,6 +183,26 @@ class InternalError(VovpError):
     status = 17
 
 
+class StaleVersion(VovpError):
+    """An explicit version is not above the name's present one (status 22): a newer version
+    is there already. ``current`` and ``requested`` are the two versions."""
+
+    status = 22
+
+    def __init__(self, message: str = "", status: int | None = None,
+                 current: int = 0, requested: int = 0):
+        super().__init__(message, status)
+        self.current = current
+        self.requested = requested
+
+
+class TransferFailed(VovpError):
+    """A fetch or gather between engines failed (status 23): the holder refused the ticket,
+    died or stopped sending, or its port could not be reached. Nothing of it is visible."""
+
+    status = 23
+
+
 class ObjectLost(VovpError):
     """vovp.cluster: every node that held the object is gone (Ray reports it dead, or its
     agent and store died); the message names the nodes. Never a store reply status."""
@@ -215,6 +237,8 @@ STATUS_ERRORS: dict[int, type[VovpError]] = {
     19: TooManyObjects,
     20: ConnectionError,
     21: SpillDamaged,
+    22: StaleVersion,
+    23: TransferFailed,
 }
 
 STATUS_NAMES = {
@@ -239,6 +263,8 @@ STATUS_NAMES = {
     19: "TOO_MANY_OBJECTS",
     20: "TOO_MANY_CONNECTIONS",
     21: "SPILL_DAMAGED",
+    22: "STALE_VERSION",
+    23: "TRANSFER_FAILED",
 }
 
 
@@ -250,4 +276,7 @@ def error_from_status(status: int, message: str, requested: int = 0,
     text = f"{name}: {message}" if message else name
     if cls is OutOfMemory:
         return OutOfMemory(text, status, requested=requested, available=available)
+    if cls is StaleVersion:
+        # (The figures of STALE_VERSION are its current and requested versions.)
+        return StaleVersion(text, status, current=requested, requested=available)
     return cls(text, status)

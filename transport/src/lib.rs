@@ -7,6 +7,8 @@
 pub mod metrics;
 pub mod response;
 pub mod server;
+pub mod transfer;
 
 pub use response::TransportError;
 pub use server::{run, ConnectionLimits, ServerConfig};
+pub use transfer::TransferConfig;

@@ -60,4 +60,20 @@ pub enum Error {
     /// were never handed out.
     #[error("spilled object lost: {0}")]
     SpillDamaged(String),
+    /// A transfer between engines (FETCH, GATHER) failed: the holder refused the ticket, died
+    /// or stopped sending, the bytes did not match what it announced, or the transfer port
+    /// could not be reached. Nothing of a failed fetch is visible.
+    #[error("transfer: {0}")]
+    Transfer(String),
+    /// A put or seal asked for an explicit version ([`crate::PutOptions::version`]) that is
+    /// not above the name's present one: a newer version is there already.
+    #[error(
+        "object {name:?} is at version {current} already; version {requested} is stale \
+         (an explicit version must be above the present one)"
+    )]
+    StaleVersion {
+        name: String,
+        current: u64,
+        requested: u64,
+    },
 }

@@ -48,6 +48,12 @@ pub struct PutOptions {
     /// `sync`). On the store's side: the client sent it so. Where the connection cannot
     /// (opted out, no hold table, a forked child) the put waits anyway.
     pub pipelined: bool,
+    /// Seal the object as exactly this version of its name instead of the next one, which
+    /// must be above the name's version at the seal (else [`Error::StaleVersion`]; 0 is
+    /// refused). How a node's store keeps the version a cluster gave a name, so that
+    /// `get_newer` and `version_of` speak the cluster's numbers. `None`: the next version
+    /// (1 for a free name).
+    pub version: Option<u64>,
 }
 
 impl PutOptions {
@@ -62,6 +68,14 @@ impl PutOptions {
         PutOptions {
             keep_reference,
             pipelined,
+            ..self
+        }
+    }
+
+    /// These options sealing as exactly `version` (see [`PutOptions::version`]).
+    pub fn at_version(self, version: u64) -> Self {
+        PutOptions {
+            version: Some(version),
             ..self
         }
     }

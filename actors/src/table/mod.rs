@@ -157,6 +157,16 @@ impl ObjectTable {
         self.objects.check_name_free(name, replace, creator)
     }
 
+    /// Fails when `name` cannot be sealed as exactly `version` now (see
+    /// [`objects::Objects::check_version`]): asked before memory is allocated.
+    pub(crate) fn check_version(
+        &self,
+        name: &ObjectName,
+        version: Option<u64>,
+    ) -> Result<(), Error> {
+        self.objects.check_version(name, version)
+    }
+
     /// Adds an unsealed object; the creator holds one reference. With `replace`, a name whose
     /// object is sealed gets a replacement (see the module doc).
     pub(crate) fn insert(&mut self, new: NewObject) -> Result<ObjectRef, Error> {
@@ -167,8 +177,10 @@ impl ObjectTable {
 
     /// Seals `name` (creator only); with `id`, only that incarnation of it, so a buffer that
     /// outlived its aborted object cannot seal a newer object of the same name (`NotFound`).
-    /// A replacement takes the name over as its next version; the previous version is
-    /// unlinked as by `delete`.
+    /// A replacement takes the name over as its next version (or the explicit version it was
+    /// created with, which must still be above the present one: else `StaleVersion`, and the
+    /// object stays unsealed for its creator to abort); the previous version is unlinked as by
+    /// `delete`.
     pub(crate) fn seal(
         &mut self,
         name: &ObjectName,
@@ -186,9 +198,13 @@ impl ObjectTable {
         if e.creator != holder {
             return Err(Error::NotCreator(name.to_string()));
         }
+        let wanted = e.wanted_version;
+        if e.replacing {
+            self.objects.check_version(name, wanted)?;
+        }
         let mut freed = None;
         let mut kind = NotificationKind::Sealed;
-        let mut version = 1;
+        let mut version = wanted.unwrap_or(1);
         if e.replacing {
             if let Some(old) = self.objects.named(name) {
                 if !self.objects[old].sealed {
@@ -197,7 +213,7 @@ impl ObjectTable {
                         "{name} (deleted and being created again since this replace began)"
                     )));
                 }
-                version = self.objects[old].version + 1;
+                version = wanted.unwrap_or(self.objects[old].version + 1);
                 kind = NotificationKind::Replaced;
                 freed = self.unlink(old);
             }

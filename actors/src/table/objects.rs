@@ -43,6 +43,9 @@ pub(super) struct Entry {
     pub last_access: SystemTime,
     /// Its name's version: given at seal (0 before).
     pub version: u64,
+    /// The version its seal must give it (an explicit version: above the name's present
+    /// one), instead of the next one.
+    pub wanted_version: Option<u64>,
     /// An unsealed replacement (in `replacements`, not `by_name`): the name is another
     /// object's until this one's seal.
     pub replacing: bool,
@@ -83,6 +86,8 @@ pub(crate) struct NewObject {
     pub ephemeral: bool,
     pub replace: bool,
     pub creator: HolderId,
+    /// Seal as exactly this version (see [`Objects::check_version`]).
+    pub version: Option<u64>,
 }
 
 /// The entries, their names and their holders' references.
@@ -173,10 +178,37 @@ impl Objects {
         Ok(())
     }
 
+    /// Fails when an object of `name` cannot be sealed as exactly `version` now: 0 is no
+    /// version, and a version must be above the name's present (sealed) one. Checked at
+    /// insert and again at seal (a newer version may have been sealed in between).
+    pub(super) fn check_version(
+        &self,
+        name: &ObjectName,
+        version: Option<u64>,
+    ) -> Result<(), Error> {
+        let Some(requested) = version else {
+            return Ok(());
+        };
+        if requested == 0 {
+            return Err(Error::Protocol(format!(
+                "{name}: version 0 is no version (versions count from 1)"
+            )));
+        }
+        match self.named(name).map(|k| &self.slab[k]) {
+            Some(e) if e.sealed && e.version >= requested => Err(Error::StaleVersion {
+                name: name.to_string(),
+                current: e.version,
+                requested,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Adds an unsealed entry; its creator holds one reference. A `replace` of a taken name
     /// makes a replacement (unnamed until its seal). Its key.
     pub(super) fn insert(&mut self, new: NewObject) -> Result<usize, Error> {
         self.check_name_free(&new.name, new.replace, new.creator)?;
+        self.check_version(&new.name, new.version)?;
         let replacing = self.by_name.contains_key(&new.name);
         self.incarnation = self.incarnation.wrapping_add(1);
         let entry = self.slab.vacant_entry();
@@ -195,6 +227,7 @@ impl Objects {
             refcount: 0,
             last_access: SystemTime::now(),
             version: 0,
+            wanted_version: new.version,
             replacing,
             lru: LruPlace::default(),
             listing: Listing::default(),
@@ -403,6 +436,7 @@ mod tests {
             ephemeral: false,
             replace,
             creator,
+            version: None,
         }
     }
 

@@ -73,6 +73,7 @@ pub(crate) fn new_object(
         ephemeral,
         replace,
         creator,
+        version: None,
     }
 }
 

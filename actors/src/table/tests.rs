@@ -306,3 +306,48 @@ fn an_unheld_old_version_is_freed_at_the_replacing_seal() {
     assert_eq!(t.len(), 1);
     ok(&t);
 }
+
+#[test]
+fn explicit_versions_seal_as_asked_and_never_go_back() {
+    let mut t = ObjectTable::new();
+    let at = |version: u64, replace: bool, by| NewObject {
+        version: Some(version),
+        ..new_object("w", 8, block(version * 4096, 8), false, replace, by)
+    };
+    // A first object sealed as version 5 (a cluster's number), waiters for "above 4" answered.
+    let first = t.insert(at(5, false, A)).unwrap();
+    assert_eq!(t.seal(&n("w"), A, Some(first.id)).unwrap().version, 5);
+    assert_eq!(t.get_now(&n("w"), 4, B).unwrap().version, 5);
+    assert!(t.get_now(&n("w"), 5, B).is_none());
+    // Not above the present version: refused at insert, before any memory is asked for.
+    let stale = Error::StaleVersion {
+        name: "w".into(),
+        current: 5,
+        requested: 5,
+    };
+    assert_eq!(t.check_version(&n("w"), Some(5)), Err(stale.clone()));
+    assert_eq!(t.insert(at(5, true, A)).err(), Some(stale));
+    assert!(matches!(
+        t.check_version(&n("w"), Some(0)),
+        Err(Error::Protocol(_))
+    ));
+    // Two replacements racing: version 9 seals first, then 7 is stale at its seal and stays
+    // unsealed for its creator to abort; the name stays at 9.
+    let seven = t.insert(at(7, true, A)).unwrap();
+    let nine = t.insert(at(9, true, B)).unwrap();
+    assert_eq!(t.seal(&n("w"), B, Some(nine.id)).unwrap().version, 9);
+    assert_eq!(
+        t.seal(&n("w"), A, Some(seven.id)).err(),
+        Some(Error::StaleVersion {
+            name: "w".into(),
+            current: 9,
+            requested: 7
+        })
+    );
+    assert!(t.abort(&n("w"), A, false).unwrap().is_some());
+    assert_eq!(t.get_now(&n("w"), 0, B).unwrap().id, nine.id);
+    // Without an explicit version the next replace goes on from the cluster's number.
+    let next = replace(&mut t, "w", 8, A).unwrap();
+    assert_eq!(t.seal(&n("w"), A, Some(next.id)).unwrap().version, 10);
+    ok(&t);
+}

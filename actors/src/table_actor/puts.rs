@@ -4,8 +4,8 @@
 //! (sent without waiting for the reply; see [`crate::pipelined`]).
 //!
 //! What a caller asks of a put travels as the one [`PutOptions`] (the clients' and the
-//! engine's spelling, `vovp_types::put`): CREATE reads its `ephemeral`, `device` and
-//! `replace`; PUT and PUBLISH read all but `device` (they make host objects).
+//! engine's spelling, `vovp_types::put`): CREATE reads its `ephemeral`, `device`, `replace`
+//! and `version`; PUT and PUBLISH read all but `device` (they make host objects).
 //!
 //! # A buffer kept after ABORT
 //!
@@ -69,10 +69,13 @@ impl Message<Create> for ObjectTableActor {
 impl ObjectTableActor {
     /// A create, or `None` when it waits for spills to land (asked again then).
     pub(super) async fn try_create(&mut self, m: &Create) -> Option<Result<ObjectRef, Error>> {
-        if let Err(e) = check_metadata(&m.metadata).and_then(|()| {
-            self.table
-                .check_name_free(&m.name, m.options.replace, m.holder)
-        }) {
+        if let Err(e) = check_metadata(&m.metadata)
+            .and_then(|()| {
+                self.table
+                    .check_name_free(&m.name, m.options.replace, m.holder)
+            })
+            .and_then(|()| self.table.check_version(&m.name, m.options.version))
+        {
             return Some(Err(e));
         }
         let device = m.options.device.unwrap_or(Device::Cpu);
@@ -151,7 +154,8 @@ pub struct PutInline {
     pub metadata: Arc<[u8]>,
     /// `keep_reference`: the reply's object id must be released later; `pipelined`: sent
     /// without waiting for the reply, so counted as applied whatever the outcome
-    /// ([`crate::pipelined`]); `replace`: becomes the name's next version if it is taken.
+    /// ([`crate::pipelined`]); `replace`: becomes the name's next version if it is taken;
+    /// `version`: seal as exactly that version ([`PutOptions::version`]).
     pub options: PutOptions,
 }
 
@@ -183,10 +187,13 @@ impl ObjectTableActor {
         m: &PutInline,
         me: &ActorRef<Self>,
     ) -> Option<Result<ObjectRef, Error>> {
-        if let Err(e) = check_metadata(&m.metadata).and_then(|()| {
-            self.table
-                .check_name_free(&m.name, m.options.replace, m.holder)
-        }) {
+        if let Err(e) = check_metadata(&m.metadata)
+            .and_then(|()| {
+                self.table
+                    .check_name_free(&m.name, m.options.replace, m.holder)
+            })
+            .and_then(|()| self.table.check_version(&m.name, m.options.version))
+        {
             return Some(Err(e));
         }
         let size = m.data.len() as u64;
@@ -252,6 +259,7 @@ impl ObjectTableActor {
             ephemeral: options.ephemeral,
             replace: options.replace,
             creator: holder,
+            version: options.version,
         });
         if inserted.is_err() {
             self.free_blocks([block]).await;
@@ -471,6 +479,7 @@ impl ObjectTableActor {
         check_metadata(&m.metadata)?;
         self.table
             .check_name_free(&m.name, m.options.replace, m.holder)?;
+        self.table.check_version(&m.name, m.options.version)?;
         let lent = self
             .lends
             .claim(m.holder, m.lend, m.offset, m.size, m.metadata.len() as u64)?;

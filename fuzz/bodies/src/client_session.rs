@@ -178,7 +178,7 @@ fn fake_daemon(listener: &UnixListener, answers: &[u8]) {
             6 => Reply::Failure(Failure {
                 status: Status::from_code(script.byte()).unwrap_or(Status::NotFound),
                 message: "fuzz".into(),
-                oom: None,
+                figures: None,
             })
             .encode(opcode, id, &mut out),
             _ => Reply::Empty.encode(script.byte(), id ^ u64::from(script.byte()), &mut out),
@@ -292,7 +292,7 @@ fn answer(
                     0 => Err(vovp_proto::Failure {
                         status: vovp_proto::Status::AlreadyExists,
                         message: format!("{} is taken", i.name),
-                        oom: None,
+                        figures: None,
                     }),
                     _ => Ok(object(&i.name, i.size, script)),
                 })

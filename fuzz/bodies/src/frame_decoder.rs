@@ -131,7 +131,7 @@ fn check_reply(opcode: u8, payload: &[u8]) {
                 }
             }
         }
-        Reply::Failure(f) => assert_eq!(f.oom.is_some(), f.status == Status::OutOfMemory),
+        Reply::Failure(f) => assert_eq!(f.figures.is_some(), f.status.has_figures()),
         _ => {}
     }
     // What the client decoded, encoded as the daemon does, decodes to the same thing.

@@ -112,6 +112,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             name: "tensor/a".into(),
             size: 4096,
             flags: 0,
+            version: None,
             device: Device::Cpu,
             metadata: b"dtype=f32".to_vec().into(),
         },
@@ -122,6 +123,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             name: "gpu".into(),
             size: 1 << 20,
             flags: CREATE_EPHEMERAL,
+            version: None,
             device: Device::Cuda(1),
             metadata: Vec::new().into(),
         },
@@ -132,6 +134,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             name: "huge".into(),
             size: u64::MAX,
             flags: 0,
+            version: None,
             device: Device::Cpu,
             metadata: Vec::new().into(),
         },
@@ -151,6 +154,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         Request::Put {
             name: "p".into(),
             flags: 0,
+            version: None,
             metadata: b"m".to_vec().into(),
             data: (0..64).collect(),
         },
@@ -160,6 +164,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         Request::Put {
             name: "ü-名".into(),
             flags: PUT_KEEP_REFERENCE | CREATE_EPHEMERAL,
+            version: None,
             metadata: Vec::new().into(),
             data: Vec::new().into(),
         },
@@ -231,6 +236,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             offset: 128,
             name: "small/a".into(),
             flags: vovp_proto::PUT_KEEP_REFERENCE | vovp_proto::PUT_PIPELINED,
+            version: None,
             metadata: b"meta".to_vec().into(),
             size: 64,
         },
@@ -245,6 +251,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
                     offset: 128 * (i + 1),
                     name: format!("small/many-{i}").into(),
                     flags: vovp_proto::PUT_KEEP_REFERENCE | vovp_proto::PUT_PIPELINED,
+                    version: None,
                     metadata: b"meta".to_vec().into(),
                     size: 64,
                 })
@@ -258,6 +265,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
             offset: 4096,
             name: "lent/a".into(),
             flags: 2,
+            version: None,
             metadata: b"meta".to_vec().into(),
             size: 1 << 16,
         },
@@ -278,6 +286,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         Request::Put {
             name: "s".into(),
             flags: 0,
+            version: None,
             metadata: Vec::new().into(),
             data: vec![9; 16].into(),
         },
@@ -363,6 +372,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
     let mut put = request_payload(&Request::Put {
         name: "p".into(),
         flags: 0,
+        version: None,
         metadata: Vec::new().into(),
         data: vec![1; 8].into(),
     });
@@ -401,6 +411,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         name: "c".into(),
         size: 8,
         flags: 0,
+        version: None,
         device: Device::Cpu,
         metadata: Vec::new().into(),
     });
@@ -414,6 +425,7 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         name: "c".into(),
         size: 8,
         flags: 0,
+        version: None,
         device: Device::Cpu,
         metadata: Vec::new().into(),
     });

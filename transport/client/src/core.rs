@@ -432,6 +432,7 @@ pub(crate) mod requests {
             name: name.into(),
             size,
             flags: vovp_proto::create_flags(&options),
+            version: options.version,
             device: options.device.unwrap_or(Device::Cpu),
             metadata: metadata.into(),
         })
@@ -447,6 +448,7 @@ pub(crate) mod requests {
         Ok(Request::Put {
             name: name.into(),
             flags: vovp_proto::put_flags(options),
+            version: options.version,
             metadata: metadata.into(),
             data: data.into(),
         })
@@ -503,6 +505,7 @@ pub(crate) mod requests {
             offset,
             name: name.into(),
             flags: vovp_proto::put_flags(options),
+            version: options.version,
             metadata: metadata.into(),
             size,
         })

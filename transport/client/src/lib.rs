@@ -33,7 +33,7 @@ mod test_support;
 pub use blocking::{Client, Subscription, SubscriptionCloser};
 #[cfg(feature = "async")]
 pub use nonblocking::{AsyncClient, AsyncSubscription};
-pub use ops::Put;
+pub use ops::{FetchBase, FetchOptions, Put, TransferInfo};
 pub use pending::PipelinedView;
 /// `put_cuda_tensor` on a [`Client`] (as on any `Store`).
 pub use vovp_gpu::CudaStore;

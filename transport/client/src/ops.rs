@@ -318,6 +318,113 @@ pub(crate) async fn stats_and_connections<D: Driver>(d: &D) -> Result<(StoreStat
     }
 }
 
+/// How a fetch from another engine goes ([`crate::Client::fetch_from`]); the defaults are the
+/// engine's (streams by size, up to its `--transfer` default; 60 s; no base).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// Parallel TCP streams at most (0: the engine's choice).
+    pub streams: u16,
+    /// How long the whole transfer may take (`None`: the engine's default, 60 s).
+    pub timeout: Option<Duration>,
+    /// An older version of the same name held by this store, whose unchanged byte ranges are
+    /// copied locally instead of fetched.
+    pub base: Option<FetchBase>,
+}
+
+/// The local part of a fetch: `ranges` (`(offset, len)`, the same in both versions) are
+/// copied from this store's `version` of the name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FetchBase {
+    pub version: u64,
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// What TRANSFER_INFO tells: where the engine serves transfers and what it counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TransferInfo {
+    /// `ip:port` of the transfer port; `None` when the engine serves none.
+    pub address: Option<String>,
+    /// (name, value) of each counter: streams served, refusals by reason, fetches, bytes.
+    pub counters: Vec<(String, u64)>,
+}
+
+impl TransferInfo {
+    /// The counter `name` (0 if the engine has none of that name).
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+}
+
+/// A timeout on the wire: 0 is the engine's default.
+fn transfer_timeout_ms(timeout: Option<Duration>) -> i64 {
+    timeout.map_or(0, |t| {
+        i64::try_from(t.as_millis()).unwrap_or(i64::MAX).max(1)
+    })
+}
+
+/// FETCH: `name` at `version` copied from the engine at `source` into this client's store,
+/// as a view (see `Client::fetch_from`).
+pub(crate) async fn fetch_from<D: Driver>(
+    d: &D,
+    source: &str,
+    name: &str,
+    version: u64,
+    options: &FetchOptions,
+) -> Result<ObjectView, Error> {
+    let req = Request::Fetch(vovp_proto::Fetch {
+        name: name.into(),
+        version,
+        source: source.into(),
+        streams: options.streams,
+        timeout_ms: transfer_timeout_ms(options.timeout),
+        base: options.base.as_ref().map(|b| vovp_proto::FetchBase {
+            version: b.version,
+            ranges: b.ranges.as_slice().into(),
+        }),
+    });
+    let (reply, answered) = d.call_in_session(&req).await?;
+    view_of(d, reply.object()?, answered).await
+}
+
+/// GATHER: rows `ids` of `name` at `version` on `source`, as the new ephemeral object `into`
+/// (see `Client::gather_from`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn gather_from<D: Driver>(
+    d: &D,
+    source: &str,
+    name: &str,
+    version: u64,
+    row_bytes: u64,
+    ids: &[u64],
+    into: &str,
+    timeout: Option<Duration>,
+) -> Result<ObjectView, Error> {
+    let req = Request::Gather(vovp_proto::Gather {
+        name: name.into(),
+        version,
+        source: source.into(),
+        row_bytes,
+        timeout_ms: transfer_timeout_ms(timeout),
+        into: into.into(),
+        ids: ids.into(),
+    });
+    let (reply, answered) = d.call_in_session(&req).await?;
+    view_of(d, reply.object()?, answered).await
+}
+
+pub(crate) async fn transfer_info<D: Driver>(d: &D) -> Result<TransferInfo, Error> {
+    match call(d, &Request::TransferInfo).await? {
+        Reply::TransferInfo { address, counters } => Ok(TransferInfo {
+            address: Some(address).filter(|a| !a.is_empty()),
+            counters,
+        }),
+        other => Err(core::unexpected(&other)),
+    }
+}
+
 /// The ways a put of `size` bytes may take on `d`'s connection now.
 pub(crate) fn put_paths<D: Driver>(d: &D, size: usize) -> PutPaths {
     let maps = d.core().current.maps();

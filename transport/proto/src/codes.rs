@@ -61,6 +61,9 @@ codes! {
         GetNewer = 0x13, "GET_NEWER";
         PublishMany = 0x14, "PUBLISH_MANY";
         Metrics = 0x15, "METRICS";
+        TransferInfo = 0x16, "TRANSFER_INFO";
+        Fetch = 0x17, "FETCH";
+        Gather = 0x18, "GATHER";
     }
 }
 
@@ -77,7 +80,7 @@ codes! {
     Status {
         NotFound = 1, "NOT_FOUND";
         AlreadyExists = 2, "ALREADY_EXISTS";
-        /// The only status with fields after its message: `u64 requested, u64 available`.
+        /// With fields after its message: `u64 requested, u64 available`.
         OutOfMemory = 3, "OUT_OF_MEMORY";
         NotSealed = 4, "NOT_SEALED";
         AlreadySealed = 5, "ALREADY_SEALED";
@@ -98,6 +101,18 @@ codes! {
         TooManyConnections = 20, "TOO_MANY_CONNECTIONS";
         /// A spilled object's file was damaged, truncated or removed: the object is gone.
         SpillDamaged = 21, "SPILL_DAMAGED";
+        /// With fields after its message: `u64 current, u64 requested`.
+        StaleVersion = 22, "STALE_VERSION";
+        /// A transfer between engines failed (FETCH, GATHER): the message says where.
+        TransferFailed = 23, "TRANSFER_FAILED";
+    }
+}
+
+impl Status {
+    /// Whether its error reply carries two `u64` figures after the message: OUT_OF_MEMORY's
+    /// `requested, available` and STALE_VERSION's `current, requested`.
+    pub fn has_figures(self) -> bool {
+        matches!(self, Status::OutOfMemory | Status::StaleVersion)
     }
 }
 

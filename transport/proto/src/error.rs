@@ -1,6 +1,6 @@
 //! Why bytes are not a valid frame or message.
 
-use crate::{Status, MAX_GET_NAMES, MAX_PUBLISH_MANY, VERSION};
+use crate::{Status, MAX_FETCH_RANGES, MAX_GET_NAMES, MAX_PUBLISH_MANY, VERSION};
 
 /// A frame or payload that does not decode. [`DecodeError::status`] is the status the daemon
 /// answers it with; [`DecodeError::is_fatal`] says whether the stream can still be read.
@@ -37,6 +37,12 @@ pub enum DecodeError {
     TooManyNames(usize),
     #[error("PUBLISH_MANY of {0} objects; at most {MAX_PUBLISH_MANY} per request")]
     TooManyObjects(usize),
+    #[error("FETCH names {0} base ranges; at most {MAX_FETCH_RANGES}")]
+    TooManyRanges(usize),
+    #[error("not a vovp transfer stream (bad magic)")]
+    TransferMagic,
+    #[error("unknown transfer ASK kind {0}")]
+    TransferAsk(u8),
     #[error("PUT announces {announced} data bytes but carries {carried}")]
     PutSize { announced: u64, carried: usize },
     #[error("location kind {0}")]
@@ -56,7 +62,8 @@ impl DecodeError {
             DecodeError::UnsupportedVersion(_) => Status::UnsupportedVersion,
             DecodeError::FrameTooLarge(_)
             | DecodeError::TooManyNames(_)
-            | DecodeError::TooManyObjects(_) => Status::TooLarge,
+            | DecodeError::TooManyObjects(_)
+            | DecodeError::TooManyRanges(_) => Status::TooLarge,
             DecodeError::UnknownOpcode(_) | DecodeError::NotARequest(_) => Status::UnknownOpcode,
             DecodeError::InvalidName(_) => Status::InvalidName,
             _ => Status::Malformed,

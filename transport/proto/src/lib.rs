@@ -21,13 +21,14 @@ mod error;
 mod notify;
 mod reply;
 mod request;
+pub mod transfer;
 mod wire;
 
 pub use codes::{Opcode, Status, STATUS_OK};
 pub use error::DecodeError;
 pub use notify::{decode_notification, encode_notification};
 pub use reply::{Failure, Reply, STATS_FIELDS, STATS_FIELDS_FIRST};
-pub use request::{PublishItem, Request};
+pub use request::{Fetch, FetchBase, Gather, PublishItem, Request, MAX_FETCH_RANGES};
 pub use wire::{FrameWriter, Header, Reader};
 // The wire's limits are defined with every other limit, in `vovp-types`.
 pub use vovp_types::wire::{
@@ -64,6 +65,10 @@ pub const PUT_PIPELINED: u32 = 4;
 /// CREATE, PUT and PUBLISH flag: the name may refer to a sealed object already; this one
 /// becomes the name's next version at its seal (without the flag: ALREADY_EXISTS).
 pub const CREATE_REPLACE: u32 = 8;
+/// CREATE, PUT and PUBLISH flag: a `u64 version` follows the flags, the exact version the
+/// object seals as (above the name's present one, else STALE_VERSION). Set by the encoder from
+/// the request's `version`; decoded requests carry it there, not in `flags`.
+pub const PUT_VERSION: u32 = 16;
 /// LEND flag: the small-object lend, for objects published without waiting for the reply
 /// (a put that returns the store's copy at once). Apart from the big lend, so small objects
 /// never pin a big one; small itself (64 KiB), never taken back.
@@ -105,6 +110,7 @@ pub fn put_options(flags: u32, device: Option<vovp_types::Device>) -> vovp_types
         replace: flags & CREATE_REPLACE != 0,
         keep_reference: flags & PUT_KEEP_REFERENCE != 0,
         pipelined: flags & PUT_PIPELINED != 0,
+        version: None,
     }
 }
 

@@ -53,18 +53,25 @@ pub enum Reply {
     Shared { published: bool },
     /// METRICS: the Prometheus text exposition (format 0.0.4), as `GET /metrics` serves it.
     Metrics(String),
+    /// TRANSFER_INFO: the address the engine serves transfers at (`ip:port`, empty if none)
+    /// and its transfer counters (name, value), refusals by reason among them.
+    TransferInfo {
+        address: String,
+        counters: Vec<(String, u64)>,
+    },
     /// Any request's error reply.
     Failure(Failure),
 }
 
-/// An error reply: its status, a human-readable message, and for OUT_OF_MEMORY (only) the
-/// sizes: `oom` is `Some` exactly when `status` is [`Status::OutOfMemory`].
+/// An error reply: its status, a human-readable message, and for the statuses that have them
+/// ([`Status::has_figures`]) two figures: `figures` is `Some` exactly then.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     pub status: Status,
     pub message: String,
-    /// (requested, available) bytes.
-    pub oom: Option<(u64, u64)>,
+    /// OUT_OF_MEMORY's (requested, available) bytes; STALE_VERSION's (current, requested)
+    /// versions.
+    pub figures: Option<(u64, u64)>,
 }
 
 /// STATS's fields in wire order, with the accessor of each: written once for the encoder, the
@@ -106,7 +113,7 @@ impl Reply {
         Reply::Failure(Failure {
             status,
             message: message.into(),
-            oom: None,
+            figures: None,
         })
     }
 
@@ -204,6 +211,12 @@ impl Reply {
             Reply::Metrics(text) => {
                 w.bytes(text.as_bytes());
             }
+            Reply::TransferInfo { address, counters } => {
+                w.str(address).count(counters.len());
+                for (name, value) in counters {
+                    w.str(name).u64(*value);
+                }
+            }
             Reply::Lent(l) => {
                 w.u64(l.id).u32(l.segment).u64(l.offset).u64(l.size);
                 w.u64(l.max_object);
@@ -237,7 +250,17 @@ impl Reply {
             Opcode::Abort | Opcode::Release | Opcode::Delete | Opcode::Subscribe => Reply::Empty,
             Opcode::Seal => Reply::Version(r.u64()?),
             Opcode::Hello => decode_hello(&mut r)?,
-            Opcode::Create | Opcode::Put | Opcode::Publish => Reply::Object(r.object(one_name()?)?),
+            Opcode::Create | Opcode::Put | Opcode::Publish | Opcode::Fetch | Opcode::Gather => {
+                Reply::Object(r.object(one_name()?)?)
+            }
+            Opcode::TransferInfo => {
+                let address = r.str()?.to_owned();
+                let n = r.count(10)?;
+                let counters = (0..n)
+                    .map(|_| Ok((r.str()?.to_owned(), r.u64()?)))
+                    .collect::<Result<_, DecodeError>>()?;
+                Reply::TransferInfo { address, counters }
+            }
             Opcode::Lend => Reply::Lent(Lend {
                 id: r.u64()?,
                 segment: r.u32()?,
@@ -294,8 +317,8 @@ impl Reply {
 /// An error reply's status and body (also one object's result in PUBLISH_MANY's reply).
 fn encode_failure<'w, 'b>(f: &Failure, w: &'w mut FrameWriter<'b>) -> &'w mut FrameWriter<'b> {
     w.u8(f.status.code()).str(&f.message);
-    if let Some((requested, available)) = f.oom {
-        w.u64(requested).u64(available);
+    if let Some((first, second)) = f.figures {
+        w.u64(first).u64(second);
     }
     w
 }
@@ -304,14 +327,14 @@ fn encode_failure<'w, 'b>(f: &Failure, w: &'w mut FrameWriter<'b>) -> &'w mut Fr
 fn decode_failure(status: u8, r: &mut Reader<'_>) -> Result<Failure, DecodeError> {
     let status = Status::from_code(status).ok_or(DecodeError::UnknownStatus(status))?;
     let message = r.str()?.to_owned();
-    let oom = match status {
-        Status::OutOfMemory => Some((r.u64()?, r.u64()?)),
-        _ => None,
+    let figures = match status.has_figures() {
+        true => Some((r.u64()?, r.u64()?)),
+        false => None,
     };
     Ok(Failure {
         status,
         message,
-        oom,
+        figures,
     })
 }
 
@@ -421,6 +444,8 @@ impl Reply {
             | Request::Put { name, .. }
             | Request::Publish { name, .. } => std::slice::from_ref(name),
             Request::Get { names, .. } | Request::GetNewer { names, .. } => names,
+            Request::Fetch(f) => std::slice::from_ref(&f.name),
+            Request::Gather(g) => std::slice::from_ref(&g.into),
             _ => &[],
         };
         Reply::decode(request.opcode().code(), payload, names)
@@ -441,7 +466,16 @@ impl Failure {
                 return Failure {
                     status: Status::OutOfMemory,
                     message: e.to_string(),
-                    oom: Some((*requested, *available)),
+                    figures: Some((*requested, *available)),
+                }
+            }
+            E::StaleVersion {
+                current, requested, ..
+            } => {
+                return Failure {
+                    status: Status::StaleVersion,
+                    message: e.to_string(),
+                    figures: Some((*current, *requested)),
                 }
             }
             E::TooManyObjects { .. } => Status::TooManyObjects,
@@ -455,6 +489,7 @@ impl Failure {
             E::Gpu(_) => Status::GpuError,
             E::ShuttingDown => Status::ShuttingDown,
             E::TooLarge(_) => Status::TooLarge,
+            E::Transfer(_) => Status::TransferFailed,
             E::Protocol(_) | E::Tensor(_) | E::Config(_) => Status::Malformed,
             E::Memory(_) | E::Connection(_) | E::Internal(_) => Status::Internal,
             E::SpillDamaged(_) => Status::SpillDamaged,
@@ -465,7 +500,7 @@ impl Failure {
         Failure {
             status,
             message: e.to_string(),
-            oom: None,
+            figures: None,
         }
     }
 }
@@ -477,7 +512,7 @@ impl From<Failure> for vovp_types::Error {
         let Failure {
             status,
             message,
-            oom,
+            figures,
         } = f;
         // Messages from the daemon are full sentences; keep them, the variant carries the
         // meaning. Fields the wire does not carry (a NOT_HELD id, METADATA_TOO_LARGE's length)
@@ -485,7 +520,7 @@ impl From<Failure> for vovp_types::Error {
         match status {
             Status::NotFound => E::NotFound(message),
             Status::AlreadyExists => E::AlreadyExists(message),
-            Status::OutOfMemory => match oom {
+            Status::OutOfMemory => match figures {
                 Some((requested, available)) => E::OutOfMemory {
                     requested,
                     available,
@@ -510,6 +545,18 @@ impl From<Failure> for vovp_types::Error {
             Status::TooLarge => E::TooLarge(message),
             Status::Internal => E::Internal(message),
             Status::TooManyConnections => E::Connection(message),
+            Status::StaleVersion => match figures {
+                // The message is the daemon's full sentence; the name is in it, not a field.
+                Some((current, requested)) => E::StaleVersion {
+                    name: message,
+                    current,
+                    requested,
+                },
+                None => E::Protocol(format!(
+                    "STALE_VERSION reply without its versions: {message}"
+                )),
+            },
+            Status::TransferFailed => E::Transfer(message),
             // The daemon's message is the error's Display: keep what it wraps.
             Status::SpillDamaged => {
                 E::SpillDamaged(match message.strip_prefix("spilled object lost: ") {

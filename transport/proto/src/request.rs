@@ -8,7 +8,33 @@ use vovp_types::Device;
 use crate::wire::{FrameWriter, Reader};
 use crate::{
     DecodeError, Opcode, LIST_PAGE_ENTRIES, MAX_GET_NAMES, MAX_LIST_PAGE_ENTRIES, MAX_PUBLISH_MANY,
+    PUT_VERSION,
 };
+
+/// Writes CREATE's, PUT's or PUBLISH's `flags`, and after them the explicit `version` when
+/// there is one: the [`PUT_VERSION`] bit says so (set here from `version`, whatever `flags`
+/// says), so a request without a version is byte for byte what it was before versions could
+/// be given.
+fn versioned_flags<'w, 'b>(
+    w: &'w mut FrameWriter<'b>,
+    flags: u32,
+    version: Option<u64>,
+) -> &'w mut FrameWriter<'b> {
+    match version {
+        Some(v) => w.u32(flags | PUT_VERSION).u64(v),
+        None => w.u32(flags & !PUT_VERSION),
+    }
+}
+
+/// [`versioned_flags`] read back: the flags without [`PUT_VERSION`], and the version.
+fn read_versioned_flags(r: &mut Reader<'_>) -> Result<(u32, Option<u64>), DecodeError> {
+    let flags = r.u32()?;
+    let version = match flags & PUT_VERSION {
+        0 => None,
+        _ => Some(r.u64()?),
+    };
+    Ok((flags & !PUT_VERSION, version))
+}
 
 /// One request. Fields borrow where they can: the client encodes its caller's names and bytes
 /// without copying them, and the daemon decodes straight out of its input buffer (then
@@ -22,6 +48,9 @@ pub enum Request<'a> {
         name: Cow<'a, str>,
         size: u64,
         flags: u32,
+        /// The explicit version to seal as ([`vovp_types::PutOptions::version`]); on the
+        /// wire, the [`PUT_VERSION`] flag and a `u64` after the flags.
+        version: Option<u64>,
         device: Device,
         metadata: Cow<'a, [u8]>,
     },
@@ -35,6 +64,8 @@ pub enum Request<'a> {
     Put {
         name: Cow<'a, str>,
         flags: u32,
+        /// As CREATE's `version`.
+        version: Option<u64>,
         metadata: Cow<'a, [u8]>,
         data: Cow<'a, [u8]>,
     },
@@ -100,6 +131,8 @@ pub enum Request<'a> {
         offset: u64,
         name: Cow<'a, str>,
         flags: u32,
+        /// As CREATE's `version`.
+        version: Option<u64>,
         metadata: Cow<'a, [u8]>,
         size: u64,
     },
@@ -112,6 +145,87 @@ pub enum Request<'a> {
     /// The daemon's metrics, as the Prometheus text its `--metrics` endpoint serves (what
     /// `vovp top` shows: request rates and latencies are not in STATS).
     Metrics,
+    /// The address this engine serves transfers at (`--transfer`), empty when it serves none.
+    TransferInfo,
+    /// Copy `name` at `version` from the engine whose transfer port is `source` into this
+    /// store, sealed as exactly that version (see [`Fetch`]).
+    Fetch(Fetch<'a>),
+    /// Rows of `name` at `version`, held by the engine at `source`, gathered into a new
+    /// ephemeral object `into` (see [`Gather`]).
+    Gather(Gather<'a>),
+}
+
+/// FETCH's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch<'a> {
+    pub name: Cow<'a, str>,
+    /// The version wanted (at least 1): what the object is sealed as here.
+    pub version: u64,
+    /// The holder engine's transfer address, `ip:port`.
+    pub source: Cow<'a, str>,
+    /// Parallel TCP streams at most (0: the engine's choice by size).
+    pub streams: u16,
+    /// How long the whole transfer may take; 0 or negative: the engine's default.
+    pub timeout_ms: i64,
+    /// A version of `name` this store holds, whose `ranges` are copied locally instead of
+    /// fetched (the ranges that did not change; the rest comes from `source`).
+    pub base: Option<FetchBase<'a>>,
+}
+
+/// The local part of a [`Fetch`]: what is copied from an older version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchBase<'a> {
+    pub version: u64,
+    /// `(offset, len)` byte ranges, the same offsets in the old and the new object.
+    pub ranges: Cow<'a, [(u64, u64)]>,
+}
+
+/// GATHER's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gather<'a> {
+    pub name: Cow<'a, str>,
+    pub version: u64,
+    pub source: Cow<'a, str>,
+    /// Bytes of one row: row `i` is bytes `i * row_bytes ..` of the object.
+    pub row_bytes: u64,
+    pub timeout_ms: i64,
+    /// The name of the result: an ephemeral object of `ids.len() * row_bytes` bytes.
+    pub into: Cow<'a, str>,
+    /// Rows in the order wanted (repeats allowed).
+    pub ids: Cow<'a, [u64]>,
+}
+
+/// Most ranges a FETCH's base may name.
+pub const MAX_FETCH_RANGES: usize = 1 << 20;
+
+impl Fetch<'_> {
+    fn into_owned(self) -> Fetch<'static> {
+        Fetch {
+            name: Cow::Owned(self.name.into_owned()),
+            version: self.version,
+            source: Cow::Owned(self.source.into_owned()),
+            streams: self.streams,
+            timeout_ms: self.timeout_ms,
+            base: self.base.map(|b| FetchBase {
+                version: b.version,
+                ranges: Cow::Owned(b.ranges.into_owned()),
+            }),
+        }
+    }
+}
+
+impl Gather<'_> {
+    fn into_owned(self) -> Gather<'static> {
+        Gather {
+            name: Cow::Owned(self.name.into_owned()),
+            version: self.version,
+            source: Cow::Owned(self.source.into_owned()),
+            row_bytes: self.row_bytes,
+            timeout_ms: self.timeout_ms,
+            into: Cow::Owned(self.into.into_owned()),
+            ids: Cow::Owned(self.ids.into_owned()),
+        }
+    }
 }
 
 /// One object of a [`Request::PublishMany`]: PUBLISH's fields but the lend.
@@ -120,6 +234,8 @@ pub struct PublishItem<'a> {
     pub offset: u64,
     pub name: Cow<'a, str>,
     pub flags: u32,
+    /// As CREATE's `version`.
+    pub version: Option<u64>,
     pub metadata: Cow<'a, [u8]>,
     pub size: u64,
 }
@@ -134,6 +250,7 @@ impl PublishItem<'_> {
             offset: self.offset,
             name: Cow::Owned(self.name.into_owned()),
             flags: self.flags,
+            version: self.version,
             metadata: Cow::Owned(self.metadata.into_owned()),
             size: self.size,
         }
@@ -163,6 +280,9 @@ impl Request<'_> {
             Request::Publish { .. } => Opcode::Publish,
             Request::PublishMany { .. } => Opcode::PublishMany,
             Request::Metrics => Opcode::Metrics,
+            Request::TransferInfo => Opcode::TransferInfo,
+            Request::Fetch(_) => Opcode::Fetch,
+            Request::Gather(_) => Opcode::Gather,
         }
     }
 
@@ -177,10 +297,12 @@ impl Request<'_> {
                 name,
                 size,
                 flags,
+                version,
                 device,
                 metadata,
             } => {
-                w.str(name).u64(*size).u32(*flags).device(*device);
+                w.str(name).u64(*size);
+                versioned_flags(&mut w, *flags, *version).device(*device);
                 w.bytes(metadata);
             }
             Request::Seal { name }
@@ -192,10 +314,12 @@ impl Request<'_> {
             Request::Put {
                 name,
                 flags,
+                version,
                 metadata,
                 data,
             } => {
-                w.str(name).u32(*flags).bytes(metadata);
+                w.str(name);
+                versioned_flags(&mut w, *flags, *version).bytes(metadata);
                 w.u64(data.len() as u64).raw(data);
             }
             Request::Get { timeout_ms, names } => {
@@ -242,20 +366,48 @@ impl Request<'_> {
                 offset,
                 name,
                 flags,
+                version,
                 metadata,
                 size,
             } => {
-                w.u64(*lend).u64(*offset).str(name).u32(*flags);
+                w.u64(*lend).u64(*offset).str(name);
+                versioned_flags(&mut w, *flags, *version);
                 w.bytes(metadata).u64(*size);
             }
             Request::PublishMany { lend, items } => {
                 w.u64(*lend).count(items.len());
                 for i in items {
-                    w.u64(i.offset).str(&i.name).u32(i.flags);
+                    w.u64(i.offset).str(&i.name);
+                    versioned_flags(&mut w, i.flags, i.version);
                     w.bytes(&i.metadata).u64(i.size);
                 }
             }
-            Request::Subscribe | Request::Shared | Request::Metrics => {}
+            Request::Fetch(f) => {
+                w.str(&f.name).u64(f.version).str(&f.source).u16(f.streams);
+                w.i64(f.timeout_ms);
+                match &f.base {
+                    None => {
+                        w.u8(0);
+                    }
+                    Some(b) => {
+                        w.u8(1).u64(b.version).count(b.ranges.len());
+                        for (offset, len) in b.ranges.iter() {
+                            w.u64(*offset).u64(*len);
+                        }
+                    }
+                }
+            }
+            Request::Gather(g) => {
+                w.str(&g.name)
+                    .u64(g.version)
+                    .str(&g.source)
+                    .u64(g.row_bytes);
+                w.i64(g.timeout_ms).str(&g.into).count(g.ids.len());
+                for id in g.ids.iter() {
+                    w.u64(*id);
+                }
+            }
+            Request::Subscribe | Request::Shared | Request::Metrics | Request::TransferInfo => {}
         }
         w.finish();
     }
@@ -270,12 +422,14 @@ impl Request<'_> {
                 name,
                 size,
                 flags,
+                version,
                 device,
                 metadata,
             } => Request::Create {
                 name: own(name),
                 size,
                 flags,
+                version,
                 device,
                 metadata: own_bytes(metadata),
             },
@@ -284,11 +438,13 @@ impl Request<'_> {
             Request::Put {
                 name,
                 flags,
+                version,
                 metadata,
                 data,
             } => Request::Put {
                 name: own(name),
                 flags,
+                version,
                 metadata: own_bytes(metadata),
                 data: own_bytes(data),
             },
@@ -317,12 +473,16 @@ impl Request<'_> {
             Request::Segment { id } => Request::Segment { id },
             Request::Shared => Request::Shared,
             Request::Metrics => Request::Metrics,
+            Request::TransferInfo => Request::TransferInfo,
+            Request::Fetch(f) => Request::Fetch(f.into_owned()),
+            Request::Gather(g) => Request::Gather(g.into_owned()),
             Request::Lend { at_least, flags } => Request::Lend { at_least, flags },
             Request::Publish {
                 lend,
                 offset,
                 name,
                 flags,
+                version,
                 metadata,
                 size,
             } => Request::Publish {
@@ -330,6 +490,7 @@ impl Request<'_> {
                 offset,
                 name: own(name),
                 flags,
+                version,
                 metadata: own_bytes(metadata),
                 size,
             },
@@ -361,13 +522,19 @@ impl<'a> Request<'a> {
         let name = |r: &mut Reader<'a>| r.name().map(Cow::Borrowed);
         let req = match op {
             Opcode::Hello => Request::Hello { pid: r.u32()? },
-            Opcode::Create => Request::Create {
-                name: name(&mut r)?,
-                size: r.u64()?,
-                flags: r.u32()?,
-                device: r.device()?,
-                metadata: Cow::Borrowed(r.bytes()?),
-            },
+            Opcode::Create => {
+                let name = name(&mut r)?;
+                let size = r.u64()?;
+                let (flags, version) = read_versioned_flags(&mut r)?;
+                Request::Create {
+                    name,
+                    size,
+                    flags,
+                    version,
+                    device: r.device()?,
+                    metadata: Cow::Borrowed(r.bytes()?),
+                }
+            }
             Opcode::Seal => Request::Seal {
                 name: name(&mut r)?,
             },
@@ -376,7 +543,7 @@ impl<'a> Request<'a> {
             },
             Opcode::Put => {
                 let name = name(&mut r)?;
-                let flags = r.u32()?;
+                let (flags, version) = read_versioned_flags(&mut r)?;
                 let metadata = Cow::Borrowed(r.bytes()?);
                 let announced = r.u64()?;
                 let data = r.rest();
@@ -389,6 +556,7 @@ impl<'a> Request<'a> {
                 Request::Put {
                     name,
                     flags,
+                    version,
                     metadata,
                     data: Cow::Borrowed(data),
                 }
@@ -456,18 +624,74 @@ impl<'a> Request<'a> {
             Opcode::Segment => Request::Segment { id: r.u32()? },
             Opcode::Shared => Request::Shared,
             Opcode::Metrics => Request::Metrics,
+            Opcode::TransferInfo => Request::TransferInfo,
+            Opcode::Fetch => {
+                let name = name(&mut r)?;
+                let version = r.u64()?;
+                let source = Cow::Borrowed(r.str()?);
+                let (streams, timeout_ms) = (r.u16()?, r.i64()?);
+                let base = match r.u8()? {
+                    0 => None,
+                    _ => {
+                        let version = r.u64()?;
+                        let n = r.count(16)?;
+                        if n > MAX_FETCH_RANGES {
+                            return Err(DecodeError::TooManyRanges(n));
+                        }
+                        let ranges =
+                            (0..n)
+                                .map(|_| Ok((r.u64()?, r.u64()?)))
+                                .collect::<Result<Vec<_>, DecodeError>>()?;
+                        Some(FetchBase {
+                            version,
+                            ranges: Cow::Owned(ranges),
+                        })
+                    }
+                };
+                Request::Fetch(Fetch {
+                    name,
+                    version,
+                    source,
+                    streams,
+                    timeout_ms,
+                    base,
+                })
+            }
+            Opcode::Gather => {
+                let object = name(&mut r)?;
+                let version = r.u64()?;
+                let source = Cow::Borrowed(r.str()?);
+                let (row_bytes, timeout_ms) = (r.u64()?, r.i64()?);
+                let into = name(&mut r)?;
+                let n = r.count(8)?;
+                let ids = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+                Request::Gather(Gather {
+                    name: object,
+                    version,
+                    source,
+                    row_bytes,
+                    timeout_ms,
+                    into,
+                    ids: Cow::Owned(ids),
+                })
+            }
             Opcode::Lend => Request::Lend {
                 at_least: r.u64()?,
                 flags: r.u32()?,
             },
-            Opcode::Publish => Request::Publish {
-                lend: r.u64()?,
-                offset: r.u64()?,
-                name: name(&mut r)?,
-                flags: r.u32()?,
-                metadata: Cow::Borrowed(r.bytes()?),
-                size: r.u64()?,
-            },
+            Opcode::Publish => {
+                let (lend, offset, name) = (r.u64()?, r.u64()?, name(&mut r)?);
+                let (flags, version) = read_versioned_flags(&mut r)?;
+                Request::Publish {
+                    lend,
+                    offset,
+                    name,
+                    flags,
+                    version,
+                    metadata: Cow::Borrowed(r.bytes()?),
+                    size: r.u64()?,
+                }
+            }
             Opcode::PublishMany => {
                 let lend = r.u64()?;
                 let n = r.count(PUBLISH_ITEM_MIN)?;
@@ -476,10 +700,13 @@ impl<'a> Request<'a> {
                 }
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
+                    let (offset, name) = (r.u64()?, name(&mut r)?);
+                    let (flags, version) = read_versioned_flags(&mut r)?;
                     items.push(PublishItem {
-                        offset: r.u64()?,
-                        name: name(&mut r)?,
-                        flags: r.u32()?,
+                        offset,
+                        name,
+                        flags,
+                        version,
                         metadata: Cow::Borrowed(r.bytes()?),
                         size: r.u64()?,
                     });

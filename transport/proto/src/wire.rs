@@ -167,7 +167,8 @@ impl<'a> Reader<'a> {
         self.b = rest;
         Ok(head)
     }
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
+    /// `N` bytes as they are (an IPC handle, a nonce).
+    pub fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N, what)?);
         Ok(a)

@@ -90,6 +90,7 @@ fn truncated_and_forged_payloads_are_malformed() {
     Request::Put {
         name: "p".into(),
         flags: 0,
+        version: None,
         metadata: (&[][..]).into(),
         data: (&[1u8; 8][..]).into(),
     }

@@ -42,6 +42,7 @@ fn sample(op: Opcode) -> Request<'static> {
             name: "a".into(),
             size: 8,
             flags: CREATE_EPHEMERAL | CREATE_REPLACE,
+            version: Some(7),
             device: Device::Cpu,
             metadata: b"m".to_vec().into(),
         },
@@ -50,6 +51,7 @@ fn sample(op: Opcode) -> Request<'static> {
         Opcode::Put => Request::Put {
             name: "a".into(),
             flags: PUT_KEEP_REFERENCE,
+            version: None,
             metadata: b"".to_vec().into(),
             data: vec![1, 2, 3].into(),
         },
@@ -86,6 +88,7 @@ fn sample(op: Opcode) -> Request<'static> {
             offset: 128,
             name: "a".into(),
             flags: CREATE_EPHEMERAL,
+            version: Some(3),
             metadata: b"m".to_vec().into(),
             size: 100,
         },
@@ -96,6 +99,7 @@ fn sample(op: Opcode) -> Request<'static> {
                     offset: 128,
                     name: "a".into(),
                     flags: PUT_KEEP_REFERENCE,
+                    version: Some(2),
                     metadata: b"m".to_vec().into(),
                     size: 100,
                 },
@@ -103,11 +107,33 @@ fn sample(op: Opcode) -> Request<'static> {
                     offset: 256,
                     name: "b".into(),
                     flags: 0,
+                    version: None,
                     metadata: b"".to_vec().into(),
                     size: 8,
                 },
             ],
         },
+        Opcode::TransferInfo => Request::TransferInfo,
+        Opcode::Fetch => Request::Fetch(Fetch {
+            name: "a".into(),
+            version: 4,
+            source: "10.0.0.2:7000".into(),
+            streams: 4,
+            timeout_ms: 30_000,
+            base: Some(FetchBase {
+                version: 3,
+                ranges: vec![(0, 64), (128, 64)].into(),
+            }),
+        }),
+        Opcode::Gather => Request::Gather(Gather {
+            name: "a".into(),
+            version: 4,
+            source: "10.0.0.2:7000".into(),
+            row_bytes: 16,
+            timeout_ms: 0,
+            into: "rows".into(),
+            ids: vec![3, 1, 3].into(),
+        }),
         Opcode::Notify => unreachable!("not a request"),
     }
 }
@@ -189,15 +215,15 @@ fn every_documented_status_exists_and_every_status_is_documented() {
         assert_eq!(status.name(), name, "status {code}");
         // An error reply with it decodes, to it.
         let mut buf = Vec::new();
-        let oom = (status == Status::OutOfMemory).then_some((5, 6));
+        let figures = status.has_figures().then_some((5, 6));
         Reply::Failure(Failure {
             status,
             message: name.clone(),
-            oom,
+            figures,
         })
         .encode(Opcode::Seal.code(), 1, &mut buf);
         match Reply::decode::<&str>(Opcode::Seal.code(), &buf[HEADER_LEN..], &[]).unwrap() {
-            Reply::Failure(f) => assert_eq!((f.status, f.oom), (status, oom)),
+            Reply::Failure(f) => assert_eq!((f.status, f.figures), (status, figures)),
             other => panic!("{other:?}"),
         }
     }

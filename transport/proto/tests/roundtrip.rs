@@ -67,29 +67,100 @@ fn object(name: String) -> impl Strategy<Value = ObjectRef> {
     )
 }
 
+/// A request's flags (never [`PUT_VERSION`]: that bit is the `version` field's) and
+/// explicit version.
+fn flags_and_version() -> impl Strategy<Value = (u32, Option<u64>)> {
+    (any::<u32>(), prop::option::of(any::<u64>()))
+        .prop_map(|(flags, version)| (flags & !PUT_VERSION, version))
+}
+
+/// FETCH and GATHER.
+fn transfer_request() -> impl Strategy<Value = Request<'static>> {
+    let owned = |s: String| Cow::Owned(s);
+    let base = (
+        any::<u64>(),
+        prop::collection::vec(any::<(u64, u64)>(), 0..6),
+    )
+        .prop_map(|(version, ranges)| FetchBase {
+            version,
+            ranges: ranges.into(),
+        });
+    prop_oneof![
+        (
+            name(),
+            any::<u64>(),
+            "\\PC{0,30}",
+            any::<u16>(),
+            any::<i64>(),
+            prop::option::of(base)
+        )
+            .prop_map(move |(n, version, source, streams, timeout_ms, base)| {
+                Request::Fetch(Fetch {
+                    name: owned(n),
+                    version,
+                    source: owned(source),
+                    streams,
+                    timeout_ms,
+                    base,
+                })
+            }),
+        (
+            (name(), any::<u64>(), "\\PC{0,30}"),
+            any::<u64>(),
+            any::<i64>(),
+            name(),
+            prop::collection::vec(any::<u64>(), 0..16)
+        )
+            .prop_map(
+                move |((n, version, source), row_bytes, timeout_ms, into, ids)| {
+                    Request::Gather(Gather {
+                        name: owned(n),
+                        version,
+                        source: owned(source),
+                        row_bytes,
+                        timeout_ms,
+                        into: owned(into),
+                        ids: ids.into(),
+                    })
+                }
+            ),
+        Just(Request::TransferInfo),
+    ]
+}
+
 fn request() -> impl Strategy<Value = Request<'static>> {
     let owned = |s: String| Cow::Owned(s);
     prop_oneof![
+        transfer_request(),
         any::<u32>().prop_map(|pid| Request::Hello { pid }),
-        (name(), any::<u64>(), any::<u32>(), device(), bytes(64)).prop_map(
-            move |(n, size, flags, device, metadata)| Request::Create {
-                name: owned(n),
-                size,
-                flags,
-                device,
-                metadata: metadata.into(),
-            }
-        ),
+        (
+            name(),
+            any::<u64>(),
+            flags_and_version(),
+            device(),
+            bytes(64)
+        )
+            .prop_map(move |(n, size, (flags, version), device, metadata)| {
+                Request::Create {
+                    name: owned(n),
+                    size,
+                    flags,
+                    version,
+                    device,
+                    metadata: metadata.into(),
+                }
+            }),
         name().prop_map(move |n| Request::Seal { name: owned(n) }),
         name().prop_map(move |n| Request::Abort { name: owned(n) }),
-        (name(), any::<u32>(), bytes(64), bytes(512)).prop_map(move |(n, flags, m, d)| {
-            Request::Put {
+        (name(), flags_and_version(), bytes(64), bytes(512)).prop_map(
+            move |(n, (flags, version), m, d)| Request::Put {
                 name: owned(n),
                 flags,
+                version,
                 metadata: m.into(),
                 data: d.into(),
             }
-        }),
+        ),
         (any::<i64>(), prop::collection::vec(name(), 0..8)).prop_map(move |(timeout_ms, names)| {
             Request::Get {
                 timeout_ms,
@@ -126,22 +197,31 @@ fn request() -> impl Strategy<Value = Request<'static>> {
             any::<u64>(),
             any::<u64>(),
             name(),
-            any::<u32>(),
+            flags_and_version(),
             bytes(64),
             any::<u64>()
         )
-            .prop_map(move |(lend, offset, n, flags, m, size)| Request::Publish {
-                lend,
-                offset,
-                name: owned(n),
-                flags,
-                metadata: m.into(),
-                size,
+            .prop_map(move |(lend, offset, n, (flags, version), m, size)| {
+                Request::Publish {
+                    lend,
+                    offset,
+                    name: owned(n),
+                    flags,
+                    version,
+                    metadata: m.into(),
+                    size,
+                }
             }),
         (
             any::<u64>(),
             prop::collection::vec(
-                (any::<u64>(), name(), any::<u32>(), bytes(64), any::<u64>()),
+                (
+                    any::<u64>(),
+                    name(),
+                    flags_and_version(),
+                    bytes(64),
+                    any::<u64>()
+                ),
                 0..6
             )
         )
@@ -149,10 +229,11 @@ fn request() -> impl Strategy<Value = Request<'static>> {
                 lend,
                 items: items
                     .into_iter()
-                    .map(|(offset, n, flags, m, size)| PublishItem {
+                    .map(|(offset, n, (flags, version), m, size)| PublishItem {
                         offset,
                         name: owned(n),
                         flags,
+                        version,
                         metadata: m.into(),
                         size,
                     })
@@ -208,7 +289,7 @@ fn failure() -> impl Strategy<Value = Reply> {
             Reply::Failure(Failure {
                 status,
                 message,
-                oom: (status == Status::OutOfMemory).then_some(sizes),
+                figures: status.has_figures().then_some(sizes),
             })
         })
 }
@@ -239,7 +320,15 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
             )),
         (
             name(),
-            prop::sample::select(&[Opcode::Create, Opcode::Put, Opcode::Publish][..])
+            prop::sample::select(
+                &[
+                    Opcode::Create,
+                    Opcode::Put,
+                    Opcode::Publish,
+                    Opcode::Fetch,
+                    Opcode::Gather
+                ][..]
+            )
         )
             .prop_flat_map(|(n, op)| object(n.clone()).prop_map(move |r| (
                 Reply::Object(r),
@@ -279,6 +368,15 @@ fn reply() -> impl Strategy<Value = (Reply, Opcode, Vec<String>)> {
         any::<u64>().prop_map(|v| (Reply::Version(v), Opcode::Seal, vec![])),
         any::<bool>().prop_map(|b| (Reply::Bool(b), Opcode::Contains, vec![])),
         ".*".prop_map(|text| (Reply::Metrics(text), Opcode::Metrics, vec![])),
+        (
+            "\\PC{0,40}",
+            prop::collection::vec(("[a-z_]{1,20}", any::<u64>()), 0..6)
+        )
+            .prop_map(|(address, counters)| (
+                Reply::TransferInfo { address, counters },
+                Opcode::TransferInfo,
+                vec![]
+            )),
         any::<u64>().prop_map(|n| (Reply::Count(n), Opcode::Evict, vec![])),
         (prop::collection::vec(info(), 0..4), any::<u64>()).prop_map(|(entries, next)| (
             Reply::List { entries, next },
@@ -372,7 +470,7 @@ proptest! {
     /// A reply decoded by the request it answers (the client's way) is the same reply.
     #[test]
     fn replies_decode_for_their_request(n in name(), size in any::<u64>()) {
-        let req = Request::Create { name: n.as_str().into(), size, flags: 0, device: Device::Cpu, metadata: Cow::Borrowed(&[]) };
+        let req = Request::Create { name: n.as_str().into(), size, flags: 0, version: None, device: Device::Cpu, metadata: Cow::Borrowed(&[]) };
         let r = ObjectRef { id: ObjectId::from_raw(1), name: ObjectName::new(&n).unwrap(), size, metadata: Arc::from(&b""[..]), location: Location::Host { segment: 3, offset: 64 }, version: 5 };
         let mut buf = Vec::new();
         Reply::Object(r.clone()).encode(Opcode::Create.code(), 9, &mut buf);
@@ -387,7 +485,7 @@ proptest! {
         keep_reference in any::<bool>(),
         pipelined in any::<bool>(),
     ) {
-        let options = vovp_types::PutOptions { ephemeral, device: None, replace, keep_reference, pipelined };
+        let options = vovp_types::PutOptions { ephemeral, device: None, replace, keep_reference, pipelined, version: None };
         let flags = put_flags(&options);
         prop_assert_eq!(put_options(flags, None), options);
         prop_assert_eq!(flags.count_ones(), [ephemeral, replace, keep_reference, pipelined].iter().filter(|b| **b).count() as u32);

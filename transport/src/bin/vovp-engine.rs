@@ -101,6 +101,20 @@ struct Args {
     /// reach ADDR can read them: bind a loopback or private address.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Serve object transfers to other engines at ADDR (ip:port; port 0 takes a free port,
+    /// logged at start as `transfer_addr`), off by default. Only streams with a ticket minted
+    /// with the cluster's key are served; the bytes are not encrypted: bind a private
+    /// network's address.
+    #[arg(long, value_name = "ADDR")]
+    transfer: Option<SocketAddr>,
+    /// The cluster's transfer key (64 hex digits), in a file only its owner may read (mode
+    /// 0600). Needed to serve --transfer and to fetch from other engines. Without it, the
+    /// VOVP_TRANSFER_KEY variable is read.
+    #[arg(long, value_name = "PATH")]
+    transfer_key_file: Option<PathBuf>,
+    /// Threads that send and receive transfers (never the daemon's own thread).
+    #[arg(long, default_value = "4")]
+    transfer_threads: usize,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,6 +219,19 @@ fn main() -> ExitCode {
     config.limits.frame_timeout = args.handshake_timeout;
     config.limits.write_timeout = args.write_timeout;
     config.metrics = args.metrics;
+    config.transfer.listen = args.transfer;
+    config.transfer.threads = args.transfer_threads.max(1);
+    let key = match &args.transfer_key_file {
+        Some(path) => Some(vovp_transport::TransferConfig::key_from_file(path)),
+        None => vovp_transport::TransferConfig::key_from_env(),
+    };
+    match key.transpose() {
+        Ok(key) => config.transfer.key = key,
+        Err(e) => {
+            eprintln!("vovp-engine: {e}");
+            return ExitCode::from(2);
+        }
+    }
     match vovp_transport::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

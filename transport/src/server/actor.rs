@@ -15,9 +15,12 @@ use vovp_proto::{
 use super::Shared;
 use crate::response::{error_response, Response};
 
-/// PUT's and PUBLISH's flags (host objects).
-fn put_options(flags: u32) -> PutOptions {
-    vovp_proto::put_options(flags, None)
+/// PUT's and PUBLISH's flags and explicit version (host objects).
+fn put_options(flags: u32, version: Option<u64>) -> PutOptions {
+    PutOptions {
+        version,
+        ..vovp_proto::put_options(flags, None)
+    }
 }
 
 /// The per-connection actor: turns this client's requests into calls on the connection's
@@ -121,10 +124,14 @@ impl ConnectionActor {
                 name,
                 size,
                 flags,
+                version,
                 device,
                 metadata,
             } => {
-                let options = vovp_proto::create_options(flags, device);
+                let options = PutOptions {
+                    version,
+                    ..vovp_proto::create_options(flags, device)
+                };
                 Reply::Object(session.create(&name, size, &metadata, options).await?).into()
             }
             Request::Seal { name } => Reply::Version(session.seal(&name).await?).into(),
@@ -135,10 +142,11 @@ impl ConnectionActor {
             Request::Put {
                 name,
                 flags,
+                version,
                 metadata,
                 data,
             } => {
-                let options = put_options(flags);
+                let options = put_options(flags, version);
                 Reply::Object(
                     session
                         .put_inline(&name, data.into_owned(), &metadata, options)
@@ -154,10 +162,11 @@ impl ConnectionActor {
                 offset,
                 name,
                 flags,
+                version,
                 metadata,
                 size,
             } => {
-                let options = put_options(flags);
+                let options = put_options(flags, version);
                 Reply::Object(
                     session
                         .publish(lend, offset, &name, size, &metadata, options)
@@ -173,7 +182,7 @@ impl ConnectionActor {
                         name: &i.name,
                         size: i.size,
                         metadata: &i.metadata,
-                        options: put_options(i.flags),
+                        options: put_options(i.flags, i.version),
                     })
                     .collect();
                 let results = session.publish_many(lend, &objects).await?;
@@ -242,6 +251,44 @@ impl ConnectionActor {
                 super::snapshot(session, &self.shared).await?,
             ))
             .into(),
+            Request::TransferInfo => Reply::TransferInfo {
+                address: self
+                    .transfers()
+                    .ok()
+                    .and_then(|t| t.address())
+                    .map(|a| a.to_string())
+                    .unwrap_or_default(),
+                counters: self.transfers().map(|t| t.counters()).unwrap_or_default(),
+            }
+            .into(),
+            Request::Fetch(f) => {
+                // A version this store has already (fetched before, or put here) needs no
+                // transfer.
+                let newer_than = f.version.saturating_sub(1);
+                let name = f.name.as_ref();
+                let here = session.get_newer(&[name], &[newer_than], None).await?;
+                if let Some(r) = here.into_iter().flatten().next() {
+                    return Ok(Reply::Object(r).into());
+                }
+                let received = self.transfers()?.fetch(&f).await?;
+                // The transfer's session holds the object until this client holds it too.
+                let sealed_as = received.version.saturating_sub(1);
+                let got = session.get_newer(&[name], &[sealed_as], None).await?;
+                drop(received);
+                let r = got.into_iter().flatten().next().ok_or_else(|| {
+                    vovp::Error::NotFound(format!("{name} (fetched, then deleted at once)"))
+                })?;
+                Reply::Object(r).into()
+            }
+            Request::Gather(g) => {
+                let received = self.transfers()?.gather(&g).await?;
+                let got = session.get(&[g.into.as_ref()], None).await?;
+                drop(received);
+                let r = got.into_iter().flatten().next().ok_or_else(|| {
+                    vovp::Error::NotFound(format!("{} (gathered, then deleted at once)", g.into))
+                })?;
+                Reply::Object(r).into()
+            }
             Request::Subscribe => Response::Subscribed(session.subscribe().await?),
             Request::Shared => Response::Shared(session.attach_shared().await?),
             Request::Segment { id } => {
@@ -251,6 +298,19 @@ impl ConnectionActor {
                     writable: grant.writable,
                 }
             }
+        })
+    }
+}
+
+impl ConnectionActor {
+    /// The daemon's transfers, if it takes part in them (a key was given).
+    fn transfers(&self) -> Result<&crate::transfer::TransferService, vovp::Error> {
+        self.shared.transfer.as_deref().ok_or_else(|| {
+            vovp::Error::Config(format!(
+                "this engine has no transfer key (--transfer-key-file or {}): it fetches \
+                 nothing from other engines",
+                crate::transfer::KEY_VARIABLE
+            ))
         })
     }
 }

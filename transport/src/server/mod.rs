@@ -40,6 +40,8 @@ pub struct ServerConfig {
     /// Serve the Prometheus metrics at `http://ADDR/metrics` (`--metrics`; off when `None`).
     /// Port 0 binds a port the kernel picks, logged at start (the `metrics_addr` field).
     pub metrics: Option<SocketAddr>,
+    /// Transfers between engines: the port (`--transfer`) and the cluster's key.
+    pub transfer: crate::TransferConfig,
 }
 
 impl ServerConfig {
@@ -51,6 +53,7 @@ impl ServerConfig {
             allowed_uids: vec![rustix::process::getuid().as_raw()],
             limits: ConnectionLimits::default(),
             metrics: None,
+            transfer: crate::TransferConfig::default(),
         }
     }
 }
@@ -119,6 +122,8 @@ struct Shared {
     /// Each connection's holder and the pid its client was accepted with (SO_PEERCRED), for
     /// the metrics' clients holding the most. Touched once per connect, disconnect and scrape.
     pids: Mutex<HashMap<vovp::HolderId, i32>>,
+    /// Transfers between engines (FETCH, GATHER, the transfer port); `None` without a key.
+    transfer: Option<Arc<crate::transfer::TransferService>>,
 }
 
 impl Shared {
@@ -231,7 +236,22 @@ async fn serve(config: ServerConfig, bound: &mut bool) -> Result<(), TransportEr
     let engine = vovp::Engine::start(config.engine.clone())
         .await
         .map_err(|e| TransportError::Setup(format!("starting the engine: {e}")))?;
-    let shared = Arc::new(Shared::default());
+    // Before the socket: a port that cannot be bound stops the start before the socket file
+    // exists.
+    let transfer = crate::transfer::TransferService::start(
+        &config.transfer,
+        &engine,
+        config.limits.write_timeout,
+        config.limits.handshake_timeout,
+    )?;
+    if let Some(transfer_addr) = transfer.as_ref().and_then(|t| t.address()) {
+        // Machine-readable (the `transfer_addr` field): how a port 0 is found.
+        tracing::info!(%transfer_addr, "serving transfers at {transfer_addr}");
+    }
+    let shared = Arc::new(Shared {
+        transfer: transfer.map(Arc::new),
+        ..Shared::default()
+    });
     // Before the socket: a client that can connect can scrape, and a port that cannot be
     // bound stops the start before the socket file exists.
     if let Some(addr) = config.metrics {

@@ -191,6 +191,7 @@ impl<'a> Flight<'a> {
                 offset: item.offset,
                 name: item.name.clone(),
                 flags: item.flags,
+                version: item.version,
                 metadata: item.metadata.clone(),
                 size: item.size,
             };
@@ -384,6 +385,7 @@ impl ClientInner {
             offset: range.offset,
             name: name.into(),
             flags: vovp_proto::put_flags(&options),
+            version: options.version,
             metadata: metadata.into(),
             size: data.len() as u64,
         };
