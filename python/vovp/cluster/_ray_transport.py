@@ -84,12 +84,12 @@ def register_transport() -> None:
 
 
 @dataclass
-class VovpCommunicatorMetadata(CommunicatorMetadata):
+class VovpCommunicatorMetadata(CommunicatorMetadata):  # type: ignore[misc]
     """Nothing to agree on: the receiver reads by name from the holder's node."""
 
 
 @dataclass
-class VovpTransportMetadata(TensorTransportMetadata):
+class VovpTransportMetadata(TensorTransportMetadata):  # type: ignore[misc]
     """What Ray carries from the sender to the receiver, besides shapes and dtypes."""
 
     names: List[str] = field(default_factory=list)  # the store objects, one per tensor
@@ -101,7 +101,7 @@ def object_names(obj_id: str, count: int) -> List[str]:
     return [f"{NAME_PREFIX}{obj_id}-{i}" for i in range(count)]
 
 
-class VovpTensorTransport(TensorTransportManager):
+class VovpTensorTransport(TensorTransportManager):  # type: ignore[misc]
     """One per process (Ray makes it): the sender's held references, the receiver's aborts."""
 
     def __init__(self) -> None:
@@ -165,7 +165,8 @@ class VovpTensorTransport(TensorTransportManager):
             raise
         return copies
 
-    def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
+    def send_multiple_tensors(self, tensors: List[Any], tensor_transport_metadata: Any,
+                              communicator_metadata: Any) -> None:
         raise NotImplementedError("the vovp transport is one-sided: the receiver reads")
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: TensorTransportMetadata,
@@ -184,7 +185,7 @@ class VovpTensorTransport(TensorTransportManager):
 
     # -- receiver ----------------------------------------------------------------------------
 
-    def get_communicator_metadata(self, src_actor, dst_actor,
+    def get_communicator_metadata(self, src_actor: Any, dst_actor: Any,
                                   backend: Optional[str] = None) -> VovpCommunicatorMetadata:
         return VovpCommunicatorMetadata()
 
@@ -208,7 +209,7 @@ class VovpTensorTransport(TensorTransportManager):
                 if local:
                     tensor = _get_local(name, meta.node_id)
                 else:
-                    tensor = fetch_from_node(meta.node_id, name, self._stall_timeout())
+                    tensor = fetch_from_node(str(meta.node_id), name, self._stall_timeout())
                 if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
                     raise VovpError(f"{name!r} is {tensor.dtype}{tuple(tensor.shape)}, Ray's "
                                     f"metadata says {dtype}{tuple(shape)}")
@@ -250,7 +251,8 @@ def _raw(tensor: Any) -> bytes:
     ~20x as much, and Ray pickles the metadata twice on its way."""
     import torch
 
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    raw: bytes = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return raw
 
 
 def _from_raw(raw: bytes, shape: Any, dtype: Any) -> Any:
@@ -306,7 +308,7 @@ def fetch_from_node(holder: str, name: str, stall_timeout: float) -> Any:
             _holder_agent(holder).withdraw.remote(ticket)
             raise
         try:
-            _stream.receive(address, ticket, memoryview(dst), stall_timeout)
+            _stream.receive(address, ticket, memoryview(dst.data), stall_timeout)
             client.seal(name)
         except BaseException as e:
             client.abort(name)  # an unsealed object was never visible; now it is gone
@@ -321,7 +323,7 @@ def fetch_from_node(holder: str, name: str, stall_timeout: float) -> Any:
                      "failed", 0)
 
 
-def _holder_agent(holder: str):
+def _holder_agent(holder: str) -> Any:
     try:
         return ray.get_actor(agent_name(holder), namespace=NAMESPACE)
     except ValueError:  # Ray knows no such actor: it died with its node
@@ -329,7 +331,7 @@ def _holder_agent(holder: str):
                          "node is gone", 0) from None
 
 
-def _offer(holder: str, name: str, stall_timeout: float):
+def _offer(holder: str, name: str, stall_timeout: float) -> Any:
     """The holder agent's offer of ``name`` (size, metadata, address, ticket)."""
     agent = _holder_agent(holder)
     try:
