@@ -39,6 +39,8 @@ pub enum DecodeError {
     TooManyObjects(usize),
     #[error("FETCH names {0} base ranges; at most {MAX_FETCH_RANGES}")]
     TooManyRanges(usize),
+    #[error("FETCH's has_base is {0}: 0 (no base) or 1")]
+    FetchBaseTag(u8),
     #[error("not a vovp transfer stream (bad magic)")]
     TransferMagic,
     #[error("unknown transfer ASK kind {0}")]

@@ -632,7 +632,8 @@ impl<'a> Request<'a> {
                 let (streams, timeout_ms) = (r.u16()?, r.i64()?);
                 let base = match r.u8()? {
                     0 => None,
-                    _ => {
+                    tag @ 2.. => return Err(DecodeError::FetchBaseTag(tag)),
+                    1 => {
                         let version = r.u64()?;
                         let n = r.count(16)?;
                         if n > MAX_FETCH_RANGES {

@@ -277,3 +277,29 @@ fn stats_fields_are_appended_compatibly() {
     .encode(Opcode::Stats.code(), 1, &mut out);
     assert_eq!(out.len(), HEADER_LEN + 1 + 16 * 8);
 }
+
+/// Fuzz find (frame_decoder): a FETCH whose `has_base` byte was 3 decoded as "a base", so its
+/// canonical encoding (1) differed from the payload. Only 0 and 1 are FETCH's tags.
+#[test]
+fn a_fetch_base_tag_other_than_0_or_1_is_malformed() {
+    let fetch = |tag: u8| {
+        let mut p = Vec::new();
+        p.extend_from_slice(&1u16.to_le_bytes());
+        p.push(b's');
+        p.extend_from_slice(&7u64.to_le_bytes()); // version
+        p.extend_from_slice(&0u16.to_le_bytes()); // source ""
+        p.extend_from_slice(&0u16.to_le_bytes()); // streams
+        p.extend_from_slice(&0i64.to_le_bytes()); // timeout_ms
+        p.push(tag);
+        if tag != 0 {
+            p.extend_from_slice(&1u64.to_le_bytes()); // base version
+            p.extend_from_slice(&0u32.to_le_bytes()); // no ranges
+        }
+        Request::decode(Opcode::Fetch.code(), &p).map(Request::into_owned)
+    };
+    assert!(matches!(fetch(0), Ok(Request::Fetch(f)) if f.base.is_none()));
+    assert!(matches!(fetch(1), Ok(Request::Fetch(f)) if f.base.is_some()));
+    let err = fetch(3).unwrap_err();
+    assert_eq!(err, DecodeError::FetchBaseTag(3));
+    assert_eq!(err.status(), Status::Malformed);
+}
