@@ -246,37 +246,6 @@ impl AsyncClient {
         })
     }
 
-    /// As the blocking client's [`crate::Client::fetch_from`].
-    pub async fn fetch_from(
-        &self,
-        source: &str,
-        name: &str,
-        version: u64,
-        options: &crate::FetchOptions,
-    ) -> Result<ObjectView, Error> {
-        ops::fetch_from(self, source, name, version, options).await
-    }
-
-    /// As the blocking client's [`crate::Client::gather_from`].
-    #[allow(clippy::too_many_arguments)]
-    pub async fn gather_from(
-        &self,
-        source: &str,
-        name: &str,
-        version: u64,
-        row_bytes: u64,
-        ids: &[u64],
-        into: &str,
-        timeout: Option<Duration>,
-    ) -> Result<ObjectView, Error> {
-        ops::gather_from(self, source, name, version, row_bytes, ids, into, timeout).await
-    }
-
-    /// As the blocking client's [`crate::Client::transfer_info`].
-    pub async fn transfer_info(&self) -> Result<crate::TransferInfo, Error> {
-        ops::transfer_info(self).await
-    }
-
     /// GET over the socket, the shared directory not asked (as the blocking client's
     /// [`crate::Client::get_from_store`]).
     pub async fn get_from_store(
@@ -419,5 +388,6 @@ impl AsyncClient {
 }
 
 crate::ops::puts_on_driver!(AsyncClient, async, |op| op.await);
+crate::ops::transfers_on_driver!(AsyncClient, async, |op| op.await);
 
 crate::ops::store_on_driver!(AsyncStore for AsyncClient, async, |op| op.await, {});

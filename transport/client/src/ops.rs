@@ -834,3 +834,74 @@ macro_rules! puts_on_driver {
     };
 }
 pub(crate) use puts_on_driver;
+
+/// The engine-to-engine transfer calls both clients have, from one list (as
+/// [`store_on_driver`]).
+macro_rules! transfers_on_driver {
+    ($client:ty, $($asyncness:ident)?, |$op:ident| $run:expr) => {
+        impl $client {
+            /// Copies `name` at `version` from the engine whose transfer port is `source`
+            /// (`ip:port`, its `TRANSFER_INFO` address) into this client's store, sealed there
+            /// as exactly that version, and returns it (a view, as a get's). The engines move
+            /// the bytes between them (this process sees none); concurrent fetches of one name
+            /// and version on one engine share one transfer, and a version this store has
+            /// already is returned without one. Errors: [`Error::Transfer`] (refused, the
+            /// holder gone or stalled, unreachable), [`Error::StaleVersion`] (a newer version is
+            /// here), [`Error::Config`] (this engine has no transfer key),
+            /// [`Error::OutOfMemory`]. Nothing of a failed fetch is visible.
+            pub $($asyncness)? fn fetch_from(
+                &self,
+                source: &str,
+                name: &str,
+                version: u64,
+                options: &$crate::FetchOptions,
+            ) -> Result<vovp_types::ObjectView, Error> {
+                let $op = $crate::ops::fetch_from(self.driver(), source, name, version, options);
+                $run
+            }
+
+            /// Rows of `name` at `version` held by the engine at `source`: row `i` is bytes
+            /// `i * row_bytes ..` of it; the rows come back in the order of `ids` (repeats
+            /// allowed) as a new ephemeral object named `into` (gone when its last view is),
+            /// `ids.len() * row_bytes` bytes. Errors as `fetch_from`'s; a row past the end is
+            /// [`Error::Transfer`].
+            #[allow(clippy::too_many_arguments)]
+            pub $($asyncness)? fn gather_from(
+                &self,
+                source: &str,
+                name: &str,
+                version: u64,
+                row_bytes: u64,
+                ids: &[u64],
+                into: &str,
+                timeout: Option<std::time::Duration>,
+            ) -> Result<vovp_types::ObjectView, Error> {
+                let $op = $crate::ops::gather_from(
+                    self.driver(),
+                    source,
+                    name,
+                    version,
+                    row_bytes,
+                    ids,
+                    into,
+                    timeout,
+                );
+                $run
+            }
+
+            /// The engine's transfer port (`ip:port`), `None` when it serves none (no
+            /// `--transfer`).
+            pub $($asyncness)? fn transfer_address(&self) -> Result<Option<String>, Error> {
+                let $op = $crate::ops::transfer_info(self.driver());
+                Ok($run?.address)
+            }
+
+            /// The engine's transfer port and counters (TRANSFER_INFO).
+            pub $($asyncness)? fn transfer_info(&self) -> Result<$crate::TransferInfo, Error> {
+                let $op = $crate::ops::transfer_info(self.driver());
+                $run
+            }
+        }
+    };
+}
+pub(crate) use transfers_on_driver;

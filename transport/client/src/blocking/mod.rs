@@ -19,7 +19,7 @@ use crate::core::{requests, Answered, Core, Expect, Unread, UnreadKind, Wire};
 use crate::io::{self, handshake};
 use crate::lent::ClientLend;
 use crate::mapping::MappedSegment;
-use crate::ops::{self, ready, Driver, FetchOptions, Put, PutArgs, TransferInfo};
+use crate::ops::{self, ready, Driver, Put, PutArgs};
 use crate::ClientOptions;
 
 mod conn;
@@ -449,68 +449,6 @@ impl Client {
         self.inner.call(&requests::list(start))?.list()
     }
 
-    /// Copies `name` at `version` from the engine whose transfer port is `source` (`ip:port`,
-    /// its `TRANSFER_INFO` address) into this client's store, sealed there as exactly that
-    /// version, and returns it (a view, as a get's). The engines move the bytes between them
-    /// (this process sees none); concurrent fetches of one name and version on one engine
-    /// share one transfer, and a version this store has already is returned without one.
-    /// Errors: [`Error::Transfer`] (refused, the holder gone or stalled, unreachable),
-    /// [`Error::StaleVersion`] (a newer version is here), [`Error::Config`] (this engine has
-    /// no transfer key), [`Error::OutOfMemory`]. Nothing of a failed fetch is visible.
-    pub fn fetch_from(
-        &self,
-        source: &str,
-        name: &str,
-        version: u64,
-        options: &FetchOptions,
-    ) -> Result<ObjectView, Error> {
-        ready(ops::fetch_from(
-            self.driver(),
-            source,
-            name,
-            version,
-            options,
-        ))
-    }
-
-    /// Rows of `name` at `version` held by the engine at `source`: row `i` is bytes
-    /// `i * row_bytes ..` of it; the rows come back in the order of `ids` (repeats allowed) as
-    /// a new ephemeral object named `into` (gone when its last view is), `ids.len() *
-    /// row_bytes` bytes. Errors as [`Client::fetch_from`]'s; a row past the end is
-    /// [`Error::Transfer`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn gather_from(
-        &self,
-        source: &str,
-        name: &str,
-        version: u64,
-        row_bytes: u64,
-        ids: &[u64],
-        into: &str,
-        timeout: Option<Duration>,
-    ) -> Result<ObjectView, Error> {
-        ready(ops::gather_from(
-            self.driver(),
-            source,
-            name,
-            version,
-            row_bytes,
-            ids,
-            into,
-            timeout,
-        ))
-    }
-
-    /// The engine's transfer port (`ip:port`), `None` when it serves none (no `--transfer`).
-    pub fn transfer_address(&self) -> Result<Option<String>, Error> {
-        Ok(self.transfer_info()?.address)
-    }
-
-    /// The engine's transfer port and counters (TRANSFER_INFO).
-    pub fn transfer_info(&self) -> Result<TransferInfo, Error> {
-        ready(ops::transfer_info(self.driver()))
-    }
-
     /// Opens a notification stream (its own connection, as Plasma's subscribe did).
     pub fn subscribe(&self) -> Result<Subscription, Error> {
         let (stream, _maps) = handshake(&self.inner.core.path, false)?;
@@ -639,6 +577,7 @@ impl Driver for Arc<ClientInner> {
 }
 
 crate::ops::puts_on_driver!(Client, , |op| ready(op));
+crate::ops::transfers_on_driver!(Client, , |op| ready(op));
 
 crate::ops::store_on_driver!(Store for Client, , |op| ready(op), {
     /// `ops::get_one`'s halves apart: a get the shared directory serves makes no future.
