@@ -12,7 +12,7 @@
 //! * [`ObjectView`] / [`ObjectBuffer`]: zero-copy handles that release on drop, through an
 //!   [`ObjectSink`] the engine or a client provides;
 //! * [`Store`] / [`AsyncStore`]: the one API, embedded or remote;
-//! * the limits, every one defined once in `limits` ([`MAX_INLINE_PUT`], [`lends`], [`wire`],
+//! * the limits, every one defined once in `limits` ([`MAX_INLINE_PUT`], [`lends`], [`wire`], [`transfer`],
 //!   ...).
 //!
 //! ```
@@ -38,7 +38,7 @@ mod view;
 pub use activity::{Counted, HolderUsage, StoreActivity, StoreMetrics};
 pub use error::Error;
 pub use limits::{
-    lends, wire, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT, MAX_METADATA_LEN,
+    lends, transfer, wire, CLIENT_INLINE_PUT, INLINE_PUT_LIMIT, MAX_INLINE_PUT, MAX_METADATA_LEN,
     MAX_NAME_LEN, MAX_OBJECTS,
 };
 pub use object::*;

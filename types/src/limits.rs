@@ -7,7 +7,8 @@
 //!   [`CLIENT_INLINE_PUT`] of that; the embedded engine up to [`INLINE_PUT_LIMIT`];
 //! * [`lends`]: the size of a store's lends and of the small lend, and which objects go there
 //!   (the one statement of the lend-size rule: [`lends::lend_size`]);
-//! * [`wire`]: what one frame or request may carry (re-exported by `vovp-proto`).
+//! * [`wire`]: what one frame or request may carry (re-exported by `vovp-proto`);
+//! * [`transfer`]: what one transfer between engines may ask and how long a ticket lives.
 //!
 //! The daemon's per-connection limits that are flags (`--handshake-timeout`, `--write-timeout`,
 //! `--max-connections`) have their defaults with the server (`vovp-transport`'s
@@ -57,6 +58,25 @@ pub mod wire {
     /// A LIST page stops growing past this many bytes, so every reply stays far below the frame
     /// limit whatever the names and metadata.
     pub const LIST_PAGE_BYTES: usize = 8 << 20;
+}
+
+/// Transfers between engines (FETCH / GATHER and the TCP transfer port; PROTOCOL.md,
+/// "Transfers between engines").
+pub mod transfer {
+    use std::time::Duration;
+
+    /// Most base ranges one FETCH may name (each is copied locally instead of fetched).
+    pub const MAX_FETCH_RANGES: usize = 1 << 20;
+    /// Most ranges one ASK on the transfer port may name.
+    pub const MAX_ASK_RANGES: usize = 1 << 20;
+    /// Largest message on the transfer port (OPEN, HEADER, ASK, GO): an ASK of 8 Mi row ids.
+    pub const MAX_MESSAGE: usize = 64 << 20;
+    /// Longest a ticket may be valid for, from its minting: a holder remembers each used
+    /// (nonce, stream) until its ticket expires, so this bounds that memory as well as a stolen
+    /// ticket's life.
+    pub const MAX_TICKET_LIFE: Duration = Duration::from_secs(600);
+    /// How long a FETCH or GATHER may take when its request says 0 or less.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 }
 
 /// The arithmetic of lends (LEND / PUBLISH), the same for the store and its clients.

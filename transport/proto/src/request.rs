@@ -195,8 +195,8 @@ pub struct Gather<'a> {
     pub ids: Cow<'a, [u64]>,
 }
 
-/// Most ranges a FETCH's base may name.
-pub const MAX_FETCH_RANGES: usize = 1 << 20;
+/// Most ranges a FETCH's base may name (defined with every other limit, in `vovp-types`).
+pub use vovp_types::transfer::MAX_FETCH_RANGES;
 
 impl Fetch<'_> {
     fn into_owned(self) -> Fetch<'static> {

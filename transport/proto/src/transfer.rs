@@ -26,10 +26,9 @@ pub const MAGIC: [u8; 8] = *b"VOVPXFR1";
 pub const KEY_LEN: usize = 32;
 pub const NONCE_LEN: usize = 16;
 pub const MAC_LEN: usize = 32;
-/// Largest message (OPEN, HEADER, ASK, GO): an ASK of 8 Mi row ids.
-pub const MAX_MESSAGE: usize = 64 << 20;
-/// Most ranges one ASK may name.
-pub const MAX_RANGES: usize = 1 << 20;
+/// Largest message (OPEN, HEADER, ASK, GO) and most ranges one ASK may name: defined with
+/// every other limit, in `vovp-types`.
+pub use vovp_types::transfer::{MAX_ASK_RANGES as MAX_RANGES, MAX_MESSAGE};
 /// ASK kinds.
 const ASK_RANGES: u8 = 1;
 const ASK_ROWS: u8 = 2;

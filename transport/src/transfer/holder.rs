@@ -17,10 +17,8 @@ use vovp_proto::transfer::{Ask, Go, Header, Open, Ticket, TransferKey, MAC_LEN, 
 use super::io::{read_message, write_all_from, ObjectBytes};
 use super::pool::Pool;
 use super::{Counter, Counters};
+use vovp::transfer::MAX_TICKET_LIFE;
 
-/// Longest a ticket may be valid for, from now: a holder remembers each used (nonce, stream)
-/// until its ticket expires, so this bounds that memory as well as a stolen ticket's life.
-pub(crate) const MAX_TICKET_LIFE: Duration = Duration::from_secs(600);
 /// Rows gathered into one send at a time.
 const ROWS_CHUNK: usize = 4 << 20;
 

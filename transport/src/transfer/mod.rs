@@ -56,12 +56,11 @@ use holder::Holder;
 use pool::Pool;
 pub(crate) use receiver::Received;
 use receiver::{FetchJob, GatherJob, Receiver};
+use vovp::transfer::DEFAULT_TIMEOUT;
 
 /// The environment variable that may hold the transfer key (64 hex digits), when no key file
 /// is given.
 pub const KEY_VARIABLE: &str = "VOVP_TRANSFER_KEY";
-/// A FETCH or GATHER that names no timeout gets this long.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How a daemon takes part in transfers.
 #[derive(Debug, Clone)]
