@@ -20,23 +20,21 @@ STEPS = 3
 
 
 @ray.remote(num_cpus=0)
-class Rollout:
-    def follow(self) -> tuple[str, list[int]]:
-        """Read every version newer than the last one read, until the trainer's last step."""
-        v, seen = 0, []
-        while True:
-            w = vc.fetch("policy", newer_than=v, timeout=60)  # waits for a newer version
-            v = vc.version_of(w)
-            seen.append(int(w[0, 0]))  # a version is whole: every element is its step
-            assert (w == w[0, 0]).all()
-            if w[0, 0] == STEPS - 1:
-                return vc.node_id()[:8], seen
+def rollout() -> tuple[str, list[int]]:
+    """A worker: read every version newer than the one it holds, until the trainer's last."""
+    v, seen = 0, []
+    while True:
+        w = vc.fetch("policy", newer_than=v, timeout=60)  # waits for a newer version
+        v = vc.version_of(w)
+        seen.append(int(w[0, 0]))  # a version is whole: every element is its step
+        assert (w == w[0, 0]).all()
+        if w[0, 0] == STEPS - 1:
+            return vc.node_id()[:8], seen
 
 
 def main() -> None:
     vc.init(memory="512M")  # starts Ray if none is running; a store and agent per node
-    workers = [Rollout.remote() for _ in range(4)]
-    follows = [w.follow.remote() for w in workers]
+    follows = [rollout.remote() for _ in range(4)]
     for step in range(STEPS):
         weights = np.full((1024, 256), step, dtype=np.float32)  # the trainer's new weights
         w = vc.publish("policy", weights, replace=True)  # the name's next version

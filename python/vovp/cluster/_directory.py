@@ -56,6 +56,17 @@ class Entry:
                      list(self.holders), dict(self.addresses))
 
 
+async def _changed(events: dict[str, asyncio.Event], name: str, left: Optional[float]) -> bool:
+    """Wait until ``name`` changes (its Event in ``events`` is set) or ``left`` seconds pass
+    (None: no limit); False when the time ran out."""
+    event = events.setdefault(name, asyncio.Event())
+    try:
+        await asyncio.wait_for(event.wait(), left)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
 class Directory:
     def __init__(self) -> None:
         self._objects: dict[str, Entry] = {}
@@ -150,10 +161,7 @@ class Directory:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            event = self._changed.setdefault(name, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), left)
-            except asyncio.TimeoutError:
+            if not await _changed(self._changed, name, left):
                 return None
 
     async def add_holder(self, name: str, node: str, version: int) -> str:
@@ -251,10 +259,7 @@ class Directory:
             left = 0.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return None
-            event = self._dist_changed.setdefault(name, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), left)
-            except asyncio.TimeoutError:
+            if not await _changed(self._dist_changed, name, left):
                 return None
         return self._dist[name]
 

@@ -133,7 +133,7 @@ def transfer_address(directory: Any, node: str) -> Optional[str]:
     """``node``'s engine's transfer address (cached per process: one directory call the first
     time; agents register theirs when they start)."""
     addresses = _cache()["addresses"]
-    address = addresses.get(node)
+    address: Optional[str] = addresses.get(node)
     if address is None:
         address = directory_call(directory.transfer_address.remote(node))
         if address is not None:
