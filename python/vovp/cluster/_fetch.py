@@ -30,6 +30,7 @@ of the version last fetched here, replaced by newer ones) and node -> transfer a
 from __future__ import annotations
 
 import os
+import queue
 import random
 import re
 import threading
@@ -54,20 +55,43 @@ ATTEMPTS = 16
 _PRESENT = re.compile(r"present version: (\d+)")
 
 _lock = threading.Lock()
-_caches: dict[str, Any] = {"pid": None, "locations": {}, "addresses": {}}
+_caches: dict[str, Any] = {"pid": None, "locations": {}, "addresses": {}, "notes": None}
 
 
 def _cache() -> dict[str, Any]:
     with _lock:
         if _caches["pid"] != os.getpid():
-            _caches.update(pid=os.getpid(), locations={}, addresses={})
+            _caches.update(pid=os.getpid(), locations={}, addresses={}, notes=None)
         return _caches
 
 
 def reset() -> None:
     """Forget every cached location and address (``vovp.cluster.shutdown``)."""
     with _lock:
-        _caches.update(pid=None, locations={}, addresses={})
+        _caches.update(pid=None, locations={}, addresses={}, notes=None)
+
+
+def _note_holder(directory: Any, name: str, node: str, version: int) -> None:
+    """``directory.add_holder(name, node, version)``, sent by a thread of this process after
+    the fetch returned: submitting a Ray call costs ~0.5 ms here, which a first fetch of a
+    small tensor need not wait for (nobody awaits the answer either: see ``add_holder``)."""
+    cache = _cache()
+    with _lock:
+        notes = cache["notes"]
+        if notes is None:
+            notes = cache["notes"] = queue.SimpleQueue()
+            threading.Thread(target=_send_notes, args=(notes,), name="vovp-holder-notes",
+                             daemon=True).start()
+    notes.put((directory, name, node, version))
+
+
+def _send_notes(notes: "queue.SimpleQueue[tuple[Any, str, str, int]]") -> None:
+    while True:
+        directory, name, node, version = notes.get()
+        try:
+            directory.add_holder.remote(name, node, version)
+        except Exception:  # noqa: BLE001 - a directory gone: the next call says so
+            continue
 
 
 def forget(name: str) -> None:
@@ -166,10 +190,12 @@ def local(c: Client, name: str, newer_than: Optional[int], framework: Optional[s
 def fetch_object(c: Client, directory: Any, me: str, name: str, *,
                  newer_than: Optional[int] = None, timeout: Optional[float] = None,
                  framework: Optional[str] = None, writable: bool = False,
-                 source: Optional[str] = None) -> tuple[Any, bool]:
+                 source: Optional[str] = None, defer_note: bool = True) -> tuple[Any, bool]:
     """The walk of this module's doc: (the tensor, whether this call made a FETCH).
     ``timeout``: None = a version must be committed already (ObjectNotFound otherwise);
-    seconds = wait that long for one (TimeoutError). ``source``: a holder to try first."""
+    seconds = wait that long for one (TimeoutError). ``source``: a holder to try first.
+    ``defer_note``: the add_holder is submitted by a thread after the return (False: before
+    it, so that the caller's next directory call finds this holder: broadcast's rounds)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     got = local(c, name, newer_than, framework, writable)
     if got is not None:
@@ -243,7 +269,10 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
                 continue
             if me not in entry.holders:
                 entry.holders.append(me)
-                directory.add_holder.remote(name, me, entry.version)
+                if defer_note:
+                    _note_holder(directory, name, me, entry.version)
+                else:
+                    directory.add_holder.remote(name, me, entry.version)
             known = locations.get(name)
             if known is None or known.version <= entry.version:
                 locations[name] = entry
