@@ -100,6 +100,18 @@ def test_replace_is_the_next_version_everywhere(cluster):
     assert vc.unpublish("w")
 
 
+def test_publish_of_an_object_already_stored_here_keeps_its_version(cluster):
+    b = others()[0]
+    obj = vc.client().put_tensor("stored", tagged(4, 100))
+    v = vovp.version_of(obj)
+    assert vc.publish("stored") is None
+    assert ray.get(on(b, lambda: (lambda t: (vovp.version_of(t), check(t)))(
+        vc.fetch("stored")))) == (v, 4)
+    with pytest.raises(vovp.ObjectExists):
+        vc.publish("stored")
+    vc.unpublish("stored")
+
+
 def test_fetch_newer_than_waits_for_the_publish_and_times_out(cluster):
     b = others()[0]
     v = vc.version_of(vc.publish("wait", tagged(1, 100)))

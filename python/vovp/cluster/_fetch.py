@@ -48,9 +48,12 @@ from ._directory import DIRECTORY_NAME, NAMESPACE, Entry, agent_name
 CONTROL_TIMEOUT = 60.0
 # Seconds a holder's agent has to answer "are you alive" after its transfer failed.
 ALIVE_TIMEOUT = 5.0
-# Rounds of the walk (a directory answer, or a holder's newer version, and its holders) before
-# a fetch gives up: each round follows a newer version or drops dead or empty holders.
+# Rounds of the walk (a directory answer and its holders) before a fetch gives up: each round
+# follows a newer version or drops dead, empty or replaced holders.
 ATTEMPTS = 16
+# Seconds to wait for the commit of a version a holder had already (its writer commits right
+# after its put) before going on with the holders of the version asked for.
+MOVED_ON_WAIT = 5.0
 # A holder's refusal of a version it replaced names the one it has (transport's holder.rs).
 _PRESENT = re.compile(r"present version: (\d+)")
 
@@ -205,15 +208,23 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
     lost: list[str] = []
     failed: list[tuple[str, int, BaseException]] = []
     tried: set[tuple[str, int]] = set()
+    moved_on: Optional[int] = None  # a version some holder had replaced already
     cached: Optional[Entry] = locations.get(name) if newer_than is not None else None
     if cached is not None and cached.version <= floor:
         cached = None
     for attempt in range(ATTEMPTS):
-        if cached is not None:
-            entry: Optional[Entry] = cached
-        else:
+        entry: Optional[Entry] = cached
+        if entry is None and moved_on is not None:
+            # A holder had a version above ``moved_on`` already: wait (briefly) for its
+            # commit rather than take it from the holder, whose newer version may never be
+            # committed (its writer died after the put).
             left = _left(deadline, name)
-            wait = None if deadline is None else left
+            briefly = MOVED_ON_WAIT if left is None else min(left, MOVED_ON_WAIT)
+            entry = directory_call(directory.wait_newer.remote(name, moved_on, briefly),
+                                   wait=briefly)
+            moved_on = None
+        if entry is None:
+            wait = _left(deadline, name)
             entry = directory_call(directory.wait_newer.remote(name, floor, wait), wait=wait)
         if entry is None:
             got = local(c, name, newer_than, framework, writable)  # put here meanwhile
@@ -235,7 +246,7 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
         if source is not None and source in holders:
             holders.remove(source)
             holders.insert(0, source)
-        if not holders and attempt > 0 and cached is None:
+        if not holders and attempt > 0 and moved_on is None:
             break
         for holder in holders:
             tried.add((holder, entry.version))
@@ -253,12 +264,11 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
             except TransferFailed as e:
                 present = _PRESENT.search(str(e))
                 if present is not None and int(present.group(1)) > entry.version:
-                    # Replaced there meanwhile by a newer version (a writer faster than this
-                    # reader): fetch that one from it, without asking the directory.
-                    newer = int(present.group(1))
-                    cached = Entry(name, holder, entry.size, entry.metadata, newer, [holder],
-                                   {holder: address})
-                    break
+                    # Replaced there by a newer version (a writer faster than this reader):
+                    # other holders may still have this one; else the directory's next.
+                    directory.drop_holder.remote(name, holder, entry.version)
+                    moved_on = entry.version
+                    continue
                 if holder_alive(holder):
                     # Alive: it evicted this version, or the transfer broke.
                     failed.append((holder, entry.version, e))
@@ -277,8 +287,7 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
             if known is None or known.version <= entry.version:
                 locations[name] = entry
             return got, True
-        else:
-            cached = None
+        cached = None
     locations.pop(name, None)
     if failed:
         holder, version, error = failed[-1]
