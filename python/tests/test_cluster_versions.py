@@ -336,3 +336,16 @@ def test_a_daemon_without_transfer_is_an_error_naming_the_flag(tmp_path):
 
 def test_version_of_is_vovp_version_of():
     assert vc.version_of is vovp.version_of
+
+
+def test_a_gone_directory_is_a_clear_error_not_a_hang(cluster):
+    """The directory's actor dies (as it does with the head node; removing a
+    ``ray.cluster_utils`` head takes Ray's GCS and this driver with it, so the actor is
+    killed instead): a fetch that waits, and one that does not, fail at once with a VovpError
+    naming the directory. Last in the module: nothing after it has a directory."""
+    ray.kill(_api.directory_actor())
+    for kwargs in ({"newer_than": 0, "timeout": 30.0}, {}):
+        t0 = time.monotonic()
+        with pytest.raises(vovp.VovpError, match="vovp directory"):
+            vc.fetch("nowhere", **kwargs)
+        assert time.monotonic() - t0 < 10
