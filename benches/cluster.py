@@ -108,6 +108,8 @@ def stop_in_order(*stops):
 
 # Issue 44 item 7: vovp's fetch against ray.get of a ref made on another node (time ratio).
 FETCH_TARGETS = {64: 1.0, 1 * MiB: 1.5, 256 * MiB: 3.0}
+# ... and the 256 MiB fetch against the machine's loopback TCP limit measured in the same run.
+LOOPBACK_TARGET = 0.70
 
 
 def label(size):
@@ -123,6 +125,9 @@ def main():
     ap.add_argument("--engine", default=str(REPO / "target" / "release" / "vovp-engine"))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(REPO / "target" / "bench" / "cluster.json"))
+    ap.add_argument("--loopback-gbps", type=float, default=None,
+                    help="the machine's loopback TCP limit (4 streams into touched memory), "
+                         "measured by vovp-bench in the same run: 256 MiB is reported against it")
     args = ap.parse_args()
 
     node_args = dict(num_cpus=1, object_store_memory=700 * MiB, node_ip_address="127.0.0.1")
@@ -169,9 +174,16 @@ def main():
             target = FETCH_TARGETS.get(size)
             row["target"] = target
             row["pass"] = None if target is None else row["ratio"] >= target
+            if size == 256 * MiB and args.loopback_gbps:
+                row["of_loopback"] = row["vovp"] / args.loopback_gbps
+                row["loopback_pass"] = row["of_loopback"] >= LOOPBACK_TARGET
             results["fetch"].append(row)
             verdict = "" if target is None else (
                 f"; target >= {target}x Ray: {'PASS' if row['pass'] else 'FAIL'}")
+            if "of_loopback" in row:
+                verdict += (f"; {row['of_loopback']:.2f}x the loopback limit "
+                            f"({args.loopback_gbps:.2f} GB/s), target >= {LOOPBACK_TARGET}x: "
+                            f"{'PASS' if row['loopback_pass'] else 'FAIL'}")
             print(f"fetch {label(size)}: vovp {row['vovp_s'] * 1e3:.2f} ms "
                   f"({row['vovp']:.3f} GB/s), ray.get {row['ray_s'] * 1e3:.2f} ms "
                   f"({row['ray']:.3f} GB/s), {row['ratio']:.2f}x{verdict}", flush=True)
@@ -223,6 +235,10 @@ def main():
         print(f"| first fetch of {label(row['size'])} from another node, ms (GB/s) | "
               f"{row['vovp_s'] * 1e3:.2f} ({row['vovp']:.3f}) | {row['ray_s'] * 1e3:.2f} "
               f"({row['ray']:.3f}) | {row['ratio']:.2f}x | {verdict} |")
+        if "of_loopback" in row:
+            print(f"| the same, against the loopback limit ({args.loopback_gbps:.2f} GB/s) | "
+                  f"{row['vovp']:.3f} GB/s | - | {row['of_loopback']:.2f}x of the limit | "
+                  f"≥ {LOOPBACK_TARGET}x: {'PASS' if row['loopback_pass'] else 'FAIL'} |")
     bcr = results["broadcast"]
     print(f"| broadcast 256 MiB to 2 nodes, GB/s delivered | {bcr['tree']:.2f} (tree), "
           f"{bcr['star']:.2f} (star, the default) | {bcr['ray']:.2f} | "

@@ -255,12 +255,23 @@ fn run_cluster(paths: &Paths, engine_bin: &Path) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
+    // The loopback limit of this machine, measured in the same run: the engines' 256 MiB
+    // fetches between nodes are reported against it (issue 44's 70 % target).
+    let loopback = match vovp_bench::transfer::loopback_limit_gbps(256 << 20, 5) {
+        Ok(gbps) => gbps,
+        Err(e) => {
+            eprintln!("vovp-bench: the loopback limit could not be measured: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let status = std::process::Command::new(&python)
         .arg(paths.root.join("benches").join("cluster.py"))
         .arg("--engine")
         .arg(engine_bin)
         .arg("--out")
         .arg(paths.out.join("cluster.json"))
+        .arg("--loopback-gbps")
+        .arg(format!("{loopback:.3}"))
         .status();
     match status {
         Ok(s) if s.success() => ExitCode::SUCCESS,

@@ -105,6 +105,25 @@ pub fn tcp_loopback_gbps(src: &[u8], dst: &mut [u8], streams: usize) -> std::io:
     Ok(src.len() as f64 / started.elapsed().as_secs_f64() / 1e9)
 }
 
+/// The machine's loopback limit for `len` bytes: the median GB/s of `reps` sends over
+/// [`STREAMS`] loopback connections into touched memory (after one untimed), what `--cluster`
+/// reports its engine-to-engine fetches against.
+pub fn loopback_limit_gbps(len: usize, reps: usize) -> Res<f64> {
+    let src = SourceBuf::new(len, len as u64).map_err(|e| e.to_string())?;
+    let mut dst = touched(len);
+    let mut runs = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        let gbps = tcp_loopback_gbps(&src[..], &mut dst, STREAMS).map_err(|e| e.to_string())?;
+        if rep > 0 {
+            runs.push(gbps);
+        }
+    }
+    runs.sort_by(f64::total_cmp);
+    runs.get(runs.len() / 2)
+        .copied()
+        .ok_or_else(|| "no repetitions".to_string())
+}
+
 /// Two daemons serving transfers on loopback with one key (in `dir`).
 fn start_engines(engine_bin: &Path, dir: &Path, out: &Path, memory: u64) -> Res<(Daemon, Daemon)> {
     use std::os::unix::fs::PermissionsExt;
