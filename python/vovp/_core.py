@@ -204,7 +204,7 @@ class ClientCore:
             raise
         if obj is None:
             return None
-        arr: npt.NDArray[Any] = np.asarray(obj)
+        arr: npt.NDArray[Any] = obj.array()
         L.lease(arr, self, obj)
         return arr
 
@@ -222,7 +222,7 @@ class ClientCore:
         except ConnectionError:
             self.connection_lost()
             raise
-        arr: npt.NDArray[Any] = np.asarray(obj)
+        arr: npt.NDArray[Any] = obj.array()
         L.lease(arr, self, obj)
         if arr.dtype != view_dt:
             arr = arr.view(view_dt)  # (ml_dtypes' bfloat16, shown as its bits)
@@ -246,7 +246,7 @@ class ClientCore:
             raise GpuUnavailable(
                 f"{obj.name!r} is a CUDA object: it has no host memory to map (get it with "
                 "get_tensor, which returns a CUDA tensor)", 10)
-        owner = np.asarray(obj)
+        owner = obj.array()
         L.lease(owner, self, obj)
         return owner
 
