@@ -196,7 +196,7 @@ class ClientCore:
         if self.closed or FORKS[0] != self._forks:
             self.check_usable()
         try:
-            obj = self._native_client.put_with(
+            obj: Any = self._native_client.put_with(  # (kept: an Object, or None)
                 name if type(name) is str else object_name(name), src, options, b"", None,
                 framework)
         except ConnectionError:
@@ -217,7 +217,7 @@ class ClientCore:
         if self.closed or FORKS[0] != self._forks:
             self.check_usable()
         try:
-            obj = self._native_client.put_with(
+            obj: Any = self._native_client.put_with(  # (kept: an Object)
                 name, src, options, metadata, (shown_kind(view_dt), view_dt.itemsize, src.shape))
         except ConnectionError:
             self.connection_lost()
