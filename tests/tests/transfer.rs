@@ -587,35 +587,26 @@ fn no_port_is_opened_without_transfer_and_no_fetch_without_a_key() {
     let (served, port) = engine("64M", &key, &[]);
     let want: u16 = port.rsplit(':').next().unwrap().parse().unwrap();
     assert_eq!(listening_ports(served.child.id()), vec![want]);
-    let out = std::process::Command::new(vovp_tests::bin("vovp-engine"))
-        .args([
-            "-m",
-            "64M",
-            "-s",
-            "/tmp/vovp-never.sock",
-            "--transfer",
-            "127.0.0.1:0",
-        ])
-        .env_remove("VOVP_TRANSFER_KEY")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("key"));
+    let refusal = engine_refusal(&["--transfer", "127.0.0.1:0"]);
+    assert!(refusal.contains("key"), "{refusal}");
     // A key file others may read is refused.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key.path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let refusal = engine_refusal(&["--transfer-key-file", key_path]);
+    assert!(refusal.contains("chmod 600"), "{refusal}");
+}
+
+/// What a 64 MiB engine started with `args` (and no key in its environment) says when it
+/// refuses to start; a panic if it starts.
+fn engine_refusal(args: &[&str]) -> String {
     let out = std::process::Command::new(vovp_tests::bin("vovp-engine"))
-        .args([
-            "-m",
-            "64M",
-            "-s",
-            "/tmp/vovp-never.sock",
-            "--transfer-key-file",
-            key_path,
-        ])
+        .args(["-m", "64M", "-s", "/tmp/vovp-never.sock"])
+        .args(args)
+        .env_remove("VOVP_TRANSFER_KEY")
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("chmod 600"));
+    assert!(!out.status.success(), "the engine started with {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
