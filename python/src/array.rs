@@ -143,22 +143,28 @@ pub(crate) fn array_struct<'py>(
     Ok(capsule)
 }
 
+/// `PyArray_DescrFromType(type_number)`.
+type DescrFromType = unsafe extern "C" fn(c_int) -> *mut ffi::PyObject;
+/// `PyArray_NewFromDescr(subtype, descr, nd, dims, strides, data, flags, obj)`.
+type NewFromDescr = unsafe extern "C" fn(
+    *mut ffi::PyTypeObject,
+    *mut ffi::PyObject,
+    c_int,
+    *const isize,
+    *const isize,
+    *mut c_void,
+    c_int,
+    *mut ffi::PyObject,
+) -> *mut ffi::PyObject;
+/// `PyArray_SetBaseObject(arr, obj)`.
+type SetBaseObject = unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyObject) -> c_int;
+
 /// The functions of numpy's C API that [`new_array`] calls.
 struct NumpyApi {
     array_type: *mut ffi::PyTypeObject,
-    descr_from_type: unsafe extern "C" fn(c_int) -> *mut ffi::PyObject,
-    #[allow(clippy::type_complexity)]
-    new_from_descr: unsafe extern "C" fn(
-        *mut ffi::PyTypeObject,
-        *mut ffi::PyObject,
-        c_int,
-        *const isize,
-        *const isize,
-        *mut c_void,
-        c_int,
-        *mut ffi::PyObject,
-    ) -> *mut ffi::PyObject,
-    set_base_object: unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyObject) -> c_int,
+    descr_from_type: DescrFromType,
+    new_from_descr: NewFromDescr,
+    set_base_object: SetBaseObject,
 }
 
 // SAFETY: function pointers and the address of numpy's static `PyArray_Type`, which live as
@@ -202,9 +208,13 @@ fn load_numpy_api(py: Python<'_>) -> Option<NumpyApi> {
         }
         Some(NumpyApi {
             array_type: slot(ARRAY_TYPE).cast(),
-            descr_from_type: std::mem::transmute::<*mut c_void, _>(slot(DESCR_FROM_TYPE)),
-            new_from_descr: std::mem::transmute::<*mut c_void, _>(slot(NEW_FROM_DESCR)),
-            set_base_object: std::mem::transmute::<*mut c_void, _>(slot(SET_BASE_OBJECT)),
+            descr_from_type: std::mem::transmute::<*mut c_void, DescrFromType>(slot(
+                DESCR_FROM_TYPE,
+            )),
+            new_from_descr: std::mem::transmute::<*mut c_void, NewFromDescr>(slot(NEW_FROM_DESCR)),
+            set_base_object: std::mem::transmute::<*mut c_void, SetBaseObject>(slot(
+                SET_BASE_OBJECT,
+            )),
         })
     }
 }

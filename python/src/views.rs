@@ -52,12 +52,20 @@ type LeaseFields<'a> = (
     u64,
 );
 
-/// A lease's segment and offset of an object at `l`: None for a CUDA object.
-fn lease_place(l: Location) -> (Option<u32>, Option<u64>) {
-    match l {
+/// The [`LeaseFields`] of an object at `location` (its segment and offset split out).
+fn lease_fields_of(
+    id: Option<u64>,
+    name: &str,
+    address: usize,
+    size: u64,
+    location: Location,
+    version: u64,
+) -> LeaseFields<'_> {
+    let (segment, offset) = match location {
         Location::Host { segment, offset } => (Some(segment), Some(offset)),
         Location::Cuda(_) => (None, None),
-    }
+    };
+    (id, name, address, size, segment, offset, version)
 }
 
 /// What an [`Object`] holds: the view of a sealed object, or the store's copy of a put
@@ -265,16 +273,10 @@ impl Object {
     fn lease_fields(&self) -> LeaseFields<'_> {
         // (The version is stored before the id: a known id comes with its version.)
         let id = self.id.load(Ordering::Acquire);
-        let (segment, offset) = lease_place(self.location);
-        (
-            (id != 0).then_some(id),
-            &self.name,
-            self.address_now(),
-            self.size,
-            segment,
-            offset,
-            self.version.load(Ordering::Acquire),
-        )
+        let version = self.version.load(Ordering::Acquire);
+        let address = self.address_now();
+        let id = (id != 0).then_some(id);
+        lease_fields_of(id, &self.name, address, self.size, self.location, version)
     }
     /// Address of the bytes in this process (host objects; the writable mapping's once
     /// made writable).
@@ -453,14 +455,12 @@ impl Buffer {
     /// As `Object.lease_fields` (version 0: not sealed).
     #[getter]
     fn lease_fields(&self) -> LeaseFields<'_> {
-        let (segment, offset) = lease_place(self.location);
-        (
+        lease_fields_of(
             Some(self.id),
             &self.name,
             self.ptr,
             self.size,
-            segment,
-            offset,
+            self.location,
             0,
         )
     }
