@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyCapsule, PyDict};
 use vovp_client::{Client as RustClient, PipelinedView};
 use vovp_types::{Error, Location, ObjectBuffer, ObjectView};
 
-use crate::array::{array_interface, array_struct, Layout};
+use crate::array::{array_interface, array_struct, new_array, Layout};
 use crate::errors::to_py;
 use crate::process::{forget_in_child, this_process};
 
@@ -40,8 +40,33 @@ fn place_of(l: Location) -> Option<(u32, u64)> {
     }
 }
 
-/// `Object.lease_fields`: (id, None while pending; name; address; size; place).
-type LeaseFields<'a> = (Option<u64>, &'a str, usize, u64, Option<(u32, u64)>);
+/// `lease_fields`: (id, None while pending; name; address; size; segment and offset, None
+/// for a CUDA object; version, 0 while pending).
+type LeaseFields<'a> = (
+    Option<u64>,
+    &'a str,
+    usize,
+    u64,
+    Option<u32>,
+    Option<u64>,
+    u64,
+);
+
+/// The [`LeaseFields`] of an object at `location` (its segment and offset split out).
+fn lease_fields_of(
+    id: Option<u64>,
+    name: &str,
+    address: usize,
+    size: u64,
+    location: Location,
+    version: u64,
+) -> LeaseFields<'_> {
+    let (segment, offset) = match location {
+        Location::Host { segment, offset } => (Some(segment), Some(offset)),
+        Location::Cuda(_) => (None, None),
+    };
+    (id, name, address, size, segment, offset, version)
+}
 
 /// What an [`Object`] holds: the view of a sealed object, or the store's copy of a put
 /// whose reply is still to come (its id and version with it).
@@ -241,18 +266,17 @@ impl Object {
     fn place(&self) -> Option<(u32, u64)> {
         place_of(self.location)
     }
-    /// (id, name, address, size, place): what the Python layer's lease records, in one call
-    /// (id None while pending: the lease asks `id` when it needs it).
+    /// (id, name, address, size, segment, offset, version): what the Python layer's lease
+    /// records, in one call, as it stores them (id None and version 0 while pending: the lease
+    /// asks `id` when it needs it).
     #[getter]
     fn lease_fields(&self) -> LeaseFields<'_> {
+        // (The version is stored before the id: a known id comes with its version.)
         let id = self.id.load(Ordering::Acquire);
-        (
-            (id != 0).then_some(id),
-            &self.name,
-            self.address_now(),
-            self.size,
-            place_of(self.location),
-        )
+        let version = self.version.load(Ordering::Acquire);
+        let address = self.address_now();
+        let id = (id != 0).then_some(id);
+        lease_fields_of(id, &self.name, address, self.size, self.location, version)
     }
     /// Address of the bytes in this process (host objects; the writable mapping's once
     /// made writable).
@@ -291,6 +315,19 @@ impl Object {
             self.size,
             self.layout.get(),
             self.writable.get().is_none(),
+        )
+    }
+    /// `numpy.asarray(self)`, made at the cost of a call (see [`crate::array::new_array`]):
+    /// the package's puts and gets make their arrays with it.
+    fn array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        host_only(this.location, &this.name)?;
+        new_array(
+            slf.as_any(),
+            this.address_now(),
+            this.size,
+            this.layout.get(),
+            this.writable.get().is_none(),
         )
     }
     #[getter]
@@ -415,15 +452,16 @@ impl Buffer {
     fn address(&self) -> usize {
         self.ptr
     }
-    /// As `Object.lease_fields`.
+    /// As `Object.lease_fields` (version 0: not sealed).
     #[getter]
-    fn lease_fields(&self) -> (u64, &str, usize, u64, Option<(u32, u64)>) {
-        (
-            self.id,
+    fn lease_fields(&self) -> LeaseFields<'_> {
+        lease_fields_of(
+            Some(self.id),
             &self.name,
             self.ptr,
             self.size,
-            place_of(self.location),
+            self.location,
+            0,
         )
     }
     #[getter]
@@ -442,6 +480,12 @@ impl Buffer {
     fn __array_struct__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
         host_only(self.location, &self.name)?;
         array_struct(py, self.ptr, self.size, None, false)
+    }
+    /// As `Object.array`: `numpy.asarray(self)` at the cost of a call.
+    fn array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.get();
+        host_only(this.location, &this.name)?;
+        new_array(slf.as_any(), this.ptr, this.size, None, false)
     }
     /// Whether this is a host object (the Python layer's check before making an array).
     #[getter]

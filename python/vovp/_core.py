@@ -196,7 +196,7 @@ class ClientCore:
         if self.closed or FORKS[0] != self._forks:
             self.check_usable()
         try:
-            obj = self._native_client.put_with(
+            obj: Any = self._native_client.put_with(  # (kept: an Object, or None)
                 name if type(name) is str else object_name(name), src, options, b"", None,
                 framework)
         except ConnectionError:
@@ -204,7 +204,7 @@ class ClientCore:
             raise
         if obj is None:
             return None
-        arr: npt.NDArray[Any] = np.asarray(obj)
+        arr: npt.NDArray[Any] = obj.array()
         L.lease(arr, self, obj)
         return arr
 
@@ -217,12 +217,12 @@ class ClientCore:
         if self.closed or FORKS[0] != self._forks:
             self.check_usable()
         try:
-            obj = self._native_client.put_with(
+            obj: Any = self._native_client.put_with(  # (kept: an Object)
                 name, src, options, metadata, (shown_kind(view_dt), view_dt.itemsize, src.shape))
         except ConnectionError:
             self.connection_lost()
             raise
-        arr: npt.NDArray[Any] = np.asarray(obj)
+        arr: npt.NDArray[Any] = obj.array()
         L.lease(arr, self, obj)
         if arr.dtype != view_dt:
             arr = arr.view(view_dt)  # (ml_dtypes' bfloat16, shown as its bits)
@@ -246,7 +246,7 @@ class ClientCore:
             raise GpuUnavailable(
                 f"{obj.name!r} is a CUDA object: it has no host memory to map (get it with "
                 "get_tensor, which returns a CUDA tensor)", 10)
-        owner = np.asarray(obj)
+        owner = obj.array()
         L.lease(owner, self, obj)
         return owner
 

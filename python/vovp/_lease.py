@@ -106,6 +106,9 @@ class Lease(_Ref):
         self._version = v
 
 
+_new_lease = Lease.__new__
+
+
 def _lease_died(lease: Lease) -> None:
     # Runs inside garbage collection: never raise. The native object releases itself.
     try:
@@ -121,15 +124,14 @@ def lease(owner: Any, client: Any, obj: Any, cuda: bool = False,
     owner: its ``ptr`` is the device address) and return it: a new Lease, or ``entry``, a
     Lease of ``owner`` made without one's fields (vovp.plasma's entries) filled in now. Every
     get's path: one call."""
-    self = Lease.__new__(Lease, owner, _lease_died) if entry is None else entry
+    self = _new_lease(Lease, owner, _lease_died) if entry is None else entry
     self.key = key = id(owner)
     self.client = client
-    self._oid, self.name, self.start, self.size, place = obj.lease_fields
+    (self._oid, self.name, self.start, self.size, self.segment, self.offset,
+     self._version) = obj.lease_fields
     if cuda:
         self.start = owner.ptr
-    self.segment, self.offset = place or (None, None)
     self.cuda = cuda
-    self._version = 0 if self._oid is None else getattr(obj, "version", 0)
     self.obj = weakref.ref(obj)
     self.token = [True]
     LEASES[key] = self
@@ -145,10 +147,9 @@ def lease_all(owners: List[Any], client: Any, objs: List[Any]) -> None:
         self = new(Lease, owner, died)
         self.key = key = id(owner)
         self.client = client
-        self._oid, self.name, self.start, self.size, place = obj.lease_fields
-        self.segment, self.offset = place or (None, None)
+        (self._oid, self.name, self.start, self.size, self.segment, self.offset,
+         self._version) = obj.lease_fields
         self.cuda = False
-        self._version = 0 if self._oid is None else getattr(obj, "version", 0)
         self.obj = ref(obj)
         self.token = [True]
         index[key] = self

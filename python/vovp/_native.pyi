@@ -91,9 +91,10 @@ def _cuda_simulate_library_names(names: Optional[Sequence[str]] = None) -> None:
 
 # --- views.rs --------------------------------------------------------------------------------
 
-# (id, name, address, size, place): what the Python layer's lease records.
-# (id: None while a pipelined put's reply is unread, name, address, size, place)
-_LeaseFields = Tuple[Optional[int], str, int, int, Optional[Tuple[int, int]]]
+# (id, name, address, size, segment, offset, version): what the Python layer's lease records
+# (id None and version 0 while a pipelined put's reply is unread; segment and offset None for
+# a CUDA object).
+_LeaseFields = Tuple[Optional[int], str, int, int, Optional[int], Optional[int], int]
 # ("host", None) or ("cuda", device index).
 _Location = Tuple[Literal["host", "cuda"], Optional[int]]
 
@@ -133,6 +134,9 @@ class Object:
     def map_cuda(self) -> int: ...
     @property
     def __array_struct__(self) -> object: ...  # a PyCapsule
+    def array(self) -> Any:
+        """``numpy.asarray(self)`` (a numpy array over the bytes, ``.base`` this object), made
+        through numpy's C API at the cost of a call."""
     @property
     def __array_interface__(self) -> dict[str, Any]: ...
     @property
@@ -168,6 +172,8 @@ class Buffer:
     def cuda_ptr(self) -> Optional[int]: ...
     @property
     def __array_struct__(self) -> object: ...  # a PyCapsule
+    def array(self) -> Any:
+        """As ``Object.array``."""
     @property
     def is_host(self) -> bool: ...
     @property

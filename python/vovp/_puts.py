@@ -89,7 +89,7 @@ def put_batch(core: ClientCore, batch: list[BatchItem], results: dict[str, Any],
             error = error or obj
             results.pop(name, None)
             continue
-        arr = np.asarray(obj)
+        arr = obj.array()
         arrays.append(arr)
         made.append(obj)
         if arr.dtype != view_dt:

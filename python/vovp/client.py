@@ -14,8 +14,9 @@ Zero-copy and reference lifetime
 Every reference the daemon grants comes back as a native ``Object`` (or ``Buffer``, for an
 object this client created) that holds it and releases it when garbage collected. Its bytes
 are exported to numpy (``__array_struct__``, also ``__array_interface__``): the *owner*,
-``numpy.asarray(obj)``, is a 1-D uint8 array over the shared mapping whose ``.base`` is the
-native object (numpy >= 1.23: the tuple of it and the capsule). numpy stops collapsing ``.base``
+``obj.array()`` (what ``numpy.asarray(obj)`` makes, made through numpy's C API), is a 1-D uint8
+array over the shared mapping whose ``.base`` is the native object (``numpy.asarray`` of numpy
+>= 1.23: the tuple of it and the capsule). numpy stops collapsing ``.base``
 chains at the first base that is not an ndarray, so every array derived from a returned one
 (slices, reshapes, ``torch.from_numpy``, ``memoryview(arr)``) keeps the owner, hence the native
 object, hence the reference, alive; when the last one goes the Rust view's ``Drop`` releases
@@ -546,7 +547,6 @@ class Client:
         # A header saying torch makes a torch result only with framework None and torch
         # importable (asked only then: the question imports torch).
         header_torch = T.FRAMEWORK_TORCH if framework is None else -1
-        asarray = np.asarray
         plain_arrays: builtins.list[Any] = []
         plain_objs: builtins.list[Any] = []
         i = 0
@@ -554,7 +554,7 @@ class Client:
             for i, obj in enumerate(objs):
                 fast = obj.tensor_plan if plain else None
                 if fast is not None and (fast[1] != header_torch or not T.torch_importable()):
-                    arr = asarray(obj)
+                    arr = obj.array()
                     plain_arrays.append(arr)
                     plain_objs.append(obj)
                     out.append(arr)
@@ -610,7 +610,7 @@ class Client:
         if torch_out and not writable:
             self.core.make_writable(obj)
         if shown:
-            arr = np.asarray(obj)
+            arr = obj.array()
             L.lease(arr, self.core, obj)
         else:
             arr = self.core.owner(obj)

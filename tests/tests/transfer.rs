@@ -61,6 +61,27 @@ fn engine(memory: &str, key: &KeyFile, extra: &[&str]) -> (Daemon, String) {
     (d, address)
 }
 
+/// Two engines of `memory` each that share a key: `a` serving transfers at `a_port` (the
+/// holder, in most tests) and `b` (the receiver); the key file lives as long as `_key`.
+struct Pair {
+    a: Daemon,
+    a_port: String,
+    b: Daemon,
+    _key: KeyFile,
+}
+
+fn pair(memory: &str) -> Pair {
+    let key = KeyFile::new();
+    let (a, a_port) = engine(memory, &key, &[]);
+    let (b, _) = engine(memory, &key, &[]);
+    Pair {
+        a,
+        a_port,
+        b,
+        _key: key,
+    }
+}
+
 fn replace() -> PutOptions {
     PutOptions {
         replace: true,
@@ -85,9 +106,7 @@ fn counter(c: &Client, name: &str) -> u64 {
 
 #[test]
 fn fetches_are_bit_exact_and_keep_the_holders_version() {
-    let key = KeyFile::new();
-    let (a, a_port) = engine("1G", &key, &[]);
-    let (b, _) = engine("1G", &key, &[]);
+    let Pair { a, a_port, b, _key } = pair("1G");
     let (writer, reader) = (a.client(), b.client());
     for (name, len) in [
         ("empty", 0usize),
@@ -127,9 +146,7 @@ fn fetches_are_bit_exact_and_keep_the_holders_version() {
 
 #[test]
 fn replace_chains_fetch_in_the_holders_numbers() {
-    let key = KeyFile::new();
-    let (a, a_port) = engine("256M", &key, &[]);
-    let (b, _) = engine("256M", &key, &[]);
+    let Pair { a, a_port, b, _key } = pair("256M");
     let (writer, reader) = (a.client(), b.client());
     let held_v1 = {
         put_version(&writer, "w", &pattern(100_000, 1), b"");
@@ -177,9 +194,7 @@ fn replace_chains_fetch_in_the_holders_numbers() {
 
 #[test]
 fn concurrent_fetches_of_one_version_share_one_transfer() {
-    let key = KeyFile::new();
-    let (a, a_port) = engine("512M", &key, &[]);
-    let (b, _) = engine("512M", &key, &[]);
+    let Pair { a, a_port, b, _key } = pair("512M");
     let data = pattern(64 << 20, 7);
     put_version(&a.client(), "shared", &data, b"m");
     let readers: Vec<_> = (0..8)
@@ -433,9 +448,7 @@ fn a_receiver_that_stops_reading_stalls_nobody_else() {
 
 #[test]
 fn gather_returns_rows_in_the_ids_order() {
-    let key = KeyFile::new();
-    let (a, a_port) = engine("256M", &key, &[]);
-    let (b, _) = engine("256M", &key, &[]);
+    let Pair { a, a_port, b, _key } = pair("256M");
     let row = 512usize;
     let table = pattern(1000 * row, 3);
     put_version(&a.client(), "feat", &table, b"");
@@ -479,9 +492,7 @@ fn gather_returns_rows_in_the_ids_order() {
 
 #[test]
 fn a_fetch_with_a_base_copies_the_unchanged_ranges_locally() {
-    let key = KeyFile::new();
-    let (a, a_port) = engine("512M", &key, &[]);
-    let (b, _) = engine("512M", &key, &[]);
+    let Pair { a, a_port, b, _key } = pair("512M");
     let (writer, reader) = (a.client(), b.client());
     let mib = 1usize << 20;
     let v1 = pattern(32 * mib, 1);
@@ -576,42 +587,31 @@ fn no_port_is_opened_without_transfer_and_no_fetch_without_a_key() {
     let (served, port) = engine("64M", &key, &[]);
     let want: u16 = port.rsplit(':').next().unwrap().parse().unwrap();
     assert_eq!(listening_ports(served.child.id()), vec![want]);
-    let out = std::process::Command::new(vovp_tests::bin("vovp-engine"))
-        .args([
-            "-m",
-            "64M",
-            "-s",
-            "/tmp/vovp-never.sock",
-            "--transfer",
-            "127.0.0.1:0",
-        ])
-        .env_remove("VOVP_TRANSFER_KEY")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("key"));
+    let refusal = engine_refusal(&["--transfer", "127.0.0.1:0"]);
+    assert!(refusal.contains("key"), "{refusal}");
     // A key file others may read is refused.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key.path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let refusal = engine_refusal(&["--transfer-key-file", key_path]);
+    assert!(refusal.contains("chmod 600"), "{refusal}");
+}
+
+/// What a 64 MiB engine started with `args` (and no key in its environment) says when it
+/// refuses to start; a panic if it starts.
+fn engine_refusal(args: &[&str]) -> String {
     let out = std::process::Command::new(vovp_tests::bin("vovp-engine"))
-        .args([
-            "-m",
-            "64M",
-            "-s",
-            "/tmp/vovp-never.sock",
-            "--transfer-key-file",
-            key_path,
-        ])
+        .args(["-m", "64M", "-s", "/tmp/vovp-never.sock"])
+        .args(args)
+        .env_remove("VOVP_TRANSFER_KEY")
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("chmod 600"));
+    assert!(!out.status.success(), "the engine started with {args:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
 fn the_daemon_answers_its_clients_during_a_big_transfer() {
-    let key = KeyFile::new();
-    let (a, a_port) = engine("1G", &key, &[]);
-    let (b, _) = engine("1G", &key, &[]);
+    let Pair { a, a_port, b, _key } = pair("1G");
     put_version(&a.client(), "bulk", &pattern(512 << 20, 1), b"");
     put_version(&b.client(), "tiny", b"x", b"");
     let fetcher = {

@@ -36,8 +36,12 @@ pub fn run(
     report: &mut Report,
 ) -> Result<Value, String> {
     let started = Instant::now();
-    let socket = run_dir.join("soak.sock");
-    let mut daemon = start_daemon(cfg, engine_bin, &socket, out_dir)?;
+    let places = Places {
+        engine_bin,
+        run_dir,
+        out_dir,
+    };
+    let (mut daemon, socket) = places.start_daemon(cfg, "soak", "vovp-engine (soak)", &[])?;
     let pid = daemon.pid();
     let monitor = Client::connect(&socket).map_err(|e| format!("soak monitor: {e}"))?;
     monitor.stats().map_err(|e| format!("soak monitor: {e}"))?;
@@ -89,11 +93,10 @@ pub fn run(
     };
     judge(&outcome, report);
     let mut summary = outcome.summary(&totals);
-    summary["spill"] = super::spill_phase::run(cfg, engine_bin, run_dir, out_dir, report)
-        .unwrap_or_else(|e| {
-            report.check("Soak: spill phase ran", false, e.clone());
-            json!({ "error": e })
-        });
+    summary["spill"] = super::spill_phase::run(cfg, &places, report).unwrap_or_else(|e| {
+        report.check("Soak: spill phase ran", false, e.clone());
+        json!({ "error": e })
+    });
     let path = out_dir.join("soak.json");
     if let Err(e) = std::fs::write(
         &path,
@@ -105,35 +108,44 @@ pub fn run(
     Ok(summary)
 }
 
-/// The soak's own daemon: small (`cfg.capacity`), so that eviction and OUT_OF_MEMORY happen.
-fn start_daemon(
-    cfg: &SoakConfig,
-    engine_bin: &Path,
-    socket: &Path,
-    out_dir: &Path,
-) -> Result<Daemon, String> {
-    Daemon::start(
-        "vovp-engine (soak)",
-        engine_bin,
-        &engine_args(cfg, socket, &[]),
-        socket,
-        &out_dir.join("soak-engine.log"),
-    )
+/// Where a soak phase finds the daemon's binary and puts its sockets, files and logs.
+pub(super) struct Places<'a> {
+    pub(super) engine_bin: &'a Path,
+    pub(super) run_dir: &'a Path,
+    pub(super) out_dir: &'a Path,
 }
 
-/// A soak daemon's arguments: `cfg.capacity` of memory at `socket`, warnings only, and
-/// `extra`.
-pub(super) fn engine_args(cfg: &SoakConfig, socket: &Path, extra: &[String]) -> Vec<String> {
-    let mut args = vec![
-        "-m".into(),
-        cfg.capacity.to_string(),
-        "-s".into(),
-        socket.display().to_string(),
-        "--log-level".into(),
-        "warn".into(),
-    ];
-    args.extend_from_slice(extra);
-    args
+impl Places<'_> {
+    /// A soak phase's own daemon (`label` in errors), small (`cfg.capacity`, so that
+    /// eviction and OUT_OF_MEMORY happen), at socket `<run_dir>/<phase>.sock`, logging
+    /// warnings only to `<out_dir>/<phase>-engine.log`, with `extra` arguments; and that
+    /// socket.
+    pub(super) fn start_daemon(
+        &self,
+        cfg: &SoakConfig,
+        phase: &str,
+        label: &'static str,
+        extra: &[String],
+    ) -> Result<(Daemon, PathBuf), String> {
+        let socket = self.run_dir.join(format!("{phase}.sock"));
+        let mut args = vec![
+            "-m".into(),
+            cfg.capacity.to_string(),
+            "-s".into(),
+            socket.display().to_string(),
+            "--log-level".into(),
+            "warn".into(),
+        ];
+        args.extend_from_slice(extra);
+        let daemon = Daemon::start(
+            label,
+            self.engine_bin,
+            &args,
+            &socket,
+            &self.out_dir.join(format!("{phase}-engine.log")),
+        )?;
+        Ok((daemon, socket))
+    }
 }
 
 /// The daemon's fds and RSS before the crowd arrives.

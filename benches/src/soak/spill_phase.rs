@@ -17,34 +17,27 @@ use vovp_client::Client;
 use vovp_tests::memfd::object_memfd_bytes;
 use vovp_tests::{fnv, pattern};
 
+use super::harness::Places;
 use super::SoakConfig;
-use crate::procs::Daemon;
 use crate::report::Report;
 
 const PAGE: u64 = 4096;
 const SLACK_PAGES: u64 = 64;
 
 /// Runs the phase; adds its checks to `report` and returns its summary.
-pub fn run(
+pub(super) fn run(
     cfg: &SoakConfig,
-    engine_bin: &Path,
-    run_dir: &Path,
-    out_dir: &Path,
+    places: &Places<'_>,
     report: &mut Report,
 ) -> Result<Value, String> {
-    let socket = run_dir.join("soak-spill.sock");
-    let dir = run_dir.join("soak-spill");
+    let dir = places.run_dir.join("soak-spill");
     let _ = std::fs::remove_dir_all(&dir);
-    let mut daemon = Daemon::start(
+    let spill_dir = ["--spill-dir".into(), dir.display().to_string()];
+    let (mut daemon, socket) = places.start_daemon(
+        cfg,
+        "soak-spill",
         "vovp-engine (soak, spilling)",
-        engine_bin,
-        &super::harness::engine_args(
-            cfg,
-            &socket,
-            &["--spill-dir".into(), dir.display().to_string()],
-        ),
-        &socket,
-        &out_dir.join("soak-spill-engine.log"),
+        &spill_dir,
     )?;
     let pid = daemon.pid();
     let started = Instant::now();

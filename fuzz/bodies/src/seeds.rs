@@ -407,7 +407,9 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         "list-limit-max",
         raw_frame(Opcode::List.code(), 0, 1, &list_max),
     );
-    let mut create = request_payload(&Request::Create {
+    // A CREATE of 8 host bytes without metadata, to forge one field of: its payload ends
+    // with the device type (1 byte), the device index (4) and the metadata length (4).
+    let small_create = request_payload(&Request::Create {
         name: "c".into(),
         size: 8,
         flags: 0,
@@ -415,20 +417,14 @@ pub fn frame_decoder_seeds() -> Vec<(String, Vec<u8>)> {
         device: Device::Cpu,
         metadata: Vec::new().into(),
     });
+    let mut create = small_create.clone();
     let device_type = create.len() - 9;
     create[device_type] = 3;
     edge(
         "create-bad-device",
         raw_frame(Opcode::Create.code(), 0, 1, &create),
     );
-    let mut meta_forged = request_payload(&Request::Create {
-        name: "c".into(),
-        size: 8,
-        flags: 0,
-        version: None,
-        device: Device::Cpu,
-        metadata: Vec::new().into(),
-    });
+    let mut meta_forged = small_create;
     let at = meta_forged.len() - 4;
     meta_forged[at..].copy_from_slice(&u32::MAX.to_le_bytes());
     edge(

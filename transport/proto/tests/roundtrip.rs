@@ -74,6 +74,27 @@ fn flags_and_version() -> impl Strategy<Value = (u32, Option<u64>)> {
         .prop_map(|(flags, version)| (flags & !PUT_VERSION, version))
 }
 
+/// One object of a PUBLISH or PUBLISH_MANY.
+fn publish_item() -> impl Strategy<Value = PublishItem<'static>> {
+    (
+        any::<u64>(),
+        name(),
+        flags_and_version(),
+        bytes(64),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(offset, name, (flags, version), metadata, size)| PublishItem {
+                offset,
+                name: Cow::Owned(name),
+                flags,
+                version,
+                metadata: metadata.into(),
+                size,
+            },
+        )
+}
+
 /// FETCH and GATHER.
 fn transfer_request() -> impl Strategy<Value = Request<'static>> {
     let owned = |s: String| Cow::Owned(s);
@@ -193,52 +214,17 @@ fn request() -> impl Strategy<Value = Request<'static>> {
         Just(Request::Shared),
         (any::<u64>(), any::<u32>())
             .prop_map(|(at_least, flags)| Request::Lend { at_least, flags }),
-        (
-            any::<u64>(),
-            any::<u64>(),
-            name(),
-            flags_and_version(),
-            bytes(64),
-            any::<u64>()
-        )
-            .prop_map(move |(lend, offset, n, (flags, version), m, size)| {
-                Request::Publish {
-                    lend,
-                    offset,
-                    name: owned(n),
-                    flags,
-                    version,
-                    metadata: m.into(),
-                    size,
-                }
-            }),
-        (
-            any::<u64>(),
-            prop::collection::vec(
-                (
-                    any::<u64>(),
-                    name(),
-                    flags_and_version(),
-                    bytes(64),
-                    any::<u64>()
-                ),
-                0..6
-            )
-        )
-            .prop_map(move |(lend, items)| Request::PublishMany {
-                lend,
-                items: items
-                    .into_iter()
-                    .map(|(offset, n, (flags, version), m, size)| PublishItem {
-                        offset,
-                        name: owned(n),
-                        flags,
-                        version,
-                        metadata: m.into(),
-                        size,
-                    })
-                    .collect(),
-            }),
+        (any::<u64>(), publish_item()).prop_map(|(lend, item)| Request::Publish {
+            lend,
+            offset: item.offset,
+            name: item.name,
+            flags: item.flags,
+            version: item.version,
+            metadata: item.metadata,
+            size: item.size,
+        }),
+        (any::<u64>(), prop::collection::vec(publish_item(), 0..6))
+            .prop_map(|(lend, items)| Request::PublishMany { lend, items }),
     ]
 }
 
