@@ -26,6 +26,10 @@ Per variant, two phases on one name:
   it read the first 8 bytes of the new version. Reported: the median over versions and
   readers of (reader's first byte - start of the replace), and the median time of the
   writer's replace call itself.
+- before the rows of a size, the writer puts and deletes 2 + (most readers) copies of the
+  state at once, so that its arenas hold as many warm blocks of that size as its readers can
+  make a name need (``warm_blocks``; the cost of a fresh one is measured by
+  benches/fresh_pages.py).
 - rate: the writer replaces back to back while the readers follow (they may skip versions):
   3 untimed versions (see WARM), then ``--versions`` timed ones; reported: replaces per second
   of the timed ones, and the writer's minor page faults over them. Ray's writer keeps at most
@@ -85,7 +89,10 @@ RAY_WINDOW = 2  # Ray's writer: versions whose method calls may be unanswered at
 # name needs one more block, its pages are fresh: at 256 MiB, 65,536 first-touch faults, 110 ms
 # against a 13 ms copy into warm pages on an idle machine here, 450-730 ms on a loaded one.
 # Without the rate phase's own warm-up, that one-time cost fell on whichever variant ran its
-# rate phase first and halved its rate (BENCHMARKS.md, "Weight sync (versions)").
+# rate phase first and halved its rate (BENCHMARKS.md, "Weight sync (versions)"). A reader that
+# falls one version further behind later still grows the set by one, so before the rows of a
+# size the writer's arenas are also given as many warm blocks as its readers can make a name
+# need (``warm_blocks``), for both vovp variants alike; Ray's store has its own memory warm.
 WARM = 3
 
 
@@ -210,6 +217,20 @@ class VovpReaders:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+
+
+def warm_blocks(client, state, blocks):
+    """Puts ``blocks`` copies of ``state`` at once, then deletes them: the writer's arenas
+    then hold that many blocks of the state's size whose pages it touched, as many as its
+    readers can make a name need at once (the current version, the new one, and one older
+    version per reader that falls behind). Without it, the first vovp variant at a size pays
+    for each block its readers' lag adds (65,536 first-touch faults per 256 MiB block, see
+    WARM) and the next variant finds them warm: the rate of whichever ran first suffers."""
+    names = [f"weights-warm-{i}" for i in range(blocks)]
+    for name in names:
+        client.put_tensor(name, state)
+    for name in names:
+        client.delete(name)
 
 
 def minor_faults():
@@ -442,6 +463,8 @@ def main():
         for size in cfg["sizes"]:
             # Written once, so that no variant pays for first-touch page faults of its source.
             state = np.arange(size, dtype=np.uint8)
+            if any(v != "ray" for v in variants):
+                warm_blocks(client, state, 2 + max(cfg["readers"]))
             for n in cfg["readers"]:
                 row = {"size": size, "readers": n}
                 order = variants if len(rows) % 2 == 0 else variants[::-1]
