@@ -7,7 +7,11 @@ where backing costs something (pages a freed object left warm cost nothing).
     python benches/fresh_pages.py          # any venv with numpy; the client comes from python/
 
 Prints, per size, the median CREATE round trip (the daemon's fallocate is in it) and the median
-whole put (create, fill, seal) of each daemon, and the ratio of the whole puts.
+whole put (create, fill, seal) of each daemon, and the ratio of the whole puts; then the same
+put again on the same client right after the first was deleted (its freed block, whose pages
+the client touched already: warm), and how many times a put into fresh pages costs that. This
+is what a writer pays each time a name it replaces needs one more block than before (a reader
+still holds the version before last: BENCHMARKS.md, "Weight sync (versions)").
 """
 import os
 import statistics as st
@@ -51,15 +55,24 @@ def main():
                     t2 = time.perf_counter()
                     del buf
                     c.delete(f"o{rep}")
+                    # Again into the block just freed: its pages are warm.
+                    t3 = time.perf_counter()
+                    buf = c.create(f"w{rep}", size)
+                    np.copyto(buf, src)
+                    c.seal(f"w{rep}")
+                    t4 = time.perf_counter()
+                    del buf
+                    c.delete(f"w{rep}")
                     c.close()
                     if rep:
-                        res.setdefault((size, kind), []).append((t1 - t0, t2 - t0))
+                        res.setdefault((size, kind), []).append((t1 - t0, t2 - t0, t4 - t3))
         for size, _ in SIZES:
-            (cb, pb), (cl, pl) = [
-                (st.median(x[0] for x in res[size, k]) * 1e3,
-                 st.median(x[1] for x in res[size, k]) * 1e3) for k in ("backed", "lazy")]
+            (cb, pb, wb), (cl, pl, _) = [
+                tuple(st.median(x[i] for x in res[size, k]) * 1e3 for i in range(3))
+                for k in ("backed", "lazy")]
             print(f"{size >> 20:4} MiB of fresh pages: create {cb:8.3f} ms backed, {cl:8.3f} ms "
-                  f"lazy; whole put {pb:8.2f} ms backed, {pl:8.2f} ms lazy ({pb / pl:.2f}x)")
+                  f"lazy; whole put {pb:8.2f} ms backed, {pl:8.2f} ms lazy ({pb / pl:.2f}x); "
+                  f"into warm pages {wb:8.2f} ms (fresh backed / warm {pb / wb:.1f}x)")
     finally:
         for p, _ in daemons.values():
             p.terminate()

@@ -26,10 +26,15 @@ Per variant, two phases on one name:
   it read the first 8 bytes of the new version. Reported: the median over versions and
   readers of (reader's first byte - start of the replace), and the median time of the
   writer's replace call itself.
-- rate: the writer replaces ``--versions`` times back to back while the readers follow (they
-  may skip versions); reported: replaces per second. Ray's writer keeps at most 2 versions'
-  method calls unanswered (an actor cannot skip a call, and every queued call pins a version
-  in Ray's store); vovp's writer never waits for readers.
+- before the rows of a size, the writer puts and deletes 2 + (most readers) copies of the
+  state at once, so that its arenas hold as many warm blocks of that size as its readers can
+  make a name need (``warm_blocks``; the cost of a fresh one is measured by
+  benches/fresh_pages.py).
+- rate: the writer replaces back to back while the readers follow (they may skip versions):
+  3 untimed versions (see WARM), then ``--versions`` timed ones; reported: replaces per second
+  of the timed ones, and the writer's minor page faults over them. Ray's writer keeps at most
+  2 versions' method calls unanswered (an actor cannot skip a call, and every queued call pins
+  a version in Ray's store); vovp's writer never waits for readers.
 
 Checks (any failure fails the run): the writer writes its version number into the first and
 the last 8 bytes of each version; a reader that reads a version other than the expected one in
@@ -50,6 +55,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import resource
 import statistics
 import sys
 import tempfile
@@ -74,9 +80,19 @@ SETTLE_S = 0.010  # before each timed version: every reader is back in its wait
 POLL_S = 0.001  # delete+put readers: how often they look whether the name went away
 WAIT_S = 60.0  # any wait longer than this is a failure (a hung store must not hang the run)
 RAY_WINDOW = 2  # Ray's writer: versions whose method calls may be unanswered at once
-# Untimed versions first, in the latency phase's loop: each store's first objects of a size
-# take fresh pages (vovp backs them at create, Ray's store at its first writes), and the
-# readers' first gets of a version map its memory; the figures are of the steady state.
+# Untimed versions first, in each phase: each store's first objects of a size take fresh pages
+# (vovp backs them at create, Ray's store at its first writes), and the readers' first gets of a
+# version map its memory; the figures are of the steady state. Each phase warms up by itself:
+# back to back, the writer runs ahead of its readers, so more versions live at once than in the
+# latency phase's lock step (a reader still holds the version before last while the writer
+# writes the next: three blocks of the state, where the lock step needs two). The first time a
+# name needs one more block, its pages are fresh: at 256 MiB, 65,536 first-touch faults, 110 ms
+# against a 13 ms copy into warm pages on an idle machine here, 450-730 ms on a loaded one.
+# Without the rate phase's own warm-up, that one-time cost fell on whichever variant ran its
+# rate phase first and halved its rate (BENCHMARKS.md, "Weight sync (versions)"). A reader that
+# falls one version further behind later still grows the set by one, so before the rows of a
+# size the writer's arenas are also given as many warm blocks as its readers can make a name
+# need (``warm_blocks``), for both vovp variants alike; Ray's store has its own memory warm.
 WARM = 3
 
 
@@ -203,6 +219,25 @@ class VovpReaders:
                 p.kill()
 
 
+def warm_blocks(client, state, blocks):
+    """Puts ``blocks`` copies of ``state`` at once, then deletes them: the writer's arenas
+    then hold that many blocks of the state's size whose pages it touched, as many as its
+    readers can make a name need at once (the current version, the new one, and one older
+    version per reader that falls behind). Without it, the first vovp variant at a size pays
+    for each block its readers' lag adds (65,536 first-touch faults per 256 MiB block, see
+    WARM) and the next variant finds them warm: the rate of whichever ran first suffers."""
+    names = [f"weights-warm-{i}" for i in range(blocks)]
+    for name in names:
+        client.put_tensor(name, state)
+    for name in names:
+        client.delete(name)
+
+
+def minor_faults():
+    """This process's minor page faults so far (first touches of pages, ours or fresh)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def run_vovp(client, readers, variant, state, n, versions, key):
     name = f"weights-{key}"
     tag(state, 0)
@@ -216,7 +251,7 @@ def run_vovp(client, readers, variant, state, n, versions, key):
             client.put_tensor(name, state)
     timed = WARM + versions
     for q in readers.commands[:n]:
-        q.put(("run", variant, name, timed, versions))
+        q.put(("run", variant, name, timed, WARM + versions))
     readers.expect("ready", n)
     latency, writer = [], []
     for v in range(1, timed + 1):
@@ -232,14 +267,21 @@ def run_vovp(client, readers, variant, state, n, versions, key):
                 latency.append(t - t0)
         if v > WARM:
             writer.append(t1 - t0)
+    for v in range(timed + 1, timed + WARM + 1):
+        tag(state, v)
+        replace()
+    first_timed = timed + WARM + 1
+    faults = minor_faults()
     t0 = time.monotonic_ns()
-    for v in range(timed + 1, timed + versions + 1):
+    for v in range(first_timed, first_timed + versions):
         tag(state, v)
         replace()
     elapsed = time.monotonic_ns() - t0
-    seen = sum(len(msg[2]) for msg in readers.expect("done", n))
+    faults = minor_faults() - faults
+    seen = sum(1 for msg in readers.expect("done", n) for tag_read, _ in msg[2]
+               if tag_read >= first_timed)
     client.delete(name)
-    return latency, writer, versions / (elapsed / 1e9), seen
+    return latency, writer, versions / (elapsed / 1e9), seen, faults
 
 
 # --- Ray ---------------------------------------------------------------------------------------
@@ -298,8 +340,11 @@ def run_ray(ray, actors, state, n, versions):
         if v > WARM:
             writer.append(t1 - t0)
     pending = []
-    t0 = time.monotonic_ns()
-    for v in range(timed + 1, timed + versions + 1):
+    first_timed = timed + WARM + 1
+    for v in range(timed + 1, first_timed + versions):
+        if v == first_timed:
+            faults = minor_faults()
+            t0 = time.monotonic_ns()
         if len(pending) >= RAY_WINDOW:
             ray.get(pending.pop(0), timeout=WAIT_S)
         tag(state, v)
@@ -309,8 +354,9 @@ def run_ray(ray, actors, state, n, versions):
     for calls in pending:
         ray.get(calls, timeout=WAIT_S)
     elapsed = time.monotonic_ns() - t0
+    faults = minor_faults() - faults
     ray.get([a.drop.remote() for a in actors])
-    return latency, writer, versions / (elapsed / 1e9), versions * n
+    return latency, writer, versions / (elapsed / 1e9), versions * n, faults
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -331,18 +377,19 @@ def markdown(rows, variants):
 
     peers = [v for v in variants if v != "replace"]
 
-    def table(title, key, fmt, aside, aside_fmt, suffix=""):
-        """A markdown table: ``key`` per variant (``aside`` in parentheses), then the ratios
-        of replace to each peer."""
+    def table(title, key, fmt, aside, aside_fmt, suffix="", ratios=True):
+        """A markdown table: ``key`` per variant (``aside`` in parentheses), then (with
+        ``ratios``) the ratios of replace to each peer."""
+        shown = peers if ratios else []
         lines = ["", title, "",
                  "| state | readers | " + " | ".join(variants)
-                 + "".join(f" | replace / {p}" for p in peers) + " |",
-                 "|---|---|" + "---|" * (len(variants) + len(peers))]
+                 + "".join(f" | replace / {p}" for p in shown) + " |",
+                 "|---|---|" + "---|" * (len(variants) + len(shown))]
         for r in rows:
             cells = [f"{cell(r, v, key, fmt)} ({cell(r, v, aside, aside_fmt)}{suffix})"
                      for v in variants]
             lines.append(f"| {r['size'] // MiB} MiB | {r['readers']} | " + " | ".join(cells)
-                         + "".join(f" | {ratio(r, p, key)}" for p in peers) + " |")
+                         + "".join(f" | {ratio(r, p, key)}" for p in shown) + " |")
         return lines
 
     out = table("Time from the start of the writer's replace to each reader's first byte, ms "
@@ -352,7 +399,34 @@ def markdown(rows, variants):
     out += table("Writer's replaces per second with the readers following (in parentheses: the "
                  "share of the versions the readers read; they may skip); ratio = replace / "
                  "peer, higher favours replace:", "rate_per_s", "{:.1f}", "rate_read_pct", "{:.0f}", " %")
+    out += table("The writer's minor page faults over the timed replaces of the rate phase "
+                 "(in parentheses: per version); 65,536 are one 256 MiB version written into "
+                 "fresh pages:", "rate_writer_faults", "{:.0f}", "rate_faults_per_version",
+                 "{:.0f}", ratios=False)
+    targets = rate_targets(rows)
+    if targets:
+        out += ["", "Targets (issue 44 item 8, the rate at 256 MiB):", ""]
+        out += [f"- {t['name']}: {t['ratio']:.2f}x, {'PASS' if t['ok'] else 'FAIL'}"
+                for t in targets]
     return "\n".join(out[1:]) + "\n"
+
+
+# Issue 44 item 8: at 256 MiB a replace runs at least as fast as delete + put, and at 1.5x Ray.
+RATE_TARGETS = (("delete+put", 1.0), ("ray", 1.5))
+
+
+def rate_targets(rows):
+    """Per 256 MiB row and peer: replace's rate over the peer's against its bound."""
+    out = []
+    for r in rows:
+        if r["size"] != 256 * MiB or "replace" not in r:
+            continue
+        for peer, bound in RATE_TARGETS:
+            if peer in r:
+                ratio = r["replace"]["rate_per_s"] / r[peer]["rate_per_s"]
+                out.append(dict(name=f"replace / {peer}, 256 MiB, {r['readers']} readers "
+                                     f">= {bound:.1f}x", ratio=ratio, ok=ratio >= bound))
+    return out
 
 
 def main():
@@ -389,6 +463,8 @@ def main():
         for size in cfg["sizes"]:
             # Written once, so that no variant pays for first-touch page faults of its source.
             state = np.arange(size, dtype=np.uint8)
+            if any(v != "ray" for v in variants):
+                warm_blocks(client, state, 2 + max(cfg["readers"]))
             for n in cfg["readers"]:
                 row = {"size": size, "readers": n}
                 order = variants if len(rows) % 2 == 0 else variants[::-1]
@@ -396,10 +472,12 @@ def main():
                     what = f"{variant}, {size // MiB} MiB, {n} readers"
                     try:
                         if variant == "ray":
-                            lat, wr, rate, seen = run_ray(ray, actors, state, n, versions)
+                            lat, wr, rate, seen, faults = run_ray(ray, actors, state, n,
+                                                                  versions)
                         else:
-                            lat, wr, rate, seen = run_vovp(client, readers, variant, state, n,
-                                                           versions, f"{variant}-{size}-{n}")
+                            lat, wr, rate, seen, faults = run_vovp(
+                                client, readers, variant, state, n, versions,
+                                f"{variant}-{size}-{n}")
                     except Exception as e:  # noqa: BLE001  (a failed check, reported below)
                         checks.append(dict(name=f"weights: {what}", ok=False,
                                            detail=f"{type(e).__name__}: {e}"))
@@ -409,13 +487,15 @@ def main():
                                         writer_ms=ms(statistics.median(wr)), rate_per_s=rate,
                                         rate_versions_read=seen,
                                         rate_read_pct=100 * seen / (n * versions),
+                                        rate_writer_faults=faults,
+                                        rate_faults_per_version=faults / versions,
                                         latency_ns=lat, writer_ns=wr)
                     checks.append(dict(name=f"weights: {what}", ok=True,
                                        detail=f"{versions} versions read by each reader, every "
                                               f"tag as expected; {seen} read in the rate phase"))
                     log(f"{what}: first byte {row[variant]['latency_ms']:.2f} ms after the "
                         f"replace started (writer {row[variant]['writer_ms']:.2f} ms), "
-                        f"{rate:.1f} replaces/s")
+                        f"{rate:.1f} replaces/s ({faults} minor faults in the writer)")
                 rows.append(row)
             del state
     except Exception as e:  # noqa: BLE001  (recorded in the JSON; the harness fails the run)
@@ -430,6 +510,7 @@ def main():
     table = markdown(rows, variants)
     log(f"done in {time.monotonic() - started:.0f} s")
     out = dict(mode=args.mode, versions=versions, variants=variants, results=rows,
+               targets=rate_targets(rows),
                checks=checks, markdown=table, error=error,
                clock="time.monotonic_ns (CLOCK_MONOTONIC)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -157,3 +157,50 @@ def test_a_writer_replaces_under_readers_of_both_read_paths(start_daemon):
             s["used_bytes"] <= (1 << 20) + 4096
 
     assert wait_for(settled, timeout=60), w.stats()
+
+
+def test_a_held_version_never_changes_while_the_writer_reuses_blocks(start_daemon):
+    """A writer replaces a 6 MiB tensor (put through CREATE, the parallel copy and SEAL, into
+    blocks the store frees and hands out again, fresh or warm) five times while two readers, one through the shared
+    directory and one over the socket, hold version 1: version 1's bytes never change, each
+    new version is whole, the store charges exactly the held version and the newest, and once
+    the readers let go, the newest alone. Then 20 more replaces with nobody holding: the memory
+    stays at one version."""
+    d = start_daemon(memory=64 << 20)
+    w = d.client()
+    shared, socket = d.client(), vovp.Client(d.socket, shared_reads=False)
+    n = 6 << 17  # uint64 words: 6 MiB, past the largest lend
+
+    def tensor(v):
+        t = np.random.default_rng(v).integers(0, 2**63, n, dtype=np.uint64)
+        t[0] = v
+        t[1] = np.sum(t[2:], dtype=np.uint64)
+        return t
+
+    def whole(t, v):
+        return int(t[0]) == v and int(np.sum(t[2:], dtype=np.uint64)) == int(t[1])
+
+    w.put_tensor("state", tensor(1))
+    one = w.stats()["used_bytes"]
+    held = [shared.get_tensor("state"), socket.get_tensor("state")]
+    assert all(vovp.version_of(h) == 1 for h in held)
+    first = [bytes(h[:64].tobytes()) + bytes(h[-64:].tobytes()) for h in held]
+    for v in range(2, 7):
+        got = w.put_tensor("state", tensor(v), replace=True)
+        assert vovp.version_of(got) == v and whole(got, v)
+        del got
+        for h, f in zip(held, first):
+            assert whole(h, 1) and bytes(h[:64].tobytes()) + bytes(h[-64:].tobytes()) == f, v
+        newest = shared.get_tensor("state")
+        assert vovp.version_of(newest) == v and whole(newest, v)
+        del newest
+    assert wait_for(lambda: w.stats()["used_bytes"] == 2 * one, timeout=30), (w.stats(), one)
+    del held, h  # (the loop's last one too)
+    assert wait_for(lambda: w.stats()["used_bytes"] == one, timeout=30), (w.stats(), one)
+    for v in range(7, 27):
+        got = w.put_tensor("state", tensor(v), replace=True)
+        assert whole(got, v)
+        del got
+    assert wait_for(lambda: w.stats()["used_bytes"] == one, timeout=30), (w.stats(), one)
+    last = socket.get_tensor("state")
+    assert vovp.version_of(last) == 26 and whole(last, 26)

@@ -12,6 +12,16 @@
 //! `memcpy` (281-303 µs against 181, claimed chunks 138-148), and in a tight loop too (20-33 µs
 //! against 22; claimed chunks 12). Claiming also spares the caller every wake-up of its own,
 //! and a busy pool (another put's copy) only means the caller copies more itself.
+//!
+//! Fresh destination pages (a store's block nobody wrote yet: its pages are allocated but were
+//! never mapped, so each first write faults, and the kernel zeroes the page then) are mapped in
+//! ahead of the copy, piece by piece, by the thread that copies them: `MADV_POPULATE_WRITE`
+//! takes the same faults in one call instead of one trap per page. Whether a piece is fresh is
+//! read from its first page (`mincore`: an untouched page of the store's memory is not in the
+//! page cache yet; a warm one is, whoever touched it), so a copy into warm pages pays 32 system
+//! calls per 128 MiB, not the 3-4 ms a populate of present pages costs. Into fresh pages of a
+//! memfd (2 threads, 256 MiB, a C probe on the development VM) the copy took 50-86 ms this
+//! way against 80-148 ms faulting page by page; into warm pages, 13-17 ms either way.
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -22,6 +32,8 @@ use std::sync::Arc;
 pub const PARALLEL_COPY_THRESHOLD: usize = 1_000_000;
 /// Smallest chunk.
 const MIN_CHUNK: usize = 128 * 1024;
+/// Fresh pages are looked for, and mapped in, this much at a time.
+const POPULATE_PIECE: usize = 4 << 20;
 
 /// Copies `src` into `dst` (same length), in parallel when large.
 ///
@@ -144,6 +156,7 @@ impl ClaimedCopy {
             }
             let start = i * self.chunk;
             let len = self.chunk.min(self.len - start);
+            populate_fresh(self.dst + start, len);
             // SAFETY: chunk `i` is this thread's alone (claimed once), lies inside both
             // buffers (start + len <= self.len), and both stay borrowed by `parallel_copy`,
             // which does not return before `done` counts this chunk. `dst` and `src` do not
@@ -160,9 +173,86 @@ impl ClaimedCopy {
     }
 }
 
+/// Maps in, writable, the whole pages of `len` bytes at address `dst` (memory the caller may
+/// write: part of a `&mut [u8]`) that look fresh: per [`POPULATE_PIECE`], when its first page
+/// is not resident. Only pages wholly inside the range: an edge page may belong to a neighbour
+/// (or to no object, where touching it would make a page the store does not count). Where the
+/// kernel cannot (before Linux 5.14), the copy's own writes fault the pages in, as without.
+fn populate_fresh(dst: usize, len: usize) {
+    let page = rustix::param::page_size();
+    let end = (dst + len) / page * page;
+    let mut at = dst.next_multiple_of(page);
+    while at < end {
+        let piece_end = at.saturating_add(POPULATE_PIECE).min(end);
+        let mut resident = 0u8;
+        // SAFETY: `at` is page-aligned and its page lies inside the caller's live mapping; the
+        // kernel writes one byte into `resident`.
+        let looked = unsafe { libc::mincore(at as *mut libc::c_void, 1, &mut resident) };
+        if looked == 0 && resident & 1 == 0 {
+            // SAFETY: whole pages inside the caller's writable range; populating only faults
+            // them in (as the copy's writes would), it changes no byte.
+            let populated = unsafe {
+                libc::madvise(
+                    at as *mut libc::c_void,
+                    piece_end - at,
+                    libc::MADV_POPULATE_WRITE,
+                )
+            };
+            if populated != 0 {
+                return;
+            }
+        }
+        at = piece_end;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fresh_pages_are_populated_and_nothing_outside_the_range() {
+        // A shared memfd mapping as the store's: its pages allocated (fallocate), never
+        // touched. The copy into an unaligned range in the middle must map in the pages
+        // inside and leave the pages on either side untouched (not resident).
+        use std::os::fd::AsRawFd;
+        let page = rustix::param::page_size();
+        let len = 24 << 20;
+        let fd = rustix::fs::memfd_create("copy-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&fd, len as u64).unwrap();
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let resident = |off: usize| {
+            let off = off / page * page;
+            let mut v = 0u8;
+            let r = unsafe { libc::mincore((map as usize + off) as *mut libc::c_void, 1, &mut v) };
+            assert_eq!(r, 0);
+            v & 1 == 1
+        };
+        let (start, n) = (2 * page + 100, (16 << 20) + 7);
+        let src: Vec<u8> = (0..n).map(|i| (i % 241) as u8).collect();
+        // SAFETY: inside the mapping, which lives until the munmap below.
+        let dst = unsafe { std::slice::from_raw_parts_mut((map as usize + start) as *mut u8, n) };
+        parallel_copy(dst, &src);
+        assert!(dst == &src[..]);
+        assert!(!resident(0) && !resident(page), "pages before the range");
+        let after = (start + n).next_multiple_of(page);
+        assert!(
+            !resident(after) && !resident(len - page),
+            "pages after the range"
+        );
+        assert!(resident(3 * page) && resident(start + n - page));
+        unsafe { libc::munmap(map, len) };
+    }
 
     #[test]
     fn copies_every_byte_small_and_large() {
