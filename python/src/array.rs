@@ -2,8 +2,8 @@
 //! view whose `.base` is the native object (so the store reference lives as long as the array).
 //!
 //! The package's own hot paths skip numpy's side of that protocol: [`new_array`] makes the
-//! same array through numpy's C API (the `_ARRAY_API` table numpy exports to extensions:
-//! `PyArray_DescrFromType`, `PyArray_NewFromDescr`, `PyArray_SetBaseObject`), one call where
+//! same array through numpy's C API (`PyArray_DescrFromType`, `PyArray_NewFromDescr`,
+//! `PyArray_SetBaseObject`, reached through the `numpy` crate's `npyffi`), one call where
 //! `numpy.asarray` of an object of another type spends ~0.7 µs discovering what it is (a
 //! tenth of a 64 B `put_tensor`). Where that table cannot be loaded, callers fall back on
 //! `numpy.asarray`.
@@ -15,6 +15,10 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 use pyo3::{ffi, intern};
+
+use numpy::npyffi::{
+    npy_intp, NpyTypes, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NPY_TYPES, PY_ARRAY_API,
+};
 use vovp_types::DType;
 
 /// `__array_interface__` of `size` bytes at `ptr` (a 1-D uint8 array).
@@ -143,104 +147,41 @@ pub(crate) fn array_struct<'py>(
     Ok(capsule)
 }
 
-/// `PyArray_DescrFromType(type_number)`.
-type DescrFromType = unsafe extern "C" fn(c_int) -> *mut ffi::PyObject;
-/// `PyArray_NewFromDescr(subtype, descr, nd, dims, strides, data, flags, obj)`.
-type NewFromDescr = unsafe extern "C" fn(
-    *mut ffi::PyTypeObject,
-    *mut ffi::PyObject,
-    c_int,
-    *const isize,
-    *const isize,
-    *mut c_void,
-    c_int,
-    *mut ffi::PyObject,
-) -> *mut ffi::PyObject;
-/// `PyArray_SetBaseObject(arr, obj)`.
-type SetBaseObject = unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyObject) -> c_int;
+/// Whether numpy's C API can be used here: numpy imports (the `numpy` crate's
+/// `PY_ARRAY_API` panics where it does not, and then callers fall back on `numpy.asarray`,
+/// which raises the import error as a Python exception).
+static NUMPY_LOADED: GILOnceCell<bool> = GILOnceCell::new();
 
-/// The functions of numpy's C API that [`new_array`] calls.
-struct NumpyApi {
-    array_type: *mut ffi::PyTypeObject,
-    descr_from_type: DescrFromType,
-    new_from_descr: NewFromDescr,
-    set_base_object: SetBaseObject,
+fn numpy_loaded(py: Python<'_>) -> bool {
+    *NUMPY_LOADED.get_or_init(py, || py.import("numpy").is_ok())
 }
 
-// SAFETY: function pointers and the address of numpy's static `PyArray_Type`, which live as
-// long as numpy is loaded (it never is unloaded); only called with the GIL held.
-unsafe impl Send for NumpyApi {}
-unsafe impl Sync for NumpyApi {}
-
-/// numpy's C API, loaded on first use; None where it cannot be (no numpy, or a table of
-/// another shape).
-static NUMPY_API: GILOnceCell<Option<NumpyApi>> = GILOnceCell::new();
-
-fn numpy_api(py: Python<'_>) -> Option<&NumpyApi> {
-    NUMPY_API.get_or_init(py, || load_numpy_api(py)).as_ref()
-}
-
-fn load_numpy_api(py: Python<'_>) -> Option<NumpyApi> {
-    // numpy 2 has its core in `numpy._core` (`numpy.core` warns); numpy 1 in `numpy.core`.
-    let table = ["numpy._core.multiarray", "numpy.core.multiarray"]
-        .iter()
-        .find_map(|module| {
-            let capsule = py.import(*module).ok()?.getattr("_ARRAY_API").ok()?;
-            let capsule = capsule.downcast::<PyCapsule>().ok()?;
-            Some(capsule.pointer().cast::<*mut c_void>())
-        })?;
-    // numpy's slot numbers (`__multiarray_api.h`), the same in numpy 1 and 2.
-    const ARRAY_TYPE: usize = 2;
-    const DESCR_FROM_TYPE: usize = 45;
-    const NEW_FROM_DESCR: usize = 94;
-    const SET_BASE_OBJECT: usize = 282;
-    // SAFETY: `_ARRAY_API` is numpy's table of its C API (static in numpy's library, which
-    // stays loaded), at least SET_BASE_OBJECT + 1 entries long in every numpy >= 1.7; each
-    // slot read holds the function (or type object) numpy documents for it, with the
-    // signature declared in `NumpyApi`.
-    unsafe {
-        let slot = |i: usize| *table.add(i);
-        if [ARRAY_TYPE, DESCR_FROM_TYPE, NEW_FROM_DESCR, SET_BASE_OBJECT]
-            .iter()
-            .any(|&i| slot(i).is_null())
-        {
-            return None;
-        }
-        Some(NumpyApi {
-            array_type: slot(ARRAY_TYPE).cast(),
-            descr_from_type: std::mem::transmute::<*mut c_void, DescrFromType>(slot(
-                DESCR_FROM_TYPE,
-            )),
-            new_from_descr: std::mem::transmute::<*mut c_void, NewFromDescr>(slot(NEW_FROM_DESCR)),
-            set_base_object: std::mem::transmute::<*mut c_void, SetBaseObject>(slot(
-                SET_BASE_OBJECT,
-            )),
-        })
-    }
-}
-
-/// numpy's type number of a layout's kind and item size (`NPY_TYPES`): the dtype that
-/// `numpy.asarray` reads from the same `__array_struct__` (64-bit integers are C `long`
-/// where that has 64 bits, as numpy's `int64` is there).
+/// numpy's type number of a layout's kind and item size: the dtype that `numpy.asarray`
+/// reads from the same `__array_struct__` (64-bit integers are C `long` where that has 64
+/// bits, as numpy's `int64` is there).
 fn type_number(kind: u8, itemsize: u32) -> Option<c_int> {
+    use NPY_TYPES::*;
     let long64 = std::mem::size_of::<c_long>() == 8;
-    Some(match (kind, itemsize) {
-        (b'b', 1) => 0,
-        (b'i', 1) => 1,
-        (b'u', 1) => 2,
-        (b'i', 2) => 3,
-        (b'u', 2) => 4,
-        (b'i', 4) => 5,
-        (b'u', 4) => 6,
-        (b'i', 8) => [9, 7][usize::from(long64)],
-        (b'u', 8) => [10, 8][usize::from(long64)],
-        (b'f', 4) => 11,
-        (b'f', 8) => 12,
-        (b'c', 8) => 14,
-        (b'c', 16) => 15,
-        (b'f', 2) => 23,
+    let t = match (kind, itemsize) {
+        (b'b', 1) => NPY_BOOL,
+        (b'i', 1) => NPY_BYTE,
+        (b'u', 1) => NPY_UBYTE,
+        (b'i', 2) => NPY_SHORT,
+        (b'u', 2) => NPY_USHORT,
+        (b'i', 4) => NPY_INT,
+        (b'u', 4) => NPY_UINT,
+        (b'i', 8) if long64 => NPY_LONG,
+        (b'i', 8) => NPY_LONGLONG,
+        (b'u', 8) if long64 => NPY_ULONG,
+        (b'u', 8) => NPY_ULONGLONG,
+        (b'f', 4) => NPY_FLOAT,
+        (b'f', 8) => NPY_DOUBLE,
+        (b'c', 8) => NPY_CFLOAT,
+        (b'c', 16) => NPY_CDOUBLE,
+        (b'f', 2) => NPY_HALF,
         _ => return None,
-    })
+    };
+    Some(t as c_int)
 }
 
 /// The array `numpy.asarray(base)` makes of `base`'s `__array_struct__` ([`array_struct`] of
@@ -253,9 +194,7 @@ pub(crate) fn new_array<'py>(
     layout: Option<&Layout>,
     readonly: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    // numpy's flags (ndarraytypes.h); it works out contiguity and alignment itself.
-    const C_CONTIGUOUS: c_int = 0x1;
-    const WRITEABLE: c_int = 0x400;
+    // numpy works out contiguity and alignment itself from the flags.
     let py = base.py();
     if ptr == 0 && size != 0 {
         return Err(PyValueError::new_err("no host address to export"));
@@ -265,35 +204,38 @@ pub(crate) fn new_array<'py>(
         Some(l) => (l.kind, l.itemsize, &l.shape[..]),
         None => (b'u', 1, std::slice::from_ref(&one)),
     };
-    let (Some(api), Some(type_number)) = (numpy_api(py), type_number(kind, itemsize)) else {
+    let Some(type_number) = type_number(kind, itemsize).filter(|_| numpy_loaded(py)) else {
         return py
             .import(intern!(py, "numpy"))?
             .call_method1(intern!(py, "asarray"), (base,));
     };
     let data = (if ptr == 0 { 64 } else { ptr }) as *mut c_void;
-    let flags = C_CONTIGUOUS | if readonly { 0 } else { WRITEABLE };
-    // SAFETY: numpy's documented calls, with the GIL held: `PyArray_NewFromDescr` steals the
-    // descriptor's reference and views `data` (the caller's object's `size` bytes, kept
-    // alive by `base`) as `dims` of the descriptor's type, C order; `PyArray_SetBaseObject`
-    // steals the reference to `base` taken just before it, on failure too.
+    let flags = NPY_ARRAY_C_CONTIGUOUS | if readonly { 0 } else { NPY_ARRAY_WRITEABLE };
+    let mut dims: Vec<npy_intp> = dims.to_vec();
+    // SAFETY: numpy's documented calls through the `numpy` crate's table, with the GIL held
+    // and numpy imported: `PyArray_NewFromDescr` steals the descriptor's reference and views
+    // `data` (the caller's object's `size` bytes, kept alive by `base`) as `dims` of the
+    // descriptor's type, C order; `PyArray_SetBaseObject` steals the reference to `base`
+    // taken just before it, on failure too.
     unsafe {
-        let descr = (api.descr_from_type)(type_number);
+        let descr = PY_ARRAY_API.PyArray_DescrFromType(py, type_number);
         if descr.is_null() {
             return Err(PyErr::fetch(py));
         }
-        let arr = (api.new_from_descr)(
-            api.array_type,
+        let arr = PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            PY_ARRAY_API.get_type_object(py, NpyTypes::PyArray_Type),
             descr,
             dims.len() as c_int,
-            dims.as_ptr(),
-            std::ptr::null(),
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
             data,
             flags,
             std::ptr::null_mut(),
         );
         let arr = Bound::from_owned_ptr_or_err(py, arr)?;
         ffi::Py_IncRef(base.as_ptr());
-        if (api.set_base_object)(arr.as_ptr(), base.as_ptr()) < 0 {
+        if PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), base.as_ptr()) < 0 {
             return Err(PyErr::fetch(py));
         }
         Ok(arr)
