@@ -283,41 +283,64 @@ pub(crate) fn copy_bytes(
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
 ) -> PyResult<bool> {
+    let Some((dst, src)) = copy_pair(dst, src)? else {
+        return Ok(false);
+    };
+    py.allow_threads(|| vovp_shm::copy::parallel_copy(dst, src));
+    Ok(true)
+}
+
+/// The bytes of a byte-for-byte copy `dst[...] = src` of two C-contiguous arrays: `dst`
+/// writable, equal lengths, no Python objects; None when the two overlap. The slices are
+/// borrowed with the arrays: the caller keeps both alive and unresized while it copies.
+pub(crate) fn copy_pair<'a>(
+    dst: &'a Bound<'_, PyAny>,
+    src: &'a Bound<'_, PyAny>,
+) -> PyResult<Option<(&'a mut [u8], &'a [u8])>> {
     const WRITEABLE: c_int = 0x400;
     let to = read_array(dst, None)?;
     if to.flags & WRITEABLE == 0 {
         return Err(PyValueError::new_err("not a writable array"));
     }
     if to.kind == b'O' {
-        // (Bytes of object pointers copied without their reference counts.)
-        return Err(PyValueError::new_err(
-            "an array of Python objects is not copied as bytes",
-        ));
+        return Err(objects_refused());
     }
     let (to, len) = (to.addr, to.len);
-    let (from, src_len) = contiguous_bytes(src)?;
-    if len != src_len {
+    let from = plain_bytes(src)?;
+    if len != from.len() {
         return Err(PyValueError::new_err(format!(
-            "copy of {src_len} bytes into {len}"
+            "copy of {} bytes into {len}",
+            from.len()
         )));
     }
     if len == 0 {
-        return Ok(true);
+        return Ok(Some((&mut [], &[])));
     }
-    if to < from + len && from < to + len {
-        return Ok(false);
+    let from_addr = from.as_ptr() as usize;
+    if to < from_addr + len && from_addr < to + len {
+        return Ok(None);
     }
-    // SAFETY: both arrays, borrowed for this call, export `len` contiguous bytes at these
-    // addresses (their `__array_struct__`), `dst` writable; the ranges do not overlap. The
-    // caller does not resize or free either while the copy runs without the GIL.
-    let (dst, src) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(to as *mut u8, len),
-            std::slice::from_raw_parts(from as *const u8, len),
-        )
-    };
-    py.allow_threads(|| vovp_shm::copy::parallel_copy(dst, src));
-    Ok(true)
+    // SAFETY: `dst`, borrowed for `'a`, exports `len` contiguous writable bytes at `to` (its
+    // `__array_struct__`), which do not overlap `src`'s.
+    Ok(Some((
+        unsafe { std::slice::from_raw_parts_mut(to as *mut u8, len) },
+        from,
+    )))
+}
+
+/// The bytes of C-contiguous array `src`, borrowed with it; ValueError for an array of
+/// Python objects (bytes of object pointers, copied or hashed without their reference counts,
+/// mean nothing).
+pub(crate) fn plain_bytes<'a>(src: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    let a = read_array(src, None)?;
+    if a.kind == b'O' {
+        return Err(objects_refused());
+    }
+    Ok(exported_bytes(src, a.addr, a.len))
+}
+
+fn objects_refused() -> PyErr {
+    PyValueError::new_err("an array of Python objects is not copied or hashed as bytes")
 }
 
 /// numpy's `PyArrayInterface` (the `__array_struct__` protocol), field for field.

@@ -21,6 +21,9 @@ __all__ = [
     "cuda_sync_stream",
     "_cuda_simulate_library_names",
     "copy_bytes",
+    "copy_hashed",
+    "content_hash",
+    "CONTENT_HASH_BLOCK",
     "encode_tensor_header",
     "decode_tensor_header",
     "TENSOR_MAGIC",
@@ -75,6 +78,19 @@ def copy_bytes(dst: Any, src: Any) -> bool:
     """``dst[...] = src`` for two C-contiguous arrays of equal byte length (dtypes the caller
     checked), through the rayon pool's parallel copy, without the GIL; False (nothing copied)
     when they overlap."""
+
+# --- content_hash.rs -------------------------------------------------------------------------
+
+# Bytes per hashed block of the content hash (vovp_shm::content_hash, version 1).
+CONTENT_HASH_BLOCK: Final[int]
+
+def copy_hashed(dst: Any, src: Any) -> int:
+    """``dst[...] = src`` byte for byte (C-contiguous, equal byte lengths, not overlapping:
+    ValueError otherwise) and the 64-bit content hash of the bytes, computed in the same pass,
+    split across the copy pool, without the GIL."""
+
+def content_hash(src: Any) -> int:
+    """The 64-bit content hash of a C-contiguous array's bytes (as ``copy_hashed``'s)."""
 
 # --- cuda.rs ---------------------------------------------------------------------------------
 
@@ -300,6 +316,7 @@ class Client:
         ephemeral: bool = False,
         device: Optional[int] = None,
         replace: bool = False,
+        version: Optional[int] = None,
     ) -> Buffer: ...
     def sync(self) -> None: ...
     def seal_later(self, name: str) -> None: ...
