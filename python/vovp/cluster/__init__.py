@@ -1,62 +1,79 @@
-"""vovp across machines, on Ray: the same names on every node, weight broadcast, partitioned
+"""vovp across machines, on Ray: versioned names on every node, weight sync, partitioned
 tensors pulled by id.
 
     import vovp.cluster as vc
     vc.init()                                   # joins (or starts) the Ray cluster
-    vc.publish("weights", torch.randn(1024, 1024))
-    w = vc.fetch("weights")                     # on any node: zero-copy from the local store
+    vc.publish("weights", w, replace=True)      # writer: the name's next version, cluster-wide
+    w = vc.fetch("weights", newer_than=v, timeout=60)   # reader: a newer one, zero-copy
+    v = vc.version_of(w)
     vc.register_transport()                     # @ray.method(tensor_transport="vovp")
 
-Every node runs its own vovp store and exactly one agent (a Ray actor pinned to the node);
-a directory actor on the head node records which node holds which name. Ray provides the
-membership, the failure detection and the control messages; the bytes go from one node's store
-straight into the other's. Needs ``pip install "vovp[cluster]"`` (Ray). The package is pure
-Python over ``vovp.Client``; vovp has no cluster layer of its own.
+Every node runs its own vovp store (``vovp-engine``, serving transfers to the other engines
+on a TCP port of the node's Ray IP) and exactly one agent (a Ray actor pinned to the node that
+starts the engine); a directory actor on the head node numbers every name's versions and
+records which nodes hold the current one. Ray provides the membership, the failure detection
+and the control messages; the bytes go from one node's engine straight into the other's (Rust,
+several TCP streams, no Python). Needs ``pip install "vovp[cluster]"`` (Ray). The package is
+pure Python over ``vovp.Client``; vovp has no cluster layer of its own.
 
-Modules (dependencies run one way, down this list):
+Modules (dependencies run one way, up this list):
 
 - ``__init__``: the public surface; fails early without Ray (saying how to install it).
 - ``_api``: the calls (``init``, ``publish``, ``fetch``, ``broadcast``, ``unpublish``,
-  ``client``...), per-process handle caches, ``call`` (actor exceptions come out as themselves,
-  Ray's timeouts as ``TimeoutError``, a dead agent as ``VovpError``).
-- ``_directory``: ``Directory``, a named detached actor (``vovp-directory``, namespace ``vovp``)
-  pinned to the head node by its ``node:__internal_head__`` resource: name -> ``Entry`` (owner
-  node, holder nodes, size, the object's metadata bytes verbatim, version), DistTensor specs,
-  the cluster's config (the first ``init`` fixes it). Threaded: ``lookup(name, timeout)`` waits
-  on a condition.
+  ``client``, ``transfer_address``...), per-process handle caches, and publish's steps
+  (``reserve``, ``put_version``, ``commit``).
 - ``_agent``: ``Agent``, one per node (``vovp-agent-<node id>``, hard node affinity,
-  ``num_cpus=0``, threaded, created with ``get_if_exists`` by whoever needs it first, so nodes
-  that join later get theirs on first use): the node's store, pulls, offers, DistTensor
-  partitions.
-- ``_stream``: the data path: ``StreamServer`` (one listener per agent on the node's Ray IP) and
-  ``receive``.
+  ``num_cpus=0``, created with ``get_if_exists`` by whoever needs it first, so nodes that join
+  later get theirs on first use): starts the node's engine with ``--transfer <node ip>:0``
+  and the cluster's key, registers its transfer address, fetches for ``broadcast``, deletes
+  for ``unpublish``, keeps DistTensor partitions, reports metrics (``_metrics``).
+- ``_fetch``: the fetch walk (local store, location cache, directory, FETCH to this node's
+  engine, failures) and ``call``/``directory_call``.
+- ``_directory``: ``Directory``, a named detached **asyncio** actor (``vovp-directory``,
+  namespace ``vovp``) pinned to the head node: per name the newest committed version, its
+  size, metadata, holders and their transfer addresses; version numbers; DistTensor specs;
+  the cluster's config (the first ``init`` fixes it, the transfer key included).
 - ``_dist``: ``DistTensor``: partition books, ``pull``/``push`` fan-out.
 
 Nodes are named by Ray node id, never by IP (every node of a local cluster is 127.0.0.1);
 stores of nodes that share a machine get sockets from a template (``socket="...{node}..."``).
 
-Fetch (process P on node B, name N owned by node A)::
+Versions. A cluster version is a store version: ``publish(name, t, replace=True)`` asks the
+directory for the next number (``reserve``: two racing writers get two), puts ``t`` into its
+node's store sealed as exactly that version (``PutOptions.version``), then tells the directory
+(``commit``), which makes it current and wakes the readers waiting for it. Only committed
+versions are offered to other nodes: a writer that dies between reserve and commit leaves the
+previous version current everywhere (and a gap in the numbers). A fetched copy is sealed in
+the receiving store as the same version, so ``vc.version_of`` (``vovp.version_of``) of any
+copy is the cluster's version. A store's replace keeps whatever readers hold: a node's old
+version is freed with its last local holder.
 
-    P: local get(N) -- hit --> done (zero-copy)
-     `- miss: agent_B.ensure(N): one in flight per name; other callers wait on its Future
-          agent_B: directory.lookup(N) -> Entry{holders, size, metadata, version}
-          agent_B: agent_A.offer(N) -> (size, metadata, (ip, port), ticket)
-                   agent_A holds a reference until the stream is done or 60 s pass
-          agent_B: create(N, size, metadata) in B's store; TCP connect, send the ticket;
-                   agent_A: sendall(view of A's store memory); agent_B: recv_into(the object)
-          agent_B: seal(N)  (any failure: abort; the unsealed object was never visible)
-          agent_B: directory.add_holder(N, B, version)  (not awaited)
-    P: local get(N) -> zero-copy
+Fetch (process P on node B; ``newer_than=v``)::
 
-Why a TCP stream and not Ray's object transfer: bytes returned through Ray land in the receiving
-node's Ray object store, and one more copy puts them into vovp's; the stream writes them into
-the object the agent created, one copy on the receiver. Measured side by side (BENCHMARKS.md,
-"Across machines") the Ray path (``transport="ray"``, kept for that comparison) reaches about a
-third of the stream's throughput. What remains on one machine is page faults of the fresh
-destination pages (a raw loopback probe: 0.7 GB/s into fresh pages, 2.0 GB/s into touched ones).
+    P: B's store has a version > v?  -- yes --> done (zero-copy)
+     `- no: P -> directory.wait_newer(name, v, timeout)    one control message; it answers
+              when a version > v is committed: {version, holders, their transfer addresses}
+              (skipped when P's location cache knows a holder of such a version)
+            P -> B's engine: FETCH(holder address, name, version)   the engine mints a
+              one-time ticket, pulls over several TCP streams from the holder's engine into
+              its store, seals; every FETCH of that version on B shares the one transfer
+            P -> directory.add_holder(name, B, version)   not awaited
+    P: the tensor, zero-copy from B's store
 
-Broadcast: rounds in which every holder sends to up to ``fanout`` nodes lacking the object,
-newest copies first; ``fanout=1`` is a binomial tree.
+Failures: a FETCH from a dead holder fails (connection refused or reset: TransferFailed); the
+walk then asks Ray's node table (and the holder's agent): a dead node is dropped from every
+entry (``drop_node``: its store died with it) and the next holder tried; when none is left,
+``ObjectLost`` names the dead nodes. A holder alive but without the version any more
+(replaced, evicted) is dropped as its holder. A reader node that dies takes its copies with
+it. A fetch that completes after an ``unpublish``: its late ``add_holder`` makes the
+directory tell that node's agent to delete the copy. The directory dies with the head node,
+as the Ray cluster does: every call to it is bounded (``wait`` + 60 s) and fails with a
+VovpError naming it, never hangs. A node that comes back is a new Ray node: new id, new
+agent, empty store.
+
+Broadcast: rounds in which every holder is the source of up to ``fanout`` nodes lacking the
+newest version (their agents send FETCH to their engines), newest copies first; ``fanout=1``
+is a binomial tree.
 
 DistTensor: partition k is the store object ``<name>/part-<k>`` on ``nodes[k]``, created (zeros)
 by that node's agent, which keeps the creator's writable view (the store lets a creator write
@@ -66,28 +83,20 @@ fetched once per node. ``pull`` groups ids by partition, sends one ``dist_pull``
 (rows come back through Ray), gathers local rows from the zero-copy local view meanwhile, and
 scatters every row into the ids' order.
 
-Failures: a call to a dead node's agent fails at once (``RayActorError``); a stream that ends
-early or stalls for ``stall_timeout`` seconds fails. Either way the agent asks whether the holder
-is alive (Ray's node table, then the agent itself); a dead holder is dropped from the entry and
-the next one tried; when none is left, ``ObjectLost`` names the dead nodes. A live holder whose
-transfer broke is a ``VovpError`` saying why. A node that comes back is a new Ray node: new id,
-new agent, empty store. The directory dies with the head node, as the Ray cluster does.
-
 Trust model: Ray runs whatever code reaches it, so anyone who can reach the Ray cluster can call
-the agents (read or delete any published object, push into DistTensors): run Ray on a private
-network. The stream listener sends only to a connection presenting a live one-time 128-bit
-ticket, which only an agent call hands out; the bytes are not encrypted. A push handler
-(``op=callable``) is the caller's code run in the owning agent under the partition's lock:
-trusted, like everything sent to Ray.
+the agents (read or delete any published object, push into DistTensors) and read the
+cluster's transfer key, which travels in Ray's control path (the directory's config, the
+agents' engine environments): run Ray on a private network. An engine serves a transfer only
+for a one-time ticket MACed with that key (PROTOCOL.md, "Transfers between engines"; stolen
+and replayed tickets get nothing: tests/tests/transfer.rs); the bytes are not encrypted. A
+push handler (``op=callable``) is the caller's code run in the owning agent under the
+partition's lock: trusted, like everything sent to Ray.
 
-Known limits: the directory and each agent are threaded actors with 64 threads; a call that
-waits (a ``lookup`` or ``dist_spec`` with a timeout, a follower of an in-flight fetch) holds one
-for its wait, so more than 64 simultaneous waits on one actor queue the calls behind them (bounded
-by their timeouts); an asyncio directory would lift it. Not tested on one machine: RDMA/NCCL data
-paths (Ray's direct tensor transport, NIXL) would replace ``_stream`` for GPU-resident or
-InfiniBand clusters; CUDA objects across nodes are not supported (``fetch`` of a CUDA object's
-name fails in ``offer``, which has no host bytes to send); a real network's failure modes (a
-half-open TCP connection) rely on ``stall_timeout``.
+Known limits: an agent is a threaded actor (64 threads) for DistTensor pushes and broadcast;
+fetches and waits do not go through it. CUDA objects across nodes are not supported
+(``publish`` takes host tensors); RDMA/NCCL data paths are not used. A real network's failure
+modes (a half-open TCP connection) rely on the engines' ``--write-timeout``
+(``stall_timeout``).
 """
 
 from __future__ import annotations
@@ -102,6 +111,8 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
 from ..errors import ObjectLost
 from ._api import (
     DEFAULT_SOCKET,
+    transfer_address,
+    version_of,
     agent_stats,
     broadcast,
     client,
@@ -146,4 +157,6 @@ __all__ = [
     "DistTensor",
     "register_transport",
     "ObjectLost",
+    "transfer_address",
+    "version_of",
 ]

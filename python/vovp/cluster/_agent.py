@@ -1,46 +1,38 @@
 """A node's agent: the one Ray actor per node (``vovp-agent-<node id>``, pinned to that node)
 that owns the node's side of the cluster.
 
-It connects to the node's ``vovp-engine`` (or starts one, which dies with it), pulls objects
-other nodes hold into the local store (one transfer per name, however many local processes ask
-at once), offers local objects to other nodes' agents (``_stream``), keeps the node's
-DistTensor partitions (the creator's writable view, so pushes apply in place), and reports the
-node's store and transfer numbers to Ray's metrics (``_metrics``).
+It connects to the node's ``vovp-engine`` (or starts one, with ``--transfer <node ip>:0`` and
+the cluster's transfer key, which dies with it) and registers the engine's transfer address
+with the directory; the bytes of a fetch go engine to engine (``_fetch``), never through an
+agent. It also fetches on request (``ensure``: broadcast's pushes), deletes copies
+(``drop``: unpublish), keeps the node's DistTensor partitions (the creator's writable view, so
+pushes apply in place), and reports the node's store and transfer numbers to Ray's metrics
+(``_metrics``).
 """
 
 from __future__ import annotations
 
 import os
-import random
 import threading
-import time
-from concurrent.futures import Future
-from typing import Any
-from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Optional
 
 import numpy as np
 import ray
 
 from .. import daemon
-from .._copy import copy_into
-from ..client import Client
+from ..client import Client, version_of
 from ..errors import (
     ConnectionError as VovpConnectionError,
     InvalidArgument,
-    ObjectExists,
-    ObjectLost,
     ObjectNotFound,
     VovpError,
 )
-from . import _stream
-from ._directory import DIRECTORY_NAME, NAMESPACE
+from . import _fetch
+from ._directory import AGENT_PREFIX, agent_name
+from ._fetch import alive_nodes, directory_handle
 from ._metrics import NodeReporter
 
-AGENT_PREFIX = "vovp-agent-"
-
-
-def agent_name(node_id: str) -> str:
-    return AGENT_PREFIX + node_id
+__all__ = ["AGENT_PREFIX", "Agent", "agent_name", "alive_nodes", "socket_for"]
 
 
 def socket_for(template: str, node_id: str) -> str:
@@ -49,30 +41,31 @@ def socket_for(template: str, node_id: str) -> str:
     return template.replace("{node}", node_id[:12])
 
 
-def alive_nodes() -> set[str]:
-    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-
-
-class HolderGone(Exception):
-    """A holder's agent cannot be found: its node (and store) are gone."""
+# The engine's transfer counters (TRANSFER_INFO) as the agent reports them.
+TRANSFER_COUNTERS = {"fetches": "transfers", "fetches_shared": "transfers_shared",
+                     "fetches_failed": "transfers_failed", "bytes_received": "bytes_received",
+                     "bytes_served": "bytes_sent", "streams_served": "streams_served"}
 
 
 class Agent:
     def __init__(self, node_id: str, config: dict[str, Any]):
         self.node_id = node_id
         self._config = config
-        self._transport = config.get("transport", "stream")
-        self._stall = float(config.get("stall_timeout", 30.0))
         self.socket = socket_for(config["socket"], node_id)
         self._engine: daemon.StoreProcess | None = None
         self._client = self._connect_or_start()
-        self._server = _stream.StreamServer(ray.util.get_node_ip_address(), self._stall)
-        self._directory = ray.get_actor(DIRECTORY_NAME, namespace=NAMESPACE)
+        self._transfer = self._client.transfer_address()
+        if self._transfer is None:
+            self.stop()
+            raise VovpError(
+                f"node {node_id}: the vovp-engine at {self.socket} serves no transfers: start "
+                "it with --transfer <this node's ip>:0 and the cluster's key (the "
+                "VOVP_TRANSFER_KEY variable or --transfer-key-file; "
+                "vovp.cluster.init(start=False, transfer_key=...))")
+        self._directory = directory_handle()
+        _fetch.directory_call(self._directory.register.remote(node_id, self._transfer))
         self._lock = threading.Lock()
-        self._inflight: dict[str, Future[dict[str, Any]]] = {}
-        self._agents: dict[str, Any] = {}  # node id -> actor handle
         self._parts: dict[str, tuple[Any, Any]] = {}  # DistTensor name -> (writable view, lock)
-        self._counters = {"transfers": 0, "bytes_received": 0, "offers": 0}
         self._reporter = NodeReporter(node_id, self.node_stats,
                                       float(config.get("metrics_interval", 10.0)))
 
@@ -89,13 +82,17 @@ class Agent:
         binary = self._config.get("engine")
         if not binary or not os.access(binary, os.X_OK):
             binary = None
+        env = {**os.environ, "VOVP_TRANSFER_KEY": self._config["transfer_key"]}
         try:
             # Started as vovp.start_store starts one: it dies with this agent, even when Ray
-            # kills the agent with SIGKILL.
+            # kills the agent with SIGKILL. The key travels in its environment, never on its
+            # command line.
             self._engine = daemon.spawn(
-                (), self._config.get("memory", "1G"), self.socket, False, 30, {},
+                (), self._config.get("memory", "1G"), self.socket, False, 30,
+                {"transfer": f"{ray.util.get_node_ip_address()}:0"},
                 extra=tuple(socket_for(a, self.node_id)
-                            for a in self._config.get("engine_args", ())), binary=binary)
+                            for a in self._config.get("engine_args", ())), binary=binary,
+                env=env)
         except FileNotFoundError as e:
             raise VovpError(f"node {self.node_id}: no vovp-engine to start ({e}); pass "
                             "engine= to vovp.cluster.init or run a daemon and pass socket=") from None
@@ -106,16 +103,18 @@ class Agent:
     def info(self) -> dict[str, Any]:
         return {"node": self.node_id, "socket": self.socket, "pid": os.getpid(),
                 "engine_pid": None if self._engine is None else self._engine.pid,
-                "address": self._server.address}
+                "transfer": self._transfer}
 
     def stats(self) -> dict[str, int]:
-        with self._lock:
-            out = dict(self._counters)
-        out["bytes_sent"] = self._server.bytes_sent
+        """The engine's transfer counters, under the names the agent reports them by
+        (``TRANSFER_COUNTERS``; ``refused``: every refused stream, whatever the reason)."""
+        counters = self._client.transfer_info()[1]
+        out = {ours: int(counters.get(theirs, 0)) for theirs, ours in TRANSFER_COUNTERS.items()}
+        out["refused"] = sum(int(v) for k, v in counters.items() if k.startswith("refused_"))
         return out
 
     def node_stats(self) -> dict[str, int]:
-        """The node's store's STATS and this agent's counters, in one dict (what
+        """The node's store's STATS and its transfer counters, in one dict (what
         ``vc.stats()`` adds up and the agent reports to Ray's metrics)."""
         return {**self._client.stats(), **self.stats()}
 
@@ -124,206 +123,38 @@ class Agent:
         return self._reporter.reported()
 
     def stop(self) -> None:
-        """Stop serving; stop the engine this agent started (before Ray kills the agent)."""
-        self._reporter.stop()
-        self._server.close()
+        """Stop reporting; stop the engine this agent started (before Ray kills the agent)."""
+        reporter = getattr(self, "_reporter", None)
+        if reporter is not None:
+            reporter.stop()
         self._client.close()
         if self._engine is not None:
             self._engine.stop()
 
-    # -- fetch: bring a name into this node's store --------------------------------------------
+    # -- fetch on request, delete --------------------------------------------------------------
 
-    def ensure(self, name: str, timeout: float | None = None, source: str | None = None,
-               transport: str | None = None) -> dict[str, Any]:
-        """Make ``name`` present in this node's store, pulling it from a holder (``source``
-        first when given) unless it is here already. Concurrent calls for one name share one
-        transfer. ``transport`` overrides the cluster's ("stream" or "ray"; the benchmark
-        compares them). Returns {"transferred": bool, "version": int | None}."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._client.contains(name):
-                return {"transferred": False, "version": None}
-            with self._lock:
-                existing = self._inflight.get(name)
-                if existing is None:
-                    pending: Future[dict[str, Any]] = Future()
-                    self._inflight[name] = pending
-            if existing is None:
-                break
-            pending = existing
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            try:
-                return pending.result(left)  # a follower keeps to its own timeout
-            except (TimeoutError, FutureTimeout):
-                if not pending.done():
-                    raise TimeoutError(f"{name!r} did not arrive within {timeout} s") \
-                        from None
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-                continue  # the leader's own wait ran out, ours has not: try again
-            except ObjectNotFound:
-                if deadline is None:
-                    raise
-                continue  # the leader did not wait for a publish; this caller may
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+    def ensure(self, name: str, timeout: Optional[float] = None, source: Optional[str] = None,
+               newer_than: Optional[int] = None) -> dict[str, Any]:
+        """Make a version of ``name`` (above ``newer_than``) present in this node's store, by
+        the fetch walk (``_fetch``; ``source``: the holder to try first). Returns
+        {"transferred": whether this call sent a FETCH, "version": the version here}."""
+        got, transferred = _fetch.fetch_object(
+            self._client, self._directory, self.node_id, name, newer_than=newer_than,
+            timeout=timeout, framework="numpy", source=source)
+        version = version_of(got)
+        del got
+        return {"transferred": transferred, "version": version}
+
+    def drop(self, name: str, version: Optional[int] = None) -> bool:
+        """Delete the local copy of ``name`` (unpublish); with ``version``, only a copy of that
+        version or an older one (a late fetch of an unpublished name)."""
         try:
-            result = self._pull(name, timeout, source, transport or self._transport)
-            pending.set_result(result)
-            return result
-        except BaseException as e:
-            pending.set_exception(e)
-            raise
-        finally:
-            with self._lock:
-                del self._inflight[name]
-
-    def _pull(self, name, timeout, source, transport):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        entry = ray.get(self._directory.lookup.remote(name, timeout))
-        if entry is None:
-            if self._client.contains(name):  # published and put here meanwhile
-                return {"transferred": False, "version": None}
-            if timeout is None:
-                raise ObjectNotFound(f"{name!r} is not published in the vovp cluster", 1)
-            raise TimeoutError(f"{name!r} was not published within {timeout} s")
-        lost = []
-        holders = [h for h in entry.holders if h != self.node_id]
-        random.shuffle(holders)  # spread readers over every copy, not just the owner's
-        if source is not None and source != self.node_id:
-            # broadcast's relay: the source may have its copy before the directory has
-            # recorded it (add_holder is not awaited); a source without one answers None.
-            if source in holders:
-                holders.remove(source)
-            holders.insert(0, source)
-        # No look at Ray's node table on the way: a call to a dead node's agent fails at once
-        # (RayActorError), and only then is the holder's state checked.
-        for holder in holders:
-            try:
-                moved = self._pull_from(holder, entry, deadline, transport)
-            except (_stream.TransferBroken, ray.exceptions.RayActorError, HolderGone) as e:
-                # Broken mid-way: the holder's agent (and with it, its store) or its node died,
-                # or the holder stalled. Only a dead holder is a lost copy; else say why.
-                if self._holder_alive(holder):
-                    raise VovpError(f"transfer of {name!r} from node {holder} failed: {e}") \
-                        from None
-                lost.append(holder)
-                self._directory.drop_holder.remote(name, holder, entry.version)
-                continue
-            if moved is None:  # evicted (or deleted) there
-                self._directory.drop_holder.remote(name, holder, entry.version)
-                continue
-            # Awaited: an unpublish (or a new version) may have come while the bytes moved,
-            # and then this copy is stale and must go, or it would be served as current.
-            if moved and not ray.get(self._directory.add_holder.remote(
-                    name, self.node_id, entry.version)):
-                self.drop(name)
-                raise ObjectNotFound(f"{name!r} was unpublished while it was being fetched", 1)
-            with self._lock:
-                self._counters["transfers"] += moved
-                self._counters["bytes_received"] += entry.size * moved
-            return {"transferred": bool(moved), "version": entry.version}
-        if lost:
-            raise ObjectLost(f"{name!r} is lost: it was held only by node(s) "
-                             f"{', '.join(lost)}, which died (Ray reports them dead or their "
-                             "vovp agent is gone)")
-        raise ObjectLost(f"{name!r} is lost: no node holds a copy any more (evicted from every "
-                         "store that had it)")
-
-    def _holder_alive(self, holder) -> bool:
-        """Whether ``holder``'s agent still answers (a dead node's agent does not)."""
-        if holder not in alive_nodes():
-            return False
-        try:
-            ray.get(self._agent_of(holder).info.remote(), timeout=self._stall)
-            return True
-        except (HolderGone, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return False
-
-    def _agent_of(self, node):
-        """The agent of ``node`` (cached: ``ray.get_actor`` asks Ray's GCS every time)."""
-        handle = self._agents.get(node)
-        if handle is None:
-            try:
-                handle = ray.get_actor(agent_name(node), namespace=NAMESPACE)
-            except ValueError:  # Ray knows no such actor: it died with its node
-                raise HolderGone(f"node {node} has no vovp agent") from None
-            self._agents[node] = handle
-        return handle
-
-    def _pull_from(self, holder, entry, deadline, transport):
-        """Copy ``entry`` from ``holder`` into this store: 1 when it moved, 0 when it was
-        here already, None when ``holder`` does not have it."""
-        agent = self._agent_of(holder)
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        try:
-            if transport == "ray":
-                offer = ray.get(agent.read.remote(entry.name), timeout=left)
-            else:
-                offer = ray.get(agent.offer.remote(entry.name), timeout=left)
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"{entry.name!r}: node {holder} did not answer in time") \
-                from None
-        if offer is None:
-            return None
-        size, metadata = offer[0], offer[1]
-        try:
-            dst = self._client.create(entry.name, size, metadata)
-        except BaseException as e:
-            if transport != "ray":
-                agent.withdraw.remote(offer[3])  # the ticket will not be claimed
-            if isinstance(e, ObjectExists):
-                return 0
-            raise
-        try:
-            if transport == "ray":
-                copy_into(dst, offer[2])
-            else:
-                _stream.receive(offer[2], offer[3], memoryview(dst.data), self._stall)
-            self._client.seal(entry.name)
-        except BaseException:
-            # Nothing half-made stays visible: an unsealed object is invisible to GET, and the
-            # abort frees it.
-            self._client.abort(entry.name)
-            raise
-        self._client.release(dst)
-        return 1
-
-    def offer(self, name: str):
-        """Offer the local copy of ``name`` to one stream transfer: (size, metadata, address,
-        ticket), or None when this store does not have it."""
-        got = self._give(name)
-        if got is None:
-            return None
-        view, metadata = got
-        ticket = self._server.offer(view, lambda: self._client.release(view))
-        return (view.nbytes, metadata, self._server.address, ticket)
-
-    def withdraw(self, ticket: bytes) -> None:
-        """The receiver of ``ticket``'s offer gave up before connecting: release it now."""
-        self._server.withdraw(ticket)
-
-    def read(self, name: str):
-        """transport="ray": the object's bytes through Ray's object store (for comparison)."""
-        got = self._give(name)
-        if got is None:
-            return None
-        view, metadata = got
-        return (view.nbytes, metadata, np.frombuffer(view, dtype=np.uint8))
-
-    def _give(self, name):
-        """(view holding a reference, metadata) of the local copy for another node, counted
-        as an offer; None when this store does not have it."""
-        try:
-            got = self._client.get_buffer(name, with_metadata=True)
-        except ObjectNotFound:
-            return None
-        with self._lock:
-            self._counters["offers"] += 1
-        return got
-
-    def drop(self, name: str) -> bool:
-        """Delete the local copy of ``name`` (unpublish)."""
-        try:
+            if version is not None:
+                view = self._client.get_buffer(name)
+                here = version_of(view)
+                self._client.release(view)
+                if here > version:
+                    return False
             self._client.delete(name)
             return True
         except ObjectNotFound:

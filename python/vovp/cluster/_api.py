@@ -1,49 +1,68 @@
 """The calls of ``vovp.cluster`` (re-exported by its ``__init__``) and the per-process
 handles they share: the directory, the agents, this process's client of its node's store
-(``directory_actor``, ``agent_actor``, ``call``: the package's, and the tests' and benches').
-``_dist`` builds on them; nothing here knows DistTensor.
+(``directory_actor``, ``agent_actor``, ``call``: the package's, and the tests' and benches'),
+and the nodes' transfer addresses (``transfer_address``). ``_dist`` and ``_state`` build on
+them; nothing here knows DistTensor.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
+import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .. import _native as N
+from .. import tensor as T
+from .._args import object_name
 from ..client import Client, version_of
+from ..daemon import _key_hex
 from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
+from . import _fetch
 from ._agent import Agent, agent_name, alive_nodes
 from ._directory import DIRECTORY_NAME, NAMESPACE, Directory
+from ._fetch import CONTROL_TIMEOUT, call, directory_call
+
+__all__ = ["DEFAULT_SOCKET", "call", "directory_call", "version_of"]
 
 # Engines that agents start: the store of a node of a local cluster is one of several on
 # this machine, so the default socket carries the node.
 DEFAULT_SOCKET = os.path.join(tempfile.gettempdir(), "vovp-{node}.sock")
+
+# Calls in the directory at once (asyncio: a waiting call is a suspended coroutine, no
+# thread): every process's newer_than waits, with room for the calls that do not wait.
+MAX_WAITS = 100_000
 
 _state_lock = threading.Lock()
 _state: dict[str, Any] = {"pid": None, "directory": None, "client": None, "agents": {}}
 
 
 def init(address: str | None = None, *, socket: str | None = None, memory: str | int = "1G",
-         engine: str | None = None, start: bool = True, transport: str = "stream",
-         stall_timeout: float = 30.0, engine_args: tuple[str, ...] | list[str] = (),
-         spill_dir: str | None = None, spill_max: str | int | None = None,
-         metrics_interval: float = 10.0, timeout: float = 60.0,
+         engine: str | None = None, start: bool = True, stall_timeout: float = 30.0,
+         engine_args: tuple[str, ...] | list[str] = (), spill_dir: str | None = None,
+         spill_max: str | int | None = None, metrics_interval: float = 10.0,
+         transfer_key: bytes | str | None = None, timeout: float = 60.0,
          **ray_init_args: Any) -> None:
     """Join the Ray cluster at ``address`` (as ``ray.init``; starts a local one when there is
     none) unless this process is connected already, and give every node a store and an agent.
 
     ``socket``: the store's socket path on each node; ``{node}`` in it is replaced by the
     node's id (its first 12 hex digits), needed when several nodes share one machine. When
-    nothing answers there the agent starts ``vovp-engine -m memory -s socket`` (``engine``:
-    the binary; default $VOVP_ENGINE_BIN, then PATH) and stops it with itself; ``start=False``
-    makes a missing daemon an error. ``transport``: "stream" (one TCP stream from the holder's
-    store into the receiver's, one copy) or "ray" (through Ray's object store, for
-    comparison). ``stall_timeout``: seconds without progress after which a transfer fails.
+    nothing answers there the agent starts ``vovp-engine -m memory -s socket --transfer
+    <node ip>:0`` with the cluster's transfer key in its environment (``engine``: the binary;
+    default $VOVP_ENGINE_BIN, then PATH) and stops it with itself. ``start=False`` makes a
+    missing daemon an error: run each node's daemon yourself with ``--transfer <node ip>:0``
+    and the cluster's key (``VOVP_TRANSFER_KEY`` or ``--transfer-key-file``), and pass that
+    key here (``transfer_key``: 32 bytes or 64 hex digits; a daemon without ``--transfer`` is
+    an error naming the flag). ``transfer_key`` default: 32 random bytes, made by the first
+    ``init``. ``stall_timeout``: seconds a transfer stream may make no progress before it
+    fails (the engines' ``--write-timeout``).
     ``spill_dir`` / ``spill_max``: every node's store spills to that directory instead of
     evicting (``{node}`` in it is replaced as in ``socket``: each store needs a directory of
     its own), at most ``spill_max`` bytes (``vovp-engine --spill-dir/--spill-max``).
@@ -53,22 +72,24 @@ def init(address: str | None = None, *, socket: str | None = None, memory: str |
     The first ``init`` of a cluster fixes these settings (kept by the directory); later calls,
     from any process, use them. Nodes that join later get their agent when first used.
     """
-    if transport not in ("stream", "ray"):
-        raise InvalidArgument(f"transport must be 'stream' or 'ray', got {transport!r}")
     if not ray.is_initialized():
         ray.init(address=address, **ray_init_args)
     engine = engine or os.environ.get("VOVP_ENGINE_BIN")
     if spill_max is not None and spill_dir is None:
         raise InvalidArgument("spill_max needs spill_dir")
+    try:
+        key = secrets.token_hex(32) if transfer_key is None else _key_hex(transfer_key)
+    except ValueError as e:
+        raise InvalidArgument(f"transfer_key: {e}") from None
     spill = ([] if spill_dir is None else ["--spill-dir", str(spill_dir)]) + (
         [] if spill_max is None else ["--spill-max", str(spill_max)])
+    stall = ["--write-timeout", str(max(1, int(round(float(stall_timeout)))))]
     proposed = {"socket": socket or DEFAULT_SOCKET, "memory": str(memory), "engine": engine,
-                "start": bool(start), "transport": transport,
-                "stall_timeout": float(stall_timeout),
-                "engine_args": list(engine_args) + spill,
-                "metrics_interval": float(metrics_interval)}
+                "start": bool(start), "stall_timeout": float(stall_timeout),
+                "engine_args": list(engine_args) + spill + stall,
+                "metrics_interval": float(metrics_interval), "transfer_key": key}
     directory = directory_actor()
-    ray.get(directory.config.remote(proposed), timeout=timeout)
+    directory_call(directory.config.remote(proposed), timeout)
     agents = [agent_actor(n) for n in sorted(alive_nodes())]
     call([a.info.remote() for a in agents], timeout)
 
@@ -96,6 +117,7 @@ def shutdown() -> None:
         if _state["client"] is not None:
             _state["client"].close()
         _state.update(pid=None, directory=None, client=None, agents={})
+    _fetch.reset()
 
 
 def node_id() -> str:
@@ -117,77 +139,148 @@ def client() -> Client:
     return state["client"]
 
 
-def publish(name: str, tensor: Any = None) -> Any:
+def transfer_address(node: str) -> str:
+    """The ``"ip:port"`` where ``node``'s engine serves transfers (cached per process: one
+    call the first time). ObjectLost when the node has no agent (it died)."""
+    address = _fetch.transfer_address(directory_actor(), node)
+    if address is None:
+        info = call(agent_actor(node).info.remote(), CONTROL_TIMEOUT)
+        address = info["transfer"]
+        _fetch._cache()["addresses"][node] = address
+    return str(address)
+
+
+def publish(name: str, tensor: Any = None, replace: bool = False) -> Any:
     """Put ``tensor`` (numpy or torch, as ``put_tensor``) into this node's store under
-    ``name`` and record it cluster-wide; returns the store's copy. With no tensor, publish
-    the object already stored here under ``name``. Raises ObjectExists when ``name`` is
-    published anywhere already."""
+    ``name`` as the name's next cluster-wide version, and make that version current
+    everywhere; returns the store's copy (``version_of`` of it: the version).
+
+    The directory numbers the version first (two racing publishes get two versions), this
+    process puts it into its node's store sealed as exactly that version, then the directory
+    makes it current (the newer of two racing ones stays current). Until then every node keeps
+    serving the previous version; a writer that dies in between leaves only a gap in the
+    numbers. ``replace=False``: ObjectExists when ``name`` is published already. With no
+    tensor, publish the object already stored here under ``name`` (its version must be above
+    every version the cluster gave the name). Readers keep the versions they hold; a node's
+    old version goes with its last holder there.
+    """
     c = client()
-    result = None if tensor is None else c.put_tensor(name, tensor)
-    if result is not None:
-        # A put_tensor may return before the store answered: its refusal (a name taken by a
-        # racing put here, a full store) is raised here, before another object of the name
-        # could be published in its place. (A failed result is let go first: while it
-        # lives, its part of this client's lend is kept for it.)
+    me = node_id()
+    if tensor is None:
         try:
-            version_of(result)
-        except VovpError:
-            del result
-            raise
-    try:
-        view, metadata = c.get_buffer(name, with_metadata=True)
-    except ObjectNotFound:
-        raise ObjectNotFound(f"nothing named {name!r} in this node's store to publish", 1) \
-            from None
-    size = view.nbytes
-    c.release(view)
-    entry = call(directory_actor().publish.remote(name, node_id(), size, metadata), 60.0)
-    if entry is None:
-        if tensor is not None:
-            c.delete(name)
-        raise ObjectExists(f"{name!r} is already published in the vovp cluster", 2)
+            view, metadata = c.get_buffer(name, with_metadata=True)
+        except ObjectNotFound:
+            raise ObjectNotFound(f"nothing named {name!r} in this node's store to publish",
+                                 1) from None
+        version, size = version_of(view), view.nbytes
+        c.release(view)
+        status, last = directory_call(directory_actor().claim.remote(name, version, replace))
+        if status == "exists":
+            raise ObjectExists(f"{name!r} is already published in the vovp cluster", 2)
+        if status != "ok":
+            raise ObjectExists(f"{name!r}: the object stored here is version {version}, and "
+                               f"the cluster has given the name version {last} already: "
+                               "publish it as a tensor (vc.publish(name, t, replace=True))", 2)
+        commit(name, version, size, metadata, replace, None)
+        return None
+    version = reserve(name, replace)
+    result, size, metadata = put_version(c, name, tensor, version, replace)
+    commit(name, version, size, metadata, replace, me)
     return result
 
 
+def reserve(name: str, replace: bool) -> int:
+    """The directory's next version of ``name`` for this writer (``publish``'s first step);
+    ObjectExists when ``name`` is published and not ``replace``, or is a DistTensor."""
+    version = directory_call(directory_actor().reserve.remote(name, bool(replace)))
+    if version is None:
+        raise ObjectExists(f"{name!r} is already published in the vovp cluster", 2)
+    return int(version)
+
+
+def put_version(c: Client, name: str, tensor: Any, version: int, replace: bool) \
+        -> tuple[Any, int, bytes]:
+    """``put_tensor(name, tensor, replace=replace)`` sealed as exactly ``version`` in this
+    node's store (``PutOptions.version``; StaleVersion when this store has that version or a
+    newer one already); (the store's copy, its size, its metadata)."""
+    plan = T.plan_host_put(tensor)
+    if plan is None:
+        raise InvalidArgument("vovp.cluster publishes host tensors (numpy, CPU torch); move a "
+                              "CUDA tensor to the host first")
+    src, code, store_dt, view_dt, meta, torch_in = plan
+    if src.dtype is not store_dt or not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src, dtype=store_dt)
+    options = N.PutOptions(replace=bool(replace), keep_reference=True, writable=torch_in,
+                           version=int(version))
+    arr = c.core.put_tensor_host(object_name(name), src, meta, options, view_dt)
+    return (T.numpy_to_torch(arr, code) if torch_in else arr), int(src.nbytes), bytes(meta)
+
+
+def commit(name: str, version: int, size: int, metadata: bytes, replace: bool,
+           put_here: Optional[str]) -> None:
+    """``publish``'s last step: ``version`` of ``name``, sealed in this node's store, becomes
+    current cluster-wide. ObjectExists (and the copy ``put_here`` deleted) when another
+    publish without ``replace`` won the name."""
+    status, _ = directory_call(directory_actor().commit.remote(
+        name, int(version), node_id(), int(size), bytes(metadata), bool(replace)))
+    if status in ("exists", "dist"):
+        if put_here is not None:
+            _delete_version(client(), name, version)
+        raise ObjectExists(f"{name!r} is already published in the vovp cluster"
+                           + (" (as a DistTensor)" if status == "dist" else ""), 2)
+    # "stale": a racing publish committed a newer version first; it stays current, and this
+    # one was current for no one (the numbers still say which came first).
+
+
+def _delete_version(c: Client, name: str, version: int) -> None:
+    try:
+        view = c.get_buffer(name)
+        here = version_of(view)
+        c.release(view)
+        if here == version:
+            c.delete(name)
+    except ObjectNotFound:
+        pass
+
+
 def fetch(name: str, timeout: float | None = None, framework: str | None = None,
-          writable: bool = False) -> Any:
+          writable: bool = False, newer_than: int | None = None) -> Any:
     """The tensor published as ``name``, from this node's store, zero-copy.
 
-    When this node has no copy, its agent copies it once from a node that has one; every
-    process on this node then gets it by name (``fetch`` or plain ``get_tensor``).
-    Concurrent fetches of one name on one node cause one transfer. ``timeout``: None = the
-    name must be published already (ObjectNotFound otherwise); seconds = wait up to that
-    long for it to be published and to arrive (TimeoutError). Raises ObjectLost when every
-    node holding it died. ``framework``/``writable`` as in ``get_tensor``.
+    ``newer_than=v``: a version above ``v`` (``vc.version_of`` of the one you hold),
+    waiting up to ``timeout`` for one to be published anywhere (no polling: the directory
+    answers when it is). Without it: the version this node has, else the current one.
+    When this node has no such version, this process asks its node's engine to copy it from
+    a node that has it (one control message to the directory, none when this process knows
+    a holder already); every process on this node then gets it by name (``fetch`` or plain
+    ``get_tensor``), and concurrent fetches of one version on one node cause one transfer.
+    ``timeout``: None = a version must be published already (ObjectNotFound otherwise);
+    seconds = wait up to that long (TimeoutError). Raises ObjectLost when every node holding
+    it died; VovpError naming the directory when the head node is gone.
+    ``framework``/``writable`` as in ``get_tensor``.
     """
-    c = client()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for _ in range(3):  # a fetched copy can be evicted before we get it: pull again
-        try:
-            return c.get_tensor(name, framework=framework, writable=writable)
-        except ObjectNotFound:
-            pass
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        call(agent_actor(node_id()).ensure.remote(name, left), left)
-    return c.get_tensor(name, framework=framework, writable=writable)
+    got, _ = _fetch.fetch_object(client(), directory_actor(), node_id(), name,
+                                 newer_than=newer_than, timeout=timeout, framework=framework,
+                                 writable=writable)
+    return got
 
 
 def broadcast(name: str, nodes: list[str] | None = None, timeout: float | None = None,
               fanout: int = 4) -> list[str]:
-    """Copy ``name`` into the store of every node (or of ``nodes``) that lacks it, so that
-    the next get there is local. Returns the nodes that received a copy.
+    """Copy the newest version of ``name`` into the store of every node (or of ``nodes``)
+    that lacks it, so that the next get there is local. Returns the nodes that received a
+    copy.
 
-    A tree: in each round every node that has the object sends it to up to ``fanout`` nodes
-    that do not, so the owner is one sender among many and n nodes take about
-    log_(fanout+1)(n) rounds. ``fanout=1`` is a binomial tree; a fanout of at least the
-    number of nodes is a star (everyone pulls from the owner at once), which is fastest
-    while the owner's bandwidth is not the limit: on one machine with 3 nodes, a star
-    delivered 3.4-3.5x a binomial tree (BENCHMARKS.md, "Across machines").
+    A tree: in each round every node that has the version has up to ``fanout`` nodes that
+    do not fetch it from itself (their agents send FETCH to their engines), so the writer is
+    one sender among many and n nodes take about log_(fanout+1)(n) rounds. ``fanout=1`` is a
+    binomial tree; a fanout of at least the number of nodes is a star (everyone pulls from
+    the writer at once), which is fastest while the writer's bandwidth is not the limit.
     """
     if int(fanout) < 1:
         raise InvalidArgument(f"fanout must be at least 1, got {fanout!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    entry = call(directory_actor().lookup.remote(name, timeout), timeout)
+    entry = directory_call(directory_actor().lookup.remote(name, timeout), wait=timeout)
     if entry is None:
         if timeout is not None:
             raise TimeoutError(f"{name!r} was not published within {timeout} s")
@@ -206,10 +299,11 @@ def broadcast(name: str, nodes: list[str] | None = None, timeout: float | None =
     while todo:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         pairs = list(zip([src for src in have for _ in range(int(fanout))], todo))
-        refs = [agent_actor(dst).ensure.remote(name, left, src) for src, dst in pairs]
+        refs = [agent_actor(dst).ensure.remote(name, left, src, entry.version - 1)
+                for src, dst in pairs]
         call(refs, left)
         sent = [dst for _, dst in pairs]
-        have = sent + have  # the new copies send first: the owner is not everyone's source
+        have = sent + have  # the new copies send first: the writer is not everyone's source
         done += sent
         todo = todo[len(pairs):]
     return done
@@ -218,11 +312,13 @@ def broadcast(name: str, nodes: list[str] | None = None, timeout: float | None =
 def unpublish(name: str) -> bool:
     """Remove ``name`` cluster-wide: from the directory and from every store holding a copy
     (memory is freed when the last local holder releases it). False when not published."""
-    entry = call(directory_actor().unpublish.remote(name), 60.0)
+    entry = directory_call(directory_actor().unpublish.remote(name))
+    _fetch.forget(name)
     if entry is None:
         return False
     alive = alive_nodes()
-    refs = [agent_actor(n).drop.remote(name) for n in entry.holders if n in alive]
+    refs = [agent_actor(n).drop.remote(name, entry.version) for n in entry.holders
+            if n in alive]
     call(refs, 60.0)
     return True
 
@@ -232,19 +328,21 @@ delete = unpublish
 
 def names() -> list[str]:
     """Every published name."""
-    return call(directory_actor().names.remote(), 60.0)
+    return directory_call(directory_actor().names.remote())
 
 
 def agent_stats(node: str | None = None) -> dict[str, int]:
-    """Counters of a node's agent (default: this node's): transfers, bytes_received,
-    offers, bytes_sent."""
+    """Transfer counters of a node's engine (default: this node's), as its agent names them:
+    ``transfers`` (one per transfer into this store), ``transfers_shared`` (FETCHes that
+    joined one), ``transfers_failed``, ``bytes_received``, ``bytes_sent``,
+    ``streams_served``, ``refused``."""
     return call(agent_actor(node or node_id()).stats.remote(), 60.0)
 
 
 def stats(per_node: bool = False) -> dict[str, Any]:
     """The cluster's stores and transfers: every node's store STATS (PROTOCOL.md's fields:
-    ``capacity``, ``used_bytes``, ``objects``...) and agent counters (``transfers``,
-    ``bytes_received``, ``offers``, ``bytes_sent``), summed over the nodes alive, with
+    ``capacity``, ``used_bytes``, ``objects``...) and transfer counters (``agent_stats``),
+    summed over the nodes alive, with
     ``nodes`` (how many). ``per_node=True``: {node id: its own dict} instead. The same numbers
     go to Ray's metrics as ``vovp_node_<field>{node}`` (every agent reports them on a timer)."""
     alive = sorted(alive_nodes())
@@ -277,7 +375,7 @@ def directory_actor():
         # Pinned to the head node: the directory lives as long as the cluster does.
         state["directory"] = ray.remote(Directory).options(
             name=DIRECTORY_NAME, namespace=NAMESPACE, lifetime="detached",
-            get_if_exists=True, num_cpus=0, max_concurrency=64, max_restarts=0,
+            get_if_exists=True, num_cpus=0, max_concurrency=MAX_WAITS, max_restarts=0,
             resources={"node:__internal_head__": 0.001}).remote()
     return state["directory"]
 
@@ -287,7 +385,7 @@ def agent_actor(node: str):
     state = _local()
     handle = state["agents"].get(node)
     if handle is None:
-        config = call(directory_actor().config.remote(), 60.0)
+        config = directory_call(directory_actor().config.remote())
         if config is None:
             raise VovpError("vovp.cluster is not initialized: call vovp.cluster.init() first")
         handle = ray.remote(Agent).options(
@@ -297,23 +395,3 @@ def agent_actor(node: str):
         ).remote(node, config)
         state["agents"][node] = handle
     return handle
-
-
-def call(refs, timeout):
-    """ray.get with vovp's errors: the exception raised in an actor comes out as itself (not
-    wrapped in RayTaskError), a timeout as TimeoutError, a dead agent as VovpError."""
-    try:
-        return ray.get(refs, timeout=timeout)
-    except ray.exceptions.GetTimeoutError:
-        raise TimeoutError(f"vovp.cluster: no answer within {timeout} s") from None
-    except ray.exceptions.RayTaskError as e:
-        cause = e.cause
-        if isinstance(cause, BaseException):
-            raise cause from None
-        raise
-    except ray.exceptions.RayActorError as e:
-        # Not ObjectLost by itself: the agent may have failed to start (a bad engine=, a
-        # daemon that would not come up), and its node be alive. Callers that know which
-        # node they asked turn it into ObjectLost when Ray reports that node dead.
-        raise VovpError(f"a vovp agent is gone (it died, or failed to start): {e}") from None
-

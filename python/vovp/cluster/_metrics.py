@@ -3,7 +3,9 @@ counters through ``ray.util.metrics``, tagged with the node, on a timer, so they
 the Ray cluster's metrics go (Ray's Prometheus endpoint, its dashboard), beside Ray's own.
 
 Names are ``vovp_node_<field>``: the STATS fields of PROTOCOL.md (``used_bytes``,
-``objects``...) and the agent's ``transfers``, ``bytes_received``, ``offers``, ``bytes_sent``.
+``objects``...) and the engine's transfer counters as the agent names them (``transfers``,
+``transfers_shared``, ``transfers_failed``, ``bytes_received``, ``bytes_sent``,
+``streams_served``, ``refused``).
 Fields that only grow are Counters (Ray sums what is added: each report adds the growth since
 the last one, all of it when the store restarted), the others Gauges. The store's full
 exposition stays its own: ``vovp-engine --metrics`` on each node (README.md, "Monitoring").
@@ -18,7 +20,8 @@ from ray.util import metrics
 
 # STATS fields and agent counters that only grow; every other field is a level.
 COUNTERS = frozenset({"creates", "evicted_objects", "evicted_bytes", "put_barriers",
-                      "transfers", "bytes_received", "offers", "bytes_sent"})
+                      "transfers", "transfers_shared", "transfers_failed", "bytes_received",
+                      "bytes_sent", "streams_served", "refused"})
 PREFIX = "vovp_node_"
 
 

@@ -13,9 +13,9 @@ calls this transport at four points; what each does here:
   transfer would cost more than the bytes.
 - ``recv_multiple_tensors`` (receiver; one-sided: the sender actor does nothing): on the
   sender's node, a zero-copy get from the node store. On another node, the object is first
-  copied into the receiver's node store (``fetch_from_node``: vovp.cluster's agent-to-agent
-  stream; an ephemeral object this process's client holds, so it goes with the received
-  tensor), then got zero-copy. An object is visible only once sealed, and a sealed object is
+  copied into the receiver's node store (``fetch_from_node``: vovp.cluster's engine-to-engine
+  FETCH; the copy's name is deleted once got, so it goes with the received tensor), then
+  got zero-copy. An object is visible only once sealed, and a sealed object is
   immutable: a receiver never sees a torn tensor.
 - ``garbage_collect`` (sender, when Ray's reference counting frees the object): the held
   references are released; an ephemeral object vanishes with its last holder (a receiver
@@ -24,8 +24,8 @@ calls this transport at four points; what each does here:
   dead client held, so its ephemeral objects go with it, unseen by Ray. A receiver asking
   after that gets ``ObjectLost``, never a hang; so does one whose sender's node is gone.
 
-Every wait on the way (the holder agent's answer, the stream) is bounded by the cluster's
-``stall_timeout``, which is why ``can_abort_transport`` is True: Ray need not kill actors to
+Every wait on the way (the holder agent's answer, the engines' transfer) is bounded (the
+engines drop a stream stalled for the cluster's ``stall_timeout``), which is why ``can_abort_transport`` is True: Ray need not kill actors to
 unblock a transfer. Needs ``vovp.cluster.init`` (every node's store and agent) before use.
 A receiving actor needs Ray's transfer thread: ``@ray.remote(enable_tensor_transport=True)``
 or a ``tensor_transport`` method of its own (Ray 2.60; else a transfer queues behind the task
@@ -50,8 +50,8 @@ from ray.experimental.rdt.tensor_transport_manager import (
 )
 
 from .._lookup import version_of
-from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
-from . import _api, _stream
+from ..errors import InvalidArgument, ObjectLost, ObjectNotFound, TransferFailed, VovpError
+from . import _api
 from ._agent import agent_name
 from ._directory import NAMESPACE
 
@@ -60,9 +60,6 @@ NAME_PREFIX = "ray-rdt-"
 # A result of at most this many bytes (all its tensors together) travels inside the metadata
 # Ray carries anyway, as Ray's default inlines small results: no store object, no transfer.
 INLINE_BYTES = 64 << 10
-# Attempts at bringing one object over when another receiver on this node is bringing it
-# too and gives up (its copy is aborted): then this one pulls it itself.
-PULL_ATTEMPTS = 3
 
 _registered = False
 _register_lock = threading.Lock()
@@ -283,44 +280,29 @@ def _get_local(name: str, node: Optional[str]) -> Any:
 
 
 def fetch_from_node(holder: str, name: str, stall_timeout: float) -> Any:
-    """``name`` from the store of node ``holder``, copied into this node's store (an ephemeral
-    object held by this process's client, shared with this node's other receivers of it) and
-    returned zero-copy from there.
+    """``name`` from the store of node ``holder``, copied into this node's store by this
+    node's engine (vovp.cluster's engine-to-engine FETCH: concurrent receivers on this node
+    share one transfer) and returned zero-copy from there; the copy's name is deleted at once,
+    so its memory goes with the last tensor viewing it, as an ephemeral object's would.
 
-    The one place the transport moves bytes between nodes: today vovp.cluster's agent offer
-    and TCP stream (``_stream``), the path ``vovp.cluster.fetch`` uses, minus its directory;
-    an engine-to-engine fetch can replace this body without the transport changing.
+    The one place the transport moves bytes between nodes. An RDT object's name is unique
+    and put once: its version is 1.
     """
     client = _api.client()
-    for _ in range(PULL_ATTEMPTS):
-        offer = _offer(holder, name, stall_timeout)
-        size, metadata, address, ticket = offer
-        try:
-            dst = client.create(name, size, metadata, ephemeral=True)
-        except ObjectExists:
-            # Another receiver on this node is bringing it (or has): wait for its seal.
-            _holder_agent(holder).withdraw.remote(ticket)
-            try:
-                return client.get_tensor(name, timeout=stall_timeout, framework="torch")
-            except ObjectNotFound:
-                continue  # that receiver gave up (its copy was aborted): pull again
-        except BaseException:
-            _holder_agent(holder).withdraw.remote(ticket)
-            raise
-        try:
-            _stream.receive(address, ticket, memoryview(dst.data), stall_timeout)
-            client.seal(name)
-        except BaseException as e:
-            client.abort(name)  # an unsealed object was never visible; now it is gone
-            if isinstance(e, _stream.TransferBroken):
-                raise ObjectLost(f"{name!r}: the transfer from node {holder} broke ({e}); "
-                                 "its node or vovp agent died, or it stalled", 0) from None
-            raise
-        tensor = client.get_tensor(name, framework="torch")
-        client.release(dst)  # the get holds the object now
-        return tensor
-    raise ObjectLost(f"{name!r}: {PULL_ATTEMPTS} attempts to bring it from node {holder} "
-                     "failed", 0)
+    _holder_agent(holder)  # ObjectLost when the holder's node is gone
+    address = _api.transfer_address(holder)
+    try:
+        tensor = client.fetch_from(address, name, 1, timeout=max(stall_timeout, 60.0),
+                                   framework="torch")
+    except TransferFailed as e:
+        raise ObjectLost(f"{name!r}: the transfer from node {holder} failed ({e}); its sender "
+                         "actor or node died (the store freed what it held), or it stalled",
+                         0) from None
+    try:
+        client.delete(name)
+    except ObjectNotFound:
+        pass  # another receiver here deleted it first
+    return tensor
 
 
 def _holder_agent(holder: str) -> Any:
@@ -329,20 +311,3 @@ def _holder_agent(holder: str) -> Any:
     except ValueError:  # Ray knows no such actor: it died with its node
         raise ObjectLost(f"node {holder}, which holds the tensors, has no vovp agent: the "
                          "node is gone", 0) from None
-
-
-def _offer(holder: str, name: str, stall_timeout: float) -> Any:
-    """The holder agent's offer of ``name`` (size, metadata, address, ticket)."""
-    agent = _holder_agent(holder)
-    try:
-        offer = ray.get(agent.offer.remote(name), timeout=stall_timeout)
-    except ray.exceptions.GetTimeoutError:
-        raise ObjectLost(f"{name!r}: node {holder}'s vovp agent did not answer within "
-                         f"{stall_timeout} s", 0) from None
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-        raise ObjectLost(f"{name!r}: node {holder}, which holds the tensors, is gone (its "
-                         f"vovp agent died: {type(e).__name__})", 0) from None
-    if offer is None:
-        raise ObjectLost(f"{name!r} is gone from the store of node {holder}: its sender actor "
-                         "died (the store freed what it held) or Ray freed the object", 0)
-    return offer
