@@ -687,7 +687,7 @@ class Client:
             check_framework(framework)
         ranges = None if base_ranges is None else [(int(o), int(n)) for o, n in base_ranges]
         obj = self.core.native.fetch_from(address, object_name(name), version, streams,
-                                          timeout, base_version, ranges)
+                                          timeout, base_version, ranges, writable)
         return self._tensor_from_obj(obj, name, framework, writable)
 
     def gather_from(self, address: str, name: Name, version: int, row_bytes: int, ids: Any,
