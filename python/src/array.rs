@@ -297,15 +297,8 @@ pub(crate) fn copy_pair<'a>(
     dst: &'a Bound<'_, PyAny>,
     src: &'a Bound<'_, PyAny>,
 ) -> PyResult<Option<(&'a mut [u8], &'a [u8])>> {
-    const WRITEABLE: c_int = 0x400;
-    let to = read_array(dst, None)?;
-    if to.flags & WRITEABLE == 0 {
-        return Err(PyValueError::new_err("not a writable array"));
-    }
-    if to.kind == b'O' {
-        return Err(objects_refused());
-    }
-    let (to, len) = (to.addr, to.len);
+    let target = writable_bytes(dst)?;
+    let (to, len) = (target.as_mut_ptr() as usize, target.len());
     let from = plain_bytes(src)?;
     if len != from.len() {
         return Err(PyValueError::new_err(format!(
@@ -320,12 +313,25 @@ pub(crate) fn copy_pair<'a>(
     if to < from_addr + len && from_addr < to + len {
         return Ok(None);
     }
-    // SAFETY: `dst`, borrowed for `'a`, exports `len` contiguous writable bytes at `to` (its
-    // `__array_struct__`), which do not overlap `src`'s.
-    Ok(Some((
-        unsafe { std::slice::from_raw_parts_mut(to as *mut u8, len) },
-        from,
-    )))
+    Ok(Some((target, from)))
+}
+
+/// The bytes of writable C-contiguous array `dst`, borrowed with it (no Python objects).
+pub(crate) fn writable_bytes<'a>(dst: &'a Bound<'_, PyAny>) -> PyResult<&'a mut [u8]> {
+    const WRITEABLE: c_int = 0x400;
+    let to = read_array(dst, None)?;
+    if to.flags & WRITEABLE == 0 {
+        return Err(PyValueError::new_err("not a writable array"));
+    }
+    if to.kind == b'O' {
+        return Err(objects_refused());
+    }
+    if to.len == 0 {
+        return Ok(&mut []);
+    }
+    // SAFETY: `dst`, borrowed for `'a`, exports `len` contiguous writable bytes at `addr`
+    // (its `__array_struct__`); the caller does not resize or free it while it writes them.
+    Ok(unsafe { std::slice::from_raw_parts_mut(to.addr as *mut u8, to.len) })
 }
 
 /// The bytes of C-contiguous array `src`, borrowed with it; ValueError for an array of

@@ -22,6 +22,7 @@ __all__ = [
     "_cuda_simulate_library_names",
     "copy_bytes",
     "copy_hashed",
+    "copy_hashed_many",
     "content_hash",
     "CONTENT_HASH_BLOCK",
     "encode_tensor_header",
@@ -88,6 +89,11 @@ def copy_hashed(dst: Any, src: Any) -> int:
     """``dst[...] = src`` byte for byte (C-contiguous, equal byte lengths, not overlapping:
     ValueError otherwise) and the 64-bit content hash of the bytes, computed in the same pass,
     split across the copy pool, without the GIL."""
+
+def copy_hashed_many(dst: Any, offsets: Sequence[int], srcs: Sequence[Any]) -> list[int]:
+    """``dst[offsets[i]:][:len] = srcs[i]`` byte for byte for every source (C-contiguous;
+    ValueError when one does not fit, two overlap in ``dst``, or one overlaps ``dst``) and each
+    one's content hash, in one job over the copy pool, without the GIL."""
 
 def content_hash(src: Any) -> int:
     """The 64-bit content hash of a C-contiguous array's bytes (as ``copy_hashed``'s)."""

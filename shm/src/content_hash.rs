@@ -45,35 +45,102 @@ const PARALLEL_MIN: usize = 2 * HASH_BLOCK;
 /// If the lengths differ (a caller bug, never client-controlled).
 pub fn copy_hashed(dst: &mut [u8], src: &[u8]) -> u64 {
     assert_eq!(dst.len(), src.len(), "copy_hashed: length mismatch");
-    run(Some(dst.as_mut_ptr() as usize), src)
+    let item = Item {
+        dst: Some(dst.as_mut_ptr() as usize),
+        src: src.as_ptr() as usize,
+        len: src.len(),
+    };
+    run(vec![item])[0]
+}
+
+/// Copies each `(offset, src)` of `items` into `dst[offset..offset + src.len()]` and returns
+/// each one's content hash, in one job over the copy pool: a state dict of hundreds of tensors
+/// costs one dispatch, not one per tensor, and its small tensors share threads.
+///
+/// # Panics
+/// If an item does not fit in `dst`, or two items overlap there (a caller bug: the Python
+/// layer checks both first).
+pub fn copy_hashed_many(dst: &mut [u8], items: &[(usize, &[u8])]) -> Vec<u64> {
+    let mut spans: Vec<(usize, usize)> = items.iter().map(|(o, s)| (*o, s.len())).collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].0 + pair[0].1 <= pair[1].0,
+            "copy_hashed_many: items overlap"
+        );
+    }
+    let base = dst.as_mut_ptr() as usize;
+    let items = items
+        .iter()
+        .map(|(offset, src)| {
+            assert!(
+                offset + src.len() <= dst.len(),
+                "copy_hashed_many: an item past the destination"
+            );
+            Item {
+                dst: Some(base + offset),
+                src: src.as_ptr() as usize,
+                len: src.len(),
+            }
+        })
+        .collect();
+    run(items)
 }
 
 /// The content hash of `bytes` (threads of the copy pool for large ones).
 pub fn hash(bytes: &[u8]) -> u64 {
-    run(None, bytes)
+    let item = Item {
+        dst: None,
+        src: bytes.as_ptr() as usize,
+        len: bytes.len(),
+    };
+    run(vec![item])[0]
 }
 
-fn run(dst: Option<usize>, src: &[u8]) -> u64 {
-    let blocks = src.len().div_ceil(HASH_BLOCK);
-    let pool = (src.len() > PARALLEL_MIN)
+/// One tensor of a job: `len` bytes at `src`, copied to `dst` when given.
+struct Item {
+    dst: Option<usize>,
+    src: usize,
+    len: usize,
+}
+
+/// Hashes (and copies) every item, its blocks spread over the copy pool; one hash per item.
+fn run(items: Vec<Item>) -> Vec<u64> {
+    // Units of work: one per block of each item (an empty item has none).
+    let units: Vec<(usize, usize)> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(i, item)| (0..item.len.div_ceil(HASH_BLOCK)).map(move |b| (i, b)))
+        .collect();
+    let total: usize = items.iter().map(|i| i.len).sum();
+    let pool = (total > PARALLEL_MIN)
         .then(crate::copy::process_pool)
         .flatten()
         .filter(|p| p.current_num_threads() >= 2);
-    // One contiguous run of blocks per thread (as parallel_copy's one chunk per thread).
-    let run_blocks = pool.map_or(blocks, |p| blocks.div_ceil(p.current_num_threads()));
-    let run_blocks = run_blocks.max(1);
+    // Runs of consecutive units of about equal bytes, one per thread (as parallel_copy's one
+    // contiguous chunk per thread).
+    let threads = pool.map_or(1, |p| p.current_num_threads());
+    let mut runs = vec![0];
+    let mut bytes = 0;
+    for (u, &(i, b)) in units.iter().enumerate() {
+        bytes += HASH_BLOCK.min(items[i].len - b * HASH_BLOCK);
+        if bytes * threads >= total * runs.len() && u + 1 < units.len() {
+            runs.push(u + 1);
+        }
+    }
+    runs.push(units.len());
+    runs.dedup();
     let job = Arc::new(Job {
-        dst,
-        src: src.as_ptr() as usize,
-        len: src.len(),
-        block_hashes: (0..blocks).map(|_| AtomicU64::new(0)).collect(),
-        run_blocks,
-        runs: blocks.div_ceil(run_blocks),
+        block_hashes: (0..units.len()).map(|_| AtomicU64::new(0)).collect(),
+        items,
+        units,
+        runs,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
     });
+    let count = job.runs.len() - 1;
     if let Some(pool) = pool {
-        for _ in 1..job.runs {
+        for _ in 1..count {
             let helper = job.clone();
             pool.spawn(move || helper.work_claimed());
         }
@@ -82,7 +149,7 @@ fn run(dst: Option<usize>, src: &[u8]) -> u64 {
     // Every run is claimed; wait for those a worker is still on, yielding in case that
     // worker shares this CPU.
     let mut spins = 0u32;
-    while job.done.load(Ordering::Acquire) < job.runs {
+    while job.done.load(Ordering::Acquire) < count {
         spins += 1;
         if spins < 64 {
             std::hint::spin_loop();
@@ -90,25 +157,31 @@ fn run(dst: Option<usize>, src: &[u8]) -> u64 {
             std::thread::yield_now();
         }
     }
-    let mut summary = Vec::with_capacity(8 * (blocks + 1));
-    summary.extend_from_slice(&(src.len() as u64).to_le_bytes());
-    for h in &job.block_hashes {
-        summary.extend_from_slice(&h.load(Ordering::Acquire).to_le_bytes());
+    let mut hashes = Vec::with_capacity(job.items.len());
+    let mut unit = 0;
+    for item in &job.items {
+        let blocks = item.len.div_ceil(HASH_BLOCK);
+        let mut summary = Vec::with_capacity(8 * (blocks + 1));
+        summary.extend_from_slice(&(item.len as u64).to_le_bytes());
+        for h in &job.block_hashes[unit..unit + blocks] {
+            summary.extend_from_slice(&h.load(Ordering::Acquire).to_le_bytes());
+        }
+        unit += blocks;
+        hashes.push(xxh3_64(&summary));
     }
-    xxh3_64(&summary)
+    hashes
 }
 
-/// One copy-and-hash (or hash), shared by the caller and the pool jobs it spawned. As in
-/// `copy::ClaimedCopy`, the addresses are dereferenced only for a claimed run of blocks, and
-/// `run` returns only once every run is claimed and done.
+/// One job, shared by the caller and the pool jobs it spawned. As in `copy::ClaimedCopy`, the
+/// addresses are dereferenced only for a claimed run, and `run` returns only once every run
+/// is claimed and done.
 struct Job {
-    dst: Option<usize>,
-    src: usize,
-    len: usize,
+    items: Vec<Item>,
+    /// (item, block within it) per unit, in order.
+    units: Vec<(usize, usize)>,
     block_hashes: Vec<AtomicU64>,
-    /// Blocks per claimed run.
-    run_blocks: usize,
-    runs: usize,
+    /// Run `r` is units `runs[r]..runs[r + 1]`.
+    runs: Vec<usize>,
     next: AtomicUsize,
     done: AtomicUsize,
 }
@@ -117,34 +190,32 @@ impl Job {
     fn work_claimed(&self) {
         loop {
             let r = self.next.fetch_add(1, Ordering::AcqRel);
-            if r >= self.runs {
+            if r + 1 >= self.runs.len() {
                 return;
             }
-            let first = r * self.run_blocks;
-            let last = (first + self.run_blocks).min(self.block_hashes.len());
-            for b in first..last {
-                let start = b * HASH_BLOCK;
-                let len = HASH_BLOCK.min(self.len - start);
-                let h = self.block(start, len);
-                self.block_hashes[b].store(h, Ordering::Release);
+            for u in self.runs[r]..self.runs[r + 1] {
+                let (i, b) = self.units[u];
+                let h = self.block(&self.items[i], b * HASH_BLOCK);
+                self.block_hashes[u].store(h, Ordering::Release);
             }
             self.done.fetch_add(1, Ordering::AcqRel);
         }
     }
 
-    /// Copies (when copying) and hashes `len` bytes at `start`, a piece at a time.
-    fn block(&self, start: usize, len: usize) -> u64 {
+    /// Copies (when copying) and hashes the block of `item` at `start`, a piece at a time.
+    fn block(&self, item: &Item, start: usize) -> u64 {
+        let end = (start + HASH_BLOCK).min(item.len);
         let mut hasher = Xxh3Default::new();
         let mut at = start;
-        while at < start + len {
-            let n = PIECE.min(start + len - at);
-            // SAFETY: [at, at + n) lies inside both buffers (at + n <= self.len); the run it
-            // belongs to is this thread's alone (claimed once); both buffers stay borrowed by
-            // `run`'s caller until every run is done; `dst` and `src` do not overlap (one is
-            // `&mut`, the other `&`).
+        while at < end {
+            let n = PIECE.min(end - at);
+            // SAFETY: [at, at + n) lies inside the item's source and destination (at + n <=
+            // item.len); its run is this thread's alone (claimed once); every buffer stays
+            // borrowed by `run`'s caller until every run is done; sources and destinations do
+            // not overlap (`&` against `&mut`), nor do two items' destinations (checked).
             let piece = unsafe {
-                let src = std::slice::from_raw_parts((self.src + at) as *const u8, n);
-                if let Some(dst) = self.dst {
+                let src = std::slice::from_raw_parts((item.src + at) as *const u8, n);
+                if let Some(dst) = item.dst {
                     std::ptr::copy_nonoverlapping(src.as_ptr(), (dst + at) as *mut u8, n);
                 }
                 src
@@ -187,6 +258,33 @@ mod tests {
             assert_eq!(dst, src, "len {len}");
             assert_eq!(h, reference(&src), "len {len}");
             assert_eq!(hash(&src), h, "len {len}");
+        }
+    }
+
+    #[test]
+    fn many_items_each_copied_and_hashed_as_alone() {
+        let sizes = [0usize, 5, 4096, HASH_BLOCK + 3, 3 << 20, 100];
+        let srcs: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| (0..n).map(|i| (i * 7 + k) as u8).collect())
+            .collect();
+        let mut offsets = Vec::new();
+        let mut end = 0;
+        for s in &srcs {
+            offsets.push(end);
+            end += s.len().next_multiple_of(64);
+        }
+        let mut dst = vec![0u8; end];
+        let items: Vec<(usize, &[u8])> = offsets
+            .iter()
+            .zip(&srcs)
+            .map(|(o, s)| (*o, s.as_slice()))
+            .collect();
+        let hashes = copy_hashed_many(&mut dst, &items);
+        for ((o, s), h) in items.iter().zip(&hashes) {
+            assert_eq!(&dst[*o..*o + s.len()], *s);
+            assert_eq!(*h, reference(s));
         }
     }
 

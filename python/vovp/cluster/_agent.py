@@ -181,10 +181,6 @@ class Agent:
             self._part_versions[name] = version
             return version
 
-    def dist_pull(self, name: str, local_ids):
-        view, _ = self._part(name)
-        return view[local_ids]
-
     def dist_push(self, name: str, local_ids, rows, op) -> None:
         """A callable ``op`` is the caller's code run here, under the partition's lock: like
         everything sent to a Ray actor it is trusted (vovp.cluster's module doc, "Trust model"),

@@ -55,7 +55,7 @@ from .. import _native as N
 from .. import tensor as T
 from .._copy import copy_into
 from ..client import Client
-from ..errors import InvalidArgument, ObjectNotFound, ProtocolError
+from ..errors import InvalidArgument, ObjectNotFound, ProtocolError, VovpError
 from . import _api, _fetch
 
 MAGIC = b"VSTA"
@@ -249,18 +249,21 @@ def _plan(state_dict: Any) -> tuple[list[tuple[TensorEntry, Any, bool]], Layout]
     return planned, Layout(0, entries, table_offset, len(_table(entries)))
 
 
-def _copy_in(dst: np.ndarray, entry: TensorEntry, src: Any, cuda: bool) -> int:
-    """Copy one tensor into its slice ``dst`` (uint8) and return its content hash."""
+def _plain(src: Any, cuda: bool) -> bool:
+    """Whether ``src`` is copied as it is (its bytes are the stored ones)."""
+    return not cuda and src.flags.c_contiguous and src.dtype.isnative and \
+        src.dtype.byteorder != ">" and np.little_endian
+
+
+def _copy_converted(dst: np.ndarray, entry: TensorEntry, src: Any, cuda: bool) -> int:
+    """Copy one tensor that is not stored as it is into its slice ``dst`` (uint8): a CUDA
+    tensor device-to-host, a strided or byte-swapped array through numpy; its content hash."""
     if cuda:
         target = T.numpy_to_torch(dst.view(T.storage_dtype(entry.code)).reshape(entry.shape),
                                   entry.code)
         target.copy_(src)
-        return N.content_hash(dst)
-    if src.flags.c_contiguous and src.dtype.isnative and src.dtype.byteorder != ">" \
-            and np.little_endian:
-        return N.copy_hashed(dst, src)
-    # Strided, or to be byte-swapped: numpy's copy (across the copy pool), then the hash.
-    copy_into(dst.view(T.little_endian_dtype(src.dtype)).reshape(entry.shape), src)
+    else:
+        copy_into(dst.view(T.little_endian_dtype(src.dtype)).reshape(entry.shape), src)
     return N.content_hash(dst)
 
 
@@ -272,10 +275,21 @@ def write_state(c: Client, name: str, state_dict: Any, version: Optional[int] = 
     layout = layout._replace(version=int(version or 0))
     buf = c.create(name, layout.size, _footer(layout), replace=replace, version=version)
     try:
+        hashes = [0] * len(planned)
+        plain = [i for i, (_, src, cuda) in enumerate(planned) if _plain(src, cuda)]
+        as_is = set(plain)
+        for i, (entry, src, cuda) in enumerate(planned):
+            if i not in as_is:
+                hashes[i] = _copy_converted(buf[entry.offset:entry.offset + entry.nbytes],
+                                            entry, src, cuda)
+        # The rest in one native job over the copy pool: copied and hashed in one pass.
+        for i, digest in zip(plain, N.copy_hashed_many(
+                buf, [planned[i][0].offset for i in plain],
+                [planned[i][1].reshape(-1) for i in plain])):
+            hashes[i] = digest
         entries, end = [], 0
-        for entry, src, cuda in planned:
-            buf[end:entry.offset] = 0
-            digest = _copy_in(buf[entry.offset:entry.offset + entry.nbytes], entry, src, cuda)
+        for (entry, _, _), digest in zip(planned, hashes):
+            buf[end:entry.offset] = 0  # the padding before it
             entries.append(entry._replace(hash=digest))
             end = entry.offset + entry.nbytes
         layout = layout._replace(entries=entries)
@@ -287,7 +301,10 @@ def write_state(c: Client, name: str, state_dict: Any, version: Optional[int] = 
         buf[-FOOTER.size:] = np.frombuffer(_footer(layout), np.uint8)
         sealed = c.seal(name)
     except BaseException:
-        c.abort(name)
+        try:
+            c.abort(name)
+        except VovpError:
+            pass  # (a seal that failed may have taken the object with it)
         raise
     layout = layout._replace(version=sealed)
     return state_of(buf, layout), layout
@@ -298,7 +315,7 @@ def state_of(buf: np.ndarray, layout: Optional[Layout] = None) -> State:
     any tensor is to be torch, which has no read-only tensors)."""
     if layout is None:
         layout = layout_of_object(buf)
-    out = {}
+    out: dict[str, Any] = {}
     for e in layout.entries:
         arr = buf[e.offset:e.offset + e.nbytes].view(T.storage_dtype(e.code)).reshape(e.shape)
         if e.framework == _FRAMEWORK_TORCH and T.torch_importable():
