@@ -137,7 +137,7 @@ def main():
     try:
         ray.init(address=f"127.0.0.1:{port}")
         c.wait_for_nodes()
-        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="2400M",
+        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="3400M",
                 engine=args.engine)
         head = vc.node_id()
         others = [n for n in vc.nodes() if n != head]

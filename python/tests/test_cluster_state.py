@@ -63,6 +63,17 @@ def test_the_content_hash_is_the_copy_s():
     b = a.copy()
     b[-1] = 1
     assert N.content_hash(a) != N.content_hash(b)
+    # Many at once: each as alone; overlapping or out-of-range items are refused.
+    srcs = [np.arange(n, dtype=np.float32) for n in (0, 3, 1 << 20, 100)]
+    dst = np.zeros(8 << 20, np.uint8)
+    offsets = [0, 64, 128, (4 << 20) + 128 + 64]
+    hashes = N.copy_hashed_many(dst, offsets, srcs)
+    for o, src, h in zip(offsets, srcs, hashes):
+        assert h == N.content_hash(src) and dst[o:o + src.nbytes].tobytes() == src.tobytes()
+    with pytest.raises(ValueError, match="overlap"):
+        N.copy_hashed_many(dst, [0, 8], [srcs[2], srcs[1]])
+    with pytest.raises(ValueError, match="past"):
+        N.copy_hashed_many(dst, [(8 << 20) - 4], [srcs[1]])
 
 
 def test_layout_round_trips_and_finds_unchanged_ranges():

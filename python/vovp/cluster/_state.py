@@ -5,11 +5,12 @@ them into a buffer first costs a copy of everything on the writer's CPU. Here th
 is ONE store object, published with the cluster's versions like any name (the directory
 reserves ``v``, the writer seals ``v`` in its node's store, the directory commits it):
 
-- **Writer, one copy.** ``create`` the object at its final size, copy each tensor straight
-  into its slice (large ones across the copy pool) while hashing it in the same pass
-  (``vovp._native.copy_hashed``: xxh3 over 1 MiB blocks, vovp_shm's ``content_hash``), write
-  the layout table after the tensors, seal. No packing buffer; a CUDA torch tensor is copied
-  device-to-host straight into its slice (then hashed).
+- **Writer, one copy.** ``create`` the object at its final size, copy every tensor straight
+  into its slice while hashing it in the same pass, all tensors in ONE native job over the
+  copy pool (``vovp._native.copy_hashed_many``: xxh3 over 1 MiB blocks, vovp_shm's
+  ``content_hash``; one GIL release, no per-tensor dispatch), write the layout table after
+  the tensors, seal. No packing buffer. A CUDA torch tensor is copied device-to-host straight
+  into its slice and a strided or byte-swapped array through numpy, each hashed after.
 - **Receiver, one transfer per node.** The directory's entry of a version carries its layout
   (the commit's metadata: the footer and the table below), so a receiver that holds an older
   version compares the two tables before it asks for the bytes: tensors with the same key,
