@@ -283,41 +283,62 @@ pub(crate) fn copy_bytes(
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
 ) -> PyResult<bool> {
-    let Some((dst, src)) = copy_pair(dst, src)? else {
+    let Some((to, src)) = copy_pair(dst, src)? else {
         return Ok(false);
     };
+    // SAFETY: `copy_pair`'s: `to` is `dst`'s `src.len()` writable bytes, not overlapping
+    // `src`; `dst` stays borrowed (alive, unresized) for this call.
+    let dst = unsafe { to.slice() };
     py.allow_threads(|| vovp_shm::copy::parallel_copy(dst, src));
     Ok(true)
 }
 
-/// The bytes of a byte-for-byte copy `dst[...] = src` of two C-contiguous arrays: `dst`
-/// writable, equal lengths, no Python objects; None when the two overlap. The slices are
-/// borrowed with the arrays: the caller keeps both alive and unresized while it copies.
-pub(crate) fn copy_pair<'a>(
-    dst: &'a Bound<'_, PyAny>,
-    src: &'a Bound<'_, PyAny>,
-) -> PyResult<Option<(&'a mut [u8], &'a [u8])>> {
-    let target = writable_bytes(dst)?;
-    let (to, len) = (target.as_mut_ptr() as usize, target.len());
-    let from = plain_bytes(src)?;
-    if len != from.len() {
-        return Err(PyValueError::new_err(format!(
-            "copy of {} bytes into {len}",
-            from.len()
-        )));
-    }
-    if len == 0 {
-        return Ok(Some((&mut [], &[])));
-    }
-    let from_addr = from.as_ptr() as usize;
-    if to < from_addr + len && from_addr < to + len {
-        return Ok(None);
-    }
-    Ok(Some((target, from)))
+/// The writable bytes a C-contiguous array exports: an address and a length, made a slice
+/// only where it is written, while the array is borrowed.
+#[derive(Clone, Copy)]
+pub(crate) struct WritableBytes {
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
 }
 
-/// The bytes of writable C-contiguous array `dst`, borrowed with it (no Python objects).
-pub(crate) fn writable_bytes<'a>(dst: &'a Bound<'_, PyAny>) -> PyResult<&'a mut [u8]> {
+impl WritableBytes {
+    /// # Safety
+    /// The array these bytes belong to must stay alive and unresized while the slice is
+    /// used, and nothing else may access those bytes meanwhile.
+    pub(crate) unsafe fn slice<'a>(self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: the caller's; `addr` exports `len` writable bytes (`writable_bytes`).
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+/// The destination and source of a byte-for-byte copy `dst[...] = src` of two C-contiguous
+/// arrays: `dst` writable, equal lengths, no Python objects; None when the two overlap. The
+/// source slice is borrowed with `src`.
+pub(crate) fn copy_pair<'a>(
+    dst: &Bound<'_, PyAny>,
+    src: &'a Bound<'_, PyAny>,
+) -> PyResult<Option<(WritableBytes, &'a [u8])>> {
+    let to = writable_bytes(dst)?;
+    let from = plain_bytes(src)?;
+    if to.len != from.len() {
+        return Err(PyValueError::new_err(format!(
+            "copy of {} bytes into {}",
+            from.len(),
+            to.len
+        )));
+    }
+    let from_addr = from.as_ptr() as usize;
+    if to.len > 0 && to.addr < from_addr + to.len && from_addr < to.addr + to.len {
+        return Ok(None);
+    }
+    Ok(Some((to, from)))
+}
+
+/// The bytes of writable C-contiguous array `dst` (no Python objects).
+pub(crate) fn writable_bytes(dst: &Bound<'_, PyAny>) -> PyResult<WritableBytes> {
     const WRITEABLE: c_int = 0x400;
     let to = read_array(dst, None)?;
     if to.flags & WRITEABLE == 0 {
@@ -326,12 +347,10 @@ pub(crate) fn writable_bytes<'a>(dst: &'a Bound<'_, PyAny>) -> PyResult<&'a mut 
     if to.kind == b'O' {
         return Err(objects_refused());
     }
-    if to.len == 0 {
-        return Ok(&mut []);
-    }
-    // SAFETY: `dst`, borrowed for `'a`, exports `len` contiguous writable bytes at `addr`
-    // (its `__array_struct__`); the caller does not resize or free it while it writes them.
-    Ok(unsafe { std::slice::from_raw_parts_mut(to.addr as *mut u8, to.len) })
+    Ok(WritableBytes {
+        addr: to.addr,
+        len: to.len,
+    })
 }
 
 /// The bytes of C-contiguous array `src`, borrowed with it; ValueError for an array of

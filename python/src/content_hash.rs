@@ -14,11 +14,14 @@ pub(crate) fn copy_hashed(
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
 ) -> PyResult<u64> {
-    let Some((dst, src)) = copy_pair(dst, src)? else {
+    let Some((to, src)) = copy_pair(dst, src)? else {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "copy_hashed: the arrays overlap",
         ));
     };
+    // SAFETY: `copy_pair`'s: `to` is `dst`'s `src.len()` writable bytes, not overlapping
+    // `src`; `dst` stays borrowed (alive, unresized) for this call.
+    let dst = unsafe { to.slice() };
     Ok(py.allow_threads(|| vovp_shm::content_hash::copy_hashed(dst, src)))
 }
 
@@ -39,20 +42,17 @@ pub(crate) fn copy_hashed_many(
             "copy_hashed_many: one offset per source",
         ));
     }
-    let target = writable_bytes(dst)?;
-    let (lo, hi) = (
-        target.as_ptr() as usize,
-        target.as_ptr() as usize + target.len(),
-    );
+    let to = writable_bytes(dst)?;
+    let (lo, hi) = (to.addr, to.addr + to.len);
     let mut items = Vec::with_capacity(srcs.len());
     let mut spans = Vec::with_capacity(srcs.len());
     for (offset, src) in offsets.iter().zip(&srcs) {
         let bytes = plain_bytes(src)?;
         let (at, len) = (bytes.as_ptr() as usize, bytes.len());
-        if offset.checked_add(len).is_none_or(|end| end > target.len()) {
+        if offset.checked_add(len).is_none_or(|end| end > to.len) {
             return Err(PyValueError::new_err(format!(
                 "copy_hashed_many: {len} bytes at {offset} past the destination's {}",
-                target.len()
+                to.len
             )));
         }
         if len > 0 && at < hi && lo < at + len {
@@ -69,6 +69,9 @@ pub(crate) fn copy_hashed_many(
             "copy_hashed_many: two sources overlap in the destination",
         ));
     }
+    // SAFETY: `dst`'s writable bytes, which no source overlaps (checked above); `dst` stays
+    // borrowed (alive, unresized) for this call.
+    let target = unsafe { to.slice() };
     Ok(py.allow_threads(|| vovp_shm::content_hash::copy_hashed_many(target, &items)))
 }
 

@@ -74,10 +74,18 @@ def _thread_client() -> Client:
     wait on the engine side by side, not queued on one connection."""
     if not threading.current_thread().name.startswith("vovp-gather"):
         return client()
+    main = client()
     c = getattr(_THREAD, "client", None)
-    if c is None or c.closed or getattr(_THREAD, "pid", None) != os.getpid():
-        c = Client(client().path)
-        _THREAD.client, _THREAD.pid = c, os.getpid()
+    # A new process-wide client (another cluster after a shutdown, a forked child) means a
+    # new connection here too: the old one may lead to a store that is gone.
+    if c is None or c.closed or getattr(_THREAD, "main", None) is not main:
+        if c is not None and not c.closed:
+            try:
+                c.close()
+            except VovpError:
+                pass  # (its store is gone: nothing left to close)
+        c = Client(main.path)
+        _THREAD.client, _THREAD.main = c, main
     return c
 
 
