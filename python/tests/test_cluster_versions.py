@@ -100,6 +100,18 @@ def test_replace_is_the_next_version_everywhere(cluster):
     assert vc.unpublish("w")
 
 
+def test_publish_of_an_object_already_stored_here_keeps_its_version(cluster):
+    b = others()[0]
+    obj = vc.client().put_tensor("stored", tagged(4, 100))
+    v = vovp.version_of(obj)
+    assert vc.publish("stored") is None
+    assert ray.get(on(b, lambda: (lambda t: (vovp.version_of(t), check(t)))(
+        vc.fetch("stored")))) == (v, 4)
+    with pytest.raises(vovp.ObjectExists):
+        vc.publish("stored")
+    vc.unpublish("stored")
+
+
 def test_fetch_newer_than_waits_for_the_publish_and_times_out(cluster):
     b = others()[0]
     v = vc.version_of(vc.publish("wait", tagged(1, 100)))
@@ -324,3 +336,16 @@ def test_a_daemon_without_transfer_is_an_error_naming_the_flag(tmp_path):
 
 def test_version_of_is_vovp_version_of():
     assert vc.version_of is vovp.version_of
+
+
+def test_a_gone_directory_is_a_clear_error_not_a_hang(cluster):
+    """The directory's actor dies (as it does with the head node; removing a
+    ``ray.cluster_utils`` head takes Ray's GCS and this driver with it, so the actor is
+    killed instead): a fetch that waits, and one that does not, fail at once with a VovpError
+    naming the directory. Last in the module: nothing after it has a directory."""
+    ray.kill(_api.directory_actor())
+    for kwargs in ({"newer_than": 0, "timeout": 30.0}, {}):
+        t0 = time.monotonic()
+        with pytest.raises(vovp.VovpError, match="vovp directory"):
+            vc.fetch("nowhere", **kwargs)
+        assert time.monotonic() - t0 < 10

@@ -45,7 +45,8 @@ directory for the next number (``reserve``: two racing writers get two), puts ``
 node's store sealed as exactly that version (``PutOptions.version``), then tells the directory
 (``commit``), which makes it current and wakes the readers waiting for it. Only committed
 versions are offered to other nodes: a writer that dies between reserve and commit leaves the
-previous version current everywhere (and a gap in the numbers). A fetched copy is sealed in
+previous version current everywhere (and a gap in the numbers); only its own node's store,
+which sealed the put, shows that version to local gets. A fetched copy is sealed in
 the receiving store as the same version, so ``vc.version_of`` (``vovp.version_of``) of any
 copy is the cluster's version. A store's replace keeps whatever readers hold: a node's old
 version is freed with its last local holder.

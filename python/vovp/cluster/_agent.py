@@ -141,7 +141,7 @@ class Agent:
         {"transferred": whether this call sent a FETCH, "version": the version here}."""
         got, transferred = _fetch.fetch_object(
             self._client, self._directory, self.node_id, name, newer_than=newer_than,
-            timeout=timeout, framework="numpy", source=source)
+            timeout=timeout, framework="numpy", source=source, defer_note=False)
         version = version_of(got)
         del got
         return {"transferred": transferred, "version": version}

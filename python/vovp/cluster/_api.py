@@ -116,13 +116,17 @@ def shutdown() -> None:
     with _state_lock:
         if _state["client"] is not None:
             _state["client"].close()
-        _state.update(pid=None, directory=None, client=None, agents={})
+        _state.update(pid=None, directory=None, client=None, agents={}, node=None)
     _fetch.reset()
 
 
 def node_id() -> str:
-    """This process's Ray node id (hex)."""
-    return ray.get_runtime_context().get_node_id()
+    """This process's Ray node id (hex; cached: a process does not change nodes)."""
+    state = _local()
+    node = state.get("node")
+    if node is None:
+        node = state["node"] = ray.get_runtime_context().get_node_id()
+    return str(node)
 
 
 def nodes() -> list[str]:
@@ -363,7 +367,7 @@ def _local():
     """This process's cached handles (reset in a forked or new process)."""
     with _state_lock:
         if _state["pid"] != os.getpid():
-            _state.update(pid=os.getpid(), directory=None, client=None, agents={})
+            _state.update(pid=os.getpid(), directory=None, client=None, agents={}, node=None)
         return _state
 
 

@@ -30,6 +30,7 @@ of the version last fetched here, replaced by newer ones) and node -> transfer a
 from __future__ import annotations
 
 import os
+import queue
 import random
 import re
 import threading
@@ -47,27 +48,53 @@ from ._directory import DIRECTORY_NAME, NAMESPACE, Entry, agent_name
 CONTROL_TIMEOUT = 60.0
 # Seconds a holder's agent has to answer "are you alive" after its transfer failed.
 ALIVE_TIMEOUT = 5.0
-# Rounds of the walk (a directory answer, or a holder's newer version, and its holders) before
-# a fetch gives up: each round follows a newer version or drops dead or empty holders.
+# Rounds of the walk (a directory answer and its holders) before a fetch gives up: each round
+# follows a newer version or drops dead, empty or replaced holders.
 ATTEMPTS = 16
+# Seconds to wait for the commit of a version a holder had already (its writer commits right
+# after its put) before going on with the holders of the version asked for.
+MOVED_ON_WAIT = 5.0
 # A holder's refusal of a version it replaced names the one it has (transport's holder.rs).
 _PRESENT = re.compile(r"present version: (\d+)")
 
 _lock = threading.Lock()
-_caches: dict[str, Any] = {"pid": None, "locations": {}, "addresses": {}}
+_caches: dict[str, Any] = {"pid": None, "locations": {}, "addresses": {}, "notes": None}
 
 
 def _cache() -> dict[str, Any]:
     with _lock:
         if _caches["pid"] != os.getpid():
-            _caches.update(pid=os.getpid(), locations={}, addresses={})
+            _caches.update(pid=os.getpid(), locations={}, addresses={}, notes=None)
         return _caches
 
 
 def reset() -> None:
     """Forget every cached location and address (``vovp.cluster.shutdown``)."""
     with _lock:
-        _caches.update(pid=None, locations={}, addresses={})
+        _caches.update(pid=None, locations={}, addresses={}, notes=None)
+
+
+def _note_holder(directory: Any, name: str, node: str, version: int) -> None:
+    """``directory.add_holder(name, node, version)``, sent by a thread of this process after
+    the fetch returned: submitting a Ray call costs ~0.5 ms here, which a first fetch of a
+    small tensor need not wait for (nobody awaits the answer either: see ``add_holder``)."""
+    cache = _cache()
+    with _lock:
+        notes = cache["notes"]
+        if notes is None:
+            notes = cache["notes"] = queue.SimpleQueue()
+            threading.Thread(target=_send_notes, args=(notes,), name="vovp-holder-notes",
+                             daemon=True).start()
+    notes.put((directory, name, node, version))
+
+
+def _send_notes(notes: "queue.SimpleQueue[tuple[Any, str, str, int]]") -> None:
+    while True:
+        directory, name, node, version = notes.get()
+        try:
+            directory.add_holder.remote(name, node, version)
+        except Exception:  # noqa: BLE001 - a directory gone: the next call says so
+            continue
 
 
 def forget(name: str) -> None:
@@ -166,12 +193,14 @@ def local(c: Client, name: str, newer_than: Optional[int], framework: Optional[s
 def fetch_object(c: Client, directory: Any, me: str, name: str, *,
                  newer_than: Optional[int] = None, timeout: Optional[float] = None,
                  framework: Optional[str] = None, writable: bool = False,
-                 source: Optional[str] = None,
+                 source: Optional[str] = None, defer_note: bool = True,
                  fetch_args: Optional[Callable[[Entry], dict[str, Any]]] = None) \
         -> tuple[Any, bool]:
     """The walk of this module's doc: (the tensor, whether this call made a FETCH).
     ``timeout``: None = a version must be committed already (ObjectNotFound otherwise);
     seconds = wait that long for one (TimeoutError). ``source``: a holder to try first.
+    ``defer_note``: the add_holder is submitted by a thread after the return (False: before
+    it, so that the caller's next directory call finds this holder: broadcast's rounds).
     ``fetch_args(entry)``: more arguments for the FETCH of ``entry`` (``_state``'s base
     version and ranges)."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -183,15 +212,23 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
     lost: list[str] = []
     failed: list[tuple[str, int, BaseException]] = []
     tried: set[tuple[str, int]] = set()
+    moved_on: Optional[int] = None  # a version some holder had replaced already
     cached: Optional[Entry] = locations.get(name) if newer_than is not None else None
     if cached is not None and cached.version <= floor:
         cached = None
     for attempt in range(ATTEMPTS):
-        if cached is not None:
-            entry: Optional[Entry] = cached
-        else:
+        entry: Optional[Entry] = cached
+        if entry is None and moved_on is not None:
+            # A holder had a version above ``moved_on`` already: wait (briefly) for its
+            # commit rather than take it from the holder, whose newer version may never be
+            # committed (its writer died after the put).
             left = _left(deadline, name)
-            wait = None if deadline is None else left
+            briefly = MOVED_ON_WAIT if left is None else min(left, MOVED_ON_WAIT)
+            entry = directory_call(directory.wait_newer.remote(name, moved_on, briefly),
+                                   wait=briefly)
+            moved_on = None
+        if entry is None:
+            wait = _left(deadline, name)
             entry = directory_call(directory.wait_newer.remote(name, floor, wait), wait=wait)
         if entry is None:
             got = local(c, name, newer_than, framework, writable)  # put here meanwhile
@@ -213,7 +250,7 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
         if source is not None and source in holders:
             holders.remove(source)
             holders.insert(0, source)
-        if not holders and attempt > 0 and cached is None:
+        if not holders and attempt > 0 and moved_on is None:
             break
         for holder in holders:
             tried.add((holder, entry.version))
@@ -232,12 +269,11 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
             except TransferFailed as e:
                 present = _PRESENT.search(str(e))
                 if present is not None and int(present.group(1)) > entry.version:
-                    # Replaced there meanwhile by a newer version (a writer faster than this
-                    # reader): fetch that one from it, without asking the directory.
-                    newer = int(present.group(1))
-                    cached = Entry(name, holder, entry.size, entry.metadata, newer, [holder],
-                                   {holder: address})
-                    break
+                    # Replaced there by a newer version (a writer faster than this reader):
+                    # other holders may still have this one; else the directory's next.
+                    directory.drop_holder.remote(name, holder, entry.version)
+                    moved_on = entry.version
+                    continue
                 if holder_alive(holder):
                     # Alive: it evicted this version, or the transfer broke.
                     failed.append((holder, entry.version, e))
@@ -248,13 +284,15 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
                 continue
             if me not in entry.holders:
                 entry.holders.append(me)
-                directory.add_holder.remote(name, me, entry.version)
+                if defer_note:
+                    _note_holder(directory, name, me, entry.version)
+                else:
+                    directory.add_holder.remote(name, me, entry.version)
             known = locations.get(name)
             if known is None or known.version <= entry.version:
                 locations[name] = entry
             return got, True
-        else:
-            cached = None
+        cached = None
     locations.pop(name, None)
     if failed:
         holder, version, error = failed[-1]
