@@ -14,7 +14,9 @@ Workloads (issues 28 and 44):
   (the default fanout=4 covers both other nodes in one round), and every node ``ray.get``-ting
   one ref at once;
 - DistTensor pull of 10,000 random rows x 128 float32 out of 1 M rows over 2 nodes, from a
-  process on the head: rows/s, and the time of the local and the remote rows alone.
+  process on the head: rows/s, and the time of the local and the remote rows alone;
+- weight sync of a ~1 GiB state dict of ~300 tensors to both other nodes against Ray's way,
+  and the writer's content hash (``cluster_state``, which says how each is timed).
 
 Every figure is a median; ratios are vovp's throughput over the peer's in the same run.
 Writes target/bench/cluster.json and prints a Markdown table.
@@ -43,7 +45,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 import vovp.cluster as vc  # noqa: E402
-from vovp.cluster import _api  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benches"))
+import cluster_state  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(cluster_state)  # its actors run in Ray's workers
 
 MiB = 1 << 20
 
@@ -82,13 +88,6 @@ class Reader:
                 t0 = time.perf_counter()
                 t.pull(sel)
                 samples[label].append(time.perf_counter() - t0)
-        agent = _api.agent_actor(t.nodes[1 - me])
-        remote_local_ids = t.locate(ids[part != me])[1]
-        samples["dist_pull call alone"] = []
-        for _ in range(9):
-            t0 = time.perf_counter()
-            ray.get(agent.dist_pull.remote(name, remote_local_ids))
-            samples["dist_pull call alone"].append(time.perf_counter() - t0)
         times = {label: statistics.median(v) for label, v in samples.items()}
         return times
 
@@ -130,7 +129,9 @@ def main():
                          "measured by vovp-bench in the same run: 256 MiB is reported against it")
     args = ap.parse_args()
 
-    node_args = dict(num_cpus=1, object_store_memory=700 * MiB, node_ip_address="127.0.0.1")
+    # Ray's stores and vovp's hold the weight sync's 1 GiB versions (two at once on a node
+    # while one replaces the other).
+    node_args = dict(num_cpus=1, object_store_memory=2300 * MiB, node_ip_address="127.0.0.1")
     c = Cluster(initialize_head=True, connect=False,
                 head_node_args=dict(node_args, include_dashboard=False))
     for _ in range(2):
@@ -141,7 +142,7 @@ def main():
     try:
         ray.init(address=f"127.0.0.1:{port}")
         c.wait_for_nodes()
-        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="1400M",
+        vc.init(socket=os.path.join(sock_dir, "{node}.sock"), memory="3400M",
                 engine=args.engine)
         head = vc.node_id()
         others = [n for n in vc.nodes() if n != head]
@@ -218,10 +219,20 @@ def main():
         results["dist"] = {"rows_per_s": n_ids / times["all"], **times}
         print(f"DistTensor pull of {n_ids} rows x {dim} float32 (1 M rows, 2 nodes): "
               f"{n_ids / times['all']:,.0f} rows/s; all {times['all'] * 1e3:.1f} ms, local "
-              f"half {times['local'] * 1e3:.1f} ms, remote half {times['remote'] * 1e3:.1f} ms "
-              f"(of which the agent call {times['dist_pull call alone'] * 1e3:.1f} ms)",
-              flush=True)
+              f"half {times['local'] * 1e3:.1f} ms, remote half (one GATHER) "
+              f"{times['remote'] * 1e3:.1f} ms", flush=True)
+        print(cluster_state.dist_report(results["dist"]["rows_per_s"]), flush=True)
         t.delete()
+
+        # Weight sync (cluster_state): a ~1 GiB state of ~300 tensors to both other nodes.
+        state_readers = [cluster_state.StateReader.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+            for n in others]
+        ray.get([r.node.remote() for r in state_readers])
+        results["weight_sync"] = cluster_state.weight_sync(state_readers, args.reps)
+        results["content_hash"] = cluster_state.hash_cost()
+        for line in cluster_state.report(results["weight_sync"], results["content_hash"]):
+            print(line, flush=True)
     finally:
         stop_in_order(vc.shutdown, ray.shutdown, c.shutdown)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +254,8 @@ def main():
     print(f"| broadcast 256 MiB to 2 nodes, GB/s delivered | {bcr['tree']:.2f} (tree), "
           f"{bcr['star']:.2f} (star, the default) | {bcr['ray']:.2f} | "
           f"{bcr['star'] / bcr['ray']:.2f}x | - |")
+    for line in cluster_state.table_rows(results["weight_sync"], results["dist"]):
+        print(line)
 
 
 if __name__ == "__main__":

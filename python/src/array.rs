@@ -391,41 +391,89 @@ pub(crate) fn copy_bytes(
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
 ) -> PyResult<bool> {
+    let Some((to, src)) = copy_pair(dst, src)? else {
+        return Ok(false);
+    };
+    // SAFETY: `copy_pair`'s: `to` is `dst`'s `src.len()` writable bytes, not overlapping
+    // `src`; `dst` stays borrowed (alive, unresized) for this call.
+    let dst = unsafe { to.slice() };
+    py.allow_threads(|| vovp_shm::copy::parallel_copy(dst, src));
+    Ok(true)
+}
+
+/// The writable bytes a C-contiguous array exports: an address and a length, made a slice
+/// only where it is written, while the array is borrowed.
+#[derive(Clone, Copy)]
+pub(crate) struct WritableBytes {
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+}
+
+impl WritableBytes {
+    /// # Safety
+    /// The array these bytes belong to must stay alive and unresized while the slice is
+    /// used, and nothing else may access those bytes meanwhile.
+    pub(crate) unsafe fn slice<'a>(self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: the caller's; `addr` exports `len` writable bytes (`writable_bytes`).
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+/// The destination and source of a byte-for-byte copy `dst[...] = src` of two C-contiguous
+/// arrays: `dst` writable, equal lengths, no Python objects; None when the two overlap. The
+/// source slice is borrowed with `src`.
+pub(crate) fn copy_pair<'a>(
+    dst: &Bound<'_, PyAny>,
+    src: &'a Bound<'_, PyAny>,
+) -> PyResult<Option<(WritableBytes, &'a [u8])>> {
+    let to = writable_bytes(dst)?;
+    let from = plain_bytes(src)?;
+    if to.len != from.len() {
+        return Err(PyValueError::new_err(format!(
+            "copy of {} bytes into {}",
+            from.len(),
+            to.len
+        )));
+    }
+    let from_addr = from.as_ptr() as usize;
+    if to.len > 0 && to.addr < from_addr + to.len && from_addr < to.addr + to.len {
+        return Ok(None);
+    }
+    Ok(Some((to, from)))
+}
+
+/// The bytes of writable C-contiguous array `dst` (no Python objects).
+pub(crate) fn writable_bytes(dst: &Bound<'_, PyAny>) -> PyResult<WritableBytes> {
     const WRITEABLE: c_int = 0x400;
     let to = read_array(dst, None)?;
     if to.flags & WRITEABLE == 0 {
         return Err(PyValueError::new_err("not a writable array"));
     }
     if to.kind == b'O' {
-        // (Bytes of object pointers copied without their reference counts.)
-        return Err(PyValueError::new_err(
-            "an array of Python objects is not copied as bytes",
-        ));
+        return Err(objects_refused());
     }
-    let (to, len) = (to.addr, to.len);
-    let (from, src_len) = contiguous_bytes(src)?;
-    if len != src_len {
-        return Err(PyValueError::new_err(format!(
-            "copy of {src_len} bytes into {len}"
-        )));
+    Ok(WritableBytes {
+        addr: to.addr,
+        len: to.len,
+    })
+}
+
+/// The bytes of C-contiguous array `src`, borrowed with it; ValueError for an array of
+/// Python objects (bytes of object pointers, copied or hashed without their reference counts,
+/// mean nothing).
+pub(crate) fn plain_bytes<'a>(src: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    let a = read_array(src, None)?;
+    if a.kind == b'O' {
+        return Err(objects_refused());
     }
-    if len == 0 {
-        return Ok(true);
-    }
-    if to < from + len && from < to + len {
-        return Ok(false);
-    }
-    // SAFETY: both arrays, borrowed for this call, export `len` contiguous bytes at these
-    // addresses (their `__array_struct__`), `dst` writable; the ranges do not overlap. The
-    // caller does not resize or free either while the copy runs without the GIL.
-    let (dst, src) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(to as *mut u8, len),
-            std::slice::from_raw_parts(from as *const u8, len),
-        )
-    };
-    py.allow_threads(|| vovp_shm::copy::parallel_copy(dst, src));
-    Ok(true)
+    Ok(exported_bytes(src, a.addr, a.len))
+}
+
+fn objects_refused() -> PyErr {
+    PyValueError::new_err("an array of Python objects is not copied or hashed as bytes")
 }
 
 /// numpy's `PyArrayInterface` (the `__array_struct__` protocol), field for field.

@@ -338,8 +338,8 @@ impl Client {
     }
 
     /// CREATE: an unsealed object of `size` bytes that only this client may write; on
-    /// cuda:`device` when given.
-    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false, device = None, replace = false))]
+    /// cuda:`device` when given; `version`: it seals as exactly that version of the name.
+    #[pyo3(signature = (name, size, metadata = b"".as_slice(), ephemeral = false, device = None, replace = false, version = None))]
     #[allow(clippy::too_many_arguments)]
     fn create(
         &self,
@@ -350,12 +350,14 @@ impl Client {
         ephemeral: bool,
         device: Option<u32>,
         replace: bool,
+        version: Option<u64>,
     ) -> PyResult<Buffer> {
         let inner = self.usable()?;
         let opts = CreateOptions {
             ephemeral,
             device: device.map(vovp_types::Device::Cuda),
             replace,
+            version,
             ..Default::default()
         };
         let buf = py

@@ -15,7 +15,7 @@
 //! Every call that waits on the socket or copies bytes releases the GIL.
 //!
 //! Modules: [`client`] (the connection and its requests), [`put`] (the one put's options and
-//! outcome), [`views`] (objects handed out),
+//! outcome), [`views`] (objects handed out), [`content_hash`] (state dicts' tensor hashes),
 //! [`array`] (numpy's protocols), [`subscription`] (notification streams), [`tensor`] (the
 //! tensor header, through the engine's `TensorMeta`), [`cuda`] (driver calls), [`errors`]
 //! (Rust errors as `vovp.errors` exceptions), [`process`] (fork detection).
@@ -24,6 +24,7 @@ use pyo3::prelude::*;
 
 mod array;
 mod client;
+mod content_hash;
 mod cuda;
 mod errors;
 mod process;
@@ -37,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     process::count_forks()?;
     cuda::register(m)?;
     tensor::register(m)?;
+    content_hash::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Objects up to this size go through one PUT frame (the Rust client's choice, which the
     // Python layer makes too).

@@ -247,3 +247,22 @@ def local_ray_cluster(nodes: int, node_args: dict, prefix: str, **init_args):
             ray.shutdown()
             c.shutdown()
             shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def on_node(node, fn, *args):
+    """Run ``fn(*args)`` in a Ray task pinned to ``node`` (a process there that reaches the
+    node's store only through ``vovp.cluster``); its ObjectRef."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0, scheduling_strategy=(
+        NodeAffinitySchedulingStrategy(node, soft=False)))(fn)
+    return task.remote(*args)
+
+
+def other_nodes():
+    """Every alive Ray node but this process's."""
+    import vovp.cluster as vc
+
+    me = vc.node_id()
+    return [n for n in vc.nodes() if n != me]

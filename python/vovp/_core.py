@@ -279,10 +279,13 @@ class ClientCore:
     # -- created objects ------------------------------------------------------------------------
 
     def create(self, name: str, size: int, metadata: Metadata, ephemeral: bool,
-               device: Optional[int] = None, replace: bool = False) -> Any:
+               device: Optional[int] = None, replace: bool = False,
+               version: Optional[int] = None) -> Any:
         """CREATE: the owner of the creator's reference (a writable uint8 array, or a device
-        owner on cuda:``device``), unsealed until ``seal(name)``."""
-        buf = self.native.create(name, size, bytes(metadata), ephemeral, device, replace)
+        owner on cuda:``device``), unsealed until ``seal(name)`` (which seals it as exactly
+        ``version`` when given)."""
+        buf = self.native.create(name, size, bytes(metadata), ephemeral, device, replace,
+                                 version)
         owner = self.owner(buf) if device is None else self.cuda_owner(buf)
         self._unsealed[name] = L.lease_of(owner)
         return owner

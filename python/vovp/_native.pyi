@@ -21,6 +21,10 @@ __all__ = [
     "cuda_sync_stream",
     "_cuda_simulate_library_names",
     "copy_bytes",
+    "copy_hashed",
+    "copy_hashed_many",
+    "content_hash",
+    "CONTENT_HASH_BLOCK",
     "encode_tensor_header",
     "decode_tensor_header",
     "TENSOR_MAGIC",
@@ -75,6 +79,24 @@ def copy_bytes(dst: Any, src: Any) -> bool:
     """``dst[...] = src`` for two C-contiguous arrays of equal byte length (dtypes the caller
     checked), through the rayon pool's parallel copy, without the GIL; False (nothing copied)
     when they overlap."""
+
+# --- content_hash.rs -------------------------------------------------------------------------
+
+# Bytes per hashed block of the content hash (vovp_shm::content_hash, version 1).
+CONTENT_HASH_BLOCK: Final[int]
+
+def copy_hashed(dst: Any, src: Any) -> int:
+    """``dst[...] = src`` byte for byte (C-contiguous, equal byte lengths, not overlapping:
+    ValueError otherwise) and the 64-bit content hash of the bytes, computed in the same pass,
+    split across the copy pool, without the GIL."""
+
+def copy_hashed_many(dst: Any, offsets: Sequence[int], srcs: Sequence[Any]) -> list[int]:
+    """``dst[offsets[i]:][:len] = srcs[i]`` byte for byte for every source (C-contiguous;
+    ValueError when one does not fit, two overlap in ``dst``, or one overlaps ``dst``) and each
+    one's content hash, in one job over the copy pool, without the GIL."""
+
+def content_hash(src: Any) -> int:
+    """The 64-bit content hash of a C-contiguous array's bytes (as ``copy_hashed``'s)."""
 
 # --- cuda.rs ---------------------------------------------------------------------------------
 
@@ -306,6 +328,7 @@ class Client:
         ephemeral: bool = False,
         device: Optional[int] = None,
         replace: bool = False,
+        version: Optional[int] = None,
     ) -> Buffer: ...
     def sync(self) -> None: ...
     def seal_later(self, name: str) -> None: ...

@@ -199,19 +199,23 @@ class Client:
     # -- raw objects ----------------------------------------------------------------------------
 
     def create(self, name: Name, size: int, metadata: Metadata = b"",
-               ephemeral: bool = False, replace: bool = False) -> npt.NDArray[np.uint8]:
+               ephemeral: bool = False, replace: bool = False,
+               version: Optional[int] = None) -> npt.NDArray[np.uint8]:
         """Create an unsealed object and return a writable uint8 array over its bytes.
 
         The returned array holds the creator's reference: keep it alive until ``seal(name)``
         (dropping it before aborts the object); after the seal it keeps the object alive and
         writable *for this client only* (other clients see the same physical memory).
         ``replace``: ``name`` may exist; the object becomes its next version at ``seal``.
+        ``version``: it seals as exactly that version (above the name's present one, else
+        StaleVersion at the seal), as ``put_with``'s ``PutOptions(version=)``.
         """
         size = int(size)
         if not 0 <= size < 2**64:
             raise InvalidArgument(f"size must be between 0 and 2**64 - 1 bytes, got {size}")
         owner: npt.NDArray[np.uint8] = self.core.create(
-            object_name(name), size, metadata_bytes(metadata), ephemeral, None, replace)
+            object_name(name), size, metadata_bytes(metadata), ephemeral, None, replace,
+            version)
         return owner
 
     def create_tensor(self, name: Name, shape: Any, dtype: npt.DTypeLike,
@@ -683,7 +687,7 @@ class Client:
             check_framework(framework)
         ranges = None if base_ranges is None else [(int(o), int(n)) for o, n in base_ranges]
         obj = self.core.native.fetch_from(address, object_name(name), version, streams,
-                                          timeout, base_version, ranges)
+                                          timeout, base_version, ranges, writable)
         return self._tensor_from_obj(obj, name, framework, writable)
 
     def gather_from(self, address: str, name: Name, version: int, row_bytes: int, ids: Any,

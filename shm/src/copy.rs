@@ -98,7 +98,7 @@ pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
 /// copied by the caller). Forked children are common clients (a DataLoader's workers put
 /// their batches), so a child builds a pool of its own; the parent's, in the child's memory,
 /// is left alone (its threads are not there to stop). `None` when no pool can be built.
-fn process_pool() -> Option<&'static rayon::ThreadPool> {
+pub(crate) fn process_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: AtomicPtr<ProcessPool> = AtomicPtr::new(std::ptr::null_mut());
     let pid = std::process::id();
     let current = POOL.load(Ordering::Acquire);

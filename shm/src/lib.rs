@@ -9,6 +9,7 @@
 //! * [`lend`]: the handshake over two hold-table header words by which the store takes back a
 //!   lend no put is writing into.
 //! * [`copy`]: host copies into shared memory, split across a rayon pool above 1 MB.
+//! * [`content_hash`]: 64-bit content hashes of tensors, computed in the copy's pass.
 //! * [`fdpass`]: passing the memfds over the Unix socket (SCM_RIGHTS).
 //! * [`held`]: views got through the hold table (the engine's and the clients' one read path).
 //! * [`put`]: create, copy, seal (the engine's and the clients' one put of large objects).
@@ -113,6 +114,8 @@
 #![cfg_attr(not(test), warn(clippy::cast_sign_loss))]
 #![cfg_attr(not(test), warn(clippy::cast_possible_wrap))]
 
+#[cfg(not(loom))]
+pub mod content_hash;
 #[cfg(not(loom))]
 pub mod copy;
 pub mod directory;

@@ -33,7 +33,9 @@ Modules (dependencies run one way, up this list):
   namespace ``vovp``) pinned to the head node: per name the newest committed version, its
   size, metadata, holders and their transfer addresses; version numbers; DistTensor specs;
   the cluster's config (the first ``init`` fixes it, the transfer key included).
-- ``_dist``: ``DistTensor``: partition books, ``pull``/``push`` fan-out.
+- ``_dist``: ``DistTensor``: partition books, ``pull`` (GATHERs) / ``push`` fan-out.
+- ``_state``: ``publish_state``/``fetch_state``: a state dict as one versioned object (its
+  layout, the writer's hashed copy, the receiver's unchanged ranges).
 
 Nodes are named by Ray node id, never by IP (every node of a local cluster is 127.0.0.1);
 stores of nodes that share a machine get sockets from a template (``socket="...{node}..."``).
@@ -80,9 +82,16 @@ DistTensor: partition k is the store object ``<name>/part-<k>`` on ``nodes[k]``,
 by that node's agent, which keeps the creator's writable view (the store lets a creator write
 after its seal) and applies pushes under a per-partition lock (``"add"`` uses ``np.add.at``:
 repeated ids add up). An id-map partition's book is itself a published object (``<name>/book``),
-fetched once per node. ``pull`` groups ids by partition, sends one ``dist_pull`` per remote node
-(rows come back through Ray), gathers local rows from the zero-copy local view meanwhile, and
-scatters every row into the ids' order.
+fetched once per node. ``pull`` groups ids by partition and sends one GATHER per remote
+partition to this node's engine (in parallel, from a small thread pool), which pulls those rows
+from the holder's engine into an ephemeral scratch object (no Ray call, no Ray object store);
+local rows come from the zero-copy local view meanwhile; every row is scattered into the ids'
+order and the scratch objects released (gone).
+
+State dicts (``_state``): ``publish_state`` makes a whole dict one store object, versioned as
+any name, its tensors copied straight into it and hashed in the same pass; ``fetch_state``
+moves it in one FETCH per node, naming the tensors whose hashes did not change since the
+version the node holds as base ranges (copied locally, not sent), and returns views.
 
 Trust model: Ray runs whatever code reaches it, so anyone who can reach the Ray cluster can call
 the agents (read or delete any published object, push into DistTensors) and read the
@@ -129,6 +138,7 @@ from ._api import (
     unpublish,
 )
 from ._dist import DistTensor
+from ._state import State, fetch_state, publish_state
 
 
 def register_transport() -> None:
@@ -156,6 +166,9 @@ __all__ = [
     "agent_stats",
     "stats",
     "DistTensor",
+    "publish_state",
+    "fetch_state",
+    "State",
     "register_transport",
     "ObjectLost",
     "transfer_address",

@@ -65,7 +65,8 @@ class Agent:
         self._directory = directory_handle()
         _fetch.directory_call(self._directory.register.remote(node_id, self._transfer))
         self._lock = threading.Lock()
-        self._parts: dict[str, tuple[Any, Any]] = {}  # DistTensor name -> (writable view, lock)
+        self._parts: dict[str, tuple[Any, Any]] = {}
+        self._part_versions: dict[str, int] = {}  # DistTensor name -> its partition's version  # DistTensor name -> (writable view, lock)
         self._reporter = NodeReporter(node_id, self.node_stats,
                                       float(config.get("metrics_interval", 10.0)))
 
@@ -162,24 +163,23 @@ class Agent:
 
     # -- DistTensor partitions -----------------------------------------------------------------
 
-    def dist_create(self, name: str, part: str, rows: int, row_shape, dtype: str) -> None:
+    def dist_create(self, name: str, part: str, rows: int, row_shape, dtype: str) -> int:
         """Create this node's partition (zeros) as the store object ``part``; the agent keeps
-        the creator's writable view for pushes, and with it a reference: never evicted."""
+        the creator's writable view for pushes, and with it a reference: never evicted.
+        Returns its store version (what a GATHER of its rows names)."""
         with self._lock:  # held throughout: two processes attaching at once create it once
             if name in self._parts:
-                return
+                return self._part_versions[name]
             view = self._client.create_tensor(part, (int(rows), *row_shape), np.dtype(dtype))
             try:
                 view[...] = 0
-                self._client.seal(part)
+                version = self._client.seal(part)
             except BaseException:
                 self._client.abort(part)
                 raise
             self._parts[name] = (view, threading.Lock())
-
-    def dist_pull(self, name: str, local_ids):
-        view, _ = self._part(name)
-        return view[local_ids]
+            self._part_versions[name] = version
+            return version
 
     def dist_push(self, name: str, local_ids, rows, op) -> None:
         """A callable ``op`` is the caller's code run here, under the partition's lock: like
@@ -200,6 +200,7 @@ class Agent:
     def dist_drop(self, name: str, part: str) -> None:
         with self._lock:
             held = self._parts.pop(name, None)
+            self._part_versions.pop(name, None)
         if held is not None:
             self._client.release(held[0])
         self.drop(part)

@@ -4,8 +4,12 @@ in its own vovp store (DistDGL's DistTensor/KVStore, on Ray).
 Partition ``k`` lives on ``nodes[k]`` as the store object ``<name>/part-<k>`` (rows in
 ascending global id), created by that node's agent, which keeps the creator's writable view and
 applies pushes to it. Local trainers read their node's partition zero-copy (one copy per
-node, however many trainers); rows of other nodes come from those nodes' agents, one request
-per node per pull.
+node, however many trainers); rows of other nodes come engine to engine: ``pull`` sends one
+GATHER per remote partition to this node's engine (rows ``local ids`` of the partition at its
+version, from the holder's transfer port, in the ids' order, repeats included), which pulls
+them into an ephemeral scratch object of this store; the rows are scattered into the result
+and the scratch released (gone). No Ray call and no Ray object store on the way; several
+partitions' GATHERs go out at once from a small thread pool (each thread its own connection).
 
 Unlike every other store object, a partition changes after its seal: pushes write into it in
 place, and local readers see them as they land (no snapshot), as in DistDGL.
@@ -13,13 +17,25 @@ place, and local readers see them as they land (no snapshot), as in DistDGL.
 
 from __future__ import annotations
 
+import itertools
+import os
+import threading
 from collections.abc import Callable, Sequence
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from .. import tensor as T
-from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
+from ..client import Client
+from ..errors import (
+    InvalidArgument,
+    ObjectExists,
+    ObjectLost,
+    ObjectNotFound,
+    VovpError,
+)
 from ._agent import alive_nodes
 from ._api import (
     agent_actor,
@@ -29,8 +45,48 @@ from ._api import (
     fetch,
     node_id,
     publish,
+    transfer_address,
     unpublish,
 )
+
+# Names of scratch objects that GATHERs land in (ephemeral: gone at their last release).
+_SCRATCH = itertools.count()
+_POOL_LOCK = threading.Lock()
+_POOL: dict[str, Any] = {"pid": None, "pool": None}
+_THREAD = threading.local()
+
+
+def _gather_pool() -> ThreadPoolExecutor:
+    """The threads that send the GATHERs of a pull's second and later remote partitions (the
+    native call releases the GIL; the caller sends the first itself). Per process: a forked
+    child makes its own."""
+    with _POOL_LOCK:
+        if _POOL["pid"] != os.getpid():
+            _POOL.update(pid=os.getpid(), pool=ThreadPoolExecutor(
+                8, thread_name_prefix="vovp-gather"))
+        pool: ThreadPoolExecutor = _POOL["pool"]
+        return pool
+
+
+def _thread_client() -> Client:
+    """This thread's client of the node's store: the calling thread's is the process's
+    ``client()``; each gather thread has its own connection, so GATHERs to several partitions
+    wait on the engine side by side, not queued on one connection."""
+    if not threading.current_thread().name.startswith("vovp-gather"):
+        return client()
+    main = client()
+    c = getattr(_THREAD, "client", None)
+    # A new process-wide client (another cluster after a shutdown, a forked child) means a
+    # new connection here too: the old one may lead to a store that is gone.
+    if c is None or c.closed or getattr(_THREAD, "main", None) is not main:
+        if c is not None and not c.closed:
+            try:
+                c.close()
+            except VovpError:
+                pass  # (its store is gone: nothing left to close)
+        c = Client(main.path)
+        _THREAD.client, _THREAD.main = c, main
+    return c
 
 
 class DistTensor:
@@ -82,7 +138,9 @@ class DistTensor:
         refs = [agent_actor(node).dist_create.remote(name, spec["parts"][k], spec["counts"][k],
                                                 self.shape[1:], spec["dtype"])
                 for k, node in enumerate(self.nodes)]
-        self._call_nodes(refs, list(range(len(self.nodes))))
+        # Each partition's store version: what a GATHER of its rows names.
+        self._part_versions = [int(v) for v in
+                               self._call_nodes(refs, list(range(len(self.nodes))))]
 
     @staticmethod
     def _spec(name, shape, dtype, partition, nodes, alive):
@@ -193,32 +251,59 @@ class DistTensor:
 
     def pull(self, ids: Any) -> Any:
         """The rows ``ids`` (in that order, repeats allowed), as a new array (torch for a
-        torch DistTensor). One request per remote node; local rows are gathered from the
-        local store while the remote requests are in flight."""
+        torch DistTensor). One GATHER per remote partition, sent to this node's engine, which
+        pulls the rows straight from the holder's store (``_gather``), the partitions in
+        parallel; local rows are gathered from the local store meanwhile."""
 
         ids = self._ids(ids)
         part, local = self.locate(ids)
         out = np.empty((len(ids), *self.shape[1:]), self.dtype)
         me = self._me()
-        remote, sels, ks = [], [], []
+        remote = []
         for k in np.unique(part).tolist():
-            if k == me:
-                continue
-            sel = np.nonzero(part == k)[0]
-            remote.append(agent_actor(self.nodes[k]).dist_pull.remote(self.name, local[sel]))
-            sels.append(sel)
-            ks.append(k)
-        if me is not None:
-            sel = np.nonzero(part == me)[0]
-            if sel.size:
-                out[sel] = self.local_partition()[local[sel]]
-        for sel, rows in zip(sels, self._call_nodes(remote, ks)):
-            out[sel] = rows
+            if k != me:
+                sel = np.nonzero(part == k)[0]
+                remote.append((k, sel, local[sel]))
+        # Partitions' rows are disjoint rows of ``out``: each gather writes its own.
+        pending = [_gather_pool().submit(self._gather, *job, out) for job in remote[1:]]
+        try:
+            if remote:
+                self._gather(*remote[0], out)
+            if me is not None:
+                sel = np.nonzero(part == me)[0]
+                if sel.size:
+                    out[sel] = self.local_partition()[local[sel]]
+        finally:
+            futures.wait(pending)  # none still writes into ``out`` once this returns
+        for p in pending:
+            p.result()  # (its error, if any)
         if self._torch:
             import torch
 
             return torch.from_numpy(out)
         return out
+
+    def _gather(self, k: int, sel: np.ndarray, local_ids: np.ndarray, out: np.ndarray) -> None:
+        """``out[sel]`` = partition ``k``'s rows ``local_ids``, by GATHER from its node's engine
+        into an ephemeral scratch object of this node's store (gone once released, here)."""
+        node = self.nodes[k]
+        row_shape = self.shape[1:]
+        row_bytes = self.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        c = _thread_client()
+        scratch = f"{self.name}/gather-{os.getpid()}-{threading.get_ident()}-{next(_SCRATCH)}"
+        try:
+            rows = c.gather_from(transfer_address(node), self._spec_["parts"][k],
+                                 self._part_versions[k], row_bytes,
+                                 local_ids.astype(np.uint64, copy=False), scratch)
+        except VovpError as e:
+            if node in alive_nodes():
+                raise
+            raise ObjectLost(f"DistTensor {self.name!r}: the partition on node {node} is "
+                             f"lost (Ray reports it dead): {e}") from None
+        try:
+            out[sel] = rows.view(self.dtype).reshape(len(local_ids), *row_shape)
+        finally:
+            c.release(rows)
 
     def push(self, ids: Any, rows: Any, op: str | Callable[..., Any] = "assign") -> None:
         """Write ``rows`` at ``ids``: op "assign", "add" (repeated ids add up), or a handler

@@ -35,7 +35,7 @@ import random
 import re
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 
@@ -193,12 +193,16 @@ def local(c: Client, name: str, newer_than: Optional[int], framework: Optional[s
 def fetch_object(c: Client, directory: Any, me: str, name: str, *,
                  newer_than: Optional[int] = None, timeout: Optional[float] = None,
                  framework: Optional[str] = None, writable: bool = False,
-                 source: Optional[str] = None, defer_note: bool = True) -> tuple[Any, bool]:
+                 source: Optional[str] = None, defer_note: bool = True,
+                 fetch_args: Optional[Callable[[Entry], dict[str, Any]]] = None) \
+        -> tuple[Any, bool]:
     """The walk of this module's doc: (the tensor, whether this call made a FETCH).
     ``timeout``: None = a version must be committed already (ObjectNotFound otherwise);
     seconds = wait that long for one (TimeoutError). ``source``: a holder to try first.
     ``defer_note``: the add_holder is submitted by a thread after the return (False: before
-    it, so that the caller's next directory call finds this holder: broadcast's rounds)."""
+    it, so that the caller's next directory call finds this holder: broadcast's rounds).
+    ``fetch_args(entry)``: more arguments for the FETCH of ``entry`` (``_state``'s base
+    version and ranges)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     got = local(c, name, newer_than, framework, writable)
     if got is not None:
@@ -254,8 +258,9 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
             if address is None:
                 continue
             try:
+                more = {} if fetch_args is None else fetch_args(entry)
                 got = c.fetch_from(address, name, entry.version, timeout=_left(deadline, name),
-                                   framework=framework, writable=writable)
+                                   framework=framework, writable=writable, **more)
             except StaleVersion:  # a newer version was sealed here meanwhile
                 got = local(c, name, newer_than, framework, writable)
                 if got is not None:
