@@ -196,11 +196,11 @@ def start_store(memory: Any = "1G", socket: Optional[str] = None, *, detach: boo
                "transfer": transfer}
     env = None
     if transfer_key is not None:
-        env = {**os.environ, "VOVP_TRANSFER_KEY": _key_hex(transfer_key)}
+        env = {**os.environ, "VOVP_TRANSFER_KEY": key_hex(transfer_key)}
     return spawn((), memory, socket, detach, timeout, options, env=env)
 
 
-def _key_hex(key: Union[bytes, str]) -> str:
+def key_hex(key: Union[bytes, str]) -> str:
     """A transfer key as the daemon reads it: 64 hex digits."""
     if isinstance(key, (bytes, bytearray)):
         if len(key) != 32:

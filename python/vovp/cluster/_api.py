@@ -22,7 +22,7 @@ from .. import _native as N
 from .. import tensor as T
 from .._args import object_name
 from ..client import Client, version_of
-from ..daemon import _key_hex
+from ..daemon import key_hex
 from ..errors import InvalidArgument, ObjectExists, ObjectLost, ObjectNotFound, VovpError
 from . import _fetch
 from ._agent import Agent, agent_name, alive_nodes
@@ -78,7 +78,7 @@ def init(address: str | None = None, *, socket: str | None = None, memory: str |
     if spill_max is not None and spill_dir is None:
         raise InvalidArgument("spill_max needs spill_dir")
     try:
-        key = secrets.token_hex(32) if transfer_key is None else _key_hex(transfer_key)
+        key = secrets.token_hex(32) if transfer_key is None else key_hex(transfer_key)
     except ValueError as e:
         raise InvalidArgument(f"transfer_key: {e}") from None
     spill = ([] if spill_dir is None else ["--spill-dir", str(spill_dir)]) + (
@@ -150,7 +150,7 @@ def transfer_address(node: str) -> str:
     if address is None:
         info = call(agent_actor(node).info.remote(), CONTROL_TIMEOUT)
         address = info["transfer"]
-        _fetch._cache()["addresses"][node] = address
+        _fetch.remember_address(node, address)
     return str(address)
 
 

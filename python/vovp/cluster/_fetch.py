@@ -97,6 +97,11 @@ def _send_notes(notes: "queue.SimpleQueue[tuple[Any, str, str, int]]") -> None:
             continue
 
 
+def remember_address(node: str, address: str) -> None:
+    """Cache ``node``'s transfer address in this process (learnt from its agent)."""
+    _cache()["addresses"][node] = address
+
+
 def forget(name: str) -> None:
     """Drop ``name`` from this process's location cache (unpublish)."""
     _cache()["locations"].pop(name, None)
