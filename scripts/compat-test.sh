@@ -32,6 +32,7 @@ BENCH_PY="$(bash benches/setup.sh | sed -n 's/^VENV_PYTHON=//p')"
 # Not here: the Ray clusters (the main run has them) and the metrics parser's test (it reads the
 # daemon's text with prometheus_client, which this venv lacks; nothing in it is numpy's).
 row numpy1-torch-new "$BENCH_PY" python/tests --ignore python/tests/test_cluster.py \
+    --ignore python/tests/test_cluster_versions.py --ignore python/tests/test_cluster_state.py \
     --ignore python/tests/test_ray_transport.py --ignore python/tests/test_metrics.py
 
 VENV="$ROOT/target/compat/venv"

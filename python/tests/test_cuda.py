@@ -358,6 +358,43 @@ def test_a_cuda_replace_keeps_the_held_version(gpu_daemon):
 
 
 @needs_gpu
+def test_replaced_cuda_versions_free_device_memory_with_last_reader(gpu_daemon, subprocess_env):
+    """Weight sync on one GPU (issue 44 item 6; sglang and miles users report this leak): a
+    reader in another process holds version 1 while the writer replaces the name five times.
+    Every version the reader does not hold is freed as the next one lands -- six 80 MiB
+    versions would not fit the 256 MiB device pool, so a leak is OutOfMemory here -- and
+    version 1's device memory and the reader's IPC mapping go when the reader lets go."""
+    n = 80 << 20  # the held, the current and the next version fit the pool; a fourth not
+    c = gpu_daemon.client()
+    child = Child(gpu_daemon, subprocess_env)
+    try:
+        put = put_from_device(c, "policy", pattern(n, 1), replace=True)
+        del put
+        first = hashlib.sha256(pattern(n, 1).tobytes()).hexdigest()
+        assert child.ask("get policy") == f"uint8 {n} {first}"
+        for v in range(2, 7):
+            put = put_from_device(c, "policy", pattern(n, v), replace=True)
+            assert vovp.version_of(put) == v
+            del put
+            gc.collect()
+        assert child.ask("read") == first  # the held version kept its bytes throughout
+        assert c.stats()["pending_delete"] == 1  # only version 1, for its reader
+        assert child.ask("drop") == "dropped pools=0"  # the reader closed its IPC mapping
+        assert wait_for(lambda: c.stats()["pending_delete"] == 0)
+        # Version 1's block is back in the pool: two more objects fit beside the current
+        # version (they would not beside a version 1 still allocated).
+        kept = [put_from_device(c, f"after-{i}", pattern(n, 9)) for i in range(2)]
+        got = c.get_tensor("policy", framework="cuda")
+        assert vovp.version_of(got) == 6 and (got.to_numpy() == pattern(n, 6)).all()
+        del kept, got
+    finally:
+        child.close()
+    gc.collect()
+    assert wait_for(lambda: c.stats()["references"] == 0)
+    c.close()
+
+
+@needs_gpu
 def test_writable_and_release(gpu_daemon):
     c = gpu_daemon.client()
     put_from_device(c, "w", np.arange(16, dtype=np.int32), np.int32)
