@@ -8,6 +8,7 @@ Every version a test writes is tagged and checksummed: element 0 is its tag, the
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -226,6 +227,47 @@ def test_a_late_holder_of_an_unpublished_name_is_told_to_delete_its_copy(cluster
     while ray.get(on(b, lambda: vc.client().contains("late"))):
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+@ray.remote(num_cpus=0)
+class Reader:
+    """A process on one node that keeps its location cache between fetches."""
+
+    def fetch_and_drop(self, name, newer_than):
+        """(version, tag, the store's refcount of ``name`` once the result is dropped), with
+        the cyclic garbage collector off: only plain reference counting frees the result."""
+        gc.disable()
+        try:
+            w = vc.fetch(name, newer_than=newer_than, timeout=30)
+            version, tag = vc.version_of(w), check(w)
+            del w
+            held = {o["name"]: o["refcount"] for o in vc.client().list()}
+            return version, tag, held.get(name)
+        finally:
+            gc.enable()
+
+
+def test_a_fetch_past_a_failed_holder_keeps_no_reference(cluster):
+    """After an unpublish and a new publish of the name, a reader's location cache still
+    names the old version: its FETCH fails, the walk goes on to the new one. The failure it
+    keeps (for its error) must not keep the fetched tensor alive after the caller drops it
+    (a traceback's frame holding it in a cycle, freed only by the cyclic GC): readers of a
+    weight-sync loop that unpublishes ran their node out of memory."""
+    b = others()[0]
+    reader = Reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        b, soft=False)).remote()
+    failed = vc.agent_stats(b)["transfers_failed"]
+    v1 = vc.version_of(vc.publish("refetch", tagged(1, 1000)))
+    assert ray.get(reader.fetch_and_drop.remote("refetch", 0)) == (v1, 1, 0)
+    vc.unpublish("refetch")
+    # The reader asks before the next publish: its cached holder has nothing then.
+    fetched = reader.fetch_and_drop.remote("refetch", 0)
+    time.sleep(1.0)
+    v2 = vc.version_of(vc.publish("refetch", tagged(2, 1000)))
+    assert ray.get(fetched) == (v2, 2, 0)
+    assert vc.agent_stats(b)["transfers_failed"] > failed  # the path this test is about
+    vc.unpublish("refetch")
+    ray.kill(reader)
 
 
 def _publish(name, tag):

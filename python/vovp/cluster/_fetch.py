@@ -215,7 +215,9 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
     locations = _cache()["locations"]
     floor = int(newer_than or 0)
     lost: list[str] = []
-    failed: list[tuple[str, int, BaseException]] = []
+    # Failures as their messages: an exception's traceback holds this frame, whose locals
+    # hold the tensor returned: a cycle only the cyclic GC frees, after the caller let go.
+    failed: list[tuple[str, int, str]] = []
     tried: set[tuple[str, int]] = set()
     moved_on: Optional[int] = None  # a version some holder had replaced already
     cached: Optional[Entry] = locations.get(name) if newer_than is not None else None
@@ -281,7 +283,7 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
                     continue
                 if holder_alive(holder):
                     # Alive: it evicted this version, or the transfer broke.
-                    failed.append((holder, entry.version, e))
+                    failed.append((holder, entry.version, str(e)))
                     directory.drop_holder.remote(name, holder, entry.version)
                 else:
                     lost.append(holder)
