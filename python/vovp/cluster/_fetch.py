@@ -225,6 +225,7 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
         cached = None
     for attempt in range(ATTEMPTS):
         entry: Optional[Entry] = cached
+        from_cache = entry is not None
         if entry is None and moved_on is not None:
             # A holder had a version above ``moved_on`` already: wait (briefly) for its
             # commit rather than take it from the holder, whose newer version may never be
@@ -281,6 +282,11 @@ def fetch_object(c: Client, directory: Any, me: str, name: str, *,
                     directory.drop_holder.remote(name, holder, entry.version)
                     moved_on = entry.version
                     continue
+                if from_cache:
+                    # A location this process remembered: the name may have been unpublished
+                    # (or the copy evicted) since. Ask the directory before judging the holder.
+                    tried.discard((holder, entry.version))
+                    break
                 if holder_alive(holder):
                     # Alive: it evicted this version, or the transfer broke.
                     failed.append((holder, entry.version, str(e)))
