@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import vovp
 import vovp.cluster as vc
 from vovp.cluster import _api
-from _helpers import local_ray_cluster
+from _helpers import local_ray_cluster, on_node as on, other_nodes as others
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -35,17 +35,6 @@ NODE_ARGS = dict(num_cpus=2, object_store_memory=80 << 20, node_ip_address="127.
 def cluster():
     with local_ray_cluster(3, NODE_ARGS, "vcv-", memory="256M", stall_timeout=10.0) as c:
         yield c
-
-
-def on(node, fn, *args):
-    task = ray.remote(num_cpus=0, max_retries=0, scheduling_strategy=(
-        NodeAffinitySchedulingStrategy(node, soft=False)))(fn)
-    return task.remote(*args)
-
-
-def others():
-    me = vc.node_id()
-    return [n for n in vc.nodes() if n != me]
 
 
 def tagged(tag, n):
