@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 import numpy as np
 
 from . import _lease as L
+from . import _native as N
 from . import tensor as T
 from ._copy import copy_into
 from ._core import put_options, shown_kind
@@ -41,19 +42,24 @@ if TYPE_CHECKING:
 
 
 def put_host(core: ClientCore, name: str, plan: HostPut, ephemeral: bool, writable: bool,
-             replace: bool, seal_later: bool = False) -> Any:
+             replace: bool, seal_later: bool = False, version: Optional[int] = None) -> Any:
     """Put host tensor ``plan`` as ``name`` (see the module docstring); the store's copy,
-    leased: a numpy array, or a torch tensor for torch input (always writable)."""
+    leased: a numpy array, or a torch tensor for torch input (always writable). ``version``:
+    sealed as exactly that version (``PutOptions.version``; vovp.cluster's numbering), and
+    waited for: its refusal (StaleVersion) is raised here, never later."""
     src, code, store_dt, view_dt, meta, torch_in = plan
     writable = writable or torch_in
     as_is = src.dtype is store_dt and src.flags.c_contiguous
     if src.nbytes <= core.inline_limit or (as_is and not seal_later):
         if not as_is:
             src = np.ascontiguousarray(src, dtype=store_dt)
-        options = put_options(ephemeral, replace, True, True, writable)
+        options = (put_options(ephemeral, replace, True, True, writable) if version is None
+                   else N.PutOptions(ephemeral=bool(ephemeral), replace=bool(replace),
+                                     keep_reference=True, pipelined=False,
+                                     writable=bool(writable), version=int(version)))
         arr = core.put_tensor_host(name, src, meta, options, view_dt)
         return T.numpy_to_torch(arr, code) if torch_in else arr
-    owner = core.create(name, src.nbytes, meta, ephemeral, None, replace)
+    owner = core.create(name, src.nbytes, meta, ephemeral, None, replace, version)
     try:
         copy_into(owner.view(store_dt).reshape(src.shape), src)
         if seal_later:

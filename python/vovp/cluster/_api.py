@@ -14,12 +14,11 @@ import threading
 import time
 from typing import Any, Optional
 
-import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import _native as N
 from .. import tensor as T
+from .._puts import put_host
 from .._args import object_name
 from ..client import Client, version_of
 from ..daemon import key_hex
@@ -211,13 +210,9 @@ def put_version(c: Client, name: str, tensor: Any, version: int, replace: bool) 
     if plan is None:
         raise InvalidArgument("vovp.cluster publishes host tensors (numpy, CPU torch); move a "
                               "CUDA tensor to the host first")
-    src, code, store_dt, view_dt, meta, torch_in = plan
-    if src.dtype is not store_dt or not src.flags.c_contiguous:
-        src = np.ascontiguousarray(src, dtype=store_dt)
-    options = N.PutOptions(replace=bool(replace), keep_reference=True, writable=torch_in,
-                           version=int(version))
-    arr = c.core.put_tensor_host(object_name(name), src, meta, options, view_dt)
-    return (T.numpy_to_torch(arr, code) if torch_in else arr), int(src.nbytes), bytes(meta)
+    result = put_host(c.core, object_name(name), plan, False, False, replace, version=version)
+    src, _, store_dt, _, meta, _ = plan
+    return result, int(src.size) * store_dt.itemsize, bytes(meta)
 
 
 def commit(name: str, version: int, size: int, metadata: bytes, replace: bool,
