@@ -5,19 +5,25 @@
 //!
 //! A small object's views share one `MAP_PRIVATE` mapping of the segment, under one rule. A
 //! page this process writes becomes a *copy* of the page as it was then; once the object there
-//! is freed and the store puts another object at that place, the copy is stale. So pages leave
-//! private use clean: when the last view over a page goes, its copy is dropped
-//! (`MADV_DONTNEED` on a private mapping: the page shows the segment again). A page another
-//! *live* view still covers (small objects share pages) may hold a copy made before the new
-//! view's object was written, or this process's writes to it: the new view compares its bytes
-//! there with the segment's (at most [`SHARED_MAX`] bytes, no system call) and takes a mapping
-//! of its own if they differ. That is enough: nothing but this process's writes changes a
-//! copy, and a copy made once an object is sealed holds its bytes.
+//! is freed and the store puts another object at that place, the copy is stale. So a new view
+//! never trusts a page this process may hold a copy of: it compares its object's bytes there
+//! with the segment's (at most [`SHARED_MAX`] bytes, no system call). That is enough: nothing
+//! but this process's writes changes a copy, and a copy made once an object is sealed holds
+//! its bytes. Where they differ:
+//! * on a page another *live* view covers (small objects share pages), the new view takes a
+//!   mapping of its own (the copy is that view's, written or not);
+//! * on an *idle* page (its last view gone), the copy is dropped (`MADV_DONTNEED` on a private
+//!   mapping: the page shows the segment again).
+//!
+//! Idle pages are not dropped when their last view goes: a stream of small torch results
+//! (every one a private view, most never written) would pay a `madvise`, a TLB flush and a
+//! fault on the next read per object. They are dropped together once [`IDLE_MAX_BYTES`] of
+//! them gather, which also bounds the copies this process keeps.
 //!
 //! A larger object's view is a mapping of its own, always: the per-page bookkeeping would grow
 //! with the object, and its pages are its own anyway (one mmap per view is small beside it).
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::fs::File;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,9 +37,8 @@ pub(crate) struct PrivateMapping {
     map: MmapRaw,
     /// The unit of copy-on-write: the system's page, or the huge page of a hugetlbfs segment.
     page: u64,
-    /// Pages (index in the segment) under live views of `map`, and how many views each. A page
-    /// not here holds no copy.
-    live: Mutex<HashMap<u64, u32>>,
+    /// The pages this process may hold a copy of (see [`Pages`]).
+    pages: Mutex<Pages>,
     /// Dropping a copy failed once (`mlockall`, a kernel without `MADV_DONTNEED` for huge
     /// pages): every later view takes a mapping of its own.
     poisoned: AtomicBool,
@@ -41,6 +46,19 @@ pub(crate) struct PrivateMapping {
 
 /// The largest object whose views share the segment's private mapping.
 pub(crate) const SHARED_MAX: u64 = 16 << 10;
+
+/// How many bytes of idle pages (copies, maybe, that no view uses) wait before they are
+/// dropped together (at least one page).
+pub(crate) const IDLE_MAX_BYTES: u64 = 256 << 10;
+
+/// Pages (index in the segment) of a private mapping that may hold a copy, and how many live
+/// views cover each: 0 for an idle page. A page not here holds no copy.
+#[derive(Default)]
+struct Pages {
+    views: HashMap<u64, u32>,
+    /// How many entries of `views` are 0.
+    idle: u64,
+}
 
 /// One private view's hold on its bytes (the owner of what [`private_view`] hands out: it
 /// keeps them mapped, and their pages counted).
@@ -62,7 +80,7 @@ impl PrivateMapping {
         Ok(PrivateMapping {
             map: MmapRaw::from(map),
             page: page_of(file),
-            live: Mutex::new(HashMap::new()),
+            pages: Mutex::new(Pages::default()),
             poisoned: AtomicBool::new(false),
         })
     }
@@ -81,15 +99,13 @@ pub(crate) fn private_view(
     let page = mapping.page;
     let pages = offset / page..(offset + size).div_ceil(page);
     if size <= SHARED_MAX && !mapping.poisoned.load(Ordering::Acquire) {
-        if let Ok(mut live) = mapping.live.lock() {
-            // Pages another live view covers may hold a copy older than this object.
-            let covered: Vec<u64> = pages.clone().filter(|p| live.contains_key(p)).collect();
+        if let Ok(mut known) = mapping.pages.lock() {
             let object = offset..offset + size;
-            if runs(&covered).all(|run| shows_segment(mapping, segment, &object, run)) {
+            if shared_serves(mapping, &mut known, segment, &object, &pages) {
                 for p in pages.clone() {
-                    *live.entry(p).or_insert(0) += 1;
+                    known.cover(p);
                 }
-                drop(live);
+                drop(known);
                 // SAFETY: inside the mapping (the caller checked the bounds).
                 let ptr = unsafe { mapping.map.as_mut_ptr().add(offset as usize) };
                 let keep = PrivateView {
@@ -128,28 +144,100 @@ impl Drop for PrivateView {
         if self.pages.is_empty() {
             return;
         }
-        let Ok(mut live) = self.mapping.live.lock() else {
+        let Ok(mut known) = self.mapping.pages.lock() else {
             // (Only a panic while counting poisons it: views from now on map their own.)
             self.mapping.poisoned.store(true, Ordering::Release);
             return;
         };
-        let mut freed = Vec::new();
         for p in self.pages.clone() {
-            if let Some(views) = live.get_mut(&p) {
-                *views -= 1;
-                if *views == 0 {
-                    live.remove(&p);
-                    freed.push(p);
-                }
-            }
+            known.uncover(p);
         }
         // Under the lock: a view made meanwhile over these pages must find them clean.
-        for run in runs(&freed) {
-            if !drop_copies(&self.mapping, run) {
-                self.mapping.poisoned.store(true, Ordering::Release);
+        if known.idle * self.mapping.page > IDLE_MAX_BYTES.max(self.mapping.page)
+            && !known.drop_idle(&self.mapping)
+        {
+            self.mapping.poisoned.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Pages {
+    /// One more live view over page `p`.
+    fn cover(&mut self, p: u64) {
+        match self.views.entry(p) {
+            Entry::Vacant(page) => {
+                page.insert(1);
+            }
+            Entry::Occupied(mut page) => {
+                if *page.get() == 0 {
+                    self.idle -= 1;
+                }
+                *page.get_mut() += 1;
             }
         }
     }
+
+    /// One live view fewer over page `p`: idle at the last (its copy, if any, kept for now).
+    fn uncover(&mut self, p: u64) {
+        if let Some(views) = self.views.get_mut(&p) {
+            *views = views.saturating_sub(1);
+            if *views == 0 {
+                self.idle += 1;
+            }
+        }
+    }
+
+    /// Drops the copies of every idle page (they show the segment again); false if it failed.
+    fn drop_idle(&mut self, mapping: &PrivateMapping) -> bool {
+        let mut idle: Vec<u64> = (self.views.iter())
+            .filter_map(|(&p, &views)| (views == 0).then_some(p))
+            .collect();
+        idle.sort_unstable();
+        for p in &idle {
+            self.views.remove(p);
+        }
+        self.idle = 0;
+        // Every run is tried, even after one failed.
+        let mut dropped = true;
+        for run in runs(&idle) {
+            dropped &= drop_copies(mapping, run);
+        }
+        dropped
+    }
+}
+
+/// Whether the shared private mapping shows `object`'s bytes on `pages` (the caller holds
+/// `known`): a page a live view covers must show them already; an idle page's copy that does
+/// not is dropped here (no view uses it).
+fn shared_serves(
+    mapping: &PrivateMapping,
+    known: &mut Pages,
+    segment: *const u8,
+    object: &Range<u64>,
+    pages: &Range<u64>,
+) -> bool {
+    let state = |p: &u64| known.views.get(p).copied();
+    let covered: Vec<u64> = pages
+        .clone()
+        .filter(|p| state(p).is_some_and(|n| n > 0))
+        .collect();
+    if !runs(&covered).all(|run| shows_segment(mapping, segment, object, run)) {
+        return false;
+    }
+    let idle: Vec<u64> = pages.clone().filter(|p| state(p) == Some(0)).collect();
+    for run in runs(&idle) {
+        if !shows_segment(mapping, segment, object, run.clone()) {
+            if !drop_copies(mapping, run.clone()) {
+                mapping.poisoned.store(true, Ordering::Release);
+                return false;
+            }
+            for p in run {
+                known.views.remove(&p);
+                known.idle -= 1;
+            }
+        }
+    }
+    true
 }
 
 /// Whether `object`'s bytes in `pages` read the same through the private mapping as through
@@ -299,7 +387,7 @@ mod tests {
         let (b, _kb) = split(private_view(&mapping, &file, shared.as_ptr(), 64, 64).expect("view"));
         assert_eq!(a as usize, base);
         assert_eq!(b as usize, base + 64);
-        assert_eq!(mapping.live.lock().expect("lock").get(&0), Some(&2));
+        assert_eq!(mapping.pages.lock().expect("lock").views.get(&0), Some(&2));
     }
 
     /// Another view of an object this process wrote through a live view shows the store's
@@ -344,13 +432,56 @@ mod tests {
         let (big, keep) =
             split(private_view(&mapping, &file, shared.as_ptr(), 0, len).expect("view"));
         assert_ne!(big as usize, mapping.map.as_ptr() as usize);
-        assert!(mapping.live.lock().expect("lock").is_empty());
+        assert!(mapping.pages.lock().expect("lock").views.is_empty());
         // SAFETY: inside the view.
         unsafe { big.add(len as usize - 1).write(1) };
         drop(keep);
         let mut on_file = [9u8; 1];
         file.read_exact_at(&mut on_file, len - 1).expect("read");
         assert_eq!(on_file[0], 0);
+    }
+
+    /// An idle page written through its dead view: a new object elsewhere on it (written by the
+    /// store after the copy) shows its own bytes, through the shared mapping (the copy dropped).
+    #[test]
+    fn a_written_idle_page_is_dropped_for_a_new_object_that_differs() {
+        let (file, shared) = segment(2);
+        let mapping = Arc::new(PrivateMapping::map(&file, 2 * 4096).expect("map"));
+        let (a, keep) = split(private_view(&mapping, &file, shared.as_ptr(), 0, 64).expect("view"));
+        // SAFETY: inside a's 64 bytes.
+        unsafe { a.write(1) };
+        drop(keep);
+        assert_eq!(mapping.pages.lock().expect("lock").idle, 1);
+        file.write_all_at(&[5u8; 64], 64).expect("write");
+        let (b, _keep_b) =
+            split(private_view(&mapping, &file, shared.as_ptr(), 64, 64).expect("view"));
+        assert_eq!(b as usize, mapping.map.as_ptr() as usize + 64);
+        // SAFETY: inside b's 64 bytes; byte 0 is on the same page, in no live object.
+        assert_eq!(unsafe { (b.read(), a.read()) }, (5, 0));
+        let known = mapping.pages.lock().expect("lock");
+        assert_eq!((known.idle, known.views.get(&0)), (0, Some(&1)));
+    }
+
+    /// Idle pages stay mapped (no system call per view) until IDLE_MAX_BYTES of them gather;
+    /// then all go together.
+    #[test]
+    fn idle_pages_are_dropped_together_once_enough_gather() {
+        let bound = (IDLE_MAX_BYTES / 4096) as usize;
+        let (file, shared) = segment(bound + 1);
+        let len = (bound + 1) * 4096;
+        let mapping = Arc::new(PrivateMapping::map(&file, len).expect("map"));
+        for p in 0..bound {
+            let offset = p as u64 * 4096;
+            let view = private_view(&mapping, &file, shared.as_ptr(), offset, 64).expect("view");
+            drop(view);
+            let known = mapping.pages.lock().expect("lock");
+            assert_eq!(known.idle as usize, p + 1);
+        }
+        // One more idle page passes the bound: every idle page is dropped.
+        let offset = bound as u64 * 4096;
+        drop(private_view(&mapping, &file, shared.as_ptr(), offset, 64).expect("view"));
+        let known = mapping.pages.lock().expect("lock");
+        assert_eq!((known.idle, known.views.len()), (0, 0));
     }
 
     #[test]
