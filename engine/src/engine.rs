@@ -402,31 +402,30 @@ impl EngineHandle {
     }
 }
 
+/// Runs the [`AsyncStore`] method of the same name to completion: what the blocking API of the
+/// embedded engine is, but for the gets that the shared directory answers without an executor.
+macro_rules! block_on_async_store {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> Result<$out, Error> {
+            block_on(AsyncStore::$name(self, $($arg),*))
+        })*
+    };
+}
+
 impl Store for EngineHandle {
-    fn create(
-        &self,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<ObjectBuffer, Error> {
-        block_on(AsyncStore::create(self, name, size, metadata, options))
+    block_on_async_store! {
+        create(name: &str, size: u64, metadata: &[u8], options: CreateOptions) -> ObjectBuffer;
+        seal(name: &str) -> u64;
+        abort(name: &str) -> ();
+        put(name: &str, data: &[u8], metadata: &[u8], options: CreateOptions) -> ();
+        get_newer(name: &str, newer_than: u64, timeout: Option<Duration>) -> ObjectView;
+        contains(name: &str) -> bool;
+        delete(name: &str) -> ();
+        list() -> Vec<ObjectInfo>;
+        evict(bytes: u64) -> u64;
+        stats() -> StoreStats;
     }
-    fn seal(&self, name: &str) -> Result<u64, Error> {
-        block_on(AsyncStore::seal(self, name))
-    }
-    fn abort(&self, name: &str) -> Result<(), Error> {
-        block_on(AsyncStore::abort(self, name))
-    }
-    fn put(
-        &self,
-        name: &str,
-        data: &[u8],
-        metadata: &[u8],
-        options: CreateOptions,
-    ) -> Result<(), Error> {
-        block_on(AsyncStore::put(self, name, data, metadata, options))
-    }
+
     fn get(
         &self,
         names: &[&str],
@@ -455,28 +454,5 @@ impl Store for EngineHandle {
             .next()
             .flatten()
             .ok_or_else(|| Error::NotFound(name.to_string()))
-    }
-    fn get_newer(
-        &self,
-        name: &str,
-        newer_than: u64,
-        timeout: Option<Duration>,
-    ) -> Result<ObjectView, Error> {
-        block_on(AsyncStore::get_newer(self, name, newer_than, timeout))
-    }
-    fn contains(&self, name: &str) -> Result<bool, Error> {
-        block_on(AsyncStore::contains(self, name))
-    }
-    fn delete(&self, name: &str) -> Result<(), Error> {
-        block_on(AsyncStore::delete(self, name))
-    }
-    fn list(&self) -> Result<Vec<ObjectInfo>, Error> {
-        block_on(AsyncStore::list(self))
-    }
-    fn evict(&self, bytes: u64) -> Result<u64, Error> {
-        block_on(AsyncStore::evict(self, bytes))
-    }
-    fn stats(&self) -> Result<StoreStats, Error> {
-        block_on(AsyncStore::stats(self))
     }
 }

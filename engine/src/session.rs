@@ -63,9 +63,9 @@ struct Inner {
     shared: std::sync::OnceLock<Option<Arc<vovp_shm::SharedReader>>>,
 }
 
-/// One object of [`Session::publish_many`]: the `size` bytes written at `offset` of the lend,
-/// to become `name` (the metadata goes after the data padded to 64 bytes, written by the
-/// store).
+/// The object of a [`Session::publish`] (or one of a [`Session::publish_many`]): the `size`
+/// bytes written at `offset` of the lend, to become `name` (the metadata goes after the data
+/// padded to 64 bytes, written by the store).
 #[derive(Clone, Copy, Debug)]
 pub struct LentObject<'a> {
     pub offset: u64,
@@ -322,29 +322,17 @@ impl Session {
             .answer()
     }
 
-    /// Makes the `size` bytes this session wrote at `offset` of its lend `lend` a sealed
-    /// object named `name` (the metadata goes after the data padded to 64 bytes, which the
-    /// store writes). The range must lie in the lend and overlap no live object published from
-    /// it ([`Error::Protocol`] otherwise).
-    pub async fn publish(
-        &self,
-        lend: u64,
-        offset: u64,
-        name: &str,
-        size: u64,
-        metadata: &[u8],
-        options: PutOptions,
-    ) -> Result<ObjectRef, Error> {
-        let object = LentObject {
-            offset,
-            name,
-            size,
-            metadata,
-            options,
-        };
-        match self.publish_message(lend, &object) {
+    /// Makes the `object.size` bytes this session wrote at `object.offset` of its lend `lend`
+    /// a sealed object named `object.name` (the metadata goes after the data padded to 64
+    /// bytes, which the store writes). The range must lie in the lend and overlap no live
+    /// object published from it ([`Error::Protocol`] otherwise).
+    pub async fn publish(&self, lend: u64, object: &LentObject<'_>) -> Result<ObjectRef, Error> {
+        match self.publish_message(lend, object) {
             Ok(publish) => self.table().ask(publish).await.answer(),
-            Err(refused) => Err(self.refused_before_the_table(options, refused.error).await),
+            Err(refused) => {
+                let error = refused.error;
+                Err(self.refused_before_the_table(object.options, error).await)
+            }
         }
     }
 

@@ -208,6 +208,28 @@ class RawConnection:
         self.sock.close()
 
 
+# One node of the multi-node test clusters: two CPUs, a small Ray object store, loopback.
+CLUSTER_NODE_ARGS = dict(num_cpus=2, object_store_memory=80 << 20, node_ip_address="127.0.0.1")
+
+
+def module_cluster(prefix: str, memory: str):
+    """A module-scoped ``cluster`` fixture for a test module: ``local_ray_cluster`` of three
+    ``CLUSTER_NODE_ARGS`` nodes (``memory`` per store, 10 s stall timeout). It also has the
+    module's functions pickled by value, since the Ray workers that run them cannot import a
+    test module."""
+    import pytest
+    from ray import cloudpickle
+
+    @pytest.fixture(scope="module", name="cluster")
+    def cluster(request):
+        cloudpickle.register_pickle_by_value(request.module)
+        with local_ray_cluster(3, CLUSTER_NODE_ARGS, prefix, memory=memory,
+                               stall_timeout=10.0) as c:
+            yield c
+
+    return cluster
+
+
 @contextlib.contextmanager
 def local_ray_cluster(nodes: int, node_args: dict, prefix: str, **init_args):
     """A Ray cluster of a head and ``nodes - 1`` more nodes on this machine

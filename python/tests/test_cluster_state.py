@@ -5,30 +5,20 @@ this machine, one cluster for the module. Work on a node runs in Ray tasks pinne
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 
 import numpy as np
 import pytest
 import ray
 import torch
-from ray import cloudpickle
 
 import vovp
 import vovp.cluster as vc
 from vovp import _native as N
 from vovp.cluster import _state
-from _helpers import local_ray_cluster, on_node as on, other_nodes as others
+from _helpers import module_cluster, on_node as on, other_nodes as others
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-NODE_ARGS = dict(num_cpus=2, object_store_memory=80 << 20, node_ip_address="127.0.0.1")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_ray_cluster(3, NODE_ARGS, "vs-", memory="512M", stall_timeout=10.0) as c:
-        yield c
+cluster = module_cluster("vs-", memory="512M")
 
 
 def digest(t) -> tuple[str, str, tuple[int, ...], str]:

@@ -11,30 +11,20 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 import ray
-from ray import cloudpickle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import vovp
 import vovp.cluster as vc
 from vovp.cluster import _api
-from _helpers import local_ray_cluster, on_node as on, other_nodes as others
+from _helpers import CLUSTER_NODE_ARGS, module_cluster, on_node as on, other_nodes as others
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-NODE_ARGS = dict(num_cpus=2, object_store_memory=80 << 20, node_ip_address="127.0.0.1")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_ray_cluster(3, NODE_ARGS, "vcv-", memory="256M", stall_timeout=10.0) as c:
-        yield c
+cluster = module_cluster("vcv-", memory="256M")
 
 
 def tagged(tag, n):
@@ -276,7 +266,7 @@ def test_writer_dying_mid_replace_and_holder_node_dying(cluster):
     skipped (the next holder serves) and, with no holder left, the fetch is ObjectLost naming
     it."""
     b, c = others()
-    extra = cluster.add_node(**NODE_ARGS)
+    extra = cluster.add_node(**CLUSTER_NODE_ARGS)
     cluster.wait_for_nodes()
     e = extra.node_id
     ray.get(on(e, _publish, "crash", 1))

@@ -300,6 +300,14 @@ def gpu_daemon(start_daemon):
     return start_daemon(64 << 20, ["--gpu-memory", "0:256M"])
 
 
+@pytest.fixture
+def gpu_client(gpu_daemon):
+    """A client of ``gpu_daemon``, closed after the test (as conftest's ``client``)."""
+    c = gpu_daemon.client()
+    yield c
+    c.close()
+
+
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
 SHAPES = [(), (0,), (7,), (2, 3), (3, 0, 2), (4, 5, 6)]
@@ -358,65 +366,61 @@ def test_a_cuda_replace_keeps_the_held_version(gpu_daemon):
 
 
 @needs_gpu
-def test_replaced_cuda_versions_free_device_memory_with_last_reader(gpu_daemon, subprocess_env):
+def test_replaced_cuda_versions_free_device_memory_with_last_reader(gpu_daemon, gpu_client,
+                                                                   subprocess_env):
     """Weight sync on one GPU (issue 44 item 6; sglang and miles users report this leak): a
     reader in another process holds version 1 while the writer replaces the name five times.
     Every version the reader does not hold is freed as the next one lands -- six 80 MiB
     versions would not fit the 256 MiB device pool, so a leak is OutOfMemory here -- and
     version 1's device memory and the reader's IPC mapping go when the reader lets go."""
     n = 80 << 20  # the held, the current and the next version fit the pool; a fourth not
-    c = gpu_daemon.client()
     child = Child(gpu_daemon, subprocess_env)
     try:
-        put = put_from_device(c, "policy", pattern(n, 1), replace=True)
+        put = put_from_device(gpu_client, "policy", pattern(n, 1), replace=True)
         del put
         first = hashlib.sha256(pattern(n, 1).tobytes()).hexdigest()
         assert child.ask("get policy") == f"uint8 {n} {first}"
         for v in range(2, 7):
-            put = put_from_device(c, "policy", pattern(n, v), replace=True)
+            put = put_from_device(gpu_client, "policy", pattern(n, v), replace=True)
             assert vovp.version_of(put) == v
             del put
             gc.collect()
         assert child.ask("read") == first  # the held version kept its bytes throughout
-        assert c.stats()["pending_delete"] == 1  # only version 1, for its reader
+        assert gpu_client.stats()["pending_delete"] == 1  # only version 1, for its reader
         assert child.ask("drop") == "dropped pools=0"  # the reader closed its IPC mapping
-        assert wait_for(lambda: c.stats()["pending_delete"] == 0)
+        assert wait_for(lambda: gpu_client.stats()["pending_delete"] == 0)
         # Version 1's block is back in the pool: two more objects fit beside the current
         # version (they would not beside a version 1 still allocated).
-        kept = [put_from_device(c, f"after-{i}", pattern(n, 9)) for i in range(2)]
-        got = c.get_tensor("policy", framework="cuda")
+        kept = [put_from_device(gpu_client, f"after-{i}", pattern(n, 9)) for i in range(2)]
+        got = gpu_client.get_tensor("policy", framework="cuda")
         assert vovp.version_of(got) == 6 and (got.to_numpy() == pattern(n, 6)).all()
         del kept, got
     finally:
         child.close()
     gc.collect()
-    assert wait_for(lambda: c.stats()["references"] == 0)
-    c.close()
+    assert wait_for(lambda: gpu_client.stats()["references"] == 0)
 
 
 @needs_gpu
-def test_writable_and_release(gpu_daemon):
-    c = gpu_daemon.client()
-    put_from_device(c, "w", np.arange(16, dtype=np.int32), np.int32)
-    t = c.get_tensor("w", framework="cuda", writable=True)
+def test_writable_and_release(gpu_client):
+    put_from_device(gpu_client, "w", np.arange(16, dtype=np.int32), np.int32)
+    t = gpu_client.get_tensor("w", framework="cuda", writable=True)
     assert t.__cuda_array_interface__["data"] == (t.ptr, False)
-    assert refcount(c, "w") == 1
+    assert refcount(gpu_client, "w") == 1
     from vovp.client import find_lease
     assert find_lease(t) is not None
     assert t.release() is True
-    assert t.release() is False and c.release(t) is False  # double release is a no-op
-    assert refcount(c, "w") == 0
-    c.close()
+    assert t.release() is False and gpu_client.release(t) is False  # double release is a no-op
+    assert refcount(gpu_client, "w") == 0
 
 
 @needs_gpu
-def test_pool_mapped_once_and_closed_with_last_view(gpu_daemon):
-    c = gpu_daemon.client()
+def test_pool_mapped_once_and_closed_with_last_view(gpu_client):
     gc.collect()
     assert C.open_pools() == 0
     bufs = []
     for i in range(3):
-        bufs.append(put_from_device(c, f"p{i}", np.full(1000, i, dtype=np.uint8)))
+        bufs.append(put_from_device(gpu_client, f"p{i}", np.full(1000, i, dtype=np.uint8)))
     assert C.open_pools() == 1  # three objects, one pool, one IPC mapping
     ptrs = {b.ptr for b in bufs}
     assert len(ptrs) == 3
@@ -425,17 +429,16 @@ def test_pool_mapped_once_and_closed_with_last_view(gpu_daemon):
     del bufs
     gc.collect()
     assert wait_for(lambda: C.open_pools() == 0)
-    assert wait_for(lambda: all(e["refcount"] == 0 for e in c.list()))
+    assert wait_for(lambda: all(e["refcount"] == 0 for e in gpu_client.list()))
     if using_fake_driver():
         # The driver really unmapped it (cuIpcCloseMemHandle): the old address is gone. Only
         # probed with the fake, which checks pointers; a real GPU is not poked at freed memory.
         with pytest.raises(vovp.GpuError):
             C.copy_d2h(np.empty(1, np.uint8), old_ptr, 0)
     # Mapping it again works (fresh cuIpcOpenMemHandle) and reads the same bytes.
-    again = c.get_tensor("p2", framework="cuda")
+    again = gpu_client.get_tensor("p2", framework="cuda")
     assert (again.to_numpy() == 2).all() and C.open_pools() == 1
     assert view["shape"] == (1000,)
-    c.close()
 
 
 CHILD = r"""
@@ -505,16 +508,15 @@ class Child:
 
 
 @needs_gpu
-def test_cross_process_same_allocation(gpu_daemon, subprocess_env):
+def test_cross_process_same_allocation(gpu_daemon, gpu_client, subprocess_env):
     n = 1 << 20
-    c = gpu_daemon.client()
     first = pattern(n, 1)
-    mine = put_from_device(c, "shared", first)
+    mine = put_from_device(gpu_client, "shared", first)
     child = Child(gpu_daemon, subprocess_env)
     try:
         # Another process gets it by name and reads (device-to-host) the same bytes.
         assert child.ask("get shared") == f"uint8 {n} {hashlib.sha256(first).hexdigest()}"
-        assert refcount(c, "shared") == 2
+        assert refcount(gpu_client, "shared") == 2
         # Same allocation, not a copy: write through this process's mapping of the store
         # memory (sealed objects are read-only by convention; this is the test's probe) ...
         second = pattern(n, 2)
@@ -523,76 +525,68 @@ def test_cross_process_same_allocation(gpu_daemon, subprocess_env):
         assert child.ask("read") == hashlib.sha256(second).hexdigest()
         # References go back to 0 when both drop their views; the child unmapped its pool.
         assert child.ask("drop") == "dropped pools=0"
-        assert wait_for(lambda: refcount(c, "shared") == 1)
+        assert wait_for(lambda: refcount(gpu_client, "shared") == 1)
         del mine
-        collected_to(c, "shared", 0)
+        collected_to(gpu_client, "shared", 0)
         assert wait_for(lambda: C.open_pools() == 0)
         # The other direction: the child puts, this process gets.
         assert child.ask(f"put fromchild {n} 9") == "put"
-        got = c.get_tensor("fromchild", framework="cuda")
+        got = gpu_client.get_tensor("fromchild", framework="cuda")
         assert (got.to_numpy() == 9).all()
     finally:
         child.close()
     # The child exited holding its put result: the daemon released that reference.
     del got
-    collected_to(c, "fromchild", 0)
-    c.close()
+    collected_to(gpu_client, "fromchild", 0)
 
 
 @needs_gpu
-def test_rust_cli_put_python_get(gpu_daemon):
+def test_rust_cli_put_python_get(gpu_daemon, gpu_client):
     n = 300_000
     fixture(gpu_daemon, "put-cuda", "from-rust", "--bytes", str(n), "--fill", "7")
-    c = gpu_daemon.client()
-    t = c.get_tensor("from-rust", framework="cuda")
+    t = gpu_client.get_tensor("from-rust", framework="cuda")
     assert (t.dtype_name, t.shape, t.device) == ("uint8", (n,), 0)
     host = t.to_numpy()
     assert host.shape == (n,) and (host == 7).all()
     if not C.torch_cuda_usable():
-        assert isinstance(c.get_tensor("from-rust"), C.CudaTensor)  # framework=None
+        assert isinstance(gpu_client.get_tensor("from-rust"), C.CudaTensor)  # framework=None
     del t
-    collected_to(c, "from-rust", 0)
-    c.close()
+    collected_to(gpu_client, "from-rust", 0)
 
 
 @needs_gpu
-def test_python_put_rust_get(gpu_daemon):
+def test_python_put_rust_get(gpu_daemon, gpu_client):
     n = 123_457
     data = pattern(n, 3)
-    c = gpu_daemon.client()
-    put_from_device(c, "from-python", data)
+    put_from_device(gpu_client, "from-python", data)
     out = fixture(gpu_daemon, "get-cuda", "from-python")
     assert out == f"len={n} first={data[0]} last={data[-1]} sum={int(data.sum(dtype=np.uint64))}"
-    c.close()
 
 
 @needs_gpu
-def test_to_device_copies_host_tensor(gpu_daemon):
-    c = gpu_daemon.client()
+def test_to_device_copies_host_tensor(gpu_client):
     a = np.arange(12, dtype=np.float64).reshape(3, 4) * 1.5
-    c.put_tensor("h", a)
-    t = c.to_device("h", "h-cuda", 0, framework="cuda")
+    gpu_client.put_tensor("h", a)
+    t = gpu_client.to_device("h", "h-cuda", 0, framework="cuda")
     assert (t.dtype_name, t.shape, t.device) == ("float64", (3, 4), 0)
     np.testing.assert_array_equal(t.to_numpy(), a)
-    entries = {e["name"]: e for e in c.list()}
+    entries = {e["name"]: e for e in gpu_client.list()}
     assert entries["h-cuda"]["device"] == "cuda" and entries["h-cuda"]["shape"] == (3, 4)
     assert entries["h"]["refcount"] == 0  # the source's reference was released
     # CUDA -> CUDA works too (device-to-device).
-    t2 = c.to_device("h-cuda", "h-cuda-2", 0, framework="cuda")
+    t2 = gpu_client.to_device("h-cuda", "h-cuda-2", 0, framework="cuda")
     np.testing.assert_array_equal(t2.to_numpy(), a)
     del t, t2
     gc.collect()
-    assert wait_for(lambda: all(e["refcount"] == 0 for e in c.list()))
-    c.close()
+    assert wait_for(lambda: all(e["refcount"] == 0 for e in gpu_client.list()))
 
 
 @needs_gpu
-def test_put_from_cuda_array_interface(gpu_daemon):
-    c = gpu_daemon.client()
-    put_from_device(c, "iface-src", np.arange(10, dtype=np.int16), np.int16)
-    t = c.get_tensor("iface-src", framework="cuda")
+def test_put_from_cuda_array_interface(gpu_client):
+    put_from_device(gpu_client, "iface-src", np.arange(10, dtype=np.int16), np.int16)
+    t = gpu_client.get_tensor("iface-src", framework="cuda")
     # Anything with __cuda_array_interface__ (a CudaTensor here) goes through put_cuda.
-    copy = c.put_tensor("iface-copy", t)
+    copy = gpu_client.put_tensor("iface-copy", t)
     assert isinstance(copy, C.CudaTensor) and copy.ptr != t.ptr
     assert copy.dtype == np.int16 and copy.shape == (10,)
     np.testing.assert_array_equal(copy.to_numpy(), np.arange(10, dtype=np.int16))
@@ -602,53 +596,47 @@ def test_put_from_cuda_array_interface(gpu_daemon):
                                     "version": 3, "strides": (4,), "stream": None}
 
     with pytest.raises(ValueError):
-        c.put_cuda("strided", Strided())
-    assert not c.contains("strided")
-    c.close()
+        gpu_client.put_cuda("strided", Strided())
+    assert not gpu_client.contains("strided")
 
 
 @needs_gpu
-def test_failed_copy_aborts_and_bad_device(gpu_daemon):
-    c = gpu_daemon.client()
+def test_failed_copy_aborts_and_bad_device(gpu_client):
     with pytest.raises(vovp.GpuError):
         # 0x10 is no device memory: the copy fails after CREATE; the object must be aborted.
-        c.put_cuda("bad", 0x10, 64, device=0)
-    assert not c.contains("bad")
-    assert [e for e in c.list() if e["name"] == "bad"] == []
+        gpu_client.put_cuda("bad", 0x10, 64, device=0)
+    assert not gpu_client.contains("bad")
+    assert [e for e in gpu_client.list() if e["name"] == "bad"] == []
     with pytest.raises(vovp.GpuError):
-        c.put_cuda("bad2", 0x10, 64)  # device unknown: asked from the driver, which refuses
+        # Device unknown: asked from the driver, which refuses.
+        gpu_client.put_cuda("bad2", 0x10, 64)
     with pytest.raises(vovp.GpuUnavailable) as e:
-        c.put_cuda("bad3", 0x10, 64, device=7)
+        gpu_client.put_cuda("bad3", 0x10, 64, device=7)
     assert "cuda:7" in e.value.message
     # Still usable.
-    put_from_device(c, "good", np.ones(8, dtype=np.uint8))
-    assert c.contains("good")
-    c.close()
+    put_from_device(gpu_client, "good", np.ones(8, dtype=np.uint8))
+    assert gpu_client.contains("good")
 
 
 @needs_gpu
-def test_ephemeral_cuda_object_goes_with_last_reference(gpu_daemon):
-    c = gpu_daemon.client()
-    t = put_from_device(c, "eph", np.ones(100, dtype=np.uint8), ephemeral=True)
-    assert c.contains("eph")
+def test_ephemeral_cuda_object_goes_with_last_reference(gpu_client):
+    t = put_from_device(gpu_client, "eph", np.ones(100, dtype=np.uint8), ephemeral=True)
+    assert gpu_client.contains("eph")
     del t
     gc.collect()
-    assert wait_for(lambda: not c.contains("eph"))
-    c.close()
+    assert wait_for(lambda: not gpu_client.contains("eph"))
 
 
 @needs_gpu
-def test_get_cuda_object_in_client_without_driver(gpu_daemon, no_driver):
+def test_get_cuda_object_in_client_without_driver(gpu_daemon, no_driver, gpu_client):
     # The daemon has the (fake or real) driver; this process pretends it has none.
     fixture(gpu_daemon, "put-cuda", "dev", "--bytes", "1000", "--fill", "3")
-    c = gpu_daemon.client()
     with pytest.raises(vovp.GpuUnavailable) as e:
-        c.get_tensor("dev")
+        gpu_client.get_tensor("dev")
     assert e.value.message.strip()
-    assert wait_for(lambda: refcount(c, "dev") == 0)  # the GET's reference was released
-    a = c.put_tensor("host-ok", np.arange(3))
-    np.testing.assert_array_equal(c.get_tensor("host-ok"), a)
-    c.close()
+    assert wait_for(lambda: refcount(gpu_client, "dev") == 0)  # the GET's reference was released
+    a = gpu_client.put_tensor("host-ok", np.arange(3))
+    np.testing.assert_array_equal(gpu_client.get_tensor("host-ok"), a)
 
 
 NO_DEVICE_CHILD = r"""
@@ -711,43 +699,40 @@ def test_torch_put_get_zero_copy(gpu_daemon):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int64", "bool", "complex64"])
-def test_torch_dtypes_and_non_contiguous(gpu_daemon, dtype):
+def test_torch_dtypes_and_non_contiguous(gpu_client, dtype):
     torch = _torch_cuda()
-    c = gpu_daemon.client()
     dt = getattr(torch, dtype)
     base = torch.arange(24, device="cuda:0").reshape(4, 6)
     x = (base % 2 == 0) if dtype == "bool" else base.to(dt)
     x = x.t()  # non-contiguous: stored C-contiguous
-    r = c.put_tensor("nc", x)
+    r = gpu_client.put_tensor("nc", x)
     assert r.dtype == dt and r.shape == x.shape and r.is_contiguous() and torch.equal(r, x)
-    g = c.get_tensor("nc", framework="torch")
+    g = gpu_client.get_tensor("nc", framework="torch")
     assert torch.equal(g, x)
-    ct = c.get_tensor("nc", framework="cuda")
+    ct = gpu_client.get_tensor("nc", framework="cuda")
     assert ct.dtype_name == dtype and ct.shape == tuple(x.shape)
-    c.close()
 
 
 @needs_gpu
-def test_torch_tensor_from_cuda_tensor_interface(gpu_daemon):
+def test_torch_tensor_from_cuda_tensor_interface(gpu_client):
     torch = _torch_cuda()
-    c = gpu_daemon.client()
-    c.put_tensor("i", torch.ones(5, device="cuda:0"))
-    ct = c.get_tensor("i", framework="cuda", writable=True)  # torch refuses read-only arrays
+    gpu_client.put_tensor("i", torch.ones(5, device="cuda:0"))
+    # Writable: torch refuses read-only arrays.
+    ct = gpu_client.get_tensor("i", framework="cuda", writable=True)
     t = torch.as_tensor(ct, device="cuda:0")
     assert t.data_ptr() == ct.ptr and torch.equal(t, torch.ones(5, device="cuda:0"))
     del ct
     gc.collect()
-    assert refcount(c, "i") == 1  # torch keeps the CudaTensor (and its reference) alive
+    assert refcount(gpu_client, "i") == 1  # torch keeps the CudaTensor (and its reference) alive
     del t
-    collected_to(c, "i", 0)
-    c.close()
+    collected_to(gpu_client, "i", 0)
 
 
 # --- DLPack --------------------------------------------------------------------------------------
 
 
 @needs_gpu
-def test_cuda_tensor_dlpack_capsule(gpu_daemon):
+def test_cuda_tensor_dlpack_capsule(gpu_client):
     """CudaTensor.__dlpack__: a capsule over the store's device memory (CUDA device, dtype,
     shape), read-only flagged for DLPack 1 consumers, and the store reference held until the
     consumer calls the deleter (as torch/CuPy do when their tensor dies)."""
@@ -755,10 +740,9 @@ def test_cuda_tensor_dlpack_capsule(gpu_daemon):
 
     from vovp import dlpack as D
 
-    c = gpu_daemon.client()
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
-    put_from_device(c, "dl", host, "float32", (2, 3))
-    ct = c.get_tensor("dl", framework="cuda")
+    put_from_device(gpu_client, "dl", host, "float32", (2, 3))
+    ct = gpu_client.get_tensor("dl", framework="cuda")
     assert ct.__dlpack_device__() == (D.KDL_CUDA, 0)
     api = ctypes.PyDLL(None)
     api.PyCapsule_GetPointer.restype = ctypes.c_void_p
@@ -782,14 +766,13 @@ def test_cuda_tensor_dlpack_capsule(gpu_daemon):
         assert D.pending_exports() == 1
         del ct
         gc.collect()
-        assert refcount(c, "dl") == 1  # the consumer still has it
+        assert refcount(gpu_client, "dl") == 1  # the consumer still has it
         managed.deleter(ptr)
-        collected_to(c, "dl", 0)
+        collected_to(gpu_client, "dl", 0)
         assert D.pending_exports() == 0
-        ct = c.get_tensor("dl", framework="cuda")
+        ct = gpu_client.get_tensor("dl", framework="cuda")
     with pytest.raises(BufferError, match="copy"):
         ct.__dlpack__(copy=True)
-    c.close()
 
 
 @needs_gpu

@@ -67,24 +67,51 @@ impl Message<Create> for ObjectTableActor {
 }
 
 impl ObjectTableActor {
+    /// What every new object (CREATE, PUT, PUBLISH) must pass before memory is found for it:
+    /// metadata within its limit, a name `holder` may take (or replace), and a version above
+    /// the name's current one when one is asked for.
+    fn check_new(
+        &self,
+        name: &ObjectName,
+        metadata: &[u8],
+        options: &PutOptions,
+        holder: HolderId,
+    ) -> Result<(), Error> {
+        check_metadata(metadata)?;
+        self.table.check_name_free(name, options.replace, holder)?;
+        self.table.check_version(name, options.version)
+    }
+
+    /// Memory for a CREATE's or an inline PUT's object ([`Self::allocate_object`], which may
+    /// wait); `None` while it waits for spills to land (the caller parks the message).
+    async fn room_for_new(
+        &mut self,
+        size: u64,
+        metadata: &[u8],
+        device: Device,
+        writer: Writer,
+    ) -> Option<Result<Block, Error>> {
+        match self
+            .allocate_object(size, metadata, device, writer, true)
+            .await
+        {
+            Ok(Room::Ready(block)) => Some(Ok(block)),
+            Ok(Room::Wait) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// A create, or `None` when it waits for spills to land (asked again then).
     pub(super) async fn try_create(&mut self, m: &Create) -> Option<Result<ObjectRef, Error>> {
-        if let Err(e) = check_metadata(&m.metadata)
-            .and_then(|()| {
-                self.table
-                    .check_name_free(&m.name, m.options.replace, m.holder)
-            })
-            .and_then(|()| self.table.check_version(&m.name, m.options.version))
-        {
+        if let Err(e) = self.check_new(&m.name, &m.metadata, &m.options, m.holder) {
             return Some(Err(e));
         }
         let device = m.options.device.unwrap_or(Device::Cpu);
         let block = match self
-            .allocate_object(m.size, &m.metadata, device, m.writer, true)
-            .await
+            .room_for_new(m.size, &m.metadata, device, m.writer)
+            .await?
         {
-            Ok(Room::Ready(b)) => b,
-            Ok(Room::Wait) => return None,
+            Ok(b) => b,
             Err(e) => return Some(Err(e)),
         };
         let name = m.name.clone();
@@ -187,26 +214,18 @@ impl ObjectTableActor {
         m: &PutInline,
         me: &ActorRef<Self>,
     ) -> Option<Result<ObjectRef, Error>> {
-        if let Err(e) = check_metadata(&m.metadata)
-            .and_then(|()| {
-                self.table
-                    .check_name_free(&m.name, m.options.replace, m.holder)
-            })
-            .and_then(|()| self.table.check_version(&m.name, m.options.version))
-        {
+        if let Err(e) = self.check_new(&m.name, &m.metadata, &m.options, m.holder) {
             return Some(Err(e));
         }
         let size = m.data.len() as u64;
         // The store copies inline payloads in itself: segment 0, which no client can write.
-        let block = match self
-            .allocate_object(size, &m.metadata, Device::Cpu, Writer::Store, true)
-            .await
+        match self
+            .room_for_new(size, &m.metadata, Device::Cpu, Writer::Store)
+            .await?
         {
-            Ok(Room::Ready(b)) => b,
-            Ok(Room::Wait) => return None,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(self.fill_inline(m, block, me).await)
+            Ok(block) => Some(self.fill_inline(m, block, me).await),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// The rest of an inline put once it has its block: insert, copy, seal.
@@ -476,10 +495,7 @@ impl ObjectTableActor {
     }
 
     async fn publish_lent(&mut self, m: Publish, me: &ActorRef<Self>) -> Result<ObjectRef, Error> {
-        check_metadata(&m.metadata)?;
-        self.table
-            .check_name_free(&m.name, m.options.replace, m.holder)?;
-        self.table.check_version(&m.name, m.options.version)?;
+        self.check_new(&m.name, &m.metadata, &m.options, m.holder)?;
         let lent = self
             .lends
             .claim(m.holder, m.lend, m.offset, m.size, m.metadata.len() as u64)?;

@@ -687,94 +687,57 @@ pub(crate) async fn put_unkept<D: Driver>(
     put_with(d, name, data, metadata, options).await.map(drop)
 }
 
-/// The `Store` of the blocking client and the `AsyncStore` of the async one, from one list:
-/// each method runs the operation of this module of its name on the client's driver
-/// (`$client::driver()`), `$run` running the future `$op` (blocking: [`ready`]; async:
-/// awaited). `$extra`: methods of one client only.
+/// Methods that run an operation of this module on the client's driver (`$client::driver()`):
+/// each `fn name(args) -> T = op;` of the list becomes `fn name(&self, args) -> Result<T, Error>`
+/// (`async` where `$asyncness` is `[async]`), which makes the future `$op` of
+/// `ops::op(self.driver(), args)` and returns `$run` (blocking: [`ready`]; async: awaited).
+/// The per-method arm takes `$asyncness` as one bracketed token, so that it is not repeated
+/// inside the list's repetition.
+macro_rules! driver_methods {
+    ($asyncness:tt |$op:ident| $run:expr;
+     $($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $opfn:ident;)*) => {
+        $($crate::ops::driver_methods!(@one $asyncness |$op| $run;
+            $(#[$attr])* $vis fn $name($($arg: $ty),*) -> $out = $opfn);)*
+    };
+    (@one [$($asyncness:ident)?] |$op:ident| $run:expr;
+     $(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) -> $out:ty = $opfn:ident) => {
+        $(#[$attr])*
+        $vis $($asyncness)? fn $name(&self, $($arg: $ty),*) -> Result<$out, Error> {
+            let $op = $crate::ops::$opfn(self.driver(), $($arg),*);
+            $run
+        }
+    };
+}
+pub(crate) use driver_methods;
+
+/// The `Store` of the blocking client and the `AsyncStore` of the async one, from one list
+/// ([`driver_methods`]). `$extra`: methods of one client only.
 macro_rules! store_on_driver {
     ($trait:ident for $client:ty, $($asyncness:ident)?, |$op:ident| $run:expr, { $($extra:item)* }) => {
         impl $trait for $client {
-            $($asyncness)? fn create(
-                &self,
-                name: &str,
-                size: u64,
-                metadata: &[u8],
-                options: vovp_types::CreateOptions,
-            ) -> Result<vovp_types::ObjectBuffer, Error> {
-                let $op = $crate::ops::create(self.driver(), name, size, metadata, options);
-                $run
-            }
-
-            $($asyncness)? fn seal(&self, name: &str) -> Result<u64, Error> {
-                let $op = $crate::ops::seal(self.driver(), name);
-                $run
-            }
-
-            $($asyncness)? fn abort(&self, name: &str) -> Result<(), Error> {
-                let $op = $crate::ops::abort(self.driver(), name);
-                $run
-            }
-
-            /// Keeps no reference; returns before the store's answer where the client may
-            /// (the blocking client, see `ClientOptions::no_pipelined_puts`).
-            $($asyncness)? fn put(
-                &self,
-                name: &str,
-                data: &[u8],
-                metadata: &[u8],
-                options: vovp_types::CreateOptions,
-            ) -> Result<(), Error> {
-                let $op = $crate::ops::put_unkept(self.driver(), name, data, metadata, options);
-                $run
-            }
-
-            /// Names published in the shared directory are got with no message (a hold in
-            /// this connection's table); the rest, if any, in one GET.
-            $($asyncness)? fn get(
-                &self,
-                names: &[&str],
-                timeout: Option<std::time::Duration>,
-            ) -> Result<Vec<Option<vovp_types::ObjectView>>, Error> {
-                let $op = $crate::ops::get(self.driver(), names, timeout);
-                $run
-            }
-
-            /// The shared directory first (a held version above `newer_than` is the answer,
-            /// an older one is let go at once), then GET_NEWER, which waits for the next
-            /// version to be sealed.
-            $($asyncness)? fn get_newer(
-                &self,
-                name: &str,
-                newer_than: u64,
-                timeout: Option<std::time::Duration>,
-            ) -> Result<vovp_types::ObjectView, Error> {
-                let $op = $crate::ops::get_newer(self.driver(), name, newer_than, timeout);
-                $run
-            }
-
-            $($asyncness)? fn contains(&self, name: &str) -> Result<bool, Error> {
-                let $op = $crate::ops::contains(self.driver(), name);
-                $run
-            }
-
-            $($asyncness)? fn delete(&self, name: &str) -> Result<(), Error> {
-                let $op = $crate::ops::delete(self.driver(), name);
-                $run
-            }
-
-            $($asyncness)? fn list(&self) -> Result<Vec<vovp_types::ObjectInfo>, Error> {
-                let $op = $crate::ops::list(self.driver());
-                $run
-            }
-
-            $($asyncness)? fn evict(&self, bytes: u64) -> Result<u64, Error> {
-                let $op = $crate::ops::evict(self.driver(), bytes);
-                $run
-            }
-
-            $($asyncness)? fn stats(&self) -> Result<vovp_types::StoreStats, Error> {
-                let $op = $crate::ops::stats(self.driver());
-                $run
+            $crate::ops::driver_methods! { [$($asyncness)?] |$op| $run;
+                fn create(name: &str, size: u64, metadata: &[u8], options: vovp_types::CreateOptions)
+                    -> vovp_types::ObjectBuffer = create;
+                fn seal(name: &str) -> u64 = seal;
+                fn abort(name: &str) -> () = abort;
+                /// Keeps no reference; returns before the store's answer where the client may
+                /// (the blocking client, see `ClientOptions::no_pipelined_puts`).
+                fn put(name: &str, data: &[u8], metadata: &[u8], options: vovp_types::CreateOptions)
+                    -> () = put_unkept;
+                /// Names published in the shared directory are got with no message (a hold in
+                /// this connection's table); the rest, if any, in one GET.
+                fn get(names: &[&str], timeout: Option<std::time::Duration>)
+                    -> Vec<Option<vovp_types::ObjectView>> = get;
+                /// The shared directory first (a held version above `newer_than` is the answer,
+                /// an older one is let go at once), then GET_NEWER, which waits for the next
+                /// version to be sealed.
+                fn get_newer(name: &str, newer_than: u64, timeout: Option<std::time::Duration>)
+                    -> vovp_types::ObjectView = get_newer;
+                fn contains(name: &str) -> bool = contains;
+                fn delete(name: &str) -> () = delete;
+                fn list() -> Vec<vovp_types::ObjectInfo> = list;
+                fn evict(bytes: u64) -> u64 = evict;
+                fn stats() -> vovp_types::StoreStats = stats;
             }
 
             $($extra)*
@@ -783,110 +746,62 @@ macro_rules! store_on_driver {
 }
 pub(crate) use store_on_driver;
 
-/// The puts both clients have besides `Store::put`, from one list (as [`store_on_driver`]).
+/// The puts both clients have besides `Store::put`, from one list ([`driver_methods`]).
 macro_rules! puts_on_driver {
     ($client:ty, $($asyncness:ident)?, |$op:ident| $run:expr) => {
         impl $client {
-            /// The one put: `data` with `metadata` as object `name`, the way
-            /// [`vovp_types::put::route`] picks for its size and `options` on this connection
-            /// (see [`crate::Put`] for what comes back: `options.keep_reference` and
-            /// `options.pipelined` decide; an `AsyncClient`'s put always waits for the store's
-            /// answer). The other puts are this with those two set: `Store::put` (none kept,
-            /// may return before the answer), `put_id` (none kept, waits), `put_and_view`
-            /// (kept, waits), the blocking client's `put_view_later` (kept, returns before the
-            /// answer).
-            pub $($asyncness)? fn put_with(
-                &self,
-                name: &str,
-                data: &[u8],
-                metadata: &[u8],
-                options: vovp_types::PutOptions,
-            ) -> Result<$crate::Put, Error> {
-                let $op = $crate::ops::put_with(self.driver(), name, data, metadata, options);
-                $run
-            }
-
-            /// `Store::put` that waits for the store's answer and returns the new object's id.
-            pub $($asyncness)? fn put_id(
-                &self,
-                name: &str,
-                data: &[u8],
-                metadata: &[u8],
-                options: vovp_types::CreateOptions,
-            ) -> Result<u64, Error> {
-                let $op = $crate::ops::put_id(self.driver(), name, data, metadata, options);
-                $run
-            }
-
-            /// Puts and keeps a reference: the view is the store's copy (zero-copy
-            /// afterwards).
-            pub $($asyncness)? fn put_and_view(
-                &self,
-                name: &str,
-                data: &[u8],
-                metadata: &[u8],
-                options: vovp_types::CreateOptions,
-            ) -> Result<vovp_types::ObjectView, Error> {
-                let $op = $crate::ops::put_and_view(self.driver(), name, data, metadata, options);
-                $run
+            $crate::ops::driver_methods! { [$($asyncness)?] |$op| $run;
+                /// The one put: `data` with `metadata` as object `name`, the way
+                /// [`vovp_types::put::route`] picks for its size and `options` on this
+                /// connection (see [`crate::Put`] for what comes back: `options.keep_reference`
+                /// and `options.pipelined` decide; an `AsyncClient`'s put always waits for the
+                /// store's answer). The other puts are this with those two set: `Store::put`
+                /// (none kept, may return before the answer), `put_id` (none kept, waits),
+                /// `put_and_view` (kept, waits), the blocking client's `put_view_later` (kept,
+                /// returns before the answer).
+                pub fn put_with(name: &str, data: &[u8], metadata: &[u8], options: vovp_types::PutOptions)
+                    -> $crate::Put = put_with;
+                /// `Store::put` that waits for the store's answer and returns the new object's
+                /// id.
+                pub fn put_id(name: &str, data: &[u8], metadata: &[u8], options: vovp_types::CreateOptions)
+                    -> u64 = put_id;
+                /// Puts and keeps a reference: the view is the store's copy (zero-copy
+                /// afterwards).
+                pub fn put_and_view(name: &str, data: &[u8], metadata: &[u8], options: vovp_types::CreateOptions)
+                    -> vovp_types::ObjectView = put_and_view;
             }
         }
     };
 }
 pub(crate) use puts_on_driver;
 
-/// The engine-to-engine transfer calls both clients have, from one list (as
-/// [`store_on_driver`]).
+/// The engine-to-engine transfer calls both clients have, from one list ([`driver_methods`]).
 macro_rules! transfers_on_driver {
     ($client:ty, $($asyncness:ident)?, |$op:ident| $run:expr) => {
         impl $client {
-            /// Copies `name` at `version` from the engine whose transfer port is `source`
-            /// (`ip:port`, its `TRANSFER_INFO` address) into this client's store, sealed there
-            /// as exactly that version, and returns it (a view, as a get's). The engines move
-            /// the bytes between them (this process sees none); concurrent fetches of one name
-            /// and version on one engine share one transfer, and a version this store has
-            /// already is returned without one. Errors: [`Error::Transfer`] (refused, the
-            /// holder gone or stalled, unreachable), [`Error::StaleVersion`] (a newer version is
-            /// here), [`Error::Config`] (this engine has no transfer key),
-            /// [`Error::OutOfMemory`]. Nothing of a failed fetch is visible.
-            pub $($asyncness)? fn fetch_from(
-                &self,
-                source: &str,
-                name: &str,
-                version: u64,
-                options: &$crate::FetchOptions,
-            ) -> Result<vovp_types::ObjectView, Error> {
-                let $op = $crate::ops::fetch_from(self.driver(), source, name, version, options);
-                $run
-            }
-
-            /// Rows of `name` at `version` held by the engine at `source`: row `i` is bytes
-            /// `i * row_bytes ..` of it; the rows come back in the order of `ids` (repeats
-            /// allowed) as a new ephemeral object named `into` (gone when its last view is),
-            /// `ids.len() * row_bytes` bytes. Errors as `fetch_from`'s; a row past the end is
-            /// [`Error::Transfer`].
-            #[allow(clippy::too_many_arguments)]
-            pub $($asyncness)? fn gather_from(
-                &self,
-                source: &str,
-                name: &str,
-                version: u64,
-                row_bytes: u64,
-                ids: &[u64],
-                into: &str,
-                timeout: Option<std::time::Duration>,
-            ) -> Result<vovp_types::ObjectView, Error> {
-                let $op = $crate::ops::gather_from(
-                    self.driver(),
-                    source,
-                    name,
-                    version,
-                    row_bytes,
-                    ids,
-                    into,
-                    timeout,
-                );
-                $run
+            $crate::ops::driver_methods! { [$($asyncness)?] |$op| $run;
+                /// Copies `name` at `version` from the engine whose transfer port is `source`
+                /// (`ip:port`, its `TRANSFER_INFO` address) into this client's store, sealed
+                /// there as exactly that version, and returns it (a view, as a get's). The
+                /// engines move the bytes between them (this process sees none); concurrent
+                /// fetches of one name and version on one engine share one transfer, and a
+                /// version this store has already is returned without one. Errors:
+                /// [`Error::Transfer`] (refused, the holder gone or stalled, unreachable),
+                /// [`Error::StaleVersion`] (a newer version is here), [`Error::Config`] (this
+                /// engine has no transfer key), [`Error::OutOfMemory`]. Nothing of a failed
+                /// fetch is visible.
+                pub fn fetch_from(source: &str, name: &str, version: u64, options: &$crate::FetchOptions)
+                    -> vovp_types::ObjectView = fetch_from;
+                /// Rows of `name` at `version` held by the engine at `source`: row `i` is bytes
+                /// `i * row_bytes ..` of it; the rows come back in the order of `ids` (repeats
+                /// allowed) as a new ephemeral object named `into` (gone when its last view
+                /// is), `ids.len() * row_bytes` bytes. Errors as `fetch_from`'s; a row past the
+                /// end is [`Error::Transfer`].
+                #[allow(clippy::too_many_arguments)]
+                pub fn gather_from(source: &str, name: &str, version: u64, row_bytes: u64, ids: &[u64],
+                    into: &str, timeout: Option<std::time::Duration>) -> vovp_types::ObjectView = gather_from;
+                /// The engine's transfer port and counters (TRANSFER_INFO).
+                pub fn transfer_info() -> $crate::TransferInfo = transfer_info;
             }
 
             /// The engine's transfer port (`ip:port`), `None` when it serves none (no
@@ -894,12 +809,6 @@ macro_rules! transfers_on_driver {
             pub $($asyncness)? fn transfer_address(&self) -> Result<Option<String>, Error> {
                 let $op = $crate::ops::transfer_info(self.driver());
                 Ok($run?.address)
-            }
-
-            /// The engine's transfer port and counters (TRANSFER_INFO).
-            pub $($asyncness)? fn transfer_info(&self) -> Result<$crate::TransferInfo, Error> {
-                let $op = $crate::ops::transfer_info(self.driver());
-                $run
             }
         }
     };

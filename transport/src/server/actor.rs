@@ -23,6 +23,24 @@ fn put_options(flags: u32, version: Option<u64>) -> PutOptions {
     }
 }
 
+/// A PUBLISH's object (or one of a PUBLISH_MANY's) as the session publishes it.
+fn lent_object<'r>(
+    offset: u64,
+    name: &'r str,
+    size: u64,
+    metadata: &'r [u8],
+    flags: u32,
+    version: Option<u64>,
+) -> LentObject<'r> {
+    LentObject {
+        offset,
+        name,
+        size,
+        metadata,
+        options: put_options(flags, version),
+    }
+}
+
 /// The per-connection actor: turns this client's requests into calls on the connection's
 /// engine [`Session`] (its own reference holder) and tracks the HELLO state. The engine keeps
 /// the authoritative record of what each holder holds, so cleanup on disconnect is one call
@@ -166,23 +184,14 @@ impl ConnectionActor {
                 metadata,
                 size,
             } => {
-                let options = put_options(flags, version);
-                Reply::Object(
-                    session
-                        .publish(lend, offset, &name, size, &metadata, options)
-                        .await?,
-                )
-                .into()
+                let object = lent_object(offset, &name, size, &metadata, flags, version);
+                Reply::Object(session.publish(lend, &object).await?).into()
             }
             Request::PublishMany { lend, items } => {
                 let objects: Vec<LentObject<'_>> = items
                     .iter()
-                    .map(|i| LentObject {
-                        offset: i.offset,
-                        name: &i.name,
-                        size: i.size,
-                        metadata: &i.metadata,
-                        options: put_options(i.flags, i.version),
+                    .map(|i| {
+                        lent_object(i.offset, &i.name, i.size, &i.metadata, i.flags, i.version)
                     })
                     .collect();
                 let results = session.publish_many(lend, &objects).await?;

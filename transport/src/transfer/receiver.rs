@@ -75,6 +75,24 @@ fn failed(what: impl std::fmt::Display) -> Error {
     Error::Transfer(what.to_string())
 }
 
+/// A transfer's signed ticket: every stream of it opens with an OPEN of this ticket.
+struct Opener {
+    ticket: Ticket,
+    mac: [u8; 32],
+}
+
+impl Opener {
+    /// The OPEN message of stream number `stream`.
+    fn open(&self, stream: u16) -> Vec<u8> {
+        Open {
+            ticket: self.ticket.clone(),
+            mac: self.mac,
+            stream,
+        }
+        .encode()
+    }
+}
+
 /// Where one stream's bytes go: pieces of the object (offset in it, length).
 type Pieces = Vec<(u64, u64)>;
 
@@ -93,7 +111,8 @@ impl Destination {
 }
 
 impl Receiver {
-    fn ticket(&self, name: &str, version: u64, streams: u16) -> Result<(Ticket, [u8; 32]), Error> {
+    /// A ticket for `name` at `version` over at most `streams` streams, signed.
+    fn ticket(&self, name: &str, version: u64, streams: u16) -> Result<Opener, Error> {
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::fill(&mut nonce).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
         let life = u64::try_from(self.ticket_life.as_millis()).unwrap_or(u64::MAX);
@@ -105,7 +124,22 @@ impl Receiver {
             streams,
         };
         let mac = ticket.mac(&self.key);
-        Ok((ticket, mac))
+        Ok(Opener { ticket, mac })
+    }
+
+    /// Starts a transfer of `name` at `version` from `source`: its ticket, and stream 0 opened
+    /// with the holder's HEADER (checked by the caller).
+    async fn connect(
+        &self,
+        name: &str,
+        version: u64,
+        streams: u16,
+        source: SocketAddr,
+        deadline: Instant,
+    ) -> Result<(Opener, TcpStream, Header), Error> {
+        let opener = self.ticket(name, version, streams)?;
+        let (first, header) = open_stream(source, opener.open(0), self.idle, deadline).await?;
+        Ok((opener, first, header))
     }
 
     fn streams(&self, asked: u16) -> u16 {
@@ -119,16 +153,9 @@ impl Receiver {
     pub(crate) async fn fetch(self: Arc<Self>, job: FetchJob) -> Result<Received, Error> {
         let deadline = Instant::now() + job.timeout;
         let most = self.streams(job.streams);
-        let (ticket, mac) = self.ticket(&job.name, job.version, most)?;
-        let open = |stream| {
-            Open {
-                ticket: ticket.clone(),
-                mac,
-                stream,
-            }
-            .encode()
-        };
-        let (first, header) = open_stream(job.source, open(0), self.idle, deadline).await?;
+        let (opener, first, header) = self
+            .connect(&job.name, job.version, most, job.source, deadline)
+            .await?;
         let (size, metadata) = expect_version(&header, job.version)?;
         let copied = match &job.base {
             Some((_, ranges)) => check_ranges(ranges, size)?,
@@ -159,7 +186,7 @@ impl Receiver {
                 job.source,
                 &header,
                 first,
-                &open,
+                &opener,
                 parts.into_iter().map(Ask::Ranges).collect(),
                 &dst,
                 deadline,
@@ -181,16 +208,9 @@ impl Receiver {
             .checked_mul(job.ids.len() as u64)
             .ok_or_else(|| failed("the rows' size overflows"))?;
         let most = self.streams(0);
-        let (ticket, mac) = self.ticket(&job.name, job.version, most)?;
-        let open = |stream| {
-            Open {
-                ticket: ticket.clone(),
-                mac,
-                stream,
-            }
-            .encode()
-        };
-        let (first, header) = open_stream(job.source, open(0), self.idle, deadline).await?;
+        let (opener, first, header) = self
+            .connect(&job.name, job.version, most, job.source, deadline)
+            .await?;
         expect_version(&header, job.version)?;
         let streams = usize::from(streams_for(total, most));
         let per = job.ids.len().div_ceil(streams).max(1);
@@ -216,7 +236,7 @@ impl Receiver {
         let object = session.create(&job.into, total, &[], options).await?;
         let received = async {
             let dst = destination(&session, &object).await?;
-            self.receive_all(job.source, &header, first, &open, asks, &dst, deadline)
+            self.receive_all(job.source, &header, first, &opener, asks, &dst, deadline)
                 .await
         }
         .await;
@@ -256,7 +276,7 @@ impl Receiver {
         source: SocketAddr,
         header: &Header,
         first: TcpStream,
-        open: &dyn Fn(u16) -> Vec<u8>,
+        opener: &Opener,
         asks: Vec<Ask>,
         dst: &Destination,
         deadline: Instant,
@@ -281,7 +301,7 @@ impl Receiver {
         for (i, ask) in asks.enumerate() {
             let pieces = layout(&ask, &mut at);
             let stream_no = u16::try_from(i + 1).map_err(|_| failed("too many streams"))?;
-            let (open, header, dst) = (open(stream_no), header.clone(), dst.clone());
+            let (open, header, dst) = (opener.open(stream_no), header.clone(), dst.clone());
             let idle = self.idle;
             others.push(self.pool.run(move || async move {
                 let (stream, theirs) = open_stream(source, open, idle, deadline).await?;
