@@ -527,6 +527,41 @@ def test_explicit_release(client):
     assert client.release(np.zeros(3)) is False
 
 
+def test_lease_fields_read_late_are_the_objects_own(client):
+    """A lease reads its object's id, version and address from the native view only when first
+    asked (vovp._lease): whatever happened in between, they are that object's."""
+    import torch
+
+    # A pipelined put's result, asked after a sync; a replace's, asked after the next replace.
+    first = client.put_tensor("late", np.arange(4))
+    second = client.put_tensor("late", np.arange(4) + 1, replace=True)
+    client.sync()
+    third = client.put_tensor("late", np.arange(4) + 2, replace=True)
+    assert [vovp.version_of(x) for x in (third, second, first)] == [3, 2, 1]
+    # A created object: the version sealing gave it, recorded before any field was read.
+    buf = client.create("late-created", 8)
+    buf[:] = 7
+    assert client.seal("late-created") == 1
+    assert vovp.version_of(buf) == 1
+    # A torch result (found by address) and a view of a numpy one: released once, by either.
+    t = client.put_tensor("late-torch", torch.arange(4))
+    client.sync()
+    refs = client.stats()["references"]
+    assert client.release(t) is True and client.release(t) is False
+    assert client.stats()["references"] == refs - 1
+    assert client.release(first[1:]) is True
+    with pytest.raises(vovp.InvalidArgument):
+        vovp.version_of(first)  # released: no version any more
+    # The object id a late lease reads is the store's: a release by id finds it.
+    oid = {e["name"]: e for e in client.list()}["late-created"]["id"]
+    refs = client.stats()["references"]
+    assert client.release(oid) is True and client.release(oid) is False
+    assert client.stats()["references"] == refs - 1
+    del first, second, third, buf, t
+    gc.collect()
+    assert client.stats()["references"] == 0
+
+
 def test_ephemeral(client, daemon):
     a = client.put_tensor("eph", np.arange(5), ephemeral=True)
     other = daemon.client()

@@ -10,7 +10,9 @@ and ``find_lease(arr)`` (``vovp._lookup``) find the reference behind an array by
 by address (torch tensors), and ``release`` gives it back early through the native view.
 
 One lease per reference: ``lease()`` makes and indexes the lease of an owner ``vovp._core``
-makes. ``vovp.plasma`` keeps one record per object in use, its entry, which is a ``Lease``
+makes. A host owner's fields are read from its native view (the owner's ``base``) the first
+time one is asked: most results die unasked (a ``put_tensor`` whose result is dropped at
+once), and reading them up front was half of what a lease cost. ``vovp.plasma`` keeps one record per object in use, its entry, which is a ``Lease``
 subclass: ``lease(..., entry=entry)`` fills it in and indexes it only when an address lookup
 needs it, through a finder (``register_finder``), because indexing cost a quarter of a
 drop-in get.
@@ -57,7 +59,7 @@ class Lease(_Ref):
     """
 
     __slots__ = ("key", "client", "_oid", "name", "start", "size", "token", "cuda", "obj",
-                 "segment", "offset", "_version")
+                 "segment", "offset", "_version", "_later")
 
     key: int
     client: Any  # vovp._core.ClientCore (vovp.plasma's: its vovp.Client's)
@@ -71,6 +73,23 @@ class Lease(_Ref):
     segment: Optional[int]
     offset: Optional[int]
     _version: int  # the name's version the object is (0 until a created object is sealed)
+    _later: bool  # set: the fields above are read from the native view when first asked
+
+    # Only for a slot not set yet: the fields of a lease `lease()` made are read here, from
+    # its owner's native view, when the first of them is asked for (see the module docstring).
+    def __getattr__(self, attr: str) -> Any:
+        if attr not in _READ_LATER or not _is_set(self, "_later"):
+            raise AttributeError(attr)
+        owner = self()
+        native = None if owner is None else owner.base
+        if native is None:  # the owner is gone, and with it what its lease knew
+            values: tuple[Any, ...] = (None, "", 0, 0, None, None, 0, _gone)
+        else:
+            values = (*native.lease_fields, weakref.ref(native))
+        for field, value in zip(_READ_LATER, values):
+            if not _is_set(self, field):  # (a version set since, by seal, stays)
+                object.__setattr__(self, field, value)
+        return object.__getattribute__(self, attr)
 
     # A pipelined put_tensor's result comes back before the store's answer (its id and version
     # come with it): they are asked of the native view the first time they are needed, which
@@ -108,6 +127,23 @@ class Lease(_Ref):
 
 _new_lease = Lease.__new__
 
+# What a lease made by `lease()` reads from its native view when first asked: the native
+# view's `lease_fields`, then the weak reference to it.
+_READ_LATER = ("_oid", "name", "start", "size", "segment", "offset", "_version", "obj")
+
+
+def _is_set(lease: Lease, field: str) -> bool:
+    try:
+        object.__getattribute__(lease, field)
+        return True
+    except AttributeError:
+        return False
+
+
+def _gone() -> None:
+    """The native view of a lease whose owner died before its fields were read."""
+    return None
+
 
 def _lease_died(lease: Lease) -> None:
     # Runs inside garbage collection: never raise. The native object releases itself.
@@ -127,13 +163,16 @@ def lease(owner: Any, client: Any, obj: Any, cuda: bool = False,
     self = _new_lease(Lease, owner, _lease_died) if entry is None else entry
     self.key = key = id(owner)
     self.client = client
-    (self._oid, self.name, self.start, self.size, self.segment, self.offset,
-     self._version) = obj.lease_fields
-    if cuda:
-        self.start = owner.ptr
     self.cuda = cuda
-    self.obj = weakref.ref(obj)
     self.token = [True]
+    if entry is None and not cuda and owner.base is obj:
+        self._later = True  # (its fields are read when first asked)
+    else:
+        (self._oid, self.name, self.start, self.size, self.segment, self.offset,
+         self._version) = obj.lease_fields
+        if cuda:
+            self.start = owner.ptr
+        self.obj = weakref.ref(obj)
     LEASES[key] = self
     return self
 
@@ -147,11 +186,14 @@ def lease_all(owners: List[Any], client: Any, objs: List[Any]) -> None:
         self = new(Lease, owner, died)
         self.key = key = id(owner)
         self.client = client
-        (self._oid, self.name, self.start, self.size, self.segment, self.offset,
-         self._version) = obj.lease_fields
         self.cuda = False
-        self.obj = ref(obj)
         self.token = [True]
+        if owner.base is obj:
+            self._later = True  # (its fields are read when first asked)
+        else:
+            (self._oid, self.name, self.start, self.size, self.segment, self.offset,
+             self._version) = obj.lease_fields
+            self.obj = ref(obj)
         index[key] = self
 
 
