@@ -80,15 +80,20 @@ class Lease(_Ref):
     def __getattr__(self, attr: str) -> Any:
         if attr not in _READ_LATER or not _is_set(self, "_later"):
             raise AttributeError(attr)
+        del self._later  # (filled once: an attribute missing after this is an error)
         owner = self()
         native = None if owner is None else owner.base
         if native is None:  # the owner is gone, and with it what its lease knew
-            values: tuple[Any, ...] = (None, "", 0, 0, None, None, 0, _gone)
+            self.obj = _gone
+            fields: tuple[Any, ...] = (None, "", 0, 0, None, None, 0)
         else:
-            values = (*native.lease_fields, weakref.ref(native))
-        for field, value in zip(_READ_LATER, values):
-            if not _is_set(self, field):  # (a version set since, by seal, stays)
-                object.__setattr__(self, field, value)
+            self.obj = weakref.ref(native)
+            fields = native.lease_fields
+        version = self._version  # (None, or the version seal set meanwhile: it stays)
+        (self._oid, self.name, self.start, self.size, self.segment, self.offset,
+         self._version) = fields
+        if version is not None:
+            self._version = version
         return object.__getattribute__(self, attr)
 
     # A pipelined put_tensor's result comes back before the store's answer (its id and version
@@ -128,8 +133,9 @@ class Lease(_Ref):
 _new_lease = Lease.__new__
 
 # What a lease made by `lease()` reads from its native view when first asked: the native
-# view's `lease_fields`, then the weak reference to it.
-_READ_LATER = ("_oid", "name", "start", "size", "segment", "offset", "_version", "obj")
+# view's `lease_fields` and the weak reference to it (`_version` starts as None: a version
+# seal sets meanwhile stays).
+_READ_LATER = ("_oid", "name", "start", "size", "segment", "offset", "obj")
 
 
 def _is_set(lease: Lease, field: str) -> bool:
@@ -167,6 +173,7 @@ def lease(owner: Any, client: Any, obj: Any, cuda: bool = False,
     self.token = [True]
     if entry is None and not cuda and owner.base is obj:
         self._later = True  # (its fields are read when first asked)
+        self._version = None  # type: ignore[assignment] # (filled with them)
     else:
         (self._oid, self.name, self.start, self.size, self.segment, self.offset,
          self._version) = obj.lease_fields
@@ -190,6 +197,7 @@ def lease_all(owners: List[Any], client: Any, objs: List[Any]) -> None:
         self.token = [True]
         if owner.base is obj:
             self._later = True  # (its fields are read when first asked)
+            self._version = None  # type: ignore[assignment] # (filled with them)
         else:
             (self._oid, self.name, self.start, self.size, self.segment, self.offset,
              self._version) = obj.lease_fields
