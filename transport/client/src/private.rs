@@ -179,8 +179,8 @@ impl Pages {
 
     /// One live view fewer over page `p`: idle at the last (its copy, if any, kept for now).
     fn uncover(&mut self, p: u64) {
-        if let Some(views) = self.views.get_mut(&p) {
-            *views = views.saturating_sub(1);
+        if let Some(views) = self.views.get_mut(&p).filter(|views| **views > 0) {
+            *views -= 1;
             if *views == 0 {
                 self.idle += 1;
             }
