@@ -332,9 +332,14 @@ _PUT_OPTIONS: dict[Tuple[bool, bool, bool, bool, bool], N.PutOptions] = {}
 
 
 def put_options(ephemeral: bool, replace: bool, keep_reference: bool, pipelined: bool,
-                writable: bool = False) -> N.PutOptions:
+                writable: bool = False, version: Optional[int] = None) -> N.PutOptions:
     """The native ``PutOptions`` of a put, made once per combination (a put passes it on
-    every call; making one costs more than the lookup)."""
+    every call; making one costs more than the lookup). ``version``: sealed as exactly that
+    version (vovp.cluster's numbering), made anew each time."""
+    if version is not None:
+        return N.PutOptions(ephemeral=bool(ephemeral), replace=bool(replace),
+                            keep_reference=bool(keep_reference), pipelined=bool(pipelined),
+                            writable=bool(writable), version=int(version))
     key = (ephemeral, replace, keep_reference, pipelined, writable)
     options = _PUT_OPTIONS.get(key)
     if options is None:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 import numpy as np
 
 from . import _lease as L
-from . import _native as N
 from . import tensor as T
 from ._copy import copy_into
 from ._core import put_options, shown_kind
@@ -53,10 +52,8 @@ def put_host(core: ClientCore, name: str, plan: HostPut, ephemeral: bool, writab
     if src.nbytes <= core.inline_limit or (as_is and not seal_later):
         if not as_is:
             src = np.ascontiguousarray(src, dtype=store_dt)
-        options = (put_options(ephemeral, replace, True, True, writable) if version is None
-                   else N.PutOptions(ephemeral=bool(ephemeral), replace=bool(replace),
-                                     keep_reference=True, pipelined=False,
-                                     writable=bool(writable), version=int(version)))
+        # (A versioned put waits: its refusal is raised here.)
+        options = put_options(ephemeral, replace, True, version is None, writable, version)
         arr = core.put_tensor_host(name, src, meta, options, view_dt)
         return T.numpy_to_torch(arr, code) if torch_in else arr
     owner = core.create(name, src.nbytes, meta, ephemeral, None, replace, version)
