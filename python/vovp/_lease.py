@@ -12,8 +12,8 @@ by address (torch tensors), and ``release`` gives it back early through the nati
 One lease per reference: ``lease()`` makes and indexes the lease of an owner ``vovp._core``
 makes. A host owner's fields are read from its native view (the owner's ``base``) the first
 time one is asked: most results die unasked (a ``put_tensor`` whose result is dropped at
-once), and reading them up front was half of what a lease cost. ``vovp.plasma`` keeps one record per object in use, its entry, which is a ``Lease``
-subclass: ``lease(..., entry=entry)`` fills it in and indexes it only when an address lookup
+once), and reading them up front was a fifth of what a lease cost. ``vovp.plasma`` keeps
+one record per object in use, its entry, which is a ``Lease`` subclass: ``lease(..., entry=entry)`` fills it in and indexes it only when an address lookup
 needs it, through a finder (``register_finder``), because indexing cost a quarter of a
 drop-in get.
 
@@ -188,20 +188,18 @@ def lease_all(owners: List[Any], client: Any, objs: List[Any]) -> None:
     """``lease(owner, client, obj)`` of each host owner over its native view, in one call: a
     batch's (``get_tensors``, ``put_tensors``). The same fields as ``lease``'s, written out
     here because a call per tensor was a tenth of a batched get."""
-    new, died, ref, index = Lease.__new__, _lease_died, weakref.ref, LEASES
+    new, died, index = Lease.__new__, _lease_died, LEASES
     for owner, obj in zip(owners, objs):
+        if owner.base is not obj:
+            lease(owner, client, obj)  # (an owner that is no native view's array)
+            continue
         self = new(Lease, owner, died)
         self.key = key = id(owner)
         self.client = client
         self.cuda = False
         self.token = [True]
-        if owner.base is obj:
-            self._later = True  # (its fields are read when first asked)
-            self._version = None  # type: ignore[assignment] # (filled with them)
-        else:
-            (self._oid, self.name, self.start, self.size, self.segment, self.offset,
-             self._version) = obj.lease_fields
-            self.obj = ref(obj)
+        self._later = True  # (its fields are read when first asked)
+        self._version = None  # type: ignore[assignment] # (filled with them)
         index[key] = self
 
 
